@@ -1,0 +1,163 @@
+// The attention dispatcher and the reference implementation.
+#include "core/attention.h"
+
+#include "core/efficient_attention.h"
+#include "core/yaml_options.h"
+
+#include <cmath>
+#include <limits>
+
+namespace extrap {
+
+AttentionBias AttentionBias::dense_blocks(DenseBlockFn fn) {
+  AttentionBias b;
+  b.kind = Kind::Dense;
+  b.dense = std::move(fn);
+  return b;
+}
+
+AttentionBias AttentionBias::linear(torch::Tensor slopes_left, torch::Tensor slopes_right,
+                                    torch::Tensor look_left, torch::Tensor look_right) {
+  TORCH_CHECK(slopes_left.dim() == 1 && slopes_right.sizes() == slopes_left.sizes(),
+              "linear bias: slopes must be (H,), got ", slopes_left.sizes(), " and ",
+              slopes_right.sizes());
+  TORCH_CHECK(look_left.sizes() == slopes_left.sizes() && look_right.sizes() == slopes_left.sizes(),
+              "linear bias: direction masks must be (H,)");
+  AttentionBias b;
+  b.kind = Kind::Linear;
+  b.slopes_left = std::move(slopes_left);
+  b.slopes_right = std::move(slopes_right);
+  b.look_left = look_left.to(torch::kCPU, torch::kBool);
+  b.look_right = look_right.to(torch::kCPU, torch::kBool);
+  return b;
+}
+
+AttentionBias AttentionBias::linear_causal(torch::Tensor slopes) {
+  const auto h = slopes.size(0);
+  return linear(slopes, slopes, torch::ones({h}, torch::kBool), torch::zeros({h}, torch::kBool));
+}
+
+AttentionBias AttentionBias::linear_symmetric(torch::Tensor slopes) {
+  const auto h = slopes.size(0);
+  return linear(slopes, slopes, torch::ones({h}, torch::kBool), torch::ones({h}, torch::kBool));
+}
+
+std::string AttentionBias::describe() const {
+  switch (kind) {
+    case Kind::None: return "none";
+    case Kind::Dense: return "dense";
+    case Kind::Linear: {
+      const bool left = look_left.any().item<bool>(), right = look_right.any().item<bool>();
+      return "linear (" + std::to_string(slopes_left.size(0)) + " heads, " +
+             (left && right ? "left+right" : left ? "left" : "right") + ")";
+    }
+  }
+  return "?";
+}
+
+AttentionBackend parse_attention_backend(const std::string& name) {
+  if (name == "auto") return AttentionBackend::Auto;
+  if (name == "reference") return AttentionBackend::Reference;
+  if (name == "efficient") return AttentionBackend::Efficient;
+  if (name == "fused") return AttentionBackend::Fused;
+  throw ConfigError("unknown attention backend '" + name +
+                    "' (known: auto, reference, efficient, fused)");
+}
+
+std::string to_string(AttentionBackend backend) {
+  switch (backend) {
+    case AttentionBackend::Auto: return "auto";
+    case AttentionBackend::Reference: return "reference";
+    case AttentionBackend::Efficient: return "efficient";
+    case AttentionBackend::Fused: return "fused";
+  }
+  return "?";
+}
+
+torch::Tensor materialize_bias_block(const AttentionBias& bias, int64_t num_heads, int64_t q0,
+                                     int64_t q1, int64_t k0, int64_t k1, bool causal,
+                                     torch::TensorOptions options) {
+  if (!options.has_dtype()) options = options.dtype(torch::kFloat32);
+  const auto inf = std::numeric_limits<float>::infinity();
+  auto i = torch::arange(q0, q1, options).view({1, -1, 1});  // (1, Tq, 1)
+  auto j = torch::arange(k0, k1, options).view({1, 1, -1});  // (1, 1, Tk)
+  auto left = (j <= i);                                       // (1, Tq, Tk)
+  torch::Tensor out;                                          // (H, Tq, Tk)
+  switch (bias.kind) {
+    case AttentionBias::Kind::None:
+      out = torch::zeros({num_heads, q1 - q0, k1 - k0}, options);
+      break;
+    case AttentionBias::Kind::Dense:
+      out = bias.dense(q0, q1, k0, k1).to(options.dtype_opt().value());
+      TORCH_CHECK(out.dim() == 3 && out.size(0) == num_heads && out.size(1) == q1 - q0 &&
+                      out.size(2) == k1 - k0,
+                  "dense bias: expected (", num_heads, ", ", q1 - q0, ", ", k1 - k0, "), got ",
+                  out.sizes());
+      break;
+    case AttentionBias::Kind::Linear: {
+      TORCH_CHECK(bias.slopes_left.size(0) == num_heads, "linear bias has ",
+                  bias.slopes_left.size(0), " slopes for ", num_heads, " heads");
+      const auto dtype = i.scalar_type();
+      auto sl = bias.slopes_left.to(options.device(), dtype).view({-1, 1, 1});   // (H, 1, 1)
+      auto sr = bias.slopes_right.to(options.device(), dtype).view({-1, 1, 1});
+      auto dist = (i - j).abs();  // (1, Tq, Tk)
+      out = torch::where(left, -sl * dist, -sr * dist);
+      auto look_left = bias.look_left.to(options.device()).view({-1, 1, 1});
+      auto look_right = bias.look_right.to(options.device()).view({-1, 1, 1});
+      auto diagonal = (i == j);
+      auto allowed = torch::where(left, look_left | diagonal, look_right);  // (H, Tq, Tk)
+      out = out.masked_fill(allowed.logical_not(), -inf);
+      break;
+    }
+  }
+  if (causal) out = out.masked_fill(left.logical_not(), -inf);
+  return out;
+}
+
+torch::Tensor materialize_bias(const AttentionBias& bias, int64_t num_heads, int64_t tq,
+                               int64_t tk, bool causal, torch::TensorOptions options) {
+  return materialize_bias_block(bias, num_heads, 0, tq, 0, tk, causal, options);
+}
+
+torch::Tensor attention_reference(const torch::Tensor& q, const torch::Tensor& k,
+                                  const torch::Tensor& v, const AttentionBias& bias,
+                                  const AttentionOptions& options) {
+  const auto heads = q.size(1), tq = q.size(2), tk = k.size(2), d = q.size(3);
+  auto scores = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(d)));  // (B, H, Tq, Tk)
+  if (!bias.is_none()) {
+    scores = scores + materialize_bias(bias, heads, tq, tk, options.causal,
+                                       scores.options());  // (H, Tq, Tk) broadcast over B
+  } else if (options.causal) {
+    auto mask = torch::ones({tq, tk}, torch::TensorOptions().dtype(torch::kBool).device(q.device()))
+                    .triu(1);
+    scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
+  }
+  auto probs = torch::softmax(scores, -1);
+  if (options.training && options.dropout > 0) probs = torch::dropout(probs, options.dropout, true);
+  return torch::matmul(probs, v);  // (B, H, Tq, D)
+}
+
+torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        const AttentionBias& bias, const AttentionOptions& options) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+              "attention expects (B, H, T, D) tensors, got q ", q.sizes());
+  TORCH_CHECK(q.size(2) == k.size(2), "attention: queries and keys must have the same length, got ",
+              q.size(2), " and ", k.size(2));
+  switch (options.backend) {
+    case AttentionBackend::Reference:
+      return attention_reference(q, k, v, bias, options);
+    case AttentionBackend::Efficient:
+      return attention_efficient(q, k, v, bias, options);
+    case AttentionBackend::Fused:
+      TORCH_CHECK(false, "attention: the fused CUDA backend is not built into this binary");
+    case AttentionBackend::Auto: {
+      const bool inference = !options.training && !torch::GradMode::is_enabled();
+      if (inference && q.device().is_cpu() && q.size(2) * k.size(2) > options.efficient_threshold)
+        return attention_efficient(q, k, v, bias, options);
+      return attention_reference(q, k, v, bias, options);
+    }
+  }
+  return attention_reference(q, k, v, bias, options);
+}
+
+}  // namespace extrap

@@ -1,0 +1,102 @@
+// One attention call for every position method and every backend.
+//
+// A position method does not hand the attention a materialised (H, T, T) bias: it hands a
+// *description* (AttentionBias) of what it wants added to the scaled q.k scores. Backends
+// (the reference below, the memory-efficient CPU path, the fused CUDA kernel) each turn the
+// description into scores their own way; the reference materialises it, the others never
+// build a T x T tensor.
+//
+// Conventions: i = query position, j = key position, both counted from 0 at the start of the
+// window. Scores are q.k / sqrt(d_head) + bias(i, j); a masked entry is -inf.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <string>
+
+namespace extrap {
+
+// What a position method adds to the attention scores.
+struct AttentionBias {
+  enum class Kind {
+    None,    // nothing
+    Dense,   // an arbitrary per-head bias, computed block by block on request
+    Linear,  // ALiBi family: linear in |i - j| with per-head slopes and direction masks
+  };
+
+  // Kind::Dense: returns the (H, q_end - q_begin, k_end - k_begin) bias for the rows
+  // [q_begin, q_end) and columns [k_begin, k_end). Backends may call it for the whole
+  // T x T range (reference) or for one tile at a time (memory-efficient paths). The
+  // result may require grad (learned tables).
+  using DenseBlockFn =
+      std::function<torch::Tensor(int64_t q_begin, int64_t q_end, int64_t k_begin, int64_t k_end)>;
+
+  Kind kind = Kind::None;
+  DenseBlockFn dense;
+
+  // Kind::Linear, per head h:
+  //   j <= i: bias = -slopes_left[h]  * (i - j)   (masked instead if !look_left[h]; j == i never is)
+  //   j >  i: bias = -slopes_right[h] * (j - i)   (masked instead if !look_right[h])
+  // slopes_* are (H,) float tensors (positive; may require grad for learned slopes);
+  // look_* are (H,) bool tensors on the CPU. A causal attention call masks j > i on top of
+  // this whatever look_right says.
+  torch::Tensor slopes_left;
+  torch::Tensor slopes_right;
+  torch::Tensor look_left;
+  torch::Tensor look_right;
+
+  static AttentionBias none() { return {}; }
+  static AttentionBias dense_blocks(DenseBlockFn fn);
+  // Causal ALiBi: slopes only to the left; the right side is never reached.
+  static AttentionBias linear_causal(torch::Tensor slopes);
+  // Symmetric: the same slope both sides, both directions visible.
+  static AttentionBias linear_symmetric(torch::Tensor slopes);
+  // General form.
+  static AttentionBias linear(torch::Tensor slopes_left, torch::Tensor slopes_right,
+                              torch::Tensor look_left, torch::Tensor look_right);
+
+  bool is_none() const { return kind == Kind::None; }
+  std::string describe() const;  // e.g. "linear (8 heads, left+right)"
+};
+
+// Which implementation an attention call uses.
+enum class AttentionBackend {
+  Auto,       // memory-efficient for long inference windows, fused on CUDA when possible
+  Reference,  // materialise scores and bias (exact reference, supports everything)
+  Efficient,  // blockwise online-softmax CPU path (inference only)
+  Fused,      // fused CUDA kernel (slope-described biases only)
+};
+AttentionBackend parse_attention_backend(const std::string& name);  // throws naming the value
+std::string to_string(AttentionBackend backend);
+
+struct AttentionOptions {
+  bool causal = true;
+  double dropout = 0.0;   // attention-probability dropout (training only)
+  bool training = false;
+  AttentionBackend backend = AttentionBackend::Auto;
+  // Auto switches to the memory-efficient path for inference when T_q * T_k exceeds this.
+  int64_t efficient_threshold = 1024 * 1024;
+};
+
+// q: (B, H, Tq, D), k and v: (B, H, Tk, D). Returns (B, H, Tq, D).
+// Queries and keys are aligned at the end when Tq < Tk is not supported: Tq == Tk.
+torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        const AttentionBias& bias, const AttentionOptions& options);
+
+// The reference: materialises the (H, Tq, Tk) bias and the (B, H, Tq, Tk) scores.
+torch::Tensor attention_reference(const torch::Tensor& q, const torch::Tensor& k,
+                                  const torch::Tensor& v, const AttentionBias& bias,
+                                  const AttentionOptions& options);
+
+// The full (H, Tq, Tk) additive bias, masks included (-inf where attention is masked).
+// What `extrap inspect bias` prints; used by the reference path and by tests.
+torch::Tensor materialize_bias(const AttentionBias& bias, int64_t num_heads, int64_t tq,
+                               int64_t tk, bool causal, torch::TensorOptions options = {});
+
+// The bias for a block of rows [q0, q1) and columns [k0, k1), masks included.
+torch::Tensor materialize_bias_block(const AttentionBias& bias, int64_t num_heads, int64_t q0,
+                                     int64_t q1, int64_t k0, int64_t k1, bool causal,
+                                     torch::TensorOptions options = {});
+
+}  // namespace extrap

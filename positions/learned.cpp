@@ -1,0 +1,52 @@
+// `learned`: one trained vector per absolute position up to `max_length` (GPT-2 / BERT style).
+// Positions past the maximum have no vector: asking for them is an error naming both numbers.
+#include "positions/position.h"
+
+namespace extrap {
+namespace {
+
+struct LearnedOptions {
+  int64_t max_length = 1024;
+  double init_std = 0.02;
+  void read(const OptionReader& r) {
+    r.read("max_length", max_length, "number of positions with a trained vector");
+    r.read("init_std", init_std, "standard deviation of the initial vectors");
+    if (!r.documenting() && max_length < 1) r.fail("max_length", "must be at least 1");
+  }
+};
+
+class LearnedAbsolute : public PositionMethod {
+ public:
+  LearnedAbsolute(const PositionContext& context, LearnedOptions options) : options_(options) {
+    table_ = register_parameter(
+        "table", torch::randn({options.max_length, context.d_model}) * options.init_std);
+  }
+
+  torch::Tensor embed(const torch::Tensor& x, int64_t offset) override {
+    const int64_t end = offset + x.size(1);
+    TORCH_CHECK(end <= options_.max_length, "learned positions: asked for positions up to ", end,
+                " but max_length is ", options_.max_length,
+                " (learned absolute embeddings cannot extrapolate)");
+    return x + table_.narrow(0, offset, x.size(1)).unsqueeze(0);  // (1, T, D)
+  }
+
+ private:
+  LearnedOptions options_;
+  torch::Tensor table_;  // (max_length, D)
+};
+
+PositionInfo make_learned_info() {
+  PositionInfo info;
+  info.name = "learned";
+  info.description = "trained absolute position embeddings up to max_length";
+  info.hooks = kEmbed;
+  info.modes = kCausal | kBidirectional;
+  info.options = document_options<LearnedOptions>();
+  info.factory = factory_for<LearnedAbsolute, LearnedOptions>();
+  return info;
+}
+
+}  // namespace
+}  // namespace extrap
+
+EXTRAP_REGISTER_POSITION(learned, extrap::make_learned_info);

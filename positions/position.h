@@ -1,0 +1,144 @@
+// The position-method plugin interface and its registry.
+//
+// A position method can act at three points of the transformer and overrides only those it
+// needs:
+//   1. embed():     add to the (already scaled) token embeddings       (sinusoidal, learned)
+//   2. rotate_qk(): transform q and k in every layer                    (rotary)
+//   3. bias():      describe what is added to the attention scores      (ALiBi, T5)
+// A method is a torch::nn::Module so that learned parameters are registered, trained and
+// checkpointed with the model.
+//
+// Adding a method: one new file in positions/ (or a plugin .so) that defines the class, its
+// options (decoded from YAML in that same file) and one EXTRAP_REGISTER_POSITION line.
+#pragma once
+
+#include "core/attention.h"
+#include "core/yaml_options.h"
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace extrap {
+
+// What the model tells a method when it is built.
+struct PositionContext {
+  int64_t num_layers = 1;
+  int64_t num_heads = 1;
+  int64_t d_model = 1;
+  int64_t d_head = 1;
+  bool causal = true;  // false: bidirectional (masked-LM) attention
+};
+
+class PositionMethod : public torch::nn::Module {
+ public:
+  // x: (B, T, d_model) scaled token embeddings of positions [offset, offset + T).
+  virtual torch::Tensor embed(const torch::Tensor& x, int64_t /*offset*/) { return x; }
+
+  // q, k: (B, H, T, d_head) for positions [offset, offset + T), in layer `layer`.
+  virtual void rotate_qk(torch::Tensor& /*q*/, torch::Tensor& /*k*/, int64_t /*layer*/,
+                         int64_t /*offset*/) {}
+
+  // What layer `layer` adds to its (Tq, Tk) attention scores.
+  virtual AttentionBias bias(int64_t /*layer*/, int64_t /*tq*/, int64_t /*tk*/) {
+    return AttentionBias::none();
+  }
+
+  // Values worth logging during training (e.g. learned slopes): name -> value.
+  virtual std::vector<std::pair<std::string, double>> log_values() const { return {}; }
+};
+
+using PositionFactory = std::function<std::shared_ptr<PositionMethod>(
+    const PositionContext& context, const OptionReader& options)>;
+
+// Which hooks a method overrides (shown by `extrap positions`).
+enum Hook : unsigned { kEmbed = 1u, kRotateQK = 2u, kBias = 4u };
+
+// Which attention modes a method supports.
+enum Mode : unsigned { kCausal = 1u, kBidirectional = 2u };
+
+struct PositionInfo {
+  std::string name;
+  std::string description;
+  unsigned hooks = 0;                     // Hook bits
+  unsigned modes = kCausal;               // Mode bits
+  std::vector<OptionDoc> options;         // every key its YAML options accept
+  // For an unsupported mode: the method to use instead ("" if none), for the error message.
+  std::string causal_alternative;
+  std::string bidirectional_alternative;
+  PositionFactory factory;
+  std::string origin = "built-in";        // or the plugin path
+};
+
+class PositionRegistry {
+ public:
+  static PositionRegistry& instance();
+
+  // Throws if the name is already registered (naming both origins).
+  void add(PositionInfo info);
+  bool contains(const std::string& name) const;
+  // Throws for an unknown name, listing the known ones.
+  const PositionInfo& get(const std::string& name) const;
+  std::vector<std::string> names() const;  // sorted
+
+  // Builds a method: checks the mode is supported (else suggests the alternative) and
+  // decodes its options (unknown keys are errors naming `options.where()`).
+  std::shared_ptr<PositionMethod> create(const std::string& name, const PositionContext& context,
+                                         const OptionReader& options) const;
+
+  // Loads a plugin .so: registers everything it declares with EXTRAP_REGISTER_POSITION.
+  // Errors (missing file, not an extrap plugin, name clash) name the path.
+  void load_plugin(const std::string& path);
+
+ private:
+  PositionRegistry() = default;
+  void drain_pending(const std::string& origin);
+  std::vector<PositionInfo> methods_;
+};
+
+// The documentation of an options struct with a `void read(const OptionReader&)` member.
+template <class Options>
+std::vector<OptionDoc> document_options() {
+  auto documenter = OptionReader::documenter();
+  Options().read(documenter);
+  return documenter.docs();
+}
+
+// A factory for a method constructed as Method(context, options).
+template <class Method, class Options>
+PositionFactory factory_for() {
+  return [](const PositionContext& context, const OptionReader& reader) {
+    Options options;
+    options.read(reader);
+    return std::make_shared<Method>(context, options);
+  };
+}
+
+namespace detail {
+// Static registrations land here first; the registry takes them on first use (built-ins) or
+// right after dlopen (plugins), so a name clash becomes an ordinary, catchable error.
+std::vector<PositionInfo>& pending_registrations();
+struct PositionRegistration {
+  explicit PositionRegistration(PositionInfo (*make)()) {
+    pending_registrations().push_back(make());
+  }
+};
+}  // namespace detail
+
+}  // namespace extrap
+
+// One line per method, at namespace scope in the method's file:
+//   EXTRAP_REGISTER_POSITION(alibi, make_alibi_info)
+// where make_alibi_info() returns the method's PositionInfo.
+#define EXTRAP_REGISTER_POSITION(id, make_info)                                   \
+  static ::extrap::detail::PositionRegistration extrap_position_registration_##id( \
+      &make_info)
+
+// A plugin .so adds this once, so that the loader can tell it is an extrap plugin.
+#define EXTRAP_PLUGIN()                                                \
+  extern "C" __attribute__((visibility("default"))) int extrap_plugin_abi() { \
+    return 1;                                                          \
+  }

@@ -1,0 +1,113 @@
+// The position-method registry: built-ins register statically, plugins through dlopen.
+#include "positions/position.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <filesystem>
+
+namespace extrap {
+
+namespace detail {
+std::vector<PositionInfo>& pending_registrations() {
+  static std::vector<PositionInfo> pending;
+  return pending;
+}
+}  // namespace detail
+
+PositionRegistry& PositionRegistry::instance() {
+  static PositionRegistry* registry = [] {
+    auto* r = new PositionRegistry();
+    r->drain_pending("built-in");
+    return r;
+  }();
+  return *registry;
+}
+
+void PositionRegistry::drain_pending(const std::string& origin) {
+  auto pending = std::move(detail::pending_registrations());
+  detail::pending_registrations().clear();
+  std::string error;
+  for (auto& info : pending) {
+    info.origin = origin;
+    try {
+      add(std::move(info));
+    } catch (const ConfigError& e) {
+      if (error.empty()) error = e.what();
+    }
+  }
+  if (!error.empty()) throw ConfigError(error);
+}
+
+void PositionRegistry::add(PositionInfo info) {
+  if (info.name.empty()) throw ConfigError(info.origin + ": a position method has an empty name");
+  if (!info.factory)
+    throw ConfigError(info.origin + ": position method '" + info.name + "' has no factory");
+  for (const auto& m : methods_)
+    if (m.name == info.name)
+      throw ConfigError("position method '" + info.name + "' is registered twice (" + m.origin +
+                        " and " + info.origin + ")");
+  methods_.push_back(std::move(info));
+}
+
+bool PositionRegistry::contains(const std::string& name) const {
+  return std::any_of(methods_.begin(), methods_.end(),
+                     [&](const PositionInfo& m) { return m.name == name; });
+}
+
+std::vector<std::string> PositionRegistry::names() const {
+  std::vector<std::string> out;
+  for (const auto& m : methods_) out.push_back(m.name);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+const PositionInfo& PositionRegistry::get(const std::string& name) const {
+  for (const auto& m : methods_)
+    if (m.name == name) return m;
+  std::string known;
+  for (const auto& n : names()) known += (known.empty() ? "" : ", ") + n;
+  throw ConfigError("unknown position method '" + name + "' (known: " + known + ")");
+}
+
+std::shared_ptr<PositionMethod> PositionRegistry::create(const std::string& name,
+                                                         const PositionContext& context,
+                                                         const OptionReader& options) const {
+  const PositionInfo& info = get(name);
+  const unsigned mode = context.causal ? kCausal : kBidirectional;
+  if (!(info.modes & mode)) {
+    const std::string& alternative =
+        context.causal ? info.causal_alternative : info.bidirectional_alternative;
+    throw ConfigError("position method '" + name + "' does not support " +
+                      (context.causal ? "causal" : "bidirectional") + " attention" +
+                      (alternative.empty() ? std::string()
+                                           : "; use '" + alternative + "' instead"));
+  }
+  auto method = info.factory(context, options);
+  options.finish();
+  return method;
+}
+
+void PositionRegistry::load_plugin(const std::string& path) {
+  if (!std::filesystem::exists(path))
+    throw ConfigError("plugin '" + path + "': no such file");
+  const auto before = detail::pending_registrations().size();
+  if (before != 0) drain_pending("built-in");
+  void* handle = dlopen(std::filesystem::absolute(path).c_str(), RTLD_NOW | RTLD_GLOBAL);
+  if (!handle) throw ConfigError("plugin '" + path + "': cannot load: " + dlerror());
+  if (!dlsym(handle, "extrap_plugin_abi")) {
+    detail::pending_registrations().clear();
+    throw ConfigError("plugin '" + path +
+                      "': not an extrap plugin (symbol extrap_plugin_abi is missing; add "
+                      "EXTRAP_PLUGIN() to one of its files)");
+  }
+  if (detail::pending_registrations().empty())
+    throw ConfigError("plugin '" + path + "': registers no position method");
+  try {
+    drain_pending(path);
+  } catch (const ConfigError& e) {
+    throw ConfigError("plugin '" + path + "': " + e.what());
+  }
+}
+
+}  // namespace extrap
