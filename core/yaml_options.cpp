@@ -17,6 +17,7 @@ template <> std::string type_name<std::vector<std::string>>() { return "list of 
 template <class T>
 std::string format_default(const T& value) {
   YAML::Emitter out;
+  out.SetDoublePrecision(15);  // 0.1, not 0.10000000000000001
   out << YAML::Flow << value;
   return out.c_str();
 }
@@ -44,9 +45,16 @@ OptionReader::OptionReader(YAML::Node node, std::shared_ptr<State> state, std::s
 
 OptionReader OptionReader::documenter(std::string prefix) {
   auto state = std::make_shared<State>();
-  state->values = false;
+  state->mode = Mode::Document;
   state->source = "(documentation)";
   return OptionReader(YAML::Node(), state, std::move(prefix));
+}
+
+OptionReader OptionReader::writer(YAML::Node out) {
+  auto state = std::make_shared<State>();
+  state->mode = Mode::Write;
+  state->source = "(writer)";
+  return OptionReader(std::move(out), state, "");
 }
 
 std::string OptionReader::full_key(const std::string& key) const {
@@ -54,7 +62,7 @@ std::string OptionReader::full_key(const std::string& key) const {
 }
 
 bool OptionReader::has(const std::string& key) const {
-  return state_->values && node_ && node_.IsMap() && node_[key] && !node_[key].IsNull();
+  return decoding() && node_ && node_.IsMap() && node_[key] && !node_[key].IsNull();
 }
 
 void OptionReader::note(const std::string& key, const std::string& default_value,
@@ -64,16 +72,14 @@ void OptionReader::note(const std::string& key, const std::string& default_value
 }
 
 std::string OptionReader::locate(const std::string& key) const {
+  // A node set with --set has no mark; a missing key is located at its enclosing map.
   YAML::Mark mark = YAML::Mark::null_mark();
-  if (state_->values && node_ && node_.IsMap()) {
-    if (node_[key]) mark = node_[key].Mark();
-    if (mark.is_null()) mark = node_.Mark();
-  }
+  if (decoding() && node_ && node_.IsMap()) mark = node_[key] ? node_[key].Mark() : node_.Mark();
   std::ostringstream out;
   out << state_->source;
   if (!mark.is_null()) out << ":" << mark.line + 1;
   out << ": key '" << full_key(key) << "'";
-  if (mark.is_null() && state_->values) out << " (set on the command line)";
+  if (mark.is_null() && decoding()) out << " (set on the command line)";
   return out.str();
 }
 
@@ -87,6 +93,11 @@ void OptionReader::read_choice(const std::string& key, std::string& field,
   std::string joined;
   for (const auto& c : choices) joined += (joined.empty() ? "" : " | ") + c;
   note(key, field, help + " (" + joined + ")");
+  if (writing()) {
+    YAML::Node out = node_;  // a handle on the same tree
+    out[key] = field;
+    return;
+  }
   if (!has(key)) return;
   std::string value;
   try {
@@ -105,7 +116,11 @@ void OptionReader::read_choice(const std::string& key, std::string& field,
 OptionReader OptionReader::section(const std::string& key, const std::string& help) const {
   note(key, "{}", help);
   YAML::Node child;
-  if (has(key)) {
+  if (writing()) {
+    YAML::Node out = node_;  // a handle on the same tree
+    out[key] = YAML::Node(YAML::NodeType::Map);
+    child = out[key];
+  } else if (has(key)) {
     child = node_[key];
     if (!child.IsMap()) fail(key, "expected a map of key: value, got '" + yaml_to_string(child) + "'");
   }
@@ -117,7 +132,7 @@ void OptionReader::accept(const std::string& key, const std::string& help) const
 }
 
 void OptionReader::finish() const {
-  if (documenting() || !node_ || !node_.IsMap()) return;
+  if (!decoding() || !node_ || !node_.IsMap()) return;
   for (const auto& entry : node_) {
     const std::string key = entry.first.as<std::string>();
     if (used_->count(key)) continue;
@@ -126,6 +141,24 @@ void OptionReader::finish() const {
     fail(key, "unknown key" + (known.empty() ? std::string() : " (known here: " + known + ")"));
   }
 }
+
+namespace {
+// A copy of `node` with no source marks, so that errors report it as set on the command line.
+YAML::Node without_marks(const YAML::Node& node) {
+  if (node.IsScalar()) return YAML::Node(node.Scalar());
+  if (node.IsSequence()) {
+    YAML::Node out(YAML::NodeType::Sequence);
+    for (const auto& item : node) out.push_back(without_marks(item));
+    return out;
+  }
+  if (node.IsMap()) {
+    YAML::Node out(YAML::NodeType::Map);
+    for (const auto& item : node) out[item.first.Scalar()] = without_marks(item.second);
+    return out;
+  }
+  return YAML::Node();
+}
+}  // namespace
 
 void apply_override(YAML::Node& root, const std::string& assignment) {
   const auto eq = assignment.find('=');
@@ -157,7 +190,7 @@ void apply_override(YAML::Node& root, const std::string& assignment) {
     YAML::Node child = cursor[parts[i]];
     cursor.reset(child);
   }
-  cursor[parts.back()] = value;
+  cursor[parts.back()] = without_marks(value);
 }
 
 YAML::Node load_yaml_file(const std::string& path) {

@@ -3,8 +3,9 @@
 // Every key is read through OptionReader::read(key, field, help), which (1) decodes the value
 // with a type check, (2) marks the key as known and (3) records its documentation. finish()
 // then rejects any key nobody read, so a typo is an error naming the file, the line and the
-// key. The same read() calls run against an empty "documenter" reader to list every key with
-// its default and help text, so documentation can never drift from the decoding code.
+// key. The same read() calls run against a "documenter" (lists every key with its default and
+// help text) and a "writer" (emits the current values as YAML), so documentation and
+// serialisation can never drift from the decoding code.
 #pragma once
 
 #include <yaml-cpp/yaml.h>
@@ -34,6 +35,8 @@ class OptionReader {
   OptionReader(YAML::Node node, std::string source, std::string prefix = "");
   // A reader with no values that records documentation only.
   static OptionReader documenter(std::string prefix = "");
+  // A "reader" that writes each field it is asked for into `out` instead.
+  static OptionReader writer(YAML::Node out);
 
   template <class T>
   void read(const std::string& key, T& field, const std::string& help) const;
@@ -49,7 +52,9 @@ class OptionReader {
   void finish() const;
 
   bool has(const std::string& key) const;
-  bool documenting() const { return !state_->values; }
+  bool documenting() const { return state_->mode == Mode::Document; }
+  bool writing() const { return state_->mode == Mode::Write; }
+  bool decoding() const { return state_->mode == Mode::Read; }
   const std::string& source() const { return state_->source; }
   const std::string& prefix() const { return prefix_; }
   YAML::Node node() const { return node_; }
@@ -60,8 +65,9 @@ class OptionReader {
   [[noreturn]] void fail(const std::string& key, const std::string& message) const;
 
  private:
+  enum class Mode { Read, Document, Write };
   struct State {
-    bool values = true;
+    Mode mode = Mode::Read;
     std::string source;
     std::vector<OptionDoc> docs;
   };
@@ -94,6 +100,11 @@ std::string format_default(const T& value);
 template <class T>
 void OptionReader::read(const std::string& key, T& field, const std::string& help) const {
   note(key, detail::format_default(field), help + " (" + detail::type_name<T>() + ")");
+  if (writing()) {
+    YAML::Node out = node_;  // a handle on the same tree
+    out[key] = field;
+    return;
+  }
   if (!has(key)) return;
   const YAML::Node value = node_[key];
   try {

@@ -1,6 +1,9 @@
 // The subcommands of the `extrap` command line. Each takes the arguments after its name,
-// parses them with Boost.Program_options and returns the process exit code.
+// parses them with Boost.Program_options and returns the process exit code. Errors are
+// thrown (ConfigError: exit 2 with the message; anything else: exit 1).
 #pragma once
+
+#include <boost/program_options.hpp>
 
 #include <string>
 #include <vector>
@@ -14,7 +17,15 @@ int eval(const Args& args);
 int positions(const Args& args);
 int inspect(const Args& args);
 int config_keys(const Args& args);
+int bench(const Args& args);            // dispatches to the two below
 int bench_train(const Args& args);
 int bench_attention(const Args& args);
+
+// Parses `args` against `options` (+ positional names). Returns false after printing help
+// when --help was given. Unknown options and missing values throw with a clear message.
+bool parse(const Args& args, const std::string& usage_line,
+           boost::program_options::options_description& options,
+           boost::program_options::variables_map& values,
+           const boost::program_options::positional_options_description* positional = nullptr);
 
 }  // namespace extrap::cli

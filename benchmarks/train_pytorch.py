@@ -1,0 +1,153 @@
+#!/usr/bin/python3
+"""The comparison point for `extrap bench train`: the same model in eager PyTorch.
+
+Reads the same YAML config (model, position, train shapes; --set key=value overrides), builds
+the same pre-LayerNorm transformer (fused qkv, tied embeddings scaled by sqrt(d_model), GELU
+FFN, ALiBi / sinusoidal / none positions), trains on random tokens with AdamW and gradient
+clipping, and prints tokens/s and peak memory the way extrap does. Same threads, same shapes.
+
+    /usr/bin/python3 benchmarks/train_pytorch.py --config configs/train_quick.yaml --steps 20
+"""
+import argparse
+import math
+import resource
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import yaml
+
+
+def alibi_slopes(n):
+    p = 2 ** int(math.floor(math.log2(n)))
+    base = [2 ** (-8 * (h + 1) / p) for h in range(p)]
+    extra = [2 ** (-8 * (k + 1) / (2 * p)) for k in range(2 * p)][0::2]
+    return (base + extra)[:n]
+
+
+class Block(nn.Module):
+    def __init__(self, d, heads, ffn, activation):
+        super().__init__()
+        self.heads = heads
+        self.ln_attention = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, d)
+        self.ln_ffn = nn.LayerNorm(d)
+        self.ffn_in = nn.Linear(d, ffn)
+        self.ffn_out = nn.Linear(ffn, d)
+        self.act = F.relu if activation == "relu" else F.gelu
+
+    def forward(self, x, bias):
+        B, T, D = x.shape
+        H = self.heads
+        q, k, v = self.qkv(self.ln_attention(x)).view(B, T, 3, H, D // H).permute(2, 0, 3, 1, 4)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(D // H) + bias  # (B, H, T, T)
+        y = (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, T, D)
+        h = x + self.out(y)
+        return h + self.ffn_out(self.act(self.ffn_in(self.ln_ffn(h))))
+
+
+class LM(nn.Module):
+    def __init__(self, vocab, m, position):
+        super().__init__()
+        self.d = m["d_model"]
+        self.heads = m["heads"]
+        self.position = position
+        self.embedding = nn.Embedding(vocab, self.d)
+        self.blocks = nn.ModuleList(
+            Block(self.d, self.heads, m["d_ffn"], m["activation"]) for _ in range(m["layers"]))
+        self.ln_final = nn.LayerNorm(self.d)
+        self.register_buffer("slopes", torch.tensor(alibi_slopes(self.heads)))
+
+    def bias(self, T):
+        i = torch.arange(T).view(T, 1)
+        j = torch.arange(T).view(1, T)
+        causal = torch.zeros(T, T).masked_fill(j > i, float("-inf"))
+        if self.position != "alibi":
+            return causal
+        return causal - self.slopes.view(-1, 1, 1) * (i - j).clamp(min=0)  # (H, T, T)
+
+    def forward(self, tokens):
+        T = tokens.shape[1]
+        x = self.embedding(tokens) * math.sqrt(self.d)
+        if self.position == "sinusoidal":
+            pos = torch.arange(T, dtype=torch.float64).unsqueeze(1)
+            inv = torch.exp(torch.arange(0, self.d // 2, dtype=torch.float64) * (-2 * math.log(10000.0) / self.d))
+            x = x + torch.stack([(pos * inv).sin(), (pos * inv).cos()], -1).flatten(1).float()
+        bias = self.bias(T)
+        for block in self.blocks:
+            x = block(x, bias)
+        return self.ln_final(x) @ self.embedding.weight.t()
+
+
+def load_config(path, overrides):
+    cfg = yaml.safe_load(open(path)) or {}
+    for o in overrides:
+        key, value = o.split("=", 1)
+        node = cfg
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = yaml.safe_load(value)
+    model = dict(layers=4, d_model=256, heads=8, d_ffn=1024, activation="gelu")
+    model.update({k: v for k, v in cfg.get("model", {}).items() if k in model})
+    train = dict(seq_len=256, batch_tokens=8192, accumulation=1, lr=1e-3, weight_decay=0.01, clip=1.0,
+                 threads=0, seed=1)
+    train.update({k: v for k, v in cfg.get("train", {}).items() if k in train})
+    position = cfg.get("position", "alibi")
+    if isinstance(position, dict):
+        position = position.get("name", "alibi")
+    return model, train, position
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--vocab", type=int, default=257)
+    args = ap.parse_args()
+    m, t, position = load_config(args.config, args.set)
+    if position not in ("alibi", "sinusoidal", "none"):
+        raise SystemExit(f"train_pytorch.py implements alibi, sinusoidal and none, not {position}")
+    threads = t["threads"] or len(__import__("os").sched_getaffinity(0))
+    torch.set_num_threads(threads)
+    torch.manual_seed(t["seed"])
+    model = LM(args.vocab, m, position)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=t["lr"], weight_decay=t["weight_decay"])
+    seqs = max(1, t["batch_tokens"] // t["seq_len"] // t["accumulation"])
+
+    def step():
+        opt.zero_grad()
+        for _ in range(t["accumulation"]):
+            tokens = torch.randint(0, args.vocab, (seqs, t["seq_len"] + 1))
+            logits = model(tokens[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, args.vocab), tokens[:, 1:].reshape(-1))
+            (loss / t["accumulation"]).backward()
+        if t["clip"] > 0:
+            nn.utils.clip_grad_norm_(model.parameters(), t["clip"])
+        opt.step()
+
+    for _ in range(args.warmup):
+        step()
+    times = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    median = statistics.median(times)
+    tokens = seqs * t["accumulation"] * t["seq_len"]
+    params = sum(p.numel() for p in model.parameters())
+    print(f"pytorch {torch.__version__}: {params} parameters, position {position}, "
+          f"{seqs} sequences x {t['seq_len']} tokens x {t['accumulation']} accumulation, {threads} threads")
+    print(f"step time: median {median:.4f} s (min {min(times):.4f}, max {max(times):.4f}) over {args.steps} steps")
+    print(f"tokens/s: {tokens / median:.0f}")
+    print(f"peak memory: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.1f} MiB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+#include "core/evaluator.h"
+
+#include <chrono>
+#include <map>
+
+namespace extrap {
+
+std::vector<EvalWindow> plan_windows(int64_t n, int64_t length, int64_t stride, bool causal) {
+  TORCH_CHECK(length >= 1, "evaluation length must be at least 1, got ", length);
+  std::vector<EvalWindow> windows;
+  // Inputs available: causal windows stop one short of the end (the last token is only a target).
+  const int64_t last = causal ? n - 1 : n;
+  if (last <= 0) return windows;
+  if (stride <= 0 || stride >= length) {
+    for (int64_t b = 0; b < last; b += length) windows.push_back({b, std::min(length, last - b), 0});
+    return windows;
+  }
+  int64_t end = std::min(length, last);
+  windows.push_back({0, end, 0});
+  while (end < last) {
+    const int64_t next = std::min(end + stride, last);
+    const int64_t begin = std::max<int64_t>(0, next - length);
+    windows.push_back({begin, next - begin, end - begin});
+    end = next;
+  }
+  return windows;
+}
+
+namespace {
+// SplitMix64: a small, well-mixed hash so the selection depends only on (seed, position).
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+double unit(uint64_t h) { return double(h >> 11) * (1.0 / 9007199254740992.0); }
+}  // namespace
+
+MaskDecision mask_decision(int64_t pos, int32_t token, double mask_prob, int64_t seed,
+                           int32_t mask_token, int64_t vocab_size) {
+  const uint64_t h = mix(uint64_t(seed) * 0x100000001b3ull ^ mix(uint64_t(pos)));
+  MaskDecision d;
+  d.input = token;
+  if (unit(h) >= mask_prob) return d;
+  d.selected = true;
+  const uint64_t h2 = mix(h);
+  const double u = unit(h2);
+  if (u < 0.8) {
+    d.input = mask_token;
+  } else if (u < 0.9) {
+    // Random real token (never the mask token itself).
+    const int64_t real = mask_token >= 0 && mask_token < vocab_size ? vocab_size - 1 : vocab_size;
+    int64_t r = int64_t(mix(h2) % uint64_t(real));
+    if (mask_token >= 0 && r >= mask_token) ++r;
+    d.input = int32_t(r);
+  }
+  return d;
+}
+
+EvalResult evaluate(TransformerLM& model, const Corpus& corpus, const TokenStream& stream,
+                    const EvalSpec& spec, torch::Device device) {
+  torch::NoGradGuard no_grad;
+  const bool was_training = model->is_training();
+  model->eval();
+  const bool causal = model->config().causal();
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t n = spec.max_tokens > 0 ? std::min(spec.max_tokens, stream.size()) : stream.size();
+
+  EvalResult result;
+  result.length = spec.length;
+  result.stride = (spec.stride <= 0 || spec.stride >= spec.length) ? spec.length : spec.stride;
+  auto windows = plan_windows(n, spec.length, spec.stride, causal);
+  result.windows = int64_t(windows.size());
+
+  // Batch windows of equal size together.
+  std::map<int64_t, std::vector<EvalWindow>> by_size;
+  for (const auto& w : windows) by_size[w.size].push_back(w);
+  const int32_t* data = stream.data();
+
+  for (const auto& [size, group] : by_size) {
+    const int64_t per_batch = std::max<int64_t>(1, spec.batch_tokens / size);
+    for (size_t first = 0; first < group.size(); first += per_batch) {
+      const int64_t count = std::min<int64_t>(per_batch, int64_t(group.size() - first));
+      auto inputs = torch::empty({count, size}, torch::kLong);
+      auto targets = torch::full({count, size}, int64_t(-1), torch::kLong);  // -1: not scored
+      auto in = inputs.accessor<int64_t, 2>();
+      auto tg = targets.accessor<int64_t, 2>();
+      for (int64_t b = 0; b < count; ++b) {
+        const EvalWindow& w = group[first + b];
+        for (int64_t p = 0; p < size; ++p) {
+          const int64_t pos = w.begin + p;
+          if (causal) {
+            in[b][p] = data[pos];
+            if (p >= w.score_from) tg[b][p] = data[pos + 1];
+          } else {
+            const auto d = mask_decision(pos, data[pos], spec.mask_prob, spec.mask_seed,
+                                         corpus.mask_token, corpus.vocab_size);
+            in[b][p] = d.input;
+            if (p >= w.score_from && d.selected) tg[b][p] = data[pos];
+          }
+        }
+      }
+      auto hidden = model->hidden(inputs.to(device));            // (b, T, D)
+      auto flat_targets = targets.view({-1}).to(device);        // (b*T,)
+      auto scored = flat_targets.ge(0).nonzero().squeeze(1);    // indices of scored positions
+      if (scored.numel() == 0) continue;
+      auto h = hidden.reshape({-1, hidden.size(-1)}).index_select(0, scored);  // (S, D)
+      // Project in chunks so a large vocabulary never needs (b*T, V) at once.
+      const int64_t chunk = 4096;
+      for (int64_t c = 0; c < h.size(0); c += chunk) {
+        const int64_t len = std::min(chunk, h.size(0) - c);
+        auto logits = model->logits(h.narrow(0, c, len)).to(torch::kFloat32);     // (len, V)
+        auto t = flat_targets.index_select(0, scored.narrow(0, c, len));         // (len,)
+        auto nll = torch::nn::functional::cross_entropy(
+            logits, t, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+        result.nll_sum += nll.item<double>();
+      }
+      result.scored_tokens += scored.numel();
+    }
+  }
+  if (result.scored_tokens > 0) {
+    result.perplexity = std::exp(result.nll_sum / double(result.scored_tokens));
+    if (corpus.byte_level()) result.bits_per_byte = result.nll_sum / (std::log(2.0) * double(result.scored_tokens));
+  }
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (was_training) model->train();
+  return result;
+}
+
+}  // namespace extrap

@@ -1,0 +1,124 @@
+#include "core/model.h"
+
+#include <cmath>
+
+namespace extrap {
+
+SelfAttentionImpl::SelfAttentionImpl(SelfAttentionOptions options_) : options(std::move(options_)) {
+  reset();
+}
+
+void SelfAttentionImpl::reset() {
+  qkv = register_module("qkv", torch::nn::Linear(options.d_model(), 3 * options.d_model()));
+  out = register_module("out", torch::nn::Linear(options.d_model(), options.d_model()));
+}
+
+torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, PositionMethod& position,
+                                         const AttentionOptions& attention_options) {
+  const auto B = x.size(0), T = x.size(1), H = options.heads(), Dh = options.d_model() / H;
+  auto qkv_heads = qkv->forward(x).view({B, T, 3, H, Dh}).permute({2, 0, 3, 1, 4});  // (3, B, H, T, Dh)
+  auto q = qkv_heads[0], k = qkv_heads[1], v = qkv_heads[2];
+  position.rotate_qk(q, k, options.layer_index(), 0);
+  AttentionOptions attn = attention_options;
+  attn.dropout = options.attention_dropout();
+  auto y = attention(q, k, v, position.bias(options.layer_index(), T, T), attn);  // (B, H, T, Dh)
+  y = y.transpose(1, 2).reshape({B, T, H * Dh});
+  y = out->forward(y);
+  if (attention_options.training && options.dropout() > 0) y = torch::dropout(y, options.dropout(), true);
+  return y;
+}
+
+BlockImpl::BlockImpl(BlockOptions options_) : options(std::move(options_)) { reset(); }
+
+void BlockImpl::reset() {
+  ln_attention = register_module("ln_attention",
+                                 torch::nn::LayerNorm(torch::nn::LayerNormOptions({options.d_model()})));
+  attention = register_module(
+      "attention", SelfAttention(SelfAttentionOptions(options.d_model(), options.heads())
+                                     .dropout(options.dropout())
+                                     .attention_dropout(options.attention_dropout())
+                                     .layer_index(options.layer_index())));
+  ln_ffn = register_module("ln_ffn", torch::nn::LayerNorm(torch::nn::LayerNormOptions({options.d_model()})));
+  ffn_in = register_module("ffn_in", torch::nn::Linear(options.d_model(), options.d_ffn()));
+  ffn_out = register_module("ffn_out", torch::nn::Linear(options.d_ffn(), options.d_model()));
+}
+
+torch::Tensor BlockImpl::forward(const torch::Tensor& x, PositionMethod& position,
+                                 const AttentionOptions& attention_options) {
+  auto h = x + attention->forward(ln_attention->forward(x), position, attention_options);
+  auto f = ffn_in->forward(ln_ffn->forward(h));
+  f = options.activation() == "relu" ? torch::relu(f) : torch::gelu(f);
+  f = ffn_out->forward(f);
+  if (attention_options.training && options.dropout() > 0) f = torch::dropout(f, options.dropout(), true);
+  return h + f;
+}
+
+TransformerLMImpl::TransformerLMImpl(const ModelConfig& config, int64_t vocab_size,
+                                     const std::string& position_name,
+                                     const YAML::Node& position_options, const std::string& source)
+    : config_(config), vocab_size_(vocab_size), backend_(parse_attention_backend(config.attention)) {
+  embedding = register_module("embedding", torch::nn::Embedding(vocab_size, config.d_model));
+  // Scaled by sqrt(d_model) in forward(): initialise so that the scaled embedding has unit-ish
+  // variance, as fairseq does (normal with std d_model^-0.5).
+  torch::nn::init::normal_(embedding->weight, 0.0, std::pow(double(config.d_model), -0.5));
+  embedding_dropout = register_module("embedding_dropout", torch::nn::Dropout(config.dropout));
+
+  PositionContext context;
+  context.num_layers = config.layers;
+  context.num_heads = config.heads;
+  context.d_model = config.d_model;
+  context.d_head = config.d_model / config.heads;
+  context.causal = config.causal();
+  position_ = PositionRegistry::instance().create(
+      position_name, context, OptionReader(position_options, source, "position"));
+  register_module("position", position_);
+
+  blocks = register_module("blocks", torch::nn::ModuleList());
+  for (int64_t l = 0; l < config.layers; ++l) {
+    blocks->push_back(Block(BlockOptions(config.d_model, config.heads, config.d_ffn)
+                                .dropout(config.dropout)
+                                .attention_dropout(config.attention_dropout)
+                                .activation(config.activation)
+                                .layer_index(l)));
+  }
+  ln_final = register_module("ln_final", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.d_model})));
+  if (!config.tie_embeddings)
+    head = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(config.d_model, vocab_size).bias(false)));
+}
+
+torch::Tensor TransformerLMImpl::forward(const torch::Tensor& tokens, int64_t offset) {
+  return logits(hidden(tokens, offset));
+}
+
+torch::Tensor TransformerLMImpl::logits(const torch::Tensor& x) {
+  if (head) return head->forward(x);                  // (..., V)
+  return torch::matmul(x, embedding->weight.t());     // (..., V)
+}
+
+torch::Tensor TransformerLMImpl::hidden(const torch::Tensor& tokens, int64_t offset) {
+  TORCH_CHECK(tokens.dim() == 2, "model input must be (B, T) token ids, got ", tokens.sizes());
+  auto x = embedding->forward(tokens) * std::sqrt(double(config_.d_model));  // (B, T, D)
+  x = position_->embed(x, offset);
+  x = embedding_dropout->forward(x);
+  AttentionOptions attention_options;
+  attention_options.causal = config_.causal();
+  attention_options.training = is_training();
+  attention_options.backend = backend_;
+  attention_options.efficient_threshold = config_.efficient_threshold;
+  for (const auto& block : *blocks)
+    x = block->as<Block>()->forward(x, *position_, attention_options);
+  return ln_final->forward(x);  // (B, T, D)
+}
+
+int64_t TransformerLMImpl::num_parameters() const {
+  int64_t n = 0;
+  for (const auto& p : parameters()) n += p.numel();
+  return n;
+}
+
+TransformerLM build_model(const Config& config, int64_t vocab_size) {
+  for (const auto& plugin : config.plugins) PositionRegistry::instance().load_plugin(plugin);
+  return TransformerLM(config.model, vocab_size, config.position_name, config.position, config.source);
+}
+
+}  // namespace extrap

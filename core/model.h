@@ -1,0 +1,108 @@
+// The transformer language model: pre-LayerNorm decoder (causal LM) or encoder (masked LM).
+//
+//   x = embed(tokens) * sqrt(d_model); x = position.embed(x)
+//   for each block:  x = x + Attn(LN(x));  x = x + FFN(LN(x))
+//   logits = LN(x) @ W_out   (W_out = the input embedding when tied)
+//
+// Attention goes through extrap::attention() with the position method's bias description;
+// the position method is a registered submodule, so its parameters train and checkpoint
+// with the model.
+#pragma once
+
+#include "core/attention.h"
+#include "core/config.h"
+#include "positions/position.h"
+
+#include <torch/torch.h>
+
+namespace extrap {
+
+struct SelfAttentionOptions {
+  SelfAttentionOptions(int64_t d_model, int64_t heads) : d_model_(d_model), heads_(heads) {}
+  TORCH_ARG(int64_t, d_model);
+  TORCH_ARG(int64_t, heads);
+  TORCH_ARG(double, dropout) = 0.0;            // on the output projection
+  TORCH_ARG(double, attention_dropout) = 0.0;  // on attention probabilities
+  TORCH_ARG(int64_t, layer_index) = 0;
+};
+
+class SelfAttentionImpl : public torch::nn::Cloneable<SelfAttentionImpl> {
+ public:
+  explicit SelfAttentionImpl(SelfAttentionOptions options);
+  void reset() override;
+  // x: (B, T, D) -> (B, T, D)
+  torch::Tensor forward(const torch::Tensor& x, PositionMethod& position,
+                        const AttentionOptions& attention_options);
+
+  SelfAttentionOptions options;
+  torch::nn::Linear qkv = nullptr;  // D -> 3D
+  torch::nn::Linear out = nullptr;  // D -> D
+};
+TORCH_MODULE(SelfAttention);
+
+struct BlockOptions {
+  BlockOptions(int64_t d_model, int64_t heads, int64_t d_ffn)
+      : d_model_(d_model), heads_(heads), d_ffn_(d_ffn) {}
+  TORCH_ARG(int64_t, d_model);
+  TORCH_ARG(int64_t, heads);
+  TORCH_ARG(int64_t, d_ffn);
+  TORCH_ARG(double, dropout) = 0.0;
+  TORCH_ARG(double, attention_dropout) = 0.0;
+  TORCH_ARG(std::string, activation) = "gelu";
+  TORCH_ARG(int64_t, layer_index) = 0;
+};
+
+class BlockImpl : public torch::nn::Cloneable<BlockImpl> {
+ public:
+  explicit BlockImpl(BlockOptions options);
+  void reset() override;
+  torch::Tensor forward(const torch::Tensor& x, PositionMethod& position,
+                        const AttentionOptions& attention_options);
+
+  BlockOptions options;
+  torch::nn::LayerNorm ln_attention = nullptr;
+  SelfAttention attention = nullptr;
+  torch::nn::LayerNorm ln_ffn = nullptr;
+  torch::nn::Linear ffn_in = nullptr;
+  torch::nn::Linear ffn_out = nullptr;
+};
+TORCH_MODULE(Block);
+
+class TransformerLMImpl : public torch::nn::Module {
+ public:
+  // Builds the position method from config.position through the registry.
+  TransformerLMImpl(const ModelConfig& config, int64_t vocab_size, const std::string& position_name,
+                    const YAML::Node& position_options, const std::string& source);
+
+  // tokens: (B, T) int64 -> logits (B, T, V). `offset` is the absolute position of column 0.
+  torch::Tensor forward(const torch::Tensor& tokens, int64_t offset = 0);
+  // The two halves of forward(): final hidden states (B, T, D), and their logits (..., V).
+  // Evaluation projects only the positions it scores.
+  torch::Tensor hidden(const torch::Tensor& tokens, int64_t offset = 0);
+  torch::Tensor logits(const torch::Tensor& hidden);
+
+  PositionMethod& position() { return *position_; }
+  const ModelConfig& config() const { return config_; }
+  int64_t vocab_size() const { return vocab_size_; }
+  int64_t num_parameters() const;
+  // Backend used by the attention call (evaluation may force one).
+  void set_attention_backend(AttentionBackend backend) { backend_ = backend; }
+
+ private:
+  ModelConfig config_;
+  int64_t vocab_size_;
+  AttentionBackend backend_;
+  torch::nn::Embedding embedding = nullptr;
+  torch::nn::Dropout embedding_dropout = nullptr;
+  std::shared_ptr<PositionMethod> position_;
+  torch::nn::ModuleList blocks = nullptr;
+  torch::nn::LayerNorm ln_final = nullptr;
+  torch::nn::Linear head = nullptr;  // only when embeddings are not tied
+};
+TORCH_MODULE(TransformerLM);
+
+// Builds the model for a config and corpus vocabulary size; the position method's options
+// are decoded (and checked) here.
+TransformerLM build_model(const Config& config, int64_t vocab_size);
+
+}  // namespace extrap

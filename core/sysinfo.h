@@ -1,0 +1,19 @@
+// Process and machine facts for logs, benchmarks and results: memory, time, host.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace extrap {
+
+int64_t current_rss_bytes();   // resident set size now
+int64_t peak_rss_bytes();      // VmHWM: the process's peak resident set size
+std::string hostname();
+std::string machine_description();  // host, CPU model and core count
+std::string iso_time_now();         // UTC, e.g. 2026-11-21T10:00:00Z
+int available_cores();
+// Sets LibTorch's intra-op threads (0: all available cores) and returns the count used.
+int configure_threads(int64_t requested);
+bool stderr_is_terminal();
+
+}  // namespace extrap

@@ -1,0 +1,96 @@
+// The training loop: AdamW, warm-up + cosine / inverse-sqrt decay, gradient clipping and
+// accumulation, periodic validation and checkpoints, exact resumption.
+//
+// Data order: the training stream is cut into blocks of seq_len inputs (fairseq
+// --sample-break-mode none; targets are the inputs shifted by one token) and visited in a
+// seeded permutation per epoch. A checkpoint holds the model, the optimiser, the step, the
+// data cursor (epoch, index) and LibTorch's CPU RNG state, so `--resume` continues
+// bit-for-bit on the CPU for the same thread count.
+#pragma once
+
+#include "core/config.h"
+#include "core/corpus.h"
+#include "core/model.h"
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace extrap {
+
+struct CurvePoint {
+  int64_t step = 0;
+  double loss = 0;
+};
+
+struct TrainProgress {
+  int64_t step = 0;
+  int64_t total_steps = 0;
+  double loss = 0;           // mean training loss since the last report
+  double lr = 0;
+  double tokens_per_second = 0;
+  double eta_seconds = 0;
+};
+
+struct TrainSummary {
+  int64_t steps = 0;
+  int64_t resumed_from = 0;            // 0 if started fresh
+  std::vector<CurvePoint> train_curve;
+  std::vector<CurvePoint> valid_curve;
+  double tokens_per_second = 0;        // training throughput (validation excluded)
+  int64_t peak_memory_bytes = 0;       // peak resident memory of the process
+  double seconds = 0;
+  int64_t num_parameters = 0;
+};
+
+// The learning rate at optimiser step `step` (1-based).
+double learning_rate(const TrainConfig& config, int64_t step);
+
+class Trainer {
+ public:
+  Trainer(Config config, const Corpus& corpus);
+
+  // Trains to config.train.steps, resuming from out_dir/checkpoint when `resume` is set and a
+  // checkpoint exists (a checkpoint of a different config is an error naming what differs).
+  TrainSummary run(bool resume);
+
+  TransformerLM& model() { return model_; }
+  const Config& config() const { return config_; }
+
+  // Called at every log point (progress display of a sweep, say). Replaces the default
+  // progress line / log output when set.
+  std::function<void(const TrainProgress&)> on_progress;
+  bool quiet = false;  // no default progress output
+  // Return after this step (and its checkpoint), as an interruption would; -1: never.
+  int64_t stop_after_step = -1;
+
+ private:
+  struct Cursor {
+    int64_t epoch = 0;
+    int64_t index = 0;
+  };
+  void save_checkpoint(int64_t step, const Cursor& cursor, const TrainSummary& summary);
+  bool load_checkpoint(int64_t& step, Cursor& cursor, TrainSummary& summary);
+  torch::Tensor next_batch(Cursor& cursor, int64_t sequences, torch::Tensor& targets);
+  double validate();
+
+  Config config_;
+  const Corpus& corpus_;
+  torch::Device device_;
+  TransformerLM model_ = nullptr;
+  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  std::vector<int64_t> order_;  // block permutation of the current epoch
+  int64_t order_epoch_ = -1;
+};
+
+// Loads a trained model from a run directory's checkpoint (for `extrap eval`).
+struct LoadedRun {
+  Config config;
+  TransformerLM model = nullptr;
+  int64_t step = 0;
+};
+LoadedRun load_run(const std::string& run_dir, int64_t vocab_size);
+// The config stored in a run directory (to load its corpus before the model).
+Config load_run_config(const std::string& run_dir);
+
+}  // namespace extrap

@@ -1,0 +1,58 @@
+// Small fixtures shared by the tests: an in-memory byte-level corpus of real-looking text and
+// a tiny model config.
+#pragma once
+
+#include "core/config.h"
+#include "core/corpus.h"
+
+#include <string>
+
+namespace extrap::testing {
+
+// English prose (a few paragraphs, repeated with variation) as a byte-level corpus.
+inline Corpus tiny_byte_corpus(int repeats = 40) {
+  const std::string paragraph =
+      "The quick brown fox jumps over the lazy dog. A language model trained on short inputs "
+      "can be evaluated on much longer ones if the attention scores get a penalty that is "
+      "linear in the distance between the query and the key.\n";
+  std::string text;
+  for (int r = 0; r < repeats; ++r) text += std::to_string(r % 7) + " " + paragraph;
+  auto bytes = [](const std::string& s) {
+    std::vector<int32_t> ids(s.begin(), s.end());
+    for (auto& id : ids) id &= 0xff;
+    return ids;
+  };
+  Corpus c;
+  c.name = "tiny";
+  c.tokenizer = "byte";
+  c.vocab_size = 257;
+  c.mask_token = 256;
+  const size_t cut = text.size() * 8 / 10;
+  c.train = TokenStream::from_tokens(bytes(text.substr(0, cut)));
+  c.valid = TokenStream::from_tokens(bytes(text.substr(cut)));
+  c.test = c.valid;
+  return c;
+}
+
+inline Config tiny_config(const std::string& position = "alibi") {
+  Config c;
+  c.model.layers = 2;
+  c.model.d_model = 32;
+  c.model.heads = 4;
+  c.model.d_ffn = 64;
+  c.model.dropout = 0.0;
+  c.position_name = position;
+  c.train.seq_len = 16;
+  c.train.batch_tokens = 256;
+  c.train.steps = 30;
+  c.train.lr = 3e-3;
+  c.train.warmup = 5;
+  c.train.validate_every = 0;
+  c.train.validate_tokens = 0;
+  c.train.checkpoint_every = 0;
+  c.train.log_every = 1000;
+  c.train.threads = 1;
+  return c;
+}
+
+}  // namespace extrap::testing

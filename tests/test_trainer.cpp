@@ -1,0 +1,117 @@
+// Training: the loss goes down, schedules are right, and resumption is bit-for-bit.
+#include "core/evaluator.h"
+#include "core/trainer.h"
+#include "tests/test_support.h"
+
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+
+using namespace extrap;
+namespace fs = std::filesystem;
+
+namespace {
+std::string temp_dir(const std::string& name) {
+  auto dir = fs::temp_directory_path() / ("extrap-test-" + name + "-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  return dir.string();
+}
+}  // namespace
+
+TEST_CASE("learning-rate schedules", "[train]") {
+  TrainConfig c;
+  c.lr = 1.0;
+  c.min_lr = 0.1;
+  c.warmup = 10;
+  c.steps = 110;
+  REQUIRE(learning_rate(c, 5) == Approx(0.5));
+  REQUIRE(learning_rate(c, 10) == Approx(1.0));
+  REQUIRE(learning_rate(c, 60) == Approx(0.55));   // half-way through the cosine
+  REQUIRE(learning_rate(c, 110) == Approx(0.1));
+  c.schedule = "inverse_sqrt";
+  REQUIRE(learning_rate(c, 40) == Approx(std::sqrt(10.0 / 40.0)));
+  c.schedule = "constant";
+  REQUIRE(learning_rate(c, 99) == 1.0);
+}
+
+TEST_CASE("a short training run lowers the validation loss", "[train]") {
+  auto corpus = testing::tiny_byte_corpus();
+  for (const char* position : {"alibi", "sinusoidal", "none", "learned"}) {
+    INFO(position);
+    Config config = testing::tiny_config(position);
+    config.train.out_dir = temp_dir(std::string("loss-") + position);
+    config.train.validate_every = 30;
+    config.train.steps = 60;
+    Trainer trainer(config, corpus);
+    trainer.quiet = true;
+    EvalSpec spec;
+    spec.length = 16;
+    const double before = evaluate(trainer.model(), corpus, corpus.valid, spec).nll_sum;
+    auto summary = trainer.run(false);
+    const double after = evaluate(trainer.model(), corpus, corpus.valid, spec).nll_sum;
+    REQUIRE(after < 0.8 * before);
+    REQUIRE(summary.valid_curve.size() == 2);
+    REQUIRE(summary.valid_curve[1].loss < summary.valid_curve[0].loss);
+    fs::remove_all(config.train.out_dir);
+  }
+}
+
+TEST_CASE("resuming from a checkpoint continues bit-for-bit", "[train]") {
+  auto corpus = testing::tiny_byte_corpus();
+  Config config = testing::tiny_config("alibi");
+  config.model.dropout = 0.1;  // the RNG state must be restored too
+  config.train.steps = 20;
+  config.train.accumulation = 2;
+  config.train.batch_tokens = 16 * 8;
+  config.train.checkpoint_every = 7;
+
+  config.train.out_dir = temp_dir("straight");
+  Trainer straight(config, corpus);
+  straight.quiet = true;
+  straight.run(false);
+
+  // Interrupt after step 14 (a checkpoint), then resume in a fresh trainer to step 20.
+  Config first = config;
+  first.train.out_dir = temp_dir("resumed");
+  {
+    Trainer t(first, corpus);
+    t.quiet = true;
+    t.stop_after_step = 14;
+    REQUIRE(t.run(false).steps == 14);
+  }
+  Config second = config;
+  second.train.out_dir = first.train.out_dir;
+  Trainer resumed(second, corpus);
+  resumed.quiet = true;
+  auto summary = resumed.run(true);
+  REQUIRE(summary.resumed_from == 14);
+  REQUIRE(summary.steps == 20);
+
+  auto a = straight.model()->parameters(), b = resumed.model()->parameters();
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) REQUIRE(torch::equal(a[i], b[i]));
+
+  // A changed config is refused, naming what differs.
+  Config changed = second;
+  changed.model.d_ffn = 128;
+  changed.train.steps = 30;
+  Trainer other(changed, corpus);
+  other.quiet = true;
+  REQUIRE_THROWS_WITH(other.run(true), Catch::Contains("differs") && Catch::Contains("d_ffn"));
+  fs::remove_all(config.train.out_dir);
+  fs::remove_all(first.train.out_dir);
+}
+
+TEST_CASE("a masked-LM model trains and its loss goes down", "[train]") {
+  auto corpus = testing::tiny_byte_corpus();
+  Config config = testing::tiny_config("alibi_symmetric");
+  config.model.objective = "masked_lm";
+  config.train.steps = 60;
+  config.train.log_every = 10;
+  config.train.out_dir = temp_dir("mlm");
+  Trainer trainer(config, corpus);
+  trainer.quiet = true;
+  auto summary = trainer.run(false);
+  REQUIRE(summary.train_curve.back().loss < 0.7 * summary.train_curve.front().loss);
+  fs::remove_all(config.train.out_dir);
+}
