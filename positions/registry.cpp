@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
+#include <string>
 
 namespace extrap {
 
@@ -88,12 +90,27 @@ std::shared_ptr<PositionMethod> PositionRegistry::create(const std::string& name
   return method;
 }
 
+namespace {
+// Plugins whose registrations already ran, by canonical path: "" if they loaded, else the
+// error they gave. dlopen() runs a library's static registrations only the first time, so a
+// second load of the same file must not look for them again.
+std::map<std::string, std::string>& loaded_plugins() {
+  static std::map<std::string, std::string> loaded;
+  return loaded;
+}
+}  // namespace
+
 void PositionRegistry::load_plugin(const std::string& path) {
   if (!std::filesystem::exists(path))
     throw ConfigError("plugin '" + path + "': no such file");
+  const std::string canonical = std::filesystem::canonical(path).string();
+  if (auto seen = loaded_plugins().find(canonical); seen != loaded_plugins().end()) {
+    if (seen->second.empty()) return;  // loaded before: nothing to do
+    throw ConfigError(seen->second);
+  }
   const auto before = detail::pending_registrations().size();
   if (before != 0) drain_pending("built-in");
-  void* handle = dlopen(std::filesystem::absolute(path).c_str(), RTLD_NOW | RTLD_GLOBAL);
+  void* handle = dlopen(canonical.c_str(), RTLD_NOW | RTLD_GLOBAL);
   if (!handle) throw ConfigError("plugin '" + path + "': cannot load: " + dlerror());
   if (!dlsym(handle, "extrap_plugin_abi")) {
     detail::pending_registrations().clear();
@@ -106,8 +123,11 @@ void PositionRegistry::load_plugin(const std::string& path) {
   try {
     drain_pending(path);
   } catch (const ConfigError& e) {
-    throw ConfigError("plugin '" + path + "': " + e.what());
+    const std::string error = "plugin '" + path + "': " + e.what();
+    loaded_plugins()[canonical] = error;
+    throw ConfigError(error);
   }
+  loaded_plugins()[canonical] = "";
 }
 
 }  // namespace extrap

@@ -1,0 +1,109 @@
+// `rotary`: rotary position embeddings (RoPE, Su et al., 2021), applied to q and k in every
+// layer. Convention: *interleaved pairs*, as in the RoFormer paper. Dimensions (2i, 2i+1) of a
+// head form the complex number x[2i] + i x[2i+1], which at position p is multiplied by
+// exp(i p theta_i), theta_i = base^(-2i / d_rot), i = 0 .. d_rot/2 - 1. (GPT-NeoX instead
+// pairs dimension i with i + d_rot/2; the two are the same up to a fixed permutation of the
+// head dimensions, so neither is better, but checkpoints are not interchangeable.)
+//
+// Only the first d_rot = fraction * d_head dimensions (rounded down to an even count) rotate;
+// the rest pass through unchanged. Because q_p . k_p' depends on p - p' only, the scores are
+// translation-invariant: the same window at any offset gives the same attention.
+#include "positions/position.h"
+
+#include <cmath>
+#include <mutex>
+
+namespace extrap {
+namespace {
+
+struct RotaryOptions {
+  double base = 10000.0;
+  double fraction = 1.0;
+  void read(const OptionReader& r) {
+    r.read("base", base, "wavelength base of the rotation angles");
+    r.read("fraction", fraction,
+           "fraction of each head's dimensions that rotate (rounded down to an even count)");
+    if (!r.decoding()) return;
+    if (!(base > 1.0)) r.fail("base", "must be greater than 1");
+    if (!(fraction > 0.0 && fraction <= 1.0)) r.fail("fraction", "must be in (0, 1]");
+  }
+};
+
+class Rotary : public PositionMethod {
+ public:
+  Rotary(const PositionContext& context, RotaryOptions options) : options_(options) {
+    // The 1e-9 keeps e.g. 0.3 * 10 from flooring to 2.
+    rotated_ = 2 * int64_t(std::floor(options.fraction * double(context.d_head) / 2.0 + 1e-9));
+    if (rotated_ < 2)
+      throw ConfigError("rotary: fraction " + std::to_string(options.fraction) + " of d_head " +
+                        std::to_string(context.d_head) + " rotates no pair of dimensions");
+  }
+
+  void rotate_qk(torch::Tensor& q, torch::Tensor& k, int64_t, int64_t offset) override {
+    TORCH_CHECK(q.size(-1) >= rotated_ && k.size(-1) == q.size(-1),
+                "rotary: expected head dimension of at least ", rotated_, ", got q ", q.sizes(),
+                " and k ", k.sizes());
+    const auto [cos, sin] = angles(q.size(2), offset, q.device(), q.scalar_type());
+    q = rotate(q, cos, sin);
+    k = rotate(k, cos, sin);
+  }
+
+ private:
+  // cos and sin of p * theta_i for p in [offset, offset + length): (T, d_rot/2) each.
+  // Every layer of a forward pass asks for the same table, so the last one is cached.
+  std::pair<torch::Tensor, torch::Tensor> angles(int64_t length, int64_t offset,
+                                                 torch::Device device, torch::ScalarType dtype) {
+    std::lock_guard<std::mutex> lock(cache_mutex_);
+    if (cache_.cos.defined() && cache_.length == length && cache_.offset == offset &&
+        cache_.device == device && cache_.dtype == dtype)
+      return {cache_.cos, cache_.sin};
+    auto position = torch::arange(offset, offset + length, torch::kFloat64).unsqueeze(1);  // (T, 1)
+    auto i = torch::arange(0, rotated_ / 2, torch::kFloat64);                              // (d/2,)
+    auto theta = torch::exp(i * (-2.0 * std::log(options_.base) / double(rotated_)));
+    auto phase = position * theta.unsqueeze(0);                                           // (T, d/2)
+    cache_ = {length, offset, device, dtype, phase.cos().to(device, dtype),
+              phase.sin().to(device, dtype)};
+    return {cache_.cos, cache_.sin};
+  }
+
+  // x: (B, H, T, D). Rotates pairs (2i, 2i+1) of the first d_rot dimensions.
+  torch::Tensor rotate(const torch::Tensor& x, const torch::Tensor& cos,
+                       const torch::Tensor& sin) const {
+    const auto d = x.size(-1);
+    auto pairs = x.narrow(-1, 0, rotated_).unflatten(-1, {rotated_ / 2, 2});  // (B, H, T, d/2, 2)
+    auto even = pairs.select(-1, 0), odd = pairs.select(-1, 1);               // (B, H, T, d/2)
+    auto rotated = torch::stack({even * cos - odd * sin, even * sin + odd * cos}, -1)
+                       .flatten(-2);                                          // (B, H, T, d_rot)
+    if (rotated_ == d) return rotated;
+    return torch::cat({rotated, x.narrow(-1, rotated_, d - rotated_)}, -1);  // (B, H, T, D)
+  }
+
+  struct AngleCache {
+    int64_t length = -1;
+    int64_t offset = 0;
+    torch::Device device = torch::kCPU;
+    torch::ScalarType dtype = torch::kFloat32;
+    torch::Tensor cos, sin;  // (T, d_rot/2)
+  };
+
+  RotaryOptions options_;
+  int64_t rotated_;  // d_rot: even, in [2, d_head]
+  std::mutex cache_mutex_;
+  AngleCache cache_;
+};
+
+PositionInfo make_rotary_info() {
+  PositionInfo info;
+  info.name = "rotary";
+  info.description = "rotary embeddings: q and k rotated pairwise by position (Su et al., 2021)";
+  info.hooks = kRotateQK;
+  info.modes = kCausal | kBidirectional;
+  info.options = document_options<RotaryOptions>();
+  info.factory = factory_for<Rotary, RotaryOptions>();
+  return info;
+}
+
+}  // namespace
+}  // namespace extrap
+
+EXTRAP_REGISTER_POSITION(rotary, extrap::make_rotary_info);

@@ -1,0 +1,115 @@
+// `t5_bias`: T5's learned relative-position bias (Raffel et al., 2020). Each head has one
+// trained scalar per relative-distance bucket (positions/t5_buckets.h); score(i, j) gets
+// table[bucket(j - i), h]. Causal attention uses one-directional buckets (all keys at or left
+// of the query), bidirectional attention two-sided ones (half the buckets per side).
+//
+// The bias is described as dense blocks: a backend asks for any tile [q0, q1) x [k0, k1) and
+// gets the (H, q1 - q0, k1 - k0) gather from the table, with autograd to the table. A tile
+// depends on positions only through j - i, so the method is translation-invariant.
+#include "positions/position.h"
+#include "positions/t5_buckets.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace extrap {
+
+int64_t t5_bucket(int64_t relative_position, bool bidirectional, int64_t num_buckets,
+                  int64_t max_distance) {
+  int64_t bucket = 0;
+  int64_t distance = 0;
+  if (bidirectional) {
+    num_buckets /= 2;
+    if (relative_position > 0) bucket += num_buckets;
+    distance = std::abs(relative_position);
+  } else {
+    distance = std::max<int64_t>(-relative_position, 0);
+  }
+  const int64_t max_exact = num_buckets / 2;
+  if (distance < max_exact) return bucket + distance;
+  // The 1e-9 keeps a distance exactly on a log-spaced boundary from rounding down a bucket.
+  const double scaled = std::log(double(distance) / double(max_exact)) /
+                        std::log(double(max_distance) / double(max_exact)) *
+                        double(num_buckets - max_exact);
+  const auto large = max_exact + int64_t(std::floor(scaled + 1e-9));
+  return bucket + std::min(large, num_buckets - 1);
+}
+
+namespace {
+
+struct T5BiasOptions {
+  int64_t buckets = 32;
+  int64_t max_distance = 128;
+  bool shared_across_layers = true;
+  double init_std = 0.02;
+  void read(const OptionReader& r) {
+    r.read("buckets", buckets, "number of relative-distance buckets (both sides together)");
+    r.read("max_distance", max_distance, "distance at which the last, catch-all bucket starts");
+    r.read("shared_across_layers", shared_across_layers,
+           "one table for all layers (as T5); false: one table per layer");
+    r.read("init_std", init_std, "standard deviation of the initial table entries");
+    if (!r.decoding()) return;
+    if (buckets < 4 || buckets % 2 != 0) r.fail("buckets", "must be even and at least 4");
+    if (max_distance <= buckets / 2)
+      r.fail("max_distance", "must exceed buckets / 2 (" + std::to_string(buckets / 2) + ")");
+    if (init_std < 0) r.fail("init_std", "must not be negative");
+  }
+};
+
+// The (Tq, Tk) bucket ids of the tile [q0, q1) x [k0, k1): one t5_bucket() call per
+// distinct j - i, then spread over the tile.
+torch::Tensor tile_buckets(int64_t q0, int64_t q1, int64_t k0, int64_t k1, bool bidirectional,
+                           int64_t buckets, int64_t max_distance) {
+  const int64_t lowest = k0 - (q1 - 1), highest = (k1 - 1) - q0;
+  std::vector<int64_t> per_offset;
+  per_offset.reserve(highest - lowest + 1);
+  for (int64_t r = lowest; r <= highest; ++r)
+    per_offset.push_back(t5_bucket(r, bidirectional, buckets, max_distance));
+  auto ids = torch::tensor(per_offset, torch::kLong);           // (R,)
+  auto i = torch::arange(q0, q1, torch::kLong).view({-1, 1});  // (Tq, 1)
+  auto j = torch::arange(k0, k1, torch::kLong).view({1, -1});  // (1, Tk)
+  return ids.index({j - i - lowest});                           // (Tq, Tk)
+}
+
+class T5Bias : public PositionMethod {
+ public:
+  T5Bias(const PositionContext& context, T5BiasOptions options)
+      : options_(options), bidirectional_(!context.causal) {
+    const int64_t tables = options.shared_across_layers ? 1 : context.num_layers;
+    table_ = register_parameter(
+        "table", torch::randn({tables, options.buckets, context.num_heads}) * options.init_std);
+  }
+
+  AttentionBias bias(int64_t layer, int64_t, int64_t) override {
+    auto table = table_[options_.shared_across_layers ? 0 : layer].t();  // (H, buckets)
+    const bool bidirectional = bidirectional_;
+    const int64_t buckets = options_.buckets, max_distance = options_.max_distance;
+    return AttentionBias::dense_blocks([=](int64_t q0, int64_t q1, int64_t k0, int64_t k1) {
+      auto ids = tile_buckets(q0, q1, k0, k1, bidirectional, buckets, max_distance);  // (Tq, Tk)
+      return table.index_select(1, ids.to(table.device()).flatten())
+          .view({table.size(0), q1 - q0, k1 - k0});  // (H, Tq, Tk)
+    });
+  }
+
+ private:
+  T5BiasOptions options_;
+  bool bidirectional_;
+  torch::Tensor table_;  // (layers or 1, buckets, H)
+};
+
+PositionInfo make_t5_bias_info() {
+  PositionInfo info;
+  info.name = "t5_bias";
+  info.description = "T5 relative bias: a learned scalar per head and log-spaced distance bucket";
+  info.hooks = kBias;
+  info.modes = kCausal | kBidirectional;
+  info.options = document_options<T5BiasOptions>();
+  info.factory = factory_for<T5Bias, T5BiasOptions>();
+  return info;
+}
+
+}  // namespace
+}  // namespace extrap
+
+EXTRAP_REGISTER_POSITION(t5_bias, extrap::make_t5_bias_info);
