@@ -3,6 +3,9 @@
 
 #include "core/efficient_attention.h"
 #include "core/yaml_options.h"
+#ifdef EXTRAP_WITH_CUDA
+#include "core/cuda/fused_attention.h"
+#endif
 
 #include <cmath>
 #include <limits>
@@ -149,8 +152,20 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
     case AttentionBackend::Efficient:
       return attention_efficient(q, k, v, bias, options);
     case AttentionBackend::Fused:
+#ifdef EXTRAP_WITH_CUDA
+      TORCH_CHECK(!(options.training && options.dropout > 0),
+                  "attention: the fused CUDA backend has no attention dropout (dropout ",
+                  options.dropout, ")");
+      return fused_attention(q, k, v, bias, options.causal);
+#else
       TORCH_CHECK(false, "attention: the fused CUDA backend is not built into this binary");
+#endif
     case AttentionBackend::Auto: {
+#ifdef EXTRAP_WITH_CUDA
+      if (q.is_cuda() && !(options.training && options.dropout > 0) &&
+          fused_attention_unsupported_reason(q, k, v, bias, options.causal).empty())
+        return fused_attention(q, k, v, bias, options.causal);
+#endif
       const bool inference = !options.training && !torch::GradMode::is_enabled();
       if (inference && q.device().is_cpu() && q.size(2) * k.size(2) > options.efficient_threshold)
         return attention_efficient(q, k, v, bias, options);
