@@ -126,14 +126,16 @@ torch::Tensor attention_reference(const torch::Tensor& q, const torch::Tensor& k
                                   const torch::Tensor& v, const AttentionBias& bias,
                                   const AttentionOptions& options) {
   const auto heads = q.size(1), tq = q.size(2), tk = k.size(2), d = q.size(3);
-  auto scores = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(d)));  // (B, H, Tq, Tk)
+  // Scale q rather than the scores (a (B, H, T, D) pass instead of (B, H, T, T)), and add the
+  // bias in place: matmul's backward needs only its inputs.
+  auto scores = torch::matmul(q * (1.0 / std::sqrt(double(d))), k.transpose(-2, -1));  // (B, H, Tq, Tk)
   if (!bias.is_none()) {
-    scores = scores + materialize_bias(bias, heads, tq, tk, options.causal,
-                                       scores.options());  // (H, Tq, Tk) broadcast over B
+    scores.add_(materialize_bias(bias, heads, tq, tk, options.causal,
+                                 scores.options()));  // (H, Tq, Tk) broadcast over B
   } else if (options.causal) {
     auto mask = torch::ones({tq, tk}, torch::TensorOptions().dtype(torch::kBool).device(q.device()))
                     .triu(1);
-    scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
+    scores.masked_fill_(mask, -std::numeric_limits<float>::infinity());
   }
   auto probs = torch::softmax(scores, -1);
   if (options.training && options.dropout > 0) probs = torch::dropout(probs, options.dropout, true);

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <sstream>
@@ -67,5 +68,23 @@ int configure_threads(int64_t requested) {
 }
 
 bool stderr_is_terminal() { return isatty(fileno(stderr)) != 0; }
+
+void prefer_fast_blas_kernels(char** argv) {
+  if (std::getenv("OPENBLAS_CORETYPE")) return;
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, flags;
+  while (std::getline(in, line))
+    if (line.rfind("flags", 0) == 0) {
+      flags = " " + line.substr(line.find(':') + 1) + " ";
+      break;
+    }
+  auto has = [&](const char* flag) { return flags.find(" " + std::string(flag) + " ") != std::string::npos; };
+  const char* core = nullptr;
+  if (has("avx512f") && has("avx512bw") && has("avx512vl") && has("avx512dq")) core = "SkylakeX";
+  else if (has("avx2") && has("fma")) core = "Haswell";
+  if (!core) return;
+  setenv("OPENBLAS_CORETYPE", core, 1);
+  execv("/proc/self/exe", argv);  // returns only on failure: then run on as we are
+}
 
 }  // namespace extrap

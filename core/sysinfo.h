@@ -16,4 +16,11 @@ int available_cores();
 int configure_threads(int64_t requested);
 bool stderr_is_terminal();
 
+// OpenBLAS 0.3.21 (Debian 12) does not recognise some current Xeons and falls back to its
+// generic kernels; on this project's 2-core VMs that makes matrix products 2-4x slower. It
+// reads OPENBLAS_CORETYPE only when it loads, so when the variable is unset and the CPU has
+// AVX-512 (or AVX2) this sets it and re-executes the program once. A value the user set is
+// left alone. Returns only if no re-execution happened.
+void prefer_fast_blas_kernels(char** argv);
+
 }  // namespace extrap

@@ -1,4 +1,5 @@
 // extrap: the command-line front end. `extrap COMMAND [args]`; `extrap COMMAND --help`.
+#include "core/sysinfo.h"
 #include "core/yaml_options.h"
 #include "experiments/commands.h"
 
@@ -38,6 +39,7 @@ void usage(std::ostream& out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  extrap::prefer_fast_blas_kernels(argv);
   if (argc < 2) {
     usage(std::cerr);
     return 2;

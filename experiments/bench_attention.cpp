@@ -1,0 +1,187 @@
+// `extrap bench attention`: wall time and peak memory of one attention call (inference, no
+// grad) over a range of lengths, the reference (materialised (B, H, T, T) scores and (H, T, T)
+// bias) against the memory-efficient blockwise path, on the same inputs and the same bias
+// description. The reference is skipped where its estimated memory exceeds a budget. Peak
+// memory is the resident-set increase during the call (experiments/bench_util.h says how).
+#include "core/attention.h"
+#include "core/efficient_attention.h"
+#include "core/sysinfo.h"
+#include "core/yaml_options.h"
+#include "experiments/bench_util.h"
+#include "experiments/commands.h"
+#ifdef EXTRAP_WITH_CUDA
+#include "core/cuda/bench_fused_attention.h"
+#endif
+#include "positions/alibi_slopes.h"
+
+#include <cstdio>
+#include <iostream>
+#include <optional>
+#include <sstream>
+
+namespace po = boost::program_options;
+
+namespace extrap::cli {
+namespace {
+
+std::vector<int64_t> parse_lengths(const std::string& text) {
+  std::vector<int64_t> lengths;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    size_t used = 0;
+    int64_t length = 0;
+    try {
+      length = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || length < 1)
+      throw ConfigError("--lengths: '" + item + "' is not a positive integer (in '" + text + "')");
+    lengths.push_back(length);
+  }
+  if (lengths.empty()) throw ConfigError("--lengths: no lengths given");
+  return lengths;
+}
+
+constexpr int64_t kDenseMaxDistance = 128;
+
+// The bias each --bias names, as a position method would describe it.
+//   alibi: ALiBi slopes; causal ALiBi when causal, symmetric ALiBi when bidirectional.
+//   dense: a T5-like table, one learned-looking value per head and clipped relative distance
+//          (|i - j| up to 128), gathered tile by tile as a dense bias.
+AttentionBias make_bias(const std::string& kind, int64_t heads, bool causal) {
+  if (kind == "none") return AttentionBias::none();
+  if (kind == "alibi") {
+    auto slopes = torch::tensor(alibi_slopes(int(heads)), torch::kFloat64).to(torch::kFloat32);
+    return causal ? AttentionBias::linear_causal(slopes) : AttentionBias::linear_symmetric(slopes);
+  }
+  if (kind == "dense") {
+    auto table = torch::randn({heads, 2 * kDenseMaxDistance + 1});  // (H, 2R + 1)
+    return AttentionBias::dense_blocks([table](int64_t q0, int64_t q1, int64_t k0, int64_t k1) {
+      auto i = torch::arange(q0, q1, torch::kLong).view({-1, 1});
+      auto j = torch::arange(k0, k1, torch::kLong).view({1, -1});
+      auto index = (i - j).clamp(-kDenseMaxDistance, kDenseMaxDistance) + kDenseMaxDistance;  // (Tq, Tk)
+      return table.index_select(1, index.flatten()).view({table.size(0), q1 - q0, k1 - k0});
+    });
+  }
+  throw ConfigError("unknown --bias '" + kind + "' (known: alibi, none, dense)");
+}
+
+// What the reference holds at its peak, in multiples of the (B, H, T, T) fp32 score tensor:
+// scores, biased scores and probabilities, plus the (H, T, T) bias and its temporaries.
+// Measured with this benchmark on 2026-11-21 (B 1, H 8, T 2048 and 4096, causal and
+// bidirectional): alibi 4.2x, dense 2.3x to 3.1x, none 2.0x. Rounded up.
+double reference_peak_factor(const std::string& bias) {
+  if (bias == "alibi") return 4.5;
+  if (bias == "dense") return 3.5;
+  return 2.5;
+}
+
+std::string format_gigabytes(double bytes) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof(buffer), "%.1f GB", bytes / 1e9);
+  return buffer;
+}
+
+}  // namespace
+
+int bench_attention(const Args& args) {
+  // The CUDA benchmark has options of its own: hand it the whole command line.
+  for (size_t i = 0; i < args.size(); ++i)
+    if (args[i] == "--device=cuda" || (args[i] == "--device" && i + 1 < args.size() && args[i + 1] == "cuda")) {
+#ifdef EXTRAP_WITH_CUDA
+      return bench_attention_cuda(args);
+#else
+      std::cerr << "extrap bench attention: this binary was built without CUDA (needs nvcc and a "
+                   "CUDA-enabled LibTorch; see core/cuda/NOTES.md)\n";
+      return 1;
+#endif
+    }
+  po::options_description options("extrap bench attention");
+  std::string device = "cpu", bias_kind = "alibi", lengths_text = "512,1024,2048,4096,8192,16384,32768";
+  int64_t heads = 8, head_dim = 64, batch = 1, threads = 0;
+  int repeats = 3;
+  bool causal_flag = false, bidirectional = false;
+  double budget_gb = 6.0;
+  EfficientAttentionBlocks blocks;
+  options.add_options()
+      ("device", po::value(&device)->default_value(device), "cpu or cuda")
+      ("heads", po::value(&heads)->default_value(heads), "attention heads H")
+      ("head-dim", po::value(&head_dim)->default_value(head_dim), "head dimension D")
+      ("batch", po::value(&batch)->default_value(batch), "batch size B")
+      ("lengths", po::value(&lengths_text)->default_value(lengths_text), "comma-separated sequence lengths T")
+      ("bias", po::value(&bias_kind)->default_value(bias_kind), "alibi, none or dense (T5-like table, gathered per tile)")
+      ("causal", po::bool_switch(&causal_flag), "causal attention (the default)")
+      ("bidirectional", po::bool_switch(&bidirectional), "bidirectional attention (alibi: symmetric ALiBi)")
+      ("repeats", po::value(&repeats)->default_value(repeats), "timed calls per path and length (median reported)")
+      ("threads", po::value(&threads)->default_value(threads), "LibTorch intra-op threads (0: all available cores)")
+      ("query-block", po::value(&blocks.query_block)->default_value(blocks.query_block), "efficient path: queries per tile")
+      ("key-block", po::value(&blocks.key_block)->default_value(blocks.key_block), "efficient path: keys per tile")
+      ("reference-budget-gb", po::value(&budget_gb)->default_value(budget_gb),
+       "skip the reference where its estimated peak memory exceeds this");
+  po::variables_map values;
+  if (!parse(args, "extrap bench attention [--device cpu|cuda] [--lengths 512,1024,...] [--bias alibi|none|dense] "
+                   "[--causal|--bidirectional]", options, values))
+    return 0;
+  if (causal_flag && bidirectional) throw ConfigError("give --causal or --bidirectional, not both");
+  if (device != "cpu") throw ConfigError("unknown --device '" + device + "' (known: cpu, cuda)");
+  if (heads < 1 || head_dim < 1 || batch < 1 || repeats < 1)
+    throw ConfigError("--heads, --head-dim, --batch and --repeats must be positive");
+  if (blocks.query_block < 1 || blocks.key_block < 1)
+    throw ConfigError("--query-block and --key-block must be positive");
+  const std::vector<int64_t> lengths = parse_lengths(lengths_text);
+  const bool causal = !bidirectional;
+  const int used_threads = configure_threads(threads);
+  const AttentionBias bias = make_bias(bias_kind, heads, causal);
+  AttentionOptions attention_options;
+  attention_options.causal = causal;
+  torch::NoGradGuard no_grad;
+
+  std::printf("machine: %s\ndate: %s\n%s\n", machine_description().c_str(), iso_time_now().c_str(),
+              bench::blas_description().c_str());
+  std::printf("attention: B %lld, H %lld, D %lld, fp32, %s, bias %s, %d threads\n", (long long)batch,
+              (long long)heads, (long long)head_dim, causal ? "causal" : "bidirectional",
+              bias.describe().c_str(), used_threads);
+  std::printf("efficient path: %lld x %lld query x key tiles; reference skipped above %.1f GB (estimated)\n",
+              (long long)blocks.query_block, (long long)blocks.key_block, budget_gb);
+  std::printf("time: median of %d calls; memory: peak resident increase during a call, output included\n\n",
+              repeats);
+  std::printf("%8s  %14s  %14s  %14s  %14s  %10s\n", "T", "reference ms", "reference MB", "efficient ms",
+              "efficient MB", "max |diff|");
+
+  for (const int64_t t : lengths) {
+    torch::manual_seed(uint64_t(t));
+    auto q = torch::randn({batch, heads, t, head_dim});  // (B, H, T, D)
+    auto k = torch::randn({batch, heads, t, head_dim});
+    auto v = torch::randn({batch, heads, t, head_dim});
+
+    torch::Tensor reference_out, efficient_out;
+    const double reference_bytes =
+        double(batch) * heads * t * t * 4 * reference_peak_factor(bias_kind);
+    std::optional<bench::CallMeasurement> reference;
+    if (reference_bytes <= budget_gb * 1e9) {
+      reference = bench::measure_call(
+          [&] { reference_out = attention_reference(q, k, v, bias, attention_options); }, repeats);
+    }
+    const auto efficient = bench::measure_call(
+        [&] { efficient_out = attention_efficient(q, k, v, bias, attention_options, blocks); }, repeats);
+
+    std::printf("%8lld  ", (long long)t);
+    if (reference) {
+      std::printf("%14.1f  %14.1f  ", reference->median_ms, reference->peak_extra_bytes / 1e6);
+    } else {
+      const std::string skipped = "skipped (needs " + format_gigabytes(reference_bytes) + ")";
+      std::printf("%-30s  ", skipped.c_str());
+    }
+    std::printf("%14.1f  %14.1f  ", efficient.median_ms, efficient.peak_extra_bytes / 1e6);
+    if (reference)
+      std::printf("%10.2e\n", (reference_out - efficient_out).abs().max().item<double>());
+    else
+      std::printf("%10s\n", "-");
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace extrap::cli
