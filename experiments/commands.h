@@ -20,6 +20,9 @@ int config_keys(const Args& args);
 int bench(const Args& args);            // dispatches to the two below
 int bench_train(const Args& args);
 int bench_attention(const Args& args);
+int sweep(const Args& args);   // experiments/cli_sweep.cpp
+int merge(const Args& args);
+int report(const Args& args);
 
 // Parses `args` against `options` (+ positional names). Returns false after printing help
 // when --help was given. Unknown options and missing values throw with a clear message.

@@ -26,6 +26,9 @@ const std::map<std::string, Command>& commands() {
       {"inspect", {"print ALiBi slopes or any method's attention-score bias", inspect}},
       {"keys", {"list every config key with its default and meaning", config_keys}},
       {"bench", {"benchmarks: `bench train`, `bench attention`", bench}},
+      {"sweep", {"train and evaluate a grid of configs, results to HDF5 (resumable)", sweep}},
+      {"merge", {"merge the results files of a sharded sweep", merge}},
+      {"report", {"write a Markdown report with plots from a sweep's results", report}},
   };
   return table;
 }
