@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "core/trainer.h"
+#include "core/version.h"
 
 namespace H5 {
 class H5File;
@@ -52,8 +53,8 @@ struct SweepHeader {
   std::string spec_hash;
   std::string sweep_file;  // the sweep file as written, plus the --set overrides
   std::string shard;       // "" (whole sweep), "I/N", or "merged"
-  std::string extrap_version = EXTRAP_VERSION;
-  std::string git_commit = EXTRAP_GIT_COMMIT;
+  std::string extrap_version = extrap::extrap_version();
+  std::string git_commit = extrap::extrap_git_commit();
   std::string created;  // ISO time, UTC
 };
 
@@ -65,8 +66,8 @@ struct RunRecord {
   std::string position;
   int64_t train_length = 0;
   int64_t seed = 0;
-  std::string extrap_version = EXTRAP_VERSION;
-  std::string git_commit = EXTRAP_GIT_COMMIT;
+  std::string extrap_version = extrap::extrap_version();
+  std::string git_commit = extrap::extrap_git_commit();
   std::string machine;
   std::string start_time;
   std::string end_time;  // "" until trained
