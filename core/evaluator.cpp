@@ -58,6 +58,17 @@ MaskDecision mask_decision(int64_t pos, int32_t token, double mask_prob, int64_t
   return d;
 }
 
+EvalSpec eval_spec_for(const Config& config, int64_t length, int64_t stride) {
+  EvalSpec spec;
+  spec.length = length;
+  spec.stride = stride;
+  spec.max_tokens = config.eval.max_tokens;
+  spec.batch_tokens = config.eval.batch_tokens;
+  spec.mask_prob = config.train.mask_prob;
+  spec.mask_seed = config.eval.mask_seed;
+  return spec;
+}
+
 EvalResult evaluate(TransformerLM& model, const Corpus& corpus, const TokenStream& stream,
                     const EvalSpec& spec, torch::Device device) {
   torch::NoGradGuard no_grad;

@@ -60,6 +60,10 @@ struct MaskDecision {
 MaskDecision mask_decision(int64_t pos, int32_t token, double mask_prob, int64_t seed,
                            int32_t mask_token, int64_t vocab_size);
 
+// The spec a config asks for at one (length, stride): its eval section's token limit and batch
+// size, and its masked-LM selection.
+EvalSpec eval_spec_for(const Config& config, int64_t length, int64_t stride = 0);
+
 // Evaluates under NoGradGuard and eval mode (restores the training flag afterwards).
 EvalResult evaluate(TransformerLM& model, const Corpus& corpus, const TokenStream& stream,
                     const EvalSpec& spec, torch::Device device = torch::kCPU);

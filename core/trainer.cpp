@@ -138,12 +138,8 @@ torch::Tensor Trainer::next_batch(Cursor& cursor, int64_t sequences, torch::Tens
 }
 
 double Trainer::validate() {
-  EvalSpec spec;
-  spec.length = config_.train.seq_len;
+  EvalSpec spec = eval_spec_for(config_, config_.train.seq_len);
   spec.max_tokens = config_.train.validate_tokens;
-  spec.batch_tokens = config_.eval.batch_tokens;
-  spec.mask_prob = config_.train.mask_prob;
-  spec.mask_seed = config_.eval.mask_seed;
   auto r = evaluate(model_, corpus_, corpus_.valid, spec, device_);
   return r.scored_tokens ? r.nll_sum / double(r.scored_tokens) : NAN;
 }

@@ -37,15 +37,8 @@ void evaluate_all(TransformerLM& model, const Corpus& corpus, const Config& conf
     for (int64_t s : config.eval.strides)
       if (s < length) strides.push_back(s);
     for (int64_t stride : strides) {
-      EvalSpec spec;
-      spec.length = length;
-      spec.stride = stride;
-      spec.max_tokens = config.eval.max_tokens;
-      spec.batch_tokens = config.eval.batch_tokens;
-      spec.mask_prob = config.train.mask_prob;
-      spec.mask_seed = config.eval.mask_seed;
       try {
-        print_eval_row(evaluate(model, corpus, stream, spec, device));
+        print_eval_row(evaluate(model, corpus, stream, eval_spec_for(config, length, stride), device));
       } catch (const c10::Error& e) {
         std::printf("%-10lld %-8lld cannot evaluate: %s\n", (long long)length, (long long)stride,
                     e.what_without_backtrace());

@@ -746,13 +746,7 @@ void run_points(const SweepSpec& spec, const std::vector<const SweepPoint*>& poi
     const TokenStream& stream = corpus.split(config.eval.split);
     const torch::Device device = config.train.device == "cuda" ? torch::kCUDA : torch::kCPU;
     for (const auto& e : pending) {
-      EvalSpec eval_spec;
-      eval_spec.length = e.length;
-      eval_spec.stride = e.stride;
-      eval_spec.max_tokens = config.eval.max_tokens;
-      eval_spec.batch_tokens = config.eval.batch_tokens;
-      eval_spec.mask_prob = config.train.mask_prob;
-      eval_spec.mask_seed = config.eval.mask_seed;
+      const EvalSpec eval_spec = eval_spec_for(config, e.length, e.stride);
       PointRecord p = new_point_record(record, e);
       try {
         const EvalResult r = evaluate(trainer->model(), corpus, stream, eval_spec, device);
