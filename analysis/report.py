@@ -1,7 +1,7 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """A Markdown report, with PNG plots, from the results file of an `extrap sweep`.
 
-    /usr/bin/python3 analysis/report.py RESULTS.h5 --out DIR      (or: extrap report ...)
+    .venv/bin/python analysis/report.py RESULTS.h5 --out DIR      (or: extrap report ...)
 
 Writes DIR/report.md and, next to it:
   ppl_L<train>_<mode>.png   perplexity against evaluation length, one line per method,
@@ -13,8 +13,8 @@ the perplexity at the training length, and training speed and peak memory per me
 Runs that differ only in train.seed are aggregated: "mean ± sample standard deviation".
 
 Reads only what the file documents (core/results_store.h): the /summary table and the
-/runs/<id> attributes and curves. Needs h5py, numpy and matplotlib (Debian: python3-h5py,
-python3-matplotlib).
+/runs/<id> attributes and curves. Needs h5py, numpy and matplotlib: the project's environment
+(.venv, made by scripts/setup.sh) has them.
 """
 import argparse
 import collections

@@ -17,16 +17,13 @@
 
 #ifndef _OPENMP
 // at::parallel_for is a header template: it runs in parallel only where the file that uses it
-// is compiled with OpenMP, as LibTorch 1.13 itself is. Without it the query blocks below run
+// is compiled with OpenMP, as LibTorch itself is. Without it the query blocks below run
 // one at a time and every tile operation forks LibTorch's threads instead: 6-7x slower on a
 // shared 2-core machine.
 #warning "core/efficient_attention.cpp is compiled without OpenMP; link extrap with OpenMP::OpenMP_CXX"
 #endif
 
-#include <dlfcn.h>
-
 #include <atomic>
-
 #include <cmath>
 #include <limits>
 
@@ -58,40 +55,6 @@ struct Problem {
 };
 
 enum class Side { Left, Diagonal, Right };
-
-// While alive, makes a pthreads OpenBLAS run its matrix products on the calling thread. The
-// tiles here are small and the query blocks already run in parallel, so OpenBLAS's own threads
-// only oversubscribe the cores (up to 7x slower, see attention_efficient()). LibTorch never sets OpenBLAS's thread count, and an OpenMP
-// OpenBLAS already runs single-threaded inside a parallel region (and setting its count would
-// change LibTorch's OpenMP threads), so only the pthreads build is touched; other BLAS
-// libraries are left alone. Not for concurrent use with other BLAS callers.
-class SingleThreadedBlas {
- public:
-  SingleThreadedBlas() {
-    using GetFn = int (*)();
-    static const auto get_parallel =
-        reinterpret_cast<GetFn>(dlsym(RTLD_DEFAULT, "openblas_get_parallel"));
-    static const auto get_threads =
-        reinterpret_cast<GetFn>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
-    static const auto set_threads =
-        reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
-    constexpr int kPthreads = 1;  // openblas_get_parallel(): 0 sequential, 1 pthreads, 2 OpenMP
-    if (!get_parallel || !get_threads || !set_threads || get_parallel() != kPthreads) return;
-    previous_threads_ = get_threads();
-    if (previous_threads_ == 1) return;
-    set_threads_ = set_threads;
-    set_threads_(1);
-  }
-  ~SingleThreadedBlas() {
-    if (set_threads_) set_threads_(previous_threads_);
-  }
-  SingleThreadedBlas(const SingleThreadedBlas&) = delete;
-  SingleThreadedBlas& operator=(const SingleThreadedBlas&) = delete;
-
- private:
-  void (*set_threads_)(int) = nullptr;
-  int previous_threads_ = 1;
-};
 
 // Adds the bias (masks included) of rows [q0, q1) and columns [k0, k1) to scores.
 // scores: (B, H, q1 - q0, k1 - k0). A Left tile has every j < i, a Right tile every j > i; the
@@ -200,10 +163,11 @@ torch::Tensor attention_efficient(const torch::Tensor& q, const torch::Tensor& k
   p.bias = &bias;
   p.blocks = blocks;
   const int64_t groups = p.batch * p.heads;
-  // Computed in fp32 whatever the input type; contiguous() copies only when it must.
-  p.q = q.to(torch::kFloat32).reshape({groups, p.tq, p.d}).contiguous();
-  p.k = k.to(torch::kFloat32).reshape({groups, p.tk, p.d}).contiguous();
-  p.v = v.to(torch::kFloat32).reshape({groups, p.tk, p.d}).contiguous();
+  // Computed in fp32 whatever the input type; contiguous() copies only when it must. Detached:
+  // grad mode is per thread, and the worker threads below do not inherit the guard above.
+  p.q = q.detach().to(torch::kFloat32).reshape({groups, p.tq, p.d}).contiguous();
+  p.k = k.detach().to(torch::kFloat32).reshape({groups, p.tk, p.d}).contiguous();
+  p.v = v.detach().to(torch::kFloat32).reshape({groups, p.tk, p.d}).contiguous();
   if (p.causal) p.any_right = false;
   if (linear) {
     TORCH_CHECK(bias.slopes_left.size(0) == p.heads, "linear bias has ",
@@ -229,7 +193,6 @@ torch::Tensor attention_efficient(const torch::Tensor& q, const torch::Tensor& k
   const int64_t tile_floats =
       groups * blocks.query_block * std::max(blocks.query_block, blocks.key_block);
   const int64_t num_query_blocks = (p.tq + blocks.query_block - 1) / blocks.query_block;
-  SingleThreadedBlas single_threaded_blas;
   // Parallel over query blocks, each tile operation on one thread. Measured 2026-11-21 on the
   // shared 2-core VM (T 4096, B 1, H 8, D 64, causal ALiBi, 256 x 512 tiles, OpenBLAS's
   // default kernels, best of 3 calls in three rounds, one core busy with another job):
@@ -242,6 +205,7 @@ torch::Tensor attention_efficient(const torch::Tensor& q, const torch::Tensor& k
   // with its index), so that a thread slowed by other work on the machine takes fewer blocks.
   std::atomic<int64_t> next_block{0};
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    torch::NoGradGuard worker_no_grad;  // a dense bias may come from learned tables
     auto score_buffer = torch::empty({tile_floats}, p.q.options());
     for (int64_t taken; (taken = next_block++) < num_query_blocks;) {
       const int64_t q0 = (num_query_blocks - 1 - taken) * blocks.query_block;

@@ -247,6 +247,7 @@ void write_run(H5::H5File& file, const RunRecord& r) {
   set_attribute(run, "extrap_version", r.extrap_version);
   set_attribute(run, "git_commit", r.git_commit);
   set_attribute(run, "machine", r.machine);
+  set_attribute(run, "runtime", r.runtime);
   set_attribute(run, "start_time", r.start_time);
   set_attribute(run, "end_time", r.end_time);
   set_attribute(run, "tokens_per_second", r.tokens_per_second);
@@ -269,6 +270,7 @@ RunRecord read_run(const H5::Group& run, const std::string& id) {
   r.extrap_version = string_attribute(run, "extrap_version");
   r.git_commit = string_attribute(run, "git_commit");
   r.machine = string_attribute(run, "machine");
+  r.runtime = string_attribute(run, "runtime");
   r.start_time = string_attribute(run, "start_time");
   r.end_time = string_attribute(run, "end_time");
   r.tokens_per_second = double_attribute(run, "tokens_per_second");

@@ -69,6 +69,7 @@ struct RunRecord {
   std::string extrap_version = extrap::extrap_version();
   std::string git_commit = extrap::extrap_git_commit();
   std::string machine;
+  std::string runtime;  // runtime_summary(): LibTorch, CUDA, BLAS, threads ("" in older files)
   std::string start_time;
   std::string end_time;  // "" until trained
   double tokens_per_second = NAN;

@@ -16,11 +16,26 @@ int available_cores();
 int configure_threads(int64_t requested);
 bool stderr_is_terminal();
 
-// OpenBLAS 0.3.21 (Debian 12) does not recognise some current Xeons and falls back to its
-// generic kernels; on this project's 2-core VMs that makes matrix products 2-4x slower. It
-// reads OPENBLAS_CORETYPE only when it loads, so when the variable is unset and the CPU has
-// AVX-512 (or AVX2) this sets it and re-executes the program once. A value the user set is
-// left alone. Returns only if no re-execution happened.
-void prefer_fast_blas_kernels(char** argv);
+// What this binary runs on: for `extrap --version`, benchmark headers and results files.
+struct RuntimeInfo {
+  std::string extrap_version;    // e.g. 0.1.0
+  std::string git_commit;        // of the source tree at build time
+  std::string libtorch_version;  // TORCH_VERSION of the headers built against, e.g. 2.15.0
+  std::string libtorch_loaded;   // the version the loaded libtorch_cpu reports (should be the same)
+  bool cuda_built = false;       // LibTorch's CUDA library is loaded (a CUDA build of LibTorch)
+  std::string cuda_version;      // the CUDA runtime LibTorch uses, e.g. 13.2; "" without CUDA
+  bool fused_kernels = false;    // extrap's fused CUDA attention is compiled in
+  int cuda_devices = 0;          // CUDA devices visible now
+  std::string blas;              // e.g. "mkl (MKL 2024.2)"
+  std::string onednn;            // e.g. "oneDNN v3.13.3", "none"
+  std::string cpu_capability;    // the vector ISA LibTorch's CPU kernels use, e.g. AVX512
+  int threads = 0;               // LibTorch intra-op threads
+};
+RuntimeInfo runtime_info();
+// One line per fact ("libtorch: 2.15.0", ...), as `extrap --version` prints them.
+std::string describe_runtime(const RuntimeInfo& info);
+// The same on one line, for benchmark headers and the results file's `runtime` attribute.
+std::string runtime_summary(const RuntimeInfo& info);
+inline std::string runtime_summary() { return runtime_summary(runtime_info()); }
 
 }  // namespace extrap

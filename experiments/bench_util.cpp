@@ -1,6 +1,5 @@
 #include "experiments/bench_util.h"
 
-#include <dlfcn.h>
 #include <malloc.h>
 #include <unistd.h>
 
@@ -55,16 +54,6 @@ int64_t PeakMemorySampler::stop() {
   running_ = false;
   if (thread_.joinable()) thread_.join();
   return std::max<int64_t>(0, std::max(peak_.load(), now) - baseline_);
-}
-
-std::string blas_description() {
-  using StringFn = char* (*)();
-  const auto config = reinterpret_cast<StringFn>(dlsym(RTLD_DEFAULT, "openblas_get_config"));
-  const auto core = reinterpret_cast<StringFn>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
-  const auto threads = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
-  if (!config || !core || !threads) return "BLAS: not OpenBLAS";
-  return std::string("BLAS: ") + config() + " (" + core() + " kernels, " +
-         std::to_string(threads()) + " threads)";
 }
 
 CallMeasurement measure_call(const std::function<void()>& call, int repeats) {

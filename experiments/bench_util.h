@@ -46,12 +46,6 @@ class PeakMemorySampler {
   std::thread thread_;
 };
 
-// The BLAS in use, for benchmark headers: OpenBLAS's configuration, kernel family and thread
-// count when it is OpenBLAS (found at run time), else "BLAS: not OpenBLAS".
-// OpenBLAS can pick slow generic kernels ("Prescott") on CPUs it does not know; setting
-// OPENBLAS_CORETYPE (e.g. SkylakeX, Haswell) before the process starts overrides the choice.
-std::string blas_description();
-
 // One benchmarked call repeated: its median wall time and the largest peak extra memory.
 struct CallMeasurement {
   double median_ms = 0;

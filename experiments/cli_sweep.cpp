@@ -13,8 +13,8 @@
 namespace po = boost::program_options;
 namespace fs = std::filesystem;
 
-#ifndef EXTRAP_SOURCE_DIR
-#error "EXTRAP_SOURCE_DIR must be defined (CMakeLists.txt): report.py is found through it"
+#if !defined(EXTRAP_SOURCE_DIR) || !defined(EXTRAP_PYTHON)
+#error "EXTRAP_SOURCE_DIR and EXTRAP_PYTHON must be defined (CMakeLists.txt): report.py and its Python"
 #endif
 
 namespace extrap::cli {
@@ -127,11 +127,12 @@ int merge(const Args& args) {
 
 int report(const Args& args) {
   po::options_description options("extrap report");
-  std::string results, out_dir, python = "/usr/bin/python3";
+  std::string results, out_dir, python = EXTRAP_PYTHON;
   options.add_options()
       ("results", po::value(&results)->required(), "results file written by extrap sweep")
       ("out", po::value(&out_dir)->required(), "directory for report.md and its PNG plots")
-      ("python", po::value(&python), "Python with h5py and matplotlib (default /usr/bin/python3)");
+      ("python", po::value(&python),
+       "Python with h5py and matplotlib (default: the project's environment, " EXTRAP_PYTHON ")");
   po::positional_options_description positional;
   positional.add("results", 1);
   po::variables_map vm;
@@ -145,7 +146,7 @@ int report(const Args& args) {
   argv.push_back(nullptr);
   ::execv(python.c_str(), argv.data());
   throw ConfigError("cannot run " + python + ": " + std::strerror(errno) +
-                    " (install python3-h5py and python3-matplotlib, or pass --python)");
+                    " (scripts/setup.sh makes the project's environment; or pass --python)");
 }
 
 }  // namespace extrap::cli

@@ -34,7 +34,8 @@ const std::map<std::string, Command>& commands() {
 }
 
 void usage(std::ostream& out) {
-  out << "usage: extrap COMMAND [options]   (extrap COMMAND --help for its options)\n\ncommands:\n";
+  out << "usage: extrap COMMAND [options]   (extrap COMMAND --help for its options)\n"
+         "       extrap --version             (versions, CUDA, BLAS and threads in use)\n\ncommands:\n";
   for (const auto& [name, command] : commands())
     out << "  " << name << std::string(12 - name.size(), ' ') << command.summary << "\n";
 }
@@ -42,7 +43,6 @@ void usage(std::ostream& out) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  extrap::prefer_fast_blas_kernels(argv);
   if (argc < 2) {
     usage(std::cerr);
     return 2;
@@ -50,6 +50,10 @@ int main(int argc, char** argv) {
   const std::string name = argv[1];
   if (name == "--help" || name == "-h" || name == "help") {
     usage(std::cout);
+    return 0;
+  }
+  if (name == "--version" || name == "version") {
+    std::cout << extrap::describe_runtime(extrap::runtime_info());
     return 0;
   }
   const auto found = commands().find(name);

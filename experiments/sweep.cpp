@@ -287,6 +287,10 @@ RunRecord new_run_record(const SweepPoint& point) {
   r.train_length = point.config.train.seq_len;
   r.seed = point.config.train.seed;
   r.machine = machine_description();
+  RuntimeInfo runtime = runtime_info();
+  const int64_t threads = point.config.train.threads;
+  runtime.threads = threads > 0 ? int(threads) : available_cores();  // what the trainer sets
+  r.runtime = runtime_summary(runtime);
   r.start_time = iso_time_now();
   r.status = "training";
   return r;

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Builds extrap's default corpus, data/pydoc/{train,valid,test}.txt.
 
 The text is the reStructuredText source of the Python 3.11 documentation, as Debian's
@@ -75,8 +75,7 @@ def main():
     outputs = {split: args.out / f"{split}.txt" for split in SPLITS}
     if (not args.force and all(p.is_file() for p in outputs.values()) and stamp_path.is_file()
             and stamp_path.read_text().strip() == stamp):
-        print(f"corpus: {args.out} is up to date")
-        return
+        return  # up to date: quiet
 
     assignment = assign_splits(sources)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -1,30 +1,71 @@
 #!/usr/bin/env bash
-# Sets up extrap on Debian (bookworm) or a derivative: the system packages, then the default
-# corpus (data/pydoc, see scripts/make_default_corpus.py). Idempotent and quiet when there is
-# nothing to do: packages are installed only if dpkg says they are missing (and apt-get update
-# runs only then); the corpus is rebuilt only if its sources or its build script changed.
+# Sets up extrap on Debian (bookworm) or a derivative, in four steps:
+#   deps    the Debian packages: compiler, CMake, and the C++ libraries that are not LibTorch
+#           (yaml-cpp, Boost.Program_options, HDF5 C++, Catch2, nlohmann-json, xxhash), the
+#           Python 3.11 documentation (the default corpus' text), python3-venv where needed
+#   python  the project's virtual environment .venv/ (git-ignored) with requirements.txt: every
+#           Python package pinned exactly, PyTorch's wheel among them. Its LibTorch (headers,
+#           CMake package, libtorch_cpu and libtorch_cuda) is what extrap builds against.
+#   corpus  the default corpus, data/pydoc (scripts/make_default_corpus.py)
+#   build   CMake + make into build/
+# Idempotent and quiet when there is nothing to do: packages are installed only if dpkg says
+# they are missing (apt-get update runs only then); the environment is rebuilt only when
+# requirements.txt or the interpreter changed (a stamp in .venv/); the corpus only when its
+# sources changed; make rebuilds only what changed.
 #
-# Usage: scripts/setup.sh [STEP...]    STEP: deps | corpus | build | all (default: all)
+# Usage: scripts/setup.sh [STEP...]    STEP: deps | python | corpus | build | all (default)
 #
-# Each step is a function step_NAME; "all" runs ALL_STEPS in order. A new step is one function
-# and one entry in ALL_STEPS.
+# Environment:
+#   EXTRAP_LIBTORCH  build against this LibTorch 2.x instead of the environment's: the
+#                    directory of an unpacked libtorch archive, or any prefix that holds
+#                    share/cmake/Torch (e.g. another Python's torch/share/cmake's parent).
+#   EXTRAP_PYTHON    the interpreter the environment is made from (default: python3 on PATH
+#                    if it is 3.11 or newer and can make virtual environments, else Debian's
+#                    /usr/bin/python3).
+#
+# Each step is a function step_NAME; "all" runs ALL_STEPS in order.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-ALL_STEPS=(deps corpus build)
+ALL_STEPS=(deps python corpus build)
+VENV=$ROOT/.venv
+REQUIREMENTS=$ROOT/requirements.txt
 
 PACKAGES=(
-  libtorch-dev libopenblas0-pthread libyaml-cpp-dev libboost-program-options-dev libhdf5-dev
-  catch2 python3-h5py python3-matplotlib python3-torch python3.11-doc cmake g++ make
+  cmake g++ make libyaml-cpp-dev libboost-program-options-dev libhdf5-dev catch2
+  nlohmann-json3-dev libxxhash-dev python3.11-doc
 )
 
 installed() {
   [[ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null)" == "install ok installed" ]]
 }
 
+# The interpreter the environment is made from: EXTRAP_PYTHON, else python3 on PATH when it
+# is new enough and has venv and ensurepip, else Debian's (which may still need python3-venv).
+base_python() {
+  if [[ -n "${EXTRAP_PYTHON:-}" ]]; then
+    echo "$EXTRAP_PYTHON"
+    return
+  fi
+  local candidate
+  candidate=$(command -v python3 || true)
+  if [[ -n "$candidate" ]] &&
+     "$candidate" -c 'import sys, venv, ensurepip; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+    echo "$candidate"
+  else
+    echo /usr/bin/python3
+  fi
+}
+
 step_deps() {
-  local missing=() package
-  for package in "${PACKAGES[@]}"; do
+  local wanted=("${PACKAGES[@]}") missing=() package python
+  python=$(base_python)
+  if [[ "$python" == /usr/bin/python3* ]]; then
+    # Debian's interpreter makes environments only with python3-venv, and torch.compile
+    # (the compiled PyTorch baseline) needs Python.h from python3-dev.
+    wanted+=(python3-venv python3-dev)
+  fi
+  for package in "${wanted[@]}"; do
     installed "$package" || missing+=("$package")
   done
   ((${#missing[@]} == 0)) && return 0
@@ -36,19 +77,60 @@ step_deps() {
     apt-get install -y -q --no-install-recommends "${missing[@]}"
 }
 
+step_python() {
+  local python stamp
+  python=$(base_python)
+  stamp="$("$python" -c 'import sys; print(sys.executable, sys.version.split()[0])') $(sha256sum "$REQUIREMENTS" | cut -c1-16)"
+  if [[ -f "$VENV/.extrap-stamp" && "$(cat "$VENV/.extrap-stamp")" == "$stamp" ]]; then
+    return 0
+  fi
+  echo "setup: making $VENV from $python and requirements.txt (PyTorch's wheel is about 4 GB with its CUDA libraries)"
+  rm -rf "$VENV"
+  "$python" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --require-virtualenv \
+    --no-input -r "$REQUIREMENTS"
+  "$VENV/bin/python" -c 'import torch, numpy, h5py, matplotlib, safetensors, yaml'
+  echo "$stamp" >"$VENV/.extrap-stamp"
+}
+
 step_corpus() {
-  # /usr/bin/python3 is Debian's, whatever python3 comes first on PATH.
-  /usr/bin/python3 "$ROOT/scripts/make_default_corpus.py" --out "$ROOT/data/pydoc"
+  "$VENV/bin/python" "$ROOT/scripts/make_default_corpus.py" --out "$ROOT/data/pydoc"
+}
+
+# The CMake prefix that holds share/cmake/Torch: EXTRAP_LIBTORCH or the environment's torch.
+torch_prefix() {
+  if [[ -n "${EXTRAP_LIBTORCH:-}" ]]; then
+    [[ -d "$EXTRAP_LIBTORCH/share/cmake/Torch" ]] || {
+      echo "setup: EXTRAP_LIBTORCH=$EXTRAP_LIBTORCH has no share/cmake/Torch (expected an unpacked libtorch or a prefix holding one)" >&2
+      exit 1
+    }
+    echo "$EXTRAP_LIBTORCH"
+  else
+    "$VENV/bin/python" -c 'import pathlib, torch; print(pathlib.Path(torch.utils.cmake_prefix_path).parent.parent)'
+  fi
 }
 
 step_build() {
-  # One CMake build in build/ (Release, warnings on); make only rebuilds what changed.
-  local jobs
+  # One CMake build in build/ (Release, warnings on); make only rebuilds what changed. The
+  # build is configured afresh when the LibTorch it was configured against changes.
+  local jobs prefix configured=""
   jobs=$(nproc 2>/dev/null || echo 2)
-  if [[ ! -f "$ROOT/build/CMakeCache.txt" ]]; then
-    cmake -S "$ROOT" -B "$ROOT/build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+  prefix=$(torch_prefix)
+  [[ -f "$ROOT/build/.extrap-libtorch" ]] && configured=$(cat "$ROOT/build/.extrap-libtorch")
+  if [[ ! -f "$ROOT/build/CMakeCache.txt" || "$configured" != "$prefix" ]]; then
+    rm -rf "$ROOT/build"
+    mkdir -p "$ROOT/build"
+    cmake -S "$ROOT" -B "$ROOT/build" -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_PREFIX_PATH="$prefix" -DEXTRAP_PYTHON="$VENV/bin/python" >"$ROOT/build/configure.log" 2>&1 || {
+      cat "$ROOT/build/configure.log" >&2
+      exit 1
+    }
+    echo "$prefix" >"$ROOT/build/.extrap-libtorch"
   fi
-  cmake --build "$ROOT/build" --parallel "$jobs" -- --no-print-directory -s
+  # The whole log goes to build/build.log; the terminal sees what was compiled or linked, and
+  # warnings and errors, so that a build with nothing to do prints nothing.
+  cmake --build "$ROOT/build" --parallel "$jobs" -- --no-print-directory 2>&1 | tee "$ROOT/build/build.log" |
+    { grep --line-buffered -E '(Building|Linking) |warning|error|Error' || true; }
 }
 
 usage() {

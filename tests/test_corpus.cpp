@@ -3,6 +3,7 @@
 #include "core/corpus.h"
 #include "core/tokenizer.h"
 #include "core/yaml_options.h"
+#include "tests/test_support.h"
 
 #include <catch2/catch.hpp>
 #include <unistd.h>
@@ -337,7 +338,7 @@ TEST_CASE("TokenStream::slice is a view that keeps the mapping alive", "[corpus]
 TEST_CASE("WikiText-2 loads as fairseq would count it", "[corpus]") {
   const fs::path data = fs::path(EXTRAP_SOURCE_DIR) / ".." / "shared" / "data" / "wikitext-2";
   if (!fs::exists(data / "valid.txt") || !fs::exists(data / "test.txt")) {
-    WARN("skipping: no WikiText-2 at " << data.string());
+    extrap::testing::skip_test("no WikiText-2 at " + data.string());
     return;
   }
   // Only valid and test are shared: train on valid, through links (never copies).

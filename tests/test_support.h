@@ -5,9 +5,18 @@
 #include "core/config.h"
 #include "core/corpus.h"
 
+#include <iostream>
 #include <string>
 
 namespace extrap::testing {
+
+// A check that cannot run here (no GPU, no ../shared/data) is reported by ctest as skipped,
+// never as passed: the test calls this and returns, and ctest's SKIP_REGULAR_EXPRESSION
+// (tests/CMakeLists.txt, core/cuda/CMakeLists.txt) turns the marker into "Skipped".
+constexpr const char* kSkipMarker = "EXTRAP_SKIPPED:";
+inline void skip_test(const std::string& reason) {
+  std::cout << kSkipMarker << " " << reason << std::endl;
+}
 
 // English prose (a few paragraphs, repeated with variation) as a byte-level corpus.
 inline Corpus tiny_byte_corpus(int repeats = 40) {

@@ -4,6 +4,7 @@
 #include "tests/test_support.h"
 
 #include <catch2/catch.hpp>
+#include <unistd.h>
 
 #include <filesystem>
 

@@ -6,7 +6,7 @@
 # Sequential: it cannot see races, barriers, cp.async groups or atomics (run the CUDA tests
 # and compute-sanitizer for those). Keep it in step with the kernels when they change.
 #
-#   python3 core/cuda/emulate_kernels.py [T,T,...] [D,D,...]    (NumPy; minutes for T ~ 130)
+#   .venv/bin/python core/cuda/emulate_kernels.py [T,T,...] [D,D,...]    (NumPy; minutes for T ~ 130)
 import itertools
 import math
 import sys

@@ -10,6 +10,7 @@
 // Without a CUDA device every test warns and returns.
 #include "core/cuda/fused_attention.h"
 #include "positions/alibi_slopes.h"
+#include "tests/test_support.h"
 
 #include <catch2/catch.hpp>
 
@@ -26,7 +27,7 @@ using extrap::FusedAlibiLayout;
 
 bool have_cuda() {
   if (torch::cuda::is_available()) return true;
-  WARN("no CUDA device: fused attention tests skipped");
+  extrap::testing::skip_test("no CUDA device");
   return false;
 }
 
