@@ -1,8 +1,10 @@
 // `extrap bench attention`: wall time and peak memory of one attention call (inference, no
-// grad) over a range of lengths, the reference (materialised (B, H, T, T) scores and (H, T, T)
-// bias) against the memory-efficient blockwise path, on the same inputs and the same bias
-// description. The reference is skipped where its estimated memory exceeds a budget. Peak
-// memory is the resident-set increase during the call (experiments/bench_util.h says how).
+// grad) over a range of lengths, on the same inputs and the same bias description: extrap's
+// reference (materialised (B, H, T, T) scores and (H, T, T) bias) and memory-efficient
+// blockwise path, beside what a PyTorch 2 user would call instead: scaled_dot_product_attention
+// with the bias materialised as its mask, and without a bias (the speed ceiling). Paths are
+// skipped where their estimated memory exceeds a budget. Peak memory is the resident-set
+// increase during the call (experiments/bench_util.h says how).
 #include "core/attention.h"
 #include "core/efficient_attention.h"
 #include "core/sysinfo.h"
@@ -78,12 +80,6 @@ double reference_peak_factor(const std::string& bias) {
   return 2.5;
 }
 
-std::string format_gigabytes(double bytes) {
-  char buffer[32];
-  std::snprintf(buffer, sizeof(buffer), "%.1f GB", bytes / 1e9);
-  return buffer;
-}
-
 }  // namespace
 
 int bench_attention(const Args& args) {
@@ -119,7 +115,7 @@ int bench_attention(const Args& args) {
       ("query-block", po::value(&blocks.query_block)->default_value(blocks.query_block), "efficient path: queries per tile")
       ("key-block", po::value(&blocks.key_block)->default_value(blocks.key_block), "efficient path: keys per tile")
       ("reference-budget-gb", po::value(&budget_gb)->default_value(budget_gb),
-       "skip the reference where its estimated peak memory exceeds this");
+       "skip a path (reference, sdpa-bias) where its estimated peak memory exceeds this");
   po::variables_map values;
   if (!parse(args, "extrap bench attention [--device cpu|cuda] [--lengths 512,1024,...] [--bias alibi|none|dense] "
                    "[--causal|--bidirectional]", options, values))
@@ -138,47 +134,71 @@ int bench_attention(const Args& args) {
   attention_options.causal = causal;
   torch::NoGradGuard no_grad;
 
-  std::printf("machine: %s\ndate: %s\n%s\n", machine_description().c_str(), iso_time_now().c_str(),
-              bench::blas_description().c_str());
+  std::printf("machine: %s\ndate: %s\nruntime: %s\n", machine_description().c_str(), iso_time_now().c_str(),
+              runtime_summary().c_str());
   std::printf("attention: B %lld, H %lld, D %lld, fp32, %s, bias %s, %d threads\n", (long long)batch,
               (long long)heads, (long long)head_dim, causal ? "causal" : "bidirectional",
               bias.describe().c_str(), used_threads);
-  std::printf("efficient path: %lld x %lld query x key tiles; reference skipped above %.1f GB (estimated)\n",
-              (long long)blocks.query_block, (long long)blocks.key_block, budget_gb);
-  std::printf("time: median of %d calls; memory: peak resident increase during a call, output included\n\n",
-              repeats);
-  std::printf("%8s  %14s  %14s  %14s  %14s  %10s\n", "T", "reference ms", "reference MB", "efficient ms",
-              "efficient MB", "max |diff|");
+  std::printf("paths: reference = extrap's materialised scores and bias; efficient = extrap's blockwise "
+              "path (%lld x %lld tiles);\n"
+              "       sdpa-bias = PyTorch's scaled_dot_product_attention with the (H, T, T) bias "
+              "materialised as its mask, built before timing (its size: bias MB);\n"
+              "       sdpa-none = scaled_dot_product_attention without a bias (%s), the no-bias ceiling\n",
+              (long long)blocks.query_block, (long long)blocks.key_block,
+              causal ? "is_causal" : "no mask");
+  std::printf("paths whose estimated memory exceeds %.1f GB are skipped; time: median of %d calls; "
+              "memory: peak resident increase during a call, output included\n"
+              "|diff|: largest difference from the reference (from sdpa-bias where the reference is skipped)\n\n",
+              budget_gb, repeats);
+  std::printf("%7s %12s %10s %12s %10s %12s %10s %10s %12s %10s %10s %10s\n", "T", "reference ms",
+              "MB", "efficient ms", "MB", "sdpa-bias ms", "MB", "bias MB", "sdpa-none ms", "MB",
+              "eff |diff|", "sdpa |diff|");
 
+  auto print_measurement = [](const std::optional<bench::CallMeasurement>& m) {
+    if (m) std::printf(" %12.1f %10.1f", m->median_ms, m->peak_extra_bytes / 1e6);
+    else std::printf(" %12s %10s", "skipped", "-");
+  };
   for (const int64_t t : lengths) {
     torch::manual_seed(uint64_t(t));
     auto q = torch::randn({batch, heads, t, head_dim});  // (B, H, T, D)
     auto k = torch::randn({batch, heads, t, head_dim});
     auto v = torch::randn({batch, heads, t, head_dim});
+    const double scores_bytes = double(batch) * heads * t * t * 4;
+    const double bias_bytes = double(heads) * t * t * 4;
 
-    torch::Tensor reference_out, efficient_out;
-    const double reference_bytes =
-        double(batch) * heads * t * t * 4 * reference_peak_factor(bias_kind);
-    std::optional<bench::CallMeasurement> reference;
-    if (reference_bytes <= budget_gb * 1e9) {
+    torch::Tensor reference_out, efficient_out, sdpa_bias_out, sdpa_none_out;
+    std::optional<bench::CallMeasurement> reference, efficient, sdpa_bias, sdpa_none;
+    if (scores_bytes * reference_peak_factor(bias_kind) <= budget_gb * 1e9)
       reference = bench::measure_call(
           [&] { reference_out = attention_reference(q, k, v, bias, attention_options); }, repeats);
-    }
-    const auto efficient = bench::measure_call(
+    efficient = bench::measure_call(
         [&] { efficient_out = attention_efficient(q, k, v, bias, attention_options, blocks); }, repeats);
-
-    std::printf("%8lld  ", (long long)t);
-    if (reference) {
-      std::printf("%14.1f  %14.1f  ", reference->median_ms, reference->peak_extra_bytes / 1e6);
-    } else {
-      const std::string skipped = "skipped (needs " + format_gigabytes(reference_bytes) + ")";
-      std::printf("%-30s  ", skipped.c_str());
+    // PyTorch's CPU kernel for a float mask works blockwise too: the mask is its extra memory.
+    if (!bias.is_none() && bias_bytes * 2 <= budget_gb * 1e9) {
+      const auto mask = materialize_bias(bias, heads, t, t, causal);  // (H, T, T), -inf where masked
+      sdpa_bias = bench::measure_call(
+          [&] { sdpa_bias_out = at::scaled_dot_product_attention(q, k, v, mask); }, repeats);
     }
-    std::printf("%14.1f  %14.1f  ", efficient.median_ms, efficient.peak_extra_bytes / 1e6);
-    if (reference)
-      std::printf("%10.2e\n", (reference_out - efficient_out).abs().max().item<double>());
-    else
-      std::printf("%10s\n", "-");
+    sdpa_none = bench::measure_call(
+        [&] { sdpa_none_out = at::scaled_dot_product_attention(q, k, v, {}, 0.0, causal); }, repeats);
+
+    std::printf("%7lld", (long long)t);
+    print_measurement(reference);
+    print_measurement(efficient);
+    print_measurement(sdpa_bias);
+    if (sdpa_bias) std::printf(" %10.1f", bias_bytes / 1e6);
+    else std::printf(" %10s", "-");
+    print_measurement(sdpa_none);
+    const torch::Tensor& truth = reference ? reference_out : sdpa_bias ? sdpa_bias_out
+                                 : bias.is_none() ? sdpa_none_out : torch::Tensor();
+    auto diff = [&](const torch::Tensor& out) {
+      if (!truth.defined() || !out.defined() || out.is_same(truth)) return std::string("-");
+      char text[32];
+      std::snprintf(text, sizeof text, "%.2e", (out - truth).abs().max().item<double>());
+      return std::string(text);
+    };
+    std::printf(" %10s %10s\n", diff(efficient_out).c_str(),
+                diff(bias.is_none() ? sdpa_none_out : sdpa_bias_out).c_str());
     std::fflush(stdout);
   }
   return 0;

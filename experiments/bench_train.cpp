@@ -61,7 +61,8 @@ int bench_train(const Args& args) {
   std::sort(seconds.begin(), seconds.end());
   const double median = seconds[seconds.size() / 2];
   const double tokens = double(sequences * t.accumulation * t.seq_len);
-  std::printf("machine: %s\ndate: %s\n", machine_description().c_str(), iso_time_now().c_str());
+  std::printf("machine: %s\ndate: %s\nruntime: %s\n", machine_description().c_str(), iso_time_now().c_str(),
+              runtime_summary().c_str());
   std::printf("model: %lld parameters, %lld layers, d_model %lld, heads %lld, position %s, attention %s\n",
               (long long)model->num_parameters(), (long long)config.model.layers,
               (long long)config.model.d_model, (long long)config.model.heads,
