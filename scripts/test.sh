@@ -8,7 +8,7 @@ bash "$ROOT/scripts/setup.sh"
 cd "$ROOT/build"
 status=0
 ctest --output-on-failure --timeout 600 -j "$(nproc 2>/dev/null || echo 2)" "$@" || status=$?
-# The skip marker of tests/test_support.h, counted by reason.
+# The skip marker (EXTRAP_SKIP_MARKER in CMakeLists.txt), counted by reason.
 reasons=$(grep -h -o 'EXTRAP_SKIPPED: .*' Testing/Temporary/LastTest.log 2>/dev/null | sort | uniq -c || true)
 if [[ -n "$reasons" ]]; then
   echo "skipped, by reason:"

@@ -11,11 +11,10 @@
 namespace extrap::testing {
 
 // A check that cannot run here (no GPU, no ../shared/data) is reported by ctest as skipped,
-// never as passed: the test calls this and returns, and ctest's SKIP_REGULAR_EXPRESSION
-// (tests/CMakeLists.txt, core/cuda/CMakeLists.txt) turns the marker into "Skipped".
-constexpr const char* kSkipMarker = "EXTRAP_SKIPPED:";
+// never as passed: the test calls this and returns, and ctest's SKIP_REGULAR_EXPRESSION turns
+// the marker (EXTRAP_SKIP_MARKER, set once in the top-level CMakeLists.txt) into "Skipped".
 inline void skip_test(const std::string& reason) {
-  std::cout << kSkipMarker << " " << reason << std::endl;
+  std::cout << EXTRAP_SKIP_MARKER << " " << reason << std::endl;
 }
 
 // English prose (a few paragraphs, repeated with variation) as a byte-level corpus.
