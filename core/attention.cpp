@@ -58,25 +58,6 @@ std::string AttentionBias::describe() const {
   return "?";
 }
 
-AttentionBackend parse_attention_backend(const std::string& name) {
-  if (name == "auto") return AttentionBackend::Auto;
-  if (name == "reference") return AttentionBackend::Reference;
-  if (name == "efficient") return AttentionBackend::Efficient;
-  if (name == "fused") return AttentionBackend::Fused;
-  throw ConfigError("unknown attention backend '" + name +
-                    "' (known: auto, reference, efficient, fused)");
-}
-
-std::string to_string(AttentionBackend backend) {
-  switch (backend) {
-    case AttentionBackend::Auto: return "auto";
-    case AttentionBackend::Reference: return "reference";
-    case AttentionBackend::Efficient: return "efficient";
-    case AttentionBackend::Fused: return "fused";
-  }
-  return "?";
-}
-
 torch::Tensor materialize_bias_block(const AttentionBias& bias, int64_t num_heads, int64_t q0,
                                      int64_t q1, int64_t k0, int64_t k1, bool causal,
                                      torch::TensorOptions options) {

@@ -12,6 +12,8 @@
 
 #include <torch/torch.h>
 
+#include "core/yaml_options.h"
+
 #include <functional>
 #include <string>
 
@@ -67,8 +69,15 @@ enum class AttentionBackend {
   Efficient,  // blockwise online-softmax CPU path (inference only)
   Fused,      // fused CUDA kernel (slope-described biases only)
 };
-AttentionBackend parse_attention_backend(const std::string& name);  // throws naming the value
-std::string to_string(AttentionBackend backend);
+template <>
+struct EnumNames<AttentionBackend> {
+  static constexpr std::array<std::pair<const char*, AttentionBackend>, 4> table{
+      {{"auto", AttentionBackend::Auto},
+       {"reference", AttentionBackend::Reference},
+       {"efficient", AttentionBackend::Efficient},
+       {"fused", AttentionBackend::Fused}}};
+};
+inline std::string to_string(AttentionBackend backend) { return enum_name(backend); }
 
 struct AttentionOptions {
   bool causal = true;

@@ -1,16 +1,25 @@
 #include "core/config.h"
 
+#include <cmath>
+#include <cstdio>
+
 namespace extrap {
 
 namespace {
+
+std::string number(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.15g", value);
+  return text;
+}
 
 // One place that lists every key: used to decode and to document.
 void read_config(const OptionReader& root, Config& c) {
   {
     auto r = root.section("data", "the corpus");
     r.read("path", c.data.path, "corpus directory (train/valid/test files) or a single text file");
-    r.read_choice("tokenizer", c.data.tokenizer, {"byte", "word"}, "tokenisation");
-    r.read("cache_dir", c.data.cache_dir, "where tokenised splits are cached");
+    r.read("tokenizer", c.data.tokenizer, "tokenisation");
+    r.read("cache_dir", c.data.cache_dir, "where tokenised splits are cached", Affects::nothing);
     r.read("split_fractions", c.data.split_fractions,
            "train/valid/test fractions when data.path is a single file");
     r.finish();
@@ -24,21 +33,28 @@ void read_config(const OptionReader& root, Config& c) {
     r.read("d_ffn", m.d_ffn, "feed-forward hidden width");
     r.read("dropout", m.dropout, "dropout on embeddings, residual branches and the FFN");
     r.read("attention_dropout", m.attention_dropout, "dropout on attention probabilities");
-    r.read_choice("activation", m.activation, {"gelu", "relu"}, "FFN activation");
+    r.read("activation", m.activation, "FFN activation");
     r.read("tie_embeddings", m.tie_embeddings, "share input and output embedding matrices");
-    r.read_choice("objective", m.objective, {"causal_lm", "masked_lm"},
-                  "causal LM, or bidirectional masked LM");
-    r.read_choice("attention", m.attention, {"auto", "reference", "efficient", "fused"},
-                  "attention implementation");
+    r.read("objective", m.objective, "causal LM, or bidirectional masked LM");
+    r.read("attention", m.attention, "attention implementation (the same maths on every path)",
+           Affects::nothing);
     r.read("efficient_threshold", m.efficient_threshold,
-           "auto: inference windows with T*T above this use the memory-efficient path");
+           "auto: inference windows with T*T above this use the memory-efficient path",
+           Affects::nothing);
     r.finish();
     if (root.decoding()) {
-      if (m.layers < 1) r.fail("layers", "must be at least 1");
-      if (m.heads < 1 || m.d_model % m.heads != 0)
+      if (m.layers < 1) r.fail("layers", "must be at least 1, got " + std::to_string(m.layers));
+      if (m.d_model < 1) r.fail("d_model", "must be at least 1, got " + std::to_string(m.d_model));
+      if (m.heads < 1) r.fail("heads", "must be at least 1, got " + std::to_string(m.heads));
+      if (m.d_ffn < 1) r.fail("d_ffn", "must be at least 1, got " + std::to_string(m.d_ffn));
+      if (m.efficient_threshold < 1)
+        r.fail("efficient_threshold", "must be at least 1, got " + std::to_string(m.efficient_threshold));
+      if (!(m.attention_dropout >= 0 && m.attention_dropout < 1))
+        r.fail("attention_dropout", "must be in [0, 1), got " + number(m.attention_dropout));
+      if (m.d_model % m.heads != 0)
         r.fail("heads", "d_model (" + std::to_string(m.d_model) + ") must be a multiple of heads (" +
                             std::to_string(m.heads) + ")");
-      if (m.dropout < 0 || m.dropout >= 1) r.fail("dropout", "must be in [0, 1)");
+      if (!(m.dropout >= 0 && m.dropout < 1)) r.fail("dropout", "must be in [0, 1), got " + number(m.dropout));
     }
   }
   {
@@ -50,9 +66,10 @@ void read_config(const OptionReader& root, Config& c) {
         c.position_name = p.as<std::string>();
         c.position = YAML::Node(YAML::NodeType::Map);
       } else if (p.IsMap()) {
-        c.position = YAML::Clone(p);
+        // The document's own node (not a YAML::Clone, which drops line numbers): the method
+        // reads its options from it and errors name their lines. `name` stays in it.
+        c.position = p;
         if (p["name"]) c.position_name = p["name"].as<std::string>();
-        c.position.remove("name");
       } else {
         root.fail("position", "expected a method name or a map with 'name'");
       }
@@ -68,20 +85,24 @@ void read_config(const OptionReader& root, Config& c) {
     r.read("lr", t.lr, "peak learning rate");
     r.read("min_lr", t.min_lr, "final learning rate of the cosine schedule");
     r.read("warmup", t.warmup, "linear warm-up steps");
-    r.read_choice("schedule", t.schedule, {"cosine", "inverse_sqrt", "constant"}, "decay after warm-up");
+    r.read("schedule", t.schedule, "decay after warm-up");
     r.read("weight_decay", t.weight_decay, "AdamW weight decay (matrices only)");
     r.read("beta1", t.beta1, "AdamW beta1");
     r.read("beta2", t.beta2, "AdamW beta2");
     r.read("eps", t.eps, "AdamW epsilon");
     r.read("clip", t.clip, "maximum gradient norm (0: no clipping)");
     r.read("seed", t.seed, "random seed (initialisation, data order, dropout)");
-    r.read("validate_every", t.validate_every, "steps between validations (0: only at the end)");
-    r.read("validate_tokens", t.validate_tokens, "validation tokens per check (0: whole split)");
-    r.read("checkpoint_every", t.checkpoint_every, "steps between checkpoints (0: only at the end)");
-    r.read("log_every", t.log_every, "steps between log lines when not on a terminal");
-    r.read("out_dir", t.out_dir, "run directory (checkpoints, logs)");
-    r.read("threads", t.threads, "CPU threads (0: all available cores)");
-    r.read_choice("device", t.device, {"cpu", "cuda"}, "where to train");
+    r.read("validate_every", t.validate_every, "steps between validations (0: only at the end)",
+           Affects::evaluation);
+    r.read("validate_tokens", t.validate_tokens, "validation tokens per check (0: whole split)",
+           Affects::evaluation);
+    r.read("checkpoint_every", t.checkpoint_every, "steps between checkpoints (0: only at the end)",
+           Affects::nothing);
+    r.read("log_every", t.log_every, "steps between log lines when not on a terminal",
+           Affects::nothing);
+    r.read("out_dir", t.out_dir, "run directory (checkpoints, logs)", Affects::nothing);
+    r.read("threads", t.threads, "CPU threads (0: all available cores)", Affects::nothing);
+    r.read("device", t.device, "where to train");
     r.read("mask_prob", t.mask_prob, "masked_lm: fraction of tokens selected for prediction");
     r.finish();
     if (root.decoding()) {
@@ -90,27 +111,55 @@ void read_config(const OptionReader& root, Config& c) {
       if (t.batch_tokens < t.seq_len * t.accumulation)
         r.fail("batch_tokens", "must be at least seq_len * accumulation (" +
                                    std::to_string(t.seq_len * t.accumulation) + ")");
-      if (t.steps < 0) r.fail("steps", "must not be negative");
+      if (t.steps < 0) r.fail("steps", "must not be negative, got " + std::to_string(t.steps));
+      if (!(t.lr > 0) || !std::isfinite(t.lr)) r.fail("lr", "must be a positive number, got " + number(t.lr));
+      if (!(t.min_lr >= 0 && t.min_lr <= t.lr))
+        r.fail("min_lr", "must be in [0, lr], got " + number(t.min_lr));
+      if (t.warmup < 0) r.fail("warmup", "must not be negative, got " + std::to_string(t.warmup));
+      if (!(t.weight_decay >= 0) || !std::isfinite(t.weight_decay))
+        r.fail("weight_decay", "must not be negative, got " + number(t.weight_decay));
+      if (!(t.beta1 >= 0 && t.beta1 < 1)) r.fail("beta1", "must be in [0, 1), got " + number(t.beta1));
+      if (!(t.beta2 >= 0 && t.beta2 < 1)) r.fail("beta2", "must be in [0, 1), got " + number(t.beta2));
+      if (!(t.eps > 0) || !std::isfinite(t.eps)) r.fail("eps", "must be a positive number, got " + number(t.eps));
+      if (!(t.clip >= 0) || !std::isfinite(t.clip))
+        r.fail("clip", "must not be negative (0: no clipping), got " + number(t.clip));
+      if (t.validate_every < 0) r.fail("validate_every", "must not be negative, got " + std::to_string(t.validate_every));
+      if (t.validate_tokens < 0) r.fail("validate_tokens", "must not be negative, got " + std::to_string(t.validate_tokens));
+      if (t.checkpoint_every < 0)
+        r.fail("checkpoint_every", "must not be negative, got " + std::to_string(t.checkpoint_every));
+      if (t.log_every < 1) r.fail("log_every", "must be at least 1, got " + std::to_string(t.log_every));
+      if (t.threads < 0) r.fail("threads", "must not be negative (0: all cores), got " + std::to_string(t.threads));
+      if (!(t.mask_prob > 0 && t.mask_prob < 1))
+        r.fail("mask_prob", "must be in (0, 1), got " + number(t.mask_prob));
+      if (t.out_dir.empty()) r.fail("out_dir", "must not be empty");
     }
   }
   {
     auto r = root.section("eval", "evaluation");
     auto& e = c.eval;
-    r.read("lengths", e.lengths, "evaluation window lengths");
-    r.read("strides", e.strides, "sliding-window strides (non-overlapping is always evaluated)");
-    r.read_choice("split", e.split, {"valid", "test"}, "evaluation split");
-    r.read("batch_tokens", e.batch_tokens, "tokens per evaluation forward pass");
-    r.read("max_tokens", e.max_tokens, "evaluate on the first N tokens only (0: all)");
-    r.read("mask_seed", e.mask_seed, "masked_lm: seed of the fixed token selection");
+    r.read("lengths", e.lengths, "evaluation window lengths", Affects::evaluation);
+    r.read("strides", e.strides, "sliding-window strides (non-overlapping is always evaluated)",
+           Affects::evaluation);
+    r.read("split", e.split, "evaluation split", Affects::evaluation);
+    r.read("batch_tokens", e.batch_tokens, "tokens per evaluation forward pass", Affects::nothing);
+    r.read("max_tokens", e.max_tokens, "evaluate on the first N tokens only (0: all)",
+           Affects::evaluation);
+    r.read("mask_seed", e.mask_seed, "masked_lm: seed of the fixed token selection",
+           Affects::evaluation);
     r.finish();
     if (root.decoding()) {
       for (auto l : e.lengths)
         if (l < 1) r.fail("lengths", "lengths must be at least 1, got " + std::to_string(l));
       for (auto s : e.strides)
         if (s < 1) r.fail("strides", "strides must be at least 1, got " + std::to_string(s));
+      if (e.batch_tokens < 1) r.fail("batch_tokens", "must be at least 1, got " + std::to_string(e.batch_tokens));
+      if (e.max_tokens < 0) r.fail("max_tokens", "must not be negative (0: all), got " + std::to_string(e.max_tokens));
     }
   }
-  root.read("plugins", c.plugins, "position-method plugin libraries (.so) to load");
+  root.read("plugins", c.plugins,
+            "position-method plugin libraries (.so) to load (the method's name and options are "
+            "what identify a run)",
+            Affects::nothing);
   root.finish();
 }
 
@@ -136,12 +185,35 @@ std::vector<OptionDoc> config_documentation() {
   return doc.docs();
 }
 
+namespace {
+// to_yaml() without the keys whose mark is not in `kept`.
+YAML::Node keys_affecting(const Config& config, std::initializer_list<Affects> kept) {
+  YAML::Node out = config.to_yaml();
+  for (const auto& doc : config_documentation()) {
+    if (doc.section) continue;
+    bool keep = false;
+    for (Affects a : kept) keep = keep || doc.affects == a;
+    if (!keep) remove_key(out, doc.key);
+  }
+  return out;
+}
+}  // namespace
+
+YAML::Node Config::model_keys() const { return keys_affecting(*this, {Affects::model}); }
+
+YAML::Node Config::result_keys() const {
+  return keys_affecting(*this, {Affects::model, Affects::evaluation});
+}
+
 YAML::Node Config::to_yaml() const {
   YAML::Node out(YAML::NodeType::Map);
   Config copy = *this;
   read_config(OptionReader::writer(out), copy);
-  YAML::Node p = YAML::Clone(position);
-  p["name"] = position_name;
+  YAML::Node p(YAML::NodeType::Map);
+  p["name"] = position_name;  // first, whether or not the document's node has it
+  if (position.IsMap())
+    for (const auto& entry : position)
+      if (entry.first.Scalar() != "name") p[entry.first.Scalar()] = YAML::Clone(entry.second);
   out["position"] = p;
   return out;
 }

@@ -4,6 +4,7 @@
 // prints them all. Unknown keys and wrong types are errors naming the file, line and key.
 #pragma once
 
+#include "core/attention.h"
 #include "core/corpus.h"
 #include "core/yaml_options.h"
 
@@ -14,6 +15,36 @@
 
 namespace extrap {
 
+enum class Activation { gelu, relu };
+enum class Objective { causal_lm, masked_lm };
+enum class Schedule { cosine, inverse_sqrt, constant };
+enum class Device { cpu, cuda };
+template <>
+struct EnumNames<Activation> {
+  static constexpr std::array<std::pair<const char*, Activation>, 2> table{
+      {{"gelu", Activation::gelu}, {"relu", Activation::relu}}};
+};
+template <>
+struct EnumNames<Objective> {
+  static constexpr std::array<std::pair<const char*, Objective>, 2> table{
+      {{"causal_lm", Objective::causal_lm}, {"masked_lm", Objective::masked_lm}}};
+};
+template <>
+struct EnumNames<Schedule> {
+  static constexpr std::array<std::pair<const char*, Schedule>, 3> table{
+      {{"cosine", Schedule::cosine},
+       {"inverse_sqrt", Schedule::inverse_sqrt},
+       {"constant", Schedule::constant}}};
+};
+template <>
+struct EnumNames<Device> {
+  static constexpr std::array<std::pair<const char*, Device>, 2> table{
+      {{"cpu", Device::cpu}, {"cuda", Device::cuda}}};
+};
+inline torch::Device torch_device(Device device) {
+  return device == Device::cuda ? torch::kCUDA : torch::kCPU;
+}
+
 struct ModelConfig {
   int64_t layers = 4;
   int64_t d_model = 256;
@@ -21,12 +52,12 @@ struct ModelConfig {
   int64_t d_ffn = 1024;
   double dropout = 0.1;
   double attention_dropout = 0.0;
-  std::string activation = "gelu";        // gelu | relu
+  Activation activation = Activation::gelu;
   bool tie_embeddings = true;
-  std::string objective = "causal_lm";    // causal_lm | masked_lm
-  std::string attention = "auto";         // auto | reference | efficient | fused
+  Objective objective = Objective::causal_lm;
+  AttentionBackend attention = AttentionBackend::Auto;
   int64_t efficient_threshold = 1 << 20;  // Tq*Tk above which inference uses the efficient path
-  bool causal() const { return objective == "causal_lm"; }
+  bool causal() const { return objective == Objective::causal_lm; }
 };
 
 struct TrainConfig {
@@ -37,7 +68,7 @@ struct TrainConfig {
   double lr = 1e-3;
   double min_lr = 0.0;
   int64_t warmup = 100;
-  std::string schedule = "cosine";  // cosine | inverse_sqrt | constant
+  Schedule schedule = Schedule::cosine;
   double weight_decay = 0.01;
   double beta1 = 0.9;
   double beta2 = 0.98;
@@ -50,14 +81,14 @@ struct TrainConfig {
   int64_t log_every = 10;
   std::string out_dir = "runs/default";
   int64_t threads = 0;             // 0: all available cores
-  std::string device = "cpu";      // cpu | cuda
+  Device device = Device::cpu;
   double mask_prob = 0.15;         // masked_lm: fraction of tokens selected
 };
 
 struct EvalConfig {
   std::vector<int64_t> lengths = {256, 512, 1024};
   std::vector<int64_t> strides = {};  // sliding-window strides; empty: non-overlapping only
-  std::string split = "valid";
+  Split split = Split::valid;
   int64_t batch_tokens = 16384;       // tokens per evaluation forward pass
   int64_t max_tokens = 0;             // evaluate on the first N tokens of the split (0: all)
   int64_t mask_seed = 1234;           // masked_lm: fixed selection seed
@@ -75,6 +106,11 @@ struct Config {
 
   // The resolved config as YAML (round-trips through from_yaml).
   YAML::Node to_yaml() const;
+  // The keys whose values change the trained model (Affects::model), plus the position
+  // section: a run directory's identity, compared on resume, training and evaluation.
+  YAML::Node model_keys() const;
+  // model_keys() plus the keys that change recorded numbers (Affects::evaluation).
+  YAML::Node result_keys() const;
 };
 
 // Decodes a config document. `source` names it in errors. Position options are checked

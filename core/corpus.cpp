@@ -97,11 +97,7 @@ std::array<SplitSource, 3> read_single_file(const fs::path& file,
   return splits;
 }
 
-std::string hex(uint64_t value) {
-  char text[17];
-  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(value));
-  return text;
-}
+std::string hex(uint64_t value) { return hex64(value); }
 
 // A cache directory per (corpus location, tokenizer, split fractions), named for people.
 fs::path corpus_cache_dir(const CorpusOptions& options, const fs::path& source,
@@ -109,7 +105,7 @@ fs::path corpus_cache_dir(const CorpusOptions& options, const fs::path& source,
   std::error_code error;
   fs::path location = fs::canonical(source, error);
   if (error) location = fs::absolute(source);
-  std::string identity = location.string() + '\0' + options.tokenizer;
+  std::string identity = location.string() + '\0' + enum_name(options.tokenizer);
   if (fs::is_regular_file(location)) {
     for (const double f : options.split_fractions) {
       char text[32];
@@ -118,10 +114,10 @@ fs::path corpus_cache_dir(const CorpusOptions& options, const fs::path& source,
     }
   }
   return fs::path(options.cache_dir) /
-         (name + "." + options.tokenizer + "." + hex(content_hash(identity)).substr(0, 12));
+         (name + "." + enum_name(options.tokenizer) + "." + hex(content_hash(identity)).substr(0, 12));
 }
 
-CacheKey split_key(TokenizerKind tokenizer, uint64_t vocab_hash, const SplitSource& source) {
+CacheKey split_key(Tokenizer tokenizer, uint64_t vocab_hash, const SplitSource& source) {
   CacheKey key;
   key.kind = CacheKind::tokens;
   key.tokenizer = tokenizer;
@@ -182,11 +178,30 @@ torch::Tensor TokenStream::slice(int64_t begin, int64_t length) const {
                           [keep_alive](void*) {}, torch::TensorOptions().dtype(torch::kInt32));
 }
 
-const TokenStream& Corpus::split(const std::string& split_name) const {
-  if (split_name == "train") return train;
-  if (split_name == "valid") return valid;
-  if (split_name == "test") return test;
-  throw ConfigError("unknown corpus split '" + split_name + "' (known: train, valid, test)");
+const TokenStream& Corpus::split(Split which) const {
+  switch (which) {
+    case Split::train: return train;
+    case Split::valid: return valid;
+    case Split::test: return test;
+  }
+  throw ConfigError("unknown corpus split");
+}
+
+uint64_t Corpus::vocabulary_hash() const {
+  std::string text = enum_name(tokenizer) + " " + std::to_string(vocab_size) + " mask " +
+                     std::to_string(mask_token) + "\n";
+  for (const auto& word : vocabulary) text += word + "\n";
+  return content_hash(text);
+}
+
+YAML::Node Corpus::identity() const {
+  YAML::Node id(YAML::NodeType::Map);
+  id["tokenizer"] = enum_name(tokenizer);
+  id["vocab_size"] = vocab_size;
+  id["vocabulary"] = hex64(vocabulary_hash());
+  id["train_tokens"] = train.size();
+  id["train"] = hex64(content_hash(train.data(), size_t(train.size()) * sizeof(int32_t)));
+  return id;
 }
 
 std::string Corpus::token_text(int32_t id) const {
@@ -197,9 +212,6 @@ std::string Corpus::token_text(int32_t id) const {
 }
 
 Corpus load_corpus(const CorpusOptions& options) {
-  if (options.tokenizer != "byte" && options.tokenizer != "word") {
-    throw ConfigError("unknown tokenizer '" + options.tokenizer + "' (known: byte, word)");
-  }
   const fs::path source(options.path);
   if (options.path.empty() || !fs::exists(source)) {
     throw ConfigError("corpus path '" + options.path + "' does not exist");
@@ -233,7 +245,7 @@ Corpus load_corpus(const CorpusOptions& options) {
     const uint64_t vocab_hash = content_hash(std::string_view("bytes 0..255, <mask> = 256"));
     for (size_t i = 0; i < 3; ++i) {
       const std::string path = cache_path(std::string(kSplitNames[i]) + ".tokens");
-      const CacheKey key = split_key(TokenizerKind::byte, vocab_hash, splits[i]);
+      const CacheKey key = split_key(Tokenizer::byte, vocab_hash, splits[i]);
       const CacheFile file = open_or_build_cache(
           path, key, [&] { write_tokens(path, key, byte_tokens(splits[i].text)); });
       *streams[i] = token_stream(file, static_cast<int64_t>(splits[i].text.size()));
@@ -246,7 +258,7 @@ Corpus load_corpus(const CorpusOptions& options) {
   const std::string vocab_path = cache_path("vocabulary");
   CacheKey vocab_key;
   vocab_key.kind = CacheKind::vocabulary;
-  vocab_key.tokenizer = TokenizerKind::word;
+  vocab_key.tokenizer = Tokenizer::word;
   vocab_key.source_hash = content_hash(splits[0].text);
   vocab_key.source_bytes = splits[0].text.size();
   const CacheFile vocab_file = open_or_build_cache(vocab_path, vocab_key, [&] {
@@ -267,7 +279,7 @@ Corpus load_corpus(const CorpusOptions& options) {
 
   for (size_t i = 0; i < 3; ++i) {
     const std::string path = cache_path(std::string(kSplitNames[i]) + ".tokens");
-    const CacheKey key = split_key(TokenizerKind::word, vocab_file.payload_checksum, splits[i]);
+    const CacheKey key = split_key(Tokenizer::word, vocab_file.payload_checksum, splits[i]);
     const CacheFile file = open_or_build_cache(path, key, [&] {
       if (!built) built.emplace(corpus.vocabulary);
       write_tokens(path, key, built->encode(splits[i].text));

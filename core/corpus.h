@@ -21,6 +21,8 @@
 
 #include <torch/torch.h>
 
+#include "core/yaml_options.h"
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -28,9 +30,24 @@
 
 namespace extrap {
 
+// The values are part of the token cache's format (core/token_cache.h).
+enum class Tokenizer : uint32_t { byte = 1, word = 2 };
+template <>
+struct EnumNames<Tokenizer> {
+  static constexpr std::array<std::pair<const char*, Tokenizer>, 2> table{
+      {{"byte", Tokenizer::byte}, {"word", Tokenizer::word}}};
+};
+
+enum class Split { train, valid, test };
+template <>
+struct EnumNames<Split> {
+  static constexpr std::array<std::pair<const char*, Split>, 3> table{
+      {{"train", Split::train}, {"valid", Split::valid}, {"test", Split::test}}};
+};
+
 struct CorpusOptions {
   std::string path;                    // directory or single text file
-  std::string tokenizer = "byte";      // byte | word
+  Tokenizer tokenizer = Tokenizer::byte;
   std::string cache_dir = ".cache/extrap";
   std::vector<double> split_fractions = {0.9, 0.05, 0.05};  // single-file corpora only
 };
@@ -76,7 +93,7 @@ class TokenStream {
 
 struct Corpus {
   std::string name;                     // the directory's name, or the file's name sans extension
-  std::string tokenizer;                // byte | word
+  Tokenizer tokenizer = Tokenizer::byte;
   int64_t vocab_size = 0;
   int32_t mask_token = -1;
   int32_t eos_token = -1;               // word level only
@@ -86,8 +103,14 @@ struct Corpus {
   std::string cache_dir;                // where this corpus's cache files live
   CacheStatus vocabulary_cache = CacheStatus::not_cached;  // word level: the vocabulary file
 
-  bool byte_level() const { return tokenizer == "byte"; }
-  const TokenStream& split(const std::string& name) const;  // train | valid | test
+  bool byte_level() const { return tokenizer == Tokenizer::byte; }
+  const TokenStream& split(Split which) const;
+  // A hash of the tokenizer and the vocabulary (id -> token): a model is only meaningful with
+  // the vocabulary it was trained on.
+  uint64_t vocabulary_hash() const;
+  // What a trained model depends on: tokenizer, vocabulary hash, the training tokens' count
+  // and hash (part of a run's fingerprint).
+  YAML::Node identity() const;
   // Human-readable form of a token (for samples and debugging): the word, "<mask>", or for byte
   // level the raw byte, so that concatenating a byte sequence's texts gives back its UTF-8.
   std::string token_text(int32_t id) const;

@@ -1,5 +1,7 @@
 #include "core/evaluator.h"
 
+#include "core/memory_estimate.h"
+
 #include <chrono>
 #include <map>
 
@@ -69,6 +71,21 @@ EvalSpec eval_spec_for(const Config& config, int64_t length, int64_t stride) {
   return spec;
 }
 
+void check_eval_length(const EvalSpec& spec, int64_t available, int64_t split_tokens, bool causal) {
+  if (spec.length < 1)
+    throw EvalFailure("evaluation length must be at least 1, got " + std::to_string(spec.length));
+  if (spec.stride < 0)
+    throw EvalFailure("stride must be positive (or 0: non-overlapping), got " + std::to_string(spec.stride));
+  // A causal window of L inputs needs L + 1 tokens (the last is only a target).
+  const int64_t needed = spec.length + (causal ? 1 : 0);
+  if (available < needed) {
+    std::string what = std::to_string(available) + " tokens";
+    if (available < split_tokens) what += " (the first eval.max_tokens of " + std::to_string(split_tokens) + ")";
+    throw EvalFailure("evaluation length " + std::to_string(spec.length) + " needs at least " +
+                      std::to_string(needed) + " tokens; the split has " + what);
+  }
+}
+
 EvalResult evaluate(TransformerLM& model, const Corpus& corpus, const TokenStream& stream,
                     const EvalSpec& spec, torch::Device device) {
   torch::NoGradGuard no_grad;
@@ -77,6 +94,7 @@ EvalResult evaluate(TransformerLM& model, const Corpus& corpus, const TokenStrea
   const bool causal = model->config().causal();
   const auto start = std::chrono::steady_clock::now();
   const int64_t n = spec.max_tokens > 0 ? std::min(spec.max_tokens, stream.size()) : stream.size();
+  check_eval_length(spec, n, stream.size(), causal);
 
   EvalResult result;
   result.length = spec.length;
@@ -84,6 +102,23 @@ EvalResult evaluate(TransformerLM& model, const Corpus& corpus, const TokenStrea
   auto windows = plan_windows(n, spec.length, spec.stride, causal);
   result.windows = int64_t(windows.size());
 
+  // The reference attention path materialises (windows, heads, T, T) scores, probabilities and
+  // bias per layer; refuse a batch that cannot fit rather than attempt the allocation.
+  {
+    const ModelConfig& m = model->config();
+    const int64_t per_batch = std::max<int64_t>(1, spec.batch_tokens / spec.length);
+    const int64_t windows_per_batch = std::min<int64_t>(per_batch, int64_t(windows.size()));
+    const bool reference = m.attention == AttentionBackend::Reference ||
+                           (m.attention == AttentionBackend::Auto &&
+                            spec.length * spec.length <= m.efficient_threshold);
+    const double values = double(windows_per_batch) * double(spec.length) * 8.0 * double(m.d_model) +
+                          (reference ? 3.0 * double(windows_per_batch) * double(m.heads) *
+                                           double(spec.length) * double(spec.length)
+                                     : 0.0);
+    const double bytes = std::min(values * 4.0, 9.0e18);
+    check_memory(int64_t(bytes), "evaluating at length " + std::to_string(spec.length),
+                 "lower eval.batch_tokens (--batch-tokens) or use the efficient attention path");
+  }
   // Batch windows of equal size together.
   std::map<int64_t, std::vector<EvalWindow>> by_size;
   for (const auto& w : windows) by_size[w.size].push_back(w);
@@ -130,10 +165,15 @@ EvalResult evaluate(TransformerLM& model, const Corpus& corpus, const TokenStrea
       result.scored_tokens += scored.numel();
     }
   }
-  if (result.scored_tokens > 0) {
-    result.perplexity = std::exp(result.nll_sum / double(result.scored_tokens));
-    if (corpus.byte_level()) result.bits_per_byte = result.nll_sum / (std::log(2.0) * double(result.scored_tokens));
-  }
+  if (result.scored_tokens == 0)
+    throw EvalFailure("scored no tokens (" + std::to_string(n) + " tokens in the split" +
+                      (causal ? "" : ", none selected for masking") + ")");
+  if (!std::isfinite(result.nll_sum))
+    throw EvalFailure("the summed NLL is not finite (" + std::to_string(result.nll_sum) + " over " +
+                      std::to_string(result.scored_tokens) + " tokens): the model produced " +
+                      "non-finite logits");
+  result.perplexity = std::exp(result.nll_sum / double(result.scored_tokens));
+  if (corpus.byte_level()) result.bits_per_byte = result.nll_sum / (std::log(2.0) * double(result.scored_tokens));
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (was_training) model->train();
   return result;

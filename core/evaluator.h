@@ -60,11 +60,22 @@ struct MaskDecision {
 MaskDecision mask_decision(int64_t pos, int32_t token, double mask_prob, int64_t seed,
                            int32_t mask_token, int64_t vocab_size);
 
+// An evaluation that cannot give a right number: a length the data cannot fill, no scored
+// tokens, a non-finite NLL. Sweeps record it as a failed point with this message.
+struct EvalFailure : ConfigError {
+  using ConfigError::ConfigError;
+};
+
+// Refuses (EvalFailure) a length longer than the `available` tokens can fill (L + 1 tokens for
+// a causal window, L for a masked one) and a negative stride.
+void check_eval_length(const EvalSpec& spec, int64_t available, int64_t split_tokens, bool causal);
+
 // The spec a config asks for at one (length, stride): its eval section's token limit and batch
 // size, and its masked-LM selection.
 EvalSpec eval_spec_for(const Config& config, int64_t length, int64_t stride = 0);
 
-// Evaluates under NoGradGuard and eval mode (restores the training flag afterwards).
+// Evaluates under NoGradGuard and eval mode (restores the training flag afterwards). Throws
+// EvalFailure rather than return a number that is not right (see above).
 EvalResult evaluate(TransformerLM& model, const Corpus& corpus, const TokenStream& stream,
                     const EvalSpec& spec, torch::Device device = torch::kCPU);
 

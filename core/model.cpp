@@ -47,7 +47,7 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x, PositionMethod& positio
                                  const AttentionOptions& attention_options) {
   auto h = x + attention->forward(ln_attention->forward(x), position, attention_options);
   auto f = ffn_in->forward(ln_ffn->forward(h));
-  f = options.activation() == "relu" ? torch::relu(f) : torch::gelu(f);
+  f = options.activation() == Activation::relu ? torch::relu(f) : torch::gelu(f);
   f = ffn_out->forward(f);
   if (attention_options.training && options.dropout() > 0) f = torch::dropout(f, options.dropout(), true);
   return h + f;
@@ -56,7 +56,7 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x, PositionMethod& positio
 TransformerLMImpl::TransformerLMImpl(const ModelConfig& config, int64_t vocab_size,
                                      const std::string& position_name,
                                      const YAML::Node& position_options, const std::string& source)
-    : config_(config), vocab_size_(vocab_size), backend_(parse_attention_backend(config.attention)) {
+    : config_(config), vocab_size_(vocab_size), backend_(config.attention) {
   embedding = register_module("embedding", torch::nn::Embedding(vocab_size, config.d_model));
   // Scaled by sqrt(d_model) in forward(): initialise so that the scaled embedding has unit-ish
   // variance, as fairseq does (normal with std d_model^-0.5).

@@ -48,7 +48,7 @@ struct BlockOptions {
   TORCH_ARG(int64_t, d_ffn);
   TORCH_ARG(double, dropout) = 0.0;
   TORCH_ARG(double, attention_dropout) = 0.0;
-  TORCH_ARG(std::string, activation) = "gelu";
+  TORCH_ARG(Activation, activation) = Activation::gelu;
   TORCH_ARG(int64_t, layer_index) = 0;
 };
 

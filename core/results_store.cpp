@@ -1,5 +1,7 @@
 #include "core/results_store.h"
 
+#include "core/files.h"
+
 #include <H5Cpp.h>
 #include <fcntl.h>
 #include <sys/file.h>
@@ -296,11 +298,11 @@ void write_header(H5::H5File& file, const SweepHeader& h) {
 
 void fsync_path(const fs::path& path, bool directory) {
   const int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
-  if (fd < 0)
-    throw std::runtime_error("cannot open " + path.string() + ": " + std::strerror(errno));
+  if (fd < 0) throw_write_error(path.string(), errno);
   const int rc = ::fsync(fd);
+  const int error = errno;
   ::close(fd);
-  if (rc != 0) throw std::runtime_error("fsync " + path.string() + ": " + std::strerror(errno));
+  if (rc != 0) throw_write_error(path.string(), error);
 }
 
 // Makes `tmp` durable and moves it over `path` in one step.
@@ -318,35 +320,9 @@ std::string eval_mode_name(int64_t length, int64_t stride) {
 
 // --- the lock ------------------------------------------------------------------------------
 
-ResultsLock::ResultsLock(const std::string& results_path) {
-  const fs::path lock_path = results_path + ".lock";
-  if (lock_path.has_parent_path()) fs::create_directories(lock_path.parent_path());
-  fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd_ < 0)
-    throw ConfigError("cannot open the lock file " + lock_path.string() + ": " +
-                      std::strerror(errno));
-  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-    const int error = errno;
-    char holder[64] = {0};
-    const ssize_t n = ::pread(fd_, holder, sizeof(holder) - 1, 0);
-    ::close(fd_);
-    fd_ = -1;
-    if (error != EWOULDBLOCK)
-      throw ConfigError("cannot lock " + lock_path.string() + ": " + std::strerror(error));
-    std::string pid = n > 0 ? std::string(holder, size_t(n)) : "unknown";
-    while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
-    throw ConfigError(results_path + " is being written by another extrap process (pid " + pid +
-                      ", lock " + lock_path.string() +
-                      "); wait for it to finish or choose another --out");
-  }
-  const std::string pid = std::to_string(::getpid()) + "\n";
-  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) != ssize_t(pid.size()))
-    throw ConfigError("cannot write " + lock_path.string() + ": " + std::strerror(errno));
-}
-
-ResultsLock::~ResultsLock() {
-  if (fd_ >= 0) ::close(fd_);  // closing releases the flock
-}
+ResultsLock::ResultsLock(const std::string& results_path)
+    : lock_(results_path + ".lock", results_path, "written",
+            "wait for it to finish or choose another --out") {}
 
 // --- the store -----------------------------------------------------------------------------
 
@@ -428,7 +404,7 @@ void ResultsStore::load() {
         p.bits_per_byte = r.bits_per_byte;
         p.seconds = r.seconds;
         p.status = r.status;
-        point_keys_.insert({p.run_id, p.mode, p.eval_length});
+        point_keys_[{p.run_id, p.mode, p.eval_length}] = points_.size();
         points_.push_back(std::move(p));
       }
       H5::DataSet::vlenReclaim(rows.data(), type, space);
@@ -450,21 +426,33 @@ bool ResultsStore::has_point(const std::string& run_id, const std::string& mode,
   return point_keys_.count({run_id, mode, eval_length}) > 0;
 }
 
+const PointRecord* ResultsStore::point(const std::string& run_id, const std::string& mode,
+                                       int64_t eval_length) const {
+  const auto found = point_keys_.find({run_id, mode, eval_length});
+  return found == point_keys_.end() ? nullptr : &points_[found->second];
+}
+
 void ResultsStore::commit(const std::function<void(H5::H5File&)>& change) {
-  const fs::path tmp = path_ + ".tmp";
-  fs::copy_file(path_, tmp, fs::copy_options::overwrite_existing);
+  // The change is made to an in-memory copy (HDF5's core driver, no backing store), whose image
+  // is then written by write_file_atomic: HDF5 itself never writes to disk, so a full disk is
+  // an ordinary write error naming the file, and PATH keeps every earlier result.
+  std::vector<char> image;
   try {
-    H5::H5File file(tmp.string(), H5F_ACC_RDWR);
+    H5::FileAccPropList access;
+    access.setCore(1 << 20, false);
+    H5::H5File file(path_, H5F_ACC_RDWR, H5::FileCreatPropList::DEFAULT, access);
     change(file);
-    file.close();  // flushes everything
+    file.flush(H5F_SCOPE_GLOBAL);
+    const ssize_t size = H5Fget_file_image(file.getId(), nullptr, 0);
+    if (size <= 0) throw std::runtime_error(path_ + ": HDF5 gave no file image");
+    image.resize(size_t(size));
+    if (H5Fget_file_image(file.getId(), image.data(), image.size()) != size)
+      throw std::runtime_error(path_ + ": HDF5 file image changed size");
+    file.close();
   } catch (const H5::Exception& e) {
-    fs::remove(tmp);
-    rethrow_hdf5(tmp.string(), e);
-  } catch (...) {
-    fs::remove(tmp);
-    throw;
+    rethrow_hdf5(path_, e);
   }
-  publish(tmp, path_);
+  write_file_atomic(path_, std::string_view(image.data(), image.size()), path_ + ".tmp");
 }
 
 void ResultsStore::write(const std::vector<RunRecord>& runs,
@@ -486,7 +474,7 @@ void ResultsStore::write(const std::vector<RunRecord>& runs,
   });
   for (const auto& r : runs) runs_[r.run_id] = r;
   for (const auto& p : points) {
-    point_keys_.insert({p.run_id, p.mode, p.eval_length});
+    point_keys_[{p.run_id, p.mode, p.eval_length}] = points_.size();
     points_.push_back(p);
   }
 }

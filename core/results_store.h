@@ -38,6 +38,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/files.h"
 #include "core/trainer.h"
 #include "core/version.h"
 
@@ -108,12 +109,9 @@ std::string eval_mode_name(int64_t length, int64_t stride);
 class ResultsLock {
  public:
   explicit ResultsLock(const std::string& results_path);
-  ~ResultsLock();
-  ResultsLock(const ResultsLock&) = delete;
-  ResultsLock& operator=(const ResultsLock&) = delete;
 
  private:
-  int fd_ = -1;
+  FileLock lock_;
 };
 
 class ResultsStore {
@@ -130,6 +128,9 @@ class ResultsStore {
   const std::vector<PointRecord>& points() const { return points_; }  // /summary order
   const RunRecord* run(const std::string& run_id) const;
   bool has_point(const std::string& run_id, const std::string& mode, int64_t eval_length) const;
+  // The recorded point, or null.
+  const PointRecord* point(const std::string& run_id, const std::string& mode,
+                           int64_t eval_length) const;
 
   // One atomic change: creates or replaces the attributes and curves of each run, then appends
   // each point (to /summary and to its run's eval group). A point's run must exist (in the
@@ -148,7 +149,7 @@ class ResultsStore {
   SweepHeader header_;
   std::map<std::string, RunRecord> runs_;
   std::vector<PointRecord> points_;
-  std::set<std::tuple<std::string, std::string, int64_t>> point_keys_;
+  std::map<std::tuple<std::string, std::string, int64_t>, size_t> point_keys_;  // -> points_ index
 };
 
 }  // namespace extrap

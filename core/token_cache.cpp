@@ -19,13 +19,13 @@ namespace {
 
 constexpr char kMagic[8] = {'E', 'X', 'T', 'R', 'A', 'P', 'T', 'C'};
 // Bump when the header, the payload layout or a tokeniser's output changes.
-constexpr uint32_t kFormatVersion = 1;
+constexpr uint32_t kFormatVersion = 2;  // 2: XXH3 checksums
 
 struct CacheHeader {
   char magic[8];
   uint32_t version;
   uint32_t kind;       // CacheKind
-  uint32_t tokenizer;  // TokenizerKind
+  uint32_t tokenizer;  // Tokenizer
   uint32_t reserved;   // 0
   uint64_t vocab_hash;
   uint64_t source_hash;
@@ -42,11 +42,7 @@ uint64_t header_checksum(const CacheHeader& header) {
   return content_hash(&header, offsetof(CacheHeader, header_checksum));
 }
 
-std::string hex(uint64_t value) {
-  char text[17];
-  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(value));
-  return text;
-}
+std::string hex(uint64_t value) { return hex64(value); }
 
 // The whole file mapped read-only, or null with `why` set.
 std::shared_ptr<const void> map_file(const std::string& path, uint64_t* size, std::string* why) {
@@ -75,24 +71,6 @@ std::shared_ptr<const void> map_file(const std::string& path, uint64_t* size, st
 }
 
 }  // namespace
-
-uint64_t content_hash(const void* data, size_t bytes) {
-  constexpr uint64_t kPrime = 0x100000001b3ULL;
-  uint64_t hash = 0xcbf29ce484222325ULL;
-  const auto* p = static_cast<const unsigned char*>(data);
-  size_t i = 0;
-  for (; i + 8 <= bytes; i += 8) {
-    uint64_t word;
-    std::memcpy(&word, p + i, 8);
-    hash = (hash ^ word) * kPrime;
-    hash ^= hash >> 32;
-  }
-  for (; i < bytes; ++i) {
-    hash = (hash ^ p[i]) * kPrime;
-    hash ^= hash >> 32;
-  }
-  return hash;
-}
 
 std::optional<CacheFile> open_cache(const std::string& path, const CacheKey& key,
                                     CacheStatus* status, std::string* why) {

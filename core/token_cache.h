@@ -14,6 +14,7 @@
 #pragma once
 
 #include "core/corpus.h"
+#include "core/hashing.h"
 
 #include <cstdint>
 #include <functional>
@@ -24,19 +25,13 @@
 
 namespace extrap {
 
-// A 64-bit FNV-1a variant over 8-byte words (then the tail bytes), with a shift-xor after each
-// multiply so high input bits reach low output bits. Each step is a bijection, so changing any
-// single word always changes the hash. About 8x faster than byte-wise FNV-1a.
-uint64_t content_hash(const void* data, size_t bytes);
-inline uint64_t content_hash(std::string_view text) { return content_hash(text.data(), text.size()); }
 
 enum class CacheKind : uint32_t { tokens = 1, vocabulary = 2 };
-enum class TokenizerKind : uint32_t { byte = 1, word = 2 };
 
 // What a cache file must have been made from to be reused.
 struct CacheKey {
   CacheKind kind = CacheKind::tokens;
-  TokenizerKind tokenizer = TokenizerKind::byte;
+  Tokenizer tokenizer = Tokenizer::byte;
   uint64_t vocab_hash = 0;    // tokens: the vocabulary's payload checksum; vocabulary: 0
   uint64_t source_hash = 0;   // content_hash of the source text
   uint64_t source_bytes = 0;  // size of the source text

@@ -1,6 +1,10 @@
 #include "core/trainer.h"
 
 #include "core/evaluator.h"
+#include "core/files.h"
+#include "core/hashing.h"
+#include "core/memory_estimate.h"
+#include "core/progress.h"
 #include "core/sysinfo.h"
 
 #include <chrono>
@@ -17,8 +21,8 @@ namespace extrap {
 
 double learning_rate(const TrainConfig& c, int64_t step) {
   if (c.warmup > 0 && step <= c.warmup) return c.lr * double(step) / double(c.warmup);
-  if (c.schedule == "constant") return c.lr;
-  if (c.schedule == "inverse_sqrt")
+  if (c.schedule == Schedule::constant) return c.lr;
+  if (c.schedule == Schedule::inverse_sqrt)
     return c.lr * std::sqrt(double(std::max<int64_t>(c.warmup, 1))) / std::sqrt(double(step));
   const double span = double(std::max<int64_t>(c.steps - c.warmup, 1));
   const double progress = std::min(1.0, double(step - c.warmup) / span);
@@ -41,48 +45,16 @@ std::vector<torch::optim::OptimizerParamGroup> parameter_groups(TransformerLM& m
   return groups;
 }
 
-std::string format_duration(double seconds) {
-  if (!std::isfinite(seconds) || seconds < 0) return "?";
-  char buffer[32];
-  const int s = int(seconds + 0.5);
-  if (s >= 3600) std::snprintf(buffer, sizeof buffer, "%dh%02dm", s / 3600, s / 60 % 60);
-  else std::snprintf(buffer, sizeof buffer, "%dm%02ds", s / 60, s % 60);
-  return buffer;
-}
-
-// The keys whose change makes a checkpoint unusable for resumption.
-YAML::Node identity(const Config& c) {
-  YAML::Node n = c.to_yaml();
-  n.remove("eval");
-  n["train"].remove("steps");
-  n["train"].remove("validate_every");
-  n["train"].remove("checkpoint_every");
-  n["train"].remove("log_every");
-  n["train"].remove("out_dir");
-  n["train"].remove("threads");
-  n["data"].remove("cache_dir");
-  return n;
-}
-
-void write_text_atomic(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    if (!out) throw std::runtime_error("cannot write " + tmp.string());
-  }
-  fs::rename(tmp, path);
-}
-
 }  // namespace
 
 Trainer::Trainer(Config config, const Corpus& corpus)
     : config_(std::move(config)),
       corpus_(corpus),
-      device_(config_.train.device == "cuda" ? torch::kCUDA : torch::kCPU) {
+      device_(torch_device(config_.train.device)) {
   if (device_.is_cuda() && !torch::cuda::is_available())
     throw ConfigError(config_.source + ": train.device is cuda but no CUDA device is available");
   configure_threads(config_.train.threads);
+  check_training_memory(config_, corpus.vocab_size);
   torch::manual_seed(uint64_t(config_.train.seed));
   model_ = build_model(config_, corpus.vocab_size);
   model_->to(device_);
@@ -144,89 +116,51 @@ double Trainer::validate() {
   return r.scored_tokens ? r.nll_sum / double(r.scored_tokens) : NAN;
 }
 
-void Trainer::save_checkpoint(int64_t step, const Cursor& cursor, const TrainSummary& summary) {
-  const fs::path dir = fs::path(config_.train.out_dir) / "checkpoint";
-  const fs::path tmp = fs::path(config_.train.out_dir) / "checkpoint.tmp";
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);
-  torch::save(model_, (tmp / "model.pt").string());
-  torch::save(*optimizer_, (tmp / "optimizer.pt").string());
-  torch::save(at::detail::getDefaultCPUGenerator().get_state(), (tmp / "rng.pt").string());
-  YAML::Node state;
-  state["step"] = step;
-  state["epoch"] = cursor.epoch;
-  state["index"] = cursor.index;
-  state["tokens_per_second"] = summary.tokens_per_second;
-  state["seconds"] = summary.seconds;
-  for (const auto& p : summary.train_curve) {
-    YAML::Node point;
-    point.push_back(p.step);
-    point.push_back(p.loss);
-    state["train_curve"].push_back(point);
-  }
-  for (const auto& p : summary.valid_curve) {
-    YAML::Node point;
-    point.push_back(p.step);
-    point.push_back(p.loss);
-    state["valid_curve"].push_back(point);
-  }
-  write_text_atomic(tmp / "state.yaml", yaml_to_string(state) + "\n");
-  write_text_atomic(tmp / "config.yaml", YAML::Dump(config_.to_yaml()) + "\n");
-  // Swap in the new checkpoint: the old one stays whole until the new one is complete.
-  const fs::path old = fs::path(config_.train.out_dir) / "checkpoint.old";
-  fs::remove_all(old);
-  if (fs::exists(dir)) fs::rename(dir, old);
-  fs::rename(tmp, dir);
-  fs::remove_all(old);
-}
-
-bool Trainer::load_checkpoint(int64_t& step, Cursor& cursor, TrainSummary& summary) {
-  fs::path dir = fs::path(config_.train.out_dir) / "checkpoint";
-  if (!fs::exists(dir / "state.yaml")) {
-    // A crash between the two renames of save_checkpoint leaves only checkpoint.old.
-    dir = fs::path(config_.train.out_dir) / "checkpoint.old";
-    if (!fs::exists(dir / "state.yaml")) return false;
-  }
-  const Config saved = config_from_yaml(load_yaml_file((dir / "config.yaml").string()),
-                                        (dir / "config.yaml").string());
-  const std::string a = YAML::Dump(identity(saved)), b = YAML::Dump(identity(config_));
-  if (a != b)
-    throw ConfigError("cannot resume from " + dir.string() +
-                      ": its config differs from this one.\n--- checkpoint ---\n" + a +
-                      "\n--- now ---\n" + b);
-  torch::load(model_, (dir / "model.pt").string());
-  torch::load(*optimizer_, (dir / "optimizer.pt").string());
-  torch::Tensor rng;
-  torch::load(rng, (dir / "rng.pt").string());
-  at::Generator generator = at::detail::getDefaultCPUGenerator();
-  generator.set_state(rng);
-  const YAML::Node state = load_yaml_file((dir / "state.yaml").string());
-  step = state["step"].as<int64_t>();
-  cursor.epoch = state["epoch"].as<int64_t>();
-  cursor.index = state["index"].as<int64_t>();
-  summary.tokens_per_second = state["tokens_per_second"].as<double>();
-  summary.seconds = state["seconds"].as<double>();
-  for (const auto& p : state["train_curve"]) summary.train_curve.push_back({p[0].as<int64_t>(), p[1].as<double>()});
-  for (const auto& p : state["valid_curve"]) summary.valid_curve.push_back({p[0].as<int64_t>(), p[1].as<double>()});
-  return true;
-}
-
-TrainSummary Trainer::run(bool resume) {
+TrainSummary Trainer::run(RunStart start) {
   const TrainConfig& c = config_.train;
-  fs::create_directories(c.out_dir);
+  RunDirectory run_dir(config_, corpus_, start);
   TrainSummary summary;
   summary.num_parameters = model_->num_parameters();
   int64_t step = 0;
   Cursor cursor;
-  if (resume && load_checkpoint(step, cursor, summary)) {
+  if (auto& checkpoint = run_dir.checkpoint()) {
+    if (checkpoint->state.step > c.steps)
+      throw ConfigError(checkpoint->dir.string() + " is at step " +
+                        std::to_string(checkpoint->state.step) + ", past train.steps " +
+                        std::to_string(c.steps));
+    load_model(*checkpoint, model_);
+    load_optimizer(*checkpoint, *optimizer_);
+    load_rng(*checkpoint);
+    step = checkpoint->state.step;
+    cursor = {checkpoint->state.epoch, checkpoint->state.index};
+    summary.tokens_per_second = checkpoint->state.tokens_per_second;
+    summary.seconds = checkpoint->state.seconds;
+    summary.train_curve = checkpoint->state.train_curve;
+    summary.valid_curve = checkpoint->state.valid_curve;
     summary.resumed_from = step;
     if (!quiet) std::cerr << "resuming " << c.out_dir << " from step " << step << "\n";
   }
-  write_text_atomic(fs::path(c.out_dir) / "config.yaml", YAML::Dump(config_.to_yaml()) + "\n");
+  write_file_atomic(fs::path(c.out_dir) / "config.yaml", YAML::Dump(config_.to_yaml()) + "\n");
+  CheckpointManifest manifest;
+  manifest.fingerprint = run_dir.fingerprint().hash;
+  manifest.vocabulary = hex64(corpus_.vocabulary_hash());
+  const auto save = [&] {
+    manifest.step = step;
+    CheckpointState state;
+    state.step = step;
+    state.epoch = cursor.epoch;
+    state.index = cursor.index;
+    state.tokens_per_second = summary.tokens_per_second;
+    state.seconds = summary.seconds;
+    state.train_curve = summary.train_curve;
+    state.valid_curve = summary.valid_curve;
+    save_checkpoint(run_dir.path(), config_, manifest, state, model_, optimizer_.get());
+  };
 
   const int64_t sequences_per_step = std::max<int64_t>(c.accumulation, c.batch_tokens / c.seq_len);
   const int64_t micro = sequences_per_step / c.accumulation;
-  const bool terminal = stderr_is_terminal() && !quiet;
+  StatusLine display(!quiet);
+  const bool terminal = display.redraws();
   model_->train();
 
   double trained_seconds = summary.seconds;  // training time only (validation excluded)
@@ -262,8 +196,9 @@ TrainSummary Trainer::run(bool resume) {
     loss_sum += step_loss;
     ++loss_count;
     if (!std::isfinite(step_loss))
-      throw std::runtime_error("training diverged at step " + std::to_string(step) +
-                               " (loss " + std::to_string(step_loss) + "); lower train.lr");
+      throw std::runtime_error("training diverged at step " + std::to_string(step) + " (loss " +
+                               std::to_string(step_loss) +
+                               "); nothing of this step was saved; lower train.lr");
 
     summary.tokens_per_second = (tokens_before + double(tokens_done)) / std::max(trained_seconds, 1e-9);
     const bool log_point = step % std::max<int64_t>(c.log_every, 1) == 0 || step == c.steps;
@@ -279,14 +214,18 @@ TrainSummary Trainer::run(bool resume) {
       if (on_progress) {
         on_progress(progress);
       } else if (terminal) {
-        std::fprintf(stderr, "\r\033[Kstep %lld/%lld  loss %.4f  lr %.2e  %.0f tok/s  ETA %s",
-                     (long long)step, (long long)c.steps, progress.loss, lr,
-                     progress.tokens_per_second, format_duration(progress.eta_seconds).c_str());
-        if (step == c.steps) std::fputc('\n', stderr);
+        char text[160];
+        std::snprintf(text, sizeof text, "step %lld/%lld  loss %.4f  lr %.2e  %.0f tok/s  ETA %s",
+                      (long long)step, (long long)c.steps, progress.loss, lr,
+                      progress.tokens_per_second, format_duration(progress.eta_seconds).c_str());
+        display.status(text, step == c.steps);
+        if (step == c.steps) display.finish();
       } else if (!quiet && log_point) {
-        std::fprintf(stderr, "step %lld/%lld loss %.4f lr %.3e tok/s %.0f eta %s\n", (long long)step,
-                     (long long)c.steps, progress.loss, lr, progress.tokens_per_second,
-                     format_duration(progress.eta_seconds).c_str());
+        char text[160];
+        std::snprintf(text, sizeof text, "step %lld/%lld loss %.4f lr %.3e tok/s %.0f eta %s",
+                      (long long)step, (long long)c.steps, progress.loss, lr,
+                      progress.tokens_per_second, format_duration(progress.eta_seconds).c_str());
+        display.line(text);
       }
     }
     const bool validate_now =
@@ -295,17 +234,21 @@ TrainSummary Trainer::run(bool resume) {
       const double valid = validate();
       summary.valid_curve.push_back({step, valid});
       if (!quiet) {
-        if (terminal) std::fputs("\r\033[K", stderr);
-        std::fprintf(stderr, "step %lld valid loss %.4f ppl %.2f", (long long)step, valid, std::exp(valid));
-        for (const auto& [name, value] : model_->position().log_values())
-          std::fprintf(stderr, "  %s=%.5f", name.c_str(), value);
-        std::fputc('\n', stderr);
+        char text[96];
+        std::snprintf(text, sizeof text, "step %lld valid loss %.4f ppl %.2f", (long long)step, valid,
+                      std::exp(valid));
+        std::string line = text;
+        for (const auto& [name, value] : model_->position().log_values()) {
+          std::snprintf(text, sizeof text, "  %s=%.5f", name.c_str(), value);
+          line += text;
+        }
+        display.line(line);
       }
       model_->train();
     }
     summary.seconds = trained_seconds;
     if (step == c.steps || (c.checkpoint_every > 0 && step % c.checkpoint_every == 0))
-      save_checkpoint(step, cursor, summary);
+      save();
     if (step == stop_after_step) break;
   }
   summary.steps = step;
@@ -314,20 +257,13 @@ TrainSummary Trainer::run(bool resume) {
   return summary;
 }
 
-Config load_run_config(const std::string& run_dir) {
-  const fs::path path = fs::path(run_dir) / "checkpoint" / "config.yaml";
-  if (!fs::exists(path))
-    throw ConfigError(run_dir + ": no checkpoint found (expected " + path.string() + ")");
-  return config_from_yaml(load_yaml_file(path.string()), path.string());
-}
-
-LoadedRun load_run(const std::string& run_dir, int64_t vocab_size) {
+LoadedRun load_run(const VerifiedCheckpoint& checkpoint, const Corpus& corpus) {
+  check_vocabulary(checkpoint, corpus);
   LoadedRun run;
-  run.config = load_run_config(run_dir);
-  const fs::path dir = fs::path(run_dir) / "checkpoint";
-  run.model = build_model(run.config, vocab_size);
-  torch::load(run.model, (dir / "model.pt").string());
-  run.step = load_yaml_file((dir / "state.yaml").string())["step"].as<int64_t>();
+  run.config = checkpoint.config;
+  run.model = build_model(run.config, corpus.vocab_size);
+  load_model(checkpoint, run.model);
+  run.step = checkpoint.state.step;
   run.model->eval();
   return run;
 }

@@ -8,20 +8,17 @@
 // bit-for-bit on the CPU for the same thread count.
 #pragma once
 
+#include "core/checkpoint.h"
 #include "core/config.h"
 #include "core/corpus.h"
 #include "core/model.h"
+#include "core/run_dir.h"
 
 #include <functional>
 #include <string>
 #include <vector>
 
 namespace extrap {
-
-struct CurvePoint {
-  int64_t step = 0;
-  double loss = 0;
-};
 
 struct TrainProgress {
   int64_t step = 0;
@@ -50,9 +47,11 @@ class Trainer {
  public:
   Trainer(Config config, const Corpus& corpus);
 
-  // Trains to config.train.steps, resuming from out_dir/checkpoint when `resume` is set and a
-  // checkpoint exists (a checkpoint of a different config is an error naming what differs).
-  TrainSummary run(bool resume);
+  // Trains to config.train.steps in the run directory config.train.out_dir (core/run_dir.h):
+  // `resume` continues from its checkpoint when there is one; a run directory of another
+  // config, a damaged checkpoint or a held lock is a ConfigError. A non-finite training loss
+  // stops the run with an error naming the step (nothing of it is saved).
+  TrainSummary run(RunStart start);
 
   TransformerLM& model() { return model_; }
   const Config& config() const { return config_; }
@@ -69,8 +68,6 @@ class Trainer {
     int64_t epoch = 0;
     int64_t index = 0;
   };
-  void save_checkpoint(int64_t step, const Cursor& cursor, const TrainSummary& summary);
-  bool load_checkpoint(int64_t& step, Cursor& cursor, TrainSummary& summary);
   torch::Tensor next_batch(Cursor& cursor, int64_t sequences, torch::Tensor& targets);
   double validate();
 
@@ -83,14 +80,13 @@ class Trainer {
   int64_t order_epoch_ = -1;
 };
 
-// Loads a trained model from a run directory's checkpoint (for `extrap eval`).
+// A trained model from a verified checkpoint (`extrap eval`, `extrap inspect`): its corpus
+// must have the vocabulary it was trained with.
 struct LoadedRun {
   Config config;
   TransformerLM model = nullptr;
   int64_t step = 0;
 };
-LoadedRun load_run(const std::string& run_dir, int64_t vocab_size);
-// The config stored in a run directory (to load its corpus before the model).
-Config load_run_config(const std::string& run_dir);
+LoadedRun load_run(const VerifiedCheckpoint& checkpoint, const Corpus& corpus);
 
 }  // namespace extrap

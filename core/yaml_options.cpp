@@ -1,8 +1,25 @@
 #include "core/yaml_options.h"
 
+#include <functional>
 #include <sstream>
 
 namespace extrap {
+
+std::string one_line(std::string text) {
+  for (char& c : text)
+    if (c == '\n' || c == '\r') c = ' ';
+  while (!text.empty() && text.back() == ' ') text.pop_back();
+  return text;
+}
+
+const char* to_string(Affects affects) {
+  switch (affects) {
+    case Affects::model: return "model";
+    case Affects::evaluation: return "evaluation";
+    case Affects::nothing: return "nothing";
+  }
+  return "?";
+}
 
 namespace detail {
 template <> std::string type_name<int>() { return "integer"; }
@@ -66,9 +83,9 @@ bool OptionReader::has(const std::string& key) const {
 }
 
 void OptionReader::note(const std::string& key, const std::string& default_value,
-                        const std::string& help) const {
+                        const std::string& help, Affects affects) const {
   used_->insert(key);
-  if (documenting()) state_->docs.push_back({full_key(key), default_value, help});
+  if (documenting()) state_->docs.push_back({full_key(key), default_value, help, affects});
 }
 
 std::string OptionReader::locate(const std::string& key) const {
@@ -79,7 +96,7 @@ std::string OptionReader::locate(const std::string& key) const {
   out << state_->source;
   if (!mark.is_null()) out << ":" << mark.line + 1;
   out << ": key '" << full_key(key) << "'";
-  if (mark.is_null() && decoding()) out << " (set on the command line)";
+  if (mark.is_null() && decoding()) out << " (set on the command line or by a sweep's grid)";
   return out.str();
 }
 
@@ -87,34 +104,9 @@ void OptionReader::fail(const std::string& key, const std::string& message) cons
   throw ConfigError(locate(key) + ": " + message);
 }
 
-void OptionReader::read_choice(const std::string& key, std::string& field,
-                               const std::vector<std::string>& choices,
-                               const std::string& help) const {
-  std::string joined;
-  for (const auto& c : choices) joined += (joined.empty() ? "" : " | ") + c;
-  note(key, field, help + " (" + joined + ")");
-  if (writing()) {
-    YAML::Node out = node_;  // a handle on the same tree
-    out[key] = field;
-    return;
-  }
-  if (!has(key)) return;
-  std::string value;
-  try {
-    value = node_[key].as<std::string>();
-  } catch (const YAML::Exception&) {
-    fail(key, "expected one of " + joined + ", got '" + yaml_to_string(node_[key]) + "'");
-  }
-  for (const auto& c : choices)
-    if (c == value) {
-      field = value;
-      return;
-    }
-  fail(key, "'" + value + "' is not one of " + joined);
-}
-
 OptionReader OptionReader::section(const std::string& key, const std::string& help) const {
-  note(key, "{}", help);
+  note(key, "{}", help, Affects::model);
+  if (documenting()) state_->docs.back().section = true;  // its keys carry their own marks
   YAML::Node child;
   if (writing()) {
     YAML::Node out = node_;  // a handle on the same tree
@@ -127,8 +119,8 @@ OptionReader OptionReader::section(const std::string& key, const std::string& he
   return OptionReader(child, state_, full_key(key));
 }
 
-void OptionReader::accept(const std::string& key, const std::string& help) const {
-  note(key, "", help);
+void OptionReader::accept(const std::string& key, const std::string& help, Affects affects) const {
+  note(key, "", help, affects);
 }
 
 void OptionReader::finish() const {
@@ -142,8 +134,6 @@ void OptionReader::finish() const {
   }
 }
 
-namespace {
-// A copy of `node` with no source marks, so that errors report it as set on the command line.
 YAML::Node without_marks(const YAML::Node& node) {
   if (node.IsScalar()) return YAML::Node(node.Scalar());
   if (node.IsSequence()) {
@@ -158,7 +148,6 @@ YAML::Node without_marks(const YAML::Node& node) {
   }
   return YAML::Node();
 }
-}  // namespace
 
 void apply_override(YAML::Node& root, const std::string& assignment) {
   const auto eq = assignment.find('=');
@@ -166,6 +155,9 @@ void apply_override(YAML::Node& root, const std::string& assignment) {
     throw ConfigError("--set '" + assignment + "': expected key.path=value");
   const std::string path = assignment.substr(0, eq);
   const std::string text = assignment.substr(eq + 1);
+  if (text.find_first_not_of(" \t") == std::string::npos)
+    throw ConfigError("--set '" + assignment + "': no value after '=' (write " + path +
+                      "=null to unset a key)");
   YAML::Node value;
   try {
     value = YAML::Load(text);
@@ -209,6 +201,82 @@ std::string yaml_to_string(const YAML::Node& node) {
   YAML::Emitter out;
   out << YAML::Flow << node;
   return out.c_str();
+}
+
+std::string flow_text(const YAML::Node& node) {
+  YAML::Node copy = YAML::Clone(node);
+  std::function<void(YAML::Node)> flow = [&](YAML::Node n) {
+    if (n.IsMap() || n.IsSequence()) n.SetStyle(YAML::EmitterStyle::Flow);
+    if (n.IsMap())
+      for (auto entry : n) flow(entry.second);
+    if (n.IsSequence())
+      for (auto item : n) flow(item);
+  };
+  flow(copy);
+  return yaml_to_string(copy);
+}
+
+YAML::Node plain_yaml(const YAML::Node& node) {
+  if (node.IsMap()) {
+    YAML::Node out(YAML::NodeType::Map);
+    for (const auto& entry : node) out[entry.first.Scalar()] = plain_yaml(entry.second);
+    return out;
+  }
+  if (node.IsSequence()) {
+    YAML::Node out(YAML::NodeType::Sequence);
+    for (const auto& item : node) out.push_back(plain_yaml(item));
+    return out;
+  }
+  if (node.IsScalar()) return YAML::Node(node.Scalar());
+  return YAML::Node();
+}
+
+void remove_key(YAML::Node root, const std::string& dotted) {
+  std::vector<std::string> parts;
+  std::istringstream in(dotted);
+  for (std::string part; std::getline(in, part, '.');) parts.push_back(part);
+  if (parts.empty()) return;
+  YAML::Node cursor;
+  cursor.reset(root);
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    if (!cursor.IsMap() || !cursor[parts[i]]) return;
+    YAML::Node next = cursor[parts[i]];
+    cursor.reset(next);
+  }
+  if (cursor.IsMap()) cursor.remove(parts.back());
+}
+
+std::optional<YamlDifference> first_difference(const YAML::Node& first, const YAML::Node& second,
+                                               const std::string& prefix) {
+  const auto text = [](const YAML::Node& n) {
+    return n && !n.IsNull() ? flow_text(n) : "(absent)";
+  };
+  const auto child = [&](const std::string& key) {
+    return prefix.empty() ? key : prefix + "." + key;
+  };
+  const bool a = first && !first.IsNull(), b = second && !second.IsNull();
+  if (!a && !b) return std::nullopt;
+  if (a != b || first.Type() != second.Type())
+    return YamlDifference{prefix, text(first), text(second)};
+  if (first.IsScalar()) {
+    if (first.Scalar() == second.Scalar()) return std::nullopt;
+    return YamlDifference{prefix, text(first), text(second)};
+  }
+  if (first.IsSequence()) {
+    bool same = first.size() == second.size();
+    for (size_t i = 0; same && i < first.size(); ++i) same = !first_difference(first[i], second[i]);
+    if (same) return std::nullopt;
+    return YamlDifference{prefix, text(first), text(second)};
+  }
+  for (const auto& entry : first) {
+    const std::string key = entry.first.Scalar();
+    if (auto d = first_difference(entry.second, second[key], child(key))) return d;
+  }
+  for (const auto& entry : second) {
+    const std::string key = entry.first.Scalar();
+    if (!first[key]) return YamlDifference{child(key), "(absent)", text(entry.second)};
+  }
+  return std::nullopt;
 }
 
 }  // namespace extrap

@@ -31,7 +31,7 @@ int bench_train(const Args& args) {
   const Config config = load_config(config_path, overrides);
   const TrainConfig& t = config.train;
   const int threads = configure_threads(t.threads);
-  const torch::Device device = t.device == "cuda" ? torch::kCUDA : torch::kCPU;
+  const torch::Device device = torch_device(t.device);
   torch::manual_seed(uint64_t(t.seed));
   TransformerLM model = build_model(config, vocab);
   model->to(device);
@@ -66,9 +66,9 @@ int bench_train(const Args& args) {
   std::printf("model: %lld parameters, %lld layers, d_model %lld, heads %lld, position %s, attention %s\n",
               (long long)model->num_parameters(), (long long)config.model.layers,
               (long long)config.model.d_model, (long long)config.model.heads,
-              config.position_name.c_str(), config.model.attention.c_str());
+              config.position_name.c_str(), enum_name(config.model.attention).c_str());
   std::printf("shape: %lld sequences x %lld tokens x %lld accumulation, %d threads, device %s\n",
-              (long long)sequences, (long long)t.seq_len, (long long)t.accumulation, threads, t.device.c_str());
+              (long long)sequences, (long long)t.seq_len, (long long)t.accumulation, threads, enum_name(t.device).c_str());
   std::printf("step time: median %.4f s (min %.4f, max %.4f) over %lld steps\n", median, seconds.front(),
               seconds.back(), (long long)steps);
   std::printf("tokens/s: %.0f\npeak memory: %.1f MiB\n", tokens / median, peak_rss_bytes() / 1048576.0);

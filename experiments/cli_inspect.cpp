@@ -123,9 +123,10 @@ int inspect(const Args& args) {
   bool causal = !vm.count("bidirectional");
   std::shared_ptr<PositionMethod> method;
   if (!checkpoint.empty()) {
-    Config config = load_run_config(checkpoint);
+    const VerifiedCheckpoint verified = require_checkpoint(checkpoint);
+    const Config& config = verified.config;
     Corpus corpus = load_corpus(config.data);
-    LoadedRun run = load_run(checkpoint, corpus.vocab_size);
+    LoadedRun run = load_run(verified, corpus);
     if (!name.empty() && name != config.position_name)
       throw ConfigError("--position " + name + " does not match the checkpoint's method " + config.position_name);
     name = config.position_name;

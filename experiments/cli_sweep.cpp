@@ -81,11 +81,17 @@ int sweep(const Args& args) {
   run_options.worker = worker;
   run_options.known = known;
   std::istringstream list(points_text);
-  for (std::string item; std::getline(list, item, ',');)
-    run_options.points.push_back(std::stoll(item));
+  for (std::string item; std::getline(list, item, ',');) {
+    try {
+      run_options.points.push_back(std::stoll(item));
+    } catch (const std::exception&) {
+      throw ConfigError("--points '" + points_text + "': expected point indices I,J,...");
+    }
+  }
+  if (vm.count("jobs") && jobs < 1)
+    throw ConfigError("--jobs " + std::to_string(jobs) + ": must be at least 1");
   if (vm.count("list")) {
-    list_points(spec, run_options.shard,
-                output.empty() ? default_output(spec, run_options.shard) : output);
+    list_points(spec, run_options.shard, sweep_output(spec, run_options));
     return 0;
   }
   if (worker.empty()) {

@@ -5,6 +5,7 @@
 #include "experiments/commands.h"
 
 #include <cstdio>
+#include <set>
 #include <iostream>
 
 namespace po = boost::program_options;
@@ -26,25 +27,43 @@ void print_eval_row(const EvalResult& r) {
 }
 
 // Every (length, stride) of the config's eval section: non-overlapping (when asked), then
-// each sliding stride shorter than the length.
-void evaluate_all(TransformerLM& model, const Corpus& corpus, const Config& config,
-                  torch::Device device, bool non_overlapping) {
+// each sliding stride shorter than the length. An evaluation that cannot give a right number
+// prints its reason in place of the row; returns how many did.
+int evaluate_all(TransformerLM& model, const Corpus& corpus, const Config& config,
+                 torch::Device device, bool non_overlapping) {
   const TokenStream& stream = corpus.split(config.eval.split);
+  const int64_t limit = config.eval.max_tokens > 0 ? std::min(config.eval.max_tokens, stream.size())
+                                                   : stream.size();
+  if (limit < stream.size())
+    std::cout << "scoring the first " << limit << " of " << stream.size() << " tokens of the "
+              << enum_name(config.eval.split) << " split (eval.max_tokens)\n";
+  else
+    std::cout << "scoring all " << limit << " tokens of the " << enum_name(config.eval.split)
+              << " split\n";
   print_eval_header();
+  int failures = 0;
   for (int64_t length : config.eval.lengths) {
-    std::vector<int64_t> strides;
-    if (non_overlapping) strides.push_back(0);
-    for (int64_t s : config.eval.strides)
-      if (s < length) strides.push_back(s);
+    // A stride of L or more scores whole windows: the non-overlapping case.
+    std::set<int64_t> strides;
+    if (non_overlapping) strides.insert(0);
+    for (int64_t s : config.eval.strides) strides.insert(s < length ? s : 0);
     for (int64_t stride : strides) {
+      std::string failure;
       try {
         print_eval_row(evaluate(model, corpus, stream, eval_spec_for(config, length, stride), device));
       } catch (const c10::Error& e) {
-        std::printf("%-10lld %-8lld cannot evaluate: %s\n", (long long)length, (long long)stride,
-                    e.what_without_backtrace());
+        failure = one_line(e.what_without_backtrace());
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+      if (!failure.empty()) {
+        ++failures;
+        std::printf("%-10lld %-8lld failed: %s\n", (long long)length, (long long)stride, failure.c_str());
+        std::fflush(stdout);
       }
     }
   }
+  return failures;
 }
 
 }  // namespace
@@ -58,6 +77,7 @@ int train(const Args& args) {
       ("set", po::value(&overrides)->composing(), "override a key: --set train.steps=100 (repeatable)")
       ("plugin", po::value(&plugins)->composing(), "position-method plugin .so to load (repeatable)")
       ("resume", "continue from the run directory's checkpoint if there is one")
+      ("overwrite", "replace the run directory's checkpoint (without this, a trained run is kept)")
       ("no-eval", "skip the evaluation at eval.lengths after training");
   po::variables_map vm;
   if (!parse(args, "extrap train --config FILE [--set key=value ...] [--resume]", options, vm)) return 0;
@@ -67,19 +87,28 @@ int train(const Args& args) {
   for (const auto& p : plugins) config.plugins.push_back(p);
   const int threads = configure_threads(config.train.threads);
   Corpus corpus = load_corpus(config.data);
-  std::cerr << "corpus " << corpus.name << " (" << corpus.tokenizer << ", vocabulary "
+  std::cerr << "corpus " << corpus.name << " (" << enum_name(corpus.tokenizer) << ", vocabulary "
             << corpus.vocab_size << "): train " << corpus.train.size() << " valid "
             << corpus.valid.size() << " test " << corpus.test.size() << " tokens\n";
   Trainer trainer(config, corpus);
   std::cerr << "model: " << trainer.model()->num_parameters() << " parameters, position "
             << config.position_name << ", " << threads << " threads -> " << config.train.out_dir << "\n";
-  const TrainSummary summary = trainer.run(vm.count("resume") > 0);
+  if (vm.count("resume") && vm.count("overwrite"))
+    throw ConfigError("--resume and --overwrite contradict each other: choose one");
+  const TrainSummary summary = trainer.run(vm.count("resume")      ? RunStart::resume
+                                           : vm.count("overwrite") ? RunStart::overwrite
+                                                                   : RunStart::fresh);
   std::cerr << "trained " << summary.steps << " steps at " << int64_t(summary.tokens_per_second)
             << " tokens/s, peak memory " << summary.peak_memory_bytes / (1 << 20) << " MiB\n";
   if (!vm.count("no-eval")) {
-    std::cout << "evaluation on " << config.eval.split << " (trained at L = " << config.train.seq_len << "):\n";
-    evaluate_all(trainer.model(), corpus, config,
-                 config.train.device == "cuda" ? torch::kCUDA : torch::kCPU, true);
+    std::cout << "evaluation on " << enum_name(config.eval.split) << " (trained at L = "
+              << config.train.seq_len << "):\n";
+    const int failures =
+        evaluate_all(trainer.model(), corpus, config, torch_device(config.train.device), true);
+    if (failures > 0) {
+      std::cerr << "extrap train: " << failures << " evaluation(s) failed (reasons above)\n";
+      return 1;
+    }
   }
   return 0;
 }
@@ -92,30 +121,48 @@ int eval(const Args& args) {
   options.add_options()
       ("checkpoint", po::value(&run_dir)->required(), "run directory written by extrap train")
       ("length,L", po::value(&lengths)->multitoken()->required(), "evaluation length(s)")
-      ("stride,S", po::value(&strides)->multitoken(), "sliding-window stride(s); omit for non-overlapping")
-      ("split", po::value(&split), "valid | test")
-      ("max-tokens", po::value(&max_tokens), "evaluate on the first N tokens only")
+      ("stride,S", po::value(&strides)->multitoken(),
+       "sliding-window stride(s), each at least 1 (a stride >= L is non-overlapping); omit for "
+       "non-overlapping")
+      ("split", po::value(&split), "valid | test | train")
+      ("max-tokens", po::value(&max_tokens), "score the first N tokens only (default: the whole split)")
       ("batch-tokens", po::value(&batch_tokens), "tokens per forward pass")
       ("attention", po::value(&attention), "force an attention path: reference | efficient | auto")
       ("threads", po::value(&threads), "CPU threads (default: all cores)");
   po::variables_map vm;
   if (!parse(args, "extrap eval --checkpoint DIR --length L [--stride S] [--split valid|test]", options, vm))
     return 0;
-  if (split != "valid" && split != "test")
-    throw ConfigError("--split must be valid or test, got '" + split + "'");
+  const Split which = parse_enum<Split>(split, "--split");
+  for (int64_t length : lengths)
+    if (length < 1) throw ConfigError("--length " + std::to_string(length) + ": must be at least 1");
+  for (int64_t stride : strides)
+    if (stride < 1)
+      throw ConfigError("--stride " + std::to_string(stride) +
+                        ": must be at least 1 (omit --stride for non-overlapping windows)");
+  if (vm.count("max-tokens") && max_tokens < 1)
+    throw ConfigError("--max-tokens " + std::to_string(max_tokens) + ": must be at least 1");
+  if (vm.count("batch-tokens") && batch_tokens < 1)
+    throw ConfigError("--batch-tokens " + std::to_string(batch_tokens) + ": must be at least 1");
+  if (threads < 0) throw ConfigError("--threads " + std::to_string(threads) + ": must not be negative");
   configure_threads(threads);
-  Config config = load_run_config(run_dir);
+  const VerifiedCheckpoint checkpoint = require_checkpoint(run_dir);
+  Config config = checkpoint.config;
   Corpus corpus = load_corpus(config.data);
-  LoadedRun run = load_run(run_dir, corpus.vocab_size);
-  if (!attention.empty()) run.model->set_attention_backend(parse_attention_backend(attention));
+  LoadedRun run = load_run(checkpoint, corpus);
+  if (!attention.empty())
+    run.model->set_attention_backend(parse_enum<AttentionBackend>(attention, "--attention"));
   config.eval.lengths = lengths;
   config.eval.strides = strides;
-  config.eval.split = split;
-  if (vm.count("max-tokens")) config.eval.max_tokens = max_tokens;
+  config.eval.split = which;
+  config.eval.max_tokens = vm.count("max-tokens") ? max_tokens : 0;  // not the training config's
   if (batch_tokens > 0) config.eval.batch_tokens = batch_tokens;
   std::cout << "run " << run_dir << " (" << config.position_name << ", trained " << run.step
-            << " steps at L = " << config.train.seq_len << "), split " << split << ":\n";
-  evaluate_all(run.model, corpus, config, torch::kCPU, strides.empty());
+            << " steps at L = " << config.train.seq_len << "):\n";
+  const int failures = evaluate_all(run.model, corpus, config, torch::kCPU, strides.empty());
+  if (failures > 0) {
+    std::cerr << "extrap eval: " << failures << " evaluation(s) failed (reasons above)\n";
+    return 1;
+  }
   return 0;
 }
 

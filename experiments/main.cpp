@@ -5,6 +5,9 @@
 
 #include <boost/program_options/errors.hpp>
 
+#include <c10/util/Exception.h>
+
+#include <csignal>
 #include <cstring>
 #include <functional>
 #include <iostream>
@@ -63,6 +66,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   extrap::cli::Args args(argv + 2, argv + argc);
+  // A file-size limit (ulimit -f) makes a write fail with EFBIG, reported like a full disk,
+  // instead of killing the process mid-write.
+  std::signal(SIGXFSZ, SIG_IGN);
   try {
     return found->second.run(args);
   } catch (const boost::program_options::error& e) {
@@ -71,6 +77,13 @@ int main(int argc, char** argv) {
   } catch (const extrap::ConfigError& e) {
     std::cerr << "extrap " << name << ": " << e.what() << "\n";
     return 2;
+  } catch (const c10::Error& e) {
+    // LibTorch's own message, without the C++ backtrace it carries.
+    std::cerr << "extrap " << name << ": error: " << extrap::one_line(e.what_without_backtrace()) << "\n";
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "extrap " << name << ": error: out of memory\n";
+    return 1;
   } catch (const std::exception& e) {
     std::cerr << "extrap " << name << ": error: " << e.what() << "\n";
     return 1;

@@ -85,6 +85,7 @@ std::shared_ptr<PositionMethod> PositionRegistry::create(const std::string& name
                       (alternative.empty() ? std::string()
                                            : "; use '" + alternative + "' instead"));
   }
+  options.accept("name", "the method's name");  // the section's own key, read by the config
   auto method = info.factory(context, options);
   options.finish();
   return method;

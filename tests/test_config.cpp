@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 using namespace extrap;
 namespace fs = std::filesystem;
@@ -112,4 +113,74 @@ TEST_CASE("command line: inspect slopes and bias print exact values", "[cli]") {
   r = run_cli("inspect bias --position nope --heads 2 --length 3");
   REQUIRE(r.status == 2);
   REQUIRE_THAT(r.output, Catch::Contains("unknown position method 'nope'"));
+}
+
+TEST_CASE("config: impossible values are refused naming the key and the value", "[config]") {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"model.d_model=0", "key 'model.d_model' (set on the command line or by a sweep's grid): must be at least 1, got 0"},
+      {"model.d_ffn=0", "'model.d_ffn'"},
+      {"model.layers=-1", "'model.layers'"},
+      {"train.lr=0", "key 'train.lr' (set on the command line or by a sweep's grid): must be a positive number, got 0"},
+      {"train.lr=-0.5", "got -0.5"},
+      {"train.beta1=1", "key 'train.beta1' (set on the command line or by a sweep's grid): must be in [0, 1), got 1"},
+      {"train.beta2=-0.1", "'train.beta2'"},
+      {"train.clip=-1", "'train.clip'"},
+      {"train.warmup=-3", "'train.warmup'"},
+      {"train.eps=0", "'train.eps'"},
+      {"train.mask_prob=1", "'train.mask_prob'"},
+      {"train.threads=-2", "'train.threads'"},
+      {"eval.batch_tokens=0", "'eval.batch_tokens'"},
+      {"eval.max_tokens=-1", "'eval.max_tokens'"},
+      {"eval.strides=[0]", "'eval.strides'"},
+  };
+  for (const auto& [assignment, expected] : cases) {
+    INFO(assignment);
+    CHECK_THAT(error_of([&] { load_config("", {assignment}); }), Catch::Contains(expected));
+  }
+  CHECK_THAT(error_of([] { load_config("", {"train.lr="}); }),
+             Catch::Contains("--set 'train.lr=': no value after '='"));
+  // A nested key in a file names its own line.
+  const auto path = write_yaml("extrap-nested.yaml", "model:\n  layers: 2\n  d_ffn: 0\ntrain:\n  lr: 0.1\n");
+  CHECK_THAT(error_of([&] { load_config(path, {}); }),
+             Catch::Contains("extrap-nested.yaml:3: key 'model.d_ffn'"));
+}
+
+TEST_CASE("config: each key's mark decides the run fingerprint and what a sweep hash covers",
+          "[config]") {
+  Config c;
+  const YAML::Node model = c.model_keys();
+  CHECK(model["train"]["steps"]);
+  CHECK(model["train"]["lr"]);
+  CHECK(model["model"]["d_model"]);
+  CHECK(model["position"]["name"]);
+  CHECK(!model["train"]["threads"]);
+  CHECK(!model["train"]["out_dir"]);
+  CHECK(!model["train"]["validate_every"]);
+  CHECK(!model["data"]["cache_dir"]);
+  CHECK(!model["eval"]["lengths"]);
+  CHECK(!model["plugins"]);
+  const YAML::Node result = c.result_keys();
+  CHECK(result["eval"]["lengths"]);
+  CHECK(result["eval"]["split"]);
+  CHECK(result["train"]["validate_every"]);
+  CHECK(!result["eval"]["batch_tokens"]);
+  CHECK(!result["train"]["threads"]);
+  // Every documented key has exactly one mark, and the two views agree with them.
+  for (const auto& doc : config_documentation()) {
+    if (doc.section || doc.key == "position") continue;
+    INFO(doc.key << " marked " << to_string(doc.affects));
+    std::vector<std::string> parts;
+    std::stringstream in(doc.key);
+    for (std::string part; std::getline(in, part, '.');) parts.push_back(part);
+    YAML::Node m = model, r = result;
+    bool in_model = true, in_result = true;
+    for (const auto& part : parts) {
+      in_model = in_model && m.IsMap() && m[part];
+      in_result = in_result && r.IsMap() && r[part];
+      if (in_model) m.reset(m[part]);
+      if (in_result) r.reset(r[part]);
+    }
+    CHECK(in_model == (doc.affects == Affects::model));
+    CHECK(in_result == (doc.affects != Affects::nothing));
+  }
 }

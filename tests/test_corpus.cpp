@@ -1,5 +1,6 @@
 // Corpus loading: exact token ids for both tokenisers, single-file splits, the token cache's
 // reuse / staleness / corruption handling, and WikiText-2 when ../shared/data has it.
+#include "core/config.h"
 #include "core/corpus.h"
 #include "core/tokenizer.h"
 #include "core/yaml_options.h"
@@ -64,7 +65,7 @@ struct CaptureStderr {
 CorpusOptions options_for(const TempDir& dir, const fs::path& path, const std::string& tokenizer) {
   CorpusOptions options;
   options.path = path.string();
-  options.tokenizer = tokenizer;
+  options.tokenizer = extrap::parse_enum<extrap::Tokenizer>(tokenizer, "tokenizer");
   options.cache_dir = (dir.path / "cache").string();
   return options;
 }
@@ -102,8 +103,9 @@ TEST_CASE("word level: <eos> after every line, vocabulary from train by count, <
   CHECK(corpus.train.num_bytes() == 52);
   CHECK(corpus.valid.num_bytes() == 36);
   CHECK(corpus.test.num_bytes() == 14);
-  CHECK(&corpus.split("valid") == &corpus.valid);
-  CHECK_THROWS_AS(corpus.split("dev"), extrap::ConfigError);
+  CHECK(&corpus.split(extrap::Split::valid) == &corpus.valid);
+  CHECK(&corpus.split(extrap::Split::test) == &corpus.test);
+  CHECK_THROWS_AS(extrap::parse_enum<extrap::Split>("dev", "eval.split"), extrap::ConfigError);
   CHECK(corpus.token_text(7) == "cat");
 }
 
@@ -311,7 +313,9 @@ TEST_CASE("corpus errors name the path at fault", "[corpus]") {
   write_file(blank / "train.txt", "");
   CHECK_THAT(message(options_for(dir, blank, "word")), Catch::Contains("is empty"));
 
-  CHECK_THAT(message(options_for(dir, partial, "bpe")), Catch::Contains("unknown tokenizer"));
+  // The tokenizer is an enum, decoded once with the config: an unknown one names the key.
+  CHECK_THROWS_WITH(extrap::load_config("", {"data.tokenizer=bpe"}),
+                    Catch::Contains("data.tokenizer") && Catch::Contains("'bpe' is not one of byte | word"));
 }
 
 TEST_CASE("TokenStream::slice is a view that keeps the mapping alive", "[corpus]") {

@@ -12,7 +12,7 @@ using namespace extrap;
 namespace {
 TransformerLM tiny_model(const std::string& position, bool causal = true) {
   Config config = testing::tiny_config(position);
-  if (!causal) config.model.objective = "masked_lm";
+  if (!causal) config.model.objective = Objective::masked_lm;
   torch::manual_seed(7);
   auto model = build_model(config, 257);
   model->eval();

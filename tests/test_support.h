@@ -32,7 +32,7 @@ inline Corpus tiny_byte_corpus(int repeats = 40) {
   };
   Corpus c;
   c.name = "tiny";
-  c.tokenizer = "byte";
+  c.tokenizer = Tokenizer::byte;
   c.vocab_size = 257;
   c.mask_token = 256;
   const size_t cut = text.size() * 8 / 10;

@@ -20,103 +20,14 @@
 #include <thread>
 
 #include "core/results_store.h"
+#include "tests/cli_harness.h"
 
 namespace fs = std::filesystem;
 using extrap::PointRecord;
 using extrap::ResultsStore;
+using namespace extrap::testing;
 
 namespace {
-
-const char* const kSweepFile = R"(name: tiny
-base:
-  data: {path: corpus, tokenizer: byte, cache_dir: cache}
-  model: {layers: 1, d_model: 32, heads: 2, d_ffn: 64, dropout: 0.0}
-  position: alibi
-  train: {seq_len: 16, batch_tokens: 256, steps: 40, lr: 0.003, warmup: 4, validate_every: 20,
-          validate_tokens: 512, checkpoint_every: 5, log_every: 10, threads: 1}
-  eval: {max_tokens: 1024}
-grid:
-  position: [{name: alibi}, {name: learned, max_length: 24}]
-  train.seed: [1, 2]
-eval:
-  length_multiples: [1, 2]
-  strides: [8]
-output:
-  path: results/tiny.h5
-  run_root: runs/tiny
-)";
-// 4 runs x (16, 32) x (non-overlapping, sliding_8); `learned` fails at 32 (past max_length 24).
-constexpr size_t kPoints = 16;
-constexpr size_t kFailedPoints = 4;
-
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path);
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
-
-// A temporary directory with a small corpus and the sweep file; removed afterwards.
-struct SweepDir {
-  fs::path root;
-
-  SweepDir() {
-    static int counter = 0;
-    root = fs::temp_directory_path() /
-           ("extrap-test-sweep-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-    fs::remove_all(root);
-    fs::create_directories(root / "corpus");
-    const std::string sentence =
-        "A model trained on short inputs can be evaluated on longer ones when attention "
-        "scores get a penalty linear in distance. ";
-    std::string text;
-    for (int i = 0; i < 120; ++i)
-      text += std::to_string(i % 11) + " " + sentence + (i % 3 ? "" : "\n");
-    std::ofstream(root / "corpus" / "train.txt") << text;
-    std::ofstream(root / "corpus" / "valid.txt") << text.substr(0, 2400);
-    std::ofstream(root / "corpus" / "test.txt") << text.substr(2400, 2400);
-    std::ofstream(root / "tiny.yaml") << kSweepFile;
-  }
-  ~SweepDir() { fs::remove_all(root); }
-};
-
-// The CLI as a child process in `dir`, stdout and stderr to `log`.
-pid_t spawn(const fs::path& dir, const std::vector<std::string>& args, const fs::path& log) {
-  const pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    if (::chdir(dir.c_str()) != 0) ::_exit(127);
-    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    std::vector<std::string> all = {EXTRAP_CLI};
-    all.insert(all.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : all) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execv(EXTRAP_CLI, argv.data());
-    ::_exit(127);
-  }
-  return pid;
-}
-
-int wait_exit(pid_t pid) {
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-// Runs the CLI to completion; returns the exit code and (in `output`) what it printed.
-int run_cli(const SweepDir& d, const std::vector<std::string>& args,
-            std::string* output = nullptr) {
-  const fs::path log = d.root / "cli.log";
-  fs::remove(log);
-  const int code = wait_exit(spawn(d.root, args, log));
-  const std::string text = read_text(log);
-  if (output) *output = text;
-  UNSCOPED_INFO("extrap " << args[0] << " printed:\n" << text);
-  return code;
-}
 
 // (run, mode, length) -> the point, for comparing files regardless of row order.
 using Rows = std::map<std::tuple<std::string, std::string, int64_t>, PointRecord>;
@@ -209,12 +120,14 @@ TEST_CASE("sweep grid expansion: nested-loop order and count with overrides and 
 
   // Unknown keys name the file, the line and the key.
   CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "grid.train.sq_len=[8]"}, &out) == 2);
-  CHECK(out.find("key 'grid.train.sq_len': unknown config key") != std::string::npos);
+  CHECK(out.find("key 'grid.train.sq_len' (set on the command line or by a sweep's grid): "
+                 "unknown config key") != std::string::npos);
   std::ofstream(d.root / "typo.yaml") << kSweepFile << "evaluate: {lengths: [3]}\n";
   CHECK(run_cli(d, {"sweep", "typo.yaml", "--list"}, &out) == 2);
   CHECK(out.find("typo.yaml:18: key 'evaluate': unknown key") != std::string::npos);
   CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "base.train.stepz=3"}, &out) == 2);
-  CHECK(out.find("key 'train.stepz': unknown key") != std::string::npos);
+  CHECK(out.find("key 'train.stepz' (set on the command line or by a sweep's grid): unknown key") !=
+        std::string::npos);
   CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "grid.position.name=[alibii]"},
                 &out) == 2);
   CHECK(out.find("alibii") != std::string::npos);
@@ -357,6 +270,7 @@ TEST_CASE("sweep killed with kill -9 at any moment continues to the uninterrupte
     }
   }
   CHECK(kills >= 2);
+  UNSCOPED_INFO("the killed sweeps printed:\n" << read_text(log));
   std::string out;
   REQUIRE(run_cli(d, {"sweep", "tiny.yaml"}, &out) == 0);
   const auto points = ResultsStore::open(results.string()).points();

@@ -29,9 +29,9 @@ TEST_CASE("learning-rate schedules", "[train]") {
   REQUIRE(learning_rate(c, 10) == Approx(1.0));
   REQUIRE(learning_rate(c, 60) == Approx(0.55));   // half-way through the cosine
   REQUIRE(learning_rate(c, 110) == Approx(0.1));
-  c.schedule = "inverse_sqrt";
+  c.schedule = Schedule::inverse_sqrt;
   REQUIRE(learning_rate(c, 40) == Approx(std::sqrt(10.0 / 40.0)));
-  c.schedule = "constant";
+  c.schedule = Schedule::constant;
   REQUIRE(learning_rate(c, 99) == 1.0);
 }
 
@@ -48,7 +48,7 @@ TEST_CASE("a short training run lowers the validation loss", "[train]") {
     EvalSpec spec;
     spec.length = 16;
     const double before = evaluate(trainer.model(), corpus, corpus.valid, spec).nll_sum;
-    auto summary = trainer.run(false);
+    auto summary = trainer.run(RunStart::fresh);
     const double after = evaluate(trainer.model(), corpus, corpus.valid, spec).nll_sum;
     REQUIRE(after < 0.8 * before);
     REQUIRE(summary.valid_curve.size() == 2);
@@ -69,7 +69,7 @@ TEST_CASE("resuming from a checkpoint continues bit-for-bit", "[train]") {
   config.train.out_dir = temp_dir("straight");
   Trainer straight(config, corpus);
   straight.quiet = true;
-  straight.run(false);
+  straight.run(RunStart::fresh);
 
   // Interrupt after step 14 (a checkpoint), then resume in a fresh trainer to step 20.
   Config first = config;
@@ -78,13 +78,13 @@ TEST_CASE("resuming from a checkpoint continues bit-for-bit", "[train]") {
     Trainer t(first, corpus);
     t.quiet = true;
     t.stop_after_step = 14;
-    REQUIRE(t.run(false).steps == 14);
+    REQUIRE(t.run(RunStart::fresh).steps == 14);
   }
   Config second = config;
   second.train.out_dir = first.train.out_dir;
   Trainer resumed(second, corpus);
   resumed.quiet = true;
-  auto summary = resumed.run(true);
+  auto summary = resumed.run(RunStart::resume);
   REQUIRE(summary.resumed_from == 14);
   REQUIRE(summary.steps == 20);
 
@@ -98,7 +98,10 @@ TEST_CASE("resuming from a checkpoint continues bit-for-bit", "[train]") {
   changed.train.steps = 30;
   Trainer other(changed, corpus);
   other.quiet = true;
-  REQUIRE_THROWS_WITH(other.run(true), Catch::Contains("differs") && Catch::Contains("d_ffn"));
+  REQUIRE_THROWS_WITH(other.run(RunStart::resume),
+                      Catch::Contains("belongs to another run") &&
+                          Catch::Contains("first difference at 'config.model.d_ffn'") &&
+                          Catch::Contains("64") && Catch::Contains("128"));
   fs::remove_all(config.train.out_dir);
   fs::remove_all(first.train.out_dir);
 }
@@ -106,13 +109,13 @@ TEST_CASE("resuming from a checkpoint continues bit-for-bit", "[train]") {
 TEST_CASE("a masked-LM model trains and its loss goes down", "[train]") {
   auto corpus = testing::tiny_byte_corpus();
   Config config = testing::tiny_config("alibi_symmetric");
-  config.model.objective = "masked_lm";
+  config.model.objective = Objective::masked_lm;
   config.train.steps = 60;
   config.train.log_every = 10;
   config.train.out_dir = temp_dir("mlm");
   Trainer trainer(config, corpus);
   trainer.quiet = true;
-  auto summary = trainer.run(false);
+  auto summary = trainer.run(RunStart::fresh);
   REQUIRE(summary.train_curve.back().loss < 0.7 * summary.train_curve.front().loss);
   fs::remove_all(config.train.out_dir);
 }

@@ -1,0 +1,43 @@
+// Files that must be whole or absent: durable atomic writes, errors that name the file and
+// say why (a full disk is "no space left on device", not an abort), and one-writer locks.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+namespace extrap {
+
+// A ConfigError "PATH: cannot write: no space left on device" (or the system's reason for
+// `error`, an errno value).
+[[noreturn]] void throw_write_error(const std::string& path, int error);
+// The reason for an errno value from a write, in words.
+std::string write_error_reason(int error);
+
+// Writes `bytes` to `path` (created or truncated) and fsyncs it.
+void write_file_durable(const std::filesystem::path& path, std::string_view bytes);
+// Writes `bytes` to a temporary file beside `path`, fsyncs it, renames it over `path` and
+// fsyncs the directory: readers see the old file or the new one, never a part.
+// `tmp`: the temporary file's name (default PATH.tmp.<pid>).
+void write_file_atomic(const std::filesystem::path& path, std::string_view bytes,
+                       const std::filesystem::path& tmp = {});
+void fsync_directory(const std::filesystem::path& directory);
+std::string read_file(const std::filesystem::path& path);  // ConfigError naming it
+
+// An exclusive, non-blocking flock on `lock_path`, held for the object's lifetime (the kernel
+// releases it when the process dies, kill -9 included). The holder's pid is written into the
+// file. When another process holds it: ConfigError "SUBJECT is being ACTIVITY by another extrap
+// process (pid N, lock LOCK_PATH); ADVICE".
+class FileLock {
+ public:
+  FileLock(const std::filesystem::path& lock_path, const std::string& subject,
+           const std::string& activity, const std::string& advice);
+  ~FileLock();
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+}  // namespace extrap

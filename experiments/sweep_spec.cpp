@@ -1,0 +1,389 @@
+#include "experiments/sweep_spec.h"
+
+#include <cinttypes>
+#include <cstdio>
+#include <filesystem>
+#include <set>
+
+#include "core/files.h"
+#include "core/hashing.h"
+#include "core/sysinfo.h"
+#include "positions/position.h"
+
+namespace fs = std::filesystem;
+
+namespace extrap {
+
+namespace {
+
+// The leaf keys of the config ("model.heads", ...), which a grid may vary.
+const std::set<std::string>& config_leaf_keys() {
+  static const std::set<std::string> keys = [] {
+    std::set<std::string> all, leaves;
+    for (const auto& doc : config_documentation()) all.insert(doc.key);
+    for (const auto& key : all) {
+      const auto next = all.upper_bound(key);
+      if (next == all.end() || next->rfind(key + ".", 0) != 0) leaves.insert(key);
+    }
+    return leaves;
+  }();
+  return keys;
+}
+
+bool grid_key_known(const std::string& key) {
+  return key == "position" || key.rfind("position.", 0) == 0 || config_leaf_keys().count(key) > 0;
+}
+
+// A short label of a grid value for run ids: "alibi", "L64", "seed1", "layers3".
+std::string value_label(const std::string& key, const YAML::Node& value, size_t index) {
+  const std::string last = key.substr(key.rfind('.') == std::string::npos ? 0 : key.rfind('.') + 1);
+  std::string text;
+  if (value.IsScalar())
+    text = value.Scalar();
+  else if (value.IsMap() && value["name"] && value["name"].IsScalar())
+    text = value["name"].Scalar();
+  else
+    text = "v" + std::to_string(index);
+  std::string label;
+  if (key == "position.name" || key == "position")
+    label = text;
+  else if (key == "train.seq_len")
+    label = "L" + text;
+  else if (key == "train.seed")
+    label = "seed" + text;
+  else
+    label = last + text;
+  for (char& c : label)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '.' && c != '+' &&
+        c != '-')
+      c = '_';
+  return label;
+}
+
+// Builds the position method once, so that a typo in its options fails before anything runs.
+// A method that does not support the objective's attention mode is left to fail (and be
+// recorded) when its point runs.
+void check_position(const Config& config) {
+  const PositionInfo& info = PositionRegistry::instance().get(config.position_name);
+  const unsigned mode = config.model.causal() ? kCausal : kBidirectional;
+  if (!(info.modes & mode)) return;
+  PositionContext context;
+  context.num_layers = config.model.layers;
+  context.num_heads = config.model.heads;
+  context.d_model = config.model.d_model;
+  context.d_head = config.model.d_model / config.model.heads;
+  context.causal = config.model.causal();
+  PositionRegistry::instance().create(config.position_name, context,
+                                      OptionReader(config.position, config.source, "position"));
+}
+
+}  // namespace
+
+// --- the spec ------------------------------------------------------------------------------
+
+YAML::Node SweepSpec::canonical() const {
+  YAML::Node out(YAML::NodeType::Map);
+  out["name"] = name;
+  // The keys that change results (their marks in core/config.cpp); the sweep's own eval section
+  // replaces the base's lengths and strides; grid keys are set per point.
+  YAML::Node base_yaml = base_config.result_keys();
+  for (const char* key : {"eval.lengths", "eval.strides"}) remove_key(base_yaml, key);
+  for (const auto& axis : grid) remove_key(base_yaml, axis.key);
+  out["base"] = base_yaml;
+  YAML::Node grid_yaml(YAML::NodeType::Map);
+  for (const auto& axis : grid) {
+    YAML::Node values(YAML::NodeType::Sequence);
+    for (const auto& v : axis.values) values.push_back(v);
+    grid_yaml[axis.key] = values;
+  }
+  out["grid"] = grid_yaml;
+  YAML::Node e(YAML::NodeType::Map);
+  e["lengths"] = eval.lengths;
+  e["length_multiples"] = eval.length_multiples;
+  e["strides"] = eval.strides;
+  e["nonoverlapping"] = eval.nonoverlapping;
+  out["eval"] = e;
+  return plain_yaml(out);
+}
+
+namespace {
+// `position: NAME` -> `position: {name: NAME}`, so that position.KEY can be set.
+void position_as_map(YAML::Node base) {
+  if (base.IsMap() && base["position"] && base["position"].IsScalar()) {
+    const std::string name = base["position"].Scalar();
+    base["position"] = YAML::Node(YAML::NodeType::Map);
+    base["position"]["name"] = name;
+  }
+}
+}  // namespace
+
+YAML::Node SweepSpec::fresh_base() const {
+  YAML::Node file = load_yaml_file(base_file);
+  YAML::Node base = base_inline ? file["base"] : file;
+  position_as_map(base);
+  for (const auto& o : base_overrides) apply_override(base, o);
+  return base;
+}
+
+std::string SweepSpec::canonical_yaml() const { return YAML::Dump(canonical()) + "\n"; }
+
+std::string SweepSpec::hash() const {
+  return hex64(content_hash(canonical_yaml()));
+}
+
+SweepHeader SweepSpec::header(const std::string& shard) const {
+  SweepHeader h;
+  h.sweep_name = name;
+  h.sweep_spec = canonical_yaml();
+  h.spec_hash = hash();
+  h.sweep_file = source_text;
+  h.shard = shard;
+  h.created = iso_time_now();
+  return h;
+}
+
+std::string SweepPoint::grid_yaml() const {
+  YAML::Node map(YAML::NodeType::Map);
+  for (const auto& [key, value] : values) map[key] = value;
+  return yaml_to_string(map);
+}
+
+SweepSpec load_sweep(const std::string& path, const std::vector<std::string>& overrides) {
+  YAML::Node doc = load_yaml_file(path);
+  if (!doc.IsMap())
+    throw ConfigError(path + ": a sweep file is a map with base, grid, eval and output");
+  SweepSpec spec;
+  spec.source = path;
+  spec.source_text = read_file(path);
+  // A base given as a path is read first, so that --set base.KEY=... edits it.
+  std::string base_source = path;
+  spec.base_file = path;
+  spec.base_inline = true;
+  if (doc["base"] && doc["base"].IsScalar()) {
+    fs::path base_path = doc["base"].Scalar();
+    if (!fs::exists(base_path) && base_path.is_relative())
+      base_path = fs::path(path).parent_path() / base_path;
+    base_source = base_path.string();
+    spec.base_file = base_source;
+    spec.base_inline = false;
+    doc["base"] = load_yaml_file(base_source);
+  }
+  if (doc["base"]) position_as_map(doc["base"]);
+  for (const auto& o : overrides) {
+    if (o.rfind("base=", 0) == 0)
+      throw ConfigError("--set '" + o + "': set keys of the base (base.train.steps=...), or " +
+                        "change base in " + path);
+    if (o.rfind("base.", 0) == 0) spec.base_overrides.push_back(o.substr(5));
+    spec.source_text += "\n# --set " + o;
+    if (o.rfind("grid.", 0) != 0) {
+      apply_override(doc, o);
+      continue;
+    }
+    // Grid keys are dotted themselves: "grid.position.name=[a, b]" sets the axis "position.name".
+    const auto eq = o.find('=');
+    if (eq == std::string::npos || eq <= 5)
+      throw ConfigError("--set '" + o + "': expected grid.KEY=[values]");
+    YAML::Node value;
+    try {
+      value = without_marks(YAML::Load(o.substr(eq + 1)));
+    } catch (const YAML::Exception& e) {
+      throw ConfigError("--set '" + o + "': value is not valid YAML: " + e.msg);
+    }
+    if (!value.IsSequence())
+      throw ConfigError("--set '" + o + "': a grid axis is a list of values, e.g. " +
+                        o.substr(0, eq) + "=[" + o.substr(eq + 1) + "]");
+    if (!doc["grid"] || !doc["grid"].IsMap()) doc["grid"] = YAML::Node(YAML::NodeType::Map);
+    YAML::Node grid = doc["grid"];
+    grid[o.substr(5, eq - 5)] = value;
+  }
+
+  OptionReader root(doc, path);
+  spec.name = fs::path(path).stem().string();
+  root.read("name", spec.name, "sweep name (default: the file's name)");
+  root.accept("base", "the base config: a full `extrap train` config, or the path of one");
+  root.accept("grid", "dotted config keys -> lists of values; every combination is a run");
+
+  // The base config.
+  if (!root.has("base"))
+    root.fail("base", "missing: a full config (a map) or the path of a config file");
+  YAML::Node base = doc["base"];
+  if (!base.IsMap()) {
+    root.fail("base", "expected a config (a map) or the path of a config file");
+  }
+  spec.base = spec.fresh_base();
+  spec.base_config = config_from_yaml(spec.base, base_source);
+  for (const auto& plugin : spec.base_config.plugins)
+    PositionRegistry::instance().load_plugin(plugin);
+
+  // The grid.
+  if (root.has("grid")) {
+    const YAML::Node grid = doc["grid"];
+    if (!grid.IsMap()) root.fail("grid", "expected a map of dotted config keys to lists of values");
+    const OptionReader grid_reader(grid, path, "grid");
+    for (const auto& entry : grid) {
+      const std::string key = entry.first.as<std::string>();
+      if (!grid_key_known(key))
+        grid_reader.fail(key,
+                         "unknown config key (grid keys are dotted config keys such as "
+                         "position.name, train.seq_len, model.layers; see `extrap keys`)");
+      if (!entry.second.IsSequence() || entry.second.size() == 0)
+        grid_reader.fail(
+            key, "expected a non-empty list of values, got '" + yaml_to_string(entry.second) + "'");
+      GridAxis axis;
+      axis.key = key;
+      std::set<std::string> seen;
+      for (const auto& v : entry.second) {
+        if (!seen.insert(flow_text(v)).second)
+          grid_reader.fail(key, "the value " + flow_text(v) +
+                                    " is listed twice: each grid point would run twice");
+        axis.values.push_back(YAML::Clone(v));
+      }
+      spec.grid.push_back(std::move(axis));
+    }
+  }
+
+  // Evaluation: the sweep's own lengths/strides, else the base config's.
+  {
+    auto e = root.section("eval", "evaluation of every grid point");
+    e.read("lengths", spec.eval.lengths, "absolute evaluation lengths");
+    e.read("length_multiples", spec.eval.length_multiples,
+           "evaluation lengths as multiples of train.seq_len");
+    e.read("strides", spec.eval.strides, "sliding-window strides (each used at lengths above it)");
+    e.read("nonoverlapping", spec.eval.nonoverlapping, "evaluate non-overlapping windows too");
+    e.finish();
+    if (!e.has("lengths") && !e.has("length_multiples"))
+      spec.eval.lengths = spec.base_config.eval.lengths;
+    if (!e.has("strides")) spec.eval.strides = spec.base_config.eval.strides;
+    for (auto l : spec.eval.lengths)
+      if (l < 1) e.fail("lengths", "lengths must be at least 1, got " + std::to_string(l));
+    for (auto m : spec.eval.length_multiples)
+      if (m < 1)
+        e.fail("length_multiples", "multiples must be at least 1, got " + std::to_string(m));
+    for (auto s : spec.eval.strides)
+      if (s < 1) e.fail("strides", "strides must be at least 1, got " + std::to_string(s));
+    if (!spec.eval.nonoverlapping && spec.eval.strides.empty())
+      e.fail("nonoverlapping", "false, and no strides: nothing would be evaluated");
+    if (spec.eval.lengths.empty() && spec.eval.length_multiples.empty())
+      e.fail(e.has("lengths") ? "lengths" : "length_multiples",
+             "no evaluation lengths (lengths and length_multiples are both empty): nothing would "
+             "be evaluated");
+    const auto distinct = [&](const std::vector<int64_t>& values, const std::string& key) {
+      std::set<int64_t> seen;
+      for (auto v : values)
+        if (!seen.insert(v).second) e.fail(key, std::to_string(v) + " is listed twice");
+    };
+    distinct(spec.eval.lengths, "lengths");
+    distinct(spec.eval.length_multiples, "length_multiples");
+    distinct(spec.eval.strides, "strides");
+  }
+  root.read("jobs", spec.jobs,
+            "grid points run at once, each in its own process (not part of the spec)");
+  if (spec.jobs < 1) root.fail("jobs", "must be at least 1");
+  spec.overrides = overrides;
+  {
+    auto o = root.section("output", "where results and runs go");
+    o.read("path", spec.output, "results file (default results/NAME.h5)");
+    o.read("run_root", spec.run_root,
+           "run directories (default runs/NAME); each point in RUN_ROOT/<run id>");
+    o.finish();
+  }
+  root.finish();
+  if (spec.output.empty()) spec.output = "results/" + spec.name + ".h5";
+  if (spec.run_root.empty()) spec.run_root = "runs/" + spec.name;
+  return spec;
+}
+
+std::vector<SweepPoint> expand_grid(const SweepSpec& spec) {
+  int64_t total = 1;
+  for (const auto& axis : spec.grid) total *= int64_t(axis.values.size());
+  const int width = std::max<int>(2, int(std::to_string(std::max<int64_t>(total - 1, 0)).size()));
+
+  std::vector<SweepPoint> points;
+  for (int64_t index = 0; index < total; ++index) {
+    SweepPoint point;
+    point.index = index;
+    // Mixed-radix digits of the index, the last axis varying fastest.
+    std::vector<size_t> digit(spec.grid.size());
+    int64_t rest = index;
+    for (size_t a = spec.grid.size(); a-- > 0;) {
+      digit[a] = size_t(rest % int64_t(spec.grid[a].values.size()));
+      rest /= int64_t(spec.grid[a].values.size());
+    }
+    YAML::Node root = spec.fresh_base();  // not a YAML::Clone: errors keep their file lines
+    std::string labels;
+    for (size_t a = 0; a < spec.grid.size(); ++a) {
+      const YAML::Node& value = spec.grid[a].values[digit[a]];
+      point.values.push_back({spec.grid[a].key, value});
+      apply_override(root, spec.grid[a].key + "=" + yaml_to_string(value));
+      labels += "-" + value_label(spec.grid[a].key, value, digit[a]);
+    }
+    std::string number = std::to_string(index);
+    number.insert(0, size_t(std::max<int>(0, width - int(number.size()))), '0');
+    point.id = number + (labels.empty() ? "-" + spec.base_config.position_name : labels);
+
+    point.config = config_from_yaml(root, spec.source + " (grid point " + point.id + ")");
+    point.config.train.out_dir = (fs::path(spec.run_root) / point.id).string();
+    check_position(point.config);
+
+    std::set<int64_t> lengths(spec.eval.lengths.begin(), spec.eval.lengths.end());
+    for (auto m : spec.eval.length_multiples) lengths.insert(m * point.config.train.seq_len);
+    std::set<int64_t> strides(spec.eval.strides.begin(), spec.eval.strides.end());
+    for (int64_t length : lengths) {
+      if (spec.eval.nonoverlapping) point.evals.push_back({length, 0, eval_mode_name(length, 0)});
+      for (int64_t stride : strides)
+        if (stride < length)
+          point.evals.push_back({length, stride, eval_mode_name(length, stride)});
+    }
+    points.push_back(std::move(point));
+  }
+  return points;
+}
+
+// --- shards, differences -------------------------------------------------------------------
+
+std::string Shard::text() const {
+  return whole() ? "" : std::to_string(index) + "/" + std::to_string(count);
+}
+
+Shard parse_shard(const std::string& text) {
+  Shard shard;
+  const auto slash = text.find('/');
+  try {
+    if (slash == std::string::npos) throw std::invalid_argument("no slash");
+    size_t used = 0;
+    shard.index = std::stoll(text.substr(0, slash), &used);
+    if (used != slash) throw std::invalid_argument("index");
+    shard.count = std::stoll(text.substr(slash + 1), &used);
+    if (used != text.size() - slash - 1) throw std::invalid_argument("count");
+  } catch (const std::exception&) {
+    throw ConfigError("--shard '" + text + "': expected I/N, e.g. 0/4");
+  }
+  if (shard.count < 1 || shard.index < 0 || shard.index >= shard.count)
+    throw ConfigError("--shard '" + text + "': need 0 <= I < N");
+  return shard;
+}
+
+std::string shard_output(const std::string& output, const Shard& shard) {
+  if (shard.whole()) return output;
+  const fs::path base = output;
+  const std::string name = base.stem().string() + ".shard-" + std::to_string(shard.index) + "-of-" +
+                           std::to_string(shard.count) + base.extension().string();
+  return (base.parent_path() / name).string();
+}
+
+std::string describe_difference(const SweepHeader& first, const std::string& first_label,
+                                const SweepHeader& second, const std::string& second_label) {
+  if (first.spec_hash == second.spec_hash) return "";
+  std::string text = "spec hash " + first.spec_hash + " in " + first_label + ", " +
+                     second.spec_hash + " in " + second_label;
+  try {
+    if (auto d = first_difference(YAML::Load(first.sweep_spec), YAML::Load(second.sweep_spec)))
+      text += "; first difference at '" + d->key + "': " + d->first + " in " + first_label + ", " +
+              d->second + " in " + second_label;
+  } catch (const YAML::Exception&) {
+    // an unreadable stored spec: the hashes alone say it
+  }
+  return text;
+}
+
+}  // namespace extrap
