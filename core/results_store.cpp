@@ -436,10 +436,14 @@ void ResultsStore::commit(const std::function<void(H5::H5File&)>& change) {
   // The change is made to an in-memory copy (HDF5's core driver, no backing store), whose image
   // is then written by write_file_atomic: HDF5 itself never writes to disk, so a full disk is
   // an ordinary write error naming the file, and PATH keeps every earlier result.
+  // No backing store: PATH is only read. HDF5's own file lock is off for this open, so that
+  // readers holding PATH open do not block the writer (ResultsLock is the writers' lock).
   std::vector<char> image;
   try {
     H5::FileAccPropList access;
     access.setCore(1 << 20, false);
+    if (H5Pset_file_locking(access.getId(), false, true) < 0)
+      throw std::runtime_error(path_ + ": cannot turn off HDF5's file locking for the writer");
     H5::H5File file(path_, H5F_ACC_RDWR, H5::FileCreatPropList::DEFAULT, access);
     change(file);
     file.flush(H5F_SCOPE_GLOBAL);

@@ -196,7 +196,9 @@ TEST_CASE("sweep files: scalar grids, duplicates, empty evaluations and shards' 
                               "grid.train.seed=[1]");
   {
     std::string text = kSweepFile;
-    text.replace(text.find("train.seed: [1, 2]"), 18, "train.seed: 1");
+    const size_t at = text.find("train.seed: [1, 2]");
+    REQUIRE(at < text.size());
+    text = text.substr(0, at) + "train.seed: 1" + text.substr(at + 18);
     std::ofstream(d.root / "scalar.yaml") << text;
   }
   CHECK(run_cli(d, {"sweep", "scalar.yaml", "--list"}, &out) == 2);
