@@ -97,7 +97,6 @@ std::array<SplitSource, 3> read_single_file(const fs::path& file,
   return splits;
 }
 
-std::string hex(uint64_t value) { return hex64(value); }
 
 // A cache directory per (corpus location, tokenizer, split fractions), named for people.
 fs::path corpus_cache_dir(const CorpusOptions& options, const fs::path& source,
@@ -114,7 +113,7 @@ fs::path corpus_cache_dir(const CorpusOptions& options, const fs::path& source,
     }
   }
   return fs::path(options.cache_dir) /
-         (name + "." + enum_name(options.tokenizer) + "." + hex(content_hash(identity)).substr(0, 12));
+         (name + "." + enum_name(options.tokenizer) + "." + hex64(content_hash(identity)).substr(0, 12));
 }
 
 CacheKey split_key(Tokenizer tokenizer, uint64_t vocab_hash, const SplitSource& source) {

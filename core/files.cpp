@@ -57,6 +57,21 @@ void fsync_directory(const fs::path& directory) {
   ::close(fd);
 }
 
+void publish_file(const fs::path& tmp, const fs::path& path) {
+  const int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw_write_error(tmp.string(), errno);
+  const int rc = ::fsync(fd);
+  const int error = errno;
+  ::close(fd);
+  if (rc != 0) throw_write_error(tmp.string(), error);
+  std::error_code failed;
+  fs::rename(tmp, path, failed);
+  if (failed)
+    throw ConfigError(path.string() + ": cannot replace: " + failed.message() + " (" +
+                      path.string() + " is unchanged)");
+  fsync_directory(fs::absolute(path).parent_path());
+}
+
 void write_file_atomic(const fs::path& path, std::string_view bytes, const fs::path& tmp_name) {
   const fs::path tmp =
       tmp_name.empty() ? fs::path(path.string() + ".tmp." + std::to_string(::getpid())) : tmp_name;
@@ -67,14 +82,13 @@ void write_file_atomic(const fs::path& path, std::string_view bytes, const fs::p
     fs::remove(tmp, ignored);
     throw ConfigError(std::string(e.what()) + " (" + path.string() + " is unchanged)");
   }
-  std::error_code error;
-  fs::rename(tmp, path, error);
-  if (error) {
-    fs::remove(tmp, error);
-    throw ConfigError(path.string() + ": cannot replace: " + error.message() + " (" +
-                      path.string() + " is unchanged)");
+  try {
+    publish_file(tmp, path);
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove(tmp, ignored);
+    throw;
   }
-  fsync_directory(fs::absolute(path).parent_path());
 }
 
 std::string read_file(const fs::path& path) {

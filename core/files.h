@@ -22,6 +22,8 @@ void write_file_durable(const std::filesystem::path& path, std::string_view byte
 void write_file_atomic(const std::filesystem::path& path, std::string_view bytes,
                        const std::filesystem::path& tmp = {});
 void fsync_directory(const std::filesystem::path& directory);
+// Makes `tmp` durable and moves it over `path` in one step (rename, then fsync the directory).
+void publish_file(const std::filesystem::path& tmp, const std::filesystem::path& path);
 std::string read_file(const std::filesystem::path& path);  // ConfigError naming it
 
 // An exclusive, non-blocking flock on `lock_path`, held for the object's lifetime (the kernel

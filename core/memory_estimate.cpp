@@ -67,10 +67,9 @@ std::string format_bytes(int64_t bytes) {
   return text;
 }
 
-std::string MemoryEstimate::describe() const {
-  return format_bytes(total()) + " (weights " + format_bytes(parameters) + ", gradients " +
-         format_bytes(gradients) + ", AdamW state " + format_bytes(optimizer) +
-         ", activations " + format_bytes(activations) + ")";
+std::string MemoryEstimate::parts() const {
+  return "weights " + format_bytes(parameters) + ", gradients " + format_bytes(gradients) +
+         ", AdamW state " + format_bytes(optimizer) + ", activations " + format_bytes(activations);
 }
 
 int64_t parameter_count_estimate(const Config& c, int64_t vocab_size) {
@@ -124,12 +123,9 @@ void check_memory(int64_t bytes, const std::string& what, const std::string& adv
 void check_training_memory(const Config& c, int64_t vocab_size) {
   if (c.train.device != Device::cpu) return;  // GPU memory is not estimated here
   const MemoryEstimate e = estimate_training_memory(c, vocab_size);
-  const int64_t available = available_memory_bytes();
-  if (available < 0 || e.total() <= available) return;
-  throw ConfigError(c.source + ": training this config needs about " + e.describe() + ", and " +
-                    format_bytes(available) +
-                    " is available; lower model.d_model, model.d_ffn, model.layers or "
-                    "train.batch_tokens, or raise train.accumulation");
+  check_memory(e.total(), c.source + ": training this config (" + e.parts() + ")",
+               "lower model.d_model, model.d_ffn, model.layers or train.batch_tokens, or raise "
+               "train.accumulation");
 }
 
 }  // namespace extrap

@@ -23,7 +23,7 @@ struct MemoryEstimate {
   int64_t optimizer = 0;    // AdamW moments
   int64_t activations = 0;  // kept for backward, one micro-batch
   int64_t total() const { return parameters + gradients + optimizer + activations; }
-  std::string describe() const;  // "7.2 GiB (weights 1.1 GiB, gradients ..., activations ...)"
+  std::string parts() const;  // "weights 1.1 GiB, gradients ..., AdamW state ..., activations ..."
 };
 
 int64_t parameter_count_estimate(const Config& config, int64_t vocab_size);

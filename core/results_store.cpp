@@ -296,22 +296,6 @@ void write_header(H5::H5File& file, const SweepHeader& h) {
   set_attribute(file, "created", h.created);
 }
 
-void fsync_path(const fs::path& path, bool directory) {
-  const int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
-  if (fd < 0) throw_write_error(path.string(), errno);
-  const int rc = ::fsync(fd);
-  const int error = errno;
-  ::close(fd);
-  if (rc != 0) throw_write_error(path.string(), error);
-}
-
-// Makes `tmp` durable and moves it over `path` in one step.
-void publish(const fs::path& tmp, const fs::path& path) {
-  fsync_path(tmp, false);
-  fs::rename(tmp, path);
-  fsync_path(fs::absolute(path).parent_path(), true);
-}
-
 }  // namespace
 
 std::string eval_mode_name(int64_t length, int64_t stride) {
@@ -347,7 +331,7 @@ ResultsStore ResultsStore::open_or_create(const std::string& path, const SweepHe
     } catch (const H5::Exception& e) {
       rethrow_hdf5(tmp.string(), e);
     }
-    publish(tmp, path);
+    publish_file(tmp, path);
   }
   return open(path);
 }

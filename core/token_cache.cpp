@@ -42,7 +42,6 @@ uint64_t header_checksum(const CacheHeader& header) {
   return content_hash(&header, offsetof(CacheHeader, header_checksum));
 }
 
-std::string hex(uint64_t value) { return hex64(value); }
 
 // The whole file mapped read-only, or null with `why` set.
 std::shared_ptr<const void> map_file(const std::string& path, uint64_t* size, std::string* why) {
@@ -112,8 +111,8 @@ std::optional<CacheFile> open_cache(const std::string& path, const CacheKey& key
   }
   if (header.source_bytes != key.source_bytes || header.source_hash != key.source_hash) {
     return stale("source changed: " + std::to_string(header.source_bytes) + " bytes, hash " +
-                 hex(header.source_hash) + " -> " + std::to_string(key.source_bytes) +
-                 " bytes, hash " + hex(key.source_hash));
+                 hex64(header.source_hash) + " -> " + std::to_string(key.source_bytes) +
+                 " bytes, hash " + hex64(key.source_hash));
   }
   if (header.vocab_hash != key.vocab_hash) return stale("vocabulary changed");
   if (file_bytes != sizeof(CacheHeader) + header.payload_bytes) {
@@ -157,7 +156,7 @@ void write_cache(const std::string& path, const CacheKey& key, const void* paylo
   // A name no other writer uses, in the same directory so that rename() is atomic.
   std::random_device entropy;
   const std::string temporary =
-      path + ".tmp." + std::to_string(::getpid()) + "." + hex(entropy()).substr(8);
+      path + ".tmp." + std::to_string(::getpid()) + "." + hex64(entropy()).substr(8);
   {
     std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
     out.write(reinterpret_cast<const char*>(&header), sizeof(header));

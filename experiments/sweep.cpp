@@ -138,6 +138,17 @@ bool same_numbers(const PointRecord& a, const PointRecord& b) {
   return std::abs(a.nll_sum - b.nll_sum) <= 1e-9 * std::max(1.0, std::abs(a.nll_sum));
 }
 
+// The error for one point recorded with different numbers in two files.
+ConfigError conflict(const PointRecord& first, const std::string& first_file,
+                     const PointRecord& second, const std::string& second_file) {
+  return ConfigError("point (" + second.run_id + ", " + second.mode + ", L=" +
+                     std::to_string(second.eval_length) + ") differs between " + first_file +
+                     " and " + second_file + " (" + first.status + ", NLL " +
+                     std::to_string(first.nll_sum) + " vs " + second.status + ", NLL " +
+                     std::to_string(second.nll_sum) +
+                     "): these files hold different runs under one name; nothing merged");
+}
+
 // Adds to `store` every run and point of `source` that it lacks, in one atomic change. A run
 // already present is replaced only by a more finished record of it. A point present in both
 // with different numbers is a ConfigError naming it.
@@ -155,13 +166,7 @@ void absorb(ResultsStore& store, const ResultsStore& source, MergeOutcome& outco
     const PointRecord* other = store.point(p.run_id, p.mode, p.eval_length);
     if (!other && adding.count(key)) other = adding.at(key);
     if (other) {
-      if (!same_numbers(*other, p))
-        throw ConfigError("point (" + p.run_id + ", " + p.mode + ", L=" +
-                          std::to_string(p.eval_length) + ") differs between " + store.path() +
-                          " and " + source.path() + " (" + other->status + ", NLL " +
-                          std::to_string(other->nll_sum) + " vs " + p.status + ", NLL " +
-                          std::to_string(p.nll_sum) +
-                          "): these files hold different runs under one name; nothing merged");
+      if (!same_numbers(*other, p)) throw conflict(*other, store.path(), p, source.path());
       ++outcome.points_already_present;
       continue;
     }
@@ -386,13 +391,7 @@ MergeOutcome merge_results(const std::string& output, const std::vector<std::str
         if (found == seen.end()) {
           seen[key] = {&p, file->path()};
         } else if (!same_numbers(*found->second.first, p)) {
-          const PointRecord& q = *found->second.first;
-          throw ConfigError("point (" + p.run_id + ", " + p.mode + ", L=" +
-                            std::to_string(p.eval_length) + ") differs between " +
-                            found->second.second + " and " + file->path() + " (" + q.status +
-                            ", NLL " + std::to_string(q.nll_sum) + " vs " + p.status + ", NLL " +
-                            std::to_string(p.nll_sum) +
-                            "): these files hold different runs under one name; nothing merged");
+          throw conflict(*found->second.first, found->second.second, p, file->path());
         }
       }
   }

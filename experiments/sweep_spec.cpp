@@ -210,8 +210,7 @@ SweepSpec load_sweep(const std::string& path, const std::vector<std::string>& ov
   if (!base.IsMap()) {
     root.fail("base", "expected a config (a map) or the path of a config file");
   }
-  spec.base = spec.fresh_base();
-  spec.base_config = config_from_yaml(spec.base, base_source);
+  spec.base_config = config_from_yaml(spec.fresh_base(), base_source);
   for (const auto& plugin : spec.base_config.plugins)
     PositionRegistry::instance().load_plugin(plugin);
 

@@ -55,7 +55,6 @@ struct SweepSpec {
   std::string name;
   std::string source;       // the sweep file's path
   std::string source_text;  // its text, plus the --set overrides
-  YAML::Node base;          // the base config document (position normalised to a map)
   std::string base_file;    // the file holding it: the sweep file, or the file base names
   bool base_inline = true;  // base is the sweep file's `base` map (else the whole base_file)
   std::vector<std::string> base_overrides;  // --set base.KEY=VALUE, as KEY=VALUE
