@@ -1,5 +1,6 @@
 #include "core/files.h"
 
+#include "core/fault.h"
 #include "core/yaml_options.h"
 
 #include <fcntl.h>
@@ -82,6 +83,7 @@ void write_file_atomic(const fs::path& path, std::string_view bytes, const fs::p
     fs::remove(tmp, ignored);
     throw ConfigError(std::string(e.what()) + " (" + path.string() + " is unchanged)");
   }
+  fault_point("publish", path.string());
   try {
     publish_file(tmp, path);
   } catch (...) {

@@ -1,6 +1,7 @@
 #include "core/trainer.h"
 
 #include "core/evaluator.h"
+#include "core/fault.h"
 #include "core/files.h"
 #include "core/hashing.h"
 #include "core/memory_estimate.h"
@@ -155,6 +156,7 @@ TrainSummary Trainer::run(RunStart start) {
     state.train_curve = summary.train_curve;
     state.valid_curve = summary.valid_curve;
     save_checkpoint(run_dir.path(), config_, manifest, state, model_, optimizer_.get());
+    fault_point("checkpoint", run_dir.path().string() + " step " + std::to_string(step));
   };
 
   const int64_t sequences_per_step = std::max<int64_t>(c.accumulation, c.batch_tokens / c.seq_len);

@@ -17,6 +17,7 @@
 #include <optional>
 #include <set>
 
+#include "core/fault.h"
 #include "core/progress.h"
 #include "core/sysinfo.h"
 #include "experiments/point_runner.h"
@@ -113,6 +114,7 @@ void run_points(const SweepSpec& spec, const std::vector<const SweepPoint*>& poi
     for (const auto& e : pending) {
       const PointRecord p = evaluate_point(*trained.trainer, corpus, point, record, e);
       store.append_point(p);
+      fault_point("point", p.run_id + " " + p.mode + " " + std::to_string(p.eval_length));
       ++outcome.evaluated;
       char text[160];
       if (p.ok()) {
