@@ -172,8 +172,17 @@ Config config_from_yaml(const YAML::Node& root, const std::string& source) {
   return c;
 }
 
+void position_as_map(YAML::Node root) {
+  if (root.IsMap() && root["position"] && root["position"].IsScalar()) {
+    const std::string name = root["position"].Scalar();
+    root["position"] = YAML::Node(YAML::NodeType::Map);
+    root["position"]["name"] = name;
+  }
+}
+
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   YAML::Node root = path.empty() ? YAML::Node(YAML::NodeType::Map) : load_yaml_file(path);
+  position_as_map(root);  // so that --set position.name=... works on `position: alibi`
   for (const auto& o : overrides) apply_override(root, o);
   return config_from_yaml(root, path.empty() ? "(command line)" : path);
 }

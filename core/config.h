@@ -120,6 +120,10 @@ Config config_from_yaml(const YAML::Node& root, const std::string& source);
 // Loads `path` (may be empty: defaults), applies --set overrides, decodes.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides);
 
+// `position: NAME` -> `position: {name: NAME}` in a config's YAML, so that position.KEY can be
+// set by --set or a sweep's grid.
+void position_as_map(YAML::Node root);
+
 // Every config key with default and help (the position method's own keys excluded).
 std::vector<OptionDoc> config_documentation();
 

@@ -63,14 +63,8 @@ TransformerLMImpl::TransformerLMImpl(const ModelConfig& config, int64_t vocab_si
   torch::nn::init::normal_(embedding->weight, 0.0, std::pow(double(config.d_model), -0.5));
   embedding_dropout = register_module("embedding_dropout", torch::nn::Dropout(config.dropout));
 
-  PositionContext context;
-  context.num_layers = config.layers;
-  context.num_heads = config.heads;
-  context.d_model = config.d_model;
-  context.d_head = config.d_model / config.heads;
-  context.causal = config.causal();
   position_ = PositionRegistry::instance().create(
-      position_name, context, OptionReader(position_options, source, "position"));
+      position_name, position_context(config), OptionReader(position_options, source, "position"));
   register_module("position", position_);
 
   blocks = register_module("blocks", torch::nn::ModuleList());
@@ -114,6 +108,16 @@ int64_t TransformerLMImpl::num_parameters() const {
   int64_t n = 0;
   for (const auto& p : parameters()) n += p.numel();
   return n;
+}
+
+PositionContext position_context(const ModelConfig& config) {
+  PositionContext context;
+  context.num_layers = config.layers;
+  context.num_heads = config.heads;
+  context.d_model = config.d_model;
+  context.d_head = config.d_model / config.heads;
+  context.causal = config.causal();
+  return context;
 }
 
 TransformerLM build_model(const Config& config, int64_t vocab_size) {

@@ -105,4 +105,7 @@ TORCH_MODULE(TransformerLM);
 // are decoded (and checked) here.
 TransformerLM build_model(const Config& config, int64_t vocab_size);
 
+// What a model built from `config` tells its position method: layers, heads, sizes, mode.
+PositionContext position_context(const ModelConfig& config);
+
 }  // namespace extrap

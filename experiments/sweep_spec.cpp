@@ -7,6 +7,7 @@
 
 #include "core/files.h"
 #include "core/hashing.h"
+#include "core/model.h"
 #include "core/sysinfo.h"
 #include "positions/position.h"
 
@@ -67,13 +68,7 @@ void check_position(const Config& config) {
   const PositionInfo& info = PositionRegistry::instance().get(config.position_name);
   const unsigned mode = config.model.causal() ? kCausal : kBidirectional;
   if (!(info.modes & mode)) return;
-  PositionContext context;
-  context.num_layers = config.model.layers;
-  context.num_heads = config.model.heads;
-  context.d_model = config.model.d_model;
-  context.d_head = config.model.d_model / config.model.heads;
-  context.causal = config.model.causal();
-  PositionRegistry::instance().create(config.position_name, context,
+  PositionRegistry::instance().create(config.position_name, position_context(config.model),
                                       OptionReader(config.position, config.source, "position"));
 }
 
@@ -105,17 +100,6 @@ YAML::Node SweepSpec::canonical() const {
   out["eval"] = e;
   return plain_yaml(out);
 }
-
-namespace {
-// `position: NAME` -> `position: {name: NAME}`, so that position.KEY can be set.
-void position_as_map(YAML::Node base) {
-  if (base.IsMap() && base["position"] && base["position"].IsScalar()) {
-    const std::string name = base["position"].Scalar();
-    base["position"] = YAML::Node(YAML::NodeType::Map);
-    base["position"]["name"] = name;
-  }
-}
-}  // namespace
 
 YAML::Node SweepSpec::fresh_base() const {
   YAML::Node file = load_yaml_file(base_file);

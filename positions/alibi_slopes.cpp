@@ -7,10 +7,11 @@
 namespace extrap {
 
 namespace {
+// 2^(-8 (h + 1) / n), each from its own exponent (exact in binary for a power-of-two n), not as
+// powers of the rounded ratio, so every slope is the double nearest the definition.
 std::vector<double> power_of_two_slopes(int n) {
   std::vector<double> slopes(n);
-  const double ratio = std::pow(2.0, -8.0 / n);
-  for (int h = 0; h < n; ++h) slopes[h] = std::pow(ratio, h + 1);
+  for (int h = 0; h < n; ++h) slopes[h] = std::pow(2.0, -8.0 * double(h + 1) / double(n));
   return slopes;
 }
 }  // namespace
