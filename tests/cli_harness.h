@@ -2,6 +2,8 @@
 // small corpus and a tiny sweep file, and helpers to run the CLI in it.
 #pragma once
 
+#include "tests/test_support.h"
+
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -15,8 +17,6 @@
 #include <vector>
 
 namespace extrap::testing {
-
-namespace fs = std::filesystem;
 
 inline const char* const kSweepFile = R"(name: tiny
 base:
@@ -40,22 +40,9 @@ output:
 inline constexpr size_t kPoints = 16;
 inline constexpr size_t kFailedPoints = 4;
 
-inline std::string read_text(const fs::path& path) {
-  std::ifstream in(path);
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
-
 // A temporary directory with a small corpus and the sweep file; removed afterwards.
-struct SweepDir {
-  fs::path root;
-
-  SweepDir() {
-    static int counter = 0;
-    root = fs::temp_directory_path() /
-           ("extrap-test-sweep-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-    fs::remove_all(root);
+struct SweepDir : TempDir {
+  SweepDir() : TempDir("sweep") {
     fs::create_directories(root / "corpus");
     const std::string sentence =
         "A model trained on short inputs can be evaluated on longer ones when attention "
@@ -68,13 +55,13 @@ struct SweepDir {
     std::ofstream(root / "corpus" / "test.txt") << text.substr(2400, 2400);
     std::ofstream(root / "tiny.yaml") << kSweepFile;
   }
-  ~SweepDir() { fs::remove_all(root); }
 };
 
 // The CLI as a child process in `dir`, stdout and stderr to `log`.
 // `file_size_limit` > 0: RLIMIT_FSIZE in bytes for the child (a disk that fills up).
+// `env`: extra NAME=VALUE variables for the child.
 inline pid_t spawn(const fs::path& dir, const std::vector<std::string>& args, const fs::path& log,
-                   long file_size_limit = 0) {
+                   long file_size_limit = 0, const std::vector<std::string>& env = {}) {
   const pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
@@ -83,6 +70,7 @@ inline pid_t spawn(const fs::path& dir, const std::vector<std::string>& args, co
       const rlimit limit{rlim_t(file_size_limit), rlim_t(file_size_limit)};
       ::setrlimit(RLIMIT_FSIZE, &limit);
     }
+    for (const auto& assignment : env) ::putenv(const_cast<char*>(assignment.c_str()));
     const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     ::dup2(fd, 1);
     ::dup2(fd, 2);
@@ -104,14 +92,14 @@ inline int wait_exit(pid_t pid) {
 }
 
 // Runs the CLI to completion; returns the exit code and (in `output`) what it printed.
-inline int run_cli(const SweepDir& d, const std::vector<std::string>& args,
+inline int run_cli(const TempDir& d, const std::vector<std::string>& args,
                    std::string* output = nullptr, long file_size_limit = 0) {
   const fs::path log = d.root / "cli.log";
   fs::remove(log);
   const int code = wait_exit(spawn(d.root, args, log, file_size_limit));
   const std::string text = read_text(log);
   if (output) *output = text;
-  UNSCOPED_INFO("extrap " << args[0] << " printed:\n" << text);
+  UNSCOPED_INFO("extrap " << (args.empty() ? std::string() : args[0]) << " printed:\n" << text);
   return code;
 }
 

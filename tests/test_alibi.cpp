@@ -35,7 +35,7 @@ TEST_CASE("ALiBi slopes for 1..64 heads match the definition", "[alibi]") {
   for (int n = 1; n <= 64; ++n) {
     const auto slopes = alibi_slopes(n);
     REQUIRE(slopes.size() == size_t(n));
-    for (int h = 0; h < n; ++h) REQUIRE(slopes[h] == Approx(expected_slope(n, h)).epsilon(1e-13));
+    for (int h = 0; h < n; ++h) REQUIRE(slopes[h] == expected_slope(n, h));  // the nearest double
   }
 }
 
@@ -82,34 +82,49 @@ TEST_CASE("causal ALiBi is refused in bidirectional mode with a suggestion", "[a
 }
 
 TEST_CASE("sinusoidal embeddings match Vaswani et al.", "[positions]") {
-  const int64_t d = 6, T = 5, offset = 3;
-  auto method = make("sinusoidal", 1);
-  // With d_model = 8 (1 head x 8): check against the formula directly.
-  auto x = torch::zeros({1, T, 8});
-  auto pe = method->embed(x, offset)[0];  // (T, 8)
-  for (int64_t p = 0; p < T; ++p)
-    for (int64_t i = 0; i < 4; ++i) {
-      const double angle = double(p + offset) / std::pow(10000.0, 2.0 * double(i) / 8.0);
-      REQUIRE(pe[p][2 * i].item<float>() == Approx(std::sin(angle)).margin(1e-6));
-      REQUIRE(pe[p][2 * i + 1].item<float>() == Approx(std::cos(angle)).margin(1e-6));
-    }
-  (void)d;
+  const int64_t T = 5, offset = 3, d = 8;
+  auto method = make("sinusoidal", 1);  // d_model = 8 (1 head x 8)
+  // The input is added to, not replaced: a random input, and the table is what was added.
+  torch::manual_seed(3);
+  auto x = torch::randn({2, T, d});
+  auto out = method->embed(x, offset);
+  REQUIRE(out.sizes() == x.sizes());
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t p = 0; p < T; ++p)
+      for (int64_t i = 0; i < d / 2; ++i) {
+        const double angle = double(p + offset) / std::pow(10000.0, 2.0 * double(i) / double(d));
+        INFO("batch " << b << " position " << p << " pair " << i);
+        REQUIRE(out[b][p][2 * i].item<double>() - x[b][p][2 * i].item<double>() ==
+                Approx(std::sin(angle)).margin(1e-6));
+        REQUIRE(out[b][p][2 * i + 1].item<double>() - x[b][p][2 * i + 1].item<double>() ==
+                Approx(std::cos(angle)).margin(1e-6));
+      }
 }
 
-TEST_CASE("learned absolute positions refuse lengths past their maximum", "[positions]") {
+TEST_CASE("learned absolute positions add their rows and refuse lengths past their maximum", "[positions]") {
   PositionContext context;
   context.num_heads = 2;
   context.d_model = 8;
   YAML::Node options;
   options["max_length"] = 10;
   auto method = PositionRegistry::instance().create("learned", context, OptionReader(options, "t.yaml", "position"));
+  const auto table = method->named_parameters()["table"];
+  REQUIRE(table.sizes() == torch::IntArrayRef({10, 8}));
+  const auto x = torch::randn({1, 6, 8});
+  // Positions offset .. offset + 5 are rows offset .. offset + 5 of the table.
+  REQUIRE(torch::equal(method->embed(x, 4), x + table.narrow(0, 4, 6).unsqueeze(0)));
   REQUIRE_NOTHROW(method->embed(torch::zeros({1, 10, 8}), 0));
-  try {
-    method->embed(torch::zeros({1, 12, 8}), 0);
-    FAIL("expected an error");
-  } catch (const c10::Error& e) {
-    REQUIRE_THAT(e.what(), Catch::Contains("12") && Catch::Contains("10"));
-  }
+  const auto message = [&](int64_t length, int64_t offset) {
+    try {
+      method->embed(torch::zeros({1, length, 8}), offset);
+    } catch (const c10::Error& e) {
+      return std::string(e.what_without_backtrace());
+    }
+    return std::string("(no error)");
+  };
+  REQUIRE_THAT(message(12, 0), Catch::StartsWith("learned positions: asked for positions up to 12 "
+                                                 "but max_length is 10"));
+  REQUIRE_THAT(message(10, 1), Catch::Contains("up to 11 but max_length is 10"));  // the offset counts
 }
 
 TEST_CASE("the registry holds every built-in method and rejects unknown and duplicate names", "[registry]") {

@@ -10,11 +10,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <random>
 #include <sstream>
 
 namespace fs = std::filesystem;
@@ -22,34 +20,11 @@ using extrap::CacheStatus;
 using extrap::Corpus;
 using extrap::CorpusOptions;
 using extrap::load_corpus;
+using extrap::testing::read_text;
+using extrap::testing::TempDir;
+using extrap::testing::write_text;
 
 namespace {
-
-// A fresh directory, removed with everything in it at scope exit.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           ("extrap-corpus-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + "-" +
-            std::to_string(std::random_device{}()));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path, ignored);
-  }
-};
-
-void write_file(const fs::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-}
-
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
 
 std::vector<int32_t> tokens(const extrap::TokenStream& stream) {
   return std::vector<int32_t>(stream.data(), stream.data() + stream.size());
@@ -66,7 +41,7 @@ CorpusOptions options_for(const TempDir& dir, const fs::path& path, const std::s
   CorpusOptions options;
   options.path = path.string();
   options.tokenizer = extrap::parse_enum<extrap::Tokenizer>(tokenizer, "tokenizer");
-  options.cache_dir = (dir.path / "cache").string();
+  options.cache_dir = (dir.root / "cache").string();
   return options;
 }
 
@@ -74,9 +49,9 @@ CorpusOptions options_for(const TempDir& dir, const fs::path& path, const std::s
 // Title cat on mat dog, so ids the=3 "="=4 sat=5 Title=6 cat=7 on=8 mat=9 dog=10.
 void write_wikitext(const fs::path& dir) {
   fs::create_directories(dir);
-  write_file(dir / "wiki.train.tokens", " = Title = \n\n the cat sat on the mat \n the dog sat \n");
-  write_file(dir / "wiki.valid.tokens", "the bird sat <unk>\nno newline at end");
-  write_file(dir / "wiki.test.tokens", "the\r\ncat\xc2\xa0\x64og\n");  // "\r\n" ends a line; U+00A0 splits
+  write_text(dir / "wiki.train.tokens", " = Title = \n\n the cat sat on the mat \n the dog sat \n");
+  write_text(dir / "wiki.valid.tokens", "the bird sat <unk>\nno newline at end");
+  write_text(dir / "wiki.test.tokens", "the\r\ncat\xc2\xa0\x64og\n");  // "\r\n" ends a line; U+00A0 splits
 }
 
 }  // namespace
@@ -84,8 +59,8 @@ void write_wikitext(const fs::path& dir) {
 TEST_CASE("word level: <eos> after every line, vocabulary from train by count, <unk>",
           "[corpus]") {
   TempDir dir;
-  write_wikitext(dir.path / "tiny");
-  const Corpus corpus = load_corpus(options_for(dir, dir.path / "tiny", "word"));
+  write_wikitext(dir.root / "tiny");
+  const Corpus corpus = load_corpus(options_for(dir, dir.root / "tiny", "word"));
 
   CHECK(corpus.name == "tiny");
   CHECK_FALSE(corpus.byte_level());
@@ -111,11 +86,11 @@ TEST_CASE("word level: <eos> after every line, vocabulary from train by count, <
 
 TEST_CASE("word level: {train,valid,test}.txt directories and blank lines", "[corpus]") {
   TempDir dir;
-  fs::create_directories(dir.path / "plain");
-  write_file(dir.path / "plain" / "train.txt", "b a b\n\n\n");
-  write_file(dir.path / "plain" / "valid.txt", "\n");
-  write_file(dir.path / "plain" / "test.txt", "");
-  const Corpus corpus = load_corpus(options_for(dir, dir.path / "plain", "word"));
+  fs::create_directories(dir.root / "plain");
+  write_text(dir.root / "plain" / "train.txt", "b a b\n\n\n");
+  write_text(dir.root / "plain" / "valid.txt", "\n");
+  write_text(dir.root / "plain" / "test.txt", "");
+  const Corpus corpus = load_corpus(options_for(dir, dir.root / "plain", "word"));
   CHECK(corpus.vocabulary == std::vector<std::string>{"<eos>", "<unk>", "<mask>", "b", "a"});
   CHECK(tokens(corpus.train) == std::vector<int32_t>{3, 4, 3, 0, 0, 0});
   CHECK(tokens(corpus.valid) == std::vector<int32_t>{0});
@@ -125,11 +100,11 @@ TEST_CASE("word level: {train,valid,test}.txt directories and blank lines", "[co
 TEST_CASE("byte level: the exact UTF-8 bytes, <mask> = 256", "[corpus]") {
   TempDir dir;
   const std::string text = "h\xc3\xa9llo \xe2\x82\xac\n\xf0\x9f\x99\x82";  // "héllo €\n🙂"
-  fs::create_directories(dir.path / "bytes");
-  write_file(dir.path / "bytes" / "train.txt", text);
-  write_file(dir.path / "bytes" / "valid.txt", "ab");
-  write_file(dir.path / "bytes" / "test.txt", "\n");
-  const Corpus corpus = load_corpus(options_for(dir, dir.path / "bytes", "byte"));
+  fs::create_directories(dir.root / "bytes");
+  write_text(dir.root / "bytes" / "train.txt", text);
+  write_text(dir.root / "bytes" / "valid.txt", "ab");
+  write_text(dir.root / "bytes" / "test.txt", "\n");
+  const Corpus corpus = load_corpus(options_for(dir, dir.root / "bytes", "byte"));
 
   CHECK(corpus.byte_level());
   CHECK(corpus.vocab_size == 257);
@@ -150,8 +125,8 @@ TEST_CASE("single file: contiguous splits cut at line boundaries", "[corpus]") {
   TempDir dir;
   std::string text;
   for (int i = 0; i < 20; ++i) text += "line " + std::string(i % 7, 'x') + std::to_string(i) + "\n";
-  write_file(dir.path / "book.txt", text);
-  auto options = options_for(dir, dir.path / "book.txt", "byte");
+  write_text(dir.root / "book.txt", text);
+  auto options = options_for(dir, dir.root / "book.txt", "byte");
   options.split_fractions = {0.7, 0.2, 0.1};
   const Corpus corpus = load_corpus(options);
 
@@ -171,8 +146,8 @@ TEST_CASE("single file: contiguous splits cut at line boundaries", "[corpus]") {
   CHECK(static_cast<size_t>(corpus.train.size()) == text.find('\n', target - 1) + 1);
 
   // Word level over a single file takes its vocabulary from the train range only.
-  write_file(dir.path / "words.txt", "a a b\nc\nd\n");
-  auto word_options = options_for(dir, dir.path / "words.txt", "word");
+  write_text(dir.root / "words.txt", "a a b\nc\nd\n");
+  auto word_options = options_for(dir, dir.root / "words.txt", "word");
   word_options.split_fractions = {0.6, 0.2, 0.2};
   const Corpus words = load_corpus(word_options);
   CHECK(words.vocabulary == std::vector<std::string>{"<eos>", "<unk>", "<mask>", "a", "b"});
@@ -180,14 +155,14 @@ TEST_CASE("single file: contiguous splits cut at line boundaries", "[corpus]") {
   CHECK(tokens(words.valid) == std::vector<int32_t>{1, 0});
   CHECK(tokens(words.test) == std::vector<int32_t>{1, 0});
 
-  write_file(dir.path / "one-line.txt", "no line breaks at all");
-  CHECK_THROWS_AS(load_corpus(options_for(dir, dir.path / "one-line.txt", "byte")),
+  write_text(dir.root / "one-line.txt", "no line breaks at all");
+  CHECK_THROWS_AS(load_corpus(options_for(dir, dir.root / "one-line.txt", "byte")),
                   extrap::ConfigError);
 }
 
 TEST_CASE("cache: reused on the second load, rebuilt when the source changes", "[corpus]") {
   TempDir dir;
-  const fs::path tiny = dir.path / "tiny";
+  const fs::path tiny = dir.root / "tiny";
   write_wikitext(tiny);
   const auto options = options_for(dir, tiny, "word");
   {
@@ -195,7 +170,7 @@ TEST_CASE("cache: reused on the second load, rebuilt when the source changes", "
     CHECK(first.vocabulary_cache == CacheStatus::created);
     CHECK(first.train.cache_status() == CacheStatus::created);
     CHECK(fs::exists(first.train.cache_path()));
-    CHECK(fs::path(first.cache_dir).parent_path() == dir.path / "cache");
+    CHECK(fs::path(first.cache_dir).parent_path() == dir.root / "cache");
   }
   {
     const Corpus second = load_corpus(options);
@@ -207,7 +182,7 @@ TEST_CASE("cache: reused on the second load, rebuilt when the source changes", "
     CHECK(second.vocab_size == 11);
   }
   SECTION("a changed valid split rebuilds only that split") {
-    write_file(tiny / "wiki.valid.tokens", "dog dog\n");
+    write_text(tiny / "wiki.valid.tokens", "dog dog\n");
     CaptureStderr captured;
     const Corpus corpus = load_corpus(options);
     CHECK(corpus.vocabulary_cache == CacheStatus::reused);
@@ -218,7 +193,7 @@ TEST_CASE("cache: reused on the second load, rebuilt when the source changes", "
     CHECK(captured.text.str().find("stale cache (source changed") != std::string::npos);
   }
   SECTION("a changed train split rebuilds the vocabulary and every split that used it") {
-    write_file(tiny / "wiki.train.tokens", "sat sat the\n");
+    write_text(tiny / "wiki.train.tokens", "sat sat the\n");
     CaptureStderr captured;
     const Corpus corpus = load_corpus(options);
     CHECK(captured.text.str().find("vocabulary: stale cache (source changed") != std::string::npos);
@@ -232,18 +207,18 @@ TEST_CASE("cache: reused on the second load, rebuilt when the source changes", "
 
 TEST_CASE("cache: a corrupt file is detected and rebuilt, never used", "[corpus]") {
   TempDir dir;
-  const fs::path bytes = dir.path / "bytes";
+  const fs::path bytes = dir.root / "bytes";
   fs::create_directories(bytes);
-  write_file(bytes / "train.txt", "some training text\n");
-  write_file(bytes / "valid.txt", "validation text\n");
-  write_file(bytes / "test.txt", "test\n");
+  write_text(bytes / "train.txt", "some training text\n");
+  write_text(bytes / "valid.txt", "validation text\n");
+  write_text(bytes / "test.txt", "test\n");
   const auto options = options_for(dir, bytes, "byte");
   std::string cache_file;
   std::string good;
   {
     const Corpus corpus = load_corpus(options);
     cache_file = corpus.valid.cache_path();
-    good = read_file(cache_file);
+    good = read_text(cache_file);
   }
   const std::vector<int32_t> expected(std::begin("validation text\n"),
                                       std::end("validation text\n") - 1);
@@ -270,13 +245,13 @@ TEST_CASE("cache: a corrupt file is detected and rebuilt, never used", "[corpus]
     damaged[40] ^= 0x01;
     reason = "header checksum";
   }
-  write_file(cache_file, damaged);
+  write_text(cache_file, damaged);
   CaptureStderr captured;
   const Corpus corpus = load_corpus(options);
   CHECK(corpus.valid.cache_status() == CacheStatus::rebuilt_corrupt);
   CHECK(corpus.train.cache_status() == CacheStatus::reused);
   CHECK(tokens(corpus.valid) == expected);
-  CHECK(read_file(cache_file) == good);
+  CHECK(read_text(cache_file) == good);
   const std::string log = captured.text.str();
   CHECK(log.find("corrupt cache (") != std::string::npos);
   CHECK(log.find(reason) != std::string::npos);
@@ -293,24 +268,24 @@ TEST_CASE("corpus errors name the path at fault", "[corpus]") {
     }
     return std::string("no error");
   };
-  const fs::path missing = dir.path / "missing";
+  const fs::path missing = dir.root / "missing";
   CHECK_THAT(message(options_for(dir, missing, "word")), Catch::Contains(missing.string()));
 
-  const fs::path partial = dir.path / "partial";
+  const fs::path partial = dir.root / "partial";
   fs::create_directories(partial);
-  write_file(partial / "train.txt", "a b\n");
-  write_file(partial / "test.txt", "a b\n");
+  write_text(partial / "train.txt", "a b\n");
+  write_text(partial / "test.txt", "a b\n");
   CHECK_THAT(message(options_for(dir, partial, "word")),
              Catch::Contains((partial / "valid.txt").string()));
 
-  const fs::path blank = dir.path / "blank";
+  const fs::path blank = dir.root / "blank";
   fs::create_directories(blank);
-  write_file(blank / "train.txt", " \n\t\n");
-  write_file(blank / "valid.txt", "a\n");
-  write_file(blank / "test.txt", "a\n");
+  write_text(blank / "train.txt", " \n\t\n");
+  write_text(blank / "valid.txt", "a\n");
+  write_text(blank / "test.txt", "a\n");
   CHECK_THAT(message(options_for(dir, blank, "word")),
              Catch::Contains((blank / "train.txt").string()) && Catch::Contains("no words"));
-  write_file(blank / "train.txt", "");
+  write_text(blank / "train.txt", "");
   CHECK_THAT(message(options_for(dir, blank, "word")), Catch::Contains("is empty"));
 
   // The tokenizer is an enum, decoded once with the config: an unknown one names the key.
@@ -320,10 +295,10 @@ TEST_CASE("corpus errors name the path at fault", "[corpus]") {
 
 TEST_CASE("TokenStream::slice is a view that keeps the mapping alive", "[corpus]") {
   TempDir dir;
-  write_wikitext(dir.path / "tiny");
+  write_wikitext(dir.root / "tiny");
   torch::Tensor view;
   {
-    const Corpus corpus = load_corpus(options_for(dir, dir.path / "tiny", "word"));
+    const Corpus corpus = load_corpus(options_for(dir, dir.root / "tiny", "word"));
     view = corpus.train.slice(5, 4);
     CHECK(view.data_ptr<int32_t>() == corpus.train.data() + 5);
     CHECK_THROWS(corpus.train.slice(14, 3));
@@ -347,7 +322,7 @@ TEST_CASE("WikiText-2 loads as fairseq would count it", "[corpus]") {
   }
   // Only valid and test are shared: train on valid, through links (never copies).
   TempDir dir;
-  const fs::path corpus_dir = dir.path / "wikitext-2";
+  const fs::path corpus_dir = dir.root / "wikitext-2";
   fs::create_directories(corpus_dir);
   fs::create_symlink(fs::canonical(data / "valid.txt"), corpus_dir / "train.txt");
   fs::create_symlink(fs::canonical(data / "valid.txt"), corpus_dir / "valid.txt");
@@ -379,7 +354,7 @@ TEST_CASE("WikiText-2 loads as fairseq would count it", "[corpus]") {
     unk += id == corpus.unk_token;
   }
   CHECK(out_of_range == 0);
-  const std::string text = read_file(data / "valid.txt");
+  const std::string text = read_text(data / "valid.txt");
   CHECK(eos == std::count(text.begin(), text.end(), '\n'));
   int64_t literal_unk = 0;
   for (size_t at = text.find("<unk>"); at != std::string::npos; at = text.find("<unk>", at + 1)) {

@@ -122,22 +122,89 @@ TEST_CASE("the efficient and reference attention paths give the same perplexity"
   REQUIRE(efficient.nll_sum == Approx(reference.nll_sum).epsilon(1e-5));
 }
 
-TEST_CASE("masked-LM evaluation scores a fixed selection, the same for every length", "[eval]") {
+TEST_CASE("the masked-LM selection depends on the seed and the position only, 80/10/10", "[eval]") {
+  const int64_t n = 20000;
+  int64_t selected = 0, masked = 0, random = 0, kept = 0;
+  for (int64_t p = 0; p < n; ++p) {
+    const int32_t token = int32_t(p % 251);
+    const auto d = mask_decision(p, token, 0.15, 1234, 256, 257);
+    // Neither the token nor anything else but (seed, position) decides the selection.
+    REQUIRE(mask_decision(p, (token + 7) % 256, 0.15, 1234, 256, 257).selected == d.selected);
+    if (!d.selected) {
+      REQUIRE(d.input == token);
+      continue;
+    }
+    ++selected;
+    if (d.input == 256) {
+      ++masked;
+    } else {
+      REQUIRE(d.input >= 0);  // a random replacement is a real token, never <mask>
+      REQUIRE(d.input < 256);
+      ++(d.input == token ? kept : random);
+    }
+  }
+  // Binomial: 15% of 20000 is 3000 +- 50; within the selection 80/10/10 (+- 1.3% each).
+  CHECK(std::abs(double(selected) - 3000.0) < 250.0);
+  CHECK(std::abs(double(masked) / double(selected) - 0.8) < 0.03);
+  CHECK(std::abs(double(random) / double(selected) - 0.1) < 0.03);  // a few "random" equal the token
+  CHECK(std::abs(double(kept) / double(selected) - 0.1) < 0.03);
+  // Another seed selects other positions.
+  int64_t same = 0;
+  for (int64_t p = 0; p < 2000; ++p)
+    same += mask_decision(p, 0, 0.15, 1234, 256, 257).selected && mask_decision(p, 0, 0.15, 99, 256, 257).selected;
+  CHECK(same < 100);  // independent selections share about 0.15^2 x 2000 = 45
+}
+
+// Brute force for the masked LM with non-overlapping windows: each window [b, b + L) on its own
+// forward pass, its selected positions corrupted, the loss on each selected position's original
+// token. `scored` receives the positions.
+static double brute_force_masked_nll(TransformerLM& model, const Corpus& corpus, int64_t n,
+                                     int64_t L, int64_t seed, std::vector<int64_t>& scored) {
+  torch::NoGradGuard no_grad;
+  const int32_t* data = corpus.valid.data();
+  double nll = 0;
+  scored.clear();
+  for (int64_t begin = 0; begin < n; begin += L) {
+    const int64_t size = std::min(L, n - begin);
+    auto input = torch::empty({1, size}, torch::kLong);
+    std::vector<int64_t> selected;
+    for (int64_t p = 0; p < size; ++p) {
+      const auto d = mask_decision(begin + p, data[begin + p], 0.15, seed, corpus.mask_token,
+                                   corpus.vocab_size);
+      input[0][p] = d.input;
+      if (d.selected) selected.push_back(p);
+    }
+    auto logp = torch::log_softmax(model->forward(input)[0].to(torch::kFloat64), -1);  // (T, V)
+    for (int64_t p : selected) {
+      nll -= logp[p][data[begin + p]].item<double>();
+      scored.push_back(begin + p);
+    }
+  }
+  return nll;
+}
+
+TEST_CASE("masked-LM evaluation equals a brute-force computation on the same positions for every method and length",
+          "[eval]") {
   auto corpus = testing::tiny_byte_corpus(20);
-  auto model = tiny_model("alibi_symmetric", /*causal=*/false);
-  int64_t selected = 0;
-  const int64_t n = std::min<int64_t>(300, corpus.valid.size());
-  for (int64_t p = 0; p < n; ++p)
-    selected += mask_decision(p, corpus.valid.data()[p], 0.15, 1234, corpus.mask_token, 257).selected;
-  REQUIRE(n == 300);
-  REQUIRE(selected > 20);   // about 15% of 300
-  REQUIRE(selected < 80);
-  for (int64_t L : {int64_t(16), int64_t(64), n}) {
-    EvalSpec spec;
-    spec.length = L;
-    spec.max_tokens = n;
-    auto r = evaluate(model, corpus, corpus.valid, spec);
-    REQUIRE(r.scored_tokens == selected);
-    REQUIRE(std::isfinite(r.perplexity));
+  const int64_t n = 300;
+  REQUIRE(corpus.valid.size() >= n);
+  for (const char* position : {"alibi_symmetric", "rotary"}) {
+    auto model = tiny_model(position, /*causal=*/false);
+    for (int64_t L : {int64_t(16), int64_t(64), n}) {
+      INFO(position << " L " << L);
+      EvalSpec spec;
+      spec.length = L;
+      spec.max_tokens = n;
+      spec.batch_tokens = 100;  // several batches and a ragged last window
+      spec.mask_seed = 1234;
+      auto r = evaluate(model, corpus, corpus.valid, spec);
+      std::vector<int64_t> positions;
+      const double expected = brute_force_masked_nll(model, corpus, n, L, 1234, positions);
+      REQUIRE(positions.size() > 20);  // about 15% of 300
+      REQUIRE(positions.size() < 80);
+      REQUIRE(r.scored_tokens == int64_t(positions.size()));
+      // Equal sums for both methods at every length: each scored exactly these positions.
+      REQUIRE(r.nll_sum == Approx(expected).epsilon(1e-5));
+    }
   }
 }

@@ -303,7 +303,7 @@ TEST_CASE("alibi_learned slopes start at ALiBi's, get gradients, train and stay 
 TEST_CASE("t5_bias and kerple_log parameters get gradients through the attention",
           "[positions]") {
   PositionRegistry::instance().load_plugin(kKerplePlugin);
-  const int64_t heads = 2, t = 6;
+  const int64_t heads = 3, t = 6;
   for (const char* name : {"t5_bias", "kerple_log"})
     for (bool causal : {true, false}) {
       INFO(name << (causal ? " (causal)" : " (bidirectional)"));
@@ -314,9 +314,14 @@ TEST_CASE("t5_bias and kerple_log parameters get gradients through the attention
       const auto v = torch::randn({1, heads, t, 8}), target = torch::randn({1, heads, t, 8});
       auto out = attention_reference(q, k, v, method->bias(0, t, t), options);
       (out * target).sum().backward();
+      // Every head's parameters (the last dimension) get a gradient: a dead head fails.
       for (const auto& p : method->parameters()) {
         REQUIRE(p.grad().defined());
-        CHECK(p.grad().abs().sum().item<double>() > 0);
+        const auto per_head = p.grad().abs().reshape({-1, heads}).sum(0);  // (H,)
+        for (int64_t h = 0; h < heads; ++h) {
+          INFO("head " << h);
+          CHECK(per_head[h].item<double>() > 0);
+        }
       }
     }
 }

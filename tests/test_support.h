@@ -1,20 +1,59 @@
-// Small fixtures shared by the tests: an in-memory byte-level corpus of real-looking text and
-// a tiny model config.
+// What the tests share: the skip marker, temporary directories, small file helpers, an
+// in-memory byte-level corpus of real-looking text and a tiny model config. Running the
+// `extrap` command line is in tests/cli_harness.h.
 #pragma once
 
 #include "core/config.h"
 #include "core/corpus.h"
 
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <iterator>
+#include <random>
 #include <string>
 
 namespace extrap::testing {
+
+namespace fs = std::filesystem;
 
 // A check that cannot run here (no GPU, no ../shared/data) is reported by ctest as skipped,
 // never as passed: the test calls this and returns, and ctest's SKIP_REGULAR_EXPRESSION turns
 // the marker (EXTRAP_SKIP_MARKER, set once in the top-level CMakeLists.txt) into "Skipped".
 inline void skip_test(const std::string& reason) {
   std::cout << EXTRAP_SKIP_MARKER << " " << reason << std::endl;
+}
+
+// A fresh directory, removed with everything in it at scope exit.
+struct TempDir {
+  fs::path root;
+  explicit TempDir(const std::string& tag = "tmp") {
+    static std::atomic<int> counter{0};
+    root = fs::temp_directory_path() /
+           ("extrap-test-" + tag + "-" + std::to_string(::getpid()) + "-" +
+            std::to_string(counter++) + "-" + std::to_string(std::random_device{}()));
+    fs::remove_all(root);
+    fs::create_directories(root);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  ~TempDir() {
+    std::error_code ignored;
+    fs::remove_all(root, ignored);
+  }
+};
+
+inline void write_text(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+}
+
+inline std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 // English prose (a few paragraphs, repeated with variation) as a byte-level corpus.

@@ -11,13 +11,7 @@
 using namespace extrap;
 namespace fs = std::filesystem;
 
-namespace {
-std::string temp_dir(const std::string& name) {
-  auto dir = fs::temp_directory_path() / ("extrap-test-" + name + "-" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  return dir.string();
-}
-}  // namespace
+using testing::TempDir;
 
 TEST_CASE("learning-rate schedules", "[train]") {
   TrainConfig c;
@@ -40,7 +34,8 @@ TEST_CASE("a short training run lowers the validation loss", "[train]") {
   for (const char* position : {"alibi", "sinusoidal", "none", "learned"}) {
     INFO(position);
     Config config = testing::tiny_config(position);
-    config.train.out_dir = temp_dir(std::string("loss-") + position);
+    TempDir dir("loss");
+    config.train.out_dir = (dir.root / "run").string();
     config.train.validate_every = 30;
     config.train.steps = 60;
     Trainer trainer(config, corpus);
@@ -53,7 +48,6 @@ TEST_CASE("a short training run lowers the validation loss", "[train]") {
     REQUIRE(after < 0.8 * before);
     REQUIRE(summary.valid_curve.size() == 2);
     REQUIRE(summary.valid_curve[1].loss < summary.valid_curve[0].loss);
-    fs::remove_all(config.train.out_dir);
   }
 }
 
@@ -66,14 +60,15 @@ TEST_CASE("resuming from a checkpoint continues bit-for-bit", "[train]") {
   config.train.batch_tokens = 16 * 8;
   config.train.checkpoint_every = 7;
 
-  config.train.out_dir = temp_dir("straight");
+  TempDir dir("resume");
+  config.train.out_dir = (dir.root / "straight").string();
   Trainer straight(config, corpus);
   straight.quiet = true;
   straight.run(RunStart::fresh);
 
   // Interrupt after step 14 (a checkpoint), then resume in a fresh trainer to step 20.
   Config first = config;
-  first.train.out_dir = temp_dir("resumed");
+  first.train.out_dir = (dir.root / "resumed").string();
   {
     Trainer t(first, corpus);
     t.quiet = true;
@@ -102,8 +97,6 @@ TEST_CASE("resuming from a checkpoint continues bit-for-bit", "[train]") {
                       Catch::Contains("belongs to another run") &&
                           Catch::Contains("first difference at 'config.model.d_ffn'") &&
                           Catch::Contains("64") && Catch::Contains("128"));
-  fs::remove_all(config.train.out_dir);
-  fs::remove_all(first.train.out_dir);
 }
 
 TEST_CASE("a masked-LM model trains and its loss goes down", "[train]") {
@@ -112,10 +105,10 @@ TEST_CASE("a masked-LM model trains and its loss goes down", "[train]") {
   config.model.objective = Objective::masked_lm;
   config.train.steps = 60;
   config.train.log_every = 10;
-  config.train.out_dir = temp_dir("mlm");
+  TempDir dir("mlm");
+  config.train.out_dir = (dir.root / "run").string();
   Trainer trainer(config, corpus);
   trainer.quiet = true;
   auto summary = trainer.run(RunStart::fresh);
   REQUIRE(summary.train_curve.back().loss < 0.7 * summary.train_curve.front().loss);
-  fs::remove_all(config.train.out_dir);
 }

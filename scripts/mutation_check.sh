@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Mutation check: does the test suite notice a one-line bug? Applies each mutation below in
+# turn (one exact edit of one line), rebuilds, runs the suite until its first failure, and
+# restores the file. Prints, per mutation, the first failing test, or MISSED; exits 1 if any
+# mutation is missed. Needs a configured build/ (scripts/setup.sh) and takes about 1-2 minutes
+# a mutation on 2 cores.
+#
+#   bash scripts/mutation_check.sh            # all of them
+#   bash scripts/mutation_check.sh 3 17       # only these (numbers as listed below)
+#
+# Each entry: file | the exact text | what it becomes | the bug, in words. The text must occur
+# exactly once in the file (the script refuses otherwise, so a refactoring that moves a line
+# shows up here rather than silently testing nothing).
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+PYTHON=${EXTRAP_PYTHON:-$ROOT/.venv/bin/python}
+[[ -x $PYTHON ]] || PYTHON=python3
+
+MUTATIONS=$(cat <<'EOF'
+positions/alibi_slopes.cpp | std::pow(2.0, -8.0 * double(h + 1) / double(n)) | std::pow(2.0, -8.0 * double(h) / double(n)) | ALiBi slope exponent off by one head
+core/attention.cpp | auto left = (j <= i); | auto left = (j < i); | the diagonal counted as the right side (causal rows mask themselves)
+core/attention.cpp | out = torch::where(left, -sl * dist, -sr * dist); | out = torch::where(left, sl * dist, -sr * dist); | flipped sign of the left-side linear bias
+core/attention.cpp | q * (1.0 / std::sqrt(double(d))) | q * (1.0 / double(d)) | scores scaled by 1/d instead of 1/sqrt(d)
+core/efficient_attention.cpp | for (int64_t k0 = q1; k0 < p.tk; k0 += key_block) | for (int64_t k0 = q1 + 1; k0 < p.tk; k0 += key_block) | efficient path skips the first key right of each query tile
+core/efficient_attention.cpp | narrow(1, 0, cols) + double(q0 - k0); | narrow(1, 0, cols) + double(q0 - k0 + 1); | efficient path's tile distances off by one
+positions/t5_bias.cpp | if (relative_position > 0) bucket += num_buckets; | if (relative_position >= 0) bucket += num_buckets; | T5 bidirectional bucket: distance 0 on the wrong side
+positions/rotary.cpp | even * cos - odd * sin, even * sin + odd * cos | even * cos + odd * sin, even * sin + odd * cos | rotary rotation with a flipped sign
+positions/sinusoidal.cpp | torch::stack({angles.sin(), angles.cos()}, -1) | torch::stack({angles.cos(), angles.sin()}, -1) | sinusoidal sin and cos swapped
+positions/learned.cpp | TORCH_CHECK(end <= options_.max_length, | TORCH_CHECK(end < options_.max_length, | learned positions refuse their own max_length
+core/evaluator.cpp | windows.push_back({begin, next - begin, end - begin}); | windows.push_back({begin, next - begin, end - begin - 1}); | sliding window scores one target twice
+core/evaluator.cpp | if (u < 0.8) { | if (u < 0.9) { | masked-LM corruption 90/0/10 instead of 80/10/10
+core/evaluator.cpp | result.nll_sum / (std::log(2.0) * double(result.scored_tokens)) | result.nll_sum / (std::log(10.0) * double(result.scored_tokens)) | bits per byte in the wrong log base
+core/trainer.cpp | return c.lr * double(step) / double(c.warmup); | return c.lr * double(step + 1) / double(c.warmup); | warm-up off by one step
+core/files.cpp | if (::fsync(fd) != 0) { | if (false) { | durable write skips its fsync
+core/checkpoint.cpp | if (hex64(digest.hash) != entry.at("xxh3").get<std::string>()) | if (false) | checkpoint checksums not compared
+core/model.cpp | return h + f; | return f; | feed-forward residual dropped
+core/results_store.cpp | : "sliding_" + std::to_string(stride); | : "sliding_" + std::to_string(length); | sliding mode labelled with the length
+experiments/sweep_spec.cpp | lengths.insert(m * point.config.train.seq_len); | lengths.insert(m * point.config.train.seq_len + 1); | evaluation length mislabelled (multiple x L + 1)
+experiments/point_runner.cpp | p.stride = e.stride > 0 ? e.stride : e.length; | p.stride = e.stride > 0 ? e.stride : 0; | stride column 0 for non-overlapping rows
+experiments/sweep.cpp | if (!done.has_point(point.id, e.mode, e.length)) pending.push_back(e); | pending.push_back(e); | a resumed sweep evaluates recorded points again
+analysis/report.py | values.std(ddof=1) | values.std(ddof=0) | report's standard deviation with ddof 0
+analysis/report.py | (" (= L)" if l == train_length else "") | (" (= L)" if l == 2 * train_length else "") | report marks the wrong row as the training length
+EOF
+)
+
+mapfile -t LINES <<<"$MUTATIONS"
+selected=("$@")
+results=()
+missed=0
+restore() {
+  if [[ -n ${BACKUP:-} && -f $BACKUP ]]; then
+    cp "$BACKUP" "$TARGET"
+    rm -f "$BACKUP"
+  fi
+}
+trap 'restore; exit 130' INT TERM
+build() { cmake --build build -j"$(nproc)" --target extrap_tests extrap_cli extrap_kerple >/tmp/extrap-mutation-build.log 2>&1; }
+
+for n in "${!LINES[@]}"; do
+  number=$((n + 1))
+  if ((${#selected[@]})) && [[ ! " ${selected[*]} " =~ " $number " ]]; then continue; fi
+  IFS='|' read -r file before after what <<<"${LINES[$n]}"
+  file=$(echo "$file" | xargs); what=$(echo "$what" | sed 's/^ *//; s/ *$//')
+  before=$(echo "$before" | sed 's/^ //; s/ $//'); after=$(echo "$after" | sed 's/^ //; s/ $//')
+  TARGET=$ROOT/$file
+  BACKUP=$(mktemp)
+  cp "$TARGET" "$BACKUP"
+  if ! "$PYTHON" - "$TARGET" "$before" "$after" <<'PY'
+import sys
+path, before, after = sys.argv[1:4]
+text = open(path).read()
+if text.count(before) != 1:
+    sys.exit("%s: the mutation's text occurs %d times (expected once): %s" % (path, text.count(before), before))
+open(path, "w").write(text.replace(before, after))
+PY
+  then
+    restore
+    results+=("$number. $what ($file): NOT APPLIED")
+    missed=$((missed + 1))
+    continue
+  fi
+  echo "== $number. $what ($file)"
+  if ! build; then
+    caught="does not compile"
+  else
+    (cd build && ctest -j"$(nproc)" --timeout 600 --stop-on-failure >/tmp/extrap-mutation-ctest.log 2>&1)
+    if [[ $? -eq 0 ]]; then
+      caught=""
+    else
+      caught=$(sed -n 's/^[0-9]*:\(.*\)$/\1/p' build/Testing/Temporary/LastTestsFailed.log | head -3 | paste -sd ';' -)
+      [[ -n $caught ]] || caught="(ctest failed: see /tmp/extrap-mutation-ctest.log)"
+    fi
+  fi
+  restore
+  if [[ -z $caught ]]; then
+    results+=("$number. $what ($file): MISSED")
+    missed=$((missed + 1))
+  else
+    results+=("$number. $what ($file): caught by $caught")
+  fi
+  echo "   ${results[-1]#*: }"
+done
+echo "restoring the build"
+build || echo "rebuild failed: see /tmp/extrap-mutation-build.log"
+echo
+printf '%s\n' "${results[@]}"
+echo "$missed missed of ${#results[@]}"
+((missed == 0))
