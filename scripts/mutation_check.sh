@@ -99,7 +99,7 @@ PY
   else
     results+=("$number. $what ($file): caught by $caught")
   fi
-  echo "   ${results[-1]#*: }"
+  echo "   ${caught:-MISSED}"
 done
 echo "restoring the build"
 build || echo "rebuild failed: see /tmp/extrap-mutation-build.log"

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <vector>
 
 using namespace extrap;
 
@@ -206,5 +207,86 @@ TEST_CASE("masked-LM evaluation equals a brute-force computation on the same pos
       // Equal sums for both methods at every length: each scored exactly these positions.
       REQUIRE(r.nll_sum == Approx(expected).epsilon(1e-5));
     }
+  }
+}
+
+// The architecture written out in fp64 from the model's own parameters, with attention as
+// explicit loops: pre-LN blocks x + attn(LN(x)), then h + FFN(LN(h)), a final LayerNorm, the
+// token embedding scaled by sqrt(d_model), logits from the (tied or separate) output matrix,
+// and ALiBi's -m_h |i - j| (with the causal mask when causal).
+static torch::Tensor forward_by_hand(TransformerLM& model, const Config& config,
+                                     const torch::Tensor& tokens) {
+  torch::NoGradGuard no_grad;
+  const auto params = model->named_parameters();
+  auto P = [&](const std::string& name) { return params[name].detach().to(torch::kFloat64); };
+  const int64_t T = tokens.size(0), D = config.model.d_model, H = config.model.heads, Dh = D / H;
+  const bool causal = config.model.causal();
+  auto layer_norm = [](const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
+    const auto mean = x.mean(-1, true);
+    const auto var = (x - mean).pow(2).mean(-1, true);
+    return (x - mean) / (var + 1e-5).sqrt() * w + b;
+  };
+  auto linear = [&](const torch::Tensor& x, const std::string& name) {
+    return torch::matmul(x, P(name + ".weight").t()) + P(name + ".bias");
+  };
+  auto x = P("embedding.weight").index_select(0, tokens) * std::sqrt(double(D));  // (T, D)
+  for (int64_t l = 0; l < config.model.layers; ++l) {
+    const std::string block = "blocks." + std::to_string(l) + ".";
+    const auto qkv = linear(layer_norm(x, P(block + "ln_attention.weight"), P(block + "ln_attention.bias")),
+                            block + "attention.qkv");  // (T, 3D): q, k, v, each head by head
+    auto y = torch::zeros({T, D}, torch::kFloat64);
+    auto a = qkv.accessor<double, 2>();
+    auto out = y.accessor<double, 2>();
+    for (int64_t h = 0; h < H; ++h) {
+      const double m = std::pow(2.0, -8.0 * double(h + 1) / double(H));
+      for (int64_t i = 0; i < T; ++i) {
+        std::vector<double> score(size_t(T), -INFINITY);
+        double top = -INFINITY;
+        for (int64_t j = 0; j < T; ++j) {
+          if (causal && j > i) continue;
+          double dot = 0;
+          for (int64_t e = 0; e < Dh; ++e) dot += a[i][h * Dh + e] * a[j][D + h * Dh + e];
+          score[size_t(j)] = dot / std::sqrt(double(Dh)) - m * double(std::abs(i - j));
+          top = std::max(top, score[size_t(j)]);
+        }
+        double total = 0;
+        for (auto& s : score) total += (s = std::exp(s - top));
+        for (int64_t j = 0; j < T; ++j)
+          for (int64_t e = 0; e < Dh; ++e) out[i][h * Dh + e] += score[size_t(j)] / total * a[j][2 * D + h * Dh + e];
+      }
+    }
+    x = x + linear(y, block + "attention.out");
+    auto f = linear(layer_norm(x, P(block + "ln_ffn.weight"), P(block + "ln_ffn.bias")), block + "ffn_in");
+    f = config.model.activation == Activation::relu ? f.clamp_min(0.0)
+                                                    : 0.5 * f * (1.0 + torch::erf(f / std::sqrt(2.0)));
+    x = x + linear(f, block + "ffn_out");
+  }
+  x = layer_norm(x, P("ln_final.weight"), P("ln_final.bias"));
+  return torch::matmul(x, (config.model.tie_embeddings ? P("embedding.weight") : P("head.weight")).t());
+}
+
+TEST_CASE("the model's forward pass equals the architecture written out by hand", "[model]") {
+  for (bool causal : {true, false}) {
+    INFO((causal ? "causal, alibi, gelu, tied" : "bidirectional, alibi_symmetric, relu, untied"));
+    Config config = testing::tiny_config(causal ? "alibi" : "alibi_symmetric");
+    if (!causal) {
+      config.model.objective = Objective::masked_lm;
+      config.model.activation = Activation::relu;
+      config.model.tie_embeddings = false;
+    }
+    torch::manual_seed(3);
+    auto model = build_model(config, 257);
+    model->eval();
+    // Non-trivial LayerNorm and bias parameters, so that dropping any of them shows.
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& p : model->parameters()) p.add_(0.1 * torch::randn_like(p));
+    }
+    const auto tokens = torch::randint(0, 256, {11}, torch::kLong);
+    const auto expected = forward_by_hand(model, config, tokens);
+    torch::NoGradGuard no_grad;
+    const auto actual = model->forward(tokens.unsqueeze(0))[0].to(torch::kFloat64);
+    REQUIRE(actual.sizes() == expected.sizes());
+    CHECK((actual - expected).abs().max().item<double>() < 1e-4 * expected.abs().max().item<double>());
   }
 }
