@@ -2,18 +2,23 @@
 // small corpus and a tiny sweep file, and helpers to run the CLI in it.
 #pragma once
 
+#include "core/checkpoint.h"
+#include "core/trainer.h"
 #include "tests/test_support.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace extrap::testing {
@@ -101,6 +106,105 @@ inline int run_cli(const TempDir& d, const std::vector<std::string>& args,
   if (output) *output = text;
   UNSCOPED_INFO("extrap " << (args.empty() ? std::string() : args[0]) << " printed:\n" << text);
   return code;
+}
+
+// A run directory that the CLI wrote in `d`, loaded in this process (checkpoint verified):
+// its corpus, named in its config relative to `d`, and its model.
+struct CliRun {
+  Corpus corpus;
+  LoadedRun run;
+};
+inline CliRun load_cli_run(const TempDir& d, const std::string& run_dir) {
+  struct RestoreDirectory {
+    fs::path previous = fs::current_path();
+    ~RestoreDirectory() { fs::current_path(previous); }
+  } restore;
+  fs::current_path(d.root);
+  const VerifiedCheckpoint checkpoint = require_checkpoint(run_dir);
+  CliRun loaded;
+  loaded.corpus = load_corpus(checkpoint.config.data);
+  loaded.run = load_run(checkpoint, loaded.corpus);
+  return loaded;
+}
+
+// A stop announced by the fault hook (core/fault.h): "PID MOMENT N DETAIL".
+struct Stop {
+  pid_t pid = 0;
+  std::string moment, detail;
+};
+
+inline std::vector<Stop> read_stops(const fs::path& file) {
+  std::vector<Stop> stops;
+  std::istringstream in(read_text(file));
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream fields(line);
+    Stop s;
+    long n = 0;
+    fields >> s.pid >> s.moment >> n;
+    std::getline(fields, s.detail);
+    if (!s.detail.empty() && s.detail[0] == ' ') s.detail.erase(0, 1);
+    stops.push_back(s);
+  }
+  return stops;
+}
+
+// Whether `pid` is gone: no such process, or a zombie nobody has reaped yet.
+inline bool process_gone(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  if (!stat) return true;
+  std::string text((std::istreambuf_iterator<char>(stat)), {});
+  const auto close = text.rfind(')');
+  return close != std::string::npos && close + 2 < text.size() && text[close + 2] == 'Z';
+}
+
+// The direct children of `parent`, from /proc.
+inline std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> children;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), {});
+    const auto close = text.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(text.substr(close + 2));
+    char state = 0;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == parent) children.push_back(pid_t(std::stol(name)));
+  }
+  return children;
+}
+
+// Runs `extrap args...` in `d` until `count` of its processes have stopped at `at`
+// (core/fault.h), then kills it with SIGKILL. Returns the stops; its child processes at that
+// moment (a sweep's workers) in `children`.
+inline std::vector<Stop> kill_at(const TempDir& d, const std::vector<std::string>& args,
+                                 const std::string& at, size_t count = 1,
+                                 std::vector<pid_t>* children = nullptr) {
+  const fs::path stops = d.root / ("stops-" + at);
+  const fs::path log = d.root / "killed.log";
+  const pid_t pid = spawn(d.root, args, log, 0,
+                          {"EXTRAP_TEST_STOP_AT=" + at, "EXTRAP_TEST_STOP_FILE=" + stops.string()});
+  const auto start = std::chrono::steady_clock::now();
+  bool exited = false;
+  while (read_stops(stops).size() < count) {
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid) {
+      exited = true;
+      break;
+    }
+    if (std::chrono::steady_clock::now() - start > std::chrono::seconds(180)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  INFO("stopping at " << at << "; extrap printed:\n" << read_text(log));
+  REQUIRE(!exited);  // the moment came before the process ended
+  if (children) *children = children_of(pid);
+  ::kill(pid, SIGKILL);
+  wait_exit(pid);
+  const auto found = read_stops(stops);
+  REQUIRE(found.size() == count);
+  return found;
 }
 
 }  // namespace extrap::testing

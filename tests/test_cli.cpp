@@ -3,20 +3,13 @@
 // (with --plugin and the plugins: key), inspect for every method and mode, both benchmarks;
 // and every shipped file in configs/ loads and validates. (sweep --list, report and merge:
 // test_sweep.cpp.)
-#include <signal.h>
-#include <sys/wait.h>
-
 #include <catch2/catch.hpp>
-#include <chrono>
 #include <cmath>
 #include <regex>
 #include <sstream>
-#include <thread>
 
-#include "core/checkpoint.h"
 #include "core/evaluator.h"
 #include "core/model.h"
-#include "core/trainer.h"
 #include "experiments/sweep_spec.h"
 #include "positions/alibi_slopes.h"
 #include "positions/position.h"
@@ -93,15 +86,9 @@ TEST_CASE("train, an interrupted train --resume, and eval agree with an in-proce
   for (const auto& r : rows) CHECK(r.tokens == 1023);
 
   // The same run killed right after its second checkpoint (step 10), then resumed.
-  const fs::path stops = d.root / "stops";
-  const pid_t pid = spawn(d.root, {"train", "--config", "train.yaml", "--set", "train.out_dir=runs/b"},
-                          d.root / "killed.log", 0,
-                          {"EXTRAP_TEST_STOP_AT=checkpoint:2", "EXTRAP_TEST_STOP_FILE=" + stops.string()});
-  for (int i = 0; i < 12000 && read_text(stops).empty(); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  ::kill(pid, SIGKILL);
-  wait_exit(pid);
-  REQUIRE_THAT(read_text(stops), Catch::EndsWith("runs/b step 10\n"));
+  const auto stops = kill_at(d, {"train", "--config", "train.yaml", "--set", "train.out_dir=runs/b"},
+                             "checkpoint:2");
+  REQUIRE_THAT(stops[0].detail, Catch::EndsWith("runs/b step 10"));
   REQUIRE(run_cli(d, {"train", "--config", "train.yaml", "--set", "train.out_dir=runs/b", "--resume"},
                   &out) == 0);
   CHECK_THAT(out, Catch::Contains("resuming runs/b from step 10"));
@@ -121,12 +108,7 @@ TEST_CASE("train, an interrupted train --resume, and eval agree with an in-proce
   CHECK_THAT(a_out, Catch::Contains("scoring the first 1000 of"));
 
   // The printed numbers are an in-process evaluation of the checkpoint.
-  const auto cwd = fs::current_path();
-  fs::current_path(d.root);
-  const VerifiedCheckpoint checkpoint = require_checkpoint("runs/a");
-  const Corpus corpus = load_corpus(checkpoint.config.data);
-  LoadedRun run = load_run(checkpoint, corpus);
-  fs::current_path(cwd);
+  auto [corpus, run] = load_cli_run(d, "runs/a");
   CHECK(run.step == 20);
   for (const auto& row : a_rows) {
     INFO("L " << row.length << " stride " << row.stride);

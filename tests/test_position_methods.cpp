@@ -47,6 +47,17 @@ torch::Tensor finite_part(const torch::Tensor& bias) {
   return torch::where(torch::isfinite(bias), bias, torch::zeros_like(bias));
 }
 
+// A random loss on the reference attention with `method`'s bias (layer 0), back-propagated
+// into the method's parameters. Inputs (2, heads, t, 8).
+void backward_through_attention(PositionMethod& method, int64_t heads, int64_t t, bool causal) {
+  AttentionOptions options;
+  options.causal = causal;
+  const auto q = torch::randn({2, heads, t, 8}), k = torch::randn({2, heads, t, 8});
+  const auto v = torch::randn({2, heads, t, 8}), target = torch::randn({2, heads, t, 8});
+  auto out = attention_reference(q, k, v, method.bias(0, t, t), options);
+  (out * target).sum().backward();
+}
+
 }  // namespace
 
 TEST_CASE("the new position methods are registered", "[positions]") {
@@ -269,12 +280,7 @@ TEST_CASE("alibi_learned slopes start at ALiBi's, get gradients, train and stay 
     }
 
     // Gradients reach every slope through the attention.
-    AttentionOptions options;
-    options.causal = causal;
-    const auto q = torch::randn({2, heads, t, 8}), k = torch::randn({2, heads, t, 8});
-    const auto v = torch::randn({2, heads, t, 8}), target = torch::randn({2, heads, t, 8});
-    auto out = attention_reference(q, k, v, method->bias(0, t, t), options);
-    (out * target).sum().backward();
+    backward_through_attention(*method, heads, t, causal);
     for (const auto& p : method->parameters()) {
       REQUIRE(p.grad().defined());
       CHECK((p.grad().abs() > 0).all().item<bool>());
@@ -308,12 +314,7 @@ TEST_CASE("t5_bias and kerple_log parameters get gradients through the attention
     for (bool causal : {true, false}) {
       INFO(name << (causal ? " (causal)" : " (bidirectional)"));
       auto method = make_method(name, heads, causal);
-      AttentionOptions options;
-      options.causal = causal;
-      const auto q = torch::randn({1, heads, t, 8}), k = torch::randn({1, heads, t, 8});
-      const auto v = torch::randn({1, heads, t, 8}), target = torch::randn({1, heads, t, 8});
-      auto out = attention_reference(q, k, v, method->bias(0, t, t), options);
-      (out * target).sum().backward();
+      backward_through_attention(*method, heads, t, causal);
       // Every head's parameters (the last dimension) get a gradient: a dead head fails.
       for (const auto& p : method->parameters()) {
         REQUIRE(p.grad().defined());

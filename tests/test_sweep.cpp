@@ -19,10 +19,8 @@
 #include <sstream>
 #include <thread>
 
-#include "core/checkpoint.h"
 #include "core/evaluator.h"
 #include "core/results_store.h"
-#include "core/trainer.h"
 #include "tests/cli_harness.h"
 
 namespace fs = std::filesystem;
@@ -214,12 +212,7 @@ print("schema ok")
 
   // One row against an in-process evaluation of its run's checkpoint.
   {
-    const auto cwd = fs::current_path();
-    fs::current_path(d.root);  // the run's config names its corpus relative to the sweep
-    const extrap::VerifiedCheckpoint checkpoint = extrap::require_checkpoint("runs/tiny/00-alibi-seed1");
-    const extrap::Corpus corpus = extrap::load_corpus(checkpoint.config.data);
-    extrap::LoadedRun run = extrap::load_run(checkpoint, corpus);
-    fs::current_path(cwd);
+    auto [corpus, run] = load_cli_run(d, "runs/tiny/00-alibi-seed1");
     REQUIRE(run.config.eval.split == extrap::Split::valid);
     const auto r = extrap::evaluate(run.model, corpus, corpus.valid, extrap::eval_spec_for(run.config, 32, 8));
     const PointRecord* row = nullptr;
@@ -247,91 +240,6 @@ print("schema ok")
   CHECK(report_code == 0);
 }
 
-namespace {
-
-// A stop announced by the fault hook (core/fault.h): "PID MOMENT N DETAIL".
-struct Stop {
-  pid_t pid = 0;
-  std::string moment, detail;
-};
-
-std::vector<Stop> read_stops(const fs::path& file) {
-  std::vector<Stop> stops;
-  std::istringstream in(read_text(file));
-  for (std::string line; std::getline(in, line);) {
-    std::istringstream fields(line);
-    Stop s;
-    long n = 0;
-    fields >> s.pid >> s.moment >> n;
-    std::getline(fields, s.detail);
-    if (!s.detail.empty() && s.detail[0] == ' ') s.detail.erase(0, 1);
-    stops.push_back(s);
-  }
-  return stops;
-}
-
-// Whether `pid` is gone: no such process, or a zombie nobody has reaped yet.
-bool process_gone(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  if (!stat) return true;
-  std::string text((std::istreambuf_iterator<char>(stat)), {});
-  const auto close = text.rfind(')');
-  return close != std::string::npos && close + 2 < text.size() && text[close + 2] == 'Z';
-}
-
-// The direct children of `parent`, from /proc.
-std::vector<pid_t> children_of(pid_t parent) {
-  std::vector<pid_t> children;
-  for (const auto& entry : fs::directory_iterator("/proc")) {
-    const std::string name = entry.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream stat(entry.path() / "stat");
-    std::string text((std::istreambuf_iterator<char>(stat)), {});
-    const auto close = text.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream rest(text.substr(close + 2));
-    char state = 0;
-    pid_t ppid = 0;
-    rest >> state >> ppid;
-    if (ppid == parent) children.push_back(pid_t(std::stol(name)));
-  }
-  return children;
-}
-
-// Runs `extrap sweep tiny.yaml [extra]` until `count` of its processes have stopped at `at`
-// (core/fault.h), then kills the sweep with SIGKILL. Returns the stops; the sweep's worker
-// processes (children at that moment) in `workers`.
-std::vector<Stop> kill_at(const SweepDir& d, const std::string& at, size_t count,
-                          const std::vector<std::string>& extra, std::vector<pid_t>* workers = nullptr) {
-  const fs::path stops = d.root / ("stops-" + at);
-  const fs::path log = d.root / "killed.log";
-  std::vector<std::string> args = {"sweep", "tiny.yaml"};
-  args.insert(args.end(), extra.begin(), extra.end());
-  const pid_t pid = spawn(d.root, args, log, 0,
-                          {"EXTRAP_TEST_STOP_AT=" + at, "EXTRAP_TEST_STOP_FILE=" + stops.string()});
-  const auto start = std::chrono::steady_clock::now();
-  bool exited = false;
-  while (read_stops(stops).size() < count) {
-    int status = 0;
-    if (::waitpid(pid, &status, WNOHANG) == pid) {
-      exited = true;
-      break;
-    }
-    if (std::chrono::steady_clock::now() - start > std::chrono::seconds(180)) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  INFO("stopping at " << at << "; the sweep printed:\n" << read_text(log));
-  REQUIRE(!exited);  // the moment came before the sweep ended
-  if (workers) *workers = children_of(pid);
-  ::kill(pid, SIGKILL);
-  wait_exit(pid);
-  const auto found = read_stops(stops);
-  REQUIRE(found.size() == count);
-  return found;
-}
-
-}  // namespace
-
 TEST_CASE("sweep killed with kill -9 at chosen moments continues to the uninterrupted results",
           "[sweep]") {
   SweepDir d;
@@ -349,21 +257,21 @@ TEST_CASE("sweep killed with kill -9 at chosen moments continues to the uninterr
   };
 
   // 1. Right after the first point is in the results file.
-  auto stops = kill_at(d, "point:1", 1, {});
+  auto stops = kill_at(d, {"sweep", "tiny.yaml"}, "point:1");
   CHECK(stops[0].detail == "00-alibi-seed1 nonoverlapping 16");
   CHECK(points_now() == 1);
 
   // 2. In the middle of training a later run: run 00 is trained (its three other points need
   // no checkpoint), run 01 has saved its third checkpoint (step 15 of 40), none of its points
   // is recorded.
-  stops = kill_at(d, "checkpoint:3", 1, {});
+  stops = kill_at(d, {"sweep", "tiny.yaml"}, "checkpoint:3");
   CHECK_THAT(stops[0].detail, Catch::EndsWith("runs/tiny/01-alibi-seed2 step 15"));
   CHECK(points_now() == 4);
 
   // 3. Between writing the results file's new contents and publishing them (the first write
   // of this process: run 01 resumed at step 15 and trained to the end, so it records its
   // status): the file keeps its earlier contents, the new ones are left in tiny.h5.tmp.
-  stops = kill_at(d, "publish@tiny.h5:1", 1, {});
+  stops = kill_at(d, {"sweep", "tiny.yaml"}, "publish@tiny.h5:1");
   CHECK(stops[0].detail == "results/tiny.h5");
   CHECK(fs::exists(results.string() + ".tmp"));
   CHECK(points_now() == 4);
@@ -372,7 +280,7 @@ TEST_CASE("sweep killed with kill -9 at chosen moments continues to the uninterr
   // sweep takes both with it. Pending are 01 (trained: evaluations only), 02 and 03, dealt
   // round-robin: one worker evaluates 01 and trains 03, the other trains 02.
   std::vector<pid_t> workers;
-  stops = kill_at(d, "checkpoint:2", 2, {"--jobs", "2"}, &workers);
+  stops = kill_at(d, {"sweep", "tiny.yaml", "--jobs", "2"}, "checkpoint:2", 2, &workers);
   std::vector<pid_t> stopped = {stops[0].pid, stops[1].pid};
   std::sort(stopped.begin(), stopped.end());
   std::sort(workers.begin(), workers.end());
