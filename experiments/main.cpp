@@ -25,6 +25,7 @@ const std::map<std::string, Command>& commands() {
   static const std::map<std::string, Command> table = {
       {"train", {"train a model from a YAML config", train}},
       {"eval", {"evaluate a trained run at any length (non-overlapping or sliding window)", eval}},
+      {"export", {"write a trained model as safetensors for Python (analysis/extrap_model.py)", export_model}},
       {"positions", {"list the registered position methods, their options and hooks", positions}},
       {"inspect", {"print ALiBi slopes or any method's attention-score bias", inspect}},
       {"keys", {"list every config key with its default and meaning", config_keys}},

@@ -85,6 +85,9 @@ PositionInfo make_kerple_log_info() {
   info.description = "example plugin: KERPLE logarithmic bias -r1 * log(1 + r2 * |i - j|)";
   info.hooks = kBias;
   info.modes = kCausal | kBidirectional;
+  info.tensors =
+      "position.raw_r1 and position.raw_r2 (S, H): r = softplus(raw); S = 1 when "
+      "shared_across_layers, else S = layers (layer l uses row l)";
   info.options = document_options<KerpleLogOptions>();
   info.factory = factory_for<KerpleLog, KerpleLogOptions>();
   return info;

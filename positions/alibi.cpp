@@ -32,6 +32,7 @@ PositionInfo make_alibi_info() {
   info.description = "causal ALiBi: -m_h * (i - j) with fixed geometric slopes";
   info.hooks = kBias;
   info.modes = kCausal;
+  info.tensors = "position.slopes (H): the fixed slopes m_h (a buffer, not trained)";
   info.bidirectional_alternative = "alibi_symmetric";
   info.factory = factory_for<Alibi, AlibiOptions>();
   return info;

@@ -91,6 +91,10 @@ PositionInfo make_alibi_learned_info() {
       "ALiBi with trainable positive slopes (left and right when bidirectional)";
   info.hooks = kBias;
   info.modes = kCausal | kBidirectional;
+  info.tensors =
+      "causal: position.raw_slopes (S, H); bidirectional: position.raw_slopes_left and "
+      "position.raw_slopes_right (S, H). slope = softplus(raw). S = 1 when "
+      "shared_across_layers (every layer uses row 0), else S = layers (layer l uses row l)";
   info.options = document_options<AlibiLearnedOptions>();
   info.factory = factory_for<AlibiLearned, AlibiLearnedOptions>();
   return info;

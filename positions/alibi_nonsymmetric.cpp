@@ -44,6 +44,8 @@ PositionInfo make_alibi_nonsymmetric_info() {
       "bidirectional ALiBi: half the heads look only left, half only right (H even)";
   info.hooks = kBias;
   info.modes = kBidirectional;
+  info.tensors =
+      "position.slopes (H): the H/2-head slopes twice; heads h < H/2 look left, the others right";
   info.causal_alternative = "alibi";
   info.factory = factory_for<AlibiNonsymmetric, AlibiNonsymmetricOptions>();
   return info;

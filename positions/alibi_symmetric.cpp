@@ -32,6 +32,7 @@ PositionInfo make_alibi_symmetric_info() {
   info.description = "bidirectional ALiBi: -m_h * |i - j| with fixed geometric slopes";
   info.hooks = kBias;
   info.modes = kBidirectional;
+  info.tensors = "position.slopes (H): the fixed slopes m_h (a buffer, not trained)";
   info.causal_alternative = "alibi";
   info.factory = factory_for<AlibiSymmetric, AlibiSymmetricOptions>();
   return info;

@@ -41,6 +41,7 @@ PositionInfo make_learned_info() {
   info.description = "trained absolute position embeddings up to max_length";
   info.hooks = kEmbed;
   info.modes = kCausal | kBidirectional;
+  info.tensors = "position.table (max_length, d_model): row p is added to the embedding at position p";
   info.options = document_options<LearnedOptions>();
   info.factory = factory_for<LearnedAbsolute, LearnedOptions>();
   return info;

@@ -66,6 +66,10 @@ struct PositionInfo {
   unsigned hooks = 0;                     // Hook bits
   unsigned modes = kCausal;               // Mode bits
   std::vector<OptionDoc> options;         // every key its YAML options accept
+  // The method's parameters and buffers as an exported model holds them (`extrap export`):
+  // each tensor's name under "position.", its shape, and how the model uses it (e.g. "slope =
+  // softplus(raw)"). Empty for a method without tensors.
+  std::string tensors;
   // For an unsupported mode: the method to use instead ("" if none), for the error message.
   std::string causal_alternative;
   std::string bidirectional_alternative;

@@ -104,6 +104,9 @@ PositionInfo make_t5_bias_info() {
   info.description = "T5 relative bias: a learned scalar per head and log-spaced distance bucket";
   info.hooks = kBias;
   info.modes = kCausal | kBidirectional;
+  info.tensors =
+      "position.table (S, buckets, H): bias(i, j) = table[s, bucket(j - i), h]; S = 1 when "
+      "shared_across_layers (every layer uses s = 0), else S = layers (layer l uses s = l)";
   info.options = document_options<T5BiasOptions>();
   info.factory = factory_for<T5Bias, T5BiasOptions>();
   return info;
