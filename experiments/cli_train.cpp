@@ -1,9 +1,13 @@
 // `extrap train` and `extrap eval`.
 #include "core/evaluator.h"
+#include "core/files.h"
 #include "core/sysinfo.h"
 #include "core/trainer.h"
 #include "experiments/commands.h"
 
+#include <nlohmann/json.hpp>
+
+#include <cmath>
 #include <cstdio>
 #include <set>
 #include <iostream>
@@ -28,9 +32,10 @@ void print_eval_row(const EvalResult& r) {
 
 // Every (length, stride) of the config's eval section: non-overlapping (when asked), then
 // each sliding stride shorter than the length. An evaluation that cannot give a right number
-// prints its reason in place of the row; returns how many did.
+// prints its reason in place of the row; returns how many did. Each row (or failure) is also
+// appended to `rows` when given, numbers at full precision.
 int evaluate_all(TransformerLM& model, const Corpus& corpus, const Config& config,
-                 torch::Device device, bool non_overlapping) {
+                 torch::Device device, bool non_overlapping, nlohmann::json* rows = nullptr) {
   const TokenStream& stream = corpus.split(config.eval.split);
   const int64_t limit = config.eval.max_tokens > 0 ? std::min(config.eval.max_tokens, stream.size())
                                                    : stream.size();
@@ -50,7 +55,14 @@ int evaluate_all(TransformerLM& model, const Corpus& corpus, const Config& confi
     for (int64_t stride : strides) {
       std::string failure;
       try {
-        print_eval_row(evaluate(model, corpus, stream, eval_spec_for(config, length, stride), device));
+        const EvalResult r = evaluate(model, corpus, stream, eval_spec_for(config, length, stride), device);
+        print_eval_row(r);
+        if (rows)
+          rows->push_back({{"length", r.length}, {"stride", r.stride}, {"status", "ok"},
+                           {"nll_sum", r.nll_sum}, {"scored_tokens", r.scored_tokens},
+                           {"perplexity", r.perplexity},
+                           {"bits_per_byte", std::isfinite(r.bits_per_byte) ? nlohmann::json(r.bits_per_byte) : nlohmann::json()},
+                           {"windows", r.windows}, {"seconds", r.seconds}});
       } catch (const c10::Error& e) {
         failure = one_line(e.what_without_backtrace());
       } catch (const std::exception& e) {
@@ -58,6 +70,9 @@ int evaluate_all(TransformerLM& model, const Corpus& corpus, const Config& confi
       }
       if (!failure.empty()) {
         ++failures;
+        if (rows)
+          rows->push_back({{"length", length}, {"stride", stride > 0 ? stride : length},
+                           {"status", "failed"}, {"error", failure}});
         std::printf("%-10lld %-8lld failed: %s\n", (long long)length, (long long)stride, failure.c_str());
         std::fflush(stdout);
       }
@@ -115,7 +130,7 @@ int train(const Args& args) {
 
 int eval(const Args& args) {
   po::options_description options("extrap eval");
-  std::string run_dir, split = "valid", attention;
+  std::string run_dir, split = "valid", attention, json_path;
   std::vector<int64_t> lengths, strides;
   int64_t max_tokens = 0, batch_tokens = 0, threads = 0;
   options.add_options()
@@ -128,7 +143,9 @@ int eval(const Args& args) {
       ("max-tokens", po::value(&max_tokens), "score the first N tokens only (default: the whole split)")
       ("batch-tokens", po::value(&batch_tokens), "tokens per forward pass")
       ("attention", po::value(&attention), "force an attention path: reference | efficient | auto")
-      ("threads", po::value(&threads), "CPU threads (default: all cores)");
+      ("threads", po::value(&threads), "CPU threads (default: all cores)")
+      ("json", po::value(&json_path),
+       "also write the results to this JSON file (full precision; failures with their reason)");
   po::variables_map vm;
   if (!parse(args, "extrap eval --checkpoint DIR --length L [--stride S] [--split valid|test]", options, vm))
     return 0;
@@ -158,7 +175,17 @@ int eval(const Args& args) {
   if (batch_tokens > 0) config.eval.batch_tokens = batch_tokens;
   std::cout << "run " << run_dir << " (" << config.position_name << ", trained " << run.step
             << " steps at L = " << config.train.seq_len << "):\n";
-  const int failures = evaluate_all(run.model, corpus, config, torch::kCPU, strides.empty());
+  nlohmann::json rows = nlohmann::json::array();
+  const int failures = evaluate_all(run.model, corpus, config, torch::kCPU, strides.empty(), &rows);
+  if (!json_path.empty()) {
+    const nlohmann::json document = {{"checkpoint", run_dir},
+                                     {"position", config.position_name},
+                                     {"step", run.step},
+                                     {"split", enum_name(which)},
+                                     {"max_tokens", config.eval.max_tokens},
+                                     {"results", rows}};
+    write_file_atomic(json_path, document.dump(1) + "\n");
+  }
   if (failures > 0) {
     std::cerr << "extrap eval: " << failures << " evaluation(s) failed (reasons above)\n";
     return 1;
