@@ -41,6 +41,10 @@ experiments/point_runner.cpp | p.stride = e.stride > 0 ? e.stride : e.length; | 
 experiments/sweep.cpp | if (!done.has_point(point.id, e.mode, e.length)) pending.push_back(e); | pending.push_back(e); | a resumed sweep evaluates recorded points again
 analysis/report.py | values.std(ddof=1) | values.std(ddof=0) | report's standard deviation with ddof 0
 analysis/report.py | (" (= L)" if l == train_length else "") | (" (= L)" if l == 2 * train_length else "") | report marks the wrong row as the training length
+core/safetensors.cpp | {"data_offsets", {offset, offset + bytes}}}; | {"data_offsets", {offset, offset + bytes + 1}}}; | exported data offsets one byte past each tensor
+core/model_export.cpp | yaml_to_json(given ? given : YAML::Load(doc.default_value)) | yaml_to_json(YAML::Load(doc.default_value)) | export records the defaults instead of the options the model was built with
+analysis/extrap_model.py | x0, x1 = x[..., 0:d:2], x[..., 1:d:2] | x0, x1 = x[..., :d // 2], x[..., d // 2:d] | Python reference pairs rotary dimensions NeoX-style
+analysis/extrap_model.py | bias = -F.softplus(self.position.raw_slopes[s]) | bias = -torch.exp(self.position.raw_slopes[s]) | Python reference reads learned slopes as exp(raw)
 EOF
 )
 

@@ -1,0 +1,570 @@
+#!/usr/bin/env python3
+"""Load a model written by `extrap export` (format extrap-safetensors/1) and evaluate it in plain
+PyTorch: an independent reference for extrap's forward pass and perplexities, written from the
+format's definitions, never from the C++ code. Evaluated in float32 it reproduces extrap's
+perplexities to about 1e-5 relative; in float64 it measures how far float32 rounding moves them.
+
+    import torch, extrap_model as em
+    model = em.load("run/model.safetensors", dtype=torch.float64)
+    ids = model.encode(open("valid.txt", encoding="utf-8", newline="").read())
+    em.evaluate(model, ids, length=512, stride=256)  # {nll_sum, scored_tokens, perplexity, windows}
+    logits, probs = model(torch.tensor([ids[:64]]), return_attention=True)  # (1, H, 64, 64) each
+
+API
+  load(path, dtype=torch.float32, device="cpu", use_package=None) -> ExtrapModel (an nn.Module,
+      in eval mode). ValueError for another format, an unknown position method, a missing, extra
+      or mis-shaped tensor, ALiBi slopes other than the definition's. use_package: None = the
+      safetensors package when importable, else this file's reader; False = this file's reader.
+  model(tokens (B, T) int64, offset=0, return_attention=False) -> logits (B, T, V)
+      [, per layer the attention probabilities (B, H, T, T)]
+  model.hidden(tokens, offset=0) -> (B, T, D), the final LayerNorm's output; model.logits(hidden)
+  model.bias(layer, T) -> (H, T, T) additive score bias, -inf where a key is masked
+  model.metadata (JSON values decoded), model.vocabulary (word level: a list; else None),
+  model.encode(text) -> ids, model.decode(ids) -> text
+  evaluate(model, tokens, length, stride=0, batch_windows=64) -> {nll_sum, scored_tokens,
+      perplexity, windows}; stride 0 or >= length: non-overlapping windows
+  also: read_safetensors, alibi_slopes, t5_bucket, mask_decision, evaluation_windows
+
+Command line (errors: one line on stderr, exit status 2):
+    python analysis/extrap_model.py MODEL.safetensors --tokens-file FILE --length 16 48
+        [--stride 8 ...] [--dtype float64] [--max-tokens N] [--json] [--reader fallback]
+evaluates every length non-overlapping and with every stride below it; --json prints one object
+per line: {"length", "stride", "nll_sum", "scored_tokens", "perplexity"} (stride = length for
+non-overlapping windows).
+"""
+import argparse
+import json
+import math
+import os
+import struct
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+FORMAT = "extrap-safetensors/1"
+POSITION_METHODS = ("none", "sinusoidal", "learned", "rotary", "alibi", "alibi_symmetric",
+                    "alibi_nonsymmetric", "alibi_learned", "t5_bias")
+POSITION_DEFAULTS = {"rotary": {"base": 10000.0, "fraction": 1.0}, "sinusoidal": {"base": 10000.0},
+                     "learned": {"max_length": 1024},
+                     "alibi_learned": {"shared_across_layers": True},
+                     "t5_bias": {"buckets": 32, "max_distance": 128, "shared_across_layers": True}}
+JSON_METADATA = ("position_options", "model", "data", "eval", "train", "vocabulary", "checkpoint")
+WORD_SPECIALS = {"<eos>": 0, "<unk>": 1, "<mask>": 2}
+MASK64 = 0xFFFF_FFFF_FFFF_FFFF
+SLOPE_RTOL = 2.4e-7  # two float32 ulps: the stored slopes are the definition rounded to float32
+
+# ----------------------------------------------------------------------------- safetensors
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+           "U8": torch.uint8, "BOOL": torch.bool}
+
+
+def read_safetensors(path, use_package=None):
+    """(tensors: name -> tensor on the CPU, metadata: str -> str) of a safetensors file."""
+    if use_package is not False:
+        try:
+            from safetensors import safe_open
+        except ImportError:
+            if use_package:
+                raise
+        else:
+            with safe_open(path, framework="pt") as f:
+                return {name: f.get_tensor(name) for name in f.keys()}, dict(f.metadata() or {})
+    return _read_safetensors_plain(path)
+
+
+def _read_safetensors_plain(path):
+    """The format read by hand: u64 little-endian header length N, N bytes of JSON, the data."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    if len(blob) < 8:
+        raise ValueError(f"{path}: not a safetensors file (shorter than 8 bytes)")
+    (n,) = struct.unpack("<Q", blob[:8])
+    if n > len(blob) - 8:
+        raise ValueError(f"{path}: header length {n} does not fit in the file ({len(blob)} bytes)")
+    if blob[8:9] != b"{":
+        raise ValueError(f"{path}: the safetensors header does not start with '{{'")
+    header = json.loads(blob[8:8 + n].decode("utf-8"))
+    data = memoryview(blob)[8 + n:]
+    metadata = header.pop("__metadata__", None) or {}
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+        raise ValueError(f"{path}: __metadata__ must map strings to strings")
+    tensors = {}
+    for name, entry in header.items():
+        try:
+            dtype = _DTYPES[entry["dtype"]]
+            shape = [int(s) for s in entry["shape"]]
+            begin, end = (int(o) for o in entry["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{path}: tensor {name}: bad header entry {entry!r}") from None
+        count = math.prod(shape)
+        if not 0 <= begin <= end <= len(data) or end - begin != count * dtype.itemsize:
+            raise ValueError(f"{path}: tensor {name}: data_offsets [{begin}, {end}] do not hold "
+                             f"{count} x {entry['dtype']} inside the {len(data)}-byte data buffer")
+        # A copy (bytearray) keeps every tensor aligned and writable.
+        flat = torch.frombuffer(bytearray(data[begin:end]), dtype=dtype) if count else \
+            torch.empty(0, dtype=dtype)
+        tensors[name] = flat.reshape(shape)
+    return tensors, metadata
+
+
+# ----------------------------------------------------------------------------- definitions
+def alibi_slopes(n):
+    """ALiBi's n fixed slopes: 2^(-8(h+1)/p) for the largest power of two p <= n, then slopes
+    0, 2, 4, ... of the 2p-head sequence until there are n."""
+    p = 1 << (n.bit_length() - 1)
+    return ([2.0 ** (-8.0 * (h + 1) / p) for h in range(p)] +
+            [2.0 ** (-8.0 * (h + 1) / (2 * p)) for h in range(0, 2 * (n - p), 2)])
+
+
+def t5_bucket(relative, buckets, max_distance, bidirectional):
+    """T5's bucket of relative = j - i (key minus query position), computed in float64."""
+    if bidirectional:  # the upper half of the buckets is for keys to the right
+        nb, bucket, n = buckets // 2, (buckets // 2 if relative > 0 else 0), abs(relative)
+    else:
+        nb, bucket, n = buckets, 0, max(-relative, 0)
+    max_exact = nb // 2
+    if n < max_exact:
+        return bucket + n
+    # log-spaced above max_exact; the 1e-9 puts a distance exactly on a boundary in the next bucket
+    scaled = math.log(n / max_exact) / math.log(max_distance / max_exact) * (nb - max_exact) + 1e-9
+    return bucket + min(max_exact + math.floor(scaled), nb - 1)
+
+
+def _mix(x):  # splitmix64's finaliser, uint64 arithmetic (Python ints masked to 64 bits)
+    x = (x + 0x9E3779B97F4A7C15) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def _unit(h):  # the top 53 bits as a double in [0, 1), exactly
+    return (h >> 11) * 2.0 ** -53
+
+
+def mask_decision(pos, token, mask_prob, seed, mask_token, vocab_size):
+    """(selected, input id) of the token at absolute stream position pos in masked-LM evaluation."""
+    h = _mix(((seed & MASK64) * 0x100000001B3 & MASK64) ^ _mix(pos & MASK64))
+    if _unit(h) >= mask_prob:
+        return False, token
+    h2 = _mix(h)
+    u = _unit(h2)
+    if u < 0.8:
+        return True, mask_token
+    if u < 0.9:  # a random token other than the mask token
+        real = vocab_size - 1 if 0 <= mask_token < vocab_size else vocab_size
+        r = _mix(h2) % real
+        return True, r + 1 if mask_token >= 0 and r >= mask_token else r
+    return True, token
+
+
+def evaluation_windows(last, length, stride):
+    """[(begin, size, score_from)] covering input positions 0 .. last-1."""
+    if stride <= 0 or stride >= length:  # non-overlapping
+        return [(b, min(length, last - b), 0) for b in range(0, last, length)]
+    end = min(length, last)
+    windows = [(0, end, 0)]
+    while end < last:  # each window scores the stride tokens after the previous window's end
+        nxt = min(end + stride, last)
+        begin = max(0, nxt - length)
+        windows.append((begin, nxt - begin, end - begin))
+        end = nxt
+    return windows
+
+
+# ----------------------------------------------------------------------------- the model
+def _metadata(raw):
+    if raw.get("format") != FORMAT:
+        raise ValueError(f"metadata format is {raw.get('format')!r}, expected {FORMAT!r}")
+    for key in ("position", "model", "data"):
+        if key not in raw:
+            raise ValueError(f"metadata has no {key!r}")
+    parsed = dict(raw)
+    for key in JSON_METADATA:
+        if key in raw:
+            try:
+                parsed[key] = json.loads(raw[key])
+            except json.JSONDecodeError as e:
+                raise ValueError(f"metadata {key!r} is not valid JSON: {e}") from None
+    if parsed["position"] not in POSITION_METHODS:
+        raise ValueError(f"unknown position method {parsed['position']!r}; supported: "
+                         + ", ".join(POSITION_METHODS))
+    parsed["position_options"] = {**POSITION_DEFAULTS.get(parsed["position"], {}),
+                                  **parsed.get("position_options", {})}
+    return parsed
+
+
+class ExtrapModel(nn.Module):
+    """extrap's pre-LayerNorm transformer; parameter names are the file's tensor names."""
+
+    def __init__(self, metadata, vocabulary=None, dtype=torch.float32):
+        super().__init__()
+        self.metadata, self.vocabulary = metadata, vocabulary
+        m = metadata["model"]
+        self.layers, self.d_model, self.heads = int(m["layers"]), int(m["d_model"]), int(m["heads"])
+        if self.d_model % self.heads:
+            raise ValueError(f"d_model {self.d_model} is not a multiple of heads {self.heads}")
+        self.d_head = self.d_model // self.heads
+        self.causal, self.method = bool(m["causal"]), metadata["position"]
+        self.options = metadata["position_options"]
+        if m.get("activation", "gelu") not in ("gelu", "relu"):
+            raise ValueError(f"unknown activation {m['activation']!r}; supported: gelu, relu")
+        self.act = F.relu if m.get("activation") == "relu" else F.gelu  # gelu: exact (erf)
+        D, Fd, V, H = self.d_model, int(m["d_ffn"]), int(metadata["data"]["vocab_size"]), self.heads
+        eps, kw = float(m.get("layer_norm_eps", 1e-5)), dict(device="meta", dtype=dtype)
+        self.embedding = nn.Embedding(V, D, **kw)
+        self.blocks = nn.ModuleList()
+        for _ in range(self.layers):
+            block = nn.Module()
+            block.ln_attention = nn.LayerNorm(D, eps, **kw)
+            block.ln_ffn = nn.LayerNorm(D, eps, **kw)
+            block.attention = nn.Module()
+            block.attention.qkv = nn.Linear(D, 3 * D, **kw)  # out features [3][H][Dh]
+            block.attention.out = nn.Linear(D, D, **kw)      # in features [H][Dh]
+            block.ffn_in, block.ffn_out = nn.Linear(D, Fd, **kw), nn.Linear(Fd, D, **kw)
+            self.blocks.append(block)
+        self.ln_final = nn.LayerNorm(D, eps, **kw)
+        self.head = None if m.get("tie_embeddings", True) else nn.Linear(D, V, bias=False, **kw)
+        # Position tensors, shaped as the format says; S = rows of per-layer tables.
+        self.position = nn.Module()
+        shared = self.options.get("shared_across_layers", True)
+        S = 1 if shared else self.layers
+        shapes = {}
+        if self.method in ("alibi", "alibi_symmetric", "alibi_nonsymmetric"):
+            shapes = {"slopes": (H,)}
+        elif self.method == "alibi_learned":
+            shapes = {"raw_slopes": (S, H)} if self.causal else \
+                {"raw_slopes_left": (S, H), "raw_slopes_right": (S, H)}
+        elif self.method == "learned":
+            shapes = {"table": (int(self.options["max_length"]), D)}
+        elif self.method == "t5_bias":
+            shapes = {"table": (S, int(self.options["buckets"]), H)}
+        for name, shape in shapes.items():
+            self.position.register_parameter(name, nn.Parameter(torch.empty(shape, **kw)))
+        if self.method == "alibi_nonsymmetric" and H % 2:
+            raise ValueError(f"alibi_nonsymmetric needs an even number of heads, not {H}")
+        if self.method == "t5_bias":
+            nb = int(self.options["buckets"]) // (2 if not self.causal else 1)
+            if nb // 2 < 1 or self.options["max_distance"] <= nb // 2:
+                raise ValueError(f"t5_bias: {self.options['buckets']} buckets and max_distance "
+                                 f"{self.options['max_distance']} leave no log-spaced buckets")
+        self._word_ids = None
+
+    # -- position methods: input embeddings, q/k rotation, score bias
+    def _absolute_positions(self, offset, T):  # (T, D) or None
+        if self.method == "learned":
+            if offset + T > self.position.table.shape[0]:
+                raise ValueError(f"learned positions end at {self.position.table.shape[0]}; "
+                                 f"positions {offset} .. {offset + T - 1} asked for")
+            return self.position.table[offset:offset + T]
+        if self.method == "sinusoidal":
+            D, base = self.d_model, float(self.options["base"])
+            p = torch.arange(offset, offset + T, dtype=torch.float64)[:, None]
+            freq = torch.tensor([base ** (-2.0 * i / D) for i in range((D + 1) // 2)],
+                                dtype=torch.float64)
+            angle = p * freq  # (T, ceil(D/2)); columns 2i = sin, 2i+1 = cos, truncated to D
+            pe = torch.stack((angle.sin(), angle.cos()), dim=-1).flatten(-2)[:, :D]
+            w = self.embedding.weight  # float64 rounded to float32 as in extrap, then to our dtype
+            return pe.to(torch.float32).to(device=w.device, dtype=w.dtype)
+        return None
+
+    def _rotary(self, offset, T):  # (cos, sin), each (T, d_rot/2), or None
+        if self.method != "rotary":
+            return None
+        d_rot = 2 * math.floor(float(self.options["fraction"]) * self.d_head / 2 + 1e-9)
+        if d_rot == 0:
+            return None
+        base = float(self.options["base"])
+        theta = torch.tensor([base ** (-2.0 * i / d_rot) for i in range(d_rot // 2)],
+                             dtype=torch.float64)
+        angle = torch.arange(offset, offset + T, dtype=torch.float64)[:, None] * theta
+        w = self.embedding.weight
+        return angle.cos().to(w.device, w.dtype), angle.sin().to(w.device, w.dtype)
+
+    @staticmethod
+    def _rotate(x, cos, sin):  # x (B, H, T, Dh): pairs (2i, 2i+1) of the first d_rot dims rotated
+        d = 2 * cos.shape[-1]
+        x0, x1 = x[..., 0:d:2], x[..., 1:d:2]
+        rotated = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2)
+        return torch.cat((rotated, x[..., d:]), dim=-1)
+
+    def _bias_row(self, layer):  # which row of a per-layer table a layer uses
+        return 0 if self.options.get("shared_across_layers", True) else layer
+
+    def bias(self, layer, T):
+        """(H, T, T) additive bias on the scores of `layer` (i = query, j = key), -inf = masked."""
+        w, H = self.embedding.weight, self.heads
+        i = torch.arange(T, device=w.device)[:, None]
+        j = torch.arange(T, device=w.device)[None, :]
+        left = (i - j).to(w.dtype)  # (T, T): i - j, the distance to a key on the left
+        neg_inf = torch.tensor(float("-inf"), dtype=w.dtype, device=w.device)
+        if self.method in ("alibi", "alibi_symmetric", "alibi_nonsymmetric"):
+            m = self.position.slopes.to(w.dtype)[:, None, None]  # (H, 1, 1)
+            bias = -m * left.abs()
+            if self.method == "alibi":
+                bias = bias.masked_fill(j > i, neg_inf)
+            elif self.method == "alibi_nonsymmetric":  # first half looks left, second half right
+                half = torch.arange(H, device=w.device)[:, None, None] < H // 2
+                bias = bias.masked_fill(half & (j > i) | ~half & (j < i), neg_inf)
+        elif self.method == "alibi_learned":
+            s = self._bias_row(layer)
+            if self.causal:
+                bias = -F.softplus(self.position.raw_slopes[s])[:, None, None] * left
+            else:
+                m_left = F.softplus(self.position.raw_slopes_left[s])[:, None, None]
+                m_right = F.softplus(self.position.raw_slopes_right[s])[:, None, None]
+                bias = torch.where(j <= i, -m_left * left, m_right * left)  # right: -m_r (j - i)
+        elif self.method == "t5_bias":
+            count, max_distance = int(self.options["buckets"]), self.options["max_distance"]
+            per_distance = torch.tensor([t5_bucket(r, count, max_distance, not self.causal)
+                                         for r in range(-(T - 1), T)], device=w.device)
+            buckets = per_distance[j - i + T - 1]  # (T, T): the bucket of j - i
+            bias = self.position.table[self._bias_row(layer)][buckets].permute(2, 0, 1)
+        else:
+            bias = torch.zeros(H, T, T, dtype=w.dtype, device=w.device)
+        if self.causal:
+            bias = bias.masked_fill(j > i, neg_inf)
+        return bias.expand(H, T, T)
+
+    # -- forward
+    def hidden(self, tokens, offset=0, return_attention=False):
+        """The final LayerNorm's output (B, T, D) [, attention probabilities per layer]."""
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens must be (B, T), not {tuple(tokens.shape)}")
+        B, T = tokens.shape
+        H, Dh = self.heads, self.d_head
+        x = self.embedding.weight[tokens] * math.sqrt(self.d_model)  # (B, T, D)
+        absolute = self._absolute_positions(offset, T)
+        if absolute is not None:
+            x = x + absolute
+        rotary = self._rotary(offset, T)
+        biases = {}  # layers that share a bias share one tensor
+        attention = []
+        for layer, block in enumerate(self.blocks):
+            h = block.ln_attention(x)
+            qkv = block.attention.qkv(h).view(B, T, 3, H, Dh)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, T, Dh)
+            if rotary is not None:
+                q, k = self._rotate(q, *rotary), self._rotate(k, *rotary)
+            row = self._bias_row(layer)
+            if row not in biases:
+                biases[row] = self.bias(layer, T)
+            scores = q @ k.transpose(-1, -2) / math.sqrt(Dh) + biases[row]  # (B, H, T, T)
+            probs = scores.softmax(dim=-1)
+            if return_attention:
+                attention.append(probs)
+            context = (probs @ v).transpose(1, 2).reshape(B, T, H * Dh)  # head-major features
+            x = x + block.attention.out(context)
+            x = x + block.ffn_out(self.act(block.ffn_in(block.ln_ffn(x))))
+        x = self.ln_final(x)
+        return (x, attention) if return_attention else x
+
+    def logits(self, hidden):  # (..., D) -> (..., V)
+        return hidden @ (self.embedding.weight if self.head is None else self.head.weight).T
+
+    def forward(self, tokens, offset=0, return_attention=False):
+        if return_attention:
+            h, attention = self.hidden(tokens, offset, True)
+            return self.logits(h), attention
+        return self.logits(self.hidden(tokens, offset))
+
+    # -- tokenisation
+    def encode(self, text):
+        """Token ids of text (str, or bytes for a byte-level model)."""
+        if self.vocabulary is None:  # byte level: id = byte value
+            return list(text.encode("utf-8") if isinstance(text, str) else bytes(text))
+        if self._word_ids is None:
+            self._word_ids = {}
+            for index, word in enumerate(self.vocabulary):
+                self._word_ids.setdefault(word, index)
+            self._word_ids.update(WORD_SPECIALS)
+        lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")  # universal newlines
+        if lines[-1] == "":  # an empty remainder after the final newline is not a line
+            lines.pop()
+        unk, eos = WORD_SPECIALS["<unk>"], WORD_SPECIALS["<eos>"]
+        return [i for line in lines  # str.split(): runs of whitespace, none at the ends
+                for i in [self._word_ids.get(w, unk) for w in line.split()] + [eos]]
+
+    def decode(self, ids):
+        """Text of ids: bytes decoded as UTF-8, or words joined by spaces with <eos> a newline."""
+        if self.vocabulary is None:
+            return b"".join(bytes([i]) if i < 256 else b"<mask>" for i in map(int, ids)).decode(
+                "utf-8", errors="replace")
+        text, line = [], []
+        for word in (self.vocabulary[int(i)] for i in ids):
+            if word == "<eos>":
+                text.append(" ".join(line) + "\n")
+                line = []
+            else:
+                line.append(word)
+        return "".join(text) + " ".join(line)
+
+
+def _vocabulary(path, metadata):
+    if metadata["data"].get("tokenizer", "byte") != "word":
+        return None
+    if "vocabulary" in metadata:
+        vocabulary = metadata["vocabulary"]
+    elif "vocabulary_file" in metadata:
+        side = os.path.join(os.path.dirname(os.path.abspath(path)), metadata["vocabulary_file"])
+        with open(side, encoding="utf-8") as f:
+            vocabulary = json.load(f)
+    else:
+        raise ValueError("a word-level model needs metadata 'vocabulary' or 'vocabulary_file'")
+    if not isinstance(vocabulary, list) or len(vocabulary) != int(metadata["data"]["vocab_size"]):
+        raise ValueError(f"the vocabulary must be a list of vocab_size = "
+                         f"{metadata['data']['vocab_size']} strings")
+    return vocabulary
+
+
+def load(path, dtype=torch.float32, device="cpu", use_package=None):
+    """The ExtrapModel stored in an extrap-safetensors/1 file, in eval mode, weights in dtype."""
+    tensors, raw = read_safetensors(path, use_package)
+    metadata = _metadata(raw)
+    try:
+        model = ExtrapModel(metadata, _vocabulary(path, metadata), dtype)
+    except KeyError as e:
+        raise ValueError(f"{path}: metadata lacks {e}") from None
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    missing = sorted(expected.keys() - tensors.keys())
+    extra = sorted(tensors.keys() - expected.keys())
+    if missing:
+        raise ValueError(f"{path}: missing tensor(s) "
+                         + ", ".join(f"{n} {expected[n]}" for n in missing))
+    if extra:
+        raise ValueError(f"{path}: unexpected tensor(s) " + ", ".join(extra)
+                         + f" (position {model.method!r}, causal {model.causal})")
+    for name, shape in expected.items():
+        if tuple(tensors[name].shape) != shape:
+            raise ValueError(f"{path}: tensor {name} has shape {tuple(tensors[name].shape)}, "
+                             f"expected {shape}")
+    if model.method in ("alibi", "alibi_symmetric", "alibi_nonsymmetric"):
+        H = model.heads
+        want = torch.tensor(alibi_slopes(H) if model.method != "alibi_nonsymmetric"
+                            else alibi_slopes(H // 2) * 2, dtype=torch.float64)
+        stored = tensors["position.slopes"].to(torch.float64)
+        if not torch.allclose(stored, want, rtol=SLOPE_RTOL, atol=0):
+            raise ValueError(f"{path}: position.slopes {stored.tolist()} differ from the "
+                             f"{model.method} definition {want.tolist()}")
+    model.load_state_dict({n: t.to(device=device, dtype=dtype) for n, t in tensors.items()},
+                          strict=True, assign=True)
+    return model.eval()
+
+
+# ----------------------------------------------------------------------------- evaluation
+def check_length(model, n, length):
+    """Refuses a window length that n tokens cannot fill; True for a masked-LM model."""
+    masked = model.metadata["model"].get("objective") == "masked_lm"
+    need = length if masked else length + 1  # causal LM: one more token, the last target
+    if length < 1 or n < need:
+        raise ValueError(f"length {length} needs at least {need} tokens; the stream has {n}")
+    return masked
+
+
+@torch.no_grad()
+def evaluate(model, tokens, length, stride=0, batch_windows=64):
+    """Perplexity of a token stream with windows of `length`, every `stride` tokens (0 or
+    >= length: non-overlapping). Causal LM scores the next token; masked LM the selected ones."""
+    tokens = torch.as_tensor(tokens, dtype=torch.long).flatten().cpu()
+    n, V = tokens.numel(), model.embedding.weight.shape[0]
+    masked = check_length(model, n, length)
+    last = n if masked else n - 1  # input positions
+    if stride < 0:
+        raise ValueError(f"stride must be >= 0, not {stride}")
+    if n and (tokens.min() < 0 or tokens.max() >= V):
+        raise ValueError(f"token ids must lie in 0 .. {V - 1}")
+    if masked:  # the decision depends on the absolute position only: make it once per stream
+        ev = model.metadata.get("eval", {})
+        prob, seed = float(ev.get("mask_prob", 0.15)), int(ev.get("mask_seed", 1234))
+        mask_token = int(model.metadata["data"]["mask_token"])
+        decisions = [mask_decision(pos, t, prob, seed, mask_token, V)
+                     for pos, t in enumerate(tokens.tolist())]
+        selected = torch.tensor([d[0] for d in decisions], dtype=torch.bool)
+        inputs, targets = torch.tensor([d[1] for d in decisions], dtype=torch.long), tokens
+    else:
+        selected = torch.ones(n, dtype=torch.bool)
+        inputs, targets = tokens[:-1], tokens[1:]  # input position p predicts token p + 1
+    windows = evaluation_windows(last, length, stride)
+    was_training, device = model.training, model.embedding.weight.device
+    model.eval()
+    nll_sum, count, start = 0.0, 0, 0
+    while start < len(windows):  # batches of consecutive windows of one size
+        size = windows[start][1]
+        stop = start
+        while stop < len(windows) and stop - start < batch_windows and windows[stop][1] == size:
+            stop += 1
+        group = windows[start:stop]
+        index = torch.tensor([b for b, _, _ in group])[:, None] + torch.arange(size)  # (W, size)
+        scored = (torch.arange(size) >= torch.tensor([s for _, _, s in group])[:, None])
+        scored &= selected[index + (0 if masked else 1)]  # (W, size)
+        hidden = model.hidden(inputs[index].to(device))  # (W, size, D)
+        chunk = max(1, (1 << 25) // (size * V))  # windows per logits pass: (chunk, size, V) bounded
+        for c in range(0, len(group), chunk):
+            logp = model.logits(hidden[c:c + chunk]).log_softmax(dim=-1)  # (chunk, size, V)
+            picked = logp.gather(-1, targets[index[c:c + chunk]].to(device)[..., None])[..., 0]
+            nll_sum -= picked[scored[c:c + chunk].to(device)].double().sum().item()
+        count += int(scored.sum())
+        start = stop
+    model.train(was_training)
+    return {"nll_sum": nll_sum, "scored_tokens": count, "windows": len(windows),
+            "perplexity": math.exp(nll_sum / count) if count else float("nan")}
+
+
+# ----------------------------------------------------------------------------- command line
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit status 2
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def main(argv=None):
+    parser = _Parser(prog="extrap_model.py", description="Perplexity of an exported extrap model.")
+    parser.add_argument("model", help="MODEL.safetensors written by `extrap export`")
+    parser.add_argument("--tokens-file", required=True, help="text to tokenise and evaluate on")
+    parser.add_argument("--length", type=int, nargs="+", required=True, help="window lengths")
+    parser.add_argument("--stride", type=int, nargs="*", default=[], help="sliding-window strides")
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--max-tokens", type=int, help="evaluate only the first N tokens")
+    parser.add_argument("--batch-windows", type=int, default=64, help="windows per forward pass")
+    parser.add_argument("--reader", choices=("auto", "package", "fallback"), default="auto")
+    parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    args = parser.parse_args(argv)
+    try:
+        if min(args.stride + args.length + [args.batch_windows]) < 1:
+            raise ValueError("lengths, strides and --batch-windows must be positive")
+        use_package = {"auto": None, "package": True, "fallback": False}[args.reader]
+        model = load(args.model, getattr(torch, args.dtype), args.device, use_package)
+        if model.vocabulary is None:
+            with open(args.tokens_file, "rb") as f:
+                tokens = model.encode(f.read())
+        else:
+            with open(args.tokens_file, encoding="utf-8", newline="") as f:
+                tokens = model.encode(f.read())
+        if args.max_tokens is not None:
+            tokens = tokens[:args.max_tokens]
+        for length in args.length:  # every refusal before any output
+            check_length(model, len(tokens), length)
+        if not args.json:
+            print(f"{'length':>7} {'stride':>7} {'windows':>8} {'scored':>9} {'nll_sum':>16} "
+                  f"{'perplexity':>12}")
+        for length in args.length:
+            for stride in [length] + sorted({s for s in args.stride if s < length}):
+                r = evaluate(model, tokens, length, stride, args.batch_windows)
+                if args.json:
+                    print(json.dumps({"length": length, "stride": stride, **{
+                        k: r[k] for k in ("nll_sum", "scored_tokens", "perplexity")}}))
+                else:
+                    label = "non-ov." if stride == length else str(stride)
+                    print(f"{length:>7} {label:>7} {r['windows']:>8} {r['scored_tokens']:>9} "
+                          f"{r['nll_sum']:>16.6f} {r['perplexity']:>12.6f}")
+    except Exception as e:  # noqa: BLE001  (a command line: one line, never a traceback)
+        print(f"extrap_model.py: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
