@@ -280,7 +280,7 @@ TEST_CASE("export: refusals name the file and write nothing", "[export]") {
   CHECK(std::count(out.begin(), out.end(), '\n') == 1);
 }
 
-TEST_CASE("export: a full disk leaves no file; eval --json records failures with their reason",
+TEST_CASE("export: a full disk leaves no file, and eval --json records failures with their reason",
           "[export]") {
   ExportDir d;
   const std::string run = d.train("alibi", "alibi", true);

@@ -222,7 +222,7 @@ TEST_CASE("sweep files: scalar grids, duplicates, empty evaluations and shards' 
   CHECK(out.find("-> results/x.shard-1-of-2.h5") != std::string::npos);
 }
 
-TEST_CASE("a full disk names the file and keeps every earlier result; merges refuse conflicts",
+TEST_CASE("a full disk names the file and keeps every earlier result, and merges refuse conflicts",
           "[refusals]") {
   SweepDir d;
   std::string out;
