@@ -112,9 +112,8 @@ ExportSummary export_run(const fs::path& run_dir, const fs::path& out, const Exp
 
   const VerifiedCheckpoint checkpoint = require_checkpoint(run_dir);
   const Config& config = checkpoint.config;
-  for (const auto& plugin : config.plugins) PositionRegistry::instance().load_plugin(plugin);
   const Corpus corpus = load_corpus(config.data);
-  LoadedRun run = load_run(checkpoint, corpus);
+  LoadedRun run = load_run(checkpoint, corpus);  // loads the config's plugins, if any
 
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
   for (const auto& item : run.model->named_parameters()) tensors.emplace_back(item.key(), item.value());

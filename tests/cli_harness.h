@@ -108,6 +108,27 @@ inline int run_cli(const TempDir& d, const std::vector<std::string>& args,
   return code;
 }
 
+// This process's working directory is `d` for the object's lifetime (paths in configs the CLI
+// wrote there are relative to it), then back to what it was.
+struct InDirectory {
+  explicit InDirectory(const TempDir& d) { fs::current_path(d.root); }
+  ~InDirectory() { fs::current_path(previous); }
+  InDirectory(const InDirectory&) = delete;
+  InDirectory& operator=(const InDirectory&) = delete;
+  fs::path previous = fs::current_path();
+};
+
+// Runs the project's Python (EXTRAP_PYTHON) with `args` (shell words) in `d`; returns its exit
+// status and (in `output`) what it printed, stdout and stderr together.
+inline int run_python(const TempDir& d, const std::string& args, std::string* output = nullptr) {
+  const fs::path log = d.root / "python.log";
+  const std::string command = "cd '" + d.root.string() + "' && " EXTRAP_PYTHON " " + args + " > '" +
+                              log.string() + "' 2>&1";
+  const int status = std::system(command.c_str());
+  if (output) *output = read_text(log);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
 // A run directory that the CLI wrote in `d`, loaded in this process (checkpoint verified):
 // its corpus, named in its config relative to `d`, and its model.
 struct CliRun {
@@ -115,11 +136,7 @@ struct CliRun {
   LoadedRun run;
 };
 inline CliRun load_cli_run(const TempDir& d, const std::string& run_dir) {
-  struct RestoreDirectory {
-    fs::path previous = fs::current_path();
-    ~RestoreDirectory() { fs::current_path(previous); }
-  } restore;
-  fs::current_path(d.root);
+  const InDirectory in_directory(d);
   const VerifiedCheckpoint checkpoint = require_checkpoint(run_dir);
   CliRun loaded;
   loaded.corpus = load_corpus(checkpoint.config.data);

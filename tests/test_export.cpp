@@ -181,13 +181,10 @@ Compared train_eval_export(ExportDir& d, const std::string& name, const std::str
 // Runs tests/check_export.py on the models: analysis/extrap_model.py (float64) reproduces every
 // row of each eval JSON to 1e-5 relative, and extrap's logits.
 void check_in_python(const ExportDir& d, const std::vector<Compared>& models) {
-  std::string args;
+  std::string args = EXTRAP_SOURCE_DIR "/tests/check_export.py";
   for (const auto& m : models) args += " " + m.model + " " + m.eval_json + " " + m.tokens + " " + m.logits;
-  const fs::path log = d.root / "python.log";
-  const std::string command = "cd '" + d.root.string() + "' && " EXTRAP_PYTHON " " EXTRAP_SOURCE_DIR
-                              "/tests/check_export.py" + args + " > '" + log.string() + "' 2>&1";
-  const int code = std::system(command.c_str());
-  const std::string output = read_text(log);
+  std::string output;
+  const int code = run_python(d, args, &output);
   INFO(output);
   REQUIRE(code == 0);
   for (const auto& m : models) CHECK(output.find("ok " + m.model) != std::string::npos);
@@ -318,11 +315,7 @@ TEST_CASE("export: Python's extrap_model.py reproduces extrap eval, causal metho
   models.push_back(train_eval_export(d, "causal_words", "alibi", true, "word",
                                      ", heads: 6, d_model: 48, tie_embeddings: false, activation: relu"));
   {
-    struct RestoreDirectory {
-      fs::path previous = fs::current_path();
-      ~RestoreDirectory() { fs::current_path(previous); }
-    } restore;
-    fs::current_path(d.root);
+    const InDirectory in_directory(d);
     ExportOptions options;
     options.inline_vocabulary_bytes = 16;
     const ExportSummary summary = export_run("runs/causal_words", "side.safetensors", options);
@@ -360,14 +353,11 @@ TEST_CASE("export: a plugin's model exports, and Python refuses it by name", "[e
   CHECK(file.tensors.count("position.raw_r1") == 1);
   CHECK(file.metadata.at("position_tensors").find("softplus") != std::string::npos);
 
-  const fs::path log = d.root / "python.log";
-  const std::string command = "cd '" + d.root.string() + "' && " EXTRAP_PYTHON " " EXTRAP_SOURCE_DIR
-                              "/analysis/extrap_model.py kerple.safetensors --tokens-file "
-                              "bytes/valid.txt --length 16 > '" + log.string() + "' 2>&1";
-  const int status = std::system(command.c_str());
-  const std::string output = read_text(log);
+  std::string output;
+  const int code = run_python(d, EXTRAP_SOURCE_DIR "/analysis/extrap_model.py kerple.safetensors "
+                                 "--tokens-file bytes/valid.txt --length 16", &output);
   INFO(output);
-  CHECK(WEXITSTATUS(status) == 2);
+  CHECK(code == 2);
   CHECK(output.find("kerple_log") != std::string::npos);
   CHECK(output.find("Traceback") == std::string::npos);
   CHECK(std::count(output.begin(), output.end(), '\n') == 1);

@@ -202,12 +202,9 @@ for run_id, g in f["runs"].items():
 print("schema ok")
 )PY";
   std::string out;
-  const int code = std::system((std::string(EXTRAP_PYTHON) + " " + (d.root / "check.py").string() + " " +
-                                (d.root / "results/tiny.h5").string() + " " +
-                                (d.root / "tiny.yaml").string() + " > " +
-                                (d.root / "py.log").string() + " 2>&1")
-                                   .c_str());
-  INFO(read_text(d.root / "py.log"));
+  std::string py_out;
+  const int code = run_python(d, "check.py results/tiny.h5 tiny.yaml", &py_out);
+  INFO(py_out);
   REQUIRE(code == 0);
 
   // One row against an in-process evaluation of its run's checkpoint.
@@ -231,12 +228,10 @@ print("schema ok")
   for (const char* image : {"ppl_L16_nonoverlapping.png", "ppl_L16_sliding_8.png", "curves_L16.png"})
     CHECK(md.find(std::string("](") + image + ")") != std::string::npos);
   // Every cell and every plotted curve against the HDF5 rows (tests/check_report.py).
-  const int report_code =
-      std::system((std::string(EXTRAP_PYTHON) + " " EXTRAP_SOURCE_DIR "/tests/check_report.py " +
-                   (d.root / "results/tiny.h5").string() + " " + (d.root / "report").string() +
-                   " " EXTRAP_SOURCE_DIR " > " + (d.root / "report.log").string() + " 2>&1")
-                      .c_str());
-  INFO(read_text(d.root / "report.log"));
+  std::string report_out;
+  const int report_code = run_python(
+      d, EXTRAP_SOURCE_DIR "/tests/check_report.py results/tiny.h5 report " EXTRAP_SOURCE_DIR, &report_out);
+  INFO(report_out);
   CHECK(report_code == 0);
 }
 
