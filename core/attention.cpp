@@ -45,6 +45,33 @@ AttentionBias AttentionBias::linear_symmetric(torch::Tensor slopes) {
   return linear(slopes, slopes, torch::ones({h}, torch::kBool), torch::ones({h}, torch::kBool));
 }
 
+AttentionBias AttentionBias::cumulative_sum(torch::Tensor F) {
+  TORCH_CHECK(F.dim() == 3, "cumulative bias: F must be (B, H, T), got ", F.sizes());
+  AttentionBias b;
+  b.kind = Kind::Cumulative;
+  b.cumulative = std::move(F);
+  return b;
+}
+
+AttentionBias AttentionBias::contextual(torch::Tensor E) {
+  TORCH_CHECK(E.dim() == 3 && E.size(2) >= 2,
+              "contextual bias: position embeddings must be (1 or H, d_head, npos >= 2), got ",
+              E.sizes());
+  AttentionBias b;
+  b.kind = Kind::Contextual;
+  b.position_embeddings = std::move(E);
+  return b;
+}
+
+AttentionBias AttentionBias::at_positions(const torch::Tensor& token_positions) const {
+  if (!token_positions.defined()) return *this;
+  TORCH_CHECK(kind == Kind::Linear, "only a linear bias can be evaluated at explicit positions, "
+              "this one is ", describe());
+  AttentionBias b = *this;
+  b.positions = token_positions.to(torch::kFloat32);
+  return b;
+}
+
 std::string AttentionBias::describe() const {
   switch (kind) {
     case Kind::None: return "none";
@@ -52,8 +79,11 @@ std::string AttentionBias::describe() const {
     case Kind::Linear: {
       const bool left = look_left.any().item<bool>(), right = look_right.any().item<bool>();
       return "linear (" + std::to_string(slopes_left.size(0)) + " heads, " +
-             (left && right ? "left+right" : left ? "left" : "right") + ")";
+             (left && right ? "left+right" : left ? "left" : "right") +
+             (positions.defined() ? ", sampled positions" : "") + ")";
     }
+    case Kind::Cumulative: return "cumulative (F[i] - F[j] per batch and head)";
+    case Kind::Contextual: return "contextual (CoPE, " + std::to_string(position_embeddings.size(2)) + " positions)";
   }
   return "?";
 }
@@ -66,13 +96,24 @@ torch::Tensor materialize_bias_block(const AttentionBias& bias, int64_t num_head
   auto i = torch::arange(q0, q1, options).view({1, -1, 1});  // (1, Tq, 1)
   auto j = torch::arange(k0, k1, options).view({1, 1, -1});  // (1, 1, Tk)
   auto left = (j <= i);                                       // (1, Tq, Tk)
-  torch::Tensor out;                                          // (H, Tq, Tk)
+  torch::Tensor out;                                          // (H, Tq, Tk) or (B, H, Tq, Tk)
   switch (bias.kind) {
+    case AttentionBias::Kind::Contextual:
+      TORCH_CHECK(false, "a contextual (CoPE) bias depends on q and k: use add_bias_()");
+    case AttentionBias::Kind::Cumulative: {  // causal only: materialize_bias() checks
+      const auto& F = bias.cumulative;
+      TORCH_CHECK(F.size(1) == num_heads && F.size(2) >= std::max(q1, k1), "cumulative bias: F ",
+                  F.sizes(), " does not cover ", num_heads, " heads and positions up to ",
+                  std::max(q1, k1));
+      auto f = F.to(options.device(), options.dtype_opt().value());
+      out = f.narrow(2, q0, q1 - q0).unsqueeze(-1) - f.narrow(2, k0, k1 - k0).unsqueeze(-2);
+      break;
+    }
     case AttentionBias::Kind::None:
       out = torch::zeros({num_heads, q1 - q0, k1 - k0}, options);
       break;
     case AttentionBias::Kind::Dense:
-      out = bias.dense(q0, q1, k0, k1).to(options.dtype_opt().value());
+      out = bias.dense(q0, q1, k0, k1).to(options.device(), options.dtype_opt().value());
       TORCH_CHECK(out.dim() == 3 && out.size(0) == num_heads && out.size(1) == q1 - q0 &&
                       out.size(2) == k1 - k0,
                   "dense bias: expected (", num_heads, ", ", q1 - q0, ", ", k1 - k0, "), got ",
@@ -85,6 +126,14 @@ torch::Tensor materialize_bias_block(const AttentionBias& bias, int64_t num_head
       auto sl = bias.slopes_left.to(options.device(), dtype).view({-1, 1, 1});   // (H, 1, 1)
       auto sr = bias.slopes_right.to(options.device(), dtype).view({-1, 1, 1});
       auto dist = (i - j).abs();  // (1, Tq, Tk)
+      if (bias.positions.defined()) {  // sampled positions: distances between them
+        TORCH_CHECK(bias.positions.dim() == 1 && bias.positions.size(0) >= std::max(q1, k1),
+                    "linear bias: positions ", bias.positions.sizes(), " do not cover ",
+                    std::max(q1, k1), " tokens");
+        auto p = bias.positions.to(options.device(), dtype);
+        dist = (p.narrow(0, q0, q1 - q0).view({1, -1, 1}) - p.narrow(0, k0, k1 - k0).view({1, 1, -1}))
+                   .abs();
+      }
       out = torch::where(left, -sl * dist, -sr * dist);
       auto look_left = bias.look_left.to(options.device()).view({-1, 1, 1});
       auto look_right = bias.look_right.to(options.device()).view({-1, 1, 1});
@@ -100,24 +149,60 @@ torch::Tensor materialize_bias_block(const AttentionBias& bias, int64_t num_head
 
 torch::Tensor materialize_bias(const AttentionBias& bias, int64_t num_heads, int64_t tq,
                                int64_t tk, bool causal, torch::TensorOptions options) {
+  TORCH_CHECK(causal || bias.kind != AttentionBias::Kind::Cumulative,
+              "a cumulative (forgetting-gate) bias is defined for causal attention only");
   return materialize_bias_block(bias, num_heads, 0, tq, 0, tk, causal, options);
+}
+
+namespace {
+
+// Kind::Contextual's bias from the scaled, masked scores (B, H, Tq, Tk) and unscaled q.
+torch::Tensor contextual_bias(const torch::Tensor& masked_scores, const torch::Tensor& q,
+                              const torch::Tensor& E) {
+  const int64_t npos = E.size(2);
+  TORCH_CHECK(E.size(0) == 1 || E.size(0) == q.size(1), "contextual bias: ", E.size(0),
+              " embedding sets for ", q.size(1), " heads");
+  TORCH_CHECK(E.size(1) == q.size(3), "contextual bias: embeddings of size ", E.size(1),
+              " for heads of size ", q.size(3));
+  auto gates = torch::sigmoid(masked_scores);                     // (B, H, Tq, Tk), 0 where masked
+  auto p = gates.flip(-1).cumsum(-1).flip(-1).clamp_max(double(npos - 1));  // sum_{t >= j} g_it
+  auto z = torch::matmul(q, E.to(q.scalar_type()));              // (B, H, Tq, npos)
+  auto lower = p.floor();
+  auto w = p - lower;
+  auto lo = lower.to(torch::kLong), hi = p.ceil().to(torch::kLong);
+  return z.gather(-1, lo) * (1 - w) + z.gather(-1, hi) * w;       // (B, H, Tq, Tk)
+}
+
+}  // namespace
+
+torch::Tensor add_bias_(torch::Tensor& scores, const AttentionBias& bias, const torch::Tensor& q,
+                        bool causal) {
+  const auto heads = scores.size(1), tq = scores.size(2), tk = scores.size(3);
+  const bool mask_only = bias.is_none() || bias.kind == AttentionBias::Kind::Contextual;
+  if (mask_only) {
+    if (causal) {
+      auto mask = torch::ones({tq, tk}, torch::TensorOptions().dtype(torch::kBool).device(scores.device()))
+                      .triu(1);
+      scores.masked_fill_(mask, -std::numeric_limits<float>::infinity());
+    }
+    if (bias.kind == AttentionBias::Kind::Contextual) {
+      TORCH_CHECK(causal, "a contextual (CoPE) bias is defined for causal attention only");
+      scores.add_(contextual_bias(scores, q, bias.position_embeddings));
+    }
+    return scores;
+  }
+  // (H, Tq, Tk) broadcast over B, or (B, H, Tq, Tk) for a cumulative bias.
+  return scores.add_(materialize_bias(bias, heads, tq, tk, causal, scores.options()));
 }
 
 torch::Tensor attention_reference(const torch::Tensor& q, const torch::Tensor& k,
                                   const torch::Tensor& v, const AttentionBias& bias,
                                   const AttentionOptions& options) {
-  const auto heads = q.size(1), tq = q.size(2), tk = k.size(2), d = q.size(3);
+  const auto d = q.size(3);
   // Scale q rather than the scores (a (B, H, T, D) pass instead of (B, H, T, T)), and add the
   // bias in place: matmul's backward needs only its inputs.
   auto scores = torch::matmul(q * (1.0 / std::sqrt(double(d))), k.transpose(-2, -1));  // (B, H, Tq, Tk)
-  if (!bias.is_none()) {
-    scores.add_(materialize_bias(bias, heads, tq, tk, options.causal,
-                                 scores.options()));  // (H, Tq, Tk) broadcast over B
-  } else if (options.causal) {
-    auto mask = torch::ones({tq, tk}, torch::TensorOptions().dtype(torch::kBool).device(q.device()))
-                    .triu(1);
-    scores.masked_fill_(mask, -std::numeric_limits<float>::infinity());
-  }
+  add_bias_(scores, bias, q, options.causal);
   auto probs = torch::softmax(scores, -1);
   if (options.training && options.dropout > 0) probs = torch::dropout(probs, options.dropout, true);
   return torch::matmul(probs, v);  // (B, H, Tq, D)

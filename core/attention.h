@@ -22,9 +22,11 @@ namespace extrap {
 // What a position method adds to the attention scores.
 struct AttentionBias {
   enum class Kind {
-    None,    // nothing
-    Dense,   // an arbitrary per-head bias, computed block by block on request
-    Linear,  // ALiBi family: linear in |i - j| with per-head slopes and direction masks
+    None,        // nothing
+    Dense,       // an arbitrary per-head bias, computed block by block on request
+    Linear,      // ALiBi family: linear in |i - j| with per-head slopes and direction masks
+    Cumulative,  // per batch and head: F[i] - F[j] from one vector F (forgetting gates)
+    Contextual,  // CoPE: positions counted by sigmoid gates of the scores themselves
   };
 
   // Kind::Dense: returns the (H, q_end - q_begin, k_end - k_begin) bias for the rows
@@ -47,6 +49,25 @@ struct AttentionBias {
   torch::Tensor slopes_right;
   torch::Tensor look_left;
   torch::Tensor look_right;
+  // Kind::Linear only, optional: (T,) float positions of the window's tokens when they are not
+  // 0..T-1 (training with position.randomize_max); distances are then |positions[i] -
+  // positions[j]|. Masks still go by index. Only the reference backend takes it.
+  torch::Tensor positions;
+
+  // Kind::Cumulative, causal attention only: (B, H, T) float F, and
+  //   bias(b, h, i, j) = F[b, h, i] - F[b, h, j]   for j <= i.
+  // With F[i] = sum_{l <= i} log f_l this is the sum of log forget gates over (j, i] (the
+  // Forgetting Transformer); F[i] = -m_h * i is causal ALiBi. A fused kernel could take it
+  // as two vectors per (batch, head). May require grad.
+  torch::Tensor cumulative;
+
+  // Kind::Contextual (CoPE, Golovneva et al., 2024), causal attention only. With s = the
+  // scaled, masked scores q_i . k_j / sqrt(d) of the same call:
+  //   g_ij = sigmoid(s_ij) (0 where masked),  p_ij = min(sum_{t = j..i} g_it, npos - 1),
+  //   bias(i, j) = (1 - w) * z_i[floor p_ij] + w * z_i[ceil p_ij],  w = p_ij - floor p_ij,
+  // where z_i = q_i . E (unscaled q) and E = position_embeddings: (1 or H, d_head, npos).
+  // The gates see the scores before this bias is added. May require grad.
+  torch::Tensor position_embeddings;
 
   static AttentionBias none() { return {}; }
   static AttentionBias dense_blocks(DenseBlockFn fn);
@@ -57,8 +78,17 @@ struct AttentionBias {
   // General form.
   static AttentionBias linear(torch::Tensor slopes_left, torch::Tensor slopes_right,
                               torch::Tensor look_left, torch::Tensor look_right);
+  // F: (B, H, T).
+  static AttentionBias cumulative_sum(torch::Tensor F);
+  // E: (1 or H, d_head, npos).
+  static AttentionBias contextual(torch::Tensor E);
+
+  // A Linear bias evaluated at explicit token positions (T,); unchanged when undefined.
+  AttentionBias at_positions(const torch::Tensor& positions) const;
 
   bool is_none() const { return kind == Kind::None; }
+  // Kinds that depend on the batch or on q and k, not on positions alone.
+  bool depends_on_input() const { return kind == Kind::Cumulative || kind == Kind::Contextual; }
   std::string describe() const;  // e.g. "linear (8 heads, left+right)"
 };
 
@@ -98,12 +128,20 @@ torch::Tensor attention_reference(const torch::Tensor& q, const torch::Tensor& k
                                   const torch::Tensor& v, const AttentionBias& bias,
                                   const AttentionOptions& options);
 
-// The full (H, Tq, Tk) additive bias, masks included (-inf where attention is masked).
-// What `extrap inspect bias` prints; used by the reference path and by tests.
+// Adds the bias (masks included) to scores = q.k / sqrt(d): (B, H, Tq, Tk), in place; returns
+// scores. Every kind; the reference path's own step, and what tests compare the others with.
+// q is the unscaled query (Kind::Contextual needs it).
+torch::Tensor add_bias_(torch::Tensor& scores, const AttentionBias& bias, const torch::Tensor& q,
+                        bool causal);
+
+// The full (H, Tq, Tk) additive bias, masks included (-inf where attention is masked); for
+// Kind::Cumulative (B, H, Tq, Tk). Kind::Contextual depends on q and k: use add_bias_().
+// What `extrap inspect bias` prints; used by tests.
 torch::Tensor materialize_bias(const AttentionBias& bias, int64_t num_heads, int64_t tq,
                                int64_t tk, bool causal, torch::TensorOptions options = {});
 
-// The bias for a block of rows [q0, q1) and columns [k0, k1), masks included.
+// The bias for a block of rows [q0, q1) and columns [k0, k1), masks included. Kinds None,
+// Dense, Linear: (H, q1 - q0, k1 - k0); Cumulative: (B, H, q1 - q0, k1 - k0).
 torch::Tensor materialize_bias_block(const AttentionBias& bias, int64_t num_heads, int64_t q0,
                                      int64_t q1, int64_t k0, int64_t k1, bool causal,
                                      torch::TensorOptions options = {});

@@ -169,6 +169,16 @@ Config config_from_yaml(const YAML::Node& root, const std::string& source) {
   Config c;
   c.source = source;
   read_config(OptionReader(root, source), c);
+  // position.randomize_max is decoded (and type-checked) by the position registry; here only
+  // its relation to the training length.
+  const YAML::Node n = c.position.IsMap() ? c.position["randomize_max"] : YAML::Node();
+  int64_t randomize_max = 0;
+  if (n && n.IsScalar() && YAML::convert<int64_t>::decode(n, randomize_max) && randomize_max > 0 &&
+      randomize_max < c.train.seq_len)
+    OptionReader(c.position, source, "position")
+        .fail("randomize_max", "is " + std::to_string(randomize_max) + ", below train.seq_len " +
+                                   std::to_string(c.train.seq_len) +
+                                   ": a training window needs that many distinct positions");
   return c;
 }
 

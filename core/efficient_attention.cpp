@@ -52,6 +52,8 @@ struct Problem {
   // off the diagonal, so the product is then -inf: masked).
   torch::Tensor tile_offsets;
   torch::Tensor left_coefficient, right_coefficient;
+  // Kind::Contextual: the (1 or H, D, npos) position embeddings, fp32.
+  torch::Tensor position_embeddings;
 };
 
 enum class Side { Left, Diagonal, Right };
@@ -62,10 +64,11 @@ enum class Side { Left, Diagonal, Right };
 void add_tile_bias(const Problem& p, torch::Tensor& scores, Side side, int64_t q0, int64_t q1,
                    int64_t k0, int64_t k1) {
   const int64_t rows = q1 - q0, cols = k1 - k0;
-  if (p.bias->kind == AttentionBias::Kind::Dense) {
+  if (p.bias->kind == AttentionBias::Kind::Dense ||
+      p.bias->kind == AttentionBias::Kind::Cumulative) {  // (H, ...) or (B, H, ...) tiles
     const bool causal = p.causal && side == Side::Diagonal;
     scores.add_(materialize_bias_block(*p.bias, p.heads, q0, q1, k0, k1, causal));
-  } else if (side == Side::Diagonal) {
+  } else if (side == Side::Diagonal) {  // None, Linear, Contextual (its mask only)
     if (p.diagonal_bias.defined())
       scores.add_(p.diagonal_bias.narrow(1, 0, rows).narrow(2, 0, cols));
   } else if (p.bias->kind == AttentionBias::Kind::Linear) {
@@ -85,6 +88,18 @@ void attend_query_block(const Problem& p, int64_t q0, int64_t q1, torch::Tensor&
   auto running_max = torch::full({groups, rows, 1}, -kInf, q_tile.options());  // (G, bq, 1)
   auto running_sum = torch::zeros({groups, rows, 1}, q_tile.options());        // (G, bq, 1)
   auto accumulator = torch::zeros({groups, rows, p.d}, q_tile.options());      // (G, bq, D)
+  // Kind::Contextual: z = q . E per query row (G, bq, npos), and each row's sum of the gates of
+  // the keys visited so far. Keys are visited from the diagonal leftwards, so that sum is
+  // what a tile's positions start from: p_ij = (gates of this tile at t >= j) + carry.
+  const bool contextual = p.bias->kind == AttentionBias::Kind::Contextual;
+  torch::Tensor z, gate_carry;
+  if (contextual) {
+    const int64_t npos = p.position_embeddings.size(2);
+    z = torch::matmul(p.q.narrow(1, q0, rows).view({p.batch, p.heads, rows, p.d}),
+                      p.position_embeddings)
+            .view({groups, rows, npos});
+    gate_carry = torch::zeros({groups, rows, 1}, q_tile.options());
+  }
 
   auto visit = [&](Side side, int64_t k0, int64_t k1) {
     const int64_t cols = k1 - k0;
@@ -92,6 +107,16 @@ void attend_query_block(const Problem& p, int64_t q0, int64_t q1, torch::Tensor&
     at::bmm_out(scores, q_tile, p.k.narrow(1, k0, cols).transpose(1, 2));  // (G, bq, bk)
     auto scores_bh = scores.view({p.batch, p.heads, rows, cols});
     add_tile_bias(p, scores_bh, side, q0, q1, k0, k1);
+    if (contextual) {  // the gates see the masked scores before the contextual bias
+      auto gates = torch::sigmoid(scores);  // (G, bq, bk)
+      auto positions = (gates.flip(-1).cumsum(-1).flip(-1) + gate_carry)
+                           .clamp_max_(double(z.size(-1) - 1));
+      gate_carry.add_(gates.sum(-1, /*keepdim=*/true));
+      auto lower = positions.floor();
+      auto w = positions - lower;
+      scores.add_(z.gather(-1, lower.to(torch::kLong)).mul_(1 - w) +
+                  z.gather(-1, positions.ceil().to(torch::kLong)).mul_(w));
+    }
 
     // Online softmax. A row that has seen only masked keys so far keeps max -inf; it is
     // shifted by 0 instead, so that exp(-inf - shift) = 0 rather than NaN.
@@ -144,10 +169,17 @@ torch::Tensor attention_efficient(const torch::Tensor& q, const torch::Tensor& k
   TORCH_CHECK(!(options.training && options.dropout > 0),
               "attention_efficient is inference only: it has no attention dropout");
   const bool linear = bias.kind == AttentionBias::Kind::Linear;
+  TORCH_CHECK(!(linear && bias.positions.defined()),
+              "attention_efficient takes no sampled positions (a training-time option)");
+  TORCH_CHECK(options.causal || !bias.depends_on_input(), "attention_efficient: a ",
+              bias.describe(), " bias is defined for causal attention only");
   TORCH_CHECK(!torch::GradMode::is_enabled() ||
                   !(q.requires_grad() || k.requires_grad() || v.requires_grad() ||
                     (linear && (bias.slopes_left.requires_grad() ||
-                                bias.slopes_right.requires_grad()))),
+                                bias.slopes_right.requires_grad())) ||
+                    (bias.cumulative.defined() && bias.cumulative.requires_grad()) ||
+                    (bias.position_embeddings.defined() &&
+                     bias.position_embeddings.requires_grad())),
               "attention_efficient is inference only: an input requires grad (use the reference "
               "backend for training, or a torch::NoGradGuard)");
   torch::NoGradGuard no_grad;
@@ -184,9 +216,12 @@ torch::Tensor attention_efficient(const torch::Tensor& q, const torch::Tensor& k
     p.any_left = bias.look_left.any().item<bool>();
     p.any_right = p.any_right && bias.look_right.any().item<bool>();
   }
-  if (linear || (bias.is_none() && p.causal)) {
+  if (bias.kind == AttentionBias::Kind::Contextual)
+    p.position_embeddings = bias.position_embeddings.detach().to(torch::kCPU, torch::kFloat32);
+  if (linear || ((bias.is_none() || bias.kind == AttentionBias::Kind::Contextual) && p.causal)) {
     const int64_t size = std::min(blocks.query_block, p.tq);
-    p.diagonal_bias = materialize_bias(bias, p.heads, size, size, p.causal);  // (H, bq, bq)
+    p.diagonal_bias = materialize_bias(linear ? bias : AttentionBias::none(), p.heads, size, size,
+                                       p.causal);  // (H, bq, bq)
   }
 
   auto out = torch::empty({groups, p.tq, p.d}, p.q.options());  // (G, Tq, D)

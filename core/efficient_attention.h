@@ -1,7 +1,9 @@
 // Memory-efficient attention for inference on the CPU: blockwise over queries and keys with an
 // online (running max and sum) softmax, never holding a T x T tensor. Takes the same bias
-// description as the reference; ALiBi is computed from slopes tile by tile and dense biases
-// (T5) are requested one tile at a time. Used by attention() for long inference windows
+// description as the reference; ALiBi is computed from slopes tile by tile, dense biases
+// (T5, KERPLE, FIRE, Sandwich) are requested one tile at a time, a cumulative bias (fox) is
+// F[i] - F[j] per tile, and a contextual one (CoPE) counts its gates from the diagonal
+// leftwards, carrying each row's sum from tile to tile. Used by attention() for long inference windows
 // (AttentionOptions::efficient_threshold); `extrap bench attention` measures it.
 #pragma once
 

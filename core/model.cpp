@@ -14,14 +14,16 @@ void SelfAttentionImpl::reset() {
 }
 
 torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, PositionMethod& position,
+                                         const TokenPositions& positions,
                                          const AttentionOptions& attention_options) {
   const auto B = x.size(0), T = x.size(1), H = options.heads(), Dh = options.d_model() / H;
   auto qkv_heads = qkv->forward(x).view({B, T, 3, H, Dh}).permute({2, 0, 3, 1, 4});  // (3, B, H, T, Dh)
   auto q = qkv_heads[0], k = qkv_heads[1], v = qkv_heads[2];
-  position.rotate_qk(q, k, options.layer_index(), 0);
+  const LayerInput at{options.layer_index(), positions, x};
+  position.rotate_qk(q, k, at);
   AttentionOptions attn = attention_options;
   attn.dropout = options.attention_dropout();
-  auto y = attention(q, k, v, position.bias(options.layer_index(), T, T), attn);  // (B, H, T, Dh)
+  auto y = attention(q, k, v, position.bias(at), attn);  // (B, H, T, Dh)
   y = y.transpose(1, 2).reshape({B, T, H * Dh});
   y = out->forward(y);
   if (attention_options.training && options.dropout() > 0) y = torch::dropout(y, options.dropout(), true);
@@ -44,8 +46,9 @@ void BlockImpl::reset() {
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x, PositionMethod& position,
+                                 const TokenPositions& positions,
                                  const AttentionOptions& attention_options) {
-  auto h = x + attention->forward(ln_attention->forward(x), position, attention_options);
+  auto h = x + attention->forward(ln_attention->forward(x), position, positions, attention_options);
   auto f = ffn_in->forward(ln_ffn->forward(h));
   f = options.activation() == Activation::relu ? torch::relu(f) : torch::gelu(f);
   f = ffn_out->forward(f);
@@ -92,7 +95,14 @@ torch::Tensor TransformerLMImpl::logits(const torch::Tensor& x) {
 torch::Tensor TransformerLMImpl::hidden(const torch::Tensor& tokens, int64_t offset) {
   TORCH_CHECK(tokens.dim() == 2, "model input must be (B, T) token ids, got ", tokens.sizes());
   auto x = embedding->forward(tokens) * std::sqrt(double(config_.d_model));  // (B, T, D)
-  x = position_->embed(x, offset);
+  const int64_t length = tokens.size(1);
+  auto positions = TokenPositions::window(length, offset);
+  if (const int64_t n = position_->randomize_max(); n > 0 && is_training()) {
+    TORCH_CHECK(length <= n, "position.randomize_max ", n, " is below the window of ", length,
+                " tokens");
+    positions.sampled = std::get<0>(torch::randperm(n, torch::kLong).narrow(0, 0, length).sort());
+  }
+  x = position_->embed(x, positions);
   x = embedding_dropout->forward(x);
   AttentionOptions attention_options;
   attention_options.causal = config_.causal();
@@ -100,7 +110,7 @@ torch::Tensor TransformerLMImpl::hidden(const torch::Tensor& tokens, int64_t off
   attention_options.backend = backend_;
   attention_options.efficient_threshold = config_.efficient_threshold;
   for (const auto& block : *blocks)
-    x = block->as<Block>()->forward(x, *position_, attention_options);
+    x = block->as<Block>()->forward(x, *position_, positions, attention_options);
   return ln_final->forward(x);  // (B, T, D)
 }
 

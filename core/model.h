@@ -32,7 +32,7 @@ class SelfAttentionImpl : public torch::nn::Cloneable<SelfAttentionImpl> {
   void reset() override;
   // x: (B, T, D) -> (B, T, D)
   torch::Tensor forward(const torch::Tensor& x, PositionMethod& position,
-                        const AttentionOptions& attention_options);
+                        const TokenPositions& positions, const AttentionOptions& attention_options);
 
   SelfAttentionOptions options;
   torch::nn::Linear qkv = nullptr;  // D -> 3D
@@ -57,7 +57,7 @@ class BlockImpl : public torch::nn::Cloneable<BlockImpl> {
   explicit BlockImpl(BlockOptions options);
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x, PositionMethod& position,
-                        const AttentionOptions& attention_options);
+                        const TokenPositions& positions, const AttentionOptions& attention_options);
 
   BlockOptions options;
   torch::nn::LayerNorm ln_attention = nullptr;
@@ -75,6 +75,8 @@ class TransformerLMImpl : public torch::nn::Module {
                     const YAML::Node& position_options, const std::string& source);
 
   // tokens: (B, T) int64 -> logits (B, T, V). `offset` is the absolute position of column 0.
+  // In training with position.randomize_max = N the positions are instead a sorted random
+  // sample from [0, N), drawn from LibTorch's default generator (saved with checkpoints).
   torch::Tensor forward(const torch::Tensor& tokens, int64_t offset = 0);
   // The two halves of forward(): final hidden states (B, T, D), and their logits (..., V).
   // Evaluation projects only the positions it scores.

@@ -48,17 +48,29 @@ void print_matrix(const torch::Tensor& m) {
 
 // What the method adds to the (H, T, T) scores of layer 0. Methods that rotate q and k add no
 // bias; for them, show the scores of a fixed unit query and key at every pair of positions
-// so their relative pattern is still visible.
+// so their relative pattern is still visible. A bias that depends on the layer input (fox) is
+// shown at a zero input, one that depends on q.k (cope) for that unit query and key.
 torch::Tensor score_pattern(PositionMethod& method, const PositionInfo& info, int64_t heads,
                             int64_t d_head, int64_t length, bool causal) {
   torch::NoGradGuard no_grad;
-  torch::Tensor bias = materialize_bias(method.bias(0, length, length), heads, length, length, causal);
-  if (info.hooks & kRotateQK) {
-    auto unit = torch::ones({1, heads, length, d_head}) / std::sqrt(double(d_head));
-    auto q = unit.clone(), k = unit.clone();
-    method.rotate_qk(q, k, 0, 0);
-    bias = bias + torch::matmul(q, k.transpose(-2, -1))[0];  // (H, T, T)
+  const LayerInput at = layer_window(0, length);
+  auto unit = torch::ones({1, heads, length, d_head}) / std::sqrt(double(d_head));
+  auto q = unit.clone(), k = unit.clone();
+  if (info.hooks & kRotateQK) method.rotate_qk(q, k, at);
+  const AttentionBias description = method.bias(at);
+  torch::Tensor bias;
+  if (description.kind == AttentionBias::Kind::Contextual) {
+    auto scores = torch::matmul(q / std::sqrt(double(d_head)), k.transpose(-2, -1));  // (1, H, T, T)
+    auto plain = scores.clone();
+    bias = (add_bias_(scores, description, q, causal) - plain)[0];
+    std::cerr << info.name << ": the bias depends on q.k; shown for a unit query and key\n";
+  } else {
+    bias = materialize_bias(description, heads, length, length, causal);
+    if (bias.dim() == 4) bias = bias[0];  // per batch (fox): the only one
+    if (description.kind == AttentionBias::Kind::Cumulative)
+      std::cerr << info.name << ": the bias depends on the layer input; shown at a zero input\n";
   }
+  if (info.hooks & kRotateQK) bias = bias + torch::matmul(q, k.transpose(-2, -1))[0];  // (H, T, T)
   return bias;
 }
 
@@ -72,10 +84,19 @@ int positions(const Args& args) {
   if (!parse(args, "extrap positions [--plugin PATH.so ...]", options, vm)) return 0;
   auto& registry = PositionRegistry::instance();
   for (const auto& p : plugins) registry.load_plugin(p);
+  {
+    auto documenter = OptionReader::documenter("position");
+    int64_t randomize_max = 0;
+    read_randomize_max(documenter, randomize_max);
+    const OptionDoc doc = documenter.docs().at(0);
+    std::cout << "every method marked 'randomized: yes' also takes\n    option randomize_max = "
+              << doc.default_value << "   " << doc.help << "\n\n";
+  }
   for (const auto& name : registry.names()) {
     const PositionInfo& info = registry.get(name);
     std::cout << name << "\n    " << info.description << "\n    hooks: " << hook_names(info.hooks)
-              << "    modes: " << mode_names(info.modes);
+              << "    modes: " << mode_names(info.modes)
+              << "    randomized: " << (info.randomizable ? "yes" : "no");
     if (info.origin != "built-in") std::cout << "    from: " << info.origin;
     std::cout << "\n";
     for (const auto& o : info.options)

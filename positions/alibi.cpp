@@ -18,8 +18,8 @@ class Alibi : public PositionMethod {
     slopes_ = register_buffer("slopes", torch::tensor(values, torch::kFloat64).to(torch::kFloat32));
   }
 
-  AttentionBias bias(int64_t, int64_t, int64_t) override {
-    return AttentionBias::linear_causal(slopes_);
+  AttentionBias bias(const LayerInput& at) override {
+    return AttentionBias::linear_causal(slopes_).at_positions(at.positions.sampled);
   }
 
  private:
@@ -32,6 +32,7 @@ PositionInfo make_alibi_info() {
   info.description = "causal ALiBi: -m_h * (i - j) with fixed geometric slopes";
   info.hooks = kBias;
   info.modes = kCausal;
+  info.randomizable = true;  // distances between the sampled positions
   info.tensors = "position.slopes (H): the fixed slopes m_h (a buffer, not trained)";
   info.bidirectional_alternative = "alibi_symmetric";
   info.factory = factory_for<Alibi, AlibiOptions>();

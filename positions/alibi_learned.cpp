@@ -43,14 +43,15 @@ class AlibiLearned : public PositionMethod {
     }
   }
 
-  AttentionBias bias(int64_t layer, int64_t, int64_t) override {
-    const int64_t set = options_.shared_across_layers ? 0 : layer;
+  AttentionBias bias(const LayerInput& at) override {
+    const int64_t set = options_.shared_across_layers ? 0 : at.layer;
     auto left = torch::softplus(raw_left_[set]);  // (H,)
     const auto heads = left.size(0);
-    if (causal_) return AttentionBias::linear_causal(left);
+    if (causal_) return AttentionBias::linear_causal(left).at_positions(at.positions.sampled);
     auto right = torch::softplus(raw_right_[set]);  // (H,)
     return AttentionBias::linear(left, right, torch::ones({heads}, torch::kBool),
-                                 torch::ones({heads}, torch::kBool));
+                                 torch::ones({heads}, torch::kBool))
+        .at_positions(at.positions.sampled);
   }
 
   // "slope[h]" (causal) or "slope_left[h]" and "slope_right[h]", prefixed "layer<l>." when
@@ -91,6 +92,7 @@ PositionInfo make_alibi_learned_info() {
       "ALiBi with trainable positive slopes (left and right when bidirectional)";
   info.hooks = kBias;
   info.modes = kCausal | kBidirectional;
+  info.randomizable = true;  // distances between the sampled positions
   info.tensors =
       "causal: position.raw_slopes (S, H); bidirectional: position.raw_slopes_left and "
       "position.raw_slopes_right (S, H). slope = softplus(raw). S = 1 when "

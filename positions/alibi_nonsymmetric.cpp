@@ -27,8 +27,9 @@ class AlibiNonsymmetric : public PositionMethod {
     look_right_ = first_half.logical_not();
   }
 
-  AttentionBias bias(int64_t, int64_t, int64_t) override {
-    return AttentionBias::linear(slopes_, slopes_, look_left_, look_right_);
+  AttentionBias bias(const LayerInput& at) override {
+    return AttentionBias::linear(slopes_, slopes_, look_left_, look_right_)
+        .at_positions(at.positions.sampled);
   }
 
  private:
@@ -44,6 +45,7 @@ PositionInfo make_alibi_nonsymmetric_info() {
       "bidirectional ALiBi: half the heads look only left, half only right (H even)";
   info.hooks = kBias;
   info.modes = kBidirectional;
+  info.randomizable = true;  // distances between the sampled positions
   info.tensors =
       "position.slopes (H): the H/2-head slopes twice; heads h < H/2 look left, the others right";
   info.causal_alternative = "alibi";

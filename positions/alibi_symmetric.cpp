@@ -18,8 +18,8 @@ class AlibiSymmetric : public PositionMethod {
     slopes_ = register_buffer("slopes", torch::tensor(values, torch::kFloat64).to(torch::kFloat32));
   }
 
-  AttentionBias bias(int64_t, int64_t, int64_t) override {
-    return AttentionBias::linear_symmetric(slopes_);
+  AttentionBias bias(const LayerInput& at) override {
+    return AttentionBias::linear_symmetric(slopes_).at_positions(at.positions.sampled);
   }
 
  private:
@@ -32,6 +32,7 @@ PositionInfo make_alibi_symmetric_info() {
   info.description = "bidirectional ALiBi: -m_h * |i - j| with fixed geometric slopes";
   info.hooks = kBias;
   info.modes = kBidirectional;
+  info.randomizable = true;  // distances between the sampled positions
   info.tensors = "position.slopes (H): the fixed slopes m_h (a buffer, not trained)";
   info.causal_alternative = "alibi";
   info.factory = factory_for<AlibiSymmetric, AlibiSymmetricOptions>();

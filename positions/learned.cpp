@@ -18,16 +18,23 @@ struct LearnedOptions {
 class LearnedAbsolute : public PositionMethod {
  public:
   LearnedAbsolute(const PositionContext& context, LearnedOptions options) : options_(options) {
+    if (context.randomize_max > options.max_length)
+      throw ConfigError("learned positions: position.randomize_max " +
+                        std::to_string(context.randomize_max) + " exceeds max_length " +
+                        std::to_string(options.max_length) + " (the table must hold every " +
+                        "sampled position)");
     table_ = register_parameter(
         "table", torch::randn({options.max_length, context.d_model}) * options.init_std);
   }
 
-  torch::Tensor embed(const torch::Tensor& x, int64_t offset) override {
-    const int64_t end = offset + x.size(1);
+  torch::Tensor embed(const torch::Tensor& x, const TokenPositions& positions) override {
+    if (positions.is_sampled())  // sorted: the last is the largest
+      return x + table_.index_select(0, positions.sampled.to(table_.device())).unsqueeze(0);
+    const int64_t end = positions.offset + x.size(1);
     TORCH_CHECK(end <= options_.max_length, "learned positions: asked for positions up to ", end,
                 " but max_length is ", options_.max_length,
                 " (learned absolute embeddings cannot extrapolate)");
-    return x + table_.narrow(0, offset, x.size(1)).unsqueeze(0);  // (1, T, D)
+    return x + table_.narrow(0, positions.offset, x.size(1)).unsqueeze(0);  // (1, T, D)
   }
 
  private:
@@ -41,6 +48,7 @@ PositionInfo make_learned_info() {
   info.description = "trained absolute position embeddings up to max_length";
   info.hooks = kEmbed;
   info.modes = kCausal | kBidirectional;
+  info.randomizable = true;
   info.tensors = "position.table (max_length, d_model): row p is added to the embedding at position p";
   info.options = document_options<LearnedOptions>();
   info.factory = factory_for<LearnedAbsolute, LearnedOptions>();

@@ -3,10 +3,12 @@
 // A position method can act at three points of the transformer and overrides only those it
 // needs:
 //   1. embed():     add to the (already scaled) token embeddings       (sinusoidal, learned)
-//   2. rotate_qk(): transform q and k in every layer                    (rotary)
-//   3. bias():      describe what is added to the attention scores      (ALiBi, T5)
+//   2. rotate_qk(): transform q and k in every layer                    (rotary, xpos)
+//   3. bias():      describe what is added to the attention scores      (ALiBi, T5, KERPLE,
+//                   FIRE, Sandwich; from the layer input: fox; from q.k: cope)
 // A method is a torch::nn::Module so that learned parameters are registered, trained and
-// checkpointed with the model.
+// checkpointed with the model. The bias stays a description (core/attention.h): a method
+// says *what* is added, each attention backend decides how to compute it.
 //
 // Adding a method: one new file in positions/ (or a plugin .so) that defines the class, its
 // options (decoded from YAML in that same file) and one EXTRAP_REGISTER_POSITION line.
@@ -31,25 +33,68 @@ struct PositionContext {
   int64_t d_model = 1;
   int64_t d_head = 1;
   bool causal = true;  // false: bidirectional (masked-LM) attention
+  // position.randomize_max (training only): 0, or N > 0 when training windows take sorted
+  // random positions from [0, N). Methods that keep tables check that N fits.
+  int64_t randomize_max = 0;
 };
+
+// Where the tokens of a window sit: offset, offset + 1, ..., offset + T - 1, or, in training
+// with position.randomize_max, an explicit sorted sample (Ruoss et al., 2023).
+struct TokenPositions {
+  int64_t offset = 0;
+  int64_t length = 0;
+  torch::Tensor sampled;  // (T,) int64 on the CPU, strictly increasing; undefined: contiguous
+
+  static TokenPositions window(int64_t length, int64_t offset = 0) { return {offset, length, {}}; }
+  bool is_sampled() const { return sampled.defined(); }
+  // The T positions as a tensor of `options`' dtype and device.
+  torch::Tensor values(torch::TensorOptions options = {}) const;
+};
+
+// What one layer's attention tells a method when it asks for a rotation or a bias.
+struct LayerInput {
+  int64_t layer = 0;
+  TokenPositions positions;  // of the queries, which are also the keys
+  // (B, T, d_model): the normalised input that q, k and v are projected from. Undefined where
+  // the caller has no model (e.g. `extrap inspect bias` without a checkpoint); a method that
+  // needs it then describes its bias at a zero input.
+  torch::Tensor input;
+
+  int64_t length() const { return positions.length; }
+};
+
+// Layer `layer` of a window of `length` tokens at `offset`, without a layer input.
+inline LayerInput layer_window(int64_t layer, int64_t length, int64_t offset = 0) {
+  return {layer, TokenPositions::window(length, offset), {}};
+}
 
 class PositionMethod : public torch::nn::Module {
  public:
-  // x: (B, T, d_model) scaled token embeddings of positions [offset, offset + T).
-  virtual torch::Tensor embed(const torch::Tensor& x, int64_t /*offset*/) { return x; }
-
-  // q, k: (B, H, T, d_head) for positions [offset, offset + T), in layer `layer`.
-  virtual void rotate_qk(torch::Tensor& /*q*/, torch::Tensor& /*k*/, int64_t /*layer*/,
-                         int64_t /*offset*/) {}
-
-  // What layer `layer` adds to its (Tq, Tk) attention scores.
-  virtual AttentionBias bias(int64_t /*layer*/, int64_t /*tq*/, int64_t /*tk*/) {
-    return AttentionBias::none();
+  // x: (B, T, d_model) scaled token embeddings of the tokens at `positions`.
+  virtual torch::Tensor embed(const torch::Tensor& x, const TokenPositions& /*positions*/) {
+    return x;
   }
+
+  // q, k: (B, H, T, d_head) of the tokens at at.positions, in layer at.layer.
+  virtual void rotate_qk(torch::Tensor& /*q*/, torch::Tensor& /*k*/, const LayerInput& /*at*/) {}
+
+  // What layer at.layer adds to its (T, T) attention scores.
+  virtual AttentionBias bias(const LayerInput& /*at*/) { return AttentionBias::none(); }
 
   // Values worth logging during training (e.g. learned slopes): name -> value.
   virtual std::vector<std::pair<std::string, double>> log_values() const { return {}; }
+
+  // position.randomize_max of the config it was built from (0: off); set by the registry.
+  int64_t randomize_max() const { return randomize_max_; }
+
+ private:
+  friend class PositionRegistry;
+  int64_t randomize_max_ = 0;
 };
+
+// Reads the option every method accepts, position.randomize_max (0 = off), with its
+// documentation.
+void read_randomize_max(const OptionReader& options, int64_t& randomize_max);
 
 using PositionFactory = std::function<std::shared_ptr<PositionMethod>(
     const PositionContext& context, const OptionReader& options)>;
@@ -66,6 +111,9 @@ struct PositionInfo {
   unsigned hooks = 0;                     // Hook bits
   unsigned modes = kCausal;               // Mode bits
   std::vector<OptionDoc> options;         // every key its YAML options accept
+  // Honours sampled positions (TokenPositions::sampled) in its hooks, so that
+  // position.randomize_max may be used with it.
+  bool randomizable = false;
   // The method's parameters and buffers as an exported model holds them (`extrap export`):
   // each tensor's name under "position.", its shape, and how the model uses it (e.g. "slope =
   // softplus(raw)"). Empty for a method without tensors.
@@ -73,6 +121,7 @@ struct PositionInfo {
   // For an unsupported mode: the method to use instead ("" if none), for the error message.
   std::string causal_alternative;
   std::string bidirectional_alternative;
+  std::string mode_reason;  // why the other mode is not supported, for the same message
   PositionFactory factory;
   std::string origin = "built-in";        // or the plugin path
 };
@@ -87,6 +136,7 @@ class PositionRegistry {
   // Throws for an unknown name, listing the known ones.
   const PositionInfo& get(const std::string& name) const;
   std::vector<std::string> names() const;  // sorted
+  std::string randomizable_names() const;  // "learned, rotary, ..." for messages
 
   // Builds a method: checks the mode is supported (else suggests the alternative) and
   // decodes its options (unknown keys are errors naming `options.where()`).

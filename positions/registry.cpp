@@ -64,6 +64,31 @@ std::vector<std::string> PositionRegistry::names() const {
   return out;
 }
 
+torch::Tensor TokenPositions::values(torch::TensorOptions options) const {
+  if (!options.has_dtype()) options = options.dtype(torch::kFloat32);
+  if (is_sampled()) {
+    TORCH_CHECK(sampled.dim() == 1 && sampled.size(0) == length, "sampled positions ",
+                sampled.sizes(), " for a window of ", length, " tokens");
+    return sampled.to(options.device(), options.dtype_opt().value());
+  }
+  return torch::arange(offset, offset + length, options);
+}
+
+void read_randomize_max(const OptionReader& options, int64_t& randomize_max) {
+  options.read("randomize_max", randomize_max,
+               "training only: 0, or N to train on sorted random positions from [0, N) "
+               "(Ruoss et al., 2023); evaluation uses 0..T-1");
+  if (options.decoding() && randomize_max < 0)
+    options.fail("randomize_max", "must be 0 (off) or a positive number of positions");
+}
+
+std::string PositionRegistry::randomizable_names() const {
+  std::string out;
+  for (const auto& n : names())
+    if (get(n).randomizable) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
 const PositionInfo& PositionRegistry::get(const std::string& name) const {
   for (const auto& m : methods_)
     if (m.name == name) return m;
@@ -82,11 +107,20 @@ std::shared_ptr<PositionMethod> PositionRegistry::create(const std::string& name
         context.causal ? info.causal_alternative : info.bidirectional_alternative;
     throw ConfigError("position method '" + name + "' does not support " +
                       (context.causal ? "causal" : "bidirectional") + " attention" +
+                      (info.mode_reason.empty() ? std::string() : " (" + info.mode_reason + ")") +
                       (alternative.empty() ? std::string()
                                            : "; use '" + alternative + "' instead"));
   }
   options.accept("name", "the method's name");  // the section's own key, read by the config
-  auto method = info.factory(context, options);
+  PositionContext with_options = context;
+  read_randomize_max(options, with_options.randomize_max);
+  if (with_options.randomize_max != 0 && !info.randomizable)
+    options.fail("randomize_max",
+                 "position method '" + name + "' does not take sampled positions (randomized "
+                 "positions apply to methods that use absolute positions: " +
+                 randomizable_names() + ")");
+  auto method = info.factory(with_options, options);
+  method->randomize_max_ = with_options.randomize_max;
   options.finish();
   return method;
 }

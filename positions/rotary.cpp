@@ -1,5 +1,5 @@
 // `rotary`: rotary position embeddings (RoPE, Su et al., 2021), applied to q and k in every
-// layer. Convention: *interleaved pairs*, as in the RoFormer paper. Dimensions (2i, 2i+1) of a
+// layer. Convention: *interleaved pairs* (positions/rotation.h): dimensions (2i, 2i+1) of a
 // head form the complex number x[2i] + i x[2i+1], which at position p is multiplied by
 // exp(i p theta_i), theta_i = base^(-2i / d_rot), i = 0 .. d_rot/2 - 1. (GPT-NeoX instead
 // pairs dimension i with i + d_rot/2; the two are the same up to a fixed permutation of the
@@ -8,7 +8,7 @@
 // Only the first d_rot = fraction * d_head dimensions (rounded down to an even count) rotate;
 // the rest pass through unchanged. Because q_p . k_p' depends on p - p' only, the scores are
 // translation-invariant: the same window at any offset gives the same attention.
-#include "positions/position.h"
+#include "positions/rotation.h"
 
 #include <cmath>
 #include <mutex>
@@ -39,43 +39,29 @@ class Rotary : public PositionMethod {
                         std::to_string(context.d_head) + " rotates no pair of dimensions");
   }
 
-  void rotate_qk(torch::Tensor& q, torch::Tensor& k, int64_t, int64_t offset) override {
+  void rotate_qk(torch::Tensor& q, torch::Tensor& k, const LayerInput& at) override {
     TORCH_CHECK(q.size(-1) >= rotated_ && k.size(-1) == q.size(-1),
                 "rotary: expected head dimension of at least ", rotated_, ", got q ", q.sizes(),
                 " and k ", k.sizes());
-    const auto [cos, sin] = angles(q.size(2), offset, q.device(), q.scalar_type());
-    q = rotate(q, cos, sin);
-    k = rotate(k, cos, sin);
+    const auto [cos, sin] = angles(at.positions, q.device(), q.scalar_type());
+    q = rotate_pairs(q, cos, sin, rotated_);
+    k = rotate_pairs(k, cos, sin, rotated_);
   }
 
  private:
-  // cos and sin of p * theta_i for p in [offset, offset + length): (T, d_rot/2) each.
-  // Every layer of a forward pass asks for the same table, so the last one is cached.
-  std::pair<torch::Tensor, torch::Tensor> angles(int64_t length, int64_t offset,
+  // cos and sin of p * theta_i for the window's positions p: (T, d_rot/2) each. Every layer
+  // of a forward pass asks for the same table, so the last contiguous one is cached (sampled
+  // positions change every training step).
+  std::pair<torch::Tensor, torch::Tensor> angles(const TokenPositions& positions,
                                                  torch::Device device, torch::ScalarType dtype) {
     std::lock_guard<std::mutex> lock(cache_mutex_);
-    if (cache_.cos.defined() && cache_.length == length && cache_.offset == offset &&
-        cache_.device == device && cache_.dtype == dtype)
+    const int64_t length = positions.length, offset = positions.offset;
+    if (!positions.is_sampled() && cache_.cos.defined() && cache_.length == length &&
+        cache_.offset == offset && cache_.device == device && cache_.dtype == dtype)
       return {cache_.cos, cache_.sin};
-    auto position = torch::arange(offset, offset + length, torch::kFloat64).unsqueeze(1);  // (T, 1)
-    auto i = torch::arange(0, rotated_ / 2, torch::kFloat64);                              // (d/2,)
-    auto theta = torch::exp(i * (-2.0 * std::log(options_.base) / double(rotated_)));
-    auto phase = position * theta.unsqueeze(0);                                           // (T, d/2)
-    cache_ = {length, offset, device, dtype, phase.cos().to(device, dtype),
-              phase.sin().to(device, dtype)};
-    return {cache_.cos, cache_.sin};
-  }
-
-  // x: (B, H, T, D). Rotates pairs (2i, 2i+1) of the first d_rot dimensions.
-  torch::Tensor rotate(const torch::Tensor& x, const torch::Tensor& cos,
-                       const torch::Tensor& sin) const {
-    const auto d = x.size(-1);
-    auto pairs = x.narrow(-1, 0, rotated_).unflatten(-1, {rotated_ / 2, 2});  // (B, H, T, d/2, 2)
-    auto even = pairs.select(-1, 0), odd = pairs.select(-1, 1);               // (B, H, T, d/2)
-    auto rotated = torch::stack({even * cos - odd * sin, even * sin + odd * cos}, -1)
-                       .flatten(-2);                                          // (B, H, T, d_rot)
-    if (rotated_ == d) return rotated;
-    return torch::cat({rotated, x.narrow(-1, rotated_, d - rotated_)}, -1);  // (B, H, T, D)
+    auto [cos, sin] = rotary_angles(positions, rotary_frequencies(rotated_, options_.base), device, dtype);
+    if (!positions.is_sampled()) cache_ = {length, offset, device, dtype, cos, sin};
+    return {cos, sin};
   }
 
   struct AngleCache {
@@ -98,6 +84,7 @@ PositionInfo make_rotary_info() {
   info.description = "rotary embeddings: q and k rotated pairwise by position (Su et al., 2021)";
   info.hooks = kRotateQK;
   info.modes = kCausal | kBidirectional;
+  info.randomizable = true;
   info.options = document_options<RotaryOptions>();
   info.factory = factory_for<Rotary, RotaryOptions>();
   return info;

@@ -81,8 +81,8 @@ class T5Bias : public PositionMethod {
         "table", torch::randn({tables, options.buckets, context.num_heads}) * options.init_std);
   }
 
-  AttentionBias bias(int64_t layer, int64_t, int64_t) override {
-    auto table = table_[options_.shared_across_layers ? 0 : layer].t();  // (H, buckets)
+  AttentionBias bias(const LayerInput& at) override {
+    auto table = table_[options_.shared_across_layers ? 0 : at.layer].t();  // (H, buckets)
     const bool bidirectional = bidirectional_;
     const int64_t buckets = options_.buckets, max_distance = options_.max_distance;
     return AttentionBias::dense_blocks([=](int64_t q0, int64_t q1, int64_t k0, int64_t k1) {

@@ -45,6 +45,14 @@ core/safetensors.cpp | {"data_offsets", {offset, offset + bytes}}}; | {"data_off
 core/model_export.cpp | yaml_to_json(given ? given : YAML::Load(doc.default_value)) | yaml_to_json(YAML::Load(doc.default_value)) | export records the defaults instead of the options the model was built with
 analysis/extrap_model.py | x0, x1 = x[..., 0:d:2], x[..., 1:d:2] | x0, x1 = x[..., :d // 2], x[..., d // 2:d] | Python reference pairs rotary dimensions NeoX-style
 analysis/extrap_model.py | bias = -F.softplus(self.position.raw_slopes[s]) | bias = -torch.exp(self.position.raw_slopes[s]) | Python reference reads learned slopes as exp(raw)
+core/attention.cpp | auto p = gates.flip(-1).cumsum(-1).flip(-1).clamp_max(double(npos - 1)); | auto p = gates.cumsum(-1).clamp_max(double(npos - 1)); | CoPE counts gates from the window start instead of back from the query
+core/efficient_attention.cpp | gate_carry.add_(gates.sum(-1, /*keepdim=*/true)); | gate_carry.add_(gates.sum(-1, /*keepdim=*/true) * 0); | efficient CoPE forgets the gates of the tiles it visited
+core/attention.cpp | out = f.narrow(2, q0, q1 - q0).unsqueeze(-1) - f.narrow(2, k0, k1 - k0).unsqueeze(-2); | out = f.narrow(2, k0, k1 - k0).unsqueeze(-2) - f.narrow(2, q0, q1 - q0).unsqueeze(-1); | forgetting-gate bias F_j - F_i instead of F_i - F_j
+positions/xpos.cpp | q = rotate_pairs(q, cos * up, sin * up, d_head_); | q = rotate_pairs(q, cos * down, sin * down, d_head_); | xPos scales the query down like the key
+positions/sandwich.cpp | double(d / 2);  | double(d);  | Sandwich subtracts d instead of d/2 (no longer 0 at distance 0)
+positions/fire.cpp | torch::log1p(c * torch::maximum(i, threshold)) + eps; | torch::log1p(c * threshold) + eps; | FIRE normalises by psi(L) instead of psi(max(L, i))
+positions/kerple.cpp | r2_.data().clamp_(range2_.min, range2_.max); | ; | KERPLE's r2 no longer kept in range (power exponent above 2)
+positions/alibi.cpp | return AttentionBias::linear_causal(slopes_).at_positions(at.positions.sampled); | return AttentionBias::linear_causal(slopes_); | ALiBi ignores randomized training positions
 EOF
 )
 
@@ -59,7 +67,7 @@ restore() {
   fi
 }
 trap 'restore; exit 130' INT TERM
-build() { cmake --build build -j"$(nproc)" --target extrap_tests extrap_cli extrap_kerple >/tmp/extrap-mutation-build.log 2>&1; }
+build() { cmake --build build -j"$(nproc)" --target extrap_tests extrap_cli extrap_local_window >/tmp/extrap-mutation-build.log 2>&1; }
 
 for n in "${!LINES[@]}"; do
   number=$((n + 1))

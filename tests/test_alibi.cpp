@@ -56,7 +56,7 @@ TEST_CASE("causal ALiBi bias matrix on small cases", "[alibi]") {
   for (int heads : {1, 3, 8}) {
     const int T = 6;
     auto method = make("alibi", heads);
-    auto bias = materialize_bias(method->bias(0, T, T), heads, T, T, /*causal=*/true);  // (H, T, T)
+    auto bias = materialize_bias(method->bias(layer_window(0, T)), heads, T, T, /*causal=*/true);  // (H, T, T)
     REQUIRE(bias.sizes() == torch::IntArrayRef({heads, T, T}));
     auto a = bias.accessor<float, 3>();
     for (int h = 0; h < heads; ++h)
@@ -87,7 +87,7 @@ TEST_CASE("sinusoidal embeddings match Vaswani et al.", "[positions]") {
   // The input is added to, not replaced: a random input, and the table is what was added.
   torch::manual_seed(3);
   auto x = torch::randn({2, T, d});
-  auto out = method->embed(x, offset);
+  auto out = method->embed(x, TokenPositions::window(x.size(1), offset));
   REQUIRE(out.sizes() == x.sizes());
   for (int64_t b = 0; b < 2; ++b)
     for (int64_t p = 0; p < T; ++p)
@@ -112,11 +112,11 @@ TEST_CASE("learned absolute positions add their rows and refuse lengths past the
   REQUIRE(table.sizes() == torch::IntArrayRef({10, 8}));
   const auto x = torch::randn({1, 6, 8});
   // Positions offset .. offset + 5 are rows offset .. offset + 5 of the table.
-  REQUIRE(torch::equal(method->embed(x, 4), x + table.narrow(0, 4, 6).unsqueeze(0)));
-  REQUIRE_NOTHROW(method->embed(torch::zeros({1, 10, 8}), 0));
+  REQUIRE(torch::equal(method->embed(x, TokenPositions::window(6, 4)), x + table.narrow(0, 4, 6).unsqueeze(0)));
+  REQUIRE_NOTHROW(method->embed(torch::zeros({1, 10, 8}), TokenPositions::window(10)));
   const auto message = [&](int64_t length, int64_t offset) {
     try {
-      method->embed(torch::zeros({1, length, 8}), offset);
+      method->embed(torch::zeros({1, length, 8}), TokenPositions::window(length, offset));
     } catch (const c10::Error& e) {
       return std::string(e.what_without_backtrace());
     }

@@ -21,7 +21,7 @@ using namespace extrap::testing;
 
 namespace {
 
-const std::string kPlugin = EXTRAP_BINARY_DIR "/plugins/libextrap_kerple.so";
+const std::string kPlugin = EXTRAP_BINARY_DIR "/plugins/libextrap_local_window.so";
 
 const char* const kTrainFile = R"(data: {path: corpus, tokenizer: byte, cache_dir: cache}
 model: {layers: 1, d_model: 32, heads: 2, d_ffn: 64, dropout: 0.0}
@@ -48,7 +48,8 @@ std::vector<EvalRow> eval_rows(const std::string& output) {
   return rows;
 }
 
-// Parses `inspect bias` output: "head h" then T rows of T numbers, per head.
+// Parses `inspect bias` output: "head h" then T rows of T numbers, per head. Lines before the
+// first head are notes (stderr, e.g. "fox: ... shown at a zero input").
 std::vector<std::vector<std::vector<double>>> bias_blocks(const std::string& output) {
   std::vector<std::vector<std::vector<double>>> heads;
   std::istringstream in(output);
@@ -57,7 +58,7 @@ std::vector<std::vector<std::vector<double>>> bias_blocks(const std::string& out
       heads.emplace_back();
       continue;
     }
-    REQUIRE(!heads.empty());
+    if (heads.empty()) continue;
     std::istringstream fields(line);
     std::vector<double> row;
     for (std::string f; fields >> f;)
@@ -130,14 +131,17 @@ TEST_CASE("positions, keys, --plugin and the plugins: key", "[cli]") {
   std::string out;
   REQUIRE(run_cli(d, {"positions"}, &out) == 0);
   for (const char* name : {"none", "sinusoidal", "learned", "alibi", "rotary", "t5_bias",
-                           "alibi_symmetric", "alibi_nonsymmetric", "alibi_learned"}) {
+                           "alibi_symmetric", "alibi_nonsymmetric", "alibi_learned", "kerple_log",
+                           "kerple_power", "sandwich", "xpos", "fire", "cope", "fox"}) {
     INFO(name);
     CHECK(("\n" + out).find(std::string("\n") + name + "\n    ") != std::string::npos);
   }
-  CHECK(out.find("kerple_log") == std::string::npos);
+  CHECK(out.find("local_window") == std::string::npos);
   CHECK_THAT(out, Catch::Contains("alibi_symmetric\n") && Catch::Contains("modes: bidirectional"));
+  CHECK_THAT(out, Catch::Contains("option randomize_max = 0"));
+  CHECK_THAT(out, Catch::Contains("xpos\n") && Catch::Contains("randomized: yes"));
   REQUIRE(run_cli(d, {"positions", "--plugin", kPlugin}, &out) == 0);
-  CHECK_THAT(out, Catch::Contains("kerple_log\n") && Catch::Contains("from: " + kPlugin));
+  CHECK_THAT(out, Catch::Contains("local_window\n") && Catch::Contains("from: " + kPlugin));
 
   REQUIRE(run_cli(d, {"keys"}, &out) == 0);
   for (const auto& doc : config_documentation()) {
@@ -148,17 +152,17 @@ TEST_CASE("positions, keys, --plugin and the plugins: key", "[cli]") {
 
   // A plugin method trains through the command line: by --plugin, and by the plugins: key.
   write_text(d.root / "train.yaml", std::string(kTrainFile) + "plugins: [" + kPlugin + "]\n");
-  REQUIRE(run_cli(d, {"train", "--config", "train.yaml", "--set", "position.name=kerple_log", "--set",
+  REQUIRE(run_cli(d, {"train", "--config", "train.yaml", "--set", "position.name=local_window", "--set",
                       "train.steps=6", "--no-eval"},
                   &out) == 0);
   CHECK(fs::exists(d.root / "runs/a/checkpoint/manifest.json"));
   write_text(d.root / "train.yaml", kTrainFile);
-  CHECK(run_cli(d, {"train", "--config", "train.yaml", "--set", "position.name=kerple_log", "--set",
+  CHECK(run_cli(d, {"train", "--config", "train.yaml", "--set", "position.name=local_window", "--set",
                     "train.out_dir=runs/c", "--no-eval"},
                 &out) == 2);
-  CHECK_THAT(out, Catch::Contains("unknown position method 'kerple_log'"));
+  CHECK_THAT(out, Catch::Contains("unknown position method 'local_window'"));
   REQUIRE(run_cli(d, {"train", "--config", "train.yaml", "--plugin", kPlugin, "--set",
-                      "position.name=kerple_log", "--set", "train.steps=6", "--set",
+                      "position.name=local_window", "--set", "train.steps=6", "--set",
                       "train.out_dir=runs/c", "--no-eval"},
                   &out) == 0);
   CHECK(fs::exists(d.root / "runs/c/checkpoint/manifest.json"));
@@ -210,8 +214,20 @@ TEST_CASE("inspect bias works for every method and mode, and shows a checkpoint'
               CHECK(v == Approx(-m * distance).epsilon(1e-6));
             if (name == "alibi_nonsymmetric")  // each half has the slopes of heads / 2 heads
               CHECK(v == Approx(-alibi_slopes(int(heads / 2))[size_t(h % (heads / 2))] * distance).epsilon(1e-6));
-            if (name == "kerple_log") CHECK(v == Approx(-std::log1p(m * distance)).epsilon(1e-5));
-            if (name == "rotary") {
+            // Learned, randomly initialised relative biases: at most 0, a function of i - j.
+            if (name == "kerple_log" || name == "kerple_power") {
+              CHECK(v <= 0);
+              if (i > 0 && j > 0) CHECK(v == blocks[h][i - 1][j - 1]);
+            }
+            if (name == "sandwich") {  // head size 64 (the default --head-dim)
+              double sum = 0;
+              for (int k = 1; k <= 32; ++k) sum += std::cos(distance * std::pow(10000.0, -2.0 * k / 64.0));
+              CHECK(v == Approx((sum - 32.0) / (8.0 * double(h + 1) / double(heads))).margin(1e-5));
+            }
+            if (name == "fox") CHECK(v == Approx(-std::log(2.0) * distance).epsilon(1e-6));  // zero input: gates 1/2
+            if (name == "cope" || name == "local_window") CHECK(v == 0);  // zero embeddings; window 64
+            if (name == "fire") CHECK(std::abs(v) < 100);
+            if (name == "rotary" || name == "xpos") {
               // A fixed unit query and key: 1 on the diagonal, a function of i - j only.
               if (i == j) CHECK(v == Approx(1.0).epsilon(1e-6));
               if (i > 0 && j > 0) CHECK(v == Approx(blocks[h][i - 1][j - 1]).margin(1e-6));

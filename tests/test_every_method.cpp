@@ -26,7 +26,7 @@ struct MethodMode {
 // Every (method, mode) the registry offers, the example plugin loaded.
 std::vector<MethodMode> every_method_and_mode() {
   auto& registry = PositionRegistry::instance();
-  registry.load_plugin(EXTRAP_BINARY_DIR "/plugins/libextrap_kerple.so");
+  registry.load_plugin(EXTRAP_BINARY_DIR "/plugins/libextrap_local_window.so");
   std::vector<MethodMode> all;
   for (const auto& name : registry.names()) {
     const PositionInfo& info = registry.get(name);
@@ -45,10 +45,14 @@ Config config_for(const MethodMode& m) {
   return config;
 }
 
+// The model in eval mode. Its position parameters are moved away from their initial values
+// (CoPE's embeddings start at zero, which would hide its bias from the comparisons below).
 TransformerLM model_for(const MethodMode& m) {
   torch::manual_seed(11);
   auto model = build_model(config_for(m), 257);
   model->eval();
+  torch::NoGradGuard no_grad;
+  for (auto& p : model->position().parameters()) p.add_(torch::randn_like(p) * 0.1);
   return model;
 }
 
@@ -63,7 +67,11 @@ TEST_CASE("every method and mode: the registry offers each built-in in the modes
        {"none (causal)", "none (bidirectional)", "sinusoidal (causal)", "learned (causal)",
         "rotary (causal)", "rotary (bidirectional)", "t5_bias (causal)", "t5_bias (bidirectional)",
         "alibi (causal)", "alibi_symmetric (bidirectional)", "alibi_nonsymmetric (bidirectional)",
-        "alibi_learned (causal)", "alibi_learned (bidirectional)", "kerple_log (causal)"}) {
+        "alibi_learned (causal)", "alibi_learned (bidirectional)", "kerple_log (causal)",
+        "kerple_log (bidirectional)", "kerple_power (causal)", "kerple_power (bidirectional)",
+        "sandwich (causal)", "sandwich (bidirectional)", "xpos (causal)", "fire (causal)",
+        "fire (bidirectional)", "cope (causal)", "fox (causal)", "local_window (causal)",
+        "local_window (bidirectional)"}) {
     INFO(expected);
     CHECK(std::count(labels.begin(), labels.end(), expected) == 1);
   }

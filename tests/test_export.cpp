@@ -344,21 +344,22 @@ TEST_CASE("export: Python's extrap_model.py reproduces extrap eval, masked-LM me
 
 TEST_CASE("export: a plugin's model exports, and Python refuses it by name", "[export][python]") {
   ExportDir d;
-  const std::string run = d.train("kerple", "kerple_log", true, "byte", "",
-                                  "plugins: [" EXTRAP_BINARY_DIR "/plugins/libextrap_kerple.so]\n");
+  const std::string run =
+      d.train("window", "{name: local_window, window: 8}", true, "byte", "",
+              "plugins: [" EXTRAP_BINARY_DIR "/plugins/libextrap_local_window.so]\n");
   std::string out;
-  REQUIRE(run_cli(d, {"export", "--checkpoint", run, "--out", "kerple.safetensors"}, &out) == 0);
-  const SafetensorsFile file = read_safetensors_checked(d.root / "kerple.safetensors");
-  CHECK(file.metadata.at("position") == "kerple_log");
-  CHECK(file.tensors.count("position.raw_r1") == 1);
-  CHECK(file.metadata.at("position_tensors").find("softplus") != std::string::npos);
+  REQUIRE(run_cli(d, {"export", "--checkpoint", run, "--out", "window.safetensors"}, &out) == 0);
+  const SafetensorsFile file = read_safetensors_checked(d.root / "window.safetensors");
+  CHECK(file.metadata.at("position") == "local_window");
+  CHECK(file.tensors.count("position.windows") == 1);
+  CHECK(file.metadata.at("position_tensors").find("windows[h]") != std::string::npos);
 
   std::string output;
-  const int code = run_python(d, EXTRAP_SOURCE_DIR "/analysis/extrap_model.py kerple.safetensors "
+  const int code = run_python(d, EXTRAP_SOURCE_DIR "/analysis/extrap_model.py window.safetensors "
                                  "--tokens-file bytes/valid.txt --length 16", &output);
   INFO(output);
   CHECK(code == 2);
-  CHECK(output.find("kerple_log") != std::string::npos);
+  CHECK(output.find("local_window") != std::string::npos);
   CHECK(output.find("Traceback") == std::string::npos);
   CHECK(std::count(output.begin(), output.end(), '\n') == 1);
 }

@@ -1,11 +1,13 @@
 // Tests for rotary, t5_bias, the ALiBi variants (symmetric, nonsymmetric, learned) and the
-// KERPLE example plugin: exact bias matrices against plain loops, translation invariance,
-// T5 buckets worked by hand, rotary against complex arithmetic, learned parameters that train.
+// local_window example plugin: exact bias matrices against plain loops, translation
+// invariance, T5 buckets worked by hand, rotary against complex arithmetic, learned parameters
+// that train. The methods since ALiBi have theirs in test_methods_since_alibi.cpp.
 #include <catch2/catch.hpp>
 
 #include "core/attention.h"
 #include "positions/alibi_slopes.h"
 #include "positions/position.h"
+#include "tests/position_support.h"
 #include "positions/t5_buckets.h"
 
 #include <torch/torch.h>
@@ -20,27 +22,11 @@ using namespace extrap;
 
 namespace {
 
-const std::string kKerplePlugin = EXTRAP_BINARY_DIR "/plugins/libextrap_kerple.so";
+const std::string kPlugin = EXTRAP_BINARY_DIR "/plugins/libextrap_local_window.so";
 const float kInf = std::numeric_limits<float>::infinity();
 
-std::shared_ptr<PositionMethod> make_method(const std::string& name, int64_t heads, bool causal,
-                                            const std::string& yaml = "{}", int64_t d_head = 8,
-                                            int64_t layers = 2) {
-  PositionContext context;
-  context.num_layers = layers;
-  context.num_heads = heads;
-  context.d_head = d_head;
-  context.d_model = heads * d_head;
-  context.causal = causal;
-  return PositionRegistry::instance().create(name, context,
-                                             OptionReader(YAML::Load(yaml), "test options"));
-}
-
-torch::Tensor parameter(const PositionMethod& method, const std::string& name) {
-  auto* found = method.named_parameters().find(name);
-  REQUIRE(found != nullptr);
-  return *found;
-}
+using testing::make_method;
+using testing::parameter;
 
 // The bias with masked (-inf) entries replaced by 0, so that it can be summed into a loss.
 torch::Tensor finite_part(const torch::Tensor& bias) {
@@ -54,7 +40,7 @@ void backward_through_attention(PositionMethod& method, int64_t heads, int64_t t
   options.causal = causal;
   const auto q = torch::randn({2, heads, t, 8}), k = torch::randn({2, heads, t, 8});
   const auto v = torch::randn({2, heads, t, 8}), target = torch::randn({2, heads, t, 8});
-  auto out = attention_reference(q, k, v, method.bias(0, t, t), options);
+  auto out = attention_reference(q, k, v, method.bias(layer_window(0, t)), options);
   (out * target).sum().backward();
 }
 
@@ -70,7 +56,7 @@ TEST_CASE("the new position methods are registered", "[positions]") {
 TEST_CASE("alibi_symmetric bias is -m_h |i - j| on both sides", "[positions]") {
   const int64_t heads = 4, t = 5;
   auto method = make_method("alibi_symmetric", heads, /*causal=*/false);
-  auto bias = materialize_bias(method->bias(0, t, t), heads, t, t, /*causal=*/false);
+  auto bias = materialize_bias(method->bias(layer_window(0, t)), heads, t, t, /*causal=*/false);
   REQUIRE(bias.sizes() == torch::IntArrayRef{heads, t, t});
   auto expected = torch::empty({heads, t, t});
   for (int64_t h = 0; h < heads; ++h) {
@@ -86,7 +72,7 @@ TEST_CASE("alibi_nonsymmetric: first half of the heads looks left, second half r
           "[positions]") {
   const int64_t heads = 8, t = 5;
   auto method = make_method("alibi_nonsymmetric", heads, /*causal=*/false);
-  auto bias = materialize_bias(method->bias(0, t, t), heads, t, t, /*causal=*/false);
+  auto bias = materialize_bias(method->bias(layer_window(0, t)), heads, t, t, /*causal=*/false);
   auto expected = torch::empty({heads, t, t});
   for (int64_t h = 0; h < heads; ++h) {
     // Slopes for 4 heads, used twice: 1/4, 1/16, 1/64, 1/256.
@@ -145,7 +131,7 @@ TEST_CASE("t5_bias gathers its table by bucket, per layer when asked", "[positio
     auto method = make_method("t5_bias", heads, causal, "{buckets: 8, max_distance: 20}");
     auto table = parameter(*method, "table");  // (1, buckets, H)
     REQUIRE(table.sizes() == torch::IntArrayRef{1, 8, heads});
-    auto bias = materialize_bias(method->bias(0, t, t), heads, t, t, causal);
+    auto bias = materialize_bias(method->bias(layer_window(0, t)), heads, t, t, causal);
     int64_t checked = 0;
     for (int64_t i = 0; i < t; i += 3)
       for (int64_t j = 0; j < t; j += 2) {
@@ -162,12 +148,12 @@ TEST_CASE("t5_bias gathers its table by bucket, per layer when asked", "[positio
   }
   auto per_layer = make_method("t5_bias", heads, true, "{shared_across_layers: false}", 8, 3);
   CHECK(parameter(*per_layer, "table").size(0) == 3);
-  CHECK_FALSE(torch::equal(materialize_bias(per_layer->bias(0, 8, 8), heads, 8, 8, true),
-                           materialize_bias(per_layer->bias(2, 8, 8), heads, 8, 8, true)));
+  CHECK_FALSE(torch::equal(materialize_bias(per_layer->bias(layer_window(0, 8)), heads, 8, 8, true),
+                           materialize_bias(per_layer->bias(layer_window(2, 8)), heads, 8, 8, true)));
 }
 
 TEST_CASE("relative biases are translation-invariant and tile-consistent", "[positions]") {
-  PositionRegistry::instance().load_plugin(kKerplePlugin);
+  PositionRegistry::instance().load_plugin(kPlugin);
   struct Method {
     std::string name;
     bool causal;
@@ -176,7 +162,9 @@ TEST_CASE("relative biases are translation-invariant and tile-consistent", "[pos
       {"t5_bias", true},           {"t5_bias", false},        {"alibi", true},
       {"alibi_symmetric", false},  {"alibi_nonsymmetric", false},
       {"alibi_learned", true},     {"alibi_learned", false},  {"kerple_log", true},
-      {"kerple_log", false},
+      {"kerple_log", false},       {"kerple_power", true},    {"kerple_power", false},
+      {"sandwich", true},          {"sandwich", false},       {"local_window", true},
+      {"local_window", false},
   };
   const int64_t heads = 4, t = 24;
   struct Tile {
@@ -185,9 +173,9 @@ TEST_CASE("relative biases are translation-invariant and tile-consistent", "[pos
   const Tile tiles[] = {{0, 5, 0, 5}, {3, 9, 0, 12}, {10, 14, 2, 6}, {0, 4, 6, 11}};
   for (const auto& m : methods) {
     INFO(m.name << (m.causal ? " (causal)" : " (bidirectional)"));
-    auto method = make_method(m.name, heads, m.causal);
+    auto method = make_method(m.name, heads, m.causal, m.name == "local_window" ? "{window: 4}" : "{}");
     torch::NoGradGuard no_grad;
-    const auto bias = method->bias(1, t, t);
+    const auto bias = method->bias(layer_window(1, t));
     const auto full = materialize_bias(bias, heads, t, t, m.causal);  // (H, T, T)
     for (const auto& tile : tiles) {
       auto block = materialize_bias_block(bias, heads, tile.q0, tile.q1, tile.k0, tile.k1, m.causal);
@@ -222,7 +210,7 @@ TEST_CASE("rotary matches complex multiplication by exp(i p theta)", "[positions
     const auto q_in = torch::randn({1, heads, t, c.d_head}, torch::kFloat64);
     const auto k_in = torch::randn({1, heads, t, c.d_head}, torch::kFloat64);
     auto q = q_in.clone(), k = k_in.clone();
-    method->rotate_qk(q, k, 0, c.offset);
+    method->rotate_qk(q, k, layer_window(0, t, c.offset));
     for (const auto& [in, out] : {std::pair{q_in, q}, std::pair{k_in, k}}) {
       auto x = in.accessor<double, 4>();
       auto y = out.accessor<double, 4>();
@@ -242,13 +230,14 @@ TEST_CASE("rotary matches complex multiplication by exp(i p theta)", "[positions
   }
 }
 
-TEST_CASE("rotary scores depend only on relative position", "[positions]") {
-  for (double fraction : {1.0, 0.5}) {
-    auto method = make_method("rotary", 2, true, "{fraction: " + std::to_string(fraction) + "}", 8);
+TEST_CASE("rotary and xpos scores depend only on relative position", "[positions]") {
+  for (double fraction : {1.0, 0.5, 0.0}) {  // 0: xpos
+    auto method = fraction == 0.0 ? make_method("xpos", 2, true)
+                                  : make_method("rotary", 2, true, "{fraction: " + std::to_string(fraction) + "}", 8);
     const auto q = torch::randn({2, 2, 9, 8}), k = torch::randn({2, 2, 9, 8});
     auto scores_at = [&](int64_t offset) {
       auto q_rot = q.clone(), k_rot = k.clone();
-      method->rotate_qk(q_rot, k_rot, 0, offset);
+      method->rotate_qk(q_rot, k_rot, layer_window(0, q.size(2), offset));
       return torch::matmul(q_rot, k_rot.transpose(-2, -1));  // (B, H, T, T)
     };
     const auto base = scores_at(0);
@@ -290,7 +279,7 @@ TEST_CASE("alibi_learned slopes start at ALiBi's, get gradients, train and stay 
     torch::optim::Adam optimizer(method->parameters(), torch::optim::AdamOptions(0.5));
     for (int step = 0; step < 5; ++step) {
       optimizer.zero_grad();
-      auto bias = materialize_bias(method->bias(0, t, t), heads, t, t, causal);
+      auto bias = materialize_bias(method->bias(layer_window(0, t)), heads, t, t, causal);
       (-finite_part(bias)).sum().backward();
       optimizer.step();
     }
@@ -306,57 +295,56 @@ TEST_CASE("alibi_learned slopes start at ALiBi's, get gradients, train and stay 
   CHECK(per_layer->log_values().front().first == "layer0.slope[0]");
 }
 
-TEST_CASE("t5_bias and kerple_log parameters get gradients through the attention",
-          "[positions]") {
-  PositionRegistry::instance().load_plugin(kKerplePlugin);
+TEST_CASE("t5_bias parameters get gradients through the attention", "[positions]") {
   const int64_t heads = 3, t = 6;
-  for (const char* name : {"t5_bias", "kerple_log"})
-    for (bool causal : {true, false}) {
-      INFO(name << (causal ? " (causal)" : " (bidirectional)"));
-      auto method = make_method(name, heads, causal);
-      backward_through_attention(*method, heads, t, causal);
-      // Every head's parameters (the last dimension) get a gradient: a dead head fails.
-      for (const auto& p : method->parameters()) {
-        REQUIRE(p.grad().defined());
-        const auto per_head = p.grad().abs().reshape({-1, heads}).sum(0);  // (H,)
-        for (int64_t h = 0; h < heads; ++h) {
-          INFO("head " << h);
-          CHECK(per_head[h].item<double>() > 0);
-        }
+  for (bool causal : {true, false}) {
+    INFO((causal ? "causal" : "bidirectional"));
+    auto method = make_method("t5_bias", heads, causal);
+    backward_through_attention(*method, heads, t, causal);
+    // Every head's parameters (the last dimension) get a gradient: a dead head fails.
+    for (const auto& p : method->parameters()) {
+      REQUIRE(p.grad().defined());
+      const auto per_head = p.grad().abs().reshape({-1, heads}).sum(0);  // (H,)
+      for (int64_t h = 0; h < heads; ++h) {
+        INFO("head " << h);
+        CHECK(per_head[h].item<double>() > 0);
       }
     }
+  }
 }
 
-TEST_CASE("the KERPLE example plugin loads from its .so, once", "[positions]") {
+TEST_CASE("the local_window example plugin loads from its .so, once", "[positions]") {
   auto& registry = PositionRegistry::instance();
-  REQUIRE(std::filesystem::exists(kKerplePlugin));
-  registry.load_plugin(kKerplePlugin);
+  REQUIRE(std::filesystem::exists(kPlugin));
+  registry.load_plugin(kPlugin);
   auto names = registry.names();
-  CHECK(std::count(names.begin(), names.end(), "kerple_log") == 1);
-  CHECK(registry.get("kerple_log").origin.find("libextrap_kerple.so") != std::string::npos);
+  CHECK(std::count(names.begin(), names.end(), "local_window") == 1);
+  CHECK(registry.get("local_window").origin.find("libextrap_local_window.so") != std::string::npos);
 
   // Loading the same file again, by another spelling of its path, is a no-op.
-  const auto relative = std::filesystem::relative(kKerplePlugin).string();
-  CHECK_NOTHROW(registry.load_plugin(kKerplePlugin));
+  const auto relative = std::filesystem::relative(kPlugin).string();
+  CHECK_NOTHROW(registry.load_plugin(kPlugin));
   CHECK_NOTHROW(registry.load_plugin(relative));
   names = registry.names();
-  CHECK(std::count(names.begin(), names.end(), "kerple_log") == 1);
+  CHECK(std::count(names.begin(), names.end(), "local_window") == 1);
 
-  // Its bias: -r1 * log(1 + r2 |i - j|), initially r1 = 1 and r2 = the ALiBi slopes.
-  const int64_t heads = 2, t = 4;
-  auto method = make_method("kerple_log", heads, /*causal=*/true);
-  auto bias = materialize_bias(method->bias(0, t, t), heads, t, t, /*causal=*/true);
-  for (int64_t h = 0; h < heads; ++h) {
-    const double r2 = std::pow(2.0, -4.0 * double(h + 1));  // 2 heads: 1/16, 1/256
-    for (int64_t i = 0; i < t; ++i)
-      for (int64_t j = 0; j < t; ++j) {
-        if (j > i)
-          CHECK(bias[h][i][j].item<float>() == -kInf);
-        else
-          CHECK(bias[h][i][j].item<float>() ==
-                Approx(-std::log1p(r2 * double(i - j))).epsilon(1e-5).margin(1e-7));
-      }
+  // Its bias: 0 where |i - j| < window_h, else masked; head h's window is
+  // floor(window * 2^(h * spread / (H - 1))): 3 and 6 for window 3, spread 1, two heads.
+  const int64_t heads = 2, t = 9;
+  for (bool causal : {true, false}) {
+    auto method = make_method("local_window", heads, causal, "{window: 3, spread: 1}");
+    auto bias = materialize_bias(method->bias(layer_window(0, t)), heads, t, t, causal);
+    const int64_t windows[] = {3, 6};
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < t; ++i)
+        for (int64_t j = 0; j < t; ++j) {
+          INFO("head " << h << ", i " << i << ", j " << j);
+          const bool visible = std::abs(i - j) < windows[h] && !(causal && j > i);
+          CHECK(bias[h][i][j].item<float>() == (visible ? 0.0f : -kInf));
+        }
   }
+  CHECK_THROWS_WITH(make_method("local_window", heads, true, "{window: 0}"),
+                    Catch::Contains("window") && Catch::Contains("at least 1"));
 }
 
 TEST_CASE("plugin loading errors name the file and the problem", "[positions]") {

@@ -241,11 +241,17 @@ KernelBias plan_bias(const AttentionBias& bias, int64_t heads, bool causal, torc
       kb.flash.mode = cuda::BiasMode::None;
       return kb;
     case AttentionBias::Kind::Dense:
+    case AttentionBias::Kind::Cumulative:  // could be taken as two vectors: not written yet
+    case AttentionBias::Kind::Contextual:
       kb.unsupported = "the kernels take slope-described biases only (none or linear), got " +
                        bias.describe() + "; use the reference or efficient backend";
       return kb;
     case AttentionBias::Kind::Linear:
       break;
+  }
+  if (bias.positions.defined()) {
+    kb.unsupported = "the kernels take no sampled positions (position.randomize_max)";
+    return kb;
   }
   if (bias.slopes_left.size(0) != heads) {
     kb.unsupported = "the linear bias has " + std::to_string(bias.slopes_left.size(0)) +

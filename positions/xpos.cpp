@@ -1,0 +1,91 @@
+// `xpos`: rotary embeddings with an exponential decay per rotated pair (xPos, Sun et al., 2022,
+// "A Length-Extrapolatable Transformer"; torchscale's xpos_relative_position.py). q and k are
+// rotated exactly as `rotary` rotates them (interleaved pairs, positions/rotation.h), and pair
+// k = 0 .. d/2 - 1 is also scaled: the query at position n by zeta_k^(n / scale_base) and the
+// key at position n by zeta_k^(-n / scale_base), with
+//     zeta_k = (2k + gamma d) / ((1 + gamma) d),   gamma = 0.4, scale_base = 512,
+// so that q_i . k_j carries zeta_k^((i - j) / scale_base) <= 1 for j <= i: attention to far
+// keys decays smoothly, per frequency. The scale depends on i - j only: positions are counted
+// from the middle of the window before scaling (as torchscale does), which changes nothing in
+// q . k but keeps zeta^(+-n / 512) inside fp32's range at long windows.
+//
+// Causal only: for j > i the factor would grow without bound, so bidirectional attention is
+// refused (use `rotary`).
+#include "positions/rotation.h"
+
+#include <cmath>
+
+namespace extrap {
+namespace {
+
+struct XposOptions {
+  double base = 10000.0;
+  double scale_base = 512.0;
+  double gamma = 0.4;
+  void read(const OptionReader& r) {
+    r.read("base", base, "wavelength base of the rotation angles (as rotary)");
+    r.read("scale_base", scale_base, "positions are divided by this in the decay exponent");
+    r.read("gamma", gamma, "zeta_k = (2k + gamma d) / ((1 + gamma) d)");
+    if (!r.decoding()) return;
+    if (!(base > 1.0)) r.fail("base", "must be greater than 1");
+    if (!(scale_base > 0.0)) r.fail("scale_base", "must be positive");
+    if (!(gamma > 0.0)) r.fail("gamma", "must be positive");
+  }
+};
+
+class Xpos : public PositionMethod {
+ public:
+  Xpos(const PositionContext& context, XposOptions options)
+      : options_(options), d_head_(context.d_head) {
+    if (d_head_ % 2 != 0)
+      throw ConfigError("xpos: the head size " + std::to_string(d_head_) +
+                        " is odd; xPos rotates and scales pairs of dimensions");
+  }
+
+  void rotate_qk(torch::Tensor& q, torch::Tensor& k, const LayerInput& at) override {
+    TORCH_CHECK(q.size(-1) == d_head_ && k.size(-1) == d_head_, "xpos: expected heads of size ",
+                d_head_, ", got q ", q.sizes(), " and k ", k.sizes());
+    const auto [cos, sin] = rotary_angles(at.positions, rotary_frequencies(d_head_, options_.base),
+                                          q.device(), q.scalar_type());
+    const auto [up, down] = scales(at.positions, q.device(), q.scalar_type());
+    q = rotate_pairs(q, cos * up, sin * up, d_head_);      // rotation then scale: a scaled rotation
+    k = rotate_pairs(k, cos * down, sin * down, d_head_);
+  }
+
+ private:
+  // zeta_k^(+-(n - centre) / scale_base) for the window's positions n: (T, d/2) each.
+  std::pair<torch::Tensor, torch::Tensor> scales(const TokenPositions& positions,
+                                                 torch::Device device, torch::ScalarType dtype) const {
+    auto n = positions.values(torch::kFloat64);  // (T,)
+    const double centre = std::floor((n[0].item<double>() + n[-1].item<double>()) / 2.0);
+    auto k = torch::arange(0, d_head_ / 2, torch::kFloat64);
+    auto log_zeta = torch::log((2.0 * k + options_.gamma * double(d_head_)) /
+                               ((1.0 + options_.gamma) * double(d_head_)));  // (d/2,)
+    auto exponent = ((n - centre) / options_.scale_base).unsqueeze(1) * log_zeta.unsqueeze(0);
+    return {exponent.exp().to(device, dtype), (-exponent).exp().to(device, dtype)};
+  }
+
+  XposOptions options_;
+  int64_t d_head_;
+};
+
+PositionInfo make_xpos_info() {
+  PositionInfo info;
+  info.name = "xpos";
+  info.description =
+      "xPos: rotary with a per-pair exponential decay zeta^((i - j) / 512) (Sun et al., 2022)";
+  info.hooks = kRotateQK;
+  info.modes = kCausal;
+  info.randomizable = true;
+  info.bidirectional_alternative = "rotary";
+  info.mode_reason = "its scale zeta^((i - j) / scale_base) decays towards earlier keys and "
+                     "would grow without bound towards later ones";
+  info.options = document_options<XposOptions>();
+  info.factory = factory_for<Xpos, XposOptions>();
+  return info;
+}
+
+}  // namespace
+}  // namespace extrap
+
+EXTRAP_REGISTER_POSITION(xpos, extrap::make_xpos_info);
