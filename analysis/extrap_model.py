@@ -12,18 +12,26 @@ perplexities to about 1e-5 relative; in float64 it measures how far float32 roun
 
 API
   load(path, dtype=torch.float32, device="cpu", use_package=None) -> ExtrapModel (an nn.Module,
-      in eval mode). ValueError for another format, an unknown position method, a missing, extra
-      or mis-shaped tensor, ALiBi slopes other than the definition's. use_package: None = the
-      safetensors package when importable, else this file's reader; False = this file's reader.
+      in eval mode). ValueError for another format, an unknown position method, a causal-only
+      method (xpos, cope, fox) in a bidirectional export, a missing, extra or mis-shaped tensor,
+      ALiBi slopes other than the definition's. use_package: None = the safetensors package
+      when importable, else this file's reader; False = this file's reader.
   model(tokens (B, T) int64, offset=0, return_attention=False) -> logits (B, T, V)
       [, per layer the attention probabilities (B, H, T, T)]
   model.hidden(tokens, offset=0) -> (B, T, D), the final LayerNorm's output; model.logits(hidden)
-  model.bias(layer, T) -> (H, T, T) additive score bias, -inf where a key is masked
+  model.bias(layer, T, h=None, q=None, k=None) -> (H, T, T) additive score bias, -inf where a
+      key is masked; fox needs h = blocks[layer].ln_attention(x) (B, T, D) and cope needs the
+      layer's q and k (B, H, T, Dh): their bias is (B, H, T, T)
   model.metadata (JSON values decoded), model.vocabulary (word level: a list; else None),
   model.encode(text) -> ids, model.decode(ids) -> text
   evaluate(model, tokens, length, stride=0, batch_windows=64) -> {nll_sum, scored_tokens,
       perplexity, windows}; stride 0 or >= length: non-overlapping windows
   also: read_safetensors, alibi_slopes, t5_bucket, mask_decision, evaluation_windows
+
+Position methods: none, sinusoidal, learned, rotary, alibi, alibi_symmetric, alibi_nonsymmetric,
+alibi_learned, t5_bias, kerple_log, kerple_power, sandwich, fire (score biases), xpos (a scaled
+rotary rotation; causal only), cope (a bias from q and the gated scores; causal only), fox (a
+bias from the layer's input through forget gates; causal only).
 
 Command line (errors: one line on stderr, exit status 2):
     python analysis/extrap_model.py MODEL.safetensors --tokens-file FILE --length 16 48
@@ -45,11 +53,19 @@ from torch import nn
 
 FORMAT = "extrap-safetensors/1"
 POSITION_METHODS = ("none", "sinusoidal", "learned", "rotary", "alibi", "alibi_symmetric",
-                    "alibi_nonsymmetric", "alibi_learned", "t5_bias")
+                    "alibi_nonsymmetric", "alibi_learned", "t5_bias", "kerple_log", "kerple_power",
+                    "sandwich", "xpos", "fire", "cope", "fox")
+CAUSAL_ONLY = ("xpos", "cope", "fox")  # refused in a bidirectional (masked-LM) export
 POSITION_DEFAULTS = {"rotary": {"base": 10000.0, "fraction": 1.0}, "sinusoidal": {"base": 10000.0},
                      "learned": {"max_length": 1024},
                      "alibi_learned": {"shared_across_layers": True},
-                     "t5_bias": {"buckets": 32, "max_distance": 128, "shared_across_layers": True}}
+                     "t5_bias": {"buckets": 32, "max_distance": 128, "shared_across_layers": True},
+                     "kerple_log": {"shared_across_layers": True},
+                     "kerple_power": {"shared_across_layers": True},
+                     "sandwich": {"base": 10000.0, "scale": 8.0},
+                     "xpos": {"base": 10000.0, "scale_base": 512.0, "gamma": 0.4},
+                     "fire": {"mlp_width": 32, "init_L": 512.0, "eps": 1e-6,
+                              "shared_across_layers": False}}
 JSON_METADATA = ("position_options", "model", "data", "eval", "train", "vocabulary", "checkpoint")
 WORD_SPECIALS = {"<eos>": 0, "<unk>": 1, "<mask>": 2}
 MASK64 = 0xFFFF_FFFF_FFFF_FFFF
@@ -241,8 +257,29 @@ class ExtrapModel(nn.Module):
             shapes = {"table": (int(self.options["max_length"]), D)}
         elif self.method == "t5_bias":
             shapes = {"table": (S, int(self.options["buckets"]), H)}
+        elif self.method in ("kerple_log", "kerple_power"):
+            shapes = {"r1": (S, H), "r2": (S, H)}
+        elif self.method == "fire":
+            W = int(self.options["mlp_width"])
+            if W < 1:
+                raise ValueError(f"fire: mlp_width must be positive, not {W}")
+            shapes = {"w1": (S, W), "b1": (S, W), "w2": (S, H, W), "b2": (S, H), "c": (S,),
+                      "L_multiplier": (S,)}
+        elif self.method == "cope":
+            for key in ("npos", "per_head"):
+                if key not in self.options:
+                    raise ValueError(f"cope: position_options lacks {key!r}")
+            if int(self.options["npos"]) < 1:
+                raise ValueError(f"cope: npos must be positive, not {self.options['npos']}")
+            E = H if self.options["per_head"] else 1
+            shapes = {"embeddings": (self.layers, E, self.d_head, int(self.options["npos"]))}
+        elif self.method == "fox":
+            shapes = {"gate_weight": (self.layers, H, D), "gate_bias": (self.layers, H)}
         for name, shape in shapes.items():
             self.position.register_parameter(name, nn.Parameter(torch.empty(shape, **kw)))
+        if self.method in CAUSAL_ONLY and (not self.causal or m.get("objective") == "masked_lm"):
+            raise ValueError(f"position method {self.method!r} is causal only; this export is a "
+                             f"bidirectional model (objective {m.get('objective')!r})")
         if self.method == "alibi_nonsymmetric" and H % 2:
             raise ValueError(f"alibi_nonsymmetric needs an even number of heads, not {H}")
         if self.method == "t5_bias":
@@ -283,6 +320,33 @@ class ExtrapModel(nn.Module):
         w = self.embedding.weight
         return angle.cos().to(w.device, w.dtype), angle.sin().to(w.device, w.dtype)
 
+    def _xpos(self, offset, T):  # ((cos, sin) of the queries, (cos, sin) of the keys), or None
+        """xPos: the rotary rotation (fraction 1) with pair m of the query at position n scaled by
+        zeta_m^(n / scale_base) and of the key by zeta_m^(-n / scale_base), folded into the
+        tables. n is centred on the window's middle (scores are unchanged by any shift of n);
+        computed in float64, rounded to the model's dtype."""
+        if self.method != "xpos":
+            return None
+        dh = self.d_head
+        d_rot = 2 * (dh // 2)
+        if d_rot == 0:
+            return None
+        base, scale_base = float(self.options["base"]), float(self.options["scale_base"])
+        gamma = float(self.options["gamma"])
+        theta = torch.tensor([base ** (-2.0 * i / d_rot) for i in range(d_rot // 2)],
+                             dtype=torch.float64)
+        zeta = torch.tensor([(2.0 * i + gamma * dh) / ((1.0 + gamma) * dh)
+                             for i in range(d_rot // 2)], dtype=torch.float64)
+        angle = torch.arange(offset, offset + T, dtype=torch.float64)[:, None] * theta
+        n = (torch.arange(T, dtype=torch.float64) - T // 2)[:, None] / scale_base
+        cos, sin = angle.cos(), angle.sin()
+        w = self.embedding.weight
+        tables = []
+        for scale in (zeta ** n, zeta ** -n):  # queries, keys: (T, d_rot/2)
+            tables.append(((cos * scale).to(w.device, w.dtype),
+                           (sin * scale).to(w.device, w.dtype)))
+        return tuple(tables)
+
     @staticmethod
     def _rotate(x, cos, sin):  # x (B, H, T, Dh): pairs (2i, 2i+1) of the first d_rot dims rotated
         d = 2 * cos.shape[-1]
@@ -293,8 +357,28 @@ class ExtrapModel(nn.Module):
     def _bias_row(self, layer):  # which row of a per-layer table a layer uses
         return 0 if self.options.get("shared_across_layers", True) else layer
 
-    def bias(self, layer, T):
-        """(H, T, T) additive bias on the scores of `layer` (i = query, j = key), -inf = masked."""
+    def bias(self, layer, T, h=None, q=None, k=None):
+        """(H, T, T) additive bias on the scores of `layer` (i = query, j = key), -inf = masked.
+        fox's bias depends on the layer's input: h = blocks[layer].ln_attention(x) (B, T, D), the
+        normalised attention input, is required and the bias is (B, H, T, T). cope's depends on
+        the queries and the scores: q and k (B, H, T, Dh), as the layer computes them, are
+        required and the bias is (B, H, T, T). Other methods ignore h, q and k."""
+        if self.method == "fox":
+            if h is None:
+                raise ValueError("fox: the bias depends on the layer's input; pass "
+                                 "h = blocks[layer].ln_attention(x), shaped (B, T, D)")
+            if h.dim() != 3 or h.shape[1] != T or h.shape[2] != self.d_model:
+                raise ValueError(f"fox: h must be (B, {T}, {self.d_model}), not {tuple(h.shape)}")
+            return self._fox_bias(layer, h)
+        if self.method == "cope":
+            if q is None or k is None:
+                raise ValueError("cope: the bias depends on the queries and the scores; pass q "
+                                 "and k, each (B, H, T, Dh), as the layer computes them")
+            want = (self.heads, T, self.d_head)
+            if q.dim() != 4 or k.shape != q.shape or tuple(q.shape[1:]) != want:
+                raise ValueError(f"cope: q and k must be (B, {', '.join(map(str, want))}), not "
+                                 f"{tuple(q.shape)} and {tuple(k.shape)}")
+            return self._cope_bias(layer, q, k)
         w, H = self.embedding.weight, self.heads
         i = torch.arange(T, device=w.device)[:, None]
         j = torch.arange(T, device=w.device)[None, :]
@@ -322,11 +406,68 @@ class ExtrapModel(nn.Module):
                                          for r in range(-(T - 1), T)], device=w.device)
             buckets = per_distance[j - i + T - 1]  # (T, T): the bucket of j - i
             bias = self.position.table[self._bias_row(layer)][buckets].permute(2, 0, 1)
+        elif self.method in ("kerple_log", "kerple_power"):
+            s, distance = self._bias_row(layer), left.abs()
+            r1 = self.position.r1[s].clamp(min=0.01)[:, None, None]  # (H, 1, 1)
+            if self.method == "kerple_log":  # -r1 log(1 + r2 |i - j|)
+                r2 = self.position.r2[s].clamp(min=0.01)[:, None, None]
+                bias = -r1 * torch.log1p(r2 * distance)
+            else:  # -r1 |i - j|^r2, exactly 0 on the diagonal
+                r2 = self.position.r2[s].clamp(0.01, 2.0)[:, None, None]
+                bias = (-r1 * distance ** r2).masked_fill(i == j, 0.0)
+        elif self.method == "sandwich":  # a table by distance |i - j|, float64 rounded to dtype
+            d, base, scale = self.d_head, float(self.options["base"]), float(self.options["scale"])
+            freq = torch.tensor([base ** (-2.0 * n / d) for n in range(1, d // 2 + 1)],
+                                dtype=torch.float64)
+            distance = torch.arange(T, dtype=torch.float64)[:, None]
+            by_distance = (distance * freq).cos().sum(-1) - d // 2  # (T,)
+            heads = torch.arange(1, H + 1, dtype=torch.float64)[:, None]  # h = 1 .. H
+            table = (by_distance / (scale * heads / H)).to(w.device, w.dtype)  # (H, T)
+            bias = table[:, (i - j).abs()]
+        elif self.method == "fire":
+            bias = self._fire_bias(layer, left.abs())
         else:
             bias = torch.zeros(H, T, T, dtype=w.dtype, device=w.device)
         if self.causal:
             bias = bias.masked_fill(j > i, neg_inf)
         return bias.expand(H, T, T)
+
+    def _fire_bias(self, layer, distance):  # distance (T, T) = |i - j| -> (H, T, T)
+        s, P = self._bias_row(layer), self.position
+        T, W = distance.shape[0], P.w1.shape[1]
+        c = P.c[s].abs()
+        L = (P.L_multiplier[s] * float(self.options["init_L"])).abs()
+        query = torch.arange(T, dtype=distance.dtype, device=distance.device)  # i, as a float
+        x = torch.log1p(c * distance) / (torch.log1p(c * torch.maximum(query, L)) +
+                                         float(self.options["eps"]))[:, None]  # (T, T)
+        bias = torch.empty(self.heads, T, T, dtype=distance.dtype, device=distance.device)
+        rows = max(1, (1 << 24) // (T * W))  # query rows per pass: (rows, T, W) bounded
+        for r in range(0, T, rows):
+            hidden = F.relu(x[r:r + rows, :, None] * P.w1[s] + P.b1[s])  # (rows, T, W)
+            bias[:, r:r + rows] = (hidden @ P.w2[s].T + P.b2[s]).permute(2, 0, 1)
+        return bias
+
+    def _cope_bias(self, layer, q, k):  # q, k (B, H, T, Dh) -> (B, H, T, T)
+        T, npos = q.shape[2], int(self.options["npos"])
+        future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)  # j > i
+        scores = q @ k.transpose(-1, -2) / math.sqrt(self.d_head)
+        gates = scores.sigmoid().masked_fill(future, 0.0)  # g_ij, 0 where masked
+        p = gates.flip(-1).cumsum(-1).flip(-1).clamp(max=npos - 1)  # sum_{t = j .. i} g_it
+        z = q @ self.position.embeddings[layer]  # (B, H, T, npos); E = 1 broadcasts over heads
+        low = p.floor()
+        frac = p - low
+        bias = (1 - frac) * z.gather(-1, low.long()) + frac * z.gather(-1, p.ceil().long())
+        return bias.masked_fill(future, float("-inf"))
+
+    def _fox_bias(self, layer, h):  # h (B, T, D) -> (B, H, T, T); at least float32
+        dtype = torch.promote_types(h.dtype, torch.float32)
+        weight, gate_bias = self.position.gate_weight[layer], self.position.gate_bias[layer]
+        log_f = F.logsigmoid(h.to(dtype) @ weight.to(dtype).T + gate_bias.to(dtype))  # (B, T, H)
+        cumulative = log_f.cumsum(1).transpose(1, 2)  # (B, H, T): F_i = sum_{t <= i} log f_t
+        bias = cumulative[..., :, None] - cumulative[..., None, :]  # F_i - F_j
+        T = h.shape[1]
+        future = torch.ones(T, T, dtype=torch.bool, device=h.device).triu(1)
+        return bias.masked_fill(future, float("-inf")).to(h.dtype)
 
     # -- forward
     def hidden(self, tokens, offset=0, return_attention=False):
@@ -340,18 +481,25 @@ class ExtrapModel(nn.Module):
         if absolute is not None:
             x = x + absolute
         rotary = self._rotary(offset, T)
+        rotations = (rotary, rotary) if rotary is not None else self._xpos(offset, T)
         biases = {}  # layers that share a bias share one tensor
         attention = []
         for layer, block in enumerate(self.blocks):
             h = block.ln_attention(x)
             qkv = block.attention.qkv(h).view(B, T, 3, H, Dh)
             q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, T, Dh)
-            if rotary is not None:
-                q, k = self._rotate(q, *rotary), self._rotate(k, *rotary)
-            row = self._bias_row(layer)
-            if row not in biases:
-                biases[row] = self.bias(layer, T)
-            scores = q @ k.transpose(-1, -2) / math.sqrt(Dh) + biases[row]  # (B, H, T, T)
+            if rotations is not None:  # queries and keys: xPos scales them differently
+                q, k = self._rotate(q, *rotations[0]), self._rotate(k, *rotations[1])
+            if self.method == "fox":  # (B, H, T, T): depends on this layer's input
+                bias = self.bias(layer, T, h=h)
+            elif self.method == "cope":  # (B, H, T, T): depends on q and the scores
+                bias = self.bias(layer, T, q=q, k=k)
+            else:
+                row = self._bias_row(layer)
+                if row not in biases:
+                    biases[row] = self.bias(layer, T)
+                bias = biases[row]
+            scores = q @ k.transpose(-1, -2) / math.sqrt(Dh) + bias  # (B, H, T, T)
             probs = scores.softmax(dim=-1)
             if return_attention:
                 attention.append(probs)

@@ -306,7 +306,9 @@ TEST_CASE("export: Python's extrap_model.py reproduces extrap eval, causal metho
        {"none", "{name: sinusoidal, base: 1000}", "{name: learned, max_length: 48}",
         "{name: rotary, base: 500, fraction: 0.5}", "alibi",
         "{name: alibi_learned, shared_across_layers: false}",
-        "{name: t5_bias, buckets: 8, max_distance: 20, shared_across_layers: false}"}) {
+        "{name: t5_bias, buckets: 8, max_distance: 20, shared_across_layers: false}",
+        "kerple_log", "{name: kerple_power, shared_across_layers: false}", "sandwich", "xpos",
+        "{name: fire, init_L: 8, mlp_width: 8}", "{name: cope, npos: 9}", "fox"}) {
     const std::string name = "causal_" + std::to_string(models.size());
     models.push_back(train_eval_export(d, name, position, true));
   }
@@ -334,7 +336,8 @@ TEST_CASE("export: Python's extrap_model.py reproduces extrap eval, masked-LM me
   for (const std::string position :
        {"none", "sinusoidal", "{name: learned, max_length: 40}", "rotary", "alibi_symmetric",
         "alibi_nonsymmetric", "{name: alibi_learned, shared_across_layers: false}",
-        "{name: t5_bias, buckets: 8, max_distance: 20}"}) {
+        "{name: t5_bias, buckets: 8, max_distance: 20}", "kerple_log", "kerple_power",
+        "{name: sandwich, scale: 4}", "{name: fire, init_L: 8, shared_across_layers: true}"}) {
     const std::string name = "masked_" + std::to_string(models.size());
     models.push_back(train_eval_export(d, name, position, false));
   }
