@@ -24,6 +24,7 @@ import sys
 
 import h5py
 import numpy as np
+import yaml
 import matplotlib
 
 matplotlib.use("Agg")
@@ -47,16 +48,10 @@ def attribute(value):
 
 
 def parse_grid_point(flow):
-    """The run's grid values, stored as a YAML flow map: {key: value, ...}."""
-    try:
-        import yaml
-
-        parsed = yaml.safe_load(flow)
-        return parsed if isinstance(parsed, dict) else {}
-    except ImportError:  # scalar values only, which is what labels use
-        body = flow.strip().lstrip("{").rstrip("}")
-        pairs = (item.split(":", 1) for item in body.split(",") if ":" in item)
-        return {k.strip(): v.strip() for k, v in pairs}
+    """The run's grid values, stored as a YAML flow map: {key: value, ...}; values may be maps
+    (a grid over `position` holds {name: ..., option: value})."""
+    parsed = yaml.safe_load(flow)
+    return parsed if isinstance(parsed, dict) else {}
 
 
 def load(path):
@@ -76,18 +71,35 @@ def load(path):
     return header, points, runs
 
 
-def method_label(run):
-    """Position method, plus any grid value other than the training length and the seed."""
-    label = run.get("position", "?")
-    grid = parse_grid_point(run.get("grid_point", "{}"))
-    extra = []
-    for key, value in grid.items():
-        if key in AXIS_KEYS:
-            continue
-        if isinstance(value, dict):
-            value = value.get("name", value)
-        extra.append("%s=%s" % (key.split(".")[-1], value))
-    return label + (" (" + ", ".join(extra) + ")" if extra else "")
+def position_options(grid):
+    """A grid point's position options other than the name ({} when the grid has none)."""
+    value = grid.get("position")
+    return {k: v for k, v in value.items() if k != "name"} if isinstance(value, dict) else {}
+
+
+def method_labels(runs):
+    """run_id -> the label its numbers are reported under: the position method, plus any grid
+    value other than the training length and the seed, plus the method's options wherever two
+    runs of the same method differ in them (e.g. "rotary" and "rotary (randomize_max=512)"), so
+    that only runs of one configuration are ever pooled as seeds."""
+    grids = {run_id: parse_grid_point(run.get("grid_point", "{}")) for run_id, run in runs.items()}
+    options_by_method = collections.defaultdict(list)
+    for run_id, run in runs.items():
+        options_by_method[run.get("position", "?")].append(position_options(grids[run_id]))
+    varying = {}
+    for method, options in options_by_method.items():
+        keys = set().union(*options)
+        varying[method] = sorted(k for k in keys if len({repr(o.get(k)) for o in options}) > 1)
+    labels = {}
+    for run_id, run in runs.items():
+        method, grid = run.get("position", "?"), grids[run_id]
+        options = position_options(grid)
+        extra = ["%s=%s" % (k, options[k]) for k in varying[method] if k in options]
+        for key, value in grid.items():
+            if key not in AXIS_KEYS:
+                extra.append("%s=%s" % (key.split(".")[-1], value))
+        labels[run_id] = method + (" (" + ", ".join(extra) + ")" if extra else "")
+    return labels
 
 
 def mode_order(mode):
@@ -207,7 +219,7 @@ def plot_curves(path, train_length, methods, runs_by_method):
 def write_report(results_path, out_dir):
     header, points, runs = load(results_path)
     os.makedirs(out_dir, exist_ok=True)
-    labels = {run_id: method_label(run) for run_id, run in runs.items()}
+    labels = method_labels(runs)
     # Method order: as the grid lists them (by the first run's point index).
     first_index = {}
     for run_id, run in runs.items():
