@@ -152,11 +152,33 @@ def markdown_table(header, rows):
     return "\n".join(lines)
 
 
+# Up to 20 methods get 20 different colours (tab10, then tab20's lighter shades), and each
+# colour a marker of its own, so that no two curves of one plot look alike.
+MARKERS = "osD^vP*Xh<>p"
+
+
+def method_style(index):
+    """(colour, marker) of the index-th method of a plot."""
+    if index < 10:
+        color = plt.get_cmap("tab10")(index)
+    else:
+        color = plt.get_cmap("tab20")(2 * ((index - 10) % 10) + 1)
+    return color, MARKERS[index % len(MARKERS)]
+
+
+def place_legend(ax, count):
+    """Inside the axes for a few methods, to the right of them for many."""
+    if count > 6:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    else:
+        ax.legend(fontsize=8)
+
+
 def plot_perplexity(path, train_length, mode, methods, series):
     """series[method] = list of (eval_length, mean, spread)."""
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = plt.subplots(figsize=(6.4 if len(methods) <= 6 else 8.4, 4.2))
     finite = []
-    for method in methods:
+    for index, method in enumerate(methods):
         data = sorted(series.get(method, []))
         if not data:
             continue
@@ -164,7 +186,8 @@ def plot_perplexity(path, train_length, mode, methods, series):
         y = [d[1] for d in data]
         e = [d[2] for d in data]
         finite += y
-        ax.errorbar(x, y, yerr=e, marker="o", markersize=4, capsize=3, label=method)
+        color, marker = method_style(index)
+        ax.errorbar(x, y, yerr=e, marker=marker, markersize=4, capsize=3, label=method, color=color)
     lengths = sorted({d[0] for m in methods for d in series.get(m, [])} | {train_length})
     ax.set_xscale("log", base=2)
     ax.set_xticks(lengths)
@@ -184,24 +207,23 @@ def plot_perplexity(path, train_length, mode, methods, series):
     ax.set_title("trained at L = %d, %s" % (train_length, mode_title(mode)))
     ax.grid(True, which="both", alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
+        place_legend(ax, len(methods))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def plot_curves(path, train_length, methods, runs_by_method):
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, ax = plt.subplots(figsize=(6.4 if len(methods) <= 6 else 8.4, 4.2))
     for i, method in enumerate(methods):
-        color = colors[i % len(colors)]
+        color, marker = method_style(i)
         for j, run in enumerate(runs_by_method.get(method, [])):
             train, valid = run["train_loss"], run["valid_loss"]
             label = method if j == 0 else None
             if len(train):
                 ax.plot(train[:, 0], train[:, 1], color=color, linewidth=1, alpha=0.8, label=label)
             if len(valid):
-                ax.plot(valid[:, 0], valid[:, 1], color=color, linestyle="--", marker="o", markersize=3)
+                ax.plot(valid[:, 0], valid[:, 1], color=color, linestyle="--", marker=marker, markersize=3)
     valid_losses = [float(v) for runs in runs_by_method.values() for r in runs for v in r["valid_loss"][:, 1]]
     if valid_losses:  # the first steps' loss would squash the rest of the curves
         ax.set_ylim(top=max(valid_losses) * 1.4)
@@ -210,7 +232,7 @@ def plot_curves(path, train_length, methods, runs_by_method):
     ax.set_title("training (solid) and validation (dashed) loss, L = %d" % train_length)
     ax.grid(True, alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
+        place_legend(ax, len(methods))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
