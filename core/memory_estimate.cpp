@@ -1,5 +1,7 @@
 #include "core/memory_estimate.h"
 
+#include "positions/position.h"
+
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -81,6 +83,12 @@ int64_t parameter_count_estimate(const Config& c, int64_t vocab_size) {
   return total;
 }
 
+namespace {
+int64_t saturating(double value) {
+  return value >= 9.0e18 ? std::numeric_limits<int64_t>::max() : int64_t(value);
+}
+}  // namespace
+
 MemoryEstimate estimate_training_memory(const Config& c, int64_t vocab_size) {
   const ModelConfig& m = c.model;
   const TrainConfig& t = c.train;
@@ -92,8 +100,18 @@ MemoryEstimate estimate_training_memory(const Config& c, int64_t vocab_size) {
   const int64_t sequences = std::max<int64_t>(t.accumulation, t.batch_tokens / std::max<int64_t>(t.seq_len, 1));
   const int64_t micro = std::max<int64_t>(1, sequences / t.accumulation);
   const int64_t tokens = mul(micro, t.seq_len);
+  // A position method's own share (CoPE's gates, FIRE's MLP): PositionInfo's measured factors.
+  double method_scores = 0, method_pairs = 0;
+  if (PositionRegistry::instance().contains(c.position_name)) {
+    const PositionInfo& info = PositionRegistry::instance().get(c.position_name);
+    method_scores = info.training_scores;
+    method_pairs = info.training_pairs;
+  }
+  const int64_t pairs = mul(t.seq_len, t.seq_len);
+  const int64_t scores = mul(mul(micro, m.heads), pairs);
   const int64_t per_layer =
-      add(mul(tokens, add(10 * m.d_model, 2 * m.d_ffn)), mul(mul(mul(micro, m.heads), mul(t.seq_len, t.seq_len)), 2));
+      add(add(mul(tokens, add(10 * m.d_model, 2 * m.d_ffn)), mul(scores, 2)),
+          add(saturating(double(scores) * method_scores), saturating(double(pairs) * method_pairs)));
   const int64_t values = add(mul(m.layers, per_layer), add(mul(tokens, 3 * m.d_model), mul(mul(tokens, vocab_size), 2)));
   e.activations = mul(values, 4);
   return e;

@@ -114,6 +114,12 @@ struct PositionInfo {
   // Honours sampled positions (TokenPositions::sampled) in its hooks, so that
   // position.randomize_max may be used with it.
   bool randomizable = false;
+  // For the training-memory estimate (core/memory_estimate.cpp): what each layer's reference
+  // attention keeps for backward beyond the scores and probabilities, in float tensors of
+  // the scores' size (B x H x T x T) and of T x T floats. Measured, not derived: see the
+  // methods that set them.
+  double training_scores = 0;
+  double training_pairs = 0;
   // The method's parameters and buffers as an exported model holds them (`extrap export`):
   // each tensor's name under "position.", its shape, and how the model uses it (e.g. "slope =
   // softplus(raw)"). Empty for a method without tensors.

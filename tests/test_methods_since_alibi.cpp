@@ -10,6 +10,7 @@
 #include "core/attention.h"
 #include "core/config.h"
 #include "core/efficient_attention.h"
+#include "core/memory_estimate.h"
 #include "core/model.h"
 #include "positions/alibi_slopes.h"
 #include "positions/position.h"
@@ -461,4 +462,18 @@ TEST_CASE("randomized positions: a model samples in training only, refusals name
   CHECK_THAT(refused("{name: learned, max_length: 100, randomize_max: 500}"),
              Catch::Contains("randomize_max 500") && Catch::Contains("max_length 100"));
   CHECK(refused("{name: alibi, randomize_max: 500}") == "(accepted)");
+}
+
+TEST_CASE("the training-memory estimate counts CoPE's and FIRE's own tensors", "[positions][since-alibi]") {
+  Config config = testing::tiny_config("alibi");
+  config.train.seq_len = 512;
+  config.train.batch_tokens = 8192;  // 16 sequences
+  const int64_t alibi = estimate_training_memory(config, 257).activations;
+  config.position_name = "cope";
+  const int64_t cope = estimate_training_memory(config, 257).activations;
+  config.position_name = "fire";
+  const int64_t fire = estimate_training_memory(config, 257).activations;
+  // 2 layers; 12 float tensors of 16 x 4 heads x 512 x 512 a layer; 32 of 512 x 512.
+  CHECK(cope - alibi == 2 * 12 * int64_t(16 * 4 * 512 * 512) * 4);
+  CHECK(fire - alibi == 2 * 32 * int64_t(512 * 512) * 4);
 }
