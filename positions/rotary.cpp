@@ -11,7 +11,6 @@
 #include "positions/rotation.h"
 
 #include <cmath>
-#include <mutex>
 
 namespace extrap {
 namespace {
@@ -43,39 +42,18 @@ class Rotary : public PositionMethod {
     TORCH_CHECK(q.size(-1) >= rotated_ && k.size(-1) == q.size(-1),
                 "rotary: expected head dimension of at least ", rotated_, ", got q ", q.sizes(),
                 " and k ", k.sizes());
-    const auto [cos, sin] = angles(at.positions, q.device(), q.scalar_type());
-    q = rotate_pairs(q, cos, sin, rotated_);
-    k = rotate_pairs(k, cos, sin, rotated_);
+    const auto tables = tables_.get(at.positions, q.device(), q.scalar_type(), [&] {
+      auto [cos, sin] = rotary_angles(at.positions, rotary_frequencies(rotated_, options_.base));
+      return std::vector<torch::Tensor>{cos, sin};  // (T, d_rot/2) each
+    });
+    q = rotate_pairs(q, tables[0], tables[1], rotated_);
+    k = rotate_pairs(k, tables[0], tables[1], rotated_);
   }
 
  private:
-  // cos and sin of p * theta_i for the window's positions p: (T, d_rot/2) each. Every layer
-  // of a forward pass asks for the same table, so the last contiguous one is cached (sampled
-  // positions change every training step).
-  std::pair<torch::Tensor, torch::Tensor> angles(const TokenPositions& positions,
-                                                 torch::Device device, torch::ScalarType dtype) {
-    std::lock_guard<std::mutex> lock(cache_mutex_);
-    const int64_t length = positions.length, offset = positions.offset;
-    if (!positions.is_sampled() && cache_.cos.defined() && cache_.length == length &&
-        cache_.offset == offset && cache_.device == device && cache_.dtype == dtype)
-      return {cache_.cos, cache_.sin};
-    auto [cos, sin] = rotary_angles(positions, rotary_frequencies(rotated_, options_.base), device, dtype);
-    if (!positions.is_sampled()) cache_ = {length, offset, device, dtype, cos, sin};
-    return {cos, sin};
-  }
-
-  struct AngleCache {
-    int64_t length = -1;
-    int64_t offset = 0;
-    torch::Device device = torch::kCPU;
-    torch::ScalarType dtype = torch::kFloat32;
-    torch::Tensor cos, sin;  // (T, d_rot/2)
-  };
-
   RotaryOptions options_;
   int64_t rotated_;  // d_rot: even, in [2, d_head]
-  std::mutex cache_mutex_;
-  AngleCache cache_;
+  RotationTables tables_;
 };
 
 PositionInfo make_rotary_info() {

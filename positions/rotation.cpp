@@ -10,11 +10,28 @@ torch::Tensor rotary_frequencies(int64_t rotated, double base) {
 }
 
 std::pair<torch::Tensor, torch::Tensor> rotary_angles(const TokenPositions& positions,
-                                                      const torch::Tensor& frequencies,
-                                                      torch::Device device,
-                                                      torch::ScalarType dtype) {
+                                                      const torch::Tensor& frequencies) {
   auto phase = positions.values(torch::kFloat64).unsqueeze(1) * frequencies.unsqueeze(0);  // (T, d/2)
-  return {phase.cos().to(device, dtype), phase.sin().to(device, dtype)};
+  return {phase.cos(), phase.sin()};
+}
+
+std::vector<torch::Tensor> RotationTables::get(
+    const TokenPositions& positions, torch::Device device, torch::ScalarType dtype,
+    const std::function<std::vector<torch::Tensor>()>& compute) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!positions.is_sampled() && !tables_.empty() && length_ == positions.length &&
+      offset_ == positions.offset && device_ == device && dtype_ == dtype)
+    return tables_;
+  std::vector<torch::Tensor> tables = compute();
+  for (auto& t : tables) t = t.to(device, dtype);
+  if (!positions.is_sampled()) {
+    length_ = positions.length;
+    offset_ = positions.offset;
+    device_ = device;
+    dtype_ = dtype;
+    tables_ = tables;
+  }
+  return tables;
 }
 
 torch::Tensor rotate_pairs(const torch::Tensor& x, const torch::Tensor& cos,

@@ -45,28 +45,31 @@ class Xpos : public PositionMethod {
   void rotate_qk(torch::Tensor& q, torch::Tensor& k, const LayerInput& at) override {
     TORCH_CHECK(q.size(-1) == d_head_ && k.size(-1) == d_head_, "xpos: expected heads of size ",
                 d_head_, ", got q ", q.sizes(), " and k ", k.sizes());
-    const auto [cos, sin] = rotary_angles(at.positions, rotary_frequencies(d_head_, options_.base),
-                                          q.device(), q.scalar_type());
-    const auto [up, down] = scales(at.positions, q.device(), q.scalar_type());
-    q = rotate_pairs(q, cos * up, sin * up, d_head_);      // rotation then scale: a scaled rotation
-    k = rotate_pairs(k, cos * down, sin * down, d_head_);
+    // Rotation then scale, as one scaled rotation: (T, d/2) tables for q and for k.
+    const auto tables = tables_.get(at.positions, q.device(), q.scalar_type(), [&] {
+      auto [cos, sin] = rotary_angles(at.positions, rotary_frequencies(d_head_, options_.base));
+      auto [up, down] = scales(at.positions);
+      return std::vector<torch::Tensor>{cos * up, sin * up, cos * down, sin * down};
+    });
+    q = rotate_pairs(q, tables[0], tables[1], d_head_);
+    k = rotate_pairs(k, tables[2], tables[3], d_head_);
   }
 
  private:
-  // zeta_k^(+-(n - centre) / scale_base) for the window's positions n: (T, d/2) each.
-  std::pair<torch::Tensor, torch::Tensor> scales(const TokenPositions& positions,
-                                                 torch::Device device, torch::ScalarType dtype) const {
-    auto n = positions.values(torch::kFloat64);  // (T,)
+  // zeta_k^(+-(n - centre) / scale_base) for the window's positions n: (T, d/2) each, float64.
+  std::pair<torch::Tensor, torch::Tensor> scales(const TokenPositions& positions) const {
+    auto n = positions.values(torch::kFloat64);  // (T,), on the CPU
     const double centre = std::floor((n[0].item<double>() + n[-1].item<double>()) / 2.0);
     auto k = torch::arange(0, d_head_ / 2, torch::kFloat64);
     auto log_zeta = torch::log((2.0 * k + options_.gamma * double(d_head_)) /
                                ((1.0 + options_.gamma) * double(d_head_)));  // (d/2,)
     auto exponent = ((n - centre) / options_.scale_base).unsqueeze(1) * log_zeta.unsqueeze(0);
-    return {exponent.exp().to(device, dtype), (-exponent).exp().to(device, dtype)};
+    return {exponent.exp(), (-exponent).exp()};
   }
 
   XposOptions options_;
   int64_t d_head_;
+  RotationTables tables_;
 };
 
 PositionInfo make_xpos_info() {

@@ -3,6 +3,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "core/attention.h"
 #include "positions/position.h"
 
 #include <memory>
@@ -29,6 +30,23 @@ inline torch::Tensor parameter(const PositionMethod& method, const std::string& 
   auto* found = method.named_parameters().find(name);
   REQUIRE(found != nullptr);
   return *found;
+}
+
+// A random loss through the reference attention with the method's rotation and bias of layer
+// `layer`, back-propagated into its parameters. Inputs (2, heads, t, d_head), a random layer
+// input (2, t, heads * d_head), all from seed 3.
+inline void backward_through_attention(PositionMethod& method, int64_t heads, int64_t d_head,
+                                       int64_t t, bool causal, int64_t layer = 0) {
+  AttentionOptions options;
+  options.causal = causal;
+  torch::manual_seed(3);
+  auto q = torch::randn({2, heads, t, d_head}), k = torch::randn({2, heads, t, d_head});
+  const auto v = torch::randn({2, heads, t, d_head}), target = torch::randn({2, heads, t, d_head});
+  LayerInput at = layer_window(layer, t);
+  at.input = torch::randn({2, t, heads * d_head});
+  method.rotate_qk(q, k, at);
+  auto out = attention_reference(q, k, v, method.bias(at), options);
+  (out * target).sum().backward();
 }
 
 }  // namespace extrap::testing

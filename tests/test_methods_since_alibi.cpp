@@ -30,6 +30,7 @@ namespace {
 const double kInf = std::numeric_limits<double>::infinity();
 
 using testing::make_method;
+using testing::backward_through_attention;
 using testing::parameter;
 
 void set_parameter(PositionMethod& method, const std::string& name, const torch::Tensor& value) {
@@ -55,22 +56,6 @@ void check_bias(const torch::Tensor& bias, bool causal, Expected expected, doubl
         const double e = expected(h, i, j);
         CHECK(v == Approx(e).margin(tolerance).epsilon(tolerance));
       }
-}
-
-// A loss through the reference attention with `method`'s bias (layer `layer`), into every
-// parameter; returns the method's parameters with their gradients.
-void backward_through_attention(PositionMethod& method, int64_t heads, int64_t d_head, int64_t t,
-                                bool causal, int64_t layer = 0) {
-  AttentionOptions options;
-  options.causal = causal;
-  torch::manual_seed(3);
-  auto q = torch::randn({2, heads, t, d_head}), k = torch::randn({2, heads, t, d_head});
-  const auto v = torch::randn({2, heads, t, d_head}), target = torch::randn({2, heads, t, d_head});
-  LayerInput at = layer_window(layer, t);
-  at.input = torch::randn({2, t, heads * d_head});
-  method.rotate_qk(q, k, at);
-  auto out = attention_reference(q, k, v, method.bias(at), options);
-  (out * target).sum().backward();
 }
 
 void check_every_parameter_has_gradient(const PositionMethod& method) {

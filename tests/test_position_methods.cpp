@@ -26,22 +26,12 @@ const std::string kPlugin = EXTRAP_BINARY_DIR "/plugins/libextrap_local_window.s
 const float kInf = std::numeric_limits<float>::infinity();
 
 using testing::make_method;
+using testing::backward_through_attention;
 using testing::parameter;
 
 // The bias with masked (-inf) entries replaced by 0, so that it can be summed into a loss.
 torch::Tensor finite_part(const torch::Tensor& bias) {
   return torch::where(torch::isfinite(bias), bias, torch::zeros_like(bias));
-}
-
-// A random loss on the reference attention with `method`'s bias (layer 0), back-propagated
-// into the method's parameters. Inputs (2, heads, t, 8).
-void backward_through_attention(PositionMethod& method, int64_t heads, int64_t t, bool causal) {
-  AttentionOptions options;
-  options.causal = causal;
-  const auto q = torch::randn({2, heads, t, 8}), k = torch::randn({2, heads, t, 8});
-  const auto v = torch::randn({2, heads, t, 8}), target = torch::randn({2, heads, t, 8});
-  auto out = attention_reference(q, k, v, method.bias(layer_window(0, t)), options);
-  (out * target).sum().backward();
 }
 
 }  // namespace
@@ -269,7 +259,7 @@ TEST_CASE("alibi_learned slopes start at ALiBi's, get gradients, train and stay 
     }
 
     // Gradients reach every slope through the attention.
-    backward_through_attention(*method, heads, t, causal);
+    backward_through_attention(*method, heads, 8, t, causal);
     for (const auto& p : method->parameters()) {
       REQUIRE(p.grad().defined());
       CHECK((p.grad().abs() > 0).all().item<bool>());
@@ -300,7 +290,7 @@ TEST_CASE("t5_bias parameters get gradients through the attention", "[positions]
   for (bool causal : {true, false}) {
     INFO((causal ? "causal" : "bidirectional"));
     auto method = make_method("t5_bias", heads, causal);
-    backward_through_attention(*method, heads, t, causal);
+    backward_through_attention(*method, heads, 8, t, causal);
     // Every head's parameters (the last dimension) get a gradient: a dead head fails.
     for (const auto& p : method->parameters()) {
       REQUIRE(p.grad().defined());
