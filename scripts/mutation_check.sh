@@ -7,6 +7,9 @@
 #
 #   bash scripts/mutation_check.sh            # all of them
 #   bash scripts/mutation_check.sh 3 17       # only these (numbers as listed below)
+#   bash scripts/mutation_check.sh --texts    # only check that every text occurs exactly once
+#                                             # (seconds; a ctest entry, so that a refactoring
+#                                             # that moves a line fails CI, not a later check)
 #
 # Each entry: file | the exact text | what it becomes | the bug, in words. The text must occur
 # exactly once in the file (the script refuses otherwise, so a refactoring that moves a line
@@ -25,7 +28,7 @@ core/attention.cpp | q * (1.0 / std::sqrt(double(d))) | q * (1.0 / double(d)) | 
 core/efficient_attention.cpp | for (int64_t k0 = q1; k0 < p.tk; k0 += key_block) | for (int64_t k0 = q1 + 1; k0 < p.tk; k0 += key_block) | efficient path skips the first key right of each query tile
 core/efficient_attention.cpp | narrow(1, 0, cols) + double(q0 - k0); | narrow(1, 0, cols) + double(q0 - k0 + 1); | efficient path's tile distances off by one
 positions/t5_bias.cpp | if (relative_position > 0) bucket += num_buckets; | if (relative_position >= 0) bucket += num_buckets; | T5 bidirectional bucket: distance 0 on the wrong side
-positions/rotary.cpp | even * cos - odd * sin, even * sin + odd * cos | even * cos + odd * sin, even * sin + odd * cos | rotary rotation with a flipped sign
+positions/rotation.cpp | even * cos - odd * sin, even * sin + odd * cos | even * cos + odd * sin, even * sin + odd * cos | rotary rotation with a flipped sign
 positions/sinusoidal.cpp | torch::stack({angles.sin(), angles.cos()}, -1) | torch::stack({angles.cos(), angles.sin()}, -1) | sinusoidal sin and cos swapped
 positions/learned.cpp | TORCH_CHECK(end <= options_.max_length, | TORCH_CHECK(end < options_.max_length, | learned positions refuse their own max_length
 core/evaluator.cpp | windows.push_back({begin, next - begin, end - begin}); | windows.push_back({begin, next - begin, end - begin - 1}); | sliding window scores one target twice
@@ -48,7 +51,7 @@ analysis/extrap_model.py | bias = -F.softplus(self.position.raw_slopes[s]) | bia
 core/attention.cpp | auto p = gates.flip(-1).cumsum(-1).flip(-1).clamp_max(double(npos - 1)); | auto p = gates.cumsum(-1).clamp_max(double(npos - 1)); | CoPE counts gates from the window start instead of back from the query
 core/efficient_attention.cpp | gate_carry.add_(gates.sum(-1, /*keepdim=*/true)); | gate_carry.add_(gates.sum(-1, /*keepdim=*/true) * 0); | efficient CoPE forgets the gates of the tiles it visited
 core/attention.cpp | out = f.narrow(2, q0, q1 - q0).unsqueeze(-1) - f.narrow(2, k0, k1 - k0).unsqueeze(-2); | out = f.narrow(2, k0, k1 - k0).unsqueeze(-2) - f.narrow(2, q0, q1 - q0).unsqueeze(-1); | forgetting-gate bias F_j - F_i instead of F_i - F_j
-positions/xpos.cpp | q = rotate_pairs(q, cos * up, sin * up, d_head_); | q = rotate_pairs(q, cos * down, sin * down, d_head_); | xPos scales the query down like the key
+positions/xpos.cpp | {cos * up, sin * up, cos * down, sin * down}; | {cos * down, sin * down, cos * down, sin * down}; | xPos scales the query down like the key
 positions/sandwich.cpp | double(d / 2);  | double(d);  | Sandwich subtracts d instead of d/2 (no longer 0 at distance 0)
 positions/fire.cpp | torch::log1p(c * torch::maximum(i, threshold)) + eps; | torch::log1p(c * threshold) + eps; | FIRE normalises by psi(L) instead of psi(max(L, i))
 positions/kerple.cpp | r2_.data().clamp_(range2_.min, range2_.max); | ; | KERPLE's r2 no longer kept in range (power exponent above 2)
@@ -57,6 +60,20 @@ EOF
 )
 
 mapfile -t LINES <<<"$MUTATIONS"
+if [[ ${1:-} == --texts ]]; then
+  bad=0
+  for n in "${!LINES[@]}"; do
+    IFS='|' read -r file before after what <<<"${LINES[$n]}"
+    file=$(echo "$file" | xargs); before=$(echo "$before" | sed 's/^ //; s/ $//')
+    count=$(BEFORE="$before" "$PYTHON" -c 'import os, sys; print(open(sys.argv[1]).read().count(os.environ["BEFORE"]))' "$ROOT/$file")
+    if [[ $count != 1 ]]; then
+      echo "mutation $((n + 1)): $file holds its text $count times (expected once): $before"
+      bad=1
+    fi
+  done
+  ((bad == 0)) && echo "${#LINES[@]} mutation texts each occur once"
+  exit $bad
+fi
 selected=("$@")
 results=()
 missed=0
