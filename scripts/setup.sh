@@ -36,6 +36,23 @@ PACKAGES=(
   nlohmann-json3-dev libxxhash-dev python3.11-doc
 )
 
+# Free space the python step needs, in GB (measured 2026-11-23: .venv is 5.5 GB; pip's
+# downloads and unpacked wheels peak at about 4 GB in TMPDIR). On one filesystem, both.
+VENV_NEEDS_GB=6
+UNPACK_NEEDS_GB=5
+
+# check_free_space DIR GB WHAT: refuses, in one line, to start when DIR's filesystem has less
+# than GB gigabytes free, rather than failing half-way with pip's "No space left on device".
+check_free_space() {
+  local dir=$1 need=$2 what=$3 free_kb
+  free_kb=$(df -Pk "$dir" 2>/dev/null | awk 'NR == 2 {print $4}')
+  [[ -n "$free_kb" ]] || return 0
+  if ((free_kb < need * 1024 * 1024)); then
+    echo "setup: $dir has $((free_kb / 1024 / 1024)) GB free; $what needs about $need GB: free some space and run scripts/setup.sh again" >&2
+    exit 1
+  fi
+}
+
 installed() {
   [[ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null)" == "install ok installed" ]]
 }
@@ -86,9 +103,22 @@ step_python() {
   fi
   echo "setup: making $VENV from $python and requirements.txt (PyTorch's wheel is about 4 GB with its CUDA libraries)"
   rm -rf "$VENV"
+  local tmp=${TMPDIR:-/tmp}
+  if [[ "$(stat -c %d "$ROOT")" == "$(stat -c %d "$tmp")" ]]; then
+    check_free_space "$ROOT" $((VENV_NEEDS_GB + UNPACK_NEEDS_GB)) \
+      "the environment .venv/ and pip's downloads and unpacking in $tmp"
+  else
+    check_free_space "$ROOT" "$VENV_NEEDS_GB" "the environment .venv/"
+    check_free_space "$tmp" "$UNPACK_NEEDS_GB" "pip's downloads and unpacking (TMPDIR)"
+  fi
   "$python" -m venv "$VENV"
+  # --no-cache-dir: a cached copy of the wheels would cost another 4 GB for nothing.
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --require-virtualenv \
-    --no-input -r "$REQUIREMENTS"
+    --no-input --no-cache-dir -r "$REQUIREMENTS" || {
+    echo "setup: installing requirements.txt into $VENV failed (see pip's message above); $VENV removed" >&2
+    rm -rf "$VENV"
+    exit 1
+  }
   "$VENV/bin/python" -c 'import torch, numpy, h5py, matplotlib, safetensors, yaml'
   echo "$stamp" >"$VENV/.extrap-stamp"
 }
