@@ -6,11 +6,17 @@
 Writes DIR/report.md and, next to it:
   ppl_L<train>_<mode>.png   perplexity against evaluation length, one line per method,
                             log-scale x, the training length marked by a vertical line
+  position_L<train>.png     loss against position in the window (non-overlapping windows),
+                            one panel per evaluation length, one line per method
   curves_L<train>.png       training (solid) and validation (dashed) loss against step
 and in report.md: one table per (training length, mode) in the shape of the ALiBi paper's
 extrapolation tables (evaluation lengths as rows, methods as columns), the same as ratios to
-the perplexity at the training length, and training speed and peak memory per method.
-Runs that differ only in train.seed are aggregated: "mean ± sample standard deviation".
+the perplexity at the training length, the loss at window positions below and past the
+training length, the early-token-curse table wherever both non-overlapping and sliding
+windows were evaluated, and training speed and peak memory per method.
+Runs that differ only in train.seed are aggregated: "mean ± sample standard deviation" (the
+loss by position pools the seeds' tokens). An evaluation with RoPE scaling (mode
+"<window>+<variant>") is drawn and tabled as its own method, "<method> + <variant>".
 
 Reads only what the file documents (core/results_store.h): the /summary table and the
 /runs/<id> attributes and curves. Needs h5py, numpy and matplotlib: the project's environment
@@ -68,7 +74,25 @@ def load(path):
             for curve in ("train_loss", "valid_loss"):
                 run[curve] = group[curve][...] if curve in group else np.zeros((0, 2))
             runs[run_id] = run
+        # Each point's loss-by-position bins (begin, end, nll_sum, scored_tokens), by its row of
+        # /summary; absent in files written before extrap 0.3.
+        if "position_bins" in f:
+            table = f["position_bins"][...]
+            order = np.argsort(table["summary_row"], kind="stable")
+            table = table[order]
+            rows_ = table["summary_row"]
+            starts = np.searchsorted(rows_, np.arange(len(points)), side="left")
+            ends = np.searchsorted(rows_, np.arange(len(points)), side="right")
+            for index, point in enumerate(points):
+                if ends[index] > starts[index]:
+                    point["by_position"] = table[starts[index]:ends[index]]
     return header, points, runs
+
+
+def split_mode(mode):
+    """("nonoverlapping", "yarn") for "nonoverlapping+yarn"; the variant is "" without one."""
+    window, _, variant = mode.partition("+")
+    return window, variant
 
 
 def position_options(grid):
@@ -100,6 +124,12 @@ def method_labels(runs):
                 extra.append("%s=%s" % (key.split(".")[-1], value))
         labels[run_id] = method + (" (" + ", ".join(extra) + ")" if extra else "")
     return labels
+
+
+def window_start_bin(begin, end):
+    """Where a bin of window positions [begin, end) is drawn: its middle position, counted
+    from 1 (so that position 0 sits at 1 on the log axis)."""
+    return (begin + end - 1) / 2.0 + 1.0
 
 
 def mode_order(mode):
@@ -213,6 +243,53 @@ def plot_perplexity(path, train_length, mode, methods, series):
     plt.close(fig)
 
 
+def plot_by_position(path, train_length, lengths, methods, series):
+    """series[(eval_length, method)] = (x, mean NLL) arrays: one panel per evaluation length."""
+    columns = min(3, len(lengths))
+    rows = (len(lengths) + columns - 1) // columns
+    fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns + (2.0 if len(methods) > 6 else 0), 3.4 * rows),
+                             squeeze=False)
+    for panel, length in enumerate(lengths):
+        ax = axes[panel // columns][panel % columns]
+        for index, method in enumerate(methods):
+            data = series.get((length, method))
+            if data is None:
+                continue
+            color, marker = method_style(index)
+            ax.plot(data[0], data[1], marker=marker, markersize=3, linewidth=1, color=color, label=method)
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: "%g" % v))
+        if length > train_length:
+            ax.axvline(train_length, color="grey", linestyle="--", linewidth=1)
+        ax.set_title("eval length %d" % length, fontsize=10)
+        ax.set_xlabel("position in the window")
+        ax.set_ylabel("mean NLL (nats)")
+        ax.grid(True, which="both", alpha=0.3)
+    for panel in range(len(lengths), rows * columns):
+        axes[panel // columns][panel % columns].axis("off")
+    handles, names = axes[0][0].get_legend_handles_labels()
+    if handles:
+        axes[0][0].legend(fontsize=7)
+    fig.suptitle("loss against position in the window, trained at L = %d (dashed: L)" % train_length, fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def pooled_bins(bin_arrays):
+    """The seeds' bins pooled: (x, mean NLL, begin, end, nll_sum, tokens) per bin range."""
+    sums = collections.OrderedDict()
+    for bins in bin_arrays:
+        for b in bins:
+            key = (int(b["begin"]), int(b["end"]))
+            nll, tokens = sums.get(key, (0.0, 0))
+            sums[key] = (nll + float(b["nll_sum"]), tokens + int(b["scored_tokens"]))
+    keys = sorted(sums)
+    x = np.array([window_start_bin(b, e) for b, e in keys])
+    y = np.array([sums[k][0] / sums[k][1] for k in keys])
+    return x, y, keys, sums
+
+
 def plot_curves(path, train_length, methods, runs_by_method):
     fig, ax = plt.subplots(figsize=(6.4 if len(methods) <= 6 else 8.4, 4.2))
     for i, method in enumerate(methods):
@@ -238,6 +315,85 @@ def plot_curves(path, train_length, methods, runs_by_method):
     plt.close(fig)
 
 
+def by_position_section(out_dir, train_length, methods, bins):
+    """The loss against position in non-overlapping windows: a figure with one panel per
+    evaluation length, and a table of the mean NLL at window positions below the training
+    length against positions at or past it (whether a method gets anything from the context
+    beyond what it was trained on)."""
+    keys = [k for k in bins if k[0] == train_length and k[1] == "nonoverlapping"]
+    if not keys:
+        return []
+    lengths = sorted({k[2] for k in keys})
+    present = [m for m in methods if any(k[3] == m for k in keys)]
+    series = {}
+    for length in lengths:
+        for method in present:
+            arrays = bins.get((train_length, "nonoverlapping", length, method))
+            if arrays:
+                series[(length, method)] = pooled_bins(arrays)[:2]
+    image = "position_L%d.png" % train_length
+    plot_by_position(os.path.join(out_dir, image), train_length, lengths, present, series)
+    md = ["### Loss by position in the window (non-overlapping windows)", "",
+          "![loss by position, L = %d](%s)" % (train_length, image), ""]
+    for length in [l for l in lengths if l > train_length]:
+        row_cells = []
+        for method in present:
+            arrays = bins.get((train_length, "nonoverlapping", length, method))
+            if not arrays:
+                continue
+            _, _, ranges, sums = pooled_bins(arrays)
+            below = [sums[r] for r in ranges if r[1] <= train_length]
+            past = [sums[r] for r in ranges if r[0] >= train_length]
+            if not below or not past:
+                continue
+            nll_below = sum(n for n, _ in below) / sum(t for _, t in below)
+            nll_past = sum(n for n, _ in past) / sum(t for _, t in past)
+            row_cells.append([method, "%.4f" % nll_below, "%.4f" % nll_past, "%+.4f" % (nll_past - nll_below)])
+        if row_cells:
+            md += ["Mean NLL (nats) at eval length %d, by window position: below L = %d, and at or past it "
+                   "(negative change: the later tokens gain from context beyond L):" % (length, train_length), "",
+                   markdown_table(["method", "positions < %d" % train_length, "positions >= %d" % train_length,
+                                   "change"], row_cells), ""]
+    return md
+
+
+def early_token_section(train_length, methods, values, modes):
+    """The ALiBi paper's early-token curse (appendix B): how much of each method's change in
+    perplexity past L under non-overlapping windows disappears under sliding windows, which
+    give every scored token at least L - S tokens of context."""
+    if "nonoverlapping" not in modes:
+        return []
+    md = []
+    for mode in [m for m in modes if m.startswith("sliding_")]:
+        rows = []
+        for method in methods:
+            base_no = values.get((train_length, "nonoverlapping", train_length, method))
+            base_sl = values.get((train_length, mode, train_length, method))
+            if not base_no or not base_sl:
+                continue
+            lengths = sorted({k[2] for k in values if k[0] == train_length and k[3] == method and k[2] > train_length})
+            for length in lengths:
+                no = values.get((train_length, "nonoverlapping", length, method))
+                sl = values.get((train_length, mode, length, method))
+                if not no or not sl:
+                    continue
+                d_no = float(np.mean(no)) - float(np.mean(base_no))
+                d_sl = float(np.mean(sl)) - float(np.mean(base_sl))
+                # Only a gain (a drop in perplexity) can be explained away by early tokens.
+                gone = "%.0f%%" % (100.0 * (d_no - d_sl) / d_no) if d_no < 0 else "no gain"
+                rows.append([method, "%d" % length, "%+.3f" % d_no, "%+.3f" % d_sl, gone])
+        if rows:
+            md += ["### Early-token curse: non-overlapping against %s" % mode_title(mode), "",
+                   "The change in perplexity from L = %d to each longer evaluation length, under non-overlapping "
+                   "windows and under sliding windows (stride %s), and the share of the non-overlapping change "
+                   "that sliding windows remove, where non-overlapping windows show a gain: a method whose gain "
+                   "disappears (100%% or more) only scored fewer early tokens; one that keeps it used the longer "
+                   "context." % (train_length, mode.split("_", 1)[1]),
+                   "", markdown_table(["method", "eval length", "change, non-overlapping", "change, sliding",
+                                       "share removed by sliding"], rows), ""]
+    return md
+
+
 def write_report(results_path, out_dir):
     header, points, runs = load(results_path)
     os.makedirs(out_dir, exist_ok=True)
@@ -247,17 +403,38 @@ def write_report(results_path, out_dir):
     for run_id, run in runs.items():
         label = labels[run_id]
         first_index[label] = min(first_index.get(label, 1 << 62), run.get("point_index", 0))
-    methods = sorted(first_index, key=lambda m: first_index[m])
+    # RoPE variants follow their method, in the order the sweep lists them.
+    variant_index = {}
+    for p in points:
+        variant = split_mode(p["mode"])[1]
+        variant_index.setdefault(variant, len(variant_index) if variant else -1)
+
+    def point_method(p):
+        variant = split_mode(p["mode"])[1]
+        base = labels.get(p["run_id"], p["position"])
+        return base + (" + " + variant if variant else ""), base, variant
+
+    order = {}
+    for p in points:
+        method, base, variant = point_method(p)
+        order[method] = (first_index.get(base, 1 << 62), variant_index[variant] if variant else -1)
+    for label in first_index:
+        order.setdefault(label, (first_index[label], -1))
+    methods = sorted(order, key=lambda m: order[m])
     notes = Footnotes()
 
-    # (train_length, mode, eval_length, method) -> perplexities (over seeds), failures
+    # (train_length, window mode, eval_length, method) -> perplexities (over seeds), failures,
+    # and the loss-by-position bins of each seed
     values = collections.defaultdict(list)
     failures = collections.defaultdict(list)
+    bins = collections.defaultdict(list)
     for p in points:
-        method = labels.get(p["run_id"], p["position"])
-        key = (p["train_length"], p["mode"], p["eval_length"], method)
+        method = point_method(p)[0]
+        key = (p["train_length"], split_mode(p["mode"])[0], p["eval_length"], method)
         if p["status"] == "ok":
             values[key].append(p["perplexity"])
+            if "by_position" in p:
+                bins[key].append(p["by_position"])
         else:
             failures[key].append(p["status"][len("failed: "):] if p["status"].startswith("failed: ") else p["status"])
 
@@ -314,6 +491,8 @@ def write_report(results_path, out_dir):
             if any(values.get((train_length, mode, train_length, m)) for m in present):
                 md += ["Perplexity relative to the perplexity at the training length:", "",
                        markdown_table(["eval length"] + present, ratio_rows), ""]
+        md += by_position_section(out_dir, train_length, methods, bins)
+        md += early_token_section(train_length, methods, values, modes)
 
     md += ["## Training", ""]
     for train_length in sorted({r.get("train_length") for r in runs.values()}):

@@ -178,11 +178,12 @@ torch::Tensor contextual_bias(const torch::Tensor& masked_scores, const torch::T
 torch::Tensor add_bias_(torch::Tensor& scores, const AttentionBias& bias, const torch::Tensor& q,
                         bool causal) {
   const auto heads = scores.size(1), tq = scores.size(2), tk = scores.size(3);
+  TORCH_CHECK(tq <= tk, "attention: ", tq, " queries for ", tk, " keys (queries are the last keys)");
   const bool mask_only = bias.is_none() || bias.kind == AttentionBias::Kind::Contextual;
   if (mask_only) {
-    if (causal) {
+    if (causal) {  // query row r is key tk - tq + r
       auto mask = torch::ones({tq, tk}, torch::TensorOptions().dtype(torch::kBool).device(scores.device()))
-                      .triu(1);
+                      .triu(1 + tk - tq);
       scores.masked_fill_(mask, -std::numeric_limits<float>::infinity());
     }
     if (bias.kind == AttentionBias::Kind::Contextual) {
@@ -191,8 +192,11 @@ torch::Tensor add_bias_(torch::Tensor& scores, const AttentionBias& bias, const 
     }
     return scores;
   }
-  // (H, Tq, Tk) broadcast over B, or (B, H, Tq, Tk) for a cumulative bias.
-  return scores.add_(materialize_bias(bias, heads, tq, tk, causal, scores.options()));
+  // (H, Tq, Tk) broadcast over B, or (B, H, Tq, Tk) for a cumulative bias: the last tq rows.
+  TORCH_CHECK(causal || bias.kind != AttentionBias::Kind::Cumulative,
+              "a cumulative (forgetting-gate) bias is defined for causal attention only");
+  return scores.add_(
+      materialize_bias_block(bias, heads, tk - tq, tk, 0, tk, causal, scores.options()));
 }
 
 torch::Tensor attention_reference(const torch::Tensor& q, const torch::Tensor& k,
@@ -212,8 +216,18 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
                         const AttentionBias& bias, const AttentionOptions& options) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
               "attention expects (B, H, T, D) tensors, got q ", q.sizes());
-  TORCH_CHECK(q.size(2) == k.size(2), "attention: queries and keys must have the same length, got ",
-              q.size(2), " and ", k.size(2));
+  TORCH_CHECK(q.size(2) <= k.size(2) && k.size(2) == v.size(2), "attention: ", q.size(2),
+              " queries for ", k.size(2), " keys and ", v.size(2), " values");
+  // Fewer queries than keys (decoding with a KV cache): the queries are the last keys. Only
+  // the reference path takes that, and it is what Auto picks.
+  if (q.size(2) != k.size(2)) {
+    TORCH_CHECK(options.backend == AttentionBackend::Auto ||
+                    options.backend == AttentionBackend::Reference,
+                "attention: the ", enum_name(options.backend), " backend needs as many queries as "
+                "keys (got ", q.size(2), " and ", k.size(2), "); decoding with a KV cache uses the "
+                "reference path");
+    return attention_reference(q, k, v, bias, options);
+  }
   switch (options.backend) {
     case AttentionBackend::Reference:
       return attention_reference(q, k, v, bias, options);

@@ -118,8 +118,10 @@ struct AttentionOptions {
   int64_t efficient_threshold = 1024 * 1024;
 };
 
-// q: (B, H, Tq, D), k and v: (B, H, Tk, D). Returns (B, H, Tq, D).
-// Queries and keys are aligned at the end when Tq < Tk is not supported: Tq == Tk.
+// q: (B, H, Tq, D), k and v: (B, H, Tk, D) with Tq <= Tk. Returns (B, H, Tq, D).
+// With Tq < Tk (decoding with a KV cache) the queries are the last Tq keys: query row r is
+// position Tk - Tq + r of the bias and of the causal mask. Only the reference path takes
+// Tq < Tk (Auto picks it; Efficient and Fused refuse).
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const AttentionBias& bias, const AttentionOptions& options);
 
@@ -128,8 +130,8 @@ torch::Tensor attention_reference(const torch::Tensor& q, const torch::Tensor& k
                                   const torch::Tensor& v, const AttentionBias& bias,
                                   const AttentionOptions& options);
 
-// Adds the bias (masks included) to scores = q.k / sqrt(d): (B, H, Tq, Tk), in place; returns
-// scores. Every kind; the reference path's own step, and what tests compare the others with.
+// Adds the bias (masks included) to scores = q.k / sqrt(d): (B, H, Tq, Tk), in place, the
+// queries being the last Tq keys; returns scores. Every kind; the reference path's own step, and what tests compare the others with.
 // q is the unscaled query (Kind::Contextual needs it).
 torch::Tensor add_bias_(torch::Tensor& scores, const AttentionBias& bias, const torch::Tensor& q,
                         bool causal);

@@ -7,12 +7,6 @@ namespace extrap {
 
 namespace {
 
-std::string number(double value) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.15g", value);
-  return text;
-}
-
 // One place that lists every key: used to decode and to document.
 void read_config(const OptionReader& root, Config& c) {
   {
@@ -50,11 +44,11 @@ void read_config(const OptionReader& root, Config& c) {
       if (m.efficient_threshold < 1)
         r.fail("efficient_threshold", "must be at least 1, got " + std::to_string(m.efficient_threshold));
       if (!(m.attention_dropout >= 0 && m.attention_dropout < 1))
-        r.fail("attention_dropout", "must be in [0, 1), got " + number(m.attention_dropout));
+        r.fail("attention_dropout", "must be in [0, 1), got " + number_text(m.attention_dropout));
       if (m.d_model % m.heads != 0)
         r.fail("heads", "d_model (" + std::to_string(m.d_model) + ") must be a multiple of heads (" +
                             std::to_string(m.heads) + ")");
-      if (!(m.dropout >= 0 && m.dropout < 1)) r.fail("dropout", "must be in [0, 1), got " + number(m.dropout));
+      if (!(m.dropout >= 0 && m.dropout < 1)) r.fail("dropout", "must be in [0, 1), got " + number_text(m.dropout));
     }
   }
   {
@@ -112,17 +106,17 @@ void read_config(const OptionReader& root, Config& c) {
         r.fail("batch_tokens", "must be at least seq_len * accumulation (" +
                                    std::to_string(t.seq_len * t.accumulation) + ")");
       if (t.steps < 0) r.fail("steps", "must not be negative, got " + std::to_string(t.steps));
-      if (!(t.lr > 0) || !std::isfinite(t.lr)) r.fail("lr", "must be a positive number, got " + number(t.lr));
+      if (!(t.lr > 0) || !std::isfinite(t.lr)) r.fail("lr", "must be a positive number, got " + number_text(t.lr));
       if (!(t.min_lr >= 0 && t.min_lr <= t.lr))
-        r.fail("min_lr", "must be in [0, lr], got " + number(t.min_lr));
+        r.fail("min_lr", "must be in [0, lr], got " + number_text(t.min_lr));
       if (t.warmup < 0) r.fail("warmup", "must not be negative, got " + std::to_string(t.warmup));
       if (!(t.weight_decay >= 0) || !std::isfinite(t.weight_decay))
-        r.fail("weight_decay", "must not be negative, got " + number(t.weight_decay));
-      if (!(t.beta1 >= 0 && t.beta1 < 1)) r.fail("beta1", "must be in [0, 1), got " + number(t.beta1));
-      if (!(t.beta2 >= 0 && t.beta2 < 1)) r.fail("beta2", "must be in [0, 1), got " + number(t.beta2));
-      if (!(t.eps > 0) || !std::isfinite(t.eps)) r.fail("eps", "must be a positive number, got " + number(t.eps));
+        r.fail("weight_decay", "must not be negative, got " + number_text(t.weight_decay));
+      if (!(t.beta1 >= 0 && t.beta1 < 1)) r.fail("beta1", "must be in [0, 1), got " + number_text(t.beta1));
+      if (!(t.beta2 >= 0 && t.beta2 < 1)) r.fail("beta2", "must be in [0, 1), got " + number_text(t.beta2));
+      if (!(t.eps > 0) || !std::isfinite(t.eps)) r.fail("eps", "must be a positive number, got " + number_text(t.eps));
       if (!(t.clip >= 0) || !std::isfinite(t.clip))
-        r.fail("clip", "must not be negative (0: no clipping), got " + number(t.clip));
+        r.fail("clip", "must not be negative (0: no clipping), got " + number_text(t.clip));
       if (t.validate_every < 0) r.fail("validate_every", "must not be negative, got " + std::to_string(t.validate_every));
       if (t.validate_tokens < 0) r.fail("validate_tokens", "must not be negative, got " + std::to_string(t.validate_tokens));
       if (t.checkpoint_every < 0)
@@ -130,7 +124,7 @@ void read_config(const OptionReader& root, Config& c) {
       if (t.log_every < 1) r.fail("log_every", "must be at least 1, got " + std::to_string(t.log_every));
       if (t.threads < 0) r.fail("threads", "must not be negative (0: all cores), got " + std::to_string(t.threads));
       if (!(t.mask_prob > 0 && t.mask_prob < 1))
-        r.fail("mask_prob", "must be in (0, 1), got " + number(t.mask_prob));
+        r.fail("mask_prob", "must be in (0, 1), got " + number_text(t.mask_prob));
       if (t.out_dir.empty()) r.fail("out_dir", "must not be empty");
     }
   }

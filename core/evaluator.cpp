@@ -60,6 +60,39 @@ MaskDecision mask_decision(int64_t pos, int32_t token, double mask_prob, int64_t
   return d;
 }
 
+RopeScaling rope_scaling_for(RopeScalingKind kind, double factor, int64_t train_length,
+                             int64_t eval_length) {
+  RopeScaling scaling;
+  scaling.kind = kind;
+  scaling.original_length = train_length;
+  if (factor > 0)
+    scaling.factor = factor;
+  else if (kind != RopeScalingKind::dynamic && train_length > 0)
+    scaling.factor = std::max(1.0, double(eval_length) / double(train_length));
+  check_rope_scaling(scaling);
+  return scaling;
+}
+
+std::string rope_variant_label(RopeScalingKind kind, double factor) {
+  if (kind == RopeScalingKind::none) return "";
+  std::string label = rope_scaling_name(kind);
+  if (factor > 0) {
+    char text[32];
+    std::snprintf(text, sizeof text, "_x%g", factor);
+    label += text;
+  }
+  return label;
+}
+
+std::vector<int64_t> position_bin_edges(int64_t length) {
+  std::vector<int64_t> edges{0};
+  for (int j = 0; edges.back() < length; ++j) {
+    const int64_t edge = std::llround(std::pow(2.0, double(j) / 4.0));
+    if (edge > edges.back()) edges.push_back(std::min(edge, length));
+  }
+  return edges;
+}
+
 EvalSpec eval_spec_for(const Config& config, int64_t length, int64_t stride) {
   EvalSpec spec;
   spec.length = length;
@@ -89,12 +122,26 @@ void check_eval_length(const EvalSpec& spec, int64_t available, int64_t split_to
 EvalResult evaluate(TransformerLM& model, const Corpus& corpus, const TokenStream& stream,
                     const EvalSpec& spec, torch::Device device) {
   torch::NoGradGuard no_grad;
-  const bool was_training = model->is_training();
-  model->eval();
   const bool causal = model->config().causal();
   const auto start = std::chrono::steady_clock::now();
   const int64_t n = spec.max_tokens > 0 ? std::min(spec.max_tokens, stream.size()) : stream.size();
   check_eval_length(spec, n, stream.size(), causal);
+
+  // The scaling and eval mode hold for this evaluation only, whatever happens.
+  struct Restore {
+    TransformerLM& model;
+    RopeScaling scaling;
+    bool training;
+    ~Restore() {
+      try {
+        model->set_rope_scaling(scaling);
+      } catch (...) {
+      }
+      if (training) model->train();
+    }
+  } restore{model, model->rope_scaling(), model->is_training()};
+  model->eval();
+  model->set_rope_scaling(spec.rope_scaling);
 
   EvalResult result;
   result.length = spec.length;
@@ -123,6 +170,9 @@ EvalResult evaluate(TransformerLM& model, const Corpus& corpus, const TokenStrea
   std::map<int64_t, std::vector<EvalWindow>> by_size;
   for (const auto& w : windows) by_size[w.size].push_back(w);
   const int32_t* data = stream.data();
+  // Summed NLL and scored tokens by position in the window, in float64.
+  auto position_nll = torch::zeros({spec.length}, torch::kFloat64);
+  auto position_tokens = torch::zeros({spec.length}, torch::kLong);
 
   for (const auto& [size, group] : by_size) {
     const int64_t per_batch = std::max<int64_t>(1, spec.batch_tokens / size);
@@ -159,11 +209,22 @@ EvalResult evaluate(TransformerLM& model, const Corpus& corpus, const TokenStrea
         auto logits = model->logits(h.narrow(0, c, len)).to(torch::kFloat32);     // (len, V)
         auto t = flat_targets.index_select(0, scored.narrow(0, c, len));         // (len,)
         auto nll = torch::nn::functional::cross_entropy(
-            logits, t, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
-        result.nll_sum += nll.item<double>();
+            logits, t, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
+        auto where = scored.narrow(0, c, len).remainder(size).cpu();  // window positions
+        position_nll.index_add_(0, where, nll.to(torch::kFloat64).cpu());
+        position_tokens.index_add_(0, where, torch::ones_like(where));
       }
       result.scored_tokens += scored.numel();
     }
+  }
+  // The totals and the bins come from the same per-token values.
+  result.nll_sum = position_nll.sum().item<double>();
+  const auto edges = position_bin_edges(spec.length);
+  for (size_t b = 0; b + 1 < edges.size(); ++b) {
+    PositionBin bin{edges[b], edges[b + 1], 0.0, 0};
+    bin.nll_sum = position_nll.slice(0, bin.begin, bin.end).sum().item<double>();
+    bin.scored_tokens = position_tokens.slice(0, bin.begin, bin.end).sum().item<int64_t>();
+    if (bin.scored_tokens > 0) result.by_position.push_back(bin);
   }
   if (result.scored_tokens == 0)
     throw EvalFailure("scored no tokens (" + std::to_string(n) + " tokens in the split" +
@@ -175,7 +236,6 @@ EvalResult evaluate(TransformerLM& model, const Corpus& corpus, const TokenStrea
   result.perplexity = std::exp(result.nll_sum / double(result.scored_tokens));
   if (corpus.byte_level()) result.bits_per_byte = result.nll_sum / (std::log(2.0) * double(result.scored_tokens));
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (was_training) model->train();
   return result;
 }
 

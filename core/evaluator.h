@@ -18,6 +18,17 @@
 
 namespace extrap {
 
+// The RoPE scaling an evaluation at `eval_length` of a model trained at `train_length` uses:
+// `factor` when given (> 0), else eval_length / train_length, never below 1 (so every variant
+// equals the trained rotation up to the training length). Dynamic NTK's factor defaults to 1
+// instead: its base already follows the current length l (b (l / L)^(d / (d - 2)) at s = 1).
+RopeScaling rope_scaling_for(RopeScalingKind kind, double factor, int64_t train_length,
+                             int64_t eval_length);
+
+// The name of a RoPE-scaling variant in results and mode names: "yarn", or "yarn_x4" when the
+// factor was given rather than derived from the length; "" for none.
+std::string rope_variant_label(RopeScalingKind kind, double factor);
+
 struct EvalSpec {
   int64_t length = 512;
   int64_t stride = 0;            // 0 or >= length: non-overlapping
@@ -26,7 +37,23 @@ struct EvalSpec {
   // masked LM only
   double mask_prob = 0.15;
   int64_t mask_seed = 1234;
+  // Evaluation-time RoPE scaling (rotary and xpos models; resolved: see rope_scaling_for).
+  RopeScaling rope_scaling;
 };
+
+// The mean NLL by position in the window: the scored tokens at window positions
+// [begin, end) and their summed NLL. Bins are log-spaced (position_bin_edges).
+struct PositionBin {
+  int64_t begin = 0;
+  int64_t end = 0;
+  double nll_sum = 0;
+  int64_t scored_tokens = 0;
+};
+
+// Bin edges for windows of `length` positions: 0, then round(2^(j/4)) for j = 0, 1, ...
+// without repeats (single positions up to 8, then four bins an octave: 10, 11, 13, 16, 19,
+// ...), ending at `length`.
+std::vector<int64_t> position_bin_edges(int64_t length);
 
 struct EvalResult {
   int64_t length = 0;
@@ -37,6 +64,9 @@ struct EvalResult {
   double bits_per_byte = NAN;     // byte-level corpora only
   double seconds = 0;
   int64_t windows = 0;
+  // Scored tokens by their position in the window (bins without scored tokens left out); the
+  // bins' nll_sum and scored_tokens add up to the totals above.
+  std::vector<PositionBin> by_position;
 };
 
 // One forward window: inputs [begin, begin + size) of the stream; positions
@@ -74,7 +104,8 @@ void check_eval_length(const EvalSpec& spec, int64_t available, int64_t split_to
 // size, and its masked-LM selection.
 EvalSpec eval_spec_for(const Config& config, int64_t length, int64_t stride = 0);
 
-// Evaluates under NoGradGuard and eval mode (restores the training flag afterwards). Throws
+// Evaluates under NoGradGuard and eval mode (restores the training flag and the model's RoPE
+// scaling afterwards). Throws
 // EvalFailure rather than return a number that is not right (see above).
 EvalResult evaluate(TransformerLM& model, const Corpus& corpus, const TokenStream& stream,
                     const EvalSpec& spec, torch::Device device = torch::kCPU);

@@ -15,12 +15,23 @@ void SelfAttentionImpl::reset() {
 
 torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, PositionMethod& position,
                                          const TokenPositions& positions,
-                                         const AttentionOptions& attention_options) {
+                                         const AttentionOptions& attention_options,
+                                         KVCache::Layer* cache) {
   const auto B = x.size(0), T = x.size(1), H = options.heads(), Dh = options.d_model() / H;
   auto qkv_heads = qkv->forward(x).view({B, T, 3, H, Dh}).permute({2, 0, 3, 1, 4});  // (3, B, H, T, Dh)
   auto q = qkv_heads[0], k = qkv_heads[1], v = qkv_heads[2];
-  const LayerInput at{options.layer_index(), positions, x};
+  LayerInput at{options.layer_index(), positions, x};
   position.rotate_qk(q, k, at);
+  if (cache) {  // the new tokens' keys and values join the cached ones
+    if (cache->keys.defined()) {
+      k = torch::cat({cache->keys, k}, 2);
+      v = torch::cat({cache->values, v}, 2);
+    }
+    cache->keys = k;
+    cache->values = v;
+    at.keys = k.size(2);
+    at.state = &cache->state;
+  }
   AttentionOptions attn = attention_options;
   attn.dropout = options.attention_dropout();
   auto y = attention(q, k, v, position.bias(at), attn);  // (B, H, T, Dh)
@@ -47,8 +58,10 @@ void BlockImpl::reset() {
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x, PositionMethod& position,
                                  const TokenPositions& positions,
-                                 const AttentionOptions& attention_options) {
-  auto h = x + attention->forward(ln_attention->forward(x), position, positions, attention_options);
+                                 const AttentionOptions& attention_options,
+                                 KVCache::Layer* cache) {
+  auto h = x + attention->forward(ln_attention->forward(x), position, positions, attention_options,
+                                  cache);
   auto f = ffn_in->forward(ln_ffn->forward(h));
   f = options.activation() == Activation::relu ? torch::relu(f) : torch::gelu(f);
   f = ffn_out->forward(f);
@@ -59,7 +72,8 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x, PositionMethod& positio
 TransformerLMImpl::TransformerLMImpl(const ModelConfig& config, int64_t vocab_size,
                                      const std::string& position_name,
                                      const YAML::Node& position_options, const std::string& source)
-    : config_(config), vocab_size_(vocab_size), backend_(config.attention) {
+    : config_(config), vocab_size_(vocab_size), backend_(config.attention),
+      position_name_(position_name) {
   embedding = register_module("embedding", torch::nn::Embedding(vocab_size, config.d_model));
   // Scaled by sqrt(d_model) in forward(): initialise so that the scaled embedding has unit-ish
   // variance, as fairseq does (normal with std d_model^-0.5).
@@ -111,6 +125,45 @@ torch::Tensor TransformerLMImpl::hidden(const torch::Tensor& tokens, int64_t off
   attention_options.efficient_threshold = config_.efficient_threshold;
   for (const auto& block : *blocks)
     x = block->as<Block>()->forward(x, *position_, positions, attention_options);
+  return ln_final->forward(x);  // (B, T, D)
+}
+
+void TransformerLMImpl::set_rope_scaling(const RopeScaling& scaling) {
+  if (!position_->set_rope_scaling(scaling)) {
+    if (!scaling.active()) return;  // nothing to restore
+    throw ConfigError("RoPE scaling " + rope_scaling_name(scaling.kind) + ": position method '" +
+                      position_name_ + "' has no rotary angles to scale (rotary and xpos have)");
+  }
+  rope_scaling_ = scaling;
+}
+
+torch::Tensor TransformerLMImpl::hidden(const torch::Tensor& tokens, KVCache& cache) {
+  TORCH_CHECK(tokens.dim() == 2, "model input must be (B, T) token ids, got ", tokens.sizes());
+  TORCH_CHECK(config_.causal(), "a KV cache needs a causal model; this one is a masked LM");
+  TORCH_CHECK(!is_training() && !torch::GradMode::is_enabled(),
+              "a KV cache is for inference: call model->eval() under torch::NoGradGuard");
+  TORCH_CHECK(!rope_scaling_.active(),
+              "a KV cache with RoPE scaling is not supported (dynamic NTK would rotate cached "
+              "keys with an older base)");
+  const int64_t length = tokens.size(1);
+  TORCH_CHECK(cache.length + length <= cache.planned, "the KV cache was planned for ",
+              cache.planned, " tokens; ", cache.length, " are cached and ", length, " more came");
+  if (cache.layers.empty()) cache.layers.resize(blocks->size());
+  TORCH_CHECK(cache.layers.size() == blocks->size(), "the KV cache holds ", cache.layers.size(),
+              " layers, the model has ", blocks->size());
+  auto x = embedding->forward(tokens) * std::sqrt(double(config_.d_model));  // (B, T, D)
+  auto positions = TokenPositions::window(length, cache.length);
+  positions.centre = (cache.planned - 1) / 2;
+  x = position_->embed(x, positions);
+  AttentionOptions attention_options;
+  attention_options.causal = true;
+  attention_options.training = false;
+  attention_options.backend = backend_;
+  attention_options.efficient_threshold = config_.efficient_threshold;
+  for (size_t l = 0; l < blocks->size(); ++l)
+    x = blocks[l]->as<Block>()->forward(x, *position_, positions, attention_options,
+                                        &cache.layers[l]);
+  cache.length += length;
   return ln_final->forward(x);  // (B, T, D)
 }
 

@@ -26,13 +26,31 @@ struct SelfAttentionOptions {
   TORCH_ARG(int64_t, layer_index) = 0;
 };
 
+// The keys and values a causal model has computed, layer by layer, for generation. A forward
+// pass with a cache attends to the cached tokens and its own, then appends its own: decoding a
+// sequence block by block gives the logits of one forward pass over the whole sequence.
+struct KVCache {
+  struct Layer {
+    torch::Tensor keys, values;  // (B, H, cached, d_head), rotated where the method rotates
+    torch::Tensor state;         // the position method's (LayerInput::state)
+  };
+  // `planned`: the sequence's full length; position-dependent scales (xpos) are measured from
+  // its middle, and tokens past it are refused.
+  explicit KVCache(int64_t planned) : planned(planned) {}
+  std::vector<Layer> layers;
+  int64_t length = 0;  // tokens cached
+  int64_t planned;
+};
+
 class SelfAttentionImpl : public torch::nn::Cloneable<SelfAttentionImpl> {
  public:
   explicit SelfAttentionImpl(SelfAttentionOptions options);
   void reset() override;
   // x: (B, T, D) -> (B, T, D)
+  // With `cache`: x holds the new tokens only; their keys and values are appended to it.
   torch::Tensor forward(const torch::Tensor& x, PositionMethod& position,
-                        const TokenPositions& positions, const AttentionOptions& attention_options);
+                        const TokenPositions& positions, const AttentionOptions& attention_options,
+                        KVCache::Layer* cache = nullptr);
 
   SelfAttentionOptions options;
   torch::nn::Linear qkv = nullptr;  // D -> 3D
@@ -57,7 +75,8 @@ class BlockImpl : public torch::nn::Cloneable<BlockImpl> {
   explicit BlockImpl(BlockOptions options);
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x, PositionMethod& position,
-                        const TokenPositions& positions, const AttentionOptions& attention_options);
+                        const TokenPositions& positions, const AttentionOptions& attention_options,
+                        KVCache::Layer* cache = nullptr);
 
   BlockOptions options;
   torch::nn::LayerNorm ln_attention = nullptr;
@@ -81,6 +100,10 @@ class TransformerLMImpl : public torch::nn::Module {
   // The two halves of forward(): final hidden states (B, T, D), and their logits (..., V).
   // Evaluation projects only the positions it scores.
   torch::Tensor hidden(const torch::Tensor& tokens, int64_t offset = 0);
+  // Generation (causal models, inference): the hidden states of `tokens`, the next tokens of
+  // the sequence whose first cache->length tokens the cache holds, attending to those too; the
+  // cache then holds them as well. Equal to the matching rows of hidden(whole sequence).
+  torch::Tensor hidden(const torch::Tensor& tokens, KVCache& cache);
   torch::Tensor logits(const torch::Tensor& hidden);
 
   PositionMethod& position() { return *position_; }
@@ -89,11 +112,18 @@ class TransformerLMImpl : public torch::nn::Module {
   int64_t num_parameters() const;
   // Backend used by the attention call (evaluation may force one).
   void set_attention_backend(AttentionBackend backend) { backend_ = backend; }
+  // Evaluation-time RoPE scaling for every later forward pass (none: the trained angles).
+  // Refuses (ConfigError, naming the method) a position method without rotary angles.
+  void set_rope_scaling(const RopeScaling& scaling);
+  const RopeScaling& rope_scaling() const { return rope_scaling_; }
+  const std::string& position_name() const { return position_name_; }
 
  private:
   ModelConfig config_;
   int64_t vocab_size_;
   AttentionBackend backend_;
+  std::string position_name_;
+  RopeScaling rope_scaling_;
   torch::nn::Embedding embedding = nullptr;
   torch::nn::Dropout embedding_dropout = nullptr;
   std::shared_ptr<PositionMethod> position_;

@@ -190,6 +190,26 @@ H5::CompType failure_type() {
   return type;
 }
 
+// A row of /position_bins: one bin of the point in row `summary_row` of /summary.
+struct BinRow {
+  int64_t summary_row;
+  int64_t begin;
+  int64_t end;
+  double nll_sum;
+  int64_t scored_tokens;
+};
+
+H5::CompType bin_type() {
+  const auto& i64 = H5::PredType::NATIVE_INT64;
+  H5::CompType type(sizeof(BinRow));
+  type.insertMember("summary_row", HOFFSET(BinRow, summary_row), i64);
+  type.insertMember("begin", HOFFSET(BinRow, begin), i64);
+  type.insertMember("end", HOFFSET(BinRow, end), i64);
+  type.insertMember("nll_sum", HOFFSET(BinRow, nll_sum), H5::PredType::NATIVE_DOUBLE);
+  type.insertMember("scored_tokens", HOFFSET(BinRow, scored_tokens), i64);
+  return type;
+}
+
 const char* const kEvalColumns[] = {"length",        "perplexity",    "nll_sum",
                                     "scored_tokens", "bits_per_byte", "seconds"};
 
@@ -210,8 +230,18 @@ H5::Group eval_group(const H5::Group& run, const std::string& mode) {
 
 void write_point(H5::H5File& file, const PointRecord& p) {
   H5::DataSet summary = file.openDataSet("summary");
+  hsize_t summary_rows = 0;
+  summary.getSpace().getSimpleExtentDims(&summary_rows);
   const SummaryRow row = summary_row(p);
   append_rows(summary, summary_type(), &row, 1);
+  if (!p.by_position.empty()) {  // one dataset for the whole file: a few bytes a bin
+    if (!file.nameExists("position_bins")) create_rows(file, "position_bins", bin_type());
+    std::vector<BinRow> rows;
+    for (const auto& b : p.by_position)
+      rows.push_back({int64_t(summary_rows), b.begin, b.end, b.nll_sum, b.scored_tokens});
+    H5::DataSet dataset = file.openDataSet("position_bins");
+    append_rows(dataset, bin_type(), rows.data(), rows.size());
+  }
 
   H5::Group group = eval_group(file.openGroup("runs").openGroup(p.run_id), p.mode);
   if (!p.ok()) {
@@ -234,6 +264,20 @@ void write_point(H5::H5File& file, const PointRecord& p) {
   append_int("scored_tokens", p.scored_tokens);
   append_double("bits_per_byte", p.bits_per_byte);
   append_double("seconds", p.seconds);
+}
+
+// /position_bins by /summary row (empty when the file has none: written before extrap 0.3).
+std::map<int64_t, std::vector<PositionBin>> read_bins(H5::H5File& file) {
+  std::map<int64_t, std::vector<PositionBin>> bins;
+  if (!file.nameExists("position_bins")) return bins;
+  H5::DataSet dataset = file.openDataSet("position_bins");
+  hsize_t count = 0;
+  dataset.getSpace().getSimpleExtentDims(&count);
+  std::vector<BinRow> rows(count);
+  if (count > 0) dataset.read(rows.data(), bin_type());
+  for (const auto& r : rows)
+    bins[r.summary_row].push_back({r.begin, r.end, r.nll_sum, r.scored_tokens});
+  return bins;
 }
 
 void write_run(H5::H5File& file, const RunRecord& r) {
@@ -298,8 +342,10 @@ void write_header(H5::H5File& file, const SweepHeader& h) {
 
 }  // namespace
 
-std::string eval_mode_name(int64_t length, int64_t stride) {
-  return stride <= 0 || stride >= length ? "nonoverlapping" : "sliding_" + std::to_string(stride);
+std::string eval_mode_name(int64_t length, int64_t stride, const std::string& variant) {
+  const std::string window =
+      stride <= 0 || stride >= length ? "nonoverlapping" : "sliding_" + std::to_string(stride);
+  return variant.empty() ? window : window + "+" + variant;
 }
 
 // --- the lock ------------------------------------------------------------------------------
@@ -373,6 +419,7 @@ void ResultsStore::load() {
     const H5::CompType type = summary_type();
     if (count > 0) {
       summary.read(rows.data(), type);
+      const auto bins = read_bins(file);
       for (const auto& r : rows) {
         PointRecord p;
         p.run_id = r.run_id;
@@ -388,6 +435,8 @@ void ResultsStore::load() {
         p.bits_per_byte = r.bits_per_byte;
         p.seconds = r.seconds;
         p.status = r.status;
+        const auto found = bins.find(int64_t(points_.size()));
+        if (found != bins.end()) p.by_position = found->second;
         point_keys_[{p.run_id, p.mode, p.eval_length}] = points_.size();
         points_.push_back(std::move(p));
       }

@@ -14,10 +14,17 @@
 //                          datasets length, perplexity, nll_sum, scored_tokens,
 //                          bits_per_byte, seconds (one row per finished point), and
 //                          failures: compound (length, reason), one row per failed point
+//                          mode: the window mode, then "+<variant>" for an evaluation with
+//                          RoPE scaling (e.g. "nonoverlapping+yarn", "sliding_64+ntk_x4")
 //   /summary               compound, extendable: one row per (run, mode, eval length): run_id,
 //                          position, train_length, seed, mode, stride, eval_length, perplexity,
 //                          nll_sum, scored_tokens, bits_per_byte, seconds, status
 //                          ("ok" or "failed: <reason>")
+//   /position_bins         compound, extendable: (summary_row, begin, end, nll_sum,
+//                          scored_tokens): the scored tokens of the point in row summary_row
+//                          of /summary (0-based) binned by position in the window [begin, end)
+//                          (core/evaluator.h, PositionBin); a point's rows together. Absent
+//                          in files written before extrap 0.3.
 // /summary is the source of truth (every point, failed or not, in the order it finished);
 // the per-run eval groups are the same numbers arranged for plotting.
 //
@@ -38,6 +45,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/evaluator.h"
 #include "core/files.h"
 #include "core/trainer.h"
 #include "core/version.h"
@@ -87,7 +95,7 @@ struct PointRecord {
   std::string position;
   int64_t train_length = 0;
   int64_t seed = 0;
-  std::string mode;    // nonoverlapping | sliding_<stride>
+  std::string mode;    // nonoverlapping | sliding_<stride>, then +<RoPE variant> if any
   int64_t stride = 0;  // the scored tokens per window: eval_length when nonoverlapping
   int64_t eval_length = 0;
   double perplexity = NAN;
@@ -96,12 +104,14 @@ struct PointRecord {
   double bits_per_byte = NAN;
   double seconds = 0;
   std::string status = "ok";  // ok | failed: <reason>
+  std::vector<PositionBin> by_position;  // ok points (empty in files before extrap 0.3)
 
   bool ok() const { return status == "ok"; }
 };
 
-// The mode name of a (length, stride) evaluation: stride 0 or >= length is non-overlapping.
-std::string eval_mode_name(int64_t length, int64_t stride);
+// The mode name of a (length, stride) evaluation: stride 0 or >= length is non-overlapping;
+// a RoPE-scaling variant (rope_variant_label) is appended as "+<variant>".
+std::string eval_mode_name(int64_t length, int64_t stride, const std::string& variant = "");
 
 // An exclusive, non-blocking flock on PATH.lock, held for the object's lifetime (released by
 // the kernel when the process dies, kill -9 included). The holder's pid is written into the

@@ -3,7 +3,15 @@
 #include <functional>
 #include <sstream>
 
+#include <cstdio>
+
 namespace extrap {
+
+std::string number_text(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.15g", value);
+  return text;
+}
 
 std::string one_line(std::string text) {
   for (char& c : text)

@@ -26,6 +26,10 @@ struct ConfigError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A number as messages write it: the shortest form that reads back the same to 15 digits
+// ("0.5", "4", "1e-06").
+std::string number_text(double value);
+
 // `text` on one line (line breaks become spaces, trailing spaces dropped): for messages that
 // are stored (a failed point's status) or printed in a table.
 std::string one_line(std::string text);

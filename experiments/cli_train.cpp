@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <set>
@@ -18,24 +19,42 @@ namespace extrap::cli {
 
 namespace {
 
-void print_eval_header() {
-  std::printf("%-10s %-8s %10s %14s %12s %10s %8s\n", "length", "stride", "tokens", "nll_sum",
-              "perplexity", "bpb", "seconds");
+void print_eval_header(bool scaled) {
+  std::printf("%-10s %-8s %10s %14s %12s %10s %8s%s\n", "length", "stride", "tokens", "nll_sum",
+              "perplexity", "bpb", "seconds", scaled ? "  rope scaling" : "");
 }
 
-void print_eval_row(const EvalResult& r) {
-  std::printf("%-10lld %-8lld %10lld %14.3f %12.4f %10.4f %8.2f\n", (long long)r.length,
+// The RoPE column, when any evaluation is scaled: "yarn s=4", or "none".
+std::string rope_column(const RopeScaling& scaling) {
+  if (!scaling.active()) return "  none";
+  char text[64];
+  std::snprintf(text, sizeof text, "  %s s=%g", rope_scaling_name(scaling.kind).c_str(),
+                scaling.factor);
+  return text;
+}
+
+void print_eval_row(const EvalResult& r, const std::string& rope) {
+  std::printf("%-10lld %-8lld %10lld %14.3f %12.4f %10.4f %8.2f%s\n", (long long)r.length,
               (long long)r.stride, (long long)r.scored_tokens, r.nll_sum, r.perplexity,
-              r.bits_per_byte, r.seconds);
+              r.bits_per_byte, r.seconds, rope.c_str());
   std::fflush(stdout);
 }
 
+nlohmann::json bins_json(const std::vector<PositionBin>& bins) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& b : bins) out.push_back({b.begin, b.end, b.nll_sum, b.scored_tokens});
+  return out;
+}
+
 // Every (length, stride) of the config's eval section: non-overlapping (when asked), then
-// each sliding stride shorter than the length. An evaluation that cannot give a right number
-// prints its reason in place of the row; returns how many did. Each row (or failure) is also
-// appended to `rows` when given, numbers at full precision.
+// each sliding stride shorter than the length, each under every RoPE variant asked for (factor
+// `rope_factor`, or 0: the length over train.seq_len). An evaluation that cannot give a right
+// number prints its reason in place of the row; returns how many did. Each row (or failure) is
+// also appended to `rows` when given, numbers at full precision, with the loss by position.
 int evaluate_all(TransformerLM& model, const Corpus& corpus, const Config& config,
-                 torch::Device device, bool non_overlapping, nlohmann::json* rows = nullptr) {
+                 torch::Device device, bool non_overlapping, nlohmann::json* rows = nullptr,
+                 const std::vector<RopeScalingKind>& variants = {RopeScalingKind::none},
+                 double rope_factor = 0) {
   const TokenStream& stream = corpus.split(config.eval.split);
   const int64_t limit = config.eval.max_tokens > 0 ? std::min(config.eval.max_tokens, stream.size())
                                                    : stream.size();
@@ -45,24 +64,31 @@ int evaluate_all(TransformerLM& model, const Corpus& corpus, const Config& confi
   else
     std::cout << "scoring all " << limit << " tokens of the " << enum_name(config.eval.split)
               << " split\n";
-  print_eval_header();
+  const bool scaled = variants != std::vector<RopeScalingKind>{RopeScalingKind::none};
+  print_eval_header(scaled);
   int failures = 0;
   for (int64_t length : config.eval.lengths) {
     // A stride of L or more scores whole windows: the non-overlapping case.
     std::set<int64_t> strides;
     if (non_overlapping) strides.insert(0);
     for (int64_t s : config.eval.strides) strides.insert(s < length ? s : 0);
-    for (int64_t stride : strides) {
+    for (int64_t stride : strides) for (RopeScalingKind kind : variants) {
       std::string failure;
+      EvalSpec spec = eval_spec_for(config, length, stride);
+      const std::string variant = rope_variant_label(kind, rope_factor);
       try {
-        const EvalResult r = evaluate(model, corpus, stream, eval_spec_for(config, length, stride), device);
-        print_eval_row(r);
+        spec.rope_scaling = rope_scaling_for(kind, rope_factor, config.train.seq_len, length);
+        const EvalResult r = evaluate(model, corpus, stream, spec, device);
+        print_eval_row(r, scaled ? rope_column(spec.rope_scaling) : "");
         if (rows)
           rows->push_back({{"length", r.length}, {"stride", r.stride}, {"status", "ok"},
+                           {"rope_scaling", variant.empty() ? "none" : variant},
+                           {"rope_factor", spec.rope_scaling.factor},
                            {"nll_sum", r.nll_sum}, {"scored_tokens", r.scored_tokens},
                            {"perplexity", r.perplexity},
                            {"bits_per_byte", std::isfinite(r.bits_per_byte) ? nlohmann::json(r.bits_per_byte) : nlohmann::json()},
-                           {"windows", r.windows}, {"seconds", r.seconds}});
+                           {"windows", r.windows}, {"seconds", r.seconds},
+                           {"by_position", bins_json(r.by_position)}});
       } catch (const c10::Error& e) {
         failure = one_line(e.what_without_backtrace());
       } catch (const std::exception& e) {
@@ -72,8 +98,10 @@ int evaluate_all(TransformerLM& model, const Corpus& corpus, const Config& confi
         ++failures;
         if (rows)
           rows->push_back({{"length", length}, {"stride", stride > 0 ? stride : length},
+                           {"rope_scaling", variant.empty() ? "none" : variant},
                            {"status", "failed"}, {"error", failure}});
-        std::printf("%-10lld %-8lld failed: %s\n", (long long)length, (long long)stride, failure.c_str());
+        std::printf("%-10lld %-8lld failed: %s%s\n", (long long)length, (long long)stride,
+                    failure.c_str(), scaled ? (" (" + rope_scaling_name(kind) + ")").c_str() : "");
         std::fflush(stdout);
       }
     }
@@ -132,6 +160,8 @@ int eval(const Args& args) {
   po::options_description options("extrap eval");
   std::string run_dir, split = "valid", attention, json_path;
   std::vector<int64_t> lengths, strides;
+  std::vector<std::string> rope_names;
+  double rope_factor = 0;
   int64_t max_tokens = 0, batch_tokens = 0, threads = 0;
   options.add_options()
       ("checkpoint", po::value(&run_dir)->required(), "run directory written by extrap train")
@@ -144,10 +174,16 @@ int eval(const Args& args) {
       ("batch-tokens", po::value(&batch_tokens), "tokens per forward pass")
       ("attention", po::value(&attention), "force an attention path: reference | efficient | auto")
       ("threads", po::value(&threads), "CPU threads (default: all cores)")
+      ("rope-scaling", po::value(&rope_names)->multitoken(),
+       "RoPE scaling variant(s) for a rotary or xpos model: none linear ntk dynamic yarn llama3 "
+       "(each evaluated in turn)")
+      ("rope-factor", po::value(&rope_factor),
+       "RoPE scaling factor s >= 1 (default: each length / the training length; dynamic: 1)")
       ("json", po::value(&json_path),
        "also write the results to this JSON file (full precision; failures with their reason)");
   po::variables_map vm;
-  if (!parse(args, "extrap eval --checkpoint DIR --length L [--stride S] [--split valid|test]", options, vm))
+  if (!parse(args, "extrap eval --checkpoint DIR --length L [--stride S] [--split valid|test] "
+             "[--rope-scaling yarn --rope-factor 4]", options, vm))
     return 0;
   const Split which = parse_enum<Split>(split, "--split");
   for (int64_t length : lengths)
@@ -161,11 +197,28 @@ int eval(const Args& args) {
   if (vm.count("batch-tokens") && batch_tokens < 1)
     throw ConfigError("--batch-tokens " + std::to_string(batch_tokens) + ": must be at least 1");
   if (threads < 0) throw ConfigError("--threads " + std::to_string(threads) + ": must not be negative");
+  if (vm.count("rope-factor") && !(rope_factor >= 1.0))
+    throw ConfigError("--rope-factor " + number_text(rope_factor) + ": must be at least 1");
+  if (vm.count("rope-factor") && rope_names.empty())
+    throw ConfigError("--rope-factor without --rope-scaling: name the variant (e.g. --rope-scaling yarn)");
+  std::vector<RopeScalingKind> variants;
+  for (const auto& name : rope_names) {
+    const RopeScalingKind kind = parse_rope_scaling(name, "--rope-scaling");
+    if (std::find(variants.begin(), variants.end(), kind) != variants.end())
+      throw ConfigError("--rope-scaling: " + name + " is listed twice");
+    variants.push_back(kind);
+  }
+  if (variants.empty()) variants.push_back(RopeScalingKind::none);
   configure_threads(threads);
   const VerifiedCheckpoint checkpoint = require_checkpoint(run_dir);
   Config config = checkpoint.config;
   Corpus corpus = load_corpus(config.data);
   LoadedRun run = load_run(checkpoint, corpus);
+  const bool scaled = variants != std::vector<RopeScalingKind>{RopeScalingKind::none};
+  if (scaled && !PositionRegistry::instance().get(config.position_name).rope_scaling)
+    throw ConfigError("--rope-scaling: run " + run_dir + " uses position method '" +
+                      config.position_name + "', which has no rotary angles to scale (rotary and "
+                      "xpos have)");
   if (!attention.empty())
     run.model->set_attention_backend(parse_enum<AttentionBackend>(attention, "--attention"));
   config.eval.lengths = lengths;
@@ -176,7 +229,8 @@ int eval(const Args& args) {
   std::cout << "run " << run_dir << " (" << config.position_name << ", trained " << run.step
             << " steps at L = " << config.train.seq_len << "):\n";
   nlohmann::json rows = nlohmann::json::array();
-  const int failures = evaluate_all(run.model, corpus, config, torch::kCPU, strides.empty(), &rows);
+  const int failures = evaluate_all(run.model, corpus, config, torch::kCPU, strides.empty(), &rows,
+                                    variants, vm.count("rope-factor") ? rope_factor : 0.0);
   if (!json_path.empty()) {
     const nlohmann::json document = {{"checkpoint", run_dir},
                                      {"position", config.position_name},

@@ -114,14 +114,17 @@ PointRecord evaluate_point(Trainer& trainer, const Corpus& corpus, const SweepPo
   const Config& config = point.config;
   PointRecord p = new_point_record(record, e);
   try {
-    const EvalResult r = evaluate(trainer.model(), corpus, corpus.split(config.eval.split),
-                                  eval_spec_for(config, e.length, e.stride),
+    EvalSpec spec = eval_spec_for(config, e.length, e.stride);
+    spec.rope_scaling =
+        rope_scaling_for(e.rope_scaling, e.rope_factor, config.train.seq_len, e.length);
+    const EvalResult r = evaluate(trainer.model(), corpus, corpus.split(config.eval.split), spec,
                                   torch_device(config.train.device));
     p.perplexity = r.perplexity;
     p.nll_sum = r.nll_sum;
     p.scored_tokens = r.scored_tokens;
     p.bits_per_byte = r.bits_per_byte;
     p.seconds = r.seconds;
+    p.by_position = r.by_position;
   } catch (const c10::Error& ex) {
     p.status = "failed: " + one_line(ex.what_without_backtrace());
   } catch (const std::exception& ex) {

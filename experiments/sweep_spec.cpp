@@ -1,10 +1,12 @@
 #include "experiments/sweep_spec.h"
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <filesystem>
 #include <set>
 
+#include "core/evaluator.h"
 #include "core/files.h"
 #include "core/hashing.h"
 #include "core/model.h"
@@ -97,6 +99,13 @@ YAML::Node SweepSpec::canonical() const {
   e["length_multiples"] = eval.length_multiples;
   e["strides"] = eval.strides;
   e["nonoverlapping"] = eval.nonoverlapping;
+  // Only when asked for, so that the hashes of sweeps without RoPE variants stay as they were.
+  if (eval.rope_scaling != std::vector<RopeScalingKind>{RopeScalingKind::none}) {
+    YAML::Node variants(YAML::NodeType::Sequence);
+    for (auto kind : eval.rope_scaling) variants.push_back(rope_scaling_name(kind));
+    e["rope_scaling"] = variants;
+  }
+  if (eval.rope_factor > 0) e["rope_factor"] = eval.rope_factor;
   out["eval"] = e;
   return plain_yaml(out);
 }
@@ -233,7 +242,28 @@ SweepSpec load_sweep(const std::string& path, const std::vector<std::string>& ov
            "evaluation lengths as multiples of train.seq_len");
     e.read("strides", spec.eval.strides, "sliding-window strides (each used at lengths above it)");
     e.read("nonoverlapping", spec.eval.nonoverlapping, "evaluate non-overlapping windows too");
+    std::vector<std::string> rope_names;
+    e.read("rope_scaling", rope_names,
+           "RoPE-scaling variants for points whose method has rotary angles: none, linear, ntk, "
+           "dynamic, yarn, llama3");
+    e.read("rope_factor", spec.eval.rope_factor,
+           "RoPE scaling factor s (default: each evaluation length / train.seq_len)");
     e.finish();
+    if (e.has("rope_scaling")) {
+      if (rope_names.empty()) e.fail("rope_scaling", "is empty: list at least none");
+      spec.eval.rope_scaling.clear();
+      std::set<std::string> seen;
+      for (const auto& name : rope_names) {
+        if (!seen.insert(name).second) e.fail("rope_scaling", name + " is listed twice");
+        try {
+          spec.eval.rope_scaling.push_back(parse_rope_scaling(name, ""));
+        } catch (const ConfigError& error) {
+          e.fail("rope_scaling", error.what());
+        }
+      }
+    }
+    if (e.has("rope_factor") && !(spec.eval.rope_factor >= 1.0))
+      e.fail("rope_factor", "must be at least 1, got " + number_text(spec.eval.rope_factor));
     if (!e.has("lengths") && !e.has("length_multiples"))
       spec.eval.lengths = spec.base_config.eval.lengths;
     if (!e.has("strides")) spec.eval.strides = spec.base_config.eval.strides;
@@ -282,6 +312,7 @@ std::vector<SweepPoint> expand_grid(const SweepSpec& spec) {
   const int width = std::max<int>(2, int(std::to_string(std::max<int64_t>(total - 1, 0)).size()));
 
   std::vector<SweepPoint> points;
+  bool any_scalable = false;
   for (int64_t index = 0; index < total; ++index) {
     SweepPoint point;
     point.index = index;
@@ -298,7 +329,8 @@ std::vector<SweepPoint> expand_grid(const SweepSpec& spec) {
       const YAML::Node& value = spec.grid[a].values[digit[a]];
       point.values.push_back({spec.grid[a].key, value});
       apply_override(root, spec.grid[a].key + "=" + yaml_to_string(value));
-      labels += "-" + value_label(spec.grid[a].key, value, digit[a]);
+      labels += '-';
+      labels += value_label(spec.grid[a].key, value, digit[a]);
     }
     std::string number = std::to_string(index);
     number.insert(0, size_t(std::max<int>(0, width - int(number.size()))), '0');
@@ -311,14 +343,30 @@ std::vector<SweepPoint> expand_grid(const SweepSpec& spec) {
     std::set<int64_t> lengths(spec.eval.lengths.begin(), spec.eval.lengths.end());
     for (auto m : spec.eval.length_multiples) lengths.insert(m * point.config.train.seq_len);
     std::set<int64_t> strides(spec.eval.strides.begin(), spec.eval.strides.end());
+    const bool scalable = PositionRegistry::instance().get(point.config.position_name).rope_scaling;
+    const std::vector<RopeScalingKind> variants =
+        scalable ? spec.eval.rope_scaling : std::vector<RopeScalingKind>{RopeScalingKind::none};
+    any_scalable = any_scalable || scalable;
+    const auto add = [&](int64_t length, int64_t stride) {
+      for (auto kind : variants)
+        point.evals.push_back(
+            {length, stride,
+             eval_mode_name(length, stride, rope_variant_label(kind, spec.eval.rope_factor)), kind,
+             spec.eval.rope_factor});
+    };
     for (int64_t length : lengths) {
-      if (spec.eval.nonoverlapping) point.evals.push_back({length, 0, eval_mode_name(length, 0)});
+      if (spec.eval.nonoverlapping) add(length, 0);
       for (int64_t stride : strides)
-        if (stride < length)
-          point.evals.push_back({length, stride, eval_mode_name(length, stride)});
+        if (stride < length) add(length, stride);
     }
     points.push_back(std::move(point));
   }
+  const bool variants_asked = std::any_of(spec.eval.rope_scaling.begin(),
+                                          spec.eval.rope_scaling.end(),
+                                          [](RopeScalingKind k) { return k != RopeScalingKind::none; });
+  if (variants_asked && !any_scalable)
+    throw ConfigError(spec.source + ": eval.rope_scaling asks for RoPE variants, but no grid point "
+                      "uses a method with rotary angles (rotary, xpos)");
   return points;
 }
 

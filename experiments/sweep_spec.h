@@ -11,6 +11,8 @@
 //     length_multiples: [1, 2, 4]   # multiples of each point's train.seq_len
 //     strides: [32]                 # sliding-window strides (each used where < length)
 //     nonoverlapping: true
+//     rope_scaling: [none, yarn]    # RoPE-scaling variants for points of rotary/xpos models
+//     rope_factor: 4                # the factor s (default: each length / train.seq_len)
 //   output:
 //     path: results/quick.h5        # default results/NAME.h5
 //     run_root: runs/quick          # default runs/NAME; point runs in RUN_ROOT/<run id>
@@ -20,7 +22,10 @@
 //  - Grid order is the nested loop over the grid keys in file order, the last key varying
 //    fastest; a point's index and id depend only on the spec.
 //  - A point's evaluations are (length ascending; per length non-overlapping first, then each
-//    stride ascending). A point is identified by (run id, mode, length) and recorded once.
+//    stride ascending; per window mode each RoPE variant in the order listed). A point is
+//    identified by (run id, mode, length) and recorded once. RoPE variants apply to the points
+//    whose method has rotary angles (PositionInfo::rope_scaling); the others are evaluated
+//    once per window mode, unscaled.
 //  - The spec hash covers exactly the keys marked Affects::model or Affects::evaluation in
 //    core/config.cpp (the base config's eval lengths and strides are replaced by the sweep's
 //    eval section), the grid and the evaluation plan; not where files go, threads or jobs.
@@ -49,6 +54,8 @@ struct SweepEval {
   std::vector<int64_t> length_multiples;  // of train.seq_len
   std::vector<int64_t> strides;           // sliding-window strides
   bool nonoverlapping = true;
+  std::vector<RopeScalingKind> rope_scaling{RopeScalingKind::none};
+  double rope_factor = 0;  // 0: each evaluation length / train.seq_len
 };
 
 struct SweepSpec {
@@ -76,11 +83,14 @@ struct SweepSpec {
   SweepHeader header(const std::string& shard) const;
 };
 
-// One evaluation of a point: mode "nonoverlapping" (stride 0) or "sliding_<stride>".
+// One evaluation of a point: mode "nonoverlapping" (stride 0) or "sliding_<stride>", then
+// "+<variant>" for a RoPE-scaling variant.
 struct EvalPoint {
   int64_t length = 0;
   int64_t stride = 0;
   std::string mode;
+  RopeScalingKind rope_scaling = RopeScalingKind::none;
+  double rope_factor = 0;  // 0: derived from the length
 };
 
 struct SweepPoint {

@@ -45,6 +45,12 @@ class Fox : public PositionMethod {
                                 : torch::zeros({1, at.length(), d_model_}, w.options().requires_grad(false));
     auto logits = torch::matmul(x.to(torch::kFloat32), w.t().to(torch::kFloat32)) + b;  // (B, T, H)
     auto F = torch::log_sigmoid(logits).cumsum(1).transpose(1, 2);  // (B, H, T)
+    if (at.state) {  // decoding with a KV cache: continue the running sum of the cached keys
+      if (at.state->defined()) F = torch::cat({*at.state, F + at.state->narrow(2, -1, 1)}, 2);
+      *at.state = F;
+      TORCH_CHECK(F.size(2) == at.key_length(), "fox: the cached gates cover ", F.size(2),
+                  " keys, the layer has ", at.key_length());
+    }
     return AttentionBias::cumulative_sum(F);
   }
 

@@ -44,6 +44,10 @@ struct TokenPositions {
   int64_t offset = 0;
   int64_t length = 0;
   torch::Tensor sampled;  // (T,) int64 on the CPU, strictly increasing; undefined: contiguous
+  // Where position-dependent scales (xpos) are measured from when the window is one block of
+  // a longer sequence run block by block with a KV cache: one position for the whole sequence,
+  // so that cached keys and new queries agree. -1: the window's own middle.
+  int64_t centre = -1;
 
   static TokenPositions window(int64_t length, int64_t offset = 0) { return {offset, length, {}}; }
   bool is_sampled() const { return sampled.defined(); }
@@ -54,14 +58,50 @@ struct TokenPositions {
 // What one layer's attention tells a method when it asks for a rotation or a bias.
 struct LayerInput {
   int64_t layer = 0;
-  TokenPositions positions;  // of the queries, which are also the keys
+  TokenPositions positions;  // of the queries (the last of the keys)
   // (B, T, d_model): the normalised input that q, k and v are projected from. Undefined where
   // the caller has no model (e.g. `extrap inspect bias` without a checkpoint); a method that
   // needs it then describes its bias at a zero input.
   torch::Tensor input;
+  // Decoding with a KV cache (core/model.h): the queries are the last T of `keys` keys, which
+  // start at position positions.offset + T - keys; the bias then covers rows keys - T .. keys
+  // - 1 of the keys x keys window (AttentionBias rows and columns count from its first key).
+  // 0: the queries are the keys.
+  int64_t keys = 0;
+  // Decoding with a KV cache: a tensor the method may keep for this layer between the blocks
+  // of one sequence (undefined at the first block), e.g. the forgetting gates' running sum.
+  // Null without a cache.
+  torch::Tensor* state = nullptr;
 
   int64_t length() const { return positions.length; }
+  int64_t key_length() const { return keys > 0 ? keys : positions.length; }
 };
+
+// Evaluation-time scaling of rotary frequencies: a model trained with rotary angles at length
+// L evaluated at longer lengths without retraining (the formulas: positions/rotation.h).
+enum class RopeScalingKind { none, linear, ntk, dynamic, yarn, llama3 };
+
+struct RopeScaling {
+  RopeScalingKind kind = RopeScalingKind::none;
+  double factor = 1.0;          // s >= 1
+  int64_t original_length = 0;  // L, the training length (yarn, dynamic, llama3)
+  double beta_slow = 1.0;       // yarn: components with L / wavelength below this interpolate
+  double beta_fast = 32.0;      // yarn: ... above this keep their frequency
+  double low_freq_factor = 1.0;   // llama3: wavelengths above L / low_freq_factor interpolate
+  double high_freq_factor = 4.0;  // llama3: ... below L / high_freq_factor keep their frequency
+
+  bool active() const { return kind != RopeScalingKind::none; }
+};
+
+// "none", "linear", "ntk", "dynamic", "yarn", "llama3"; parse_rope_scaling refuses any other
+// name, naming `where` (a flag or key) and the known names.
+std::string rope_scaling_name(RopeScalingKind kind);
+RopeScalingKind parse_rope_scaling(const std::string& name, const std::string& where);
+
+// Refuses (ConfigError) a scaling that cannot be applied: a factor below 1 or not finite, no
+// training length where the kind needs one, llama3's high_freq_factor not above
+// low_freq_factor, yarn's beta_fast not above beta_slow.
+void check_rope_scaling(const RopeScaling& scaling);
 
 // Layer `layer` of a window of `length` tokens at `offset`, without a layer input.
 inline LayerInput layer_window(int64_t layer, int64_t length, int64_t offset = 0) {
@@ -80,6 +120,11 @@ class PositionMethod : public torch::nn::Module {
 
   // What layer at.layer adds to its (T, T) attention scores.
   virtual AttentionBias bias(const LayerInput& /*at*/) { return AttentionBias::none(); }
+
+  // Evaluation-time frequency scaling (RopeScaling). A method with rotary angles applies it
+  // to every later forward pass and returns true; the rest return false (the model then
+  // refuses, naming the method). A scaling that is not active restores the trained angles.
+  virtual bool set_rope_scaling(const RopeScaling& /*scaling*/) { return false; }
 
   // Values worth logging during training (e.g. learned slopes): name -> value.
   virtual std::vector<std::pair<std::string, double>> log_values() const { return {}; }
@@ -114,6 +159,8 @@ struct PositionInfo {
   // Honours sampled positions (TokenPositions::sampled) in its hooks, so that
   // position.randomize_max may be used with it.
   bool randomizable = false;
+  // Accepts evaluation-time RoPE scaling (PositionMethod::set_rope_scaling): rotary, xpos.
+  bool rope_scaling = false;
   // For the training-memory estimate (core/memory_estimate.cpp): what each layer's reference
   // attention keeps for backward beyond the scores and probabilities, in float tensors of
   // the scores' size (B x H x T x T) and of T x T floats. Measured, not derived: see the

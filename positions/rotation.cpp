@@ -1,12 +1,97 @@
 #include "positions/rotation.h"
 
 #include <cmath>
+#include <cstdio>
 
 namespace extrap {
+
+std::string rope_scaling_name(RopeScalingKind kind) {
+  switch (kind) {
+    case RopeScalingKind::none: return "none";
+    case RopeScalingKind::linear: return "linear";
+    case RopeScalingKind::ntk: return "ntk";
+    case RopeScalingKind::dynamic: return "dynamic";
+    case RopeScalingKind::yarn: return "yarn";
+    case RopeScalingKind::llama3: return "llama3";
+  }
+  return "?";
+}
+
+RopeScalingKind parse_rope_scaling(const std::string& name, const std::string& where) {
+  for (auto kind : {RopeScalingKind::none, RopeScalingKind::linear, RopeScalingKind::ntk,
+                    RopeScalingKind::dynamic, RopeScalingKind::yarn, RopeScalingKind::llama3})
+    if (rope_scaling_name(kind) == name) return kind;
+  throw ConfigError((where.empty() ? "" : where + ": ") + "unknown RoPE scaling '" + name +
+                    "' (known: none, linear, ntk, dynamic, yarn, llama3)");
+}
+
+void check_rope_scaling(const RopeScaling& s) {
+  const std::string what = "RoPE scaling " + rope_scaling_name(s.kind);
+  if (!s.active()) return;
+  if (!(std::isfinite(s.factor) && s.factor >= 1.0))
+    throw ConfigError(what + ": factor " + number_text(s.factor) + " must be at least 1");
+  const bool needs_length = s.kind == RopeScalingKind::dynamic ||
+                            s.kind == RopeScalingKind::yarn || s.kind == RopeScalingKind::llama3;
+  if (needs_length && s.original_length < 1)
+    throw ConfigError(what + " needs the training length (got " +
+                      std::to_string(s.original_length) + ")");
+  if (s.kind == RopeScalingKind::yarn && !(s.beta_fast > s.beta_slow && s.beta_slow > 0))
+    throw ConfigError(what + ": beta_fast " + number_text(s.beta_fast) +
+                      " must exceed beta_slow " + number_text(s.beta_slow) + " > 0");
+  if (s.kind == RopeScalingKind::llama3 &&
+      !(s.high_freq_factor > s.low_freq_factor && s.low_freq_factor > 0))
+    throw ConfigError(what + ": high_freq_factor " + number_text(s.high_freq_factor) +
+                      " must exceed low_freq_factor " + number_text(s.low_freq_factor) + " > 0");
+}
+
+torch::Tensor scaled_rotary_frequencies(int64_t rotated, double base, const RopeScaling& s,
+                                        int64_t current_length) {
+  check_rope_scaling(s);
+  const double d = double(rotated), factor = s.factor, L = double(s.original_length);
+  auto theta = rotary_frequencies(rotated, base);  // (d/2,)
+  switch (s.kind) {
+    case RopeScalingKind::none:
+      return theta;
+    case RopeScalingKind::linear:
+      return theta / factor;
+    case RopeScalingKind::ntk:
+      if (rotated <= 2) return theta;
+      return rotary_frequencies(rotated, base * std::pow(factor, d / (d - 2.0)));
+    case RopeScalingKind::dynamic: {
+      const double l = double(current_length);
+      if (rotated <= 2 || l <= L) return theta;
+      return rotary_frequencies(rotated,
+                                base * std::pow(factor * l / L - (factor - 1.0), d / (d - 2.0)));
+    }
+    case RopeScalingKind::yarn: {
+      auto ratio = theta * (L / (2.0 * M_PI));  // L / wavelength
+      auto gamma = ((ratio - s.beta_slow) / (s.beta_fast - s.beta_slow)).clamp(0.0, 1.0);
+      return (1.0 - gamma) * theta / factor + gamma * theta;
+    }
+    case RopeScalingKind::llama3: {
+      auto wavelength = (2.0 * M_PI) / theta;
+      auto smooth = (L / wavelength - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+      auto blended = (1.0 - smooth) * theta / factor + smooth * theta;
+      auto low = wavelength.gt(L / s.low_freq_factor), high = wavelength.lt(L / s.high_freq_factor);
+      return torch::where(low, theta / factor, torch::where(high, theta, blended));
+    }
+  }
+  return theta;
+}
+
+double rope_attention_factor(const RopeScaling& s) {
+  return s.kind == RopeScalingKind::yarn && s.factor > 1.0 ? 0.1 * std::log(s.factor) + 1.0 : 1.0;
+}
 
 torch::Tensor rotary_frequencies(int64_t rotated, double base) {
   auto i = torch::arange(0, rotated / 2, torch::kFloat64);  // (d/2,)
   return torch::exp(i * (-2.0 * std::log(base) / double(rotated)));
+}
+
+int64_t window_end(const TokenPositions& positions) {
+  if (positions.is_sampled())
+    return positions.sampled.numel() == 0 ? 0 : positions.sampled[-1].item<int64_t>() + 1;
+  return positions.offset + positions.length;
 }
 
 std::pair<torch::Tensor, torch::Tensor> rotary_angles(const TokenPositions& positions,
@@ -20,18 +105,26 @@ std::vector<torch::Tensor> RotationTables::get(
     const std::function<std::vector<torch::Tensor>()>& compute) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!positions.is_sampled() && !tables_.empty() && length_ == positions.length &&
-      offset_ == positions.offset && device_ == device && dtype_ == dtype)
+      offset_ == positions.offset && centre_ == positions.centre && device_ == device &&
+      dtype_ == dtype)
     return tables_;
   std::vector<torch::Tensor> tables = compute();
   for (auto& t : tables) t = t.to(device, dtype);
   if (!positions.is_sampled()) {
     length_ = positions.length;
     offset_ = positions.offset;
+    centre_ = positions.centre;
     device_ = device;
     dtype_ = dtype;
     tables_ = tables;
   }
   return tables;
+}
+
+void RotationTables::clear() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  tables_.clear();
+  length_ = -1;
 }
 
 torch::Tensor rotate_pairs(const torch::Tensor& x, const torch::Tensor& cos,

@@ -18,6 +18,33 @@ namespace extrap {
 // theta_i = base^(-2i / rotated), i = 0 .. rotated/2 - 1: (rotated/2,) float64.
 torch::Tensor rotary_frequencies(int64_t rotated, double base);
 
+// Evaluation-time RoPE scaling (RopeScaling in positions/position.h; ../shared/REFERENCE.md,
+// "Evaluation-time RoPE scaling"). With s the factor, d = `rotated`, L the training length and
+// theta_k = base^(-2k/d):
+//   linear   theta_k / s (positions divided by s: position interpolation)
+//   ntk      theta_k from the base b * s^(d / (d - 2))
+//   dynamic  at a window ending at position l - 1 with l > L, theta_k from the base
+//            b * (s l / L - (s - 1))^(d / (d - 2)); unchanged while l <= L
+//   yarn     r_k = L theta_k / (2 pi), gamma_k = clamp((r_k - beta_slow) / (beta_fast -
+//            beta_slow), 0, 1), theta'_k = (1 - gamma_k) theta_k / s + gamma_k theta_k; and cos
+//            and sin are both multiplied by 0.1 ln s + 1 (rope_attention_factor), so the scores
+//            scale by its square. The ramp is the YaRN paper's, linear in r_k; Hugging Face's
+//            implementation instead ramps linearly over rounded dimension indices, which gives
+//            slightly different frequencies in the blended band.
+//   llama3   wavelength lambda_k = 2 pi / theta_k: above L / low_freq_factor theta_k / s, below
+//            L / high_freq_factor theta_k, between the blend (1 - m) theta_k / s + m theta_k with
+//            m = (L / lambda_k - low_freq_factor) / (high_freq_factor - low_freq_factor).
+// With d = 2 the only frequency is theta_0 = 1 whatever the base, so ntk and dynamic change
+// nothing. (rotated/2,) float64.
+torch::Tensor scaled_rotary_frequencies(int64_t rotated, double base, const RopeScaling& scaling,
+                                        int64_t current_length);
+
+// The factor cos and sin are multiplied by: 0.1 ln s + 1 for yarn with s > 1, else 1.
+double rope_attention_factor(const RopeScaling& scaling);
+
+// One past the last position of the window (the current length l of dynamic NTK).
+int64_t window_end(const TokenPositions& positions);
+
 // cos and sin of p * theta_i for the window's positions p: (T, rotated/2) each, float64 on
 // the CPU.
 std::pair<torch::Tensor, torch::Tensor> rotary_angles(const TokenPositions& positions,
@@ -33,10 +60,12 @@ class RotationTables {
   std::vector<torch::Tensor> get(const TokenPositions& positions, torch::Device device,
                                  torch::ScalarType dtype,
                                  const std::function<std::vector<torch::Tensor>()>& compute);
+  // Forgets the kept tables (the frequencies changed: RoPE scaling).
+  void clear();
 
  private:
   std::mutex mutex_;
-  int64_t length_ = -1, offset_ = 0;
+  int64_t length_ = -1, offset_ = 0, centre_ = -1;
   torch::Device device_ = torch::kCPU;
   torch::ScalarType dtype_ = torch::kFloat32;
   std::vector<torch::Tensor> tables_;

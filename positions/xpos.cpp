@@ -7,7 +7,8 @@
 // so that q_i . k_j carries zeta_k^((i - j) / scale_base) <= 1 for j <= i: attention to far
 // keys decays smoothly, per frequency. The scale depends on i - j only: positions are counted
 // from the middle of the window before scaling (as torchscale does), which changes nothing in
-// q . k but keeps zeta^(+-n / 512) inside fp32's range at long windows.
+// q . k but keeps zeta^(+-n / 512) inside fp32's range at long windows. A sequence decoded
+// block by block with a KV cache gives one centre for all its blocks (TokenPositions::centre).
 //
 // Causal only: for j > i the factor would grow without bound, so bidirectional attention is
 // refused (use `rotary`).
@@ -47,19 +48,35 @@ class Xpos : public PositionMethod {
                 d_head_, ", got q ", q.sizes(), " and k ", k.sizes());
     // Rotation then scale, as one scaled rotation: (T, d/2) tables for q and for k.
     const auto tables = tables_.get(at.positions, q.device(), q.scalar_type(), [&] {
-      auto [cos, sin] = rotary_angles(at.positions, rotary_frequencies(d_head_, options_.base));
+      const auto frequencies = scaled_rotary_frequencies(d_head_, options_.base, scaling_,
+                                                         window_end(at.positions));
+      auto [cos, sin] = rotary_angles(at.positions, frequencies);
       auto [up, down] = scales(at.positions);
+      const double factor = rope_attention_factor(scaling_);  // 1 unless yarn
+      up = up * factor;
+      down = down * factor;
       return std::vector<torch::Tensor>{cos * up, sin * up, cos * down, sin * down};
     });
     q = rotate_pairs(q, tables[0], tables[1], d_head_);
     k = rotate_pairs(k, tables[2], tables[3], d_head_);
   }
 
+  // The rotation's frequencies scale (and yarn's factor multiplies both tables); the decay
+  // zeta^(n / scale_base) does not change.
+  bool set_rope_scaling(const RopeScaling& scaling) override {
+    check_rope_scaling(scaling);
+    scaling_ = scaling;
+    tables_.clear();
+    return true;
+  }
+
  private:
   // zeta_k^(+-(n - centre) / scale_base) for the window's positions n: (T, d/2) each, float64.
   std::pair<torch::Tensor, torch::Tensor> scales(const TokenPositions& positions) const {
     auto n = positions.values(torch::kFloat64);  // (T,), on the CPU
-    const double centre = std::floor((n[0].item<double>() + n[-1].item<double>()) / 2.0);
+    const double centre = positions.centre >= 0
+                              ? double(positions.centre)
+                              : std::floor((n[0].item<double>() + n[-1].item<double>()) / 2.0);
     auto k = torch::arange(0, d_head_ / 2, torch::kFloat64);
     auto log_zeta = torch::log((2.0 * k + options_.gamma * double(d_head_)) /
                                ((1.0 + options_.gamma) * double(d_head_)));  // (d/2,)
@@ -68,6 +85,7 @@ class Xpos : public PositionMethod {
   }
 
   XposOptions options_;
+  RopeScaling scaling_;  // none unless an evaluation asks
   int64_t d_head_;
   RotationTables tables_;
 };
@@ -80,6 +98,7 @@ PositionInfo make_xpos_info() {
   info.hooks = kRotateQK;
   info.modes = kCausal;
   info.randomizable = true;
+  info.rope_scaling = true;
   info.bidirectional_alternative = "rotary";
   info.mode_reason = "its scale zeta^((i - j) / scale_base) decays towards earlier keys and "
                      "would grow without bound towards later ones";

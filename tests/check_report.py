@@ -71,11 +71,18 @@ sys.path.insert(0, os.path.join(source_dir, "analysis"))
 import report  # noqa: E402
 
 drawn = {}
+panels = {}  # the loss-by-position figure: title -> {method: (x, y)}
 original = matplotlib.figure.Figure.savefig
 
 
 def capture(fig, path, *args, **kwargs):
     ax = fig.axes[0]
+    if os.path.basename(path).startswith("position_"):
+        for a in fig.axes:
+            if a.get_title():
+                panels[a.get_title()] = {l.get_label(): l.get_data() for l in a.get_lines()
+                                         if not l.get_label().startswith("_")}
+                assert a.get_xlabel() == "position in the window" and a.get_ylabel() == "mean NLL (nats)"
     drawn[os.path.basename(path)] = {
         "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(), "title": ax.get_title(),
         "curves": {c.get_label(): c.lines[0].get_data() for c in ax.containers},
@@ -88,7 +95,47 @@ def capture(fig, path, *args, **kwargs):
 matplotlib.figure.Figure.savefig = capture
 with tempfile.TemporaryDirectory() as out:
     report.write_report(results, out)
-assert sorted(drawn) == ["curves_L16.png", "ppl_L16_nonoverlapping.png", "ppl_L16_sliding_8.png"], sorted(drawn)
+assert sorted(drawn) == ["curves_L16.png", "position_L16.png", "ppl_L16_nonoverlapping.png",
+                         "ppl_L16_sliding_8.png"], sorted(drawn)
+
+# --- loss by position: each panel's curves from the HDF5 bins, the seeds' tokens pooled ----
+f = h5py.File(results, "r")
+pooled = collections.defaultdict(lambda: collections.defaultdict(lambda: [0.0, 0]))
+all_bins = f["position_bins"][...]
+for index, r in enumerate(rows):
+    if r["status"] != b"ok" or r["mode"] != b"nonoverlapping":
+        continue
+    length = int(r["eval_length"])
+    for b in all_bins[all_bins["summary_row"] == index]:
+        cell_ = pooled[(length, r["position"].decode())][(int(b["begin"]), int(b["end"]))]
+        cell_[0] += float(b["nll_sum"])
+        cell_[1] += int(b["scored_tokens"])
+assert sorted(panels) == ["eval length 16", "eval length 32"], sorted(panels)
+for (length, m), by_bin in pooled.items():
+    x, y = panels["eval length %d" % length][m]
+    ranges = sorted(by_bin)
+    assert list(x) == [(b + e - 1) / 2 + 1 for b, e in ranges], (length, m, list(x))
+    for yi, r_ in zip(y, ranges):
+        expected = by_bin[r_][0] / by_bin[r_][1]
+        assert abs(yi - expected) <= 1e-12 * expected, (length, m, r_, yi, expected)
+assert "learned" not in panels["eval length 32"]  # failed there: no curve
+# The table of the mean NLL below and past L at length 32 (alibi only: learned failed).
+by_bin = pooled[(32, "alibi")]
+below = [v for r_, v in by_bin.items() if r_[1] <= 16]
+past = [v for r_, v in by_bin.items() if r_[0] >= 16]
+nb = sum(v[0] for v in below) / sum(v[1] for v in below)
+np_ = sum(v[0] for v in past) / sum(v[1] for v in past)
+row = "| alibi | %.4f | %.4f | %+.4f |" % (nb, np_, np_ - nb)
+assert row in md, row
+
+# --- the early-token curse: non-overlapping against sliding, from L = 16 to 32 --------------
+mean = lambda mode, l, m: statistics.mean(values[(mode, l, m)])
+d_no = mean("nonoverlapping", 32, "alibi") - mean("nonoverlapping", 16, "alibi")
+d_sl = mean("sliding_8", 32, "alibi") - mean("sliding_8", 16, "alibi")
+share = "%.0f%%" % (100 * (d_no - d_sl) / d_no) if d_no < 0 else "no gain"
+row = "| alibi | 32 | %+.3f | %+.3f | %s |" % (d_no, d_sl, share)
+assert row in md, (row, md[md.index("### Early-token"):])
+assert "| learned | 32 |" not in md
 for mode in modes:
     fig = drawn["ppl_L16_%s.png" % mode]
     assert fig["xlabel"] == "evaluation length (tokens)" and fig["ylabel"] == "perplexity", fig
@@ -105,7 +152,7 @@ curves = drawn["curves_L16.png"]
 assert curves["xlabel"] == "step" and curves["ylabel"] == "loss (nats per token)", curves
 assert curves["lines"] == collections.Counter({m: 1 for m in methods}), curves["lines"]
 # The PNGs written by `extrap report` are real images of the size the report asks for.
-for name in drawn:
+for name in [n for n in drawn if not n.startswith("position_")]:
     with open(os.path.join(report_dir, name), "rb") as f:
         head = f.read(24)
     assert head[:8] == b"\x89PNG\r\n\x1a\n", name

@@ -60,8 +60,11 @@ TEST_CASE("window plans cover every target exactly once", "[eval]") {
 }
 
 // Brute force: score every target t with its own forward pass over exactly the context the
-// definition gives it, taking the last position's log-probability.
-static double brute_force_nll(TransformerLM& model, const TokenStream& stream, int64_t n, int64_t L, int64_t S) {
+// definition gives it, taking the last position's log-probability. by_position[p]: the NLL
+// summed over the targets scored at window position p (their input's place in the window).
+static double brute_force_nll(TransformerLM& model, const TokenStream& stream, int64_t n, int64_t L,
+                              int64_t S, std::vector<double>* by_position = nullptr,
+                              std::vector<int64_t>* counts = nullptr) {
   torch::NoGradGuard no_grad;
   const int32_t* data = stream.data();
   double nll = 0;
@@ -82,6 +85,8 @@ static double brute_force_nll(TransformerLM& model, const TokenStream& stream, i
     for (int64_t p = start; p < t; ++p) context[0][p - start] = data[p];
     auto logp = torch::log_softmax(model->forward(context)[0][t - start - 1], -1);
     nll -= logp[data[t]].item<double>();
+    if (by_position) (*by_position)[t - start - 1] -= logp[data[t]].item<double>();
+    if (counts) (*counts)[t - start - 1] += 1;
   }
   return nll;
 }
@@ -106,6 +111,65 @@ TEST_CASE("non-overlapping and sliding-window perplexity equal a brute-force com
       REQUIRE(r.perplexity == Approx(std::exp(expected / double(n - 1))).epsilon(1e-5));
       REQUIRE(r.bits_per_byte == Approx(expected / (std::log(2.0) * double(n - 1))).epsilon(1e-5));
     }
+  }
+}
+
+TEST_CASE("the bin edges are single positions up to 8, then four an octave, ending at the length",
+          "[eval]") {
+  REQUIRE(position_bin_edges(1) == std::vector<int64_t>{0, 1});
+  REQUIRE(position_bin_edges(5) == std::vector<int64_t>{0, 1, 2, 3, 4, 5});
+  REQUIRE(position_bin_edges(40) ==
+          std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 13, 16, 19, 23, 27, 32, 38, 40});
+  for (int64_t L : {2, 9, 64, 100, 1000, 16384}) {
+    const auto edges = position_bin_edges(L);
+    REQUIRE(edges.front() == 0);
+    REQUIRE(edges.back() == L);
+    for (size_t i = 1; i < edges.size(); ++i) REQUIRE(edges[i] > edges[i - 1]);
+    for (size_t i = 2; i + 1 < edges.size(); ++i)  // no bin wider than a fifth of its start
+      REQUIRE(double(edges[i] - edges[i - 1]) <= std::max(1.0, 0.2 * double(edges[i - 1]) + 1));
+  }
+}
+
+TEST_CASE("the loss by position in the window sums back to the total and equals brute force",
+          "[eval]") {
+  auto corpus = testing::tiny_byte_corpus(2);
+  auto model = tiny_model("alibi");
+  const int64_t n = 61;
+  for (auto [L, S] : std::vector<std::pair<int64_t, int64_t>>{{16, 0}, {16, 5}, {12, 1}}) {
+    INFO("L " << L << " S " << S);
+    EvalSpec spec;
+    spec.length = L;
+    spec.stride = S;
+    spec.max_tokens = n;
+    spec.batch_tokens = 24;
+    const auto r = evaluate(model, corpus, corpus.valid, spec);
+    std::vector<double> nll(L, 0.0);
+    std::vector<int64_t> counts(L, 0);
+    brute_force_nll(model, corpus.valid, n, L, S, &nll, &counts);
+    double total = 0;
+    int64_t tokens = 0;
+    const auto edges = position_bin_edges(L);
+    size_t next = 0;  // bins without tokens are left out
+    for (size_t b = 0; b + 1 < edges.size(); ++b) {
+      double expected = 0;
+      int64_t count = 0;
+      for (int64_t p = edges[b]; p < edges[b + 1]; ++p) {
+        expected += nll[p];
+        count += counts[p];
+      }
+      if (count == 0) continue;
+      REQUIRE(next < r.by_position.size());
+      const PositionBin& bin = r.by_position[next++];
+      REQUIRE(bin.begin == edges[b]);
+      REQUIRE(bin.end == edges[b + 1]);
+      REQUIRE(bin.scored_tokens == count);
+      REQUIRE(bin.nll_sum == Approx(expected).epsilon(1e-5));
+      total += bin.nll_sum;
+      tokens += bin.scored_tokens;
+    }
+    REQUIRE(next == r.by_position.size());
+    REQUIRE(tokens == r.scored_tokens);
+    REQUIRE(total == Approx(r.nll_sum).epsilon(1e-12));
   }
 }
 

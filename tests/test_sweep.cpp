@@ -47,6 +47,7 @@ void require_same_rows(const Rows& a, const Rows& b) {
     CHECK(p.status == q.status);
     CHECK(p.scored_tokens == q.scored_tokens);
     if (p.ok()) CHECK(p.nll_sum == Approx(q.nll_sum).epsilon(1e-12));
+    CHECK(p.by_position.size() == q.by_position.size());  // the loss by position travels too
   }
 }
 
@@ -164,6 +165,8 @@ assert np.allclose(rows["bits_per_byte"][ok], rows["nll_sum"][ok] / (rows["score
 assert set(rows["mode"]) == {b"nonoverlapping", b"sliding_8"}
 sliding = rows["mode"] == b"sliding_8"
 assert (rows["stride"][sliding] == 8).all() and (rows["stride"][~sliding] == rows["eval_length"][~sliding]).all()
+# Bins only for the points that finished.
+assert set(f["position_bins"]["summary_row"]) == set(np.nonzero(ok)[0]), f["position_bins"]["summary_row"]
 # The first 1024 tokens of valid (eval.max_tokens), each scored once whatever the window.
 assert set(rows["scored_tokens"][ok]) == {1023}, set(rows["scored_tokens"][ok])
 bad = rows[~ok]
@@ -194,6 +197,19 @@ for run_id, g in f["runs"].items():
             r = by_length[int(length)]
             for column in ["perplexity", "nll_sum", "scored_tokens", "bits_per_byte"]:
                 assert e[column][i] == r[column], (run_id, mode, column)
+        # The loss by position in the window: bins that add up to the point's totals.
+        all_bins = f["position_bins"][...]
+        assert all_bins.dtype.names == ("summary_row", "begin", "end", "nll_sum", "scored_tokens"), all_bins.dtype
+        for i, length in enumerate(e["length"][...]):
+            r = by_length[int(length)]
+            row_index = [k for k in range(len(rows)) if rows[k]["run_id"] == r["run_id"] and
+                         rows[k]["mode"] == r["mode"] and rows[k]["eval_length"] == length]
+            assert len(row_index) == 1
+            bins = all_bins[all_bins["summary_row"] == row_index[0]]
+            assert bins["begin"][0] == 0 and bins["end"][-1] == length, bins
+            assert (bins["end"] > bins["begin"]).all() and (bins["begin"][1:] >= bins["end"][:-1]).all()
+            assert bins["scored_tokens"].sum() == r["scored_tokens"], (run_id, mode, length)
+            assert np.isclose(bins["nll_sum"].sum(), r["nll_sum"], rtol=1e-9, atol=0), (run_id, mode, length)
         failures = e["failures"][...]
         if g.attrs["position"] == "learned":
             assert list(e["length"][...]) == [16] and list(failures["length"]) == [32]
@@ -233,6 +249,73 @@ print("schema ok")
       d, EXTRAP_SOURCE_DIR "/tests/check_report.py results/tiny.h5 report " EXTRAP_SOURCE_DIR, &report_out);
   INFO(report_out);
   CHECK(report_code == 0);
+}
+
+TEST_CASE("RoPE-scaling variants: listed for rotary points only, equal to none up to L, reported",
+          "[sweep]") {
+  SweepDir d;
+  std::string out;
+  REQUIRE(run_cli(d, {"sweep", "tiny.yaml", "--list"}, &out) == 0);
+  const auto hash = [](const std::string& listing) {
+    const auto at = listing.find("spec hash ");
+    return listing.substr(at, 26);
+  };
+  const std::string plain_hash = hash(out);
+  // Saying none changes nothing, not even the spec hash (files of older sweeps stay theirs).
+  REQUIRE(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "eval.rope_scaling=[none]"}, &out) == 0);
+  CHECK(hash(out) == plain_hash);
+
+  const std::vector<std::string> variants = {
+      "--set", "grid.position=[{name: alibi}, {name: rotary}]", "--set", "grid.train.seed=[1]",
+      "--set", "eval.rope_scaling=[none, linear, yarn]", "--set", "eval.strides=[]"};
+  std::vector<std::string> list = {"sweep", "tiny.yaml", "--list"};
+  list.insert(list.end(), variants.begin(), variants.end());
+  REQUIRE(run_cli(d, list, &out) == 0);
+  CHECK(hash(out) != plain_hash);
+  CHECK(out.find("00-alibi-seed1  {position: {name: alibi}, train.seed: 1}  evals: "
+                 "16/nonoverlapping 32/nonoverlapping\n") != std::string::npos);
+  CHECK(out.find("evals: 16/nonoverlapping 16/nonoverlapping+linear 16/nonoverlapping+yarn "
+                 "32/nonoverlapping 32/nonoverlapping+linear 32/nonoverlapping+yarn\n") !=
+        std::string::npos);
+  list.push_back("--set");
+  list.push_back("eval.rope_factor=4");
+  REQUIRE(run_cli(d, list, &out) == 0);
+  CHECK(out.find("16/nonoverlapping+yarn_x4 ") != std::string::npos);
+
+  // Variants with no rotary point, a name that is not a variant: refused in one line.
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "eval.rope_scaling=[none, yarn]"},
+                &out) == 2);
+  CHECK(out.find("eval.rope_scaling asks for RoPE variants, but no grid point uses a method with "
+                 "rotary angles") != std::string::npos);
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "eval.rope_scaling=[yarn2]"}, &out) ==
+        2);
+  CHECK(out.find("unknown RoPE scaling 'yarn2'") != std::string::npos);
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "eval.rope_factor=0.5"}, &out) == 2);
+  CHECK(out.find("key 'eval.rope_factor' (set on the command line or by a sweep's grid): must be at least 1, got 0.5") != std::string::npos);
+
+  std::vector<std::string> run = {"sweep", "tiny.yaml"};
+  run.insert(run.end(), variants.begin(), variants.end());
+  REQUIRE(run_cli(d, run, &out) == 0);
+  const ResultsStore store = ResultsStore::open((d.root / "results/tiny.h5").string());
+  CHECK(store.points().size() == 2 + 6);
+  const auto nll = [&](const std::string& mode, int64_t length) {
+    const PointRecord* p = store.point("01-rotary-seed1", mode, length);
+    REQUIRE(p != nullptr);
+    REQUIRE(p->ok());
+    return p->nll_sum;
+  };
+  // At the training length the derived factor is 1: every variant is the trained rotation.
+  CHECK(nll("nonoverlapping+linear", 16) == nll("nonoverlapping", 16));
+  CHECK(nll("nonoverlapping+yarn", 16) == nll("nonoverlapping", 16));
+  CHECK(nll("nonoverlapping+linear", 32) != nll("nonoverlapping", 32));
+  CHECK(nll("nonoverlapping+yarn", 32) != nll("nonoverlapping", 32));
+
+  // The report draws each variant as its own method.
+  REQUIRE(run_cli(d, {"report", "results/tiny.h5", "--out", "report"}, &out) == 0);
+  const std::string md = read_text(d.root / "report/report.md");
+  INFO(md);
+  CHECK(md.find("| eval length | alibi | rotary | rotary + linear | rotary + yarn |") !=
+        std::string::npos);
 }
 
 TEST_CASE("sweep killed with kill -9 at chosen moments continues to the uninterrupted results",
