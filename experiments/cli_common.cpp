@@ -22,13 +22,14 @@ bool parse(const Args& args, const std::string& usage_line, po::options_descript
 
 int bench(const Args& args) {
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
-    std::cout << "usage: extrap bench train|attention [options]   (--help on each)\n";
+    std::cout << "usage: extrap bench train|attention|generate [options]   (--help on each)\n";
     return args.empty() ? 2 : 0;
   }
   const Args rest(args.begin() + 1, args.end());
   if (args[0] == "train") return bench_train(rest);
   if (args[0] == "attention") return bench_attention(rest);
-  std::cerr << "extrap bench: unknown benchmark '" << args[0] << "' (known: train, attention)\n";
+  if (args[0] == "generate") return bench_generate(rest);
+  std::cerr << "extrap bench: unknown benchmark '" << args[0] << "' (known: train, attention, generate)\n";
   return 2;
 }
 

@@ -18,9 +18,11 @@ int export_model(const Args& args);  // experiments/cli_export.cpp
 int positions(const Args& args);
 int inspect(const Args& args);
 int config_keys(const Args& args);
-int bench(const Args& args);            // dispatches to the two below
+int bench(const Args& args);            // dispatches to the three below
 int bench_train(const Args& args);
 int bench_attention(const Args& args);
+int bench_generate(const Args& args);   // experiments/cli_generate.cpp
+int generate(const Args& args);
 int sweep(const Args& args);   // experiments/cli_sweep.cpp
 int merge(const Args& args);
 int report(const Args& args);

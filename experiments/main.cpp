@@ -25,11 +25,12 @@ const std::map<std::string, Command>& commands() {
   static const std::map<std::string, Command> table = {
       {"train", {"train a model from a YAML config", train}},
       {"eval", {"evaluate a trained run at any length (non-overlapping or sliding window)", eval}},
+      {"generate", {"continue a prompt with a trained causal model (KV cache)", generate}},
       {"export", {"write a trained model as safetensors for Python (analysis/extrap_model.py)", export_model}},
       {"positions", {"list the registered position methods, their options and hooks", positions}},
       {"inspect", {"print ALiBi slopes or any method's attention-score bias", inspect}},
       {"keys", {"list every config key with its default and meaning", config_keys}},
-      {"bench", {"benchmarks: `bench train`, `bench attention`", bench}},
+      {"bench", {"benchmarks: `bench train`, `bench attention`, `bench generate`", bench}},
       {"sweep", {"train and evaluate a grid of configs, results to HDF5 (resumable)", sweep}},
       {"merge", {"merge the results files of a sharded sweep", merge}},
       {"report", {"write a Markdown report with plots from a sweep's results", report}},
