@@ -56,6 +56,13 @@ positions/sandwich.cpp | double(d / 2);  | double(d);  | Sandwich subtracts d in
 positions/fire.cpp | torch::log1p(c * torch::maximum(i, threshold)) + eps; | torch::log1p(c * threshold) + eps; | FIRE normalises by psi(L) instead of psi(max(L, i))
 positions/kerple.cpp | r2_.data().clamp_(range2_.min, range2_.max); | ; | KERPLE's r2 no longer kept in range (power exponent above 2)
 positions/alibi.cpp | return AttentionBias::linear_causal(slopes_).at_positions(at.positions.sampled); | return AttentionBias::linear_causal(slopes_); | ALiBi ignores randomized training positions
+core/attention.cpp | .triu(1 + tk - tq); | .triu(1); | a decode step's causal mask not shifted to the end of the keys (queries see no cached key)
+core/attention.cpp | materialize_bias_block(bias, heads, tk - tq, tk, 0, tk, causal, scores.options())); | materialize_bias_block(bias, heads, 0, tq, 0, tk, causal, scores.options())); | a decode step gets the bias rows of the window's first tokens (the cached-ALiBi bug)
+positions/fox.cpp | F = torch::cat({*at.state, F + at.state->narrow(2, -1, 1)}, 2); | F = torch::cat({*at.state, F}, 2); | fox's gate sum restarts at every decode block
+positions/xpos.cpp | const double centre = positions.centre >= 0 | const double centre = positions.centre >= 1000000000 | xpos ignores the sequence's centre under a KV cache
+positions/rotation.cpp | return (1.0 - gamma) * theta / factor + gamma * theta; | return (1.0 - gamma) * theta * factor + gamma * theta; | YaRN stretches instead of interpolating
+positions/rotary.cpp | return std::vector<torch::Tensor>{cos * factor, sin * factor}; | return std::vector<torch::Tensor>{cos * factor, sin}; | YaRN's attention factor on cos only
+core/evaluator.cpp | auto where = scored.narrow(0, c, len).remainder(size).cpu(); | auto where = scored.narrow(0, c, len).remainder(spec.length).cpu(); | loss by position counts a short window's positions with the full length
 EOF
 )
 

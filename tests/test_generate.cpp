@@ -137,7 +137,7 @@ TEST_CASE("sampling: greedy takes the largest logit, top-k never leaves the k la
   REQUIRE(draws(7) != draws(8));
 }
 
-TEST_CASE("extrap generate: greedy text with and without the cache agree; seeds repeat; refusals",
+TEST_CASE("extrap generate: greedy text with and without the cache agree, seeds repeat, refusals",
           "[generate][cli]") {
   testing::SweepDir d;
   testing::write_text(d.root / "train.yaml", R"(data: {path: corpus, tokenizer: byte, cache_dir: cache}
