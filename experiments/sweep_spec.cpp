@@ -264,6 +264,9 @@ SweepSpec load_sweep(const std::string& path, const std::vector<std::string>& ov
     }
     if (e.has("rope_factor") && !(spec.eval.rope_factor >= 1.0))
       e.fail("rope_factor", "must be at least 1, got " + number_text(spec.eval.rope_factor));
+    if (e.has("rope_factor") &&
+        spec.eval.rope_scaling == std::vector<RopeScalingKind>{RopeScalingKind::none})
+      e.fail("rope_factor", "is set but eval.rope_scaling lists no variant to scale");
     if (!e.has("lengths") && !e.has("length_multiples"))
       spec.eval.lengths = spec.base_config.eval.lengths;
     if (!e.has("strides")) spec.eval.strides = spec.base_config.eval.strides;

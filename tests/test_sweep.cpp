@@ -290,7 +290,11 @@ TEST_CASE("RoPE-scaling variants: listed for rotary points only, equal to none u
   CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "eval.rope_scaling=[yarn2]"}, &out) ==
         2);
   CHECK(out.find("unknown RoPE scaling 'yarn2'") != std::string::npos);
-  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "eval.rope_factor=0.5"}, &out) == 2);
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "eval.rope_factor=4"}, &out) == 2);
+  CHECK(out.find("is set but eval.rope_scaling lists no variant to scale") != std::string::npos);
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "eval.rope_factor=0.5", "--set",
+                    "eval.rope_scaling=[none, yarn]", "--set",
+                    "grid.position=[{name: rotary}]"}, &out) == 2);
   CHECK(out.find("key 'eval.rope_factor' (set on the command line or by a sweep's grid): must be at least 1, got 0.5") != std::string::npos);
 
   std::vector<std::string> run = {"sweep", "tiny.yaml"};
