@@ -76,11 +76,7 @@ RopeScaling rope_scaling_for(RopeScalingKind kind, double factor, int64_t train_
 std::string rope_variant_label(RopeScalingKind kind, double factor) {
   if (kind == RopeScalingKind::none) return "";
   std::string label = rope_scaling_name(kind);
-  if (factor > 0) {
-    char text[32];
-    std::snprintf(text, sizeof text, "_x%g", factor);
-    label += text;
-  }
+  if (factor > 0) label += "_x" + number_text(factor);
   return label;
 }
 

@@ -43,26 +43,21 @@ class Rotary : public PositionMethod {
                 "rotary: expected head dimension of at least ", rotated_, ", got q ", q.sizes(),
                 " and k ", k.sizes());
     const auto tables = tables_.get(at.positions, q.device(), q.scalar_type(), [&] {
-      const auto frequencies = scaled_rotary_frequencies(rotated_, options_.base, scaling_,
-                                                         window_end(at.positions));
-      auto [cos, sin] = rotary_angles(at.positions, frequencies);
-      const double factor = rope_attention_factor(scaling_);  // 1 unless yarn
-      return std::vector<torch::Tensor>{cos * factor, sin * factor};  // (T, d_rot/2) each
+      auto [cos, sin] =
+          scaled_rotary_angles(at.positions, rotated_, options_.base, tables_.scaling());
+      return std::vector<torch::Tensor>{cos, sin};  // (T, d_rot/2) each
     });
     q = rotate_pairs(q, tables[0], tables[1], rotated_);
     k = rotate_pairs(k, tables[0], tables[1], rotated_);
   }
 
   bool set_rope_scaling(const RopeScaling& scaling) override {
-    check_rope_scaling(scaling);
-    scaling_ = scaling;
-    tables_.clear();
+    tables_.set_scaling(scaling);
     return true;
   }
 
  private:
   RotaryOptions options_;
-  RopeScaling scaling_;  // none unless an evaluation asks
   int64_t rotated_;  // d_rot: even, in [2, d_head]
   RotationTables tables_;
 };

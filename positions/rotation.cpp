@@ -100,6 +100,16 @@ std::pair<torch::Tensor, torch::Tensor> rotary_angles(const TokenPositions& posi
   return {phase.cos(), phase.sin()};
 }
 
+std::pair<torch::Tensor, torch::Tensor> scaled_rotary_angles(const TokenPositions& positions,
+                                                             int64_t rotated, double base,
+                                                             const RopeScaling& scaling) {
+  const auto frequencies =
+      scaled_rotary_frequencies(rotated, base, scaling, window_end(positions));
+  auto [cos, sin] = rotary_angles(positions, frequencies);
+  const double factor = rope_attention_factor(scaling);  // 1 unless yarn
+  return {cos * factor, sin * factor};
+}
+
 std::vector<torch::Tensor> RotationTables::get(
     const TokenPositions& positions, torch::Device device, torch::ScalarType dtype,
     const std::function<std::vector<torch::Tensor>()>& compute) {
@@ -121,8 +131,10 @@ std::vector<torch::Tensor> RotationTables::get(
   return tables;
 }
 
-void RotationTables::clear() {
+void RotationTables::set_scaling(const RopeScaling& scaling) {
+  check_rope_scaling(scaling);
   std::lock_guard<std::mutex> lock(mutex_);
+  scaling_ = scaling;
   tables_.clear();
   length_ = -1;
 }

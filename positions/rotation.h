@@ -46,9 +46,14 @@ double rope_attention_factor(const RopeScaling& scaling);
 int64_t window_end(const TokenPositions& positions);
 
 // cos and sin of p * theta_i for the window's positions p: (T, rotated/2) each, float64 on
-// the CPU.
+// the CPU. scaled_rotary_angles: the same with the frequencies of `scaling`
+// (scaled_rotary_frequencies, at the window's end) and both tables multiplied by its
+// rope_attention_factor; RopeScaling{} gives rotary_angles with the unscaled frequencies.
 std::pair<torch::Tensor, torch::Tensor> rotary_angles(const TokenPositions& positions,
                                                       const torch::Tensor& frequencies);
+std::pair<torch::Tensor, torch::Tensor> scaled_rotary_angles(const TokenPositions& positions,
+                                                             int64_t rotated, double base,
+                                                             const RopeScaling& scaling);
 
 // The tables a rotation needs for one window (rotary: cos and sin; xpos: the same scaled for
 // the queries and for the keys). Every layer of a forward pass asks for the same ones, so the
@@ -60,8 +65,10 @@ class RotationTables {
   std::vector<torch::Tensor> get(const TokenPositions& positions, torch::Device device,
                                  torch::ScalarType dtype,
                                  const std::function<std::vector<torch::Tensor>()>& compute);
-  // Forgets the kept tables (the frequencies changed: RoPE scaling).
-  void clear();
+  // The evaluation-time scaling the tables are computed under (checked; forgets the kept
+  // tables). A method's set_rope_scaling() hands it here.
+  void set_scaling(const RopeScaling& scaling);
+  const RopeScaling& scaling() const { return scaling_; }
 
  private:
   std::mutex mutex_;
@@ -69,6 +76,7 @@ class RotationTables {
   torch::Device device_ = torch::kCPU;
   torch::ScalarType dtype_ = torch::kFloat32;
   std::vector<torch::Tensor> tables_;
+  RopeScaling scaling_;  // none unless an evaluation asks
 };
 
 // x: (B, H, T, D). Rotates the pairs (2i, 2i+1) of the first `rotated` dimensions by the

@@ -48,13 +48,9 @@ class Xpos : public PositionMethod {
                 d_head_, ", got q ", q.sizes(), " and k ", k.sizes());
     // Rotation then scale, as one scaled rotation: (T, d/2) tables for q and for k.
     const auto tables = tables_.get(at.positions, q.device(), q.scalar_type(), [&] {
-      const auto frequencies = scaled_rotary_frequencies(d_head_, options_.base, scaling_,
-                                                         window_end(at.positions));
-      auto [cos, sin] = rotary_angles(at.positions, frequencies);
+      auto [cos, sin] =
+          scaled_rotary_angles(at.positions, d_head_, options_.base, tables_.scaling());
       auto [up, down] = scales(at.positions);
-      const double factor = rope_attention_factor(scaling_);  // 1 unless yarn
-      up = up * factor;
-      down = down * factor;
       return std::vector<torch::Tensor>{cos * up, sin * up, cos * down, sin * down};
     });
     q = rotate_pairs(q, tables[0], tables[1], d_head_);
@@ -64,9 +60,7 @@ class Xpos : public PositionMethod {
   // The rotation's frequencies scale (and yarn's factor multiplies both tables); the decay
   // zeta^(n / scale_base) does not change.
   bool set_rope_scaling(const RopeScaling& scaling) override {
-    check_rope_scaling(scaling);
-    scaling_ = scaling;
-    tables_.clear();
+    tables_.set_scaling(scaling);
     return true;
   }
 
@@ -85,7 +79,6 @@ class Xpos : public PositionMethod {
   }
 
   XposOptions options_;
-  RopeScaling scaling_;  // none unless an evaluation asks
   int64_t d_head_;
   RotationTables tables_;
 };

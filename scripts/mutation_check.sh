@@ -61,7 +61,7 @@ core/attention.cpp | materialize_bias_block(bias, heads, tk - tq, tk, 0, tk, cau
 positions/fox.cpp | F = torch::cat({*at.state, F + at.state->narrow(2, -1, 1)}, 2); | F = torch::cat({*at.state, F}, 2); | fox's gate sum restarts at every decode block
 positions/xpos.cpp | const double centre = positions.centre >= 0 | const double centre = positions.centre >= 1000000000 | xpos ignores the sequence's centre under a KV cache
 positions/rotation.cpp | return (1.0 - gamma) * theta / factor + gamma * theta; | return (1.0 - gamma) * theta * factor + gamma * theta; | YaRN stretches instead of interpolating
-positions/rotary.cpp | return std::vector<torch::Tensor>{cos * factor, sin * factor}; | return std::vector<torch::Tensor>{cos * factor, sin}; | YaRN's attention factor on cos only
+positions/rotation.cpp | return {cos * factor, sin * factor}; | return {cos * factor, sin}; | YaRN's attention factor on cos only
 core/evaluator.cpp | bin.nll_sum = position_nll.slice(0, bin.begin, bin.end).sum().item<double>(); | bin.nll_sum = position_nll.slice(0, bin.begin, bin.end - 1).sum().item<double>(); | a loss-by-position bin leaves out its last position
 EOF
 )
