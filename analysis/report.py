@@ -9,18 +9,28 @@ Writes DIR/report.md and, next to it:
   position_L<train>.png     loss against position in the window (non-overlapping windows),
                             one panel per evaluation length, one line per method
   curves_L<train>.png       training (solid) and validation (dashed) loss against step
+  retrieval_L<train>_<mode>.png   (files with retrieval points; '+' in the mode written as
+                            '_', e.g. retrieval_L16_retrieval_passkey_yarn.png) exact-match
+                            accuracy as a heat map of instance length (rows, also as a
+                            multiple of L) by depth of the key (columns, percent), one panel
+                            per method, colour scale 0 to 1, the accuracy written in each cell
 and in report.md: one table per (training length, mode) in the shape of the ALiBi paper's
 extrapolation tables (evaluation lengths as rows, methods as columns), the same as ratios to
 the perplexity at the training length, the loss at window positions below and past the
 training length, the early-token-curse table wherever both non-overlapping and sliding
-windows were evaluated, and training speed and peak memory per method.
+windows were evaluated, for each retrieval mode ("retrieval_<task>[+<variant>]") a section
+"Retrieval accuracy, <task>[ + <variant>]" with the heat map and a table of the accuracy over
+all depths per method (rows) and instance length (columns): "85% (17/20)", the percentage
+rounded to a whole number, then correct/trials; and training speed and peak memory per method.
 Runs that differ only in train.seed are aggregated: "mean ± sample standard deviation" (the
-loss by position pools the seeds' tokens). An evaluation with RoPE scaling (mode
-"<window>+<variant>") is drawn and tabled as its own method, "<method> + <variant>".
+loss by position pools the seeds' tokens; retrieval accuracy sums the seeds' correct and
+trials). An evaluation with RoPE scaling (mode "<window>+<variant>") is drawn and tabled as its
+own method, "<method> + <variant>". Retrieval points (their perplexity is the answer tokens',
+not the text's) are only in the retrieval sections; a file without them has none.
 
-Reads only what the file documents (core/results_store.h): the /summary table and the
-/runs/<id> attributes and curves. Needs h5py, numpy and matplotlib: the project's environment
-(.venv, made by scripts/setup.sh) has them.
+Reads only what the file documents (core/results_store.h): the /summary table, the
+/position_bins and /retrieval tables, and the /runs/<id> attributes and curves. Needs h5py,
+numpy and matplotlib: the project's environment (.venv, made by scripts/setup.sh) has them.
 """
 import argparse
 import collections
@@ -77,16 +87,28 @@ def load(path):
         # Each point's loss-by-position bins (begin, end, nll_sum, scored_tokens), by its row of
         # /summary; absent in files written before extrap 0.3.
         if "position_bins" in f:
-            table = f["position_bins"][...]
-            order = np.argsort(table["summary_row"], kind="stable")
-            table = table[order]
-            rows_ = table["summary_row"]
-            starts = np.searchsorted(rows_, np.arange(len(points)), side="left")
-            ends = np.searchsorted(rows_, np.arange(len(points)), side="right")
-            for index, point in enumerate(points):
-                if ends[index] > starts[index]:
-                    point["by_position"] = table[starts[index]:ends[index]]
+            for index, group in rows_by_summary_row(f["position_bins"][...], len(points)):
+                points[index]["by_position"] = group
+        # Each retrieval point's exact-match counts by depth (depth, trials, correct, ...), by
+        # its row of /summary; absent in files without retrieval points (before extrap 0.4).
+        if "retrieval" in f:
+            for index, group in rows_by_summary_row(f["retrieval"][...], len(points)):
+                points[index]["retrieval"] = group
     return header, points, runs
+
+
+def rows_by_summary_row(table, count):
+    """(index, the rows of `table` whose summary_row is index) for each row of /summary that
+    has rows there, the rows in file order."""
+    table = table[np.argsort(table["summary_row"], kind="stable")]
+    starts = np.searchsorted(table["summary_row"], np.arange(count), side="left")
+    ends = np.searchsorted(table["summary_row"], np.arange(count), side="right")
+    return [(index, table[starts[index]:ends[index]]) for index in range(count) if ends[index] > starts[index]]
+
+
+def is_retrieval_mode(mode):
+    """A retrieval point's mode: "retrieval_<task>", then "+<variant>" for RoPE scaling."""
+    return mode.startswith("retrieval_")
 
 
 def split_mode(mode):
@@ -130,6 +152,11 @@ def window_start_bin(begin, end):
     """Where a bin of window positions [begin, end) is drawn: its middle position, counted
     from 1 (so that position 0 sits at 1 on the log axis)."""
     return (begin + end - 1) / 2.0 + 1.0
+
+
+def failure_reason(status):
+    """The reason of a failed point's status, "failed: <reason>"."""
+    return status[len("failed: "):] if status.startswith("failed: ") else status
 
 
 def mode_order(mode):
@@ -394,6 +421,121 @@ def early_token_section(train_length, methods, values, modes):
     return md
 
 
+def retrieval_title(mode):
+    """"passkey" for "retrieval_passkey", "passkey + yarn" for "retrieval_passkey+yarn"."""
+    task, variant = split_mode(mode)
+    return task[len("retrieval_"):] + (" + " + variant if variant else "")
+
+
+def length_text(length, train_length):
+    """An instance length with its multiple of the training length: "256 (2x)"."""
+    return "%d (%gx)" % (length, length / train_length)
+
+
+def pooled_retrieval(cell_arrays):
+    """The seeds' /retrieval rows of one point pooled: depth -> [correct, trials]."""
+    counts = {}
+    for cells in cell_arrays:
+        for c in cells:
+            count = counts.setdefault(float(c["depth"]), [0, 0])
+            count[0] += int(c["correct"])
+            count[1] += int(c["trials"])
+    return counts
+
+
+def plot_retrieval(path, train_length, title, lengths, depths, methods, counts, failed):
+    """Exact-match accuracy by instance length (rows) and depth (columns), one panel per method:
+    counts[(length, method)] = {depth: [correct, trials]}; failed: the (length, method) cells
+    with failures and no finished point, written "failed"."""
+    columns = min(3, len(methods))
+    rows = (len(methods) + columns - 1) // columns
+    fig, axes = plt.subplots(rows, columns, squeeze=False, constrained_layout=True,
+                             figsize=(0.75 * len(depths) * columns + 2.6, (0.45 * len(lengths) + 1.3) * rows))
+    cmap = plt.get_cmap("viridis").copy()
+    cmap.set_bad("#dddddd")  # not evaluated, or failed
+    image = None
+    for panel, method in enumerate(methods):
+        ax = axes[panel // columns][panel % columns]
+        accuracy = np.full((len(lengths), len(depths)), np.nan)
+        for i, length in enumerate(lengths):
+            by_depth = counts.get((length, method), {})
+            for j, depth in enumerate(depths):
+                correct, trials = by_depth.get(depth, (0, 0))
+                if trials:
+                    accuracy[i, j] = correct / trials
+        image = ax.imshow(np.ma.masked_invalid(accuracy), cmap=cmap, vmin=0.0, vmax=1.0,
+                          origin="lower", aspect="auto")
+        for i, length in enumerate(lengths):
+            for j in range(len(depths)):
+                if math.isfinite(accuracy[i, j]):
+                    ax.text(j, i, "%.2f" % accuracy[i, j], ha="center", va="center", fontsize=8,
+                            color="black" if accuracy[i, j] > 0.6 else "white")
+                elif (length, method) in failed:
+                    ax.text(j, i, "failed", ha="center", va="center", fontsize=7, color="black")
+        ax.set_xticks(range(len(depths)))
+        ax.set_xticklabels(["%g" % d for d in depths])
+        ax.set_yticks(range(len(lengths)))
+        ax.set_yticklabels([length_text(l, train_length) for l in lengths])
+        ax.set_xlabel("depth of the key (%)")
+        ax.set_ylabel("instance length (tokens)")
+        ax.set_title(method, fontsize=10)
+    for panel in range(len(methods), rows * columns):
+        axes[panel // columns][panel % columns].axis("off")
+    fig.colorbar(image, ax=[a for row in axes for a in row], label="exact-match accuracy", shrink=0.9)
+    fig.suptitle("retrieval (%s), trained at L = %d" % (title, train_length), fontsize=11)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def retrieval_section(out_dir, train_length, methods, retrieval, failures, notes):
+    """Per retrieval mode at this training length: the heat map of accuracy by length and
+    depth, and the accuracy over all depths per method and length. retrieval[(train_length,
+    mode, length, method)] = each seed's /retrieval rows; failures likewise, their reasons."""
+    keys = [k for k in list(retrieval) + list(failures) if k[0] == train_length]
+    md = []
+    for mode in sorted({k[1] for k in keys}):
+        mode_keys = [k for k in keys if k[1] == mode]
+        lengths = sorted({k[2] for k in mode_keys})
+        present = [m for m in methods if any(k[3] == m for k in mode_keys)]
+        counts = {(k[2], k[3]): pooled_retrieval(retrieval[k]) for k in mode_keys if retrieval.get(k)}
+        failed = {(k[2], k[3]) for k in mode_keys if failures.get(k) and not retrieval.get(k)}
+        depths = sorted({d for by_depth in counts.values() for d in by_depth})
+        title = retrieval_title(mode)
+        image = "retrieval_L%d_%s.png" % (train_length, mode.replace("+", "_"))
+        plot_retrieval(os.path.join(out_dir, image), train_length, title, lengths, depths or [0.0],
+                       present, counts, failed)
+        rows = []
+        for m in present:
+            row = [m]
+            for l in lengths:
+                by_depth = counts.get((l, m))
+                f = failures.get((train_length, mode, l, m))
+                correct = sum(c for c, _ in by_depth.values()) if by_depth else 0
+                trials = sum(t for _, t in by_depth.values()) if by_depth else 0
+                if trials:
+                    row.append("%.0f%% (%d/%d)" % (100.0 * correct / trials, correct, trials)
+                               + (" " + notes.mark(f[0]) if f else ""))
+                elif f:
+                    row.append("failed " + notes.mark(f[0]))
+                else:
+                    row.append("")
+            rows.append(row)
+        per_depth = sorted({int(c["trials"]) for k in mode_keys for cells in retrieval.get(k, [])
+                            for c in cells})
+        instances = ("%d" % per_depth[0] if len(per_depth) == 1 else
+                     "%d to %d" % (per_depth[0], per_depth[-1]) if per_depth else "no")
+        pooled = any(len(retrieval.get(k, [])) > 1 for k in mode_keys)
+        md += ["### Retrieval accuracy, %s" % title, "",
+               "![retrieval, L = %d, %s](%s)" % (train_length, mode, image), "",
+               markdown_table(["method"] + [length_text(l, train_length) for l in lengths], rows), "",
+               "Counted: exact match of greedy decoding (an instance is correct when greedy decoding after "
+               "the question gives exactly the answer's tokens: the number and its full stop), over all depths "
+               "(%s%%); %s instances per length and depth in each run, the same instances for every method%s."
+               % (", ".join("%g" % d for d in depths), instances,
+                  "; the counts are summed over seeds" if pooled else ""), ""]
+    return md
+
+
 def write_report(results_path, out_dir):
     header, points, runs = load(results_path)
     os.makedirs(out_dir, exist_ok=True)
@@ -403,9 +545,14 @@ def write_report(results_path, out_dir):
     for run_id, run in runs.items():
         label = labels[run_id]
         first_index[label] = min(first_index.get(label, 1 << 62), run.get("point_index", 0))
-    # RoPE variants follow their method, in the order the sweep lists them.
+    # Retrieval points (exact-match counts; their perplexity is the answer tokens') are only in
+    # the retrieval sections.
+    retrieval_points = [p for p in points if is_retrieval_mode(p["mode"])]
+    text_points = [p for p in points if not is_retrieval_mode(p["mode"])]
+    # RoPE variants follow their method, in the order the sweep lists them (those of retrieval
+    # points alone after the others).
     variant_index = {}
-    for p in points:
+    for p in text_points + retrieval_points:
         variant = split_mode(p["mode"])[1]
         variant_index.setdefault(variant, len(variant_index) if variant else -1)
 
@@ -428,7 +575,7 @@ def write_report(results_path, out_dir):
     values = collections.defaultdict(list)
     failures = collections.defaultdict(list)
     bins = collections.defaultdict(list)
-    for p in points:
+    for p in text_points:
         method = point_method(p)[0]
         key = (p["train_length"], split_mode(p["mode"])[0], p["eval_length"], method)
         if p["status"] == "ok":
@@ -436,7 +583,18 @@ def write_report(results_path, out_dir):
             if "by_position" in p:
                 bins[key].append(p["by_position"])
         else:
-            failures[key].append(p["status"][len("failed: "):] if p["status"].startswith("failed: ") else p["status"])
+            failures[key].append(failure_reason(p["status"]))
+    # (train_length, retrieval mode with its variant, eval_length, method) -> each seed's
+    # /retrieval rows, and the failures' reasons
+    retrieval = collections.defaultdict(list)
+    retrieval_failures = collections.defaultdict(list)
+    for p in retrieval_points:
+        key = (p["train_length"], p["mode"], p["eval_length"], point_method(p)[0])
+        if p["status"] == "ok":
+            if "retrieval" in p:
+                retrieval[key].append(p["retrieval"])
+        else:
+            retrieval_failures[key].append(failure_reason(p["status"]))
 
     name = header.get("sweep_name", "?")
     complete = sum(1 for r in runs.values() if r.get("status") == "complete")
@@ -452,13 +610,16 @@ def write_report(results_path, out_dir):
         seed_text = "Seeds %s: values are the mean ± sample standard deviation over seeds." % ", ".join(str(s) for s in seeds)
     else:
         seed_text = "One seed (%s)." % ", ".join(str(s) for s in seeds)
-    md.append("%d runs (%d complete, %d failed, %d unfinished); %d evaluation points. %s"
-              % (len(runs), complete, failed, len(runs) - complete - failed, len(points), seed_text))
+    retrieval_text = " (%d of retrieval)" % len(retrieval_points) if retrieval_points else ""
+    md.append("%d runs (%d complete, %d failed, %d unfinished); %d evaluation points%s. %s"
+              % (len(runs), complete, failed, len(runs) - complete - failed, len(points), retrieval_text,
+                 seed_text))
     if machines:
         md.append("Machine: " + "; ".join(machines) + ".")
     md.append("")
 
-    train_lengths = sorted({k[0] for k in list(values) + list(failures)})
+    train_lengths = sorted({k[0] for k in list(values) + list(failures) + list(retrieval)
+                            + list(retrieval_failures)})
     for train_length in train_lengths:
         md += ["## Trained at L = %d" % train_length, ""]
         modes = sorted({k[1] for k in list(values) + list(failures) if k[0] == train_length}, key=mode_order)
@@ -493,6 +654,7 @@ def write_report(results_path, out_dir):
                        markdown_table(["eval length"] + present, ratio_rows), ""]
         md += by_position_section(out_dir, train_length, methods, bins)
         md += early_token_section(train_length, methods, values, modes)
+        md += retrieval_section(out_dir, train_length, methods, retrieval, retrieval_failures, notes)
 
     md += ["## Training", ""]
     for train_length in sorted({r.get("train_length") for r in runs.values()}):

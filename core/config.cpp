@@ -16,7 +16,21 @@ void read_config(const OptionReader& root, Config& c) {
     r.read("cache_dir", c.data.cache_dir, "where tokenised splits are cached", Affects::nothing);
     r.read("split_fractions", c.data.split_fractions,
            "train/valid/test fractions when data.path is a single file");
+    r.read("task", c.task,
+           "synthetic retrieval task mixed into the training data (core/retrieval_task.h)");
+    r.read("task_fraction", c.task_fraction,
+           "share of training sequences that are task instances (1: the task alone)");
     r.finish();
+    if (root.decoding()) {
+      if (!(c.task_fraction >= 0 && c.task_fraction <= 1))
+        r.fail("task_fraction", "must be in [0, 1], got " + number_text(c.task_fraction));
+      if (c.task != RetrievalTask::none && c.task_fraction == 0)
+        r.fail("task_fraction", "is 0 while data.task is " + enum_name(c.task) +
+                                    ": give the share of task sequences (1: the task alone)");
+      if (c.task == RetrievalTask::none && c.task_fraction > 0)
+        r.fail("task_fraction", "is " + number_text(c.task_fraction) +
+                                    " but data.task is none: name the task");
+    }
   }
   {
     auto r = root.section("model", "the transformer");
@@ -173,6 +187,10 @@ Config config_from_yaml(const YAML::Node& root, const std::string& source) {
         .fail("randomize_max", "is " + std::to_string(randomize_max) + ", below train.seq_len " +
                                    std::to_string(c.train.seq_len) +
                                    ": a training window needs that many distinct positions");
+  if (c.task != RetrievalTask::none && !c.model.causal())
+    OptionReader(root, source).fail("data", "data.task " + enum_name(c.task) +
+                                                " needs model.objective causal_lm: retrieval is "
+                                                "scored by generating the answer");
   return c;
 }
 
@@ -199,7 +217,9 @@ std::vector<OptionDoc> config_documentation() {
 }
 
 namespace {
-// to_yaml() without the keys whose mark is not in `kept`.
+// to_yaml() without the keys whose mark is not in `kept`. Keys added after extrap 0.3 are left
+// out while they hold their default, so that the runs and results files of earlier versions
+// keep their identity.
 YAML::Node keys_affecting(const Config& config, std::initializer_list<Affects> kept) {
   YAML::Node out = config.to_yaml();
   for (const auto& doc : config_documentation()) {
@@ -207,6 +227,10 @@ YAML::Node keys_affecting(const Config& config, std::initializer_list<Affects> k
     bool keep = false;
     for (Affects a : kept) keep = keep || doc.affects == a;
     if (!keep) remove_key(out, doc.key);
+  }
+  if (config.task == RetrievalTask::none) {
+    remove_key(out, "data.task");
+    remove_key(out, "data.task_fraction");
   }
   return out;
 }

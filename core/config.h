@@ -6,6 +6,7 @@
 
 #include "core/attention.h"
 #include "core/corpus.h"
+#include "core/retrieval_task.h"
 #include "core/yaml_options.h"
 
 #include <yaml-cpp/yaml.h>
@@ -96,6 +97,8 @@ struct EvalConfig {
 
 struct Config {
   CorpusOptions data;
+  RetrievalTask task = RetrievalTask::none;  // data.task: retrieval instances mixed into training
+  double task_fraction = 0;                  // data.task_fraction: the share of sequences
   ModelConfig model;
   YAML::Node position = YAML::Node(YAML::NodeType::Map);  // {name: ..., method options}
   std::string position_name = "alibi";

@@ -115,6 +115,35 @@ void check_eval_length(const EvalSpec& spec, int64_t available, int64_t split_to
   }
 }
 
+void check_window_memory(const ModelConfig& m, int64_t windows_per_batch, int64_t length) {
+  // The reference attention path materialises (windows, heads, T, T) scores, probabilities and
+  // bias per layer; refuse a batch that cannot fit rather than attempt the allocation.
+  const bool reference =
+      m.attention == AttentionBackend::Reference ||
+      (m.attention == AttentionBackend::Auto && length * length <= m.efficient_threshold);
+  const double values =
+      double(windows_per_batch) * double(length) * 8.0 * double(m.d_model) +
+      (reference ? 3.0 * double(windows_per_batch) * double(m.heads) * double(length) * double(length)
+                 : 0.0);
+  const double bytes = std::min(values * 4.0, 9.0e18);
+  check_memory(int64_t(bytes), "evaluating at length " + std::to_string(length),
+               "lower eval.batch_tokens (--batch-tokens) or use the efficient attention path");
+}
+
+EvaluationScope::EvaluationScope(TransformerLM& model, const RopeScaling& scaling)
+    : model_(model), scaling_(model->rope_scaling()), training_(model->is_training()) {
+  model->eval();
+  model->set_rope_scaling(scaling);
+}
+
+EvaluationScope::~EvaluationScope() {
+  try {
+    model_->set_rope_scaling(scaling_);
+  } catch (...) {
+  }
+  if (training_) model_->train();
+}
+
 EvalResult evaluate(TransformerLM& model, const Corpus& corpus, const TokenStream& stream,
                     const EvalSpec& spec, torch::Device device) {
   torch::NoGradGuard no_grad;
@@ -123,21 +152,7 @@ EvalResult evaluate(TransformerLM& model, const Corpus& corpus, const TokenStrea
   const int64_t n = spec.max_tokens > 0 ? std::min(spec.max_tokens, stream.size()) : stream.size();
   check_eval_length(spec, n, stream.size(), causal);
 
-  // The scaling and eval mode hold for this evaluation only, whatever happens.
-  struct Restore {
-    TransformerLM& model;
-    RopeScaling scaling;
-    bool training;
-    ~Restore() {
-      try {
-        model->set_rope_scaling(scaling);
-      } catch (...) {
-      }
-      if (training) model->train();
-    }
-  } restore{model, model->rope_scaling(), model->is_training()};
-  model->eval();
-  model->set_rope_scaling(spec.rope_scaling);
+  EvaluationScope scope(model, spec.rope_scaling);
 
   EvalResult result;
   result.length = spec.length;
@@ -145,23 +160,10 @@ EvalResult evaluate(TransformerLM& model, const Corpus& corpus, const TokenStrea
   auto windows = plan_windows(n, spec.length, spec.stride, causal);
   result.windows = int64_t(windows.size());
 
-  // The reference attention path materialises (windows, heads, T, T) scores, probabilities and
-  // bias per layer; refuse a batch that cannot fit rather than attempt the allocation.
-  {
-    const ModelConfig& m = model->config();
-    const int64_t per_batch = std::max<int64_t>(1, spec.batch_tokens / spec.length);
-    const int64_t windows_per_batch = std::min<int64_t>(per_batch, int64_t(windows.size()));
-    const bool reference = m.attention == AttentionBackend::Reference ||
-                           (m.attention == AttentionBackend::Auto &&
-                            spec.length * spec.length <= m.efficient_threshold);
-    const double values = double(windows_per_batch) * double(spec.length) * 8.0 * double(m.d_model) +
-                          (reference ? 3.0 * double(windows_per_batch) * double(m.heads) *
-                                           double(spec.length) * double(spec.length)
-                                     : 0.0);
-    const double bytes = std::min(values * 4.0, 9.0e18);
-    check_memory(int64_t(bytes), "evaluating at length " + std::to_string(spec.length),
-                 "lower eval.batch_tokens (--batch-tokens) or use the efficient attention path");
-  }
+  check_window_memory(model->config(),
+                      std::min<int64_t>(std::max<int64_t>(1, spec.batch_tokens / spec.length),
+                                        int64_t(windows.size())),
+                      spec.length);
   // Batch windows of equal size together.
   std::map<int64_t, std::vector<EvalWindow>> by_size;
   for (const auto& w : windows) by_size[w.size].push_back(w);

@@ -104,6 +104,25 @@ void check_eval_length(const EvalSpec& spec, int64_t available, int64_t split_to
 // size, and its masked-LM selection.
 EvalSpec eval_spec_for(const Config& config, int64_t length, int64_t stride = 0);
 
+// Refuses (ConfigError, core/memory_estimate.h) a batch of `windows` windows of `length` tokens
+// whose activations cannot fit in memory, rather than attempt the allocation.
+void check_window_memory(const ModelConfig& model, int64_t windows, int64_t length);
+
+// Eval mode and a RoPE scaling for one evaluation: the model's training flag and scaling are
+// restored when the scope ends, whatever happens.
+class EvaluationScope {
+ public:
+  EvaluationScope(TransformerLM& model, const RopeScaling& scaling);
+  ~EvaluationScope();
+  EvaluationScope(const EvaluationScope&) = delete;
+  EvaluationScope& operator=(const EvaluationScope&) = delete;
+
+ private:
+  TransformerLM& model_;
+  RopeScaling scaling_;
+  bool training_;
+};
+
 // Evaluates under NoGradGuard and eval mode (restores the training flag and the model's RoPE
 // scaling afterwards). Throws
 // EvalFailure rather than return a number that is not right (see above).

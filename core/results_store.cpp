@@ -210,8 +210,32 @@ H5::CompType bin_type() {
   return type;
 }
 
+// A row of /retrieval: one depth of the retrieval point in row `summary_row` of /summary.
+struct RetrievalRow {
+  int64_t summary_row;
+  double depth;
+  int64_t trials;
+  int64_t correct;
+  double answer_nll;
+  int64_t answer_tokens;
+};
+
+H5::CompType retrieval_type() {
+  const auto& i64 = H5::PredType::NATIVE_INT64;
+  const auto& f64 = H5::PredType::NATIVE_DOUBLE;
+  H5::CompType type(sizeof(RetrievalRow));
+  type.insertMember("summary_row", HOFFSET(RetrievalRow, summary_row), i64);
+  type.insertMember("depth", HOFFSET(RetrievalRow, depth), f64);
+  type.insertMember("trials", HOFFSET(RetrievalRow, trials), i64);
+  type.insertMember("correct", HOFFSET(RetrievalRow, correct), i64);
+  type.insertMember("answer_nll", HOFFSET(RetrievalRow, answer_nll), f64);
+  type.insertMember("answer_tokens", HOFFSET(RetrievalRow, answer_tokens), i64);
+  return type;
+}
+
 const char* const kEvalColumns[] = {"length",        "perplexity",    "nll_sum",
                                     "scored_tokens", "bits_per_byte", "seconds"};
+const char* const kRetrievalColumns[] = {"length", "accuracy", "correct", "trials", "seconds"};
 
 // /runs/<id>/eval/<mode>, created with its empty columns on first use.
 H5::Group eval_group(const H5::Group& run, const std::string& mode) {
@@ -219,9 +243,12 @@ H5::Group eval_group(const H5::Group& run, const std::string& mode) {
   H5::Group eval = run.openGroup("eval");
   if (eval.nameExists(mode)) return eval.openGroup(mode);
   H5::Group group = eval.createGroup(mode);
-  for (const char* column : kEvalColumns) {
-    const bool integer =
-        std::strcmp(column, "length") == 0 || std::strcmp(column, "scored_tokens") == 0;
+  const std::vector<std::string> columns =
+      is_retrieval_mode(mode) ? std::vector<std::string>(std::begin(kRetrievalColumns), std::end(kRetrievalColumns))
+                              : std::vector<std::string>(std::begin(kEvalColumns), std::end(kEvalColumns));
+  for (const auto& column : columns) {
+    const bool integer = column == "length" || column == "scored_tokens" || column == "correct" ||
+                         column == "trials";
     create_rows(group, column, integer ? H5::PredType::NATIVE_INT64 : H5::PredType::NATIVE_DOUBLE);
   }
   create_rows(group, "failures", failure_type());
@@ -242,6 +269,15 @@ void write_point(H5::H5File& file, const PointRecord& p) {
     H5::DataSet dataset = file.openDataSet("position_bins");
     append_rows(dataset, bin_type(), rows.data(), rows.size());
   }
+  if (!p.retrieval.empty()) {
+    if (!file.nameExists("retrieval")) create_rows(file, "retrieval", retrieval_type());
+    std::vector<RetrievalRow> rows;
+    for (const auto& c : p.retrieval)
+      rows.push_back({int64_t(summary_rows), c.depth, c.trials, c.correct, c.answer_nll,
+                      c.answer_tokens});
+    H5::DataSet dataset = file.openDataSet("retrieval");
+    append_rows(dataset, retrieval_type(), rows.data(), rows.size());
+  }
 
   H5::Group group = eval_group(file.openGroup("runs").openGroup(p.run_id), p.mode);
   if (!p.ok()) {
@@ -259,6 +295,18 @@ void write_point(H5::H5File& file, const PointRecord& p) {
     append_rows(dataset, H5::PredType::NATIVE_DOUBLE, &value, 1);
   };
   append_int("length", p.eval_length);
+  if (is_retrieval_mode(p.mode)) {
+    int64_t trials = 0, correct = 0;
+    for (const auto& c : p.retrieval) {
+      trials += c.trials;
+      correct += c.correct;
+    }
+    append_double("accuracy", trials > 0 ? double(correct) / double(trials) : NAN);
+    append_int("correct", correct);
+    append_int("trials", trials);
+    append_double("seconds", p.seconds);
+    return;
+  }
   append_double("perplexity", p.perplexity);
   append_double("nll_sum", p.nll_sum);
   append_int("scored_tokens", p.scored_tokens);
@@ -266,18 +314,27 @@ void write_point(H5::H5File& file, const PointRecord& p) {
   append_double("seconds", p.seconds);
 }
 
-// /position_bins by /summary row (empty when the file has none: written before extrap 0.3).
-std::map<int64_t, std::vector<PositionBin>> read_bins(H5::H5File& file) {
-  std::map<int64_t, std::vector<PositionBin>> bins;
-  if (!file.nameExists("position_bins")) return bins;
-  H5::DataSet dataset = file.openDataSet("position_bins");
+// The rows of a per-point table (/position_bins, /retrieval) by their /summary row, each made
+// into a record by `record`; empty when the file has no such table (written before it existed).
+template <typename Row, typename Record>
+std::map<int64_t, std::vector<Record>> read_by_summary_row(H5::H5File& file, const char* name,
+                                                           const H5::CompType& type,
+                                                           Record (*record)(const Row&)) {
+  std::map<int64_t, std::vector<Record>> out;
+  if (!file.nameExists(name)) return out;
+  H5::DataSet dataset = file.openDataSet(name);
   hsize_t count = 0;
   dataset.getSpace().getSimpleExtentDims(&count);
-  std::vector<BinRow> rows(count);
-  if (count > 0) dataset.read(rows.data(), bin_type());
-  for (const auto& r : rows)
-    bins[r.summary_row].push_back({r.begin, r.end, r.nll_sum, r.scored_tokens});
-  return bins;
+  std::vector<Row> rows(count);
+  if (count > 0) dataset.read(rows.data(), type);
+  for (const auto& r : rows) out[r.summary_row].push_back(record(r));
+  return out;
+}
+
+PositionBin bin_record(const BinRow& r) { return {r.begin, r.end, r.nll_sum, r.scored_tokens}; }
+
+RetrievalCell retrieval_record(const RetrievalRow& r) {
+  return {r.depth, r.trials, r.correct, r.answer_nll, r.answer_tokens};
 }
 
 void write_run(H5::H5File& file, const RunRecord& r) {
@@ -347,6 +404,13 @@ std::string eval_mode_name(int64_t length, int64_t stride, const std::string& va
       stride <= 0 || stride >= length ? "nonoverlapping" : "sliding_" + std::to_string(stride);
   return variant.empty() ? window : window + "+" + variant;
 }
+
+std::string retrieval_mode_name(RetrievalTask task, const std::string& variant) {
+  const std::string mode = "retrieval_" + enum_name(task);
+  return variant.empty() ? mode : mode + "+" + variant;
+}
+
+bool is_retrieval_mode(const std::string& mode) { return mode.rfind("retrieval_", 0) == 0; }
 
 // --- the lock ------------------------------------------------------------------------------
 
@@ -419,7 +483,9 @@ void ResultsStore::load() {
     const H5::CompType type = summary_type();
     if (count > 0) {
       summary.read(rows.data(), type);
-      const auto bins = read_bins(file);
+      const auto bins = read_by_summary_row(file, "position_bins", bin_type(), bin_record);
+      const auto retrieval =
+          read_by_summary_row(file, "retrieval", retrieval_type(), retrieval_record);
       for (const auto& r : rows) {
         PointRecord p;
         p.run_id = r.run_id;
@@ -437,6 +503,8 @@ void ResultsStore::load() {
         p.status = r.status;
         const auto found = bins.find(int64_t(points_.size()));
         if (found != bins.end()) p.by_position = found->second;
+        const auto cells = retrieval.find(int64_t(points_.size()));
+        if (cells != retrieval.end()) p.retrieval = cells->second;
         point_keys_[{p.run_id, p.mode, p.eval_length}] = points_.size();
         points_.push_back(std::move(p));
       }

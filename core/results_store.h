@@ -25,6 +25,16 @@
 //                          of /summary (0-based) binned by position in the window [begin, end)
 //                          (core/evaluator.h, PositionBin); a point's rows together. Absent
 //                          in files written before extrap 0.3.
+//   /retrieval             compound, extendable: (summary_row, depth, trials, correct,
+//                          answer_nll, answer_tokens): a retrieval point's exact-match counts at
+//                          one key depth (percent; core/retrieval_eval.h); a point's rows
+//                          together. A retrieval point's /summary row (mode
+//                          "retrieval_<task>[+<variant>]", eval_length the instance length,
+//                          stride = eval_length) holds the answers' NLL: nll_sum and
+//                          scored_tokens over the answer tokens, perplexity their exp(mean);
+//                          bits_per_byte is NaN. Its eval group has the columns length,
+//                          accuracy, correct, trials, seconds (and failures). Absent in files
+//                          written before extrap 0.4.
 // /summary is the source of truth (every point, failed or not, in the order it finished);
 // the per-run eval groups are the same numbers arranged for plotting.
 //
@@ -46,6 +56,7 @@
 #include <vector>
 
 #include "core/evaluator.h"
+#include "core/retrieval_eval.h"
 #include "core/files.h"
 #include "core/trainer.h"
 #include "core/version.h"
@@ -105,6 +116,7 @@ struct PointRecord {
   double seconds = 0;
   std::string status = "ok";  // ok | failed: <reason>
   std::vector<PositionBin> by_position;  // ok points (empty in files before extrap 0.3)
+  std::vector<RetrievalCell> retrieval;  // ok retrieval points: accuracy by depth
 
   bool ok() const { return status == "ok"; }
 };
@@ -112,6 +124,9 @@ struct PointRecord {
 // The mode name of a (length, stride) evaluation: stride 0 or >= length is non-overlapping;
 // a RoPE-scaling variant (rope_variant_label) is appended as "+<variant>".
 std::string eval_mode_name(int64_t length, int64_t stride, const std::string& variant = "");
+// The mode of a retrieval evaluation: "retrieval_passkey", "retrieval_multikey+yarn".
+std::string retrieval_mode_name(RetrievalTask task, const std::string& variant = "");
+bool is_retrieval_mode(const std::string& mode);
 
 // An exclusive, non-blocking flock on PATH.lock, held for the object's lifetime (released by
 // the kernel when the process dies, kill -9 included). The holder's pid is written into the

@@ -58,15 +58,32 @@ Trainer::Trainer(Config config, const Corpus& corpus)
   check_training_memory(config_, corpus.vocab_size);
   torch::manual_seed(uint64_t(config_.train.seed));
   model_ = build_model(config_, corpus.vocab_size);
+  if (config_.task != RetrievalTask::none) {
+    tasks_ = std::make_unique<TaskGenerator>(config_.task, corpus);
+    if (config_.train.seq_len + 1 < tasks_->min_length())
+      throw ConfigError(config_.source + ": data.task " + enum_name(config_.task) + " needs " +
+                        std::to_string(tasks_->min_length()) + "-token instances; train.seq_len " +
+                        std::to_string(config_.train.seq_len) + " gives " +
+                        std::to_string(config_.train.seq_len + 1) + " (inputs and the last target)");
+  }
   model_->to(device_);
   optimizer_ = std::make_unique<torch::optim::AdamW>(parameter_groups(model_, config_.train));
 }
 
-torch::Tensor Trainer::next_batch(Cursor& cursor, int64_t sequences, torch::Tensor& targets) {
+bool Trainer::task_slot(int64_t slot) const {
+  if (!tasks_) return false;
+  const double fraction = config_.task_fraction;
+  if (fraction >= 1) return true;
+  const uint64_t draw = task_seed({uint64_t(config_.train.seed), uint64_t(slot), 0x7461736bu});
+  return double(draw >> 11) * 0x1.0p-53 < fraction;
+}
+
+torch::Tensor Trainer::next_batch(Cursor& cursor, int64_t sequences, int64_t first_slot,
+                                  torch::Tensor& targets) {
   const TrainConfig& c = config_.train;
   const TokenStream& train = corpus_.train;
   const int64_t blocks = (train.size() - 1) / c.seq_len;
-  if (blocks < 1)
+  if (blocks < 1 && !(tasks_ && config_.task_fraction >= 1))
     throw ConfigError("the training split has " + std::to_string(train.size()) +
                       " tokens: too few for train.seq_len " + std::to_string(c.seq_len));
   auto inputs = torch::empty({sequences, c.seq_len}, torch::kLong);
@@ -75,6 +92,18 @@ torch::Tensor Trainer::next_batch(Cursor& cursor, int64_t sequences, torch::Tens
   auto tg = targets.accessor<int64_t, 2>();
   const bool causal = config_.model.causal();
   for (int64_t s = 0; s < sequences; ++s) {
+    if (task_slot(first_slot + s)) {
+      // A whole task instance of seq_len + 1 tokens, its key at a uniform depth; the corpus
+      // cursor stays where it is.
+      const uint64_t seed = task_seed({uint64_t(c.seed), uint64_t(first_slot + s), 0x696e7374u});
+      const double depth = double(seed >> 11) * 0x1.0p-53;
+      const TaskInstance task = tasks_->make(c.seq_len + 1, depth, task_seed({seed}));
+      for (int64_t p = 0; p < c.seq_len; ++p) {
+        in[s][p] = task.tokens[size_t(p)];
+        tg[s][p] = task.tokens[size_t(p + 1)];
+      }
+      continue;
+    }
     if (cursor.index >= blocks) {
       ++cursor.epoch;
       cursor.index = 0;
@@ -181,7 +210,7 @@ TrainSummary Trainer::run(RunStart start) {
     double step_loss = 0;
     for (int64_t a = 0; a < c.accumulation; ++a) {
       torch::Tensor targets;
-      auto inputs = next_batch(cursor, micro, targets).to(device_);
+      auto inputs = next_batch(cursor, micro, (step * c.accumulation + a) * micro, targets).to(device_);
       targets = targets.to(device_);
       auto logits = model_->forward(inputs);  // (B, T, V)
       auto loss = torch::nn::functional::cross_entropy(

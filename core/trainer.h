@@ -6,12 +6,16 @@
 // seeded permutation per epoch. A checkpoint holds the model, the optimiser, the step, the
 // data cursor (epoch, index) and LibTorch's CPU RNG state, so `--resume` continues
 // bit-for-bit on the CPU for the same thread count.
+// Retrieval tasks (data.task): each training sequence is, with probability data.task_fraction
+// (decided by train.seed and the sequence's number in the run, so resumption is exact), a
+// whole task instance of seq_len + 1 tokens (core/retrieval_task.h) instead of a corpus block.
 #pragma once
 
 #include "core/checkpoint.h"
 #include "core/config.h"
 #include "core/corpus.h"
 #include "core/model.h"
+#include "core/retrieval_task.h"
 #include "core/run_dir.h"
 
 #include <functional>
@@ -68,7 +72,11 @@ class Trainer {
     int64_t epoch = 0;
     int64_t index = 0;
   };
-  torch::Tensor next_batch(Cursor& cursor, int64_t sequences, torch::Tensor& targets);
+  // `sequences` training sequences; `first_slot` numbers the first of them among all the
+  // sequences of the run (what decides, with train.seed, which are retrieval-task instances).
+  torch::Tensor next_batch(Cursor& cursor, int64_t sequences, int64_t first_slot,
+                           torch::Tensor& targets);
+  bool task_slot(int64_t slot) const;  // whether sequence `slot` is a task instance
   double validate();
 
   Config config_;
@@ -76,6 +84,7 @@ class Trainer {
   torch::Device device_;
   TransformerLM model_ = nullptr;
   std::unique_ptr<torch::optim::AdamW> optimizer_;
+  std::unique_ptr<TaskGenerator> tasks_;  // data.task, when set
   std::vector<int64_t> order_;  // block permutation of the current epoch
   int64_t order_epoch_ = -1;
 };

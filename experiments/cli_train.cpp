@@ -163,6 +163,8 @@ int eval(const Args& args) {
   std::vector<std::string> rope_names;
   double rope_factor = 0;
   int64_t max_tokens = 0, batch_tokens = 0, threads = 0;
+  std::string retrieval;
+  RetrievalSpec retrieval_spec;
   options.add_options()
       ("checkpoint", po::value(&run_dir)->required(), "run directory written by extrap train")
       ("length,L", po::value(&lengths)->multitoken()->required(), "evaluation length(s)")
@@ -179,6 +181,13 @@ int eval(const Args& args) {
        "(each evaluated in turn)")
       ("rope-factor", po::value(&rope_factor),
        "RoPE scaling factor s >= 1 (default: each length / the training length; dynamic: 1)")
+      ("retrieval", po::value(&retrieval),
+       "score a retrieval task instead of perplexity: passkey | multikey (exact match by "
+       "length and depth; core/retrieval_eval.h)")
+      ("depths", po::value(&retrieval_spec.depths)->multitoken(),
+       "retrieval: key depths in percent (default 0 25 50 75 100)")
+      ("samples", po::value(&retrieval_spec.samples), "retrieval: instances per depth (default 20)")
+      ("seed", po::value(&retrieval_spec.seed), "retrieval: instance seed (default 1)")
       ("json", po::value(&json_path),
        "also write the results to this JSON file (full precision; failures with their reason)");
   po::variables_map vm;
@@ -186,6 +195,22 @@ int eval(const Args& args) {
              "[--rope-scaling yarn --rope-factor 4]", options, vm))
     return 0;
   const Split which = parse_enum<Split>(split, "--split");
+  if (retrieval.empty()) {
+    for (const char* name : {"depths", "samples", "seed"})
+      if (vm.count(name))
+        throw ConfigError(std::string("--") + name + " is a retrieval option: add --retrieval TASK");
+  } else {
+    retrieval_spec.task = parse_enum<RetrievalTask>(retrieval, "--retrieval");
+    if (retrieval_spec.task == RetrievalTask::none)
+      throw ConfigError("--retrieval none: name a task (passkey, multikey)");
+    for (const char* name : {"stride", "split", "max-tokens"})
+      if (vm.count(name))
+        throw ConfigError(std::string("--") + name +
+                          " has no meaning with --retrieval (instances are generated, whole)");
+    if (rope_names.size() > 1)
+      throw ConfigError("--retrieval takes one --rope-scaling variant at a time");
+    check_retrieval_spec(retrieval_spec);
+  }
   for (int64_t length : lengths)
     if (length < 1) throw ConfigError("--length " + std::to_string(length) + ": must be at least 1");
   for (int64_t stride : strides)
@@ -229,6 +254,32 @@ int eval(const Args& args) {
   std::cout << "run " << run_dir << " (" << config.position_name << ", trained " << run.step
             << " steps at L = " << config.train.seq_len << "):\n";
   nlohmann::json rows = nlohmann::json::array();
+  if (!retrieval.empty()) {
+    retrieval_spec.batch_tokens = config.eval.batch_tokens;
+    std::cout << "retrieval task " << retrieval << ": " << retrieval_spec.samples
+              << " instances per depth, seed " << retrieval_spec.seed << "\n";
+    const int failures = evaluate_retrieval_all(run.model, corpus, retrieval_spec, lengths,
+                                                config.train.seq_len, variants.front(),
+                                                vm.count("rope-factor") ? rope_factor : 0.0, &rows);
+    if (!json_path.empty()) {
+      const nlohmann::json document = {{"checkpoint", run_dir},
+                                       {"position", config.position_name},
+                                       {"step", run.step},
+                                       {"retrieval", retrieval},
+                                       {"samples", retrieval_spec.samples},
+                                       {"seed", retrieval_spec.seed},
+                                       {"rope_scaling", variants.front() == RopeScalingKind::none
+                                                            ? std::string("none")
+                                                            : rope_variant_label(variants.front(), vm.count("rope-factor") ? rope_factor : 0.0)},
+                                       {"results", rows}};
+      write_file_atomic(json_path, document.dump(1) + "\n");
+    }
+    if (failures > 0) {
+      std::cerr << "extrap eval: " << failures << " retrieval evaluation(s) failed (reasons above)\n";
+      return 1;
+    }
+    return 0;
+  }
   const int failures = evaluate_all(run.model, corpus, config, torch::kCPU, strides.empty(), &rows,
                                     variants, vm.count("rope-factor") ? rope_factor : 0.0);
   if (!json_path.empty()) {

@@ -3,7 +3,10 @@
 // thrown (ConfigError: exit 2 with the message; anything else: exit 1).
 #pragma once
 
+#include "core/retrieval_eval.h"
+
 #include <boost/program_options.hpp>
+#include <nlohmann/json.hpp>
 
 #include <string>
 #include <vector>
@@ -23,9 +26,17 @@ int bench_train(const Args& args);
 int bench_attention(const Args& args);
 int bench_generate(const Args& args);   // experiments/cli_generate.cpp
 int generate(const Args& args);
+int task(const Args& args);    // experiments/cli_retrieval.cpp
 int sweep(const Args& args);   // experiments/cli_sweep.cpp
 int merge(const Args& args);
 int report(const Args& args);
+
+// `extrap eval --retrieval`: one row of accuracy by depth per length (each with the RoPE
+// scaling `rope` at `rope_factor`, or the length's own factor); a failure prints its reason in
+// place of the row. Returns the number of failures; rows go to `rows` when given.
+int evaluate_retrieval_all(TransformerLM& model, const Corpus& corpus, RetrievalSpec spec,
+                           const std::vector<int64_t>& lengths, int64_t train_length,
+                           RopeScalingKind rope, double rope_factor, nlohmann::json* rows);
 
 // Parses `args` against `options` (+ positional names). Returns false after printing help
 // when --help was given. Unknown options and missing values throw with a clear message.

@@ -1,9 +1,11 @@
 #include "experiments/point_runner.h"
 
 #include "core/evaluator.h"
+#include "core/retrieval_eval.h"
 #include "core/sysinfo.h"
 
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 
@@ -114,6 +116,23 @@ PointRecord evaluate_point(Trainer& trainer, const Corpus& corpus, const SweepPo
   const Config& config = point.config;
   PointRecord p = new_point_record(record, e);
   try {
+    if (e.retrieval) {
+      RetrievalSpec spec = e.retrieval_spec;
+      spec.rope_scaling =
+          rope_scaling_for(e.rope_scaling, e.rope_factor, config.train.seq_len, e.length);
+      const RetrievalResult r =
+          evaluate_retrieval(trainer.model(), corpus, spec, torch_device(config.train.device));
+      p.retrieval = r.cells;
+      p.nll_sum = 0;
+      p.scored_tokens = 0;
+      for (const auto& c : r.cells) {
+        p.nll_sum += c.answer_nll;
+        p.scored_tokens += c.answer_tokens;
+      }
+      p.perplexity = std::exp(p.nll_sum / double(p.scored_tokens));
+      p.seconds = r.seconds;
+      return p;
+    }
     EvalSpec spec = eval_spec_for(config, e.length, e.stride);
     spec.rope_scaling =
         rope_scaling_for(e.rope_scaling, e.rope_factor, config.train.seq_len, e.length);

@@ -117,7 +117,16 @@ void run_points(const SweepSpec& spec, const std::vector<const SweepPoint*>& poi
       fault_point("point", p.run_id + " " + p.mode + " " + std::to_string(p.eval_length));
       ++outcome.evaluated;
       char text[160];
-      if (p.ok()) {
+      if (p.ok() && e.retrieval) {
+        int64_t correct = 0, trials = 0;
+        for (const auto& c : p.retrieval) {
+          correct += c.correct;
+          trials += c.trials;
+        }
+        std::snprintf(text, sizeof text, "L=%" PRId64 " %s: %" PRId64 "/%" PRId64 " correct (%.1f s)",
+                      e.length, e.mode.c_str(), correct, trials, p.seconds);
+        display.line(text);
+      } else if (p.ok()) {
         std::snprintf(text, sizeof text, "L=%" PRId64 " %s: perplexity %.4f (%.1f s)", e.length,
                       e.mode.c_str(), p.perplexity, p.seconds);
         display.line(text);
@@ -137,6 +146,12 @@ void run_points(const SweepSpec& spec, const std::vector<const SweepPoint*>& poi
 bool same_numbers(const PointRecord& a, const PointRecord& b) {
   if (a.status != b.status || a.scored_tokens != b.scored_tokens) return false;
   if (!a.ok()) return true;
+  if (a.retrieval.size() != b.retrieval.size()) return false;
+  for (size_t i = 0; i < a.retrieval.size(); ++i)
+    if (a.retrieval[i].depth != b.retrieval[i].depth ||
+        a.retrieval[i].correct != b.retrieval[i].correct ||
+        a.retrieval[i].trials != b.retrieval[i].trials)
+      return false;
   return std::abs(a.nll_sum - b.nll_sum) <= 1e-9 * std::max(1.0, std::abs(a.nll_sum));
 }
 

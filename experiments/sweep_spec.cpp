@@ -106,6 +106,16 @@ YAML::Node SweepSpec::canonical() const {
     e["rope_scaling"] = variants;
   }
   if (eval.rope_factor > 0) e["rope_factor"] = eval.rope_factor;
+  if (eval.retrieval.task != RetrievalTask::none) {  // likewise
+    YAML::Node r(YAML::NodeType::Map);
+    r["task"] = enum_name(eval.retrieval.task);
+    r["lengths"] = eval.retrieval.lengths;
+    r["length_multiples"] = eval.retrieval.length_multiples;
+    r["depths"] = eval.retrieval.depths;
+    r["samples"] = eval.retrieval.samples;
+    r["seed"] = eval.retrieval.seed;
+    e["retrieval"] = r;
+  }
   out["eval"] = e;
   return plain_yaml(out);
 }
@@ -248,6 +258,39 @@ SweepSpec load_sweep(const std::string& path, const std::vector<std::string>& ov
            "dynamic, yarn, llama3");
     e.read("rope_factor", spec.eval.rope_factor,
            "RoPE scaling factor s (default: each evaluation length / train.seq_len)");
+    {
+      auto r = e.section("retrieval", "exact-match retrieval by length and depth (causal points)");
+      auto& retrieval = spec.eval.retrieval;
+      r.read("task", retrieval.task, "the task: passkey or multikey (core/retrieval_task.h)");
+      r.read("lengths", retrieval.lengths, "absolute instance lengths");
+      r.read("length_multiples", retrieval.length_multiples,
+             "instance lengths as multiples of train.seq_len");
+      r.read("depths", retrieval.depths, "depths of the key, percent of the filler");
+      r.read("samples", retrieval.samples, "instances per (length, depth)");
+      r.read("seed", retrieval.seed, "instance seed (the same instances for every point)");
+      r.finish();
+      if (root.decoding() && e.has("retrieval")) {
+        if (retrieval.task == RetrievalTask::none)
+          r.fail("task", "is none: name the task (passkey, multikey) or drop eval.retrieval");
+        if (retrieval.lengths.empty() && retrieval.length_multiples.empty())
+          r.fail("length_multiples", "no instance lengths (lengths and length_multiples are both "
+                                     "empty)");
+        for (auto l : retrieval.lengths)
+          if (l < 1) r.fail("lengths", "lengths must be at least 1, got " + std::to_string(l));
+        for (auto m : retrieval.length_multiples)
+          if (m < 1)
+            r.fail("length_multiples", "multiples must be at least 1, got " + std::to_string(m));
+        RetrievalSpec check;
+        check.task = retrieval.task;
+        check.depths = retrieval.depths;
+        check.samples = retrieval.samples;
+        try {
+          check_retrieval_spec(check);
+        } catch (const ConfigError& error) {
+          r.fail(retrieval.samples < 1 ? "samples" : "depths", error.what());
+        }
+      }
+    }
     e.finish();
     if (e.has("rope_scaling")) {
       if (rope_names.empty()) e.fail("rope_scaling", "is empty: list at least none");
@@ -291,6 +334,8 @@ SweepSpec load_sweep(const std::string& path, const std::vector<std::string>& ov
     distinct(spec.eval.lengths, "lengths");
     distinct(spec.eval.length_multiples, "length_multiples");
     distinct(spec.eval.strides, "strides");
+    distinct(spec.eval.retrieval.lengths, "retrieval.lengths");
+    distinct(spec.eval.retrieval.length_multiples, "retrieval.length_multiples");
   }
   root.read("jobs", spec.jobs,
             "grid points run at once, each in its own process (not part of the spec)");
@@ -316,6 +361,7 @@ std::vector<SweepPoint> expand_grid(const SweepSpec& spec) {
 
   std::vector<SweepPoint> points;
   bool any_scalable = false;
+  bool any_causal = false;
   for (int64_t index = 0; index < total; ++index) {
     SweepPoint point;
     point.index = index;
@@ -355,15 +401,38 @@ std::vector<SweepPoint> expand_grid(const SweepSpec& spec) {
         point.evals.push_back(
             {length, stride,
              eval_mode_name(length, stride, rope_variant_label(kind, spec.eval.rope_factor)), kind,
-             spec.eval.rope_factor});
+             spec.eval.rope_factor, false, RetrievalSpec{}});
     };
     for (int64_t length : lengths) {
       if (spec.eval.nonoverlapping) add(length, 0);
       for (int64_t stride : strides)
         if (stride < length) add(length, stride);
     }
+    const SweepRetrieval& retrieval = spec.eval.retrieval;
+    if (retrieval.task != RetrievalTask::none && point.config.model.causal()) {
+      any_causal = true;
+      std::set<int64_t> instance_sizes(retrieval.lengths.begin(), retrieval.lengths.end());
+      for (auto m : retrieval.length_multiples) instance_sizes.insert(m * point.config.train.seq_len);
+      for (int64_t length : instance_sizes)
+        for (auto kind : variants) {
+          EvalPoint e{length, 0,
+                      retrieval_mode_name(retrieval.task,
+                                          rope_variant_label(kind, spec.eval.rope_factor)),
+                      kind, spec.eval.rope_factor, true, RetrievalSpec{}};
+          e.retrieval_spec.task = retrieval.task;
+          e.retrieval_spec.length = length;
+          e.retrieval_spec.depths = retrieval.depths;
+          e.retrieval_spec.samples = retrieval.samples;
+          e.retrieval_spec.seed = retrieval.seed;
+          e.retrieval_spec.batch_tokens = point.config.eval.batch_tokens;
+          point.evals.push_back(e);
+        }
+    }
     points.push_back(std::move(point));
   }
+  if (spec.eval.retrieval.task != RetrievalTask::none && !any_causal)
+    throw ConfigError(spec.source + ": eval.retrieval asks for a retrieval task, but every grid "
+                      "point is a masked LM (the answer is generated by a causal model)");
   const bool variants_asked = std::any_of(spec.eval.rope_scaling.begin(),
                                           spec.eval.rope_scaling.end(),
                                           [](RopeScalingKind k) { return k != RopeScalingKind::none; });

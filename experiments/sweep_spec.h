@@ -13,6 +13,12 @@
 //     nonoverlapping: true
 //     rope_scaling: [none, yarn]    # RoPE-scaling variants for points of rotary/xpos models
 //     rope_factor: 4                # the factor s (default: each length / train.seq_len)
+//     retrieval:                    # exact-match retrieval (core/retrieval_eval.h), causal points
+//       task: passkey               # passkey | multikey
+//       length_multiples: [1, 2, 4] # instance lengths, multiples of train.seq_len (or lengths:)
+//       depths: [0, 25, 50, 75, 100]   # key depths, percent
+//       samples: 20                 # instances per (length, depth); the same for every point
+//       seed: 1
 //   output:
 //     path: results/quick.h5        # default results/NAME.h5
 //     run_root: runs/quick          # default runs/NAME; point runs in RUN_ROOT/<run id>
@@ -22,7 +28,9 @@
 //  - Grid order is the nested loop over the grid keys in file order, the last key varying
 //    fastest; a point's index and id depend only on the spec.
 //  - A point's evaluations are (length ascending; per length non-overlapping first, then each
-//    stride ascending; per window mode each RoPE variant in the order listed). A point is
+//    stride ascending; per window mode each RoPE variant in the order listed), then its
+//    retrieval lengths ascending (each under every RoPE variant), mode "retrieval_<task>". A
+//    masked-LM point has no retrieval evaluations. A point is
 //    identified by (run id, mode, length) and recorded once. RoPE variants apply to the points
 //    whose method has rotary angles (PositionInfo::rope_scaling); the others are evaluated
 //    once per window mode, unscaled.
@@ -40,6 +48,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/retrieval_eval.h"
 #include "core/results_store.h"
 
 namespace extrap {
@@ -49,6 +58,15 @@ struct GridAxis {
   std::vector<YAML::Node> values;
 };
 
+struct SweepRetrieval {
+  RetrievalTask task = RetrievalTask::none;  // none: no retrieval evaluation
+  std::vector<int64_t> lengths;              // absolute
+  std::vector<int64_t> length_multiples;     // of train.seq_len
+  std::vector<double> depths{0, 25, 50, 75, 100};
+  int64_t samples = 20;
+  int64_t seed = 1;
+};
+
 struct SweepEval {
   std::vector<int64_t> lengths;           // absolute
   std::vector<int64_t> length_multiples;  // of train.seq_len
@@ -56,6 +74,7 @@ struct SweepEval {
   bool nonoverlapping = true;
   std::vector<RopeScalingKind> rope_scaling{RopeScalingKind::none};
   double rope_factor = 0;  // 0: each evaluation length / train.seq_len
+  SweepRetrieval retrieval;
 };
 
 struct SweepSpec {
@@ -83,14 +102,16 @@ struct SweepSpec {
   SweepHeader header(const std::string& shard) const;
 };
 
-// One evaluation of a point: mode "nonoverlapping" (stride 0) or "sliding_<stride>", then
-// "+<variant>" for a RoPE-scaling variant.
+// One evaluation of a point: mode "nonoverlapping" (stride 0), "sliding_<stride>" or
+// "retrieval_<task>", then "+<variant>" for a RoPE-scaling variant.
 struct EvalPoint {
   int64_t length = 0;
   int64_t stride = 0;
   std::string mode;
   RopeScalingKind rope_scaling = RopeScalingKind::none;
   double rope_factor = 0;  // 0: derived from the length
+  bool retrieval = false;  // a retrieval evaluation: retrieval_spec holds its task and plan
+  RetrievalSpec retrieval_spec;
 };
 
 struct SweepPoint {

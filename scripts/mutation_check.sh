@@ -63,6 +63,11 @@ positions/xpos.cpp | const double centre = positions.centre >= 0 | const double 
 positions/rotation.cpp | return (1.0 - gamma) * theta / factor + gamma * theta; | return (1.0 - gamma) * theta * factor + gamma * theta; | YaRN stretches instead of interpolating
 positions/rotation.cpp | return {cos * factor, sin * factor}; | return {cos * factor, sin}; | YaRN's attention factor on cos only
 core/evaluator.cpp | bin.nll_sum = position_nll.slice(0, bin.begin, bin.end).sum().item<double>(); | bin.nll_sum = position_nll.slice(0, bin.begin, bin.end - 1).sum().item<double>(); | a loss-by-position bin leaves out its last position
+core/retrieval_eval.cpp | correct = correct && top[row] == instance.answer[a]; | correct = top[row] == instance.answer[a]; | retrieval counts an answer right when its last token is
+core/retrieval_eval.cpp | for (int64_t p = instance.prompt_length - 1; p < spec.length - 1; ++p) | for (int64_t p = instance.prompt_length; p < spec.length; ++p) | retrieval scores the answer one position late
+core/retrieval_task.cpp | if (std::abs(double(b) - wanted) < std::abs(double(at) - wanted)) at = b; | ; | the key sentence always goes first (depth ignored)
+core/retrieval_task.cpp |   out += '.'; |   ; | the answer loses its full stop (a longer number would match)
+core/trainer.cpp | if (fraction >= 1) return true; | if (fraction >= 1) return false; | data.task_fraction 1 trains on no task instance
 EOF
 )
 

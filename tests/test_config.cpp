@@ -231,6 +231,9 @@ TEST_CASE("config: impossible values are refused naming the key and the value", 
 TEST_CASE("config: each key's mark decides the run fingerprint and what a sweep hash covers",
           "[config]") {
   Config c;
+  // data.task and data.task_fraction are left out at their defaults (tests/test_retrieval.cpp)
+  c.task = RetrievalTask::passkey;
+  c.task_fraction = 0.5;
   const YAML::Node model = c.model_keys();
   CHECK(model["train"]["steps"]);
   CHECK(model["train"]["lr"]);
