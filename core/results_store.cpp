@@ -296,14 +296,10 @@ void write_point(H5::H5File& file, const PointRecord& p) {
   };
   append_int("length", p.eval_length);
   if (is_retrieval_mode(p.mode)) {
-    int64_t trials = 0, correct = 0;
-    for (const auto& c : p.retrieval) {
-      trials += c.trials;
-      correct += c.correct;
-    }
-    append_double("accuracy", trials > 0 ? double(correct) / double(trials) : NAN);
-    append_int("correct", correct);
-    append_int("trials", trials);
+    const RetrievalCell total = retrieval_totals(p.retrieval);
+    append_double("accuracy", total.trials > 0 ? double(total.correct) / double(total.trials) : NAN);
+    append_int("correct", total.correct);
+    append_int("trials", total.trials);
     append_double("seconds", p.seconds);
     return;
   }

@@ -11,6 +11,17 @@ uint64_t retrieval_instance_seed(int64_t seed, int64_t length, double depth, int
                     uint64_t(sample), 0x72657472u});
 }
 
+RetrievalCell retrieval_totals(const std::vector<RetrievalCell>& cells) {
+  RetrievalCell total;
+  for (const auto& c : cells) {
+    total.trials += c.trials;
+    total.correct += c.correct;
+    total.answer_nll += c.answer_nll;
+    total.answer_tokens += c.answer_tokens;
+  }
+  return total;
+}
+
 void check_retrieval_spec(const RetrievalSpec& spec) {
   if (spec.task == RetrievalTask::none) throw ConfigError("retrieval: no task named");
   if (spec.depths.empty()) throw ConfigError("retrieval depths: give at least one (percent)");
@@ -105,13 +116,12 @@ RetrievalResult evaluate_retrieval(TransformerLM& model, const Corpus& corpus,
       result.correct_by_trial[first + size_t(b)] = correct;
     }
   }
-  for (const auto& cell : result.cells) {
-    result.trials += cell.trials;
-    result.correct += cell.correct;
-    if (!std::isfinite(cell.answer_nll))
-      throw EvalFailure("retrieval at length " + std::to_string(spec.length) +
-                        ": the answer's NLL is not finite");
-  }
+  const RetrievalCell total = retrieval_totals(result.cells);
+  if (!std::isfinite(total.answer_nll))
+    throw EvalFailure("retrieval at length " + std::to_string(spec.length) +
+                      ": the answer's NLL is not finite");
+  result.trials = total.trials;
+  result.correct = total.correct;
   result.accuracy = double(result.correct) / double(result.trials);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;

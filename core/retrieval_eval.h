@@ -39,6 +39,9 @@ struct RetrievalCell {
   int64_t answer_tokens = 0;
 };
 
+// The cells of all depths added up (trials, correct, answer_nll, answer_tokens; depth 0).
+RetrievalCell retrieval_totals(const std::vector<RetrievalCell>& cells);
+
 struct RetrievalResult {
   int64_t length = 0;
   std::vector<RetrievalCell> cells;  // in the order of spec.depths

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <unordered_map>
 
 namespace extrap {
 
@@ -27,7 +26,6 @@ uint64_t splitmix64(uint64_t& state) {
 struct TaskRandom {
   uint64_t state;
   uint64_t below(uint64_t n) { return splitmix64(state) % n; }  // bias < n / 2^64
-  double unit() { return double(splitmix64(state) >> 11) * 0x1.0p-53; }
 };
 
 // The words of `text` as the word tokenizer should see them: punctuation and every digit
@@ -58,6 +56,10 @@ std::string key_text(const std::string& name, int64_t key) {
   return "The " + name + " key is " + k + ". Remember it. " + k + " is the " + name + " key. ";
 }
 
+std::string question_text(const std::string& name) {
+  return "What is the " + name + " key? The " + name + " key is";
+}
+
 // The answer as written after "The pass key is": " 12345." at byte level ("12345." in word
 // form); the full stop ends the number, so a longer number is never a match.
 std::string answer_text(bool byte_level, int64_t key) {
@@ -72,6 +74,8 @@ void append(std::vector<int32_t>& out, const std::vector<int32_t>& piece) {
 }
 
 }  // namespace
+
+double task_unit(uint64_t seed) { return double(seed >> 11) * 0x1.0p-53; }
 
 uint64_t task_seed(std::initializer_list<uint64_t> values) {
   uint64_t state = 0x6a09e667f3bcc908ull;
@@ -92,7 +96,7 @@ TaskGenerator::TaskGenerator(RetrievalTask task, const Corpus& corpus)
     std::vector<std::string> names(std::begin(kKeyNames), std::end(kKeyNames));
     names.push_back(kPassName);
     for (const auto& name : names)
-      all += key_text(name, 1) + "What is the " + name + " key? The " + name + " key is ";
+      all += key_text(name, 1) + question_text(name) + " ";
     for (const auto& word : word_form(all)) word_ids_[word] = -1;
     for (size_t id = 0; id < corpus.vocabulary.size(); ++id) {
       const auto found = word_ids_.find(corpus.vocabulary[id]);
@@ -134,8 +138,7 @@ int64_t TaskGenerator::min_length() const {
   for (const auto& name : names) {
     const int64_t sentences = int64_t(key_sentence(name, kPasskeyMax).size()) *
                               (task_ == RetrievalTask::multikey ? 1 + kMultikeyDistractors : 1);
-    const int64_t question =
-        int64_t(encode("What is the " + name + " key? The " + name + " key is").size());
+    const int64_t question = int64_t(encode(question_text(name)).size());
     const int64_t answer = int64_t(encode(answer_text(corpus_.byte_level(), kPasskeyMax)).size());
     longest = std::max(longest, sentences + question + answer);
   }
@@ -158,13 +161,13 @@ TaskInstance TaskGenerator::make(int64_t length, double depth, uint64_t seed) co
     others.assign(names.begin() + 1, names.begin() + 1 + kMultikeyDistractors);
   }
   const std::vector<int32_t> target = key_sentence(out.name, out.key);
-  const std::vector<int32_t> question =
-      encode("What is the " + out.name + " key? The " + out.name + " key is");
+  const std::vector<int32_t> question = encode(question_text(out.name));
   out.answer = encode(answer_text(corpus_.byte_level(), out.key));
+  std::vector<int64_t> distractor_keys;  // in name order; out.distractor_keys is in text order
   std::vector<std::vector<int32_t>> distractors;
   for (const auto& name : others) {
-    out.distractor_keys.push_back(1 + int64_t(random.below(kPasskeyMax)));
-    distractors.push_back(key_sentence(name, out.distractor_keys.back()));
+    distractor_keys.push_back(1 + int64_t(random.below(kPasskeyMax)));
+    distractors.push_back(key_sentence(name, distractor_keys.back()));
   }
 
   int64_t fixed = int64_t(target.size() + question.size() + out.answer.size());
@@ -217,15 +220,11 @@ TaskInstance TaskGenerator::make(int64_t length, double depth, uint64_t seed) co
       out.key_end = out.key_begin + int64_t(sentence.size());
     } else {
       out.distractor_begins.push_back(int64_t(out.tokens.size()));
+      out.distractor_keys.push_back(distractor_keys[size_t(insert.which)]);
     }
     append(out.tokens, sentence);
   }
   for (; written < filler; ++written) out.tokens.push_back(filler_[(offset + written) % cycle]);
-  // distractor_keys in text order, like distractor_begins
-  std::vector<int64_t> keys_in_order;
-  for (const auto& insert : inserts)
-    if (insert.which >= 0) keys_in_order.push_back(out.distractor_keys[size_t(insert.which)]);
-  out.distractor_keys = keys_in_order;
   append(out.tokens, question);
   out.prompt_length = int64_t(out.tokens.size());
   append(out.tokens, out.answer);

@@ -69,6 +69,8 @@ struct TaskInstance {
 
 // Deterministic 64-bit mixing of values into one seed (splitmix64 finaliser chain).
 uint64_t task_seed(std::initializer_list<uint64_t> values);
+// A seed as a uniform number in [0, 1) (its top 53 bits).
+double task_unit(uint64_t seed);
 
 class TaskGenerator {
  public:

@@ -75,7 +75,7 @@ bool Trainer::task_slot(int64_t slot) const {
   const double fraction = config_.task_fraction;
   if (fraction >= 1) return true;
   const uint64_t draw = task_seed({uint64_t(config_.train.seed), uint64_t(slot), 0x7461736bu});
-  return double(draw >> 11) * 0x1.0p-53 < fraction;
+  return task_unit(draw) < fraction;
 }
 
 torch::Tensor Trainer::next_batch(Cursor& cursor, int64_t sequences, int64_t first_slot,
@@ -96,8 +96,7 @@ torch::Tensor Trainer::next_batch(Cursor& cursor, int64_t sequences, int64_t fir
       // A whole task instance of seq_len + 1 tokens, its key at a uniform depth; the corpus
       // cursor stays where it is.
       const uint64_t seed = task_seed({uint64_t(c.seed), uint64_t(first_slot + s), 0x696e7374u});
-      const double depth = double(seed >> 11) * 0x1.0p-53;
-      const TaskInstance task = tasks_->make(c.seq_len + 1, depth, task_seed({seed}));
+      const TaskInstance task = tasks_->make(c.seq_len + 1, task_unit(seed), task_seed({seed}));
       for (int64_t p = 0; p < c.seq_len; ++p) {
         in[s][p] = task.tokens[size_t(p)];
         tg[s][p] = task.tokens[size_t(p + 1)];

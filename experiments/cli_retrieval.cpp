@@ -95,17 +95,15 @@ int evaluate_retrieval_all(TransformerLM& model, const Corpus& corpus, Retrieval
       spec.rope_scaling = rope_scaling_for(rope, rope_factor, train_length, length);
       const RetrievalResult r = evaluate_retrieval(model, corpus, spec);
       std::printf("%-10lld", (long long)length);
-      double nll = 0;
-      int64_t answer_tokens = 0;
       nlohmann::json cells = nlohmann::json::array();
       for (const auto& c : r.cells) {
         std::printf(" %8.2f", double(c.correct) / double(c.trials));
-        nll += c.answer_nll;
-        answer_tokens += c.answer_tokens;
         cells.push_back({{"depth", c.depth}, {"trials", c.trials}, {"correct", c.correct},
                          {"answer_nll", c.answer_nll}, {"answer_tokens", c.answer_tokens}});
       }
-      std::printf(" %9.3f %12.4f %8.2f\n", r.accuracy, nll / double(answer_tokens), r.seconds);
+      const RetrievalCell total = retrieval_totals(r.cells);
+      std::printf(" %9.3f %12.4f %8.2f\n", r.accuracy,
+                  total.answer_nll / double(total.answer_tokens), r.seconds);
       if (rows)
         rows->push_back({{"length", length}, {"status", "ok"}, {"accuracy", r.accuracy},
                          {"trials", r.trials}, {"correct", r.correct}, {"seconds", r.seconds},

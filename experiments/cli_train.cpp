@@ -254,45 +254,35 @@ int eval(const Args& args) {
   std::cout << "run " << run_dir << " (" << config.position_name << ", trained " << run.step
             << " steps at L = " << config.train.seq_len << "):\n";
   nlohmann::json rows = nlohmann::json::array();
+  nlohmann::json document = {
+      {"checkpoint", run_dir}, {"position", config.position_name}, {"step", run.step}};
+  const double given_factor = vm.count("rope-factor") ? rope_factor : 0.0;
+  int failures = 0;
   if (!retrieval.empty()) {
     retrieval_spec.batch_tokens = config.eval.batch_tokens;
     std::cout << "retrieval task " << retrieval << ": " << retrieval_spec.samples
               << " instances per depth, seed " << retrieval_spec.seed << "\n";
-    const int failures = evaluate_retrieval_all(run.model, corpus, retrieval_spec, lengths,
-                                                config.train.seq_len, variants.front(),
-                                                vm.count("rope-factor") ? rope_factor : 0.0, &rows);
-    if (!json_path.empty()) {
-      const nlohmann::json document = {{"checkpoint", run_dir},
-                                       {"position", config.position_name},
-                                       {"step", run.step},
-                                       {"retrieval", retrieval},
-                                       {"samples", retrieval_spec.samples},
-                                       {"seed", retrieval_spec.seed},
-                                       {"rope_scaling", variants.front() == RopeScalingKind::none
-                                                            ? std::string("none")
-                                                            : rope_variant_label(variants.front(), vm.count("rope-factor") ? rope_factor : 0.0)},
-                                       {"results", rows}};
-      write_file_atomic(json_path, document.dump(1) + "\n");
-    }
-    if (failures > 0) {
-      std::cerr << "extrap eval: " << failures << " retrieval evaluation(s) failed (reasons above)\n";
-      return 1;
-    }
-    return 0;
+    failures = evaluate_retrieval_all(run.model, corpus, retrieval_spec, lengths,
+                                      config.train.seq_len, variants.front(), given_factor, &rows);
+    document["retrieval"] = retrieval;
+    document["samples"] = retrieval_spec.samples;
+    document["seed"] = retrieval_spec.seed;
+    document["rope_scaling"] = variants.front() == RopeScalingKind::none
+                                   ? std::string("none")
+                                   : rope_variant_label(variants.front(), given_factor);
+  } else {
+    failures = evaluate_all(run.model, corpus, config, torch::kCPU, strides.empty(), &rows,
+                            variants, given_factor);
+    document["split"] = enum_name(which);
+    document["max_tokens"] = config.eval.max_tokens;
   }
-  const int failures = evaluate_all(run.model, corpus, config, torch::kCPU, strides.empty(), &rows,
-                                    variants, vm.count("rope-factor") ? rope_factor : 0.0);
   if (!json_path.empty()) {
-    const nlohmann::json document = {{"checkpoint", run_dir},
-                                     {"position", config.position_name},
-                                     {"step", run.step},
-                                     {"split", enum_name(which)},
-                                     {"max_tokens", config.eval.max_tokens},
-                                     {"results", rows}};
+    document["results"] = rows;
     write_file_atomic(json_path, document.dump(1) + "\n");
   }
   if (failures > 0) {
-    std::cerr << "extrap eval: " << failures << " evaluation(s) failed (reasons above)\n";
+    std::cerr << "extrap eval: " << failures << (retrieval.empty() ? "" : " retrieval")
+              << " evaluation(s) failed (reasons above)\n";
     return 1;
   }
   return 0;

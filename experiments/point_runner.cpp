@@ -123,12 +123,9 @@ PointRecord evaluate_point(Trainer& trainer, const Corpus& corpus, const SweepPo
       const RetrievalResult r =
           evaluate_retrieval(trainer.model(), corpus, spec, torch_device(config.train.device));
       p.retrieval = r.cells;
-      p.nll_sum = 0;
-      p.scored_tokens = 0;
-      for (const auto& c : r.cells) {
-        p.nll_sum += c.answer_nll;
-        p.scored_tokens += c.answer_tokens;
-      }
+      const RetrievalCell total = retrieval_totals(r.cells);
+      p.nll_sum = total.answer_nll;
+      p.scored_tokens = total.answer_tokens;
       p.perplexity = std::exp(p.nll_sum / double(p.scored_tokens));
       p.seconds = r.seconds;
       return p;

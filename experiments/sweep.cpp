@@ -118,13 +118,9 @@ void run_points(const SweepSpec& spec, const std::vector<const SweepPoint*>& poi
       ++outcome.evaluated;
       char text[160];
       if (p.ok() && e.retrieval) {
-        int64_t correct = 0, trials = 0;
-        for (const auto& c : p.retrieval) {
-          correct += c.correct;
-          trials += c.trials;
-        }
+        const RetrievalCell total = retrieval_totals(p.retrieval);
         std::snprintf(text, sizeof text, "L=%" PRId64 " %s: %" PRId64 "/%" PRId64 " correct (%.1f s)",
-                      e.length, e.mode.c_str(), correct, trials, p.seconds);
+                      e.length, e.mode.c_str(), total.correct, total.trials, p.seconds);
         display.line(text);
       } else if (p.ok()) {
         std::snprintf(text, sizeof text, "L=%" PRId64 " %s: perplexity %.4f (%.1f s)", e.length,
