@@ -220,23 +220,7 @@ TEST_CASE("data.task: config refusals, and a task mix resumes bit-for-bit", "[re
                             Catch::Contains("train.seq_len 64"));
   }
   TempDir dir("task-resume");
-  config.train.out_dir = (dir.root / "straight").string();
-  Trainer straight(config, corpus);
-  straight.quiet = true;
-  straight.run(RunStart::fresh);
-  Config resumed_config = config;
-  resumed_config.train.out_dir = (dir.root / "resumed").string();
-  {
-    Trainer t(resumed_config, corpus);
-    t.quiet = true;
-    t.stop_after_step = 6;
-    REQUIRE(t.run(RunStart::fresh).steps == 6);
-  }
-  Trainer resumed(resumed_config, corpus);
-  resumed.quiet = true;
-  REQUIRE(resumed.run(RunStart::resume).resumed_from == 6);
-  auto a = straight.model()->parameters(), b = resumed.model()->parameters();
-  for (size_t i = 0; i < a.size(); ++i) REQUIRE(torch::equal(a[i], b[i]));
+  const auto a = testing::require_resume_bit_for_bit(config, corpus, dir.root, 6);
   // The mix changed what was trained: the same run without the task ends elsewhere.
   Config no_task = config;
   no_task.task = RetrievalTask::none;

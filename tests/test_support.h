@@ -5,6 +5,9 @@
 
 #include "core/config.h"
 #include "core/corpus.h"
+#include "core/trainer.h"
+
+#include <catch2/catch.hpp>
 
 #include <unistd.h>
 
@@ -100,6 +103,37 @@ inline Config tiny_config(const std::string& position = "alibi") {
   c.train.log_every = 1000;
   c.train.threads = 1;
   return c;
+}
+
+// Trains `config` to its steps twice: straight through in DIR/straight, and in DIR/resumed
+// stopped after step `stop_after` (a checkpoint) and resumed by a fresh trainer. Requires the
+// two models to be bit-for-bit equal; returns the straight run's parameters. The resumed run's
+// directory is DIR/resumed.
+inline std::vector<torch::Tensor> require_resume_bit_for_bit(Config config, const Corpus& corpus,
+                                                             const fs::path& dir,
+                                                             int64_t stop_after) {
+  config.train.out_dir = (dir / "straight").string();
+  Trainer straight(config, corpus);
+  straight.quiet = true;
+  straight.run(RunStart::fresh);
+
+  config.train.out_dir = (dir / "resumed").string();
+  {
+    Trainer interrupted(config, corpus);
+    interrupted.quiet = true;
+    interrupted.stop_after_step = stop_after;
+    REQUIRE(interrupted.run(RunStart::fresh).steps == stop_after);
+  }
+  Trainer resumed(config, corpus);
+  resumed.quiet = true;
+  const TrainSummary summary = resumed.run(RunStart::resume);
+  REQUIRE(summary.resumed_from == stop_after);
+  REQUIRE(summary.steps == config.train.steps);
+
+  auto a = straight.model()->parameters(), b = resumed.model()->parameters();
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) REQUIRE(torch::equal(a[i], b[i]));
+  return a;
 }
 
 }  // namespace extrap::testing

@@ -61,31 +61,9 @@ TEST_CASE("resuming from a checkpoint continues bit-for-bit", "[train]") {
   config.train.checkpoint_every = 7;
 
   TempDir dir("resume");
-  config.train.out_dir = (dir.root / "straight").string();
-  Trainer straight(config, corpus);
-  straight.quiet = true;
-  straight.run(RunStart::fresh);
-
-  // Interrupt after step 14 (a checkpoint), then resume in a fresh trainer to step 20.
-  Config first = config;
-  first.train.out_dir = (dir.root / "resumed").string();
-  {
-    Trainer t(first, corpus);
-    t.quiet = true;
-    t.stop_after_step = 14;
-    REQUIRE(t.run(RunStart::fresh).steps == 14);
-  }
+  testing::require_resume_bit_for_bit(config, corpus, dir.root, 14);  // stopped at a checkpoint
   Config second = config;
-  second.train.out_dir = first.train.out_dir;
-  Trainer resumed(second, corpus);
-  resumed.quiet = true;
-  auto summary = resumed.run(RunStart::resume);
-  REQUIRE(summary.resumed_from == 14);
-  REQUIRE(summary.steps == 20);
-
-  auto a = straight.model()->parameters(), b = resumed.model()->parameters();
-  REQUIRE(a.size() == b.size());
-  for (size_t i = 0; i < a.size(); ++i) REQUIRE(torch::equal(a[i], b[i]));
+  second.train.out_dir = (dir.root / "resumed").string();
 
   // A changed config is refused, naming what differs.
   Config changed = second;
