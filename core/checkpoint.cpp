@@ -88,6 +88,7 @@ VerifiedCheckpoint verify(const fs::path& dir) {
     c.state.index = state.at("index").get<int64_t>();
     c.state.tokens_per_second = state.at("tokens_per_second").get<double>();
     c.state.seconds = state.at("seconds").get<double>();
+    c.state.world_size = state.value("world_size", int64_t(1));  // absent before 0.5
     c.state.train_curve = curve_from(state.at("train_curve"));
     c.state.valid_curve = curve_from(state.at("valid_curve"));
   } catch (const json::exception& e) {
@@ -130,6 +131,7 @@ void save_checkpoint(const fs::path& run_dir, const Config& config,
             {"index", state.index},
             {"tokens_per_second", state.tokens_per_second},
             {"seconds", state.seconds},
+            {"world_size", state.world_size},
             {"train_curve", curve_json(state.train_curve)},
             {"valid_curve", curve_json(state.valid_curve)}};
   files.emplace_back("state.json", s.dump(1) + "\n");

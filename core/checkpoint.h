@@ -35,6 +35,7 @@ struct CheckpointState {
   int64_t index = 0;
   double tokens_per_second = 0;
   double seconds = 0;  // training time so far (validation excluded)
+  int64_t world_size = 1;  // data-parallel ranks that trained it (core/distributed.h)
   std::vector<CurvePoint> train_curve;
   std::vector<CurvePoint> valid_curve;
 };

@@ -1,5 +1,6 @@
 #include "core/evaluator.h"
 
+#include "core/distributed.h"
 #include "core/memory_estimate.h"
 
 #include <chrono>
@@ -172,49 +173,66 @@ EvalResult evaluate(TransformerLM& model, const Corpus& corpus, const TokenStrea
   auto position_nll = torch::zeros({spec.length}, torch::kFloat64);
   auto position_tokens = torch::zeros({spec.length}, torch::kLong);
 
-  for (const auto& [size, group] : by_size) {
-    const int64_t per_batch = std::max<int64_t>(1, spec.batch_tokens / size);
-    for (size_t first = 0; first < group.size(); first += per_batch) {
-      const int64_t count = std::min<int64_t>(per_batch, int64_t(group.size() - first));
-      auto inputs = torch::empty({count, size}, torch::kLong);
-      auto targets = torch::full({count, size}, int64_t(-1), torch::kLong);  // -1: not scored
-      auto in = inputs.accessor<int64_t, 2>();
-      auto tg = targets.accessor<int64_t, 2>();
-      for (int64_t b = 0; b < count; ++b) {
-        const EvalWindow& w = group[first + b];
-        for (int64_t p = 0; p < size; ++p) {
-          const int64_t pos = w.begin + p;
-          if (causal) {
-            in[b][p] = data[pos];
-            if (p >= w.score_from) tg[b][p] = data[pos + 1];
-          } else {
-            const auto d = mask_decision(pos, data[pos], spec.mask_prob, spec.mask_seed,
-                                         corpus.mask_token, corpus.vocab_size);
-            in[b][p] = d.input;
-            if (p >= w.score_from && d.selected) tg[b][p] = data[pos];
+  // Data parallel: batch k (in this order) is rank k % world's; the sums are reduced below.
+  ProcessGroup* ranks = ProcessGroup::get(device);
+  if (ranks) device = ranks->device();
+  int64_t batch_number = -1;
+  // With ranks, an error in one rank's batches (a length a method refuses, say) is agreed on
+  // by all of them below, so that they fail alike instead of waiting for each other.
+  const std::string local_failure = run_or_capture(ranks, [&] {
+    for (const auto& [size, group] : by_size) {
+      const int64_t per_batch = std::max<int64_t>(1, spec.batch_tokens / size);
+      for (size_t first = 0; first < group.size(); first += per_batch) {
+        if (ranks && ++batch_number % ranks->size() != ranks->rank()) continue;
+        const int64_t count = std::min<int64_t>(per_batch, int64_t(group.size() - first));
+        auto inputs = torch::empty({count, size}, torch::kLong);
+        auto targets = torch::full({count, size}, int64_t(-1), torch::kLong);  // -1: not scored
+        auto in = inputs.accessor<int64_t, 2>();
+        auto tg = targets.accessor<int64_t, 2>();
+        for (int64_t b = 0; b < count; ++b) {
+          const EvalWindow& w = group[first + b];
+          for (int64_t p = 0; p < size; ++p) {
+            const int64_t pos = w.begin + p;
+            if (causal) {
+              in[b][p] = data[pos];
+              if (p >= w.score_from) tg[b][p] = data[pos + 1];
+            } else {
+              const auto d = mask_decision(pos, data[pos], spec.mask_prob, spec.mask_seed,
+                                           corpus.mask_token, corpus.vocab_size);
+              in[b][p] = d.input;
+              if (p >= w.score_from && d.selected) tg[b][p] = data[pos];
+            }
           }
         }
+        auto hidden = model->hidden(inputs.to(device));            // (b, T, D)
+        auto flat_targets = targets.view({-1}).to(device);        // (b*T,)
+        auto scored = flat_targets.ge(0).nonzero().squeeze(1);    // indices of scored positions
+        if (scored.numel() == 0) continue;
+        auto h = hidden.reshape({-1, hidden.size(-1)}).index_select(0, scored);  // (S, D)
+        // Project in chunks so a large vocabulary never needs (b*T, V) at once.
+        const int64_t chunk = 4096;
+        for (int64_t c = 0; c < h.size(0); c += chunk) {
+          const int64_t len = std::min(chunk, h.size(0) - c);
+          auto logits = model->logits(h.narrow(0, c, len)).to(torch::kFloat32);     // (len, V)
+          auto t = flat_targets.index_select(0, scored.narrow(0, c, len));         // (len,)
+          auto nll = torch::nn::functional::cross_entropy(
+              logits, t, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
+          auto where = scored.narrow(0, c, len).remainder(size).cpu();  // window positions
+          position_nll.index_add_(0, where, nll.to(torch::kFloat64).cpu());
+          position_tokens.index_add_(0, where, torch::ones_like(where));
+        }
       }
-      auto hidden = model->hidden(inputs.to(device));            // (b, T, D)
-      auto flat_targets = targets.view({-1}).to(device);        // (b*T,)
-      auto scored = flat_targets.ge(0).nonzero().squeeze(1);    // indices of scored positions
-      if (scored.numel() == 0) continue;
-      auto h = hidden.reshape({-1, hidden.size(-1)}).index_select(0, scored);  // (S, D)
-      // Project in chunks so a large vocabulary never needs (b*T, V) at once.
-      const int64_t chunk = 4096;
-      for (int64_t c = 0; c < h.size(0); c += chunk) {
-        const int64_t len = std::min(chunk, h.size(0) - c);
-        auto logits = model->logits(h.narrow(0, c, len)).to(torch::kFloat32);     // (len, V)
-        auto t = flat_targets.index_select(0, scored.narrow(0, c, len));         // (len,)
-        auto nll = torch::nn::functional::cross_entropy(
-            logits, t, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
-        auto where = scored.narrow(0, c, len).remainder(size).cpu();  // window positions
-        position_nll.index_add_(0, where, nll.to(torch::kFloat64).cpu());
-        position_tokens.index_add_(0, where, torch::ones_like(where));
-      }
-      result.scored_tokens += scored.numel();
     }
+  });
+  if (ranks) {
+    auto failed = torch::zeros({ranks->size()}, torch::kFloat64);
+    if (!local_failure.empty()) failed[ranks->rank()] = 1.0;
+    std::vector<torch::Tensor> sums{position_nll, position_tokens, failed};
+    ranks->all_reduce_sum(sums, "the evaluation at length " + std::to_string(spec.length));
+    const std::string failure = ranks->first_failure(failed, local_failure);
+    if (!failure.empty()) throw EvalFailure(failure);
   }
+  result.scored_tokens = position_tokens.sum().item<int64_t>();
   // The totals and the bins come from the same per-token values.
   result.nll_sum = position_nll.sum().item<double>();
   const auto edges = position_bin_edges(spec.length);

@@ -124,7 +124,9 @@ class EvaluationScope {
 };
 
 // Evaluates under NoGradGuard and eval mode (restores the training flag and the model's RoPE
-// scaling afterwards). Throws
+// scaling afterwards). Data parallel (core/distributed.h): every rank calls it alike, batch k
+// of windows is rank k % world's, and the per-position sums are all-reduced, so every rank
+// returns the one-process result (same tokens; NLL up to summation order). Throws
 // EvalFailure rather than return a number that is not right (see above).
 EvalResult evaluate(TransformerLM& model, const Corpus& corpus, const TokenStream& stream,
                     const EvalSpec& spec, torch::Device device = torch::kCPU);

@@ -16,7 +16,7 @@
 namespace extrap {
 
 // The moments: "checkpoint" (a checkpoint is complete on disk; detail: run directory and
-// step), "point" (a sweep point is in its results file; detail: run, mode and length),
+// step), "step" (an optimiser step is done; detail: run directory, step and rank), "point" (a sweep point is in its results file; detail: run, mode and length),
 // "publish" (a file's new contents are durable under its temporary name, not yet renamed;
 // detail: the file).
 void fault_point(const char* moment, const std::string& detail);

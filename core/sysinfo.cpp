@@ -1,5 +1,7 @@
 #include "core/sysinfo.h"
 
+#include "core/distributed.h"
+
 #include "core/version.h"
 
 #include <ATen/Parallel.h>
@@ -67,7 +69,10 @@ std::string iso_time_now() {
 }
 
 int configure_threads(int64_t requested) {
-  const int threads = requested > 0 ? int(requested) : available_cores();
+  // Data-parallel ranks on one machine share its cores.
+  const auto& ranks = ProcessGroup::environment();
+  const int threads = requested > 0 ? int(requested)
+                                    : std::max(1, available_cores() / (ranks ? ranks->local_world_size : 1));
   torch::set_num_threads(threads);
   return threads;
 }

@@ -12,7 +12,8 @@ std::string hostname();
 std::string machine_description();  // host, CPU model and core count
 std::string iso_time_now();         // UTC, e.g. 2026-11-21T10:00:00Z
 int available_cores();
-// Sets LibTorch's intra-op threads (0: all available cores) and returns the count used.
+// Sets LibTorch's intra-op threads (0: all available cores, shared out among the
+// data-parallel ranks on this machine) and returns the count used.
 int configure_threads(int64_t requested);
 bool stderr_is_terminal();
 

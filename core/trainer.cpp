@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <random>
 
 namespace fs = std::filesystem;
@@ -54,6 +55,14 @@ Trainer::Trainer(Config config, const Corpus& corpus)
       device_(torch_device(config_.train.device)) {
   if (device_.is_cuda() && !torch::cuda::is_available())
     throw ConfigError(config_.source + ": train.device is cuda but no CUDA device is available");
+  group_ = ProcessGroup::get(device_);
+  if (group_) {
+    device_ = group_->device();
+    YAML::Node identity;
+    identity["config"] = config_.to_yaml();
+    identity["corpus"] = corpus.identity();
+    group_->check_same("config or data", YAML::Dump(identity));
+  }
   configure_threads(config_.train.threads);
   check_training_memory(config_, corpus.vocab_size);
   torch::manual_seed(uint64_t(config_.train.seed));
@@ -67,7 +76,23 @@ Trainer::Trainer(Config config, const Corpus& corpus)
                         std::to_string(config_.train.seq_len + 1) + " (inputs and the last target)");
   }
   model_->to(device_);
+  if (group_) {
+    const int64_t micro = micro_batch_sequences(config_.train);
+    if (micro % group_->size() != 0)
+      throw ConfigError(config_.source + ": train.batch_tokens " +
+                        std::to_string(config_.train.batch_tokens) + " gives " +
+                        std::to_string(micro) + " sequences a micro-batch, which " +
+                        std::to_string(group_->size()) +
+                        " ranks cannot share evenly: make it a multiple of " +
+                        std::to_string(group_->size()) + " sequences of train.seq_len " +
+                        std::to_string(config_.train.seq_len));
+    broadcast_parameters(*group_, *model_);
+  }
   optimizer_ = std::make_unique<torch::optim::AdamW>(parameter_groups(model_, config_.train));
+}
+
+int64_t micro_batch_sequences(const TrainConfig& c) {
+  return std::max<int64_t>(c.accumulation, c.batch_tokens / c.seq_len) / c.accumulation;
 }
 
 bool Trainer::task_slot(int64_t slot) const {
@@ -147,16 +172,39 @@ double Trainer::validate() {
 
 TrainSummary Trainer::run(RunStart start) {
   const TrainConfig& c = config_.train;
-  RunDirectory run_dir(config_, corpus_, start);
+  const bool leader = !group_ || group_->rank() == 0;
+  const int64_t world = group_ ? group_->size() : 1;
+  // Only rank 0 owns (locks, checks, writes) the run directory.
+  std::optional<RunDirectory> run_dir;
+  if (leader) run_dir.emplace(config_, corpus_, start);
+  std::optional<VerifiedCheckpoint> checkpoint_read;
+  std::optional<VerifiedCheckpoint>& checkpoint = leader ? run_dir->checkpoint() : checkpoint_read;
+  if (group_) {
+    // Every rank continues from the checkpoint rank 0 continues from.
+    const std::string resume_step = group_->share(
+        "resume step", checkpoint ? std::to_string(checkpoint->state.step) : "none");
+    if (!leader && resume_step != "none") {
+      checkpoint = find_checkpoint(c.out_dir);
+      if (!checkpoint || std::to_string(checkpoint->state.step) != resume_step)
+        throw ConfigError("rank " + std::to_string(group_->rank()) + " cannot read the checkpoint " +
+                          "rank 0 resumes from (" + c.out_dir + ", step " + resume_step +
+                          "): a data-parallel run directory must be on a filesystem every rank reads");
+    }
+  }
   TrainSummary summary;
   summary.num_parameters = model_->num_parameters();
   int64_t step = 0;
   Cursor cursor;
-  if (auto& checkpoint = run_dir.checkpoint()) {
+  if (checkpoint) {
     if (checkpoint->state.step > c.steps)
       throw ConfigError(checkpoint->dir.string() + " is at step " +
                         std::to_string(checkpoint->state.step) + ", past train.steps " +
                         std::to_string(c.steps));
+    if (checkpoint->state.world_size != world)
+      throw ConfigError(checkpoint->dir.string() + " was trained by " +
+                        std::to_string(checkpoint->state.world_size) + " data-parallel rank(s); " +
+                        "resuming it with " + std::to_string(world) +
+                        " would not continue the same run: resume with the same number of ranks");
     load_model(*checkpoint, model_);
     load_optimizer(*checkpoint, *optimizer_);
     load_rng(*checkpoint);
@@ -167,13 +215,17 @@ TrainSummary Trainer::run(RunStart start) {
     summary.train_curve = checkpoint->state.train_curve;
     summary.valid_curve = checkpoint->state.valid_curve;
     summary.resumed_from = step;
-    if (!quiet) std::cerr << "resuming " << c.out_dir << " from step " << step << "\n";
+    if (!quiet && leader) std::cerr << "resuming " << c.out_dir << " from step " << step << "\n";
   }
-  write_file_atomic(fs::path(c.out_dir) / "config.yaml", YAML::Dump(config_.to_yaml()) + "\n");
+  if (!leader) quiet = true;
   CheckpointManifest manifest;
-  manifest.fingerprint = run_dir.fingerprint().hash;
+  if (leader) {
+    write_file_atomic(fs::path(c.out_dir) / "config.yaml", YAML::Dump(config_.to_yaml()) + "\n");
+    manifest.fingerprint = run_dir->fingerprint().hash;
+  }
   manifest.vocabulary = hex64(corpus_.vocabulary_hash());
   const auto save = [&] {
+    if (!leader) return;
     manifest.step = step;
     CheckpointState state;
     state.step = step;
@@ -181,14 +233,16 @@ TrainSummary Trainer::run(RunStart start) {
     state.index = cursor.index;
     state.tokens_per_second = summary.tokens_per_second;
     state.seconds = summary.seconds;
+    state.world_size = world;
     state.train_curve = summary.train_curve;
     state.valid_curve = summary.valid_curve;
-    save_checkpoint(run_dir.path(), config_, manifest, state, model_, optimizer_.get());
-    fault_point("checkpoint", run_dir.path().string() + " step " + std::to_string(step));
+    save_checkpoint(run_dir->path(), config_, manifest, state, model_, optimizer_.get());
+    fault_point("checkpoint", run_dir->path().string() + " step " + std::to_string(step));
   };
 
-  const int64_t sequences_per_step = std::max<int64_t>(c.accumulation, c.batch_tokens / c.seq_len);
-  const int64_t micro = sequences_per_step / c.accumulation;
+  const int64_t micro = micro_batch_sequences(c);
+  const int64_t share = micro / world;  // this rank's sequences of each micro-batch
+  const int64_t first_row = group_ ? group_->rank() * share : 0;
   StatusLine display(!quiet);
   const bool terminal = display.redraws();
   model_->train();
@@ -207,20 +261,48 @@ TrainSummary Trainer::run(RunStart start) {
       static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
     optimizer_->zero_grad();
     double step_loss = 0;
-    for (int64_t a = 0; a < c.accumulation; ++a) {
-      torch::Tensor targets;
-      auto inputs = next_batch(cursor, micro, (step * c.accumulation + a) * micro, targets).to(device_);
-      targets = targets.to(device_);
-      auto logits = model_->forward(inputs);  // (B, T, V)
-      auto loss = torch::nn::functional::cross_entropy(
-          logits.view({-1, logits.size(-1)}), targets.view({-1}),
-          torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));
-      (loss / double(c.accumulation)).backward();
-      step_loss += loss.item<double>() / double(c.accumulation);
+    // With ranks, an error is agreed on below, so that all ranks fail alike.
+    const std::string local_failure = run_or_capture(group_, [&] {
+      for (int64_t a = 0; a < c.accumulation; ++a) {
+        torch::Tensor targets;
+        auto inputs = next_batch(cursor, micro, (step * c.accumulation + a) * micro, targets);
+        // The loss is the mean over the whole micro-batch's scored tokens: this rank's summed
+        // NLL over the count of all ranks' (in one process: cross-entropy's mean).
+        const int64_t scored = targets.ne(-100).sum().item<int64_t>();
+        if (group_) {
+          inputs = inputs.narrow(0, first_row, share);
+          targets = targets.narrow(0, first_row, share);
+        }
+        inputs = inputs.to(device_);
+        targets = targets.to(device_);
+        auto logits = model_->forward(inputs);  // (B, T, V)
+        const auto loss =
+            torch::nn::functional::cross_entropy(
+                logits.view({-1, logits.size(-1)}), targets.view({-1}),
+                torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum)) /
+            double(std::max<int64_t>(scored, 1));
+        (loss / double(c.accumulation)).backward();
+        step_loss += loss.item<double>() / double(c.accumulation);
+      }
+    });
+    if (group_) {
+      // The loss of the whole batch and every rank's failure flag, then the gradients.
+      const std::string what = "the gradient all-reduce of step " + std::to_string(step + 1);
+      auto total = torch::zeros({1 + group_->size()}, torch::kFloat64);
+      total[0] = step_loss;
+      if (!local_failure.empty()) total[1 + group_->rank()] = 1.0;
+      std::vector<torch::Tensor> reduced{total};
+      group_->all_reduce_sum(reduced, what);
+      const std::string failure = group_->first_failure(total.narrow(0, 1, group_->size()), local_failure);
+      if (!failure.empty()) throw std::runtime_error(failure);
+      step_loss = total[0].item<double>();
+      all_reduce_gradients(*group_, model_->parameters(), what);
     }
     if (c.clip > 0) torch::nn::utils::clip_grad_norm_(model_->parameters(), c.clip);
     optimizer_->step();
     ++step;
+    fault_point("step", c.out_dir + " step " + std::to_string(step) + " rank " +
+                            std::to_string(group_ ? group_->rank() : 0));
     trained_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     tokens_done += tokens_per_step;
     loss_sum += step_loss;

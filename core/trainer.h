@@ -9,11 +9,23 @@
 // Retrieval tasks (data.task): each training sequence is, with probability data.task_fraction
 // (decided by train.seed and the sequence's number in the run, so resumption is exact), a
 // whole task instance of seq_len + 1 tokens (core/retrieval_task.h) instead of a corpus block.
+//
+// Data parallel (core/distributed.h): every rank builds the same global batch from the one
+// seeded order and trains on its own contiguous share of each micro-batch (the micro-batch
+// must split evenly). Each rank's loss is its share's summed NLL over the global batch's
+// scored-token count, so the summed gradients (bucketed all-reduce after backward) are
+// those of one process on the whole batch; the step's mathematics do not depend on the world
+// size (up to summation order; dropout masks are drawn per share). Parameters are broadcast
+// from rank 0 at start; all ranks draw from the same RNG stream, so randomized positions and
+// masked-LM corruption agree. Only rank 0 writes the run directory; other ranks resume from
+// the checkpoint rank 0 resumes from (the run directory must be readable by every rank), at
+// the same world size.
 #pragma once
 
 #include "core/checkpoint.h"
 #include "core/config.h"
 #include "core/corpus.h"
+#include "core/distributed.h"
 #include "core/model.h"
 #include "core/retrieval_task.h"
 #include "core/run_dir.h"
@@ -43,6 +55,9 @@ struct TrainSummary {
   double seconds = 0;
   int64_t num_parameters = 0;
 };
+
+// Sequences in one micro-batch (all ranks together): batch_tokens / seq_len over accumulation.
+int64_t micro_batch_sequences(const TrainConfig& config);
 
 // The learning rate at optimiser step `step` (1-based).
 double learning_rate(const TrainConfig& config, int64_t step);
@@ -82,6 +97,7 @@ class Trainer {
   Config config_;
   const Corpus& corpus_;
   torch::Device device_;
+  ProcessGroup* group_ = nullptr;  // data-parallel ranks (nullptr: one process)
   TransformerLM model_ = nullptr;
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   std::unique_ptr<TaskGenerator> tasks_;  // data.task, when set

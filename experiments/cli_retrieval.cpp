@@ -1,5 +1,6 @@
 // `extrap task` (print a retrieval-task instance) and `extrap eval --retrieval TASK` (exact-match
 // accuracy by length and depth).
+#include "core/distributed.h"
 #include "core/files.h"
 #include "core/tokenizer.h"
 #include "core/retrieval_eval.h"
@@ -108,6 +109,8 @@ int evaluate_retrieval_all(TransformerLM& model, const Corpus& corpus, Retrieval
         rows->push_back({{"length", length}, {"status", "ok"}, {"accuracy", r.accuracy},
                          {"trials", r.trials}, {"correct", r.correct}, {"seconds", r.seconds},
                          {"cells", cells}});
+    } catch (const DistributedError&) {
+      throw;  // the job cannot go on
     } catch (const c10::Error& e) {
       failure = one_line(e.what_without_backtrace());
     } catch (const std::exception& e) {

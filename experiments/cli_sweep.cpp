@@ -7,6 +7,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "core/distributed.h"
 #include "experiments/commands.h"
 #include "experiments/sweep.h"
 
@@ -53,6 +54,7 @@ int sweep(const Args& args) {
   std::vector<std::string> overrides;
   int64_t jobs = 0;
   std::string worker;
+  SlurmOptions slurm;
   options.add_options()
       ("file", po::value(&path)->required(), "sweep file (YAML: name, base, grid, eval, output)")
       ("set", po::value(&overrides)->composing(),
@@ -62,6 +64,13 @@ int sweep(const Args& args) {
       ("jobs,j", po::value(&jobs),
        "grid points to run at once, each in its own process (default: the file's jobs, else 1)")
       ("list", "print the grid points and their evaluations, run nothing")
+      ("slurm", "write a Slurm array job (a shard a task) and a merge job instead of running")
+      ("tasks", po::value(&slurm.tasks), "--slurm: array tasks (default: one per grid point)")
+      ("ranks", po::value(&slurm.ranks), "--slurm: data-parallel ranks per point (default 1)")
+      ("gpus-per-rank", po::value(&slurm.gpus_per_rank), "--slurm: GPUs per rank (default 0)")
+      ("cpus-per-rank", po::value(&slurm.cpus_per_rank), "--slurm: CPU cores per rank (default 1)")
+      ("partition", po::value(&slurm.partition), "--slurm: the partition")
+      ("time", po::value(&slurm.time), "--slurm: each array task's time limit (e.g. 24:00:00)")
       ("quiet", "no progress output")
       ("worker", po::value(&worker), "(internal) a worker of a parallel sweep, running point K/N")
       ("points", po::value(&points_text), "(internal) run only these point indices: I,J,...")
@@ -70,7 +79,9 @@ int sweep(const Args& args) {
   positional.add("file", 1);
   po::variables_map vm;
   const char* usage =
-      "extrap sweep FILE.yaml [--set key=value ...] [--out OUT.h5] [--shard I/N] [--jobs N] [--list]";
+      "extrap sweep FILE.yaml [--set key=value ...] [--out OUT.h5] [--shard I/N] [--jobs N] [--list]\n"
+      "       [--nproc N: each point on N local data-parallel ranks]\n"
+      "       [--slurm [--tasks N] [--ranks R] [--gpus-per-rank G] [--partition P] [--time T]]";
   if (!parse(args, usage, options, vm, &positional)) return 0;
   const SweepSpec spec = load_sweep(path, overrides);
   SweepOptions run_options;
@@ -94,12 +105,21 @@ int sweep(const Args& args) {
     list_points(spec, run_options.shard, sweep_output(spec, run_options));
     return 0;
   }
+  for (const char* name : {"tasks", "ranks", "gpus-per-rank", "cpus-per-rank", "partition", "time"})
+    if (vm.count(name) && !vm.count("slurm"))
+      throw ConfigError(std::string("--") + name + " is a --slurm option: add --slurm");
+  if (vm.count("slurm")) {
+    const std::string dir = write_slurm_scripts(spec, run_options, slurm);
+    std::cout << "wrote " << dir << "/array.sbatch, merge.sbatch and submit.sh; submit with: bash "
+              << dir << "/submit.sh\n";
+    return 0;
+  }
   if (worker.empty()) {
     std::signal(SIGINT, on_interrupt);
     std::signal(SIGTERM, on_interrupt);
   }
   const SweepOutcome outcome = run_sweep(spec, run_options);
-  if (!worker.empty()) return 0;
+  if (!worker.empty() || !ProcessGroup::leader()) return 0;  // rank 0 speaks for all
   std::cerr << "sweep " << spec.name << ": " << outcome.points << " points (" << outcome.skipped
             << " already complete, " << outcome.trained << " trained now), " << outcome.evaluated
             << " evaluations recorded now";

@@ -19,6 +19,11 @@ namespace extrap::cli {
 
 namespace {
 
+std::ostream& null_stream() {
+  static std::ostream discard(nullptr);  // no buffer: writes go nowhere
+  return discard;
+}
+
 void print_eval_header(bool scaled) {
   std::printf("%-10s %-8s %10s %14s %12s %10s %8s%s\n", "length", "stride", "tokens", "nll_sum",
               "perplexity", "bpb", "seconds", scaled ? "  rope scaling" : "");
@@ -89,6 +94,8 @@ int evaluate_all(TransformerLM& model, const Corpus& corpus, const Config& confi
                            {"bits_per_byte", std::isfinite(r.bits_per_byte) ? nlohmann::json(r.bits_per_byte) : nlohmann::json()},
                            {"windows", r.windows}, {"seconds", r.seconds},
                            {"by_position", bins_json(r.by_position)}});
+      } catch (const DistributedError&) {
+        throw;  // the job cannot go on
       } catch (const c10::Error& e) {
         failure = one_line(e.what_without_backtrace());
       } catch (const std::exception& e) {
@@ -130,18 +137,20 @@ int train(const Args& args) {
   for (const auto& p : plugins) config.plugins.push_back(p);
   const int threads = configure_threads(config.train.threads);
   Corpus corpus = load_corpus(config.data);
-  std::cerr << "corpus " << corpus.name << " (" << enum_name(corpus.tokenizer) << ", vocabulary "
+  // Data parallel: rank 0 speaks for all (the others print only their errors).
+  std::ostream& info = ProcessGroup::leader() ? std::cerr : null_stream();
+  info << "corpus " << corpus.name << " (" << enum_name(corpus.tokenizer) << ", vocabulary "
             << corpus.vocab_size << "): train " << corpus.train.size() << " valid "
             << corpus.valid.size() << " test " << corpus.test.size() << " tokens\n";
   Trainer trainer(config, corpus);
-  std::cerr << "model: " << trainer.model()->num_parameters() << " parameters, position "
+  info << "model: " << trainer.model()->num_parameters() << " parameters, position "
             << config.position_name << ", " << threads << " threads -> " << config.train.out_dir << "\n";
   if (vm.count("resume") && vm.count("overwrite"))
     throw ConfigError("--resume and --overwrite contradict each other: choose one");
   const TrainSummary summary = trainer.run(vm.count("resume")      ? RunStart::resume
                                            : vm.count("overwrite") ? RunStart::overwrite
                                                                    : RunStart::fresh);
-  std::cerr << "trained " << summary.steps << " steps at " << int64_t(summary.tokens_per_second)
+  info << "trained " << summary.steps << " steps at " << int64_t(summary.tokens_per_second)
             << " tokens/s, peak memory " << summary.peak_memory_bytes / (1 << 20) << " MiB\n";
   if (!vm.count("no-eval")) {
     std::cout << "evaluation on " << enum_name(config.eval.split) << " (trained at L = "
@@ -149,7 +158,7 @@ int train(const Args& args) {
     const int failures =
         evaluate_all(trainer.model(), corpus, config, torch_device(config.train.device), true);
     if (failures > 0) {
-      std::cerr << "extrap train: " << failures << " evaluation(s) failed (reasons above)\n";
+      if (ProcessGroup::leader()) std::cerr << "extrap train: " << failures << " evaluation(s) failed (reasons above)\n";
       return 1;
     }
   }
@@ -276,11 +285,11 @@ int eval(const Args& args) {
     document["split"] = enum_name(which);
     document["max_tokens"] = config.eval.max_tokens;
   }
-  if (!json_path.empty()) {
+  if (!json_path.empty() && ProcessGroup::leader()) {
     document["results"] = rows;
     write_file_atomic(json_path, document.dump(1) + "\n");
   }
-  if (failures > 0) {
+  if (failures > 0 && ProcessGroup::leader()) {
     std::cerr << "extrap eval: " << failures << (retrieval.empty() ? "" : " retrieval")
               << " evaluation(s) failed (reasons above)\n";
     return 1;

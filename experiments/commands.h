@@ -4,6 +4,7 @@
 #pragma once
 
 #include "core/retrieval_eval.h"
+#include "experiments/sweep.h"
 
 #include <boost/program_options.hpp>
 #include <nlohmann/json.hpp>
@@ -30,6 +31,22 @@ int task(const Args& args);    // experiments/cli_retrieval.cpp
 int sweep(const Args& args);   // experiments/cli_sweep.cpp
 int merge(const Args& args);
 int report(const Args& args);
+
+// `extrap sweep FILE --slurm` (experiments/slurm.cpp): writes the array, merge and submit
+// scripts beside the results file and returns their folder.
+struct SlurmOptions {
+  int64_t tasks = 0;  // array tasks (shards); 0: one per grid point
+  int64_t ranks = 1;  // data-parallel ranks per point
+  int64_t gpus_per_rank = 0;
+  int64_t cpus_per_rank = 1;
+  std::string partition, time;
+};
+std::string write_slurm_scripts(const SweepSpec& spec, const SweepOptions& options,
+                                const SlurmOptions& slurm);
+
+// `--nproc N` (experiments/launch.cpp): runs `extrap COMMAND ARGS` as N local data-parallel
+// ranks and returns the first failing rank's exit code (0: all succeeded).
+int launch_local_ranks(int nproc, const std::string& command, const Args& args);
 
 // `extrap eval --retrieval`: one row of accuracy by depth per length (each with the RoPE
 // scaling `rope` at `rope_factor`, or the length's own factor); a failure prints its reason in

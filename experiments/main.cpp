@@ -1,4 +1,5 @@
 // extrap: the command-line front end. `extrap COMMAND [args]`; `extrap COMMAND --help`.
+#include "core/distributed.h"
 #include "core/sysinfo.h"
 #include "core/yaml_options.h"
 #include "experiments/commands.h"
@@ -12,6 +13,7 @@
 #include <functional>
 #include <iostream>
 #include <map>
+#include <set>
 
 namespace {
 
@@ -46,6 +48,37 @@ void usage(std::ostream& out) {
     out << "  " << name << std::string(12 - name.size(), ' ') << command.summary << "\n";
 }
 
+// Removes `--nproc N` (or --nproc=N) from the arguments of the commands that can run as
+// data-parallel ranks and returns N (0: not given).
+int take_nproc(const std::string& command, extrap::cli::Args& args) {
+  static const std::set<std::string> parallel = {"train", "eval", "sweep", "bench"};
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string value;
+    size_t erase = 0;
+    if (args[i] == "--nproc" && i + 1 < args.size()) {
+      value = args[i + 1];
+      erase = 2;
+    } else if (args[i].rfind("--nproc=", 0) == 0) {
+      value = args[i].substr(8);
+      erase = 1;
+    } else if (args[i] == "--nproc") {
+      throw extrap::ConfigError("--nproc needs a number of ranks");
+    } else {
+      continue;
+    }
+    if (!parallel.count(command) || (command == "bench" && (args.empty() || args[0] != "train")))
+      throw extrap::ConfigError("--nproc: `extrap " + command + "` does not run data-parallel " +
+                                "(train, eval, sweep and bench train do)");
+    char* end = nullptr;
+    const long n = std::strtol(value.c_str(), &end, 10);
+    if (end == value.c_str() || *end || n < 1)
+      throw extrap::ConfigError("--nproc " + value + ": expected a number of ranks, at least 1");
+    args.erase(args.begin() + long(i), args.begin() + long(i + erase));
+    return int(n);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -72,23 +105,43 @@ int main(int argc, char** argv) {
   // A file-size limit (ulimit -f) makes a write fail with EFBIG, reported like a full disk,
   // instead of killing the process mid-write.
   std::signal(SIGXFSZ, SIG_IGN);
+  std::string label = "extrap " + name;
+  // The message of an error, and the exit code: 2 for a refused config, 1 otherwise.
+  std::string message;
+  int code = 0;
   try {
-    return found->second.run(args);
+    if (const int nproc = take_nproc(name, args); nproc > 0)
+      return extrap::cli::launch_local_ranks(nproc, name, args);
+    if (const auto& env = extrap::ProcessGroup::environment()) {
+      label += " (rank " + std::to_string(env->rank) + ")";
+      // Only rank 0 prints results; every rank still reports its errors on stderr.
+      if (env->rank != 0 && !std::freopen("/dev/null", "w", stdout))
+        throw std::runtime_error("cannot redirect rank " + std::to_string(env->rank) + "'s stdout");
+    }
+    code = found->second.run(args);
+    // Rank 0 serves the store: no rank leaves while another may still use it.
+    if (auto* group = extrap::ProcessGroup::existing()) group->barrier("the end of the command");
+    extrap::ProcessGroup::stop_heartbeat();
+    return code;
   } catch (const boost::program_options::error& e) {
-    std::cerr << "extrap " << name << ": " << e.what() << " (see extrap " << name << " --help)\n";
-    return 2;
+    message = std::string(e.what()) + " (see extrap " + name + " --help)";
+    code = 2;
   } catch (const extrap::ConfigError& e) {
-    std::cerr << "extrap " << name << ": " << e.what() << "\n";
-    return 2;
+    message = e.what();
+    code = 2;
   } catch (const c10::Error& e) {
     // LibTorch's own message, without the C++ backtrace it carries.
-    std::cerr << "extrap " << name << ": error: " << extrap::one_line(e.what_without_backtrace()) << "\n";
-    return 1;
+    message = "error: " + extrap::one_line(e.what_without_backtrace());
+    code = 1;
   } catch (const std::bad_alloc&) {
-    std::cerr << "extrap " << name << ": error: out of memory\n";
-    return 1;
+    message = "error: out of memory";
+    code = 1;
   } catch (const std::exception& e) {
-    std::cerr << "extrap " << name << ": error: " << e.what() << "\n";
-    return 1;
+    message = std::string("error: ") + e.what();
+    code = 1;
   }
+  std::cerr << label << ": " << message << "\n";
+  extrap::ProcessGroup::publish_failure_if_any(message);
+  extrap::ProcessGroup::stop_heartbeat();
+  return code;
 }

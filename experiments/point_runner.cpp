@@ -64,6 +64,8 @@ TrainedPoint train_point(const SweepPoint& point, const Corpus& corpus, RunRecor
   try {
     reset_peak_memory();
     out.trainer = std::make_unique<Trainer>(config, corpus);
+  } catch (const DistributedError&) {
+    throw;  // the job cannot go on
   } catch (const c10::Error& e) {
     out.failure = one_line(e.what_without_backtrace());
   } catch (const std::exception& e) {
@@ -98,6 +100,8 @@ TrainedPoint train_point(const SweepPoint& point, const Corpus& corpus, RunRecor
       record.valid_loss = summary.valid_curve;
       record.status = "trained";
     }
+  } catch (const DistributedError&) {
+    throw;  // the job cannot go on
   } catch (const EvalFailure& e) {
     out.failure = one_line(e.what());  // validation could not run (e.g. a split too short)
   } catch (const ConfigError&) {
@@ -141,6 +145,8 @@ PointRecord evaluate_point(Trainer& trainer, const Corpus& corpus, const SweepPo
     p.bits_per_byte = r.bits_per_byte;
     p.seconds = r.seconds;
     p.by_position = r.by_position;
+  } catch (const DistributedError&) {
+    throw;  // the job cannot go on
   } catch (const c10::Error& ex) {
     p.status = "failed: " + one_line(ex.what_without_backtrace());
   } catch (const std::exception& ex) {

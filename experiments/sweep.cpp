@@ -16,7 +16,9 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <sstream>
 
+#include "core/distributed.h"
 #include "core/fault.h"
 #include "core/progress.h"
 #include "core/sysinfo.h"
@@ -54,6 +56,49 @@ struct DoneSet {
   }
 };
 
+// Data parallel (core/distributed.h): rank 0 decides from the results file what each point
+// needs, and tells the other ranks, which hold no results file: "skip", or the indices (into
+// point.evals) of the evaluations to run ("" trains only).
+std::string share_plan(const SweepPoint& point, const std::vector<EvalPoint>& pending, bool skip) {
+  ProcessGroup* ranks = ProcessGroup::get(torch_device(point.config.train.device));
+  if (!ranks) return "";
+  std::string plan = skip ? "skip" : "";
+  if (!skip)
+    for (size_t i = 0; i < point.evals.size(); ++i)
+      for (const auto& e : pending)
+        if (e.mode == point.evals[i].mode && e.length == point.evals[i].length)
+          plan += (plan.empty() ? "" : ",") + std::to_string(i);
+  return ranks->share("sweep point " + point.id, plan);
+}
+
+// A rank other than 0: trains and evaluates what rank 0's plan says, point by point, taking
+// part in every collective; rank 0 records the results.
+void follow_points(const SweepSpec& spec, const std::vector<const SweepPoint*>& points,
+                   SweepOutcome& outcome) {
+  SweepDisplay silent(spec.name, int64_t(points.size()), false, "");
+  std::map<std::string, Corpus> corpora;
+  for (const SweepPoint* point : points) {
+    const std::string plan = share_plan(*point, {}, false);
+    if (plan == "skip") {
+      ++outcome.skipped;
+      continue;
+    }
+    const std::string data_key = yaml_to_string(point->config.to_yaml()["data"]);
+    if (!corpora.count(data_key)) corpora.emplace(data_key, load_corpus(point->config.data));
+    const Corpus& corpus = corpora.at(data_key);
+    RunRecord record = new_run_record(*point);
+    TrainedPoint trained = train_point(*point, corpus, record, silent, true);
+    if (!trained.trainer) continue;
+    ++outcome.trained;
+    std::stringstream indices(plan);
+    for (std::string index; std::getline(indices, index, ',');) {
+      if (index.empty()) continue;
+      evaluate_point(*trained.trainer, corpus, *point, record, point->evals.at(std::stoul(index)));
+      ++outcome.evaluated;
+    }
+  }
+}
+
 // Trains and evaluates `points` in order, appending every finished point to `store`.
 void run_points(const SweepSpec& spec, const std::vector<const SweepPoint*>& points,
                 ResultsStore& store, const ResultsStore* known, const SweepOptions& options,
@@ -69,6 +114,8 @@ void run_points(const SweepSpec& spec, const std::vector<const SweepPoint*>& poi
     for (const auto& e : point.evals)
       if (!done.has_point(point.id, e.mode, e.length)) pending.push_back(e);
     const RunRecord* existing = done.run(point.id);
+    // Data parallel: the other ranks run what rank 0 runs (plan_for_ranks).
+    share_plan(point, pending, existing && pending.empty());
     int64_t later_tokens = 0;
     for (size_t j = k + 1; j < points.size(); ++j)
       later_tokens += points[j]->config.train.steps * tokens_per_step(points[j]->config.train);
@@ -349,6 +396,17 @@ SweepOutcome run_sweep(const SweepSpec& spec, const SweepOptions& options) {
       throw ConfigError(spec.source + ": point " + p->id +
                         " trains on cuda but no CUDA device is available");
 
+  if (ProcessGroup::environment()) {
+    if ((options.jobs > 0 ? options.jobs : spec.jobs) > 1)
+      throw ConfigError(spec.source + ": jobs " +
+                        std::to_string(options.jobs > 0 ? options.jobs : spec.jobs) +
+                        " and data-parallel ranks do not combine: each point already runs on "
+                        "every rank (set jobs: 1 or --jobs 1)");
+    if (!ProcessGroup::leader()) {
+      follow_points(spec, points, outcome);
+      return outcome;
+    }
+  }
   ResultsLock lock(outcome.output);
   const SweepHeader header = spec.header(worker ? "part" : options.shard.text());
   ResultsStore store = ResultsStore::open_or_create(outcome.output, header);

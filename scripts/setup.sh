@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up extrap on Debian (bookworm) or a derivative, in four steps:
 #   deps    the Debian packages: compiler, CMake, and the C++ libraries that are not LibTorch
-#           (yaml-cpp, Boost.Program_options, HDF5 C++, Catch2, nlohmann-json, xxhash), the
+#           (yaml-cpp, Boost.Program_options, HDF5 C++, Catch2, nlohmann-json, xxhash; gloo's
+#           headers, which c10d's ProcessGroupGloo.hpp includes: LibTorch carries gloo itself), the
 #           Python 3.11 documentation (the default corpus' text), python3-venv where needed
 #   python  the project's virtual environment .venv/ (git-ignored) with requirements.txt: every
 #           Python package pinned exactly, PyTorch's wheel among them. Its LibTorch (headers,
@@ -33,7 +34,7 @@ REQUIREMENTS=$ROOT/requirements.txt
 
 PACKAGES=(
   cmake g++ make libyaml-cpp-dev libboost-program-options-dev libhdf5-dev catch2
-  nlohmann-json3-dev libxxhash-dev python3.11-doc
+  nlohmann-json3-dev libxxhash-dev libgloo-dev python3.11-doc
 )
 
 # Free space the python step needs, in GB (measured 2026-11-23: .venv is 5.5 GB; pip's

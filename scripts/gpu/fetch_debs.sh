@@ -20,7 +20,8 @@ main=("${yaml[@]}"
       libboost-program-options1.74.0 libboost1.74-dev
       libhdf5-dev libhdf5-103-1 libhdf5-cpp-103-1 libhdf5-hl-100 libhdf5-hl-cpp-100
       libsz2 libaec0
-      catch2 nlohmann-json3-dev libxxhash-dev libxxhash0)
+      catch2 nlohmann-json3-dev libxxhash-dev libxxhash0
+      libgloo-dev)  # headers only: c10d's ProcessGroupGloo.hpp includes them
 # libhdf5-103-1's runtime dependencies beyond libc and libstdc++ (apt-cache depends --recurse).
 fallback=(libcurl4 libssl3 libbrotli1 libgssapi-krb5-2 libk5crypto3 libkrb5-3 libkrb5support0
           libkeyutils1 libcom-err2 libldap-2.5-0 libsasl2-2 libnghttp2-14 libpsl5 librtmp1
