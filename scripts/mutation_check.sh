@@ -68,6 +68,10 @@ core/retrieval_eval.cpp | for (int64_t p = instance.prompt_length - 1; p < spec.
 core/retrieval_task.cpp | if (std::abs(double(b) - wanted) < std::abs(double(at) - wanted)) at = b; | ; | the key sentence always goes first (depth ignored)
 core/retrieval_task.cpp |   out += '.'; |   ; | the answer loses its full stop (a longer number would match)
 core/trainer.cpp | if (fraction >= 1) return true; | if (fraction >= 1) return false; | data.task_fraction 1 trains on no task instance
+core/trainer.cpp | const int64_t first_row = group_ ? group_->rank() * share : 0; | const int64_t first_row = 0; | every data-parallel rank trains on the first share of the batch
+core/trainer.cpp | all_reduce_gradients(*group_, model_->parameters(), what); | ; | data-parallel gradients are never summed (the ranks drift apart)
+core/evaluator.cpp | if (ranks && ++batch_number % ranks->size() != ranks->rank()) continue; | if (ranks && ++batch_number % ranks->size() == ranks->rank() + 1) continue; | data-parallel evaluation scores some batches on two ranks
+core/distributed.cpp | if (r != rank() && probe->add("beat/" + std::to_string(r), 0) == before[size_t(r)]) | if (r != rank() && probe->add("beat/" + std::to_string(r), 0) != before[size_t(r)]) | a dead rank is not named (the live ones are)
 EOF
 )
 
