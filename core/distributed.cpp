@@ -58,17 +58,21 @@ bool loopback(const std::string& address) {
 
 }  // namespace
 
+double distributed_timeout_seconds() {
+  const auto timeout = variable("EXTRAP_DIST_TIMEOUT");
+  if (!timeout) return 600;
+  char* end = nullptr;
+  const double seconds = std::strtod(timeout->c_str(), &end);
+  if (end == timeout->c_str() || *end || !(seconds >= 1) || seconds > 86400 * 7)
+    throw ConfigError("environment variable EXTRAP_DIST_TIMEOUT=" + *timeout +
+                      ": expected seconds, at least 1");
+  return seconds;
+}
+
 std::optional<LaunchEnvironment> launch_environment() {
   if (variable("EXTRAP_DISTRIBUTED") == std::string("0")) return std::nullopt;
   LaunchEnvironment env;
-  if (const auto timeout = variable("EXTRAP_DIST_TIMEOUT")) {
-    char* end = nullptr;
-    env.timeout_seconds = std::strtod(timeout->c_str(), &end);
-    if (end == timeout->c_str() || *end || !(env.timeout_seconds >= 1) ||
-        env.timeout_seconds > 86400 * 7)
-      throw ConfigError("environment variable EXTRAP_DIST_TIMEOUT=" + *timeout +
-                        ": expected seconds, at least 1");
-  }
+  env.timeout_seconds = distributed_timeout_seconds();
   const std::string why_master =
       "a data-parallel launch needs MASTER_ADDR and MASTER_PORT (the store's address)";
   if (const auto rank = variable("RANK")) {
@@ -346,8 +350,14 @@ void ProcessGroup::check_same(const std::string& what, const std::string& yaml) 
   }
 }
 
-std::string ProcessGroup::first_failure(const torch::Tensor& flags, const std::string& mine) {
-  const auto nonzero = flags.to(torch::kCPU).nonzero();
+std::string ProcessGroup::all_reduce_agreeing(std::vector<torch::Tensor>& tensors,
+                                              const std::string& mine, const std::string& what) {
+  auto failed = torch::zeros({size()}, torch::kFloat64);
+  if (!mine.empty()) failed[rank()] = 1.0;
+  tensors.push_back(failed);
+  all_reduce_sum(tensors, what);
+  tensors.pop_back();
+  const auto nonzero = failed.nonzero();
   if (nonzero.numel() == 0) return "";
   const int64_t first = nonzero[0][0].item<int64_t>();
   const std::string name = "failure/" + std::to_string(sequence_++);

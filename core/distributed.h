@@ -46,6 +46,9 @@ struct LaunchEnvironment {
   double timeout_seconds = 600;
 };
 
+// EXTRAP_DIST_TIMEOUT in seconds (default 600); a value that is not at least 1 is a ConfigError.
+double distributed_timeout_seconds();
+
 // The launcher's environment, or nullopt when this process is not a rank. Inconsistent or
 // incomplete variables (RANK without WORLD_SIZE, a rank outside the world, Slurm tasks
 // without MASTER_ADDR) are a ConfigError naming the variable.
@@ -85,11 +88,12 @@ class ProcessGroup {
   // Refuses (DistributedError) a rank whose `yaml` (a config, a corpus identity) differs from rank
   // 0's, naming the first differing key and the rank; `what` says what was compared.
   void check_same(const std::string& what, const std::string& yaml);
-  // After an all-reduce of `flags` (one slot per rank, non-zero where that rank failed): the
-  // error message of the lowest failed rank on every rank ("" when none failed). `mine` is this
-  // rank's own message. Lets a step that failed on some ranks only fail on all of them alike,
-  // with one message, instead of leaving the others waiting in the next collective.
-  std::string first_failure(const torch::Tensor& flags, const std::string& mine);
+  // all_reduce_sum of `tensors` that also agrees on failure: `mine` is this rank's error ("" if
+  // none). Returns, on every rank, the lowest failed rank's message ("" when none failed), so a
+  // step that failed on some ranks only fails on all of them alike, with one message, instead of
+  // leaving the others waiting in the next collective.
+  std::string all_reduce_agreeing(std::vector<torch::Tensor>& tensors, const std::string& mine,
+                                  const std::string& what);
   // Rank 0's `value` on every rank (through the store).
   std::string share(const std::string& key, const std::string& value);
 
@@ -121,7 +125,7 @@ class ProcessGroup {
 std::string failure_message(const std::exception& error);
 
 // Runs `work`. In one process its errors propagate; with ranks (`group` set) an error other
-// than a DistributedError is caught and its message returned, for first_failure to agree on
+// than a DistributedError is caught and its message returned, for all_reduce_agreeing to agree on
 // ("" when `work` succeeded).
 template <class Work>
 std::string run_or_capture(ProcessGroup* group, Work&& work) {

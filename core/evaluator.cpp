@@ -225,11 +225,9 @@ EvalResult evaluate(TransformerLM& model, const Corpus& corpus, const TokenStrea
     }
   });
   if (ranks) {
-    auto failed = torch::zeros({ranks->size()}, torch::kFloat64);
-    if (!local_failure.empty()) failed[ranks->rank()] = 1.0;
-    std::vector<torch::Tensor> sums{position_nll, position_tokens, failed};
-    ranks->all_reduce_sum(sums, "the evaluation at length " + std::to_string(spec.length));
-    const std::string failure = ranks->first_failure(failed, local_failure);
+    std::vector<torch::Tensor> sums{position_nll, position_tokens};
+    const std::string failure = ranks->all_reduce_agreeing(
+        sums, local_failure, "the evaluation at length " + std::to_string(spec.length));
     if (!failure.empty()) throw EvalFailure(failure);
   }
   result.scored_tokens = position_tokens.sum().item<int64_t>();

@@ -286,16 +286,12 @@ TrainSummary Trainer::run(RunStart start) {
       }
     });
     if (group_) {
-      // The loss of the whole batch and every rank's failure flag, then the gradients.
+      // The loss of the whole batch (and whether any rank failed), then the gradients.
       const std::string what = "the gradient all-reduce of step " + std::to_string(step + 1);
-      auto total = torch::zeros({1 + group_->size()}, torch::kFloat64);
-      total[0] = step_loss;
-      if (!local_failure.empty()) total[1 + group_->rank()] = 1.0;
-      std::vector<torch::Tensor> reduced{total};
-      group_->all_reduce_sum(reduced, what);
-      const std::string failure = group_->first_failure(total.narrow(0, 1, group_->size()), local_failure);
+      std::vector<torch::Tensor> loss{torch::full({1}, step_loss, torch::kFloat64)};
+      const std::string failure = group_->all_reduce_agreeing(loss, local_failure, what);
       if (!failure.empty()) throw std::runtime_error(failure);
-      step_loss = total[0].item<double>();
+      step_loss = loss[0].item<double>();
       all_reduce_gradients(*group_, model_->parameters(), what);
     }
     if (c.clip > 0) torch::nn::utils::clip_grad_norm_(model_->parameters(), c.clip);

@@ -88,8 +88,7 @@ int launch_local_ranks(int nproc, const std::string& command, const Args& args) 
   }
 
   // The survivors of a failed rank notice it within the process group's timeout.
-  const char* timeout = std::getenv("EXTRAP_DIST_TIMEOUT");
-  const double grace = (timeout ? std::atof(timeout) : 600.0) + 15.0;
+  const double grace = distributed_timeout_seconds() + 15.0;
   int exit_code = 0;
   int running = nproc;
   std::chrono::steady_clock::time_point failed_at;

@@ -66,7 +66,7 @@ int take_nproc(const std::string& command, extrap::cli::Args& args) {
     } else {
       continue;
     }
-    if (!parallel.count(command) || (command == "bench" && (args.empty() || args[0] != "train")))
+    if (!parallel.count(command) || (command == "bench" && args[0] != "train"))
       throw extrap::ConfigError("--nproc: `extrap " + command + "` does not run data-parallel " +
                                 "(train, eval, sweep and bench train do)");
     char* end = nullptr;
