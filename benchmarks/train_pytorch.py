@@ -127,7 +127,7 @@ def load_config(path, overrides):
     if not model["tie_embeddings"]:
         raise SystemExit("train_pytorch.py implements tied embeddings only")
     train = dict(seq_len=256, batch_tokens=8192, accumulation=1, lr=1e-3, weight_decay=0.01, clip=1.0,
-                 threads=0, seed=1)
+                 threads=0, seed=1, precision="fp32")
     train.update({k: v for k, v in cfg.get("train", {}).items() if k in train})
     position = cfg.get("position", "alibi")
     if isinstance(position, dict):
@@ -143,8 +143,12 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--vocab", type=int, default=257)
     ap.add_argument("--compile", action="store_true", help="run the model under torch.compile (Inductor)")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default=None,
+                    help="bf16: matrix products under torch.autocast (bfloat16), fp32 master weights; "
+                         "default: the config's train.precision (fp32 when unset)")
     args = ap.parse_args()
     m, t, position = load_config(args.config, args.set)
+    precision = args.precision or t["precision"]
     if position not in ("alibi", "sinusoidal", "none"):
         raise SystemExit(f"train_pytorch.py implements alibi, sinusoidal and none, not {position}")
     if m["objective"] != "causal_lm":
@@ -162,7 +166,8 @@ def main():
         opt.zero_grad()
         for _ in range(t["accumulation"]):
             tokens = torch.randint(0, args.vocab, (seqs, t["seq_len"] + 1))
-            logits = forward(tokens[:, :-1])
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+                logits = forward(tokens[:, :-1])
             loss = F.cross_entropy(logits.reshape(-1, args.vocab), tokens[:, 1:].reshape(-1))
             (loss / t["accumulation"]).backward()
         if t["clip"] > 0:
@@ -183,7 +188,8 @@ def main():
     params = sum(p.numel() for p in model.parameters())
     mode = "compiled (Inductor)" if args.compile else "eager"
     print(f"pytorch {torch.__version__} {mode}: {params} parameters, position {position}, "
-          f"{seqs} sequences x {t['seq_len']} tokens x {t['accumulation']} accumulation, {threads} threads")
+          f"{seqs} sequences x {t['seq_len']} tokens x {t['accumulation']} accumulation, {threads} threads, "
+          f"{precision}")
     print(f"warm-up: {max(args.warmup, 1)} steps in {warmup_seconds:.1f} s (compilation included)")
     print(f"step time: median {median:.4f} s (min {min(times):.4f}, max {max(times):.4f}) over {args.steps} steps")
     print(f"tokens/s: {tokens / median:.0f}")

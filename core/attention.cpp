@@ -2,6 +2,8 @@
 #include "core/attention.h"
 
 #include "core/efficient_attention.h"
+#include "core/fused_cpu_attention.h"
+#include "core/precision.h"
 #include "core/yaml_options.h"
 #ifdef EXTRAP_WITH_CUDA
 #include "core/cuda/fused_attention.h"
@@ -218,6 +220,9 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
               "attention expects (B, H, T, D) tensors, got q ", q.sizes());
   TORCH_CHECK(q.size(2) <= k.size(2) && k.size(2) == v.size(2), "attention: ", q.size(2),
               " queries for ", k.size(2), " keys and ", v.size(2), " values");
+  // Under train.precision bf16 (autocast) attention stays float32: the scores carry the bias.
+  if (Float32Region fp32(q.device().type()); fp32.was_autocast())
+    return attention(q.to(torch::kFloat32), k.to(torch::kFloat32), v.to(torch::kFloat32), bias, options);
   // Fewer queries than keys (decoding with a KV cache): the queries are the last keys. Only
   // the reference path takes that, and it is what Auto picks.
   if (q.size(2) != k.size(2)) {
@@ -234,6 +239,7 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
     case AttentionBackend::Efficient:
       return attention_efficient(q, k, v, bias, options);
     case AttentionBackend::Fused:
+      if (q.device().is_cpu()) return fused_cpu_attention(q, k, v, bias, options.causal);
 #ifdef EXTRAP_WITH_CUDA
       TORCH_CHECK(!(options.training && options.dropout > 0),
                   "attention: the fused CUDA backend has no attention dropout (dropout ",
@@ -249,6 +255,10 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
         return fused_attention(q, k, v, bias, options.causal);
 #endif
       const bool inference = !options.training && !torch::GradMode::is_enabled();
+      // Training on the CPU: the fused kernel where it takes the call (core/fused_cpu_attention.h).
+      if (!inference && q.size(2) >= options.fused_cpu_min_length &&
+          fused_cpu_attention_unsupported_reason(q, k, v, bias, options).empty())
+        return fused_cpu_attention(q, k, v, bias, options.causal);
       if (inference && q.device().is_cpu() && q.size(2) * k.size(2) > options.efficient_threshold)
         return attention_efficient(q, k, v, bias, options);
       return attention_reference(q, k, v, bias, options);

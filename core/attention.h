@@ -94,10 +94,12 @@ struct AttentionBias {
 
 // Which implementation an attention call uses.
 enum class AttentionBackend {
-  Auto,       // memory-efficient for long inference windows, fused on CUDA when possible
+  Auto,       // fused where it takes the call (CUDA; CPU training), memory-efficient for long
+              // CPU inference windows, the reference otherwise
   Reference,  // materialise scores and bias (exact reference, supports everything)
   Efficient,  // blockwise online-softmax CPU path (inference only)
-  Fused,      // fused CUDA kernel (slope-described biases only)
+  Fused,      // the device's fused kernel: CUDA (core/cuda), or the CPU training kernel
+              // (core/fused_cpu_attention.h); slope-described biases only
 };
 template <>
 struct EnumNames<AttentionBackend> {
@@ -116,6 +118,11 @@ struct AttentionOptions {
   AttentionBackend backend = AttentionBackend::Auto;
   // Auto switches to the memory-efficient path for inference when T_q * T_k exceeds this.
   int64_t efficient_threshold = 1024 * 1024;
+  // Auto trains with the fused CPU kernel from this many queries on. Measured with `extrap bench
+  // train` (2026-11-23, 2-core AMD EPYC, fp32, d_head 32 and 64): below it the per-head products
+  // are too small for a BLAS call each and the reference's batched ones win (L 64: 0.95x),
+  // at 128 the two are level, from 256 on the kernel is ahead (1.10x to 1.2x).
+  int64_t fused_cpu_min_length = 128;
 };
 
 // q: (B, H, Tq, D), k and v: (B, H, Tk, D) with Tq <= Tk. Returns (B, H, Tq, D).

@@ -111,6 +111,9 @@ void read_config(const OptionReader& root, Config& c) {
     r.read("out_dir", t.out_dir, "run directory (checkpoints, logs)", Affects::nothing);
     r.read("threads", t.threads, "CPU threads (0: all available cores)", Affects::nothing);
     r.read("device", t.device, "where to train");
+    r.read("precision", t.precision,
+           "training's matrix products: fp32, or bf16 (fp32 weights, optimiser, attention and "
+           "loss; evaluation is always fp32)");
     r.read("mask_prob", t.mask_prob, "masked_lm: fraction of tokens selected for prediction");
     r.finish();
     if (root.decoding()) {
@@ -228,6 +231,7 @@ YAML::Node keys_affecting(const Config& config, std::initializer_list<Affects> k
     for (Affects a : kept) keep = keep || doc.affects == a;
     if (!keep) remove_key(out, doc.key);
   }
+  if (config.train.precision == Precision::fp32) remove_key(out, "train.precision");
   if (config.task == RetrievalTask::none) {
     remove_key(out, "data.task");
     remove_key(out, "data.task_fraction");

@@ -20,6 +20,8 @@ enum class Activation { gelu, relu };
 enum class Objective { causal_lm, masked_lm };
 enum class Schedule { cosine, inverse_sqrt, constant };
 enum class Device { cpu, cuda };
+// Training arithmetic: fp32 throughout, or bf16 matrix products (core/precision.h).
+enum class Precision { fp32, bf16 };
 template <>
 struct EnumNames<Activation> {
   static constexpr std::array<std::pair<const char*, Activation>, 2> table{
@@ -41,6 +43,11 @@ template <>
 struct EnumNames<Device> {
   static constexpr std::array<std::pair<const char*, Device>, 2> table{
       {{"cpu", Device::cpu}, {"cuda", Device::cuda}}};
+};
+template <>
+struct EnumNames<Precision> {
+  static constexpr std::array<std::pair<const char*, Precision>, 2> table{
+      {{"fp32", Precision::fp32}, {"bf16", Precision::bf16}}};
 };
 inline torch::Device torch_device(Device device) {
   return device == Device::cuda ? torch::kCUDA : torch::kCPU;
@@ -83,6 +90,7 @@ struct TrainConfig {
   std::string out_dir = "runs/default";
   int64_t threads = 0;             // 0: all available cores
   Device device = Device::cpu;
+  Precision precision = Precision::fp32;  // training's matrix products (evaluation is fp32)
   double mask_prob = 0.15;         // masked_lm: fraction of tokens selected
 };
 

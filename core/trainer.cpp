@@ -5,6 +5,7 @@
 #include "core/files.h"
 #include "core/hashing.h"
 #include "core/memory_estimate.h"
+#include "core/precision.h"
 #include "core/progress.h"
 #include "core/sysinfo.h"
 
@@ -33,7 +34,7 @@ double learning_rate(const TrainConfig& c, int64_t step) {
 
 namespace {
 
-std::vector<torch::optim::OptimizerParamGroup> parameter_groups(TransformerLM& model,
+std::vector<torch::optim::OptimizerParamGroup> parameter_groups(const TransformerLM& model,
                                                                 const TrainConfig& c) {
   std::vector<torch::Tensor> decay, no_decay;
   for (const auto& p : model->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
@@ -48,6 +49,20 @@ std::vector<torch::optim::OptimizerParamGroup> parameter_groups(TransformerLM& m
 }
 
 }  // namespace
+
+std::unique_ptr<torch::optim::AdamW> make_optimizer(const TransformerLM& model, const TrainConfig& config) {
+  return std::make_unique<torch::optim::AdamW>(parameter_groups(model, config));
+}
+
+torch::Tensor training_loss(TransformerLM& model, const torch::Tensor& inputs, const torch::Tensor& targets,
+                            int64_t scored, Precision precision) {
+  ComputePrecision region(precision, inputs.device().type());
+  const auto logits = model->forward(inputs);  // (B, T, V)
+  return torch::nn::functional::cross_entropy(
+             logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}),
+             torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum)) /
+         double(std::max<int64_t>(scored, 1));
+}
 
 Trainer::Trainer(Config config, const Corpus& corpus)
     : config_(std::move(config)),
@@ -88,7 +103,7 @@ Trainer::Trainer(Config config, const Corpus& corpus)
                         std::to_string(config_.train.seq_len));
     broadcast_parameters(*group_, *model_);
   }
-  optimizer_ = std::make_unique<torch::optim::AdamW>(parameter_groups(model_, config_.train));
+  optimizer_ = make_optimizer(model_, config_.train);
 }
 
 int64_t micro_batch_sequences(const TrainConfig& c) {
@@ -275,12 +290,7 @@ TrainSummary Trainer::run(RunStart start) {
         }
         inputs = inputs.to(device_);
         targets = targets.to(device_);
-        auto logits = model_->forward(inputs);  // (B, T, V)
-        const auto loss =
-            torch::nn::functional::cross_entropy(
-                logits.view({-1, logits.size(-1)}), targets.view({-1}),
-                torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum)) /
-            double(std::max<int64_t>(scored, 1));
+        const auto loss = training_loss(model_, inputs, targets, scored, c.precision);
         (loss / double(c.accumulation)).backward();
         step_loss += loss.item<double>() / double(c.accumulation);
       }

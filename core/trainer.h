@@ -62,6 +62,15 @@ int64_t micro_batch_sequences(const TrainConfig& config);
 // The learning rate at optimiser step `step` (1-based).
 double learning_rate(const TrainConfig& config, int64_t step);
 
+// AdamW with the config's betas and epsilon, weight decay on matrices only.
+std::unique_ptr<torch::optim::AdamW> make_optimizer(const TransformerLM& model, const TrainConfig& config);
+
+// One micro-batch's loss: the summed NLL of `targets` (-100: not scored) over `scored`, the
+// forward pass under train.precision (core/precision.h). What the trainer and `extrap bench
+// train` both call.
+torch::Tensor training_loss(TransformerLM& model, const torch::Tensor& inputs, const torch::Tensor& targets,
+                            int64_t scored, Precision precision);
+
 class Trainer {
  public:
   Trainer(Config config, const Corpus& corpus);

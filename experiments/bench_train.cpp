@@ -4,8 +4,11 @@
 #include "core/config.h"
 #include "core/distributed.h"
 #include "core/model.h"
+#include "core/precision.h"
 #include "core/sysinfo.h"
 #include "core/trainer.h"
+#include "experiments/bench_profile.h"
+#include "experiments/bench_util.h"
 #include "experiments/commands.h"
 
 #include <algorithm>
@@ -20,13 +23,14 @@ int bench_train(const Args& args) {
   po::options_description options("extrap bench train");
   std::string config_path;
   std::vector<std::string> overrides;
-  int64_t steps = 20, warmup = 3, vocab = 257;
+  int64_t steps = 20, warmup = 3, vocab = 257, profile = 0;
   options.add_options()
       ("config,c", po::value(&config_path)->required(), "YAML config (model, position, train shapes)")
       ("set", po::value(&overrides)->composing(), "override a key (repeatable)")
       ("steps", po::value(&steps), "timed optimiser steps")
       ("warmup", po::value(&warmup), "untimed steps first")
-      ("vocab", po::value(&vocab), "vocabulary size of the random tokens (257: byte level)");
+      ("vocab", po::value(&vocab), "vocabulary size of the random tokens (257: byte level)")
+      ("profile", po::value(&profile), "then profile N more steps and print the operators by self time");
   po::variables_map vm;
   if (!parse(args, "extrap bench train --config FILE [--steps N] [--set key=value ...]", options, vm)) return 0;
   const Config config = load_config(config_path, overrides);
@@ -43,24 +47,23 @@ int bench_train(const Args& args) {
   model->to(device);
   model->train();
   if (ranks) broadcast_parameters(*ranks, *model);
-  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(t.lr).weight_decay(t.weight_decay));
+  const auto optimizer = make_optimizer(model, t);  // the trainer's (decay on matrices only)
   const int64_t global = std::max<int64_t>(1, t.batch_tokens / t.seq_len / t.accumulation);
   if (global % world != 0)
     throw ConfigError(config_path + ": " + std::to_string(global) + " sequences a micro-batch do not split evenly over " +
                       std::to_string(world) + " ranks");
   const int64_t sequences = global / world;
   auto step = [&] {
-    optimizer.zero_grad();
+    optimizer->zero_grad();
     for (int64_t a = 0; a < t.accumulation; ++a) {
       auto tokens = torch::randint(0, vocab, {sequences, t.seq_len + 1}, torch::kLong).to(device);
-      auto logits = model->forward(tokens.narrow(1, 0, t.seq_len));
-      auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, vocab}),
-                                                       tokens.narrow(1, 1, t.seq_len).reshape({-1}));
-      (loss / double(t.accumulation * world)).backward();
+      auto loss = training_loss(model, tokens.narrow(1, 0, t.seq_len), tokens.narrow(1, 1, t.seq_len),
+                                global * t.seq_len, t.precision);
+      (loss / double(t.accumulation)).backward();
     }
     if (ranks) all_reduce_gradients(*ranks, model->parameters(), "the gradient all-reduce");
     if (t.clip > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), t.clip);
-    optimizer.step();
+    optimizer->step();
   };
   for (int64_t i = 0; i < warmup; ++i) step();
   std::vector<double> seconds;
@@ -79,14 +82,34 @@ int bench_train(const Args& args) {
               (long long)model->num_parameters(), (long long)config.model.layers,
               (long long)config.model.d_model, (long long)config.model.heads,
               config.position_name.c_str(), enum_name(config.model.attention).c_str());
-  std::printf("shape: %lld sequences x %lld tokens x %lld accumulation, %d threads, device %s\n",
-              (long long)global, (long long)t.seq_len, (long long)t.accumulation, threads, enum_name(t.device).c_str());
+  std::printf("shape: %lld sequences x %lld tokens x %lld accumulation, %d threads, device %s, precision %s%s\n",
+              (long long)global, (long long)t.seq_len, (long long)t.accumulation, threads, enum_name(t.device).c_str(),
+              enum_name(t.precision).c_str(),
+              t.precision == Precision::bf16 && device.is_cpu() && !cpu_has_fast_bf16()
+                  ? " (no AVX512_BF16 or AMX here: bf16 products are emulated)" : "");
   if (ranks)
     std::printf("ranks: %lld data-parallel (%s, %lld sequences each), %d threads each\n", (long long)world,
                 ranks->device().is_cuda() ? "nccl" : "gloo", (long long)sequences, threads);
   std::printf("step time: median %.4f s (min %.4f, max %.4f) over %lld steps\n", median, seconds.front(),
               seconds.back(), (long long)steps);
   std::printf("tokens/s: %.0f\npeak memory: %.1f MiB\n", tokens / median, peak_rss_bytes() / 1048576.0);
+  // Model FLOPs utilisation: 6 x parameters a token (forward and backward products, the tied
+  // embedding counted once, as the output projection), plus attention's q.k and p.v products,
+  // 12 x layers x T x d_model a token, halved when causal; over the large-matrix-product rate
+  // of this machine measured now, in the training precision. CPU only.
+  if (device.is_cpu()) {
+    const auto& m = config.model;
+    const double attention = 12.0 * double(m.layers * t.seq_len * m.d_model) * (m.causal() ? 0.5 : 1.0);
+    const double per_token = 6.0 * double(model->num_parameters()) + attention;
+    const double achieved = per_token * tokens / median / 1e9;
+    const auto dtype = t.precision == Precision::bf16 ? torch::kBFloat16 : torch::kFloat32;
+    const double peak = bench::matrix_product_gflops(dtype);
+    std::printf("model FLOPs: %.3g a token, %.1f GFLOP/s\n", per_token, achieved);
+    std::printf("matrix-product rate: %.1f GFLOP/s (%s 1024 x 1024 x 1024, %d threads)\n", peak,
+                enum_name(t.precision).c_str(), threads);
+    std::printf("MFU: %.2f\n", achieved / peak);
+  }
+  if (profile > 0) bench::print_operator_profile(step, profile, 40);
   return 0;
 }
 

@@ -72,4 +72,17 @@ CallMeasurement measure_call(const std::function<void()>& call, int repeats) {
   return result;
 }
 
+double matrix_product_gflops(torch::Dtype dtype) {
+  const int64_t n = 1024;
+  const auto a = torch::randn({n, n}).to(dtype), b = torch::randn({n, n}).to(dtype);
+  for (int i = 0; i < 3; ++i) torch::mm(a, b);
+  std::vector<double> seconds;
+  for (int i = 0; i < 10; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    torch::mm(a, b);
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return 2.0 * double(n * n * n) / median(seconds) / 1e9;
+}
+
 }  // namespace extrap::bench

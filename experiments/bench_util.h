@@ -11,6 +11,8 @@
 // cannot separate one call from the calls before it.
 #pragma once
 
+#include <torch/torch.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -54,5 +56,10 @@ struct CallMeasurement {
 
 // Runs `call` `repeats` times (>= 1), each timed and sampled on its own.
 CallMeasurement measure_call(const std::function<void()>& call, int repeats);
+
+// The machine's large-matrix-product rate in GFLOP/s: the median of 10 products of two
+// 1024 x 1024 matrices of `dtype` on the CPU, after 3 untimed (LibTorch's current threads).
+// The denominator of model FLOPs utilisation.
+double matrix_product_gflops(torch::Dtype dtype);
 
 }  // namespace extrap::bench

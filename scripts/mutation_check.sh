@@ -72,6 +72,11 @@ core/trainer.cpp | const int64_t first_row = group_ ? group_->rank() * share : 0
 core/trainer.cpp | all_reduce_gradients(*group_, model_->parameters(), what); | ; | data-parallel gradients are never summed (the ranks drift apart)
 core/evaluator.cpp | if (ranks && ++batch_number % ranks->size() != ranks->rank()) continue; | if (ranks && ++batch_number % ranks->size() == ranks->rank() + 1) continue; | data-parallel evaluation scores some batches on two ranks
 core/distributed.cpp | if (r != rank() && probe->add("beat/" + std::to_string(r), 0) == before[size_t(r)]) | if (r != rank() && probe->add("beat/" + std::to_string(r), 0) != before[size_t(r)]) | a dead rank is not named (the live ones are)
+core/attention.cpp | if (Float32Region fp32(q.device().type()); fp32.was_autocast()) | if (Float32Region fp32(q.device().type()); false) | under train.precision bf16 the attention scores (and the bias) are bfloat16
+core/trainer.cpp | ComputePrecision region(precision, inputs.device().type()); | ComputePrecision region(Precision::fp32, inputs.device().type()); | train.precision bf16 silently trains in fp32
+core/config.cpp | if (config.train.precision == Precision::fp32) remove_key(out, "train.precision"); | ; | every earlier run directory changes identity (fp32 joins the fingerprint)
+core/fused_cpu_attention.cpp | q.st, 1.0f, dkb, row);  // dK += | q.st, 0.0f, dkb, row);  // dK += | the fused CPU attention keeps only the last query block's key gradients
+core/fused_cpu_attention.cpp | return {hb.left, hb.right, hb.left != -kInf, !p.causal && hb.right != -kInf}; | return {hb.left, hb.right, hb.left != -kInf, hb.right != -kInf}; | the fused CPU attention lets a causal symmetric bias see the future
 EOF
 )
 

@@ -234,6 +234,8 @@ TEST_CASE("config: each key's mark decides the run fingerprint and what a sweep 
   // data.task and data.task_fraction are left out at their defaults (tests/test_retrieval.cpp)
   c.task = RetrievalTask::passkey;
   c.task_fraction = 0.5;
+  // and so is train.precision (fp32; tests/test_precision.cpp)
+  c.train.precision = Precision::bf16;
   const YAML::Node model = c.model_keys();
   CHECK(model["train"]["steps"]);
   CHECK(model["train"]["lr"]);

@@ -105,6 +105,20 @@ inline Config tiny_config(const std::string& position = "alibi") {
   return c;
 }
 
+// One micro-batch through the training loss (`tokens`: (B, T + 1), every target scored) and
+// back: the loss and every parameter's gradient, flattened into one vector.
+inline std::pair<double, torch::Tensor> loss_and_gradients(TransformerLM& model, const torch::Tensor& tokens,
+                                                           Precision precision) {
+  const int64_t length = tokens.size(1) - 1;
+  model->zero_grad();
+  const auto loss = training_loss(model, tokens.narrow(1, 0, length), tokens.narrow(1, 1, length),
+                                  tokens.size(0) * length, precision);
+  loss.backward();
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : model->parameters()) grads.push_back(p.grad().flatten().clone());
+  return {loss.item<double>(), torch::cat(grads)};
+}
+
 // Trains `config` to its steps twice: straight through in DIR/straight, and in DIR/resumed
 // stopped after step `stop_after` (a checkpoint) and resumed by a fresh trainer. Requires the
 // two models to be bit-for-bit equal; returns the straight run's parameters. The resumed run's
