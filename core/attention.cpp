@@ -239,7 +239,7 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
     case AttentionBackend::Efficient:
       return attention_efficient(q, k, v, bias, options);
     case AttentionBackend::Fused:
-      if (q.device().is_cpu()) return fused_cpu_attention(q, k, v, bias, options.causal);
+      if (q.device().is_cpu()) return fused_cpu_attention(q, k, v, bias, options);
 #ifdef EXTRAP_WITH_CUDA
       TORCH_CHECK(!(options.training && options.dropout > 0),
                   "attention: the fused CUDA backend has no attention dropout (dropout ",
@@ -258,7 +258,7 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
       // Training on the CPU: the fused kernel where it takes the call (core/fused_cpu_attention.h).
       if (!inference && q.size(2) >= options.fused_cpu_min_length &&
           fused_cpu_attention_unsupported_reason(q, k, v, bias, options).empty())
-        return fused_cpu_attention(q, k, v, bias, options.causal);
+        return fused_cpu_attention(q, k, v, bias, options);
       if (inference && q.device().is_cpu() && q.size(2) * k.size(2) > options.efficient_threshold)
         return attention_efficient(q, k, v, bias, options);
       return attention_reference(q, k, v, bias, options);

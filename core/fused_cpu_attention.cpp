@@ -54,6 +54,11 @@ struct Problem {
   float scale;
   bool causal;
   std::vector<HeadBias> bias;  // empty: no bias
+
+  // Sizes and scale from q (B, H, T, D); no bias yet.
+  static Problem of(const torch::Tensor& q, bool causal) {
+    return {q.size(0), q.size(1), q.size(2), q.size(3), float(1.0 / std::sqrt(double(q.size(3)))), causal, {}};
+  }
 };
 
 // The element-wise work of a score row, written as plain loops that GCC vectorises, compiled
@@ -233,7 +238,7 @@ void backward_kernel(const Problem& p, const Operand& q, const Operand& k, const
 }
 
 Problem make_problem(const torch::Tensor& q, const AttentionBias& bias, bool causal) {
-  Problem p{q.size(0), q.size(1), q.size(2), q.size(3), float(1.0 / std::sqrt(double(q.size(3)))), causal, {}};
+  Problem p = Problem::of(q, causal);
   if (bias.kind == AttentionBias::Kind::Linear) {
     const auto left = bias.slopes_left.detach().to(torch::kCPU, torch::kFloat32).contiguous();
     const auto right = bias.slopes_right.detach().to(torch::kCPU, torch::kFloat32).contiguous();
@@ -272,8 +277,7 @@ class FusedCpuAttentionFunction : public torch::autograd::Function<FusedCpuAtten
                                                torch::autograd::tensor_list grads) {
     const auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
-    Problem p{q.size(0), q.size(1), q.size(2), q.size(3), float(1.0 / std::sqrt(double(q.size(3)))),
-              ctx->saved_data["causal"].toBool(), {}};
+    Problem p = Problem::of(q, ctx->saved_data["causal"].toBool());
     const auto left = ctx->saved_data["left"].toDoubleVector(), right = ctx->saved_data["right"].toDoubleVector();
     for (size_t h = 0; h < left.size(); ++h) p.bias.push_back({float(left[h]), float(right[h])});
     auto dout = grads[0];
@@ -312,12 +316,10 @@ std::string fused_cpu_attention_unsupported_reason(const torch::Tensor& q, const
 }
 
 torch::Tensor fused_cpu_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                  const AttentionBias& bias, bool causal) {
-  AttentionOptions options;
-  options.causal = causal;
+                                  const AttentionBias& bias, const AttentionOptions& options) {
   const std::string reason = fused_cpu_attention_unsupported_reason(q, k, v, bias, options);
   TORCH_CHECK(reason.empty(), "attention: the fused CPU kernel does not take this call (", reason, ")");
-  const Problem problem = make_problem(q, bias, causal);
+  const Problem problem = make_problem(q, bias, options.causal);
   return FusedCpuAttentionFunction::apply(q, k, v, &problem);
 }
 

@@ -33,9 +33,10 @@ std::string fused_cpu_attention_unsupported_reason(const torch::Tensor& q, const
                                                    const torch::Tensor& v, const AttentionBias& bias,
                                                    const AttentionOptions& options);
 
-// Same contract as attention_reference() (equal to rounding), differentiable in q, k and v.
+// Same contract as attention_reference() (equal to rounding), differentiable in q, k and v;
+// refuses, with the reason, a call it does not take (attention dropout in training among them).
 // The result is a (B, H, T, Dh) view of a (B, T, H, Dh) tensor: y.transpose(1, 2) is contiguous.
 torch::Tensor fused_cpu_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                  const AttentionBias& bias, bool causal);
+                                  const AttentionBias& bias, const AttentionOptions& options);
 
 }  // namespace extrap

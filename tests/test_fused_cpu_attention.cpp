@@ -59,7 +59,10 @@ TEST_CASE("fused CPU attention: outputs and q, k, v gradients equal the float64 
             auto q = parts[0].detach().requires_grad_(), k = parts[1].detach().requires_grad_(),
                  v = parts[2].detach().requires_grad_();
             REQUIRE(fused_cpu_attention_unsupported_reason(q, k, v, bias, {}).empty());
-            const auto y = fused_cpu_attention(q, k, v, bias, causal);
+            AttentionOptions options;
+            options.causal = causal;
+            options.training = true;
+            const auto y = fused_cpu_attention(q, k, v, bias, options);
             REQUIRE(y.sizes() == q.sizes());
             REQUIRE(y.transpose(1, 2).is_contiguous());  // the output projection's layout
             const auto grad_y = torch::randn_like(y);
@@ -67,8 +70,6 @@ TEST_CASE("fused CPU attention: outputs and q, k, v gradients equal the float64 
 
             auto q64 = q.detach().to(torch::kFloat64).requires_grad_(), k64 = k.detach().to(torch::kFloat64).requires_grad_(),
                  v64 = v.detach().to(torch::kFloat64).requires_grad_();
-            AttentionOptions options;
-            options.causal = causal;
             const auto expected = attention_reference(q64, k64, v64, bias, options);
             expected.backward(grad_y.to(torch::kFloat64));
             CHECK(max_relative_difference(y.detach(), expected.detach()) < 1e-5);
@@ -106,6 +107,9 @@ TEST_CASE("fused CPU attention: what it does not take goes to the reference, nam
   fused.backend = AttentionBackend::Fused;
   const auto learned = AttentionBias::linear_causal(slopes.clone().requires_grad_());
   REQUIRE_THROWS_WITH(attention(q, k, v, learned, fused), Catch::Contains("learned slopes"));
+  AttentionOptions fused_dropout = fused;
+  fused_dropout.dropout = 0.1;  // never trained without the dropout it asks for
+  REQUIRE_THROWS_WITH(attention(q, k, v, AttentionBias::none(), fused_dropout), Catch::Contains("dropout"));
   torch::Tensor via_auto, via_reference;
   {
     torch::AutoGradMode grad(true);
