@@ -1,6 +1,7 @@
 // The attention dispatcher and the reference implementation.
 #include "core/attention.h"
 
+#include "core/bf16_gemm.h"
 #include "core/efficient_attention.h"
 #include "core/fused_cpu_attention.h"
 #include "core/precision.h"
@@ -214,6 +215,25 @@ torch::Tensor attention_reference(const torch::Tensor& q, const torch::Tensor& k
   return torch::matmul(probs, v);  // (B, H, Tq, D)
 }
 
+namespace {
+
+// Whether the call goes to the fused CPU kernel: the Fused backend on the CPU (which refuses by
+// name what it does not take), or Auto training from fused_cpu_min_length queries where the
+// kernel takes the call.
+bool fused_cpu_takes(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                     const AttentionBias& bias, const AttentionOptions& options) {
+  if (!q.device().is_cpu() || q.size(2) != k.size(2)) return false;
+  if (options.backend == AttentionBackend::Fused) return true;
+  const bool inference = !options.training && !torch::GradMode::is_enabled();
+  const int64_t min_length = q.scalar_type() == torch::kBFloat16 && bf16_gemm::available()
+                                 ? options.fused_cpu_bf16_min_length
+                                 : options.fused_cpu_min_length;
+  return options.backend == AttentionBackend::Auto && !inference && q.size(2) >= min_length &&
+         fused_cpu_attention_unsupported_reason(q, k, v, bias, options).empty();
+}
+
+}  // namespace
+
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const AttentionBias& bias, const AttentionOptions& options) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
@@ -221,8 +241,13 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
   TORCH_CHECK(q.size(2) <= k.size(2) && k.size(2) == v.size(2), "attention: ", q.size(2),
               " queries for ", k.size(2), " keys and ", v.size(2), " values");
   // Under train.precision bf16 (autocast) attention stays float32: the scores carry the bias.
-  if (Float32Region fp32(q.device().type()); fp32.was_autocast())
+  // The fused CPU kernel widens bfloat16 inputs itself and computes in float32 (no float32
+  // copies of q, k, v and the output); every other path gets float32 copies.
+  if (Float32Region fp32(q.device().type()); fp32.was_autocast()) {
+    if (q.scalar_type() == torch::kBFloat16 && fused_cpu_takes(q, k, v, bias, options))
+      return fused_cpu_attention(q, k, v, bias, options);
     return attention(q.to(torch::kFloat32), k.to(torch::kFloat32), v.to(torch::kFloat32), bias, options);
+  }
   // Fewer queries than keys (decoding with a KV cache): the queries are the last keys. Only
   // the reference path takes that, and it is what Auto picks.
   if (q.size(2) != k.size(2)) {
@@ -254,11 +279,9 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
           fused_attention_unsupported_reason(q, k, v, bias, options.causal).empty())
         return fused_attention(q, k, v, bias, options.causal);
 #endif
-      const bool inference = !options.training && !torch::GradMode::is_enabled();
       // Training on the CPU: the fused kernel where it takes the call (core/fused_cpu_attention.h).
-      if (!inference && q.size(2) >= options.fused_cpu_min_length &&
-          fused_cpu_attention_unsupported_reason(q, k, v, bias, options).empty())
-        return fused_cpu_attention(q, k, v, bias, options);
+      if (fused_cpu_takes(q, k, v, bias, options)) return fused_cpu_attention(q, k, v, bias, options);
+      const bool inference = !options.training && !torch::GradMode::is_enabled();
       if (inference && q.device().is_cpu() && q.size(2) * k.size(2) > options.efficient_threshold)
         return attention_efficient(q, k, v, bias, options);
       return attention_reference(q, k, v, bias, options);

@@ -123,6 +123,10 @@ struct AttentionOptions {
   // are too small for a BLAS call each and the reference's batched ones win (L 64: 0.95x),
   // at 128 the two are level, from 256 on the kernel is ahead (1.10x to 1.2x).
   int64_t fused_cpu_min_length = 128;
+  // The same for bfloat16 inputs (train.precision bf16) on a CPU with AVX512_BF16, where the
+  // kernel's products run in bfloat16 (core/bf16_gemm.h). Measured the same way in bf16 (L 32
+  // level with the reference, L 64 1.09x; benchmarks/RESULTS.md).
+  int64_t fused_cpu_bf16_min_length = 64;
 };
 
 // q: (B, H, Tq, D), k and v: (B, H, Tk, D) with Tq <= Tk. Returns (B, H, Tq, D).

@@ -1,5 +1,8 @@
 #include "core/fused_cpu_attention.h"
 
+#include "core/bf16_gemm.h"
+#include "core/cpu_vector_math.h"
+
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
 
@@ -33,15 +36,6 @@ void gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, f
   sgemm_function()(&tb, &ta, &N, &M, &K, &alpha, b, &LDB, a, &LDA, &beta, c, &LDC);
 }
 
-// A (B, H, T, Dh) operand: the row of (b, h, t) starts at data + b * sb + h * sh + t * st.
-struct Operand {
-  const float* data;
-  int64_t sb, sh, st;
-  explicit Operand(const torch::Tensor& x)
-      : data(x.data_ptr<float>()), sb(x.stride(0)), sh(x.stride(1)), st(x.stride(2)) {}
-  const float* at(int64_t b, int64_t h) const { return data + b * sb + h * sh; }
-};
-
 // The bias of head h as the kernel applies it: bias(i, j) = left * (i - j) for j < i,
 // right * (j - i) for j > i, 0 on the diagonal; a head that may not look one way has
 // -inf there (and causal attention masks j > i whatever the bias says).
@@ -61,38 +55,80 @@ struct Problem {
   }
 };
 
-// The element-wise work of a score row, written as plain loops that GCC vectorises, compiled
-// for AVX-512, AVX2 and the x86-64 baseline and picked at load time (target_clones); the
-// ATen vector types would be compiled for the baseline only in this file. Measured on
-// configs/train_quick.yaml (2026-11-23, 2-core AMD EPYC): with scalar expf calls the kernel
-// was 8% slower than the reference path; see benchmarks/RESULTS.md for what this gave.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define EXTRAP_ISA_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define EXTRAP_ISA_CLONES
-#endif
 
-// e^x for float x: x = n ln2 + r with |r| <= ln2 / 2, e^r by its degree-6 Taylor polynomial
-// (relative error below 2e-7 on that range), times 2^n built in the exponent bits; 0 below
-// -87 (e^-87 is the edge of float's normal range). Branch-free, so loops over it vectorise.
-inline float exp_float(float x) {
-  x = x < -87.0f ? -87.0f : x;
-  x = x > 88.0f ? 88.0f : x;
-  // Round to nearest by adding and subtracting 1.5 * 2^23 (no libm call, so loops vectorise).
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  // ln2 in two parts (Cody-Waite)
-  float poly = 1.0f / 720;
-  poly = poly * r + 1.0f / 120;
-  poly = poly * r + 1.0f / 24;
-  poly = poly * r + 1.0f / 6;
-  poly = poly * r + 0.5f;
-  poly = poly * r + 1.0f;
-  poly = poly * r + 1.0f;
-  const int32_t bits = (int32_t(n) + 127) << 23;
-  float scale;
-  __builtin_memcpy(&scale, &bits, sizeof scale);
-  return x <= -87.0f ? 0.0f : poly * scale;
+// The rows of one (batch, head) as float32: row t starts at data + t * stride.
+struct Rows {
+  float* data;
+  int64_t stride;
+};
+
+// bfloat16 <-> float32 for the kernel's inputs and outputs under train.precision bf16; the
+// conversion rounds to nearest even, as LibTorch's casts do.
+EXTRAP_ISA_CLONES
+void widen(const c10::BFloat16* from, float* to, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) to[j] = float(from[j]);
 }
+
+void narrow(const float* from, c10::BFloat16* to, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) to[j] = c10::BFloat16(from[j]);
+}
+
+// A (B, H, T, Dh) input, float32 or bfloat16: the row of (b, h, t) starts at element
+// b * sb + h * sh + t * st.
+struct Operand {
+  const void* data;
+  bool bf16;
+  int64_t sb, sh, st;
+  explicit Operand(const torch::Tensor& x)
+      : data(x.data_ptr()), bf16(x.scalar_type() == torch::kBFloat16),
+        sb(x.stride(0)), sh(x.stride(1)), st(x.stride(2)) {}
+
+  const c10::BFloat16* bf16_at(int64_t b, int64_t h) const {
+    return static_cast<const c10::BFloat16*>(data) + b * sb + h * sh;
+  }
+
+  // The T rows of (b, h) as float32: in place for a float32 tensor, widened into `buffer`
+  // (T x D, contiguous) for a bfloat16 one.
+  Rows rows(int64_t b, int64_t h, int64_t T, int64_t D, std::vector<float>& buffer) const {
+    if (!bf16) return {const_cast<float*>(static_cast<const float*>(data)) + b * sb + h * sh, st};
+    buffer.resize(size_t(T * D));
+    const auto* x = static_cast<const c10::BFloat16*>(data) + b * sb + h * sh;
+    for (int64_t t = 0; t < T; ++t) widen(x + t * st, buffer.data() + t * D, D);
+    return {buffer.data(), D};
+  }
+};
+
+// A (B, T, H, Dh) output, float32 or bfloat16, written head by head: rows() gives the rows of
+// (b, h) to write as float32 (the tensor's own for float32, `buffer` for bfloat16), and
+// store() rounds a bfloat16 output's buffer into the tensor.
+struct Destination {
+  void* data;
+  bool bf16;
+  int64_t T, H, D;
+  explicit Destination(torch::Tensor& x)
+      : data(x.data_ptr()), bf16(x.scalar_type() == torch::kBFloat16), T(x.size(1)), H(x.size(2)), D(x.size(3)) {}
+  int64_t offset(int64_t b, int64_t h) const { return b * T * H * D + h * D; }
+
+  Rows rows(int64_t b, int64_t h, std::vector<float>& buffer) const {
+    if (!bf16) return {static_cast<float*>(data) + offset(b, h), H * D};
+    buffer.resize(size_t(T * D));
+    return {buffer.data(), D};
+  }
+  void store(int64_t b, int64_t h, const std::vector<float>& buffer) const {
+    if (bf16) store_rows(b, h, 0, T, buffer.data());
+  }
+  // Rows [t0, t0 + m) of (b, h) of a bfloat16 output from float32 rows (m x D).
+  void store_rows(int64_t b, int64_t h, int64_t t0, int64_t m, const float* rows) const {
+    auto* y = static_cast<c10::BFloat16*>(data) + offset(b, h);
+    for (int64_t t = 0; t < m; ++t) narrow(rows + t * D, y + (t0 + t) * H * D, D);
+  }
+  // All rows of (b, h) of a bfloat16 output from its transpose (D x T, float32).
+  void store_transposed(int64_t b, int64_t h, const float* transposed) const {
+    auto* y = static_cast<c10::BFloat16*>(data) + offset(b, h);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t d = 0; d < D; ++d) y[t * H * D + d] = c10::BFloat16(transposed[d * T + t]);
+  }
+};
 
 // Row i of the scores (keys [0, n), the diagonal at i < n) with the head's bias added: the
 // keys left of i by left * (i - j) and right of it by right * (j - i), or masked.
@@ -157,6 +193,13 @@ float dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
+// dS = P (dP - rowsum(P dP)) for m rows of n keys, in place in dP. rowsum(P dP) is the
+// softmax backward's shift rowsum(dO o O) (O = P V, dP = dO V^T), so O is not needed.
+void softmax_backward_block(float* dp, const float* prob, int64_t m, int64_t n) {
+  for (int64_t r = 0; r < m; ++r)
+    softmax_backward_row(dp + r * n, prob + r * n, n, dot(prob + r * n, dp + r * n, n));
+}
+
 RowBias row_bias(const Problem& p, int64_t h) {
   const HeadBias hb = p.bias.empty() ? HeadBias{} : p.bias[size_t(h)];
   return {hb.left, hb.right, hb.left != -kInf, !p.causal && hb.right != -kInf};
@@ -182,57 +225,138 @@ void probabilities_row(float* row, int64_t i, int64_t n, const Problem& p, int64
 // Keys that block [i0, i0 + m) attends to: [0, n).
 int64_t visible_keys(const Problem& p, int64_t i0, int64_t m) { return p.causal ? i0 + m : p.length; }
 
-void forward_kernel(const Problem& p, const Operand& q, const Operand& k, const Operand& v, float* out,
-                    float* lse) {
-  const int64_t T = p.length, D = p.dim, H = p.heads, out_row = H * D;
+void forward_kernel(const Problem& p, const Operand& q, const Operand& k, const Operand& v,
+                    const Destination& out, float* lse) {
+  const int64_t T = p.length, D = p.dim, H = p.heads;
   at::parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(size_t(std::min(kQueryBlock, T) * T));
+    std::vector<float> scores(size_t(std::min(kQueryBlock, T) * T)), qbuf, kbuf, vbuf, obuf;
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, h = bh % H;
-      const float *qb = q.at(b, h), *kb = k.at(b, h), *vb = v.at(b, h);
-      float* ob = out + b * T * out_row + h * D;  // (B, T, H, D)
+      const Rows qr = q.rows(b, h, T, D, qbuf), kr = k.rows(b, h, T, D, kbuf), vr = v.rows(b, h, T, D, vbuf);
+      const Rows o = out.rows(b, h, obuf);
       float* lb = lse + bh * T;
       for (int64_t i0 = 0; i0 < T; i0 += kQueryBlock) {
         const int64_t m = std::min(kQueryBlock, T - i0), n = visible_keys(p, i0, m);
-        gemm(false, true, m, n, D, p.scale, qb + i0 * q.st, q.st, kb, k.st, 0.0f, scores.data(), n);
+        gemm(false, true, m, n, D, p.scale, qr.data + i0 * qr.stride, qr.stride, kr.data, kr.stride, 0.0f,
+             scores.data(), n);
         for (int64_t r = 0; r < m; ++r) lb[i0 + r] = softmax_row(scores.data() + r * n, i0 + r, n, p, h);
-        gemm(false, false, m, D, n, 1.0f, scores.data(), n, vb, v.st, 0.0f, ob + i0 * out_row, out_row);
+        gemm(false, false, m, D, n, 1.0f, scores.data(), n, vr.data, vr.stride, 0.0f, o.data + i0 * o.stride,
+             o.stride);
+      }
+      out.store(b, h, obuf);
+    }
+  });
+}
+
+void backward_kernel(const Problem& p, const Operand& q, const Operand& k, const Operand& v, const float* lse,
+                     const Operand& dout, const Destination& dq, const Destination& dk, const Destination& dv) {
+  const int64_t T = p.length, D = p.dim, H = p.heads;
+  at::parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
+    const int64_t block = std::min(kQueryBlock, T);
+    std::vector<float> probs(size_t(block * T)), dscores(size_t(block * T));
+    std::vector<float> qbuf, kbuf, vbuf, gbuf, dqbuf, dkbuf, dvbuf;
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      const Rows qr = q.rows(b, h, T, D, qbuf), kr = k.rows(b, h, T, D, kbuf), vr = v.rows(b, h, T, D, vbuf),
+                 go = dout.rows(b, h, T, D, gbuf);
+      const Rows dqr = dq.rows(b, h, dqbuf), dkr = dk.rows(b, h, dkbuf), dvr = dv.rows(b, h, dvbuf);
+      const float* lb = lse + bh * T;
+      for (int64_t t = 0; t < T; ++t) {
+        std::fill(dkr.data + t * dkr.stride, dkr.data + t * dkr.stride + D, 0.0f);
+        std::fill(dvr.data + t * dvr.stride, dvr.data + t * dvr.stride + D, 0.0f);
+      }
+      for (int64_t i0 = 0; i0 < T; i0 += kQueryBlock) {
+        const int64_t m = std::min(kQueryBlock, T - i0), n = visible_keys(p, i0, m);
+        const float *qi = qr.data + i0 * qr.stride, *gi = go.data + i0 * go.stride;
+        gemm(false, true, m, n, D, p.scale, qi, qr.stride, kr.data, kr.stride, 0.0f, probs.data(), n);
+        for (int64_t r = 0; r < m; ++r) probabilities_row(probs.data() + r * n, i0 + r, n, p, h, lb[i0 + r]);
+        gemm(true, false, n, D, m, 1.0f, probs.data(), n, gi, go.stride, 1.0f, dvr.data, dvr.stride);  // dV += P^T dO
+        gemm(false, true, m, n, D, 1.0f, gi, go.stride, vr.data, vr.stride, 0.0f, dscores.data(), n);  // dP = dO V^T
+        softmax_backward_block(dscores.data(), probs.data(), m, n);  // dS
+        gemm(false, false, m, D, n, p.scale, dscores.data(), n, kr.data, kr.stride, 0.0f,
+             dqr.data + i0 * dqr.stride, dqr.stride);  // dQ
+        gemm(true, false, n, D, m, p.scale, dscores.data(), n, qi, qr.stride, 1.0f, dkr.data, dkr.stride);  // dK +=
+      }
+      dq.store(b, h, dqbuf);
+      dk.store(b, h, dkbuf);
+      dv.store(b, h, dvbuf);
+    }
+  });
+}
+
+// Under train.precision bf16 on a CPU with AVX512_BF16: the same algorithm with the products in
+// bfloat16 (core/bf16_gemm.h), accumulated in float32. The scores, the bias, the softmax and
+// its backward stay float32; P and dS are rounded to bfloat16 for the products that take them,
+// as FlashAttention does in bfloat16. The backward accumulates dK^T and dV^T (D x T, float32)
+// so that every product's B operand is packed from rows: dV^T += dO^T P, dK^T += Q^T dS.
+void forward_kernel_bf16(const Problem& p, const Operand& q, const Operand& k, const Operand& v,
+                         const Destination& out, float* lse) {
+  using namespace bf16_gemm;
+  const int64_t T = p.length, D = p.dim, H = p.heads;
+  at::parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
+    const int64_t block = std::min(kQueryBlock, T);
+    std::vector<float> scores(size_t(block * T)), obuf(size_t(block * D));
+    PackedA qa, pa;
+    PackedB kt, vb;
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      const auto *qb = q.bf16_at(b, h), *kb = k.bf16_at(b, h), *vsrc = v.bf16_at(b, h);
+      pack_b(kb, k.st, true, D, T, kt);     // B(d, t) = k[t][d]
+      pack_b(vsrc, v.st, false, T, D, vb);  // B(t, d) = v[t][d]
+      float* lb = lse + bh * T;
+      for (int64_t i0 = 0; i0 < T; i0 += kQueryBlock) {
+        const int64_t m = std::min(kQueryBlock, T - i0), n = visible_keys(p, i0, m);
+        pack_a(qb + i0 * q.st, q.st, false, m, D, qa);
+        multiply(qa, kt, m, n, p.scale, scores.data(), n, false);
+        for (int64_t r = 0; r < m; ++r) lb[i0 + r] = softmax_row(scores.data() + r * n, i0 + r, n, p, h);
+        pack_a(scores.data(), n, false, m, n, pa);
+        multiply(pa, vb, m, D, 1.0f, obuf.data(), D, false);
+        out.store_rows(b, h, i0, m, obuf.data());
       }
     }
   });
 }
 
-void backward_kernel(const Problem& p, const Operand& q, const Operand& k, const Operand& v, const float* out,
-                     const float* lse, const Operand& dout, float* dq, float* dk, float* dv) {
-  const int64_t T = p.length, D = p.dim, H = p.heads, row = H * D;  // dq, dk, dv: (B, T, H, D)
+void backward_kernel_bf16(const Problem& p, const Operand& q, const Operand& k, const Operand& v, const float* lse,
+                          const Operand& dout, const Destination& dq, const Destination& dk, const Destination& dv) {
+  using namespace bf16_gemm;
+  const int64_t T = p.length, D = p.dim, H = p.heads;
   at::parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
     const int64_t block = std::min(kQueryBlock, T);
-    std::vector<float> probs(size_t(block * T)), dscores(size_t(block * T)), delta(static_cast<size_t>(block));
+    std::vector<float> probs(size_t(block * T)), dscores(size_t(block * T)), dqbuf(size_t(block * D));
+    std::vector<float> dkt(size_t(D * T)), dvt(size_t(D * T));
+    PackedA qa, ga, qt, gt, sa;
+    PackedB kt, vt, kb, pb, sb;
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, h = bh % H;
-      const float *qb = q.at(b, h), *kb = k.at(b, h), *vb = v.at(b, h), *gb = dout.at(b, h);
-      const float* ob = out + b * T * row + h * D;
+      const auto *qsrc = q.bf16_at(b, h), *ksrc = k.bf16_at(b, h), *vsrc = v.bf16_at(b, h), *gsrc = dout.bf16_at(b, h);
+      pack_b(ksrc, k.st, true, D, T, kt);   // B(d, t) = k[t][d], for S = q k^T
+      pack_b(vsrc, v.st, true, D, T, vt);   // B(d, t) = v[t][d], for dP = dO v^T
+      pack_b(ksrc, k.st, false, T, D, kb);  // B(t, d) = k[t][d], for dQ = dS k
+      std::fill(dkt.begin(), dkt.end(), 0.0f);
+      std::fill(dvt.begin(), dvt.end(), 0.0f);
       const float* lb = lse + bh * T;
-      float *dqb = dq + b * T * row + h * D, *dkb = dk + b * T * row + h * D, *dvb = dv + b * T * row + h * D;
-      for (int64_t t = 0; t < T; ++t) {
-        std::fill(dkb + t * row, dkb + t * row + D, 0.0f);
-        std::fill(dvb + t * row, dvb + t * row + D, 0.0f);
-      }
       for (int64_t i0 = 0; i0 < T; i0 += kQueryBlock) {
         const int64_t m = std::min(kQueryBlock, T - i0), n = visible_keys(p, i0, m);
-        const float* go = gb + i0 * dout.st;
-        gemm(false, true, m, n, D, p.scale, qb + i0 * q.st, q.st, kb, k.st, 0.0f, probs.data(), n);
-        for (int64_t r = 0; r < m; ++r) {
-          probabilities_row(probs.data() + r * n, i0 + r, n, p, h, lb[i0 + r]);
-          delta[size_t(r)] = dot(ob + (i0 + r) * row, go + r * dout.st, D);
-        }
-        gemm(true, false, n, D, m, 1.0f, probs.data(), n, go, dout.st, 1.0f, dvb, row);        // dV += P^T dO
-        gemm(false, true, m, n, D, 1.0f, go, dout.st, vb, v.st, 0.0f, dscores.data(), n);       // dP = dO V^T
-        for (int64_t r = 0; r < m; ++r)  // dS = P (dP - delta)
-          softmax_backward_row(dscores.data() + r * n, probs.data() + r * n, n, delta[size_t(r)]);
-        gemm(false, false, m, D, n, p.scale, dscores.data(), n, kb, k.st, 0.0f, dqb + i0 * row, row);  // dQ
-        gemm(true, false, n, D, m, p.scale, dscores.data(), n, qb + i0 * q.st, q.st, 1.0f, dkb, row);  // dK +=
+        const auto *qi = qsrc + i0 * q.st, *gi = gsrc + i0 * dout.st;
+        pack_a(qi, q.st, false, m, D, qa);
+        multiply(qa, kt, m, n, p.scale, probs.data(), n, false);
+        for (int64_t r = 0; r < m; ++r) probabilities_row(probs.data() + r * n, i0 + r, n, p, h, lb[i0 + r]);
+        pack_a(gi, dout.st, false, m, D, ga);
+        multiply(ga, vt, m, n, 1.0f, dscores.data(), n, false);  // dP = dO v^T
+        softmax_backward_block(dscores.data(), probs.data(), m, n);  // dS
+        pack_a(gi, dout.st, true, D, m, gt);  // dO^T
+        pack_b(probs.data(), n, false, m, n, pb);
+        multiply(gt, pb, D, n, 1.0f, dvt.data(), T, true);  // dV^T += dO^T P
+        pack_a(qi, q.st, true, D, m, qt);  // q^T
+        pack_b(dscores.data(), n, false, m, n, sb);
+        multiply(qt, sb, D, n, p.scale, dkt.data(), T, true);  // dK^T += q^T dS / sqrt(d)
+        pack_a(dscores.data(), n, false, m, n, sa);
+        multiply(sa, kb, m, D, p.scale, dqbuf.data(), D, false);  // dQ = dS k / sqrt(d)
+        dq.store_rows(b, h, i0, m, dqbuf.data());
       }
+      dk.store_transposed(b, h, dkt.data());
+      dv.store_transposed(b, h, dvt.data());
     }
   });
 }
@@ -259,9 +383,12 @@ class FusedCpuAttentionFunction : public torch::autograd::Function<FusedCpuAtten
                                const torch::Tensor& k, const torch::Tensor& v, const Problem* problem) {
     const Problem& p = *problem;
     auto out = torch::empty({p.batch, p.length, p.heads, p.dim}, q.options());
-    auto lse = torch::empty({p.batch, p.heads, p.length}, q.options());
-    forward_kernel(p, Operand(q), Operand(k), Operand(v), out.data_ptr<float>(), lse.data_ptr<float>());
-    ctx->save_for_backward({q, k, v, out, lse});
+    auto lse = torch::empty({p.batch, p.heads, p.length}, q.options().dtype(torch::kFloat32));
+    const bool bf16_products = q.scalar_type() == torch::kBFloat16 && bf16_gemm::available();
+    (bf16_products ? forward_kernel_bf16 : forward_kernel)(p, Operand(q), Operand(k), Operand(v), Destination(out),
+                                                           lse.data_ptr<float>());
+    ctx->save_for_backward({q, k, v, lse});
+    ctx->saved_data["bf16_products"] = bf16_products;
     ctx->saved_data["causal"] = p.causal;
     std::vector<double> left, right;
     for (const auto& hb : p.bias) {
@@ -276,16 +403,18 @@ class FusedCpuAttentionFunction : public torch::autograd::Function<FusedCpuAtten
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
                                                torch::autograd::tensor_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const auto &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
+    const auto &q = saved[0], &k = saved[1], &v = saved[2], &lse = saved[3];
     Problem p = Problem::of(q, ctx->saved_data["causal"].toBool());
     const auto left = ctx->saved_data["left"].toDoubleVector(), right = ctx->saved_data["right"].toDoubleVector();
     for (size_t h = 0; h < left.size(); ++h) p.bias.push_back({float(left[h]), float(right[h])});
-    auto dout = grads[0];
+    auto dout = grads[0].to(q.scalar_type());
     if (dout.stride(3) != 1) dout = dout.contiguous();
     auto dq = torch::empty({p.batch, p.length, p.heads, p.dim}, q.options());
     auto dk = torch::empty_like(dq), dv = torch::empty_like(dq);
-    backward_kernel(p, Operand(q), Operand(k), Operand(v), out.data_ptr<float>(), lse.data_ptr<float>(),
-                    Operand(dout), dq.data_ptr<float>(), dk.data_ptr<float>(), dv.data_ptr<float>());
+    const bool bf16_products = ctx->saved_data["bf16_products"].toBool();
+    (bf16_products ? backward_kernel_bf16 : backward_kernel)(p, Operand(q), Operand(k), Operand(v),
+                                                             lse.data_ptr<float>(), Operand(dout), Destination(dq),
+                                                             Destination(dk), Destination(dv));
     return {dq.permute({0, 2, 1, 3}), dk.permute({0, 2, 1, 3}), dv.permute({0, 2, 1, 3}), torch::Tensor()};
   }
 };
@@ -298,7 +427,9 @@ std::string fused_cpu_attention_unsupported_reason(const torch::Tensor& q, const
   if (!sgemm_function()) return "LibTorch exports no BLAS sgemm_";
   for (const auto* x : {&q, &k, &v}) {
     if (!x->device().is_cpu()) return "not a CPU tensor";
-    if (x->scalar_type() != torch::kFloat32) return "not float32";
+    if (x->scalar_type() != q.scalar_type()) return "q, k and v of different dtypes";
+    if (x->scalar_type() != torch::kFloat32 && x->scalar_type() != torch::kBFloat16)
+      return "not float32 or bfloat16";
     if (x->dim() != 4 || x->sizes() != q.sizes()) return "q, k and v of different shapes";
     if (x->stride(3) != 1) return "head dimension not contiguous";
   }

@@ -15,8 +15,17 @@
 // Products go to the BLAS that LibTorch carries (its exported sgemm_, found at run time),
 // single-threaded inside the (batch x head) parallel loop. Deterministic for a thread count.
 //
-// Supported: float32 CPU tensors (B, H, T, Dh) with unit stride in Dh (any other strides), as
-// many queries as keys, no attention dropout, a bias of kind None or Linear (ALiBi and its
+// bfloat16 inputs (train.precision bf16: q, k, v come from autocast's bfloat16 products) are
+// taken as they are, with no float32 copies, and the output and gradients are bfloat16. The
+// scores, the bias, the softmax and its backward are float32 whatever the inputs. On a CPU with
+// AVX512_BF16 the products run in bfloat16 with float32 accumulation (core/bf16_gemm.h): q, k,
+// v and dO are bfloat16 already, and P and dS are rounded to bfloat16 for the products that
+// take them, as FlashAttention does; elsewhere the inputs are widened and the products are
+// the float32 BLAS ones. The backward's softmax shift rowsum(dO o O) is computed as
+// rowsum(P o dP) (equal), so the forward's output is not kept for it.
+//
+// Supported: float32 or bfloat16 CPU tensors (B, H, T, Dh) with unit stride in Dh (any other
+// strides), as many queries as keys, no attention dropout, a bias of kind None or Linear (ALiBi and its
 // symmetric and direction-masked variants) at window positions with slopes that need no
 // gradient, causal or not. Everything else goes to the reference path (attention() picks).
 #pragma once

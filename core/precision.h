@@ -5,8 +5,11 @@
 // device, LibTorch's autocast runs matrix products (linear layers, matmul) with bfloat16
 // inputs and float32 accumulation; weights, gradients, the optimiser, LayerNorm, softmax and
 // the loss stay float32 (autocast's own lists). extrap adds one rule of its own: attention
-// (core/attention.cpp) runs in float32 under bf16, because the scores carry the position bias
-// (an ALiBi bias of -0.5 * 1000 is 8 apart from its neighbours in bfloat16's 8-bit mantissa).
+// scores and softmax (core/attention.cpp) are float32 under bf16, because the scores carry the
+// position bias (an ALiBi bias of -0.5 * 1000 is 8 apart from its neighbours in bfloat16's
+// 8-bit mantissa). The reference paths get float32 copies of q, k, v; the fused CPU training
+// kernel takes them in bfloat16 and runs its products in bfloat16 with float32 accumulation
+// where the CPU has AVX512_BF16 (core/fused_cpu_attention.h).
 // The backward pass follows the forward's dtypes; it needs no guard.
 //
 // Measured (benchmarks/RESULTS.md): on a CPU with AVX512_BF16 the matrix products run about

@@ -75,8 +75,12 @@ core/distributed.cpp | if (r != rank() && probe->add("beat/" + std::to_string(r)
 core/attention.cpp | if (Float32Region fp32(q.device().type()); fp32.was_autocast()) | if (Float32Region fp32(q.device().type()); false) | under train.precision bf16 the attention scores (and the bias) are bfloat16
 core/trainer.cpp | ComputePrecision region(precision, inputs.device().type()); | ComputePrecision region(Precision::fp32, inputs.device().type()); | train.precision bf16 silently trains in fp32
 core/config.cpp | if (config.train.precision == Precision::fp32) remove_key(out, "train.precision"); | ; | every earlier run directory changes identity (fp32 joins the fingerprint)
-core/fused_cpu_attention.cpp | q.st, 1.0f, dkb, row);  // dK += | q.st, 0.0f, dkb, row);  // dK += | the fused CPU attention keeps only the last query block's key gradients
+core/fused_cpu_attention.cpp | qr.stride, 1.0f, dkr.data, dkr.stride);  // dK += | qr.stride, 0.0f, dkr.data, dkr.stride);  // dK += | the fused CPU attention keeps only the last query block's key gradients
 core/fused_cpu_attention.cpp | return {hb.left, hb.right, hb.left != -kInf, !p.causal && hb.right != -kInf}; | return {hb.left, hb.right, hb.left != -kInf, hb.right != -kInf}; | the fused CPU attention lets a causal symmetric bias see the future
+core/bf16_gemm.cpp | const __mmask16 mask = width >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << width) - 1); | const __mmask16 mask = __mmask16(0xFFFF); | the bf16 products write past the last column of C
+core/bf16_gemm.cpp | {0,  16, 1,  17, 2,  18, | {16, 0,  1,  17, 2,  18, | packing a float32 B swaps the first column's pair of rows
+core/fused_cpu_attention.cpp | multiply(gt, pb, D, n, 1.0f, dvt.data(), T, true);  // dV^T += dO^T P | multiply(gt, pb, D, n, 1.0f, dvt.data(), T, false);  // dV^T += dO^T P | the bf16 attention keeps only the last query block's value gradients
+core/fused_cpu_attention.cpp | softmax_backward_row(dp + r * n, prob + r * n, n, dot(prob + r * n, dp + r * n, n)); | softmax_backward_row(dp + r * n, prob + r * n, n, dot(prob + r * n, prob + r * n, n)); | the fused CPU attention's softmax backward shifts by rowsum(P P), not rowsum(P dP)
 EOF
 )
 

@@ -3,6 +3,7 @@
 // lengths that fill, split and overrun its 64-row query blocks, strided and contiguous inputs.
 // And what it refuses, which attention() then sends to the reference.
 #include "core/attention.h"
+#include "core/bf16_gemm.h"
 #include "core/fused_cpu_attention.h"
 #include "core/model.h"
 #include "core/trainer.h"
@@ -34,15 +35,47 @@ double max_relative_difference(const torch::Tensor& got, const torch::Tensor& ex
   return ((got.to(torch::kFloat64) - expected).abs().max() / expected.abs().max().clamp_min(1.0)).item<double>();
 }
 
+// Skips the test (and returns false) where LibTorch exports no sgemm_.
+bool kernel_available() {
+  if (fused_cpu_attention_unsupported_reason(torch::zeros({1, 1, 1, 1}), torch::zeros({1, 1, 1, 1}),
+                                             torch::zeros({1, 1, 1, 1}), AttentionBias::none(), {})
+          .empty())
+    return true;
+  testing::skip_test("this LibTorch exports no sgemm_: the fused CPU attention is not available");
+  return false;
+}
+
+// The kernel's output and q, k, v gradients (in the inputs' dtype) against attention_reference
+// in float64 on the same values: the largest difference relative to the largest value.
+void check_against_float64(const torch::Tensor& q_in, const torch::Tensor& k_in, const torch::Tensor& v_in,
+                           const AttentionBias& bias, bool causal, double out_tolerance, double grad_tolerance) {
+  auto q = q_in.detach().requires_grad_(), k = k_in.detach().requires_grad_(), v = v_in.detach().requires_grad_();
+  REQUIRE(fused_cpu_attention_unsupported_reason(q, k, v, bias, {}).empty());
+  AttentionOptions options;
+  options.causal = causal;
+  options.training = true;
+  const auto y = fused_cpu_attention(q, k, v, bias, options);
+  REQUIRE(y.sizes() == q.sizes());
+  REQUIRE(y.scalar_type() == q.scalar_type());
+  REQUIRE(y.transpose(1, 2).is_contiguous());  // the output projection's layout
+  const auto grad_y = torch::randn(y.sizes()).to(y.scalar_type());
+  y.backward(grad_y);
+  REQUIRE(q.grad().scalar_type() == q.scalar_type());
+
+  auto q64 = q.detach().to(torch::kFloat64).requires_grad_(), k64 = k.detach().to(torch::kFloat64).requires_grad_(),
+       v64 = v.detach().to(torch::kFloat64).requires_grad_();
+  const auto expected = attention_reference(q64, k64, v64, bias, options);
+  expected.backward(grad_y.to(torch::kFloat64));
+  CHECK(max_relative_difference(y.detach(), expected.detach()) < out_tolerance);
+  CHECK(max_relative_difference(q.grad(), q64.grad()) < grad_tolerance);
+  CHECK(max_relative_difference(k.grad(), k64.grad()) < grad_tolerance);
+  CHECK(max_relative_difference(v.grad(), v64.grad()) < grad_tolerance);
+}
+
 }  // namespace
 
 TEST_CASE("fused CPU attention: outputs and q, k, v gradients equal the float64 reference", "[attention][fused_cpu]") {
-  if (!fused_cpu_attention_unsupported_reason(torch::zeros({1, 1, 1, 1}), torch::zeros({1, 1, 1, 1}),
-                                              torch::zeros({1, 1, 1, 1}), AttentionBias::none(), {})
-           .empty()) {
-    testing::skip_test("this LibTorch exports no sgemm_: the fused CPU attention is not available");
-    return;
-  }
+  if (!kernel_available()) return;
   torch::manual_seed(11);
   const int64_t B = 2, H = 4;
   for (int64_t T : {1, 17, 64, 65, 150}) {
@@ -56,26 +89,7 @@ TEST_CASE("fused CPU attention: outputs and q, k, v gradients equal the float64 
             auto qkv = torch::randn({B, T, 3, H, D});
             if (!strided) qkv = qkv.permute({2, 0, 3, 1, 4}).contiguous().permute({1, 3, 0, 2, 4});
             const auto parts = qkv.permute({2, 0, 3, 1, 4}).unbind(0);
-            auto q = parts[0].detach().requires_grad_(), k = parts[1].detach().requires_grad_(),
-                 v = parts[2].detach().requires_grad_();
-            REQUIRE(fused_cpu_attention_unsupported_reason(q, k, v, bias, {}).empty());
-            AttentionOptions options;
-            options.causal = causal;
-            options.training = true;
-            const auto y = fused_cpu_attention(q, k, v, bias, options);
-            REQUIRE(y.sizes() == q.sizes());
-            REQUIRE(y.transpose(1, 2).is_contiguous());  // the output projection's layout
-            const auto grad_y = torch::randn_like(y);
-            y.backward(grad_y);
-
-            auto q64 = q.detach().to(torch::kFloat64).requires_grad_(), k64 = k.detach().to(torch::kFloat64).requires_grad_(),
-                 v64 = v.detach().to(torch::kFloat64).requires_grad_();
-            const auto expected = attention_reference(q64, k64, v64, bias, options);
-            expected.backward(grad_y.to(torch::kFloat64));
-            CHECK(max_relative_difference(y.detach(), expected.detach()) < 1e-5);
-            CHECK(max_relative_difference(q.grad(), q64.grad()) < 1e-4);
-            CHECK(max_relative_difference(k.grad(), k64.grad()) < 1e-4);
-            CHECK(max_relative_difference(v.grad(), v64.grad()) < 1e-4);
+            check_against_float64(parts[0], parts[1], parts[2], bias, causal, 1e-5, 1e-4);
           }
         }
       }
@@ -133,23 +147,55 @@ TEST_CASE("fused CPU attention: what it does not take goes to the reference, nam
 
 TEST_CASE("fused CPU attention: a model's training loss and gradients equal the reference path's", "[attention][fused_cpu]") {
   const auto corpus = testing::tiny_byte_corpus(4);
-  for (const char* position : {"alibi", "none", "rotary", "alibi_symmetric", "alibi_learned"}) {
-    INFO(position);
-    Config config = testing::tiny_config(position);
-    config.train.seq_len = 130;  // three query blocks, the last of 2 rows; Auto takes the kernel
-    if (std::string(position) == "alibi_symmetric") config.model.objective = Objective::masked_lm;  // bidirectional
-    torch::manual_seed(2);
-    TransformerLM model = build_model(config, corpus.vocab_size);
-    model->train();
-    const auto tokens = torch::randint(0, 256, {3, 131}, torch::kLong);
-    auto run = [&](AttentionBackend backend) {
-      model->set_attention_backend(backend);
-      return testing::loss_and_gradients(model, tokens, Precision::fp32);
-    };
-    const auto [loss_auto, grad_auto] = run(AttentionBackend::Auto);
-    const auto [loss_reference, grad_reference] = run(AttentionBackend::Reference);
-    REQUIRE(loss_auto == Approx(loss_reference).epsilon(1e-6));
-    REQUIRE((grad_auto - grad_reference).abs().max().item<double>() <
-            1e-4 * grad_reference.abs().max().item<double>());
+  // bf16: both paths under autocast; the kernel takes bfloat16 q, k, v (with AVX512_BF16, its
+  // products in bfloat16 too), the reference gets float32 copies.
+  for (Precision precision : {Precision::fp32, Precision::bf16}) {
+    for (const char* position : {"alibi", "none", "rotary", "alibi_symmetric", "alibi_learned"}) {
+      INFO(position << (precision == Precision::bf16 ? ", bf16" : ", fp32"));
+      Config config = testing::tiny_config(position);
+      config.train.seq_len = 130;  // three query blocks, the last of 2 rows; Auto takes the kernel
+      if (std::string(position) == "alibi_symmetric") config.model.objective = Objective::masked_lm;  // bidirectional
+      torch::manual_seed(2);
+      TransformerLM model = build_model(config, corpus.vocab_size);
+      model->train();
+      const auto tokens = torch::randint(0, 256, {3, 131}, torch::kLong);
+      auto run = [&](AttentionBackend backend) {
+        model->set_attention_backend(backend);
+        return testing::loss_and_gradients(model, tokens, precision);
+      };
+      const auto [loss_auto, grad_auto] = run(AttentionBackend::Auto);
+      const auto [loss_reference, grad_reference] = run(AttentionBackend::Reference);
+      const bool bf16 = precision == Precision::bf16;
+      REQUIRE(loss_auto == Approx(loss_reference).epsilon(bf16 ? 2e-3 : 1e-6));
+      REQUIRE((grad_auto - grad_reference).abs().max().item<double>() <
+              (bf16 ? 3e-2 : 1e-4) * grad_reference.abs().max().item<double>());
+    }
   }
+}
+
+TEST_CASE("fused CPU attention on bfloat16 inputs: float32 inside, equal to the float64 reference to bfloat16's precision", "[attention][fused_cpu][bf16]") {
+  if (!kernel_available()) return;
+  torch::manual_seed(12);
+  const int64_t B = 2, H = 4;
+  // With AVX512_BF16 the products run in bfloat16 (P and dS rounded, as FlashAttention does);
+  // without it (or switched off) q, k, v are widened and the products are float32. Either way
+  // the result is rounded to bfloat16 (relative 2^-9).
+  std::vector<std::pair<bool, double>> paths = {{false, 6e-3}};
+  if (bf16_gemm::available()) paths.push_back({true, 2e-2});
+  for (const auto& [bf16_products, tolerance] : paths) {
+    bf16_gemm::set_enabled(bf16_products);
+    for (int64_t T : {1, 17, 64, 65, 150}) {
+      for (int64_t D : {8, 32}) {
+        for (bool causal : {true, false}) {
+          for (const auto& [name, bias] : biases()) {
+            INFO((bf16_products ? "bfloat16 products, " : "float32 products, ")
+                 << "T " << T << ", D " << D << (causal ? ", causal, " : ", bidirectional, ") << name);
+            const auto parts = torch::randn({B, T, 3, H, D}).to(torch::kBFloat16).permute({2, 0, 3, 1, 4}).unbind(0);
+            check_against_float64(parts[0], parts[1], parts[2], bias, causal, tolerance, tolerance);
+          }
+        }
+      }
+    }
+  }
+  bf16_gemm::set_enabled(true);
 }

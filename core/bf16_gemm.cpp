@@ -1,0 +1,202 @@
+#include "core/bf16_gemm.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define EXTRAP_BF16_KERNEL 1
+#define EXTRAP_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
+#endif
+
+namespace extrap::bf16_gemm {
+
+namespace {
+
+std::atomic<bool> enabled{[] {
+  const char* flag = std::getenv("EXTRAP_BF16_ATTENTION_KERNEL");
+  return !(flag && std::string(flag) == "0");
+}()};
+
+int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+c10::BFloat16 to_bf16(float x) { return c10::BFloat16(x); }  // round to nearest even
+c10::BFloat16 to_bf16(c10::BFloat16 x) { return x; }
+
+#ifdef EXTRAP_BF16_KERNEL
+
+// One tile of C: MR rows (at most 8) by 16 NV columns (NV 1 or 2; the last tile of a row may be
+// narrower: n), over `pairs` pairs of depth. acc(r, j) += A(r, 2p) B(2p, j) + A(r, 2p+1) B(2p+1, j)
+// is one VDPBF16PS of A's pair broadcast against B's packed pair row. 16 accumulators at most,
+// so the tile lives in registers.
+template <int MR, int NV>
+EXTRAP_AVX512_BF16 void tile(const c10::BFloat16* a, int64_t lda, const c10::BFloat16* b, int64_t ldb,
+                             int64_t pairs, int64_t n, float alpha, float* c, int64_t ldc, bool accumulate) {
+  __m512 acc[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < pairs; ++p) {
+    __m512i bv[NV];
+    for (int v = 0; v < NV; ++v) bv[v] = _mm512_loadu_si512(b + 2 * (p * ldb + 16 * v));
+    for (int r = 0; r < MR; ++r) {
+      int32_t pair;
+      std::memcpy(&pair, a + r * lda + 2 * p, sizeof pair);
+      const __m512i av = _mm512_set1_epi32(pair);
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], (__m512bh)av, (__m512bh)bv[v]);
+    }
+  }
+  const __m512 scale = _mm512_set1_ps(alpha);
+  for (int v = 0; v < NV; ++v) {
+    const int64_t width = std::min<int64_t>(16, n - 16 * v);
+    const __mmask16 mask = width >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << width) - 1);
+    for (int r = 0; r < MR; ++r) {
+      float* out = c + r * ldc + 16 * v;
+      __m512 x = _mm512_mul_ps(acc[r][v], scale);
+      if (accumulate) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(mask, out));
+      _mm512_mask_storeu_ps(out, mask, x);
+    }
+  }
+}
+
+using TileFn = void (*)(const c10::BFloat16*, int64_t, const c10::BFloat16*, int64_t, int64_t, int64_t, float,
+                        float*, int64_t, bool);
+
+template <int NV>
+TileFn tile_for(int64_t rows) {
+  switch (rows) {
+    case 1: return tile<1, NV>;
+    case 2: return tile<2, NV>;
+    case 3: return tile<3, NV>;
+    case 4: return tile<4, NV>;
+    case 5: return tile<5, NV>;
+    case 6: return tile<6, NV>;
+    case 7: return tile<7, NV>;
+    default: return tile<8, NV>;
+  }
+}
+
+// 32 float32 values to bfloat16 (round to nearest even), `count` of them (tail masked).
+EXTRAP_AVX512_BF16 void narrow32(const float* from, c10::BFloat16* to, int64_t count) {
+  const __mmask16 lo = count >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
+  const __mmask16 hi = count >= 32 ? __mmask16(0xFFFF) : count > 16 ? __mmask16((1u << (count - 16)) - 1) : 0;
+  const __m512 x0 = _mm512_maskz_loadu_ps(lo, from), x1 = _mm512_maskz_loadu_ps(hi, from + 16);
+  const __m512i packed = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);  // x0 in the low half
+  const __mmask32 mask = count >= 32 ? __mmask32(0xFFFFFFFFu) : __mmask32((1u << count) - 1);
+  _mm512_mask_storeu_epi16(to, mask, packed);
+}
+
+// Rows 2p and 2p + 1 of a float32 B, 16 columns, into 16 packed pairs (tail masked; zeros
+// where masked or where the second row is absent).
+EXTRAP_AVX512_BF16 void pair16(const float* row0, const float* row1, c10::BFloat16* to, int64_t count) {
+  const __mmask16 mask = count >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
+  const __m512 x0 = _mm512_maskz_loadu_ps(mask, row0);
+  const __m512 x1 = row1 ? _mm512_maskz_loadu_ps(mask, row1) : _mm512_setzero_ps();
+  const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);  // x0[0..16) then x1[0..16)
+  // Interleave: lane 2j takes x0[j] (16-bit lane j), lane 2j + 1 takes x1[j] (lane 16 + j).
+  alignas(64) static const int16_t order[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                                8,  24, 9,  25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  _mm512_storeu_si512(to, _mm512_permutexvar_epi16(_mm512_load_si512(order), both));
+}
+
+bool cpu_supports() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
+}
+
+#endif  // EXTRAP_BF16_KERNEL
+
+}  // namespace
+
+bool available() {
+#ifdef EXTRAP_BF16_KERNEL
+  static const bool supported = cpu_supports();
+  return supported && enabled.load();
+#else
+  return false;
+#endif
+}
+
+void set_enabled(bool on) { enabled.store(on); }
+
+template <typename T>
+void pack_a(const T* src, int64_t ld, bool transposed, int64_t rows, int64_t depth, PackedA& out) {
+  out.rows = rows;
+  out.depth = depth;
+  out.ld = round_up(depth, 2);
+  out.data.resize(size_t(rows * out.ld));
+  for (int64_t i = 0; i < rows; ++i) {
+    c10::BFloat16* row = out.data.data() + i * out.ld;
+#ifdef EXTRAP_BF16_KERNEL
+    if constexpr (std::is_same_v<T, float>) {
+      if (!transposed) {
+        for (int64_t k = 0; k < depth; k += 32) narrow32(src + i * ld + k, row + k, std::min<int64_t>(32, depth - k));
+        if (depth % 2) row[depth] = c10::BFloat16(0.0f);
+        continue;
+      }
+    }
+#endif
+    for (int64_t k = 0; k < depth; ++k) row[k] = to_bf16(transposed ? src[k * ld + i] : src[i * ld + k]);
+    if (depth % 2) row[depth] = c10::BFloat16(0.0f);
+  }
+}
+
+template <typename T>
+void pack_b(const T* src, int64_t ld, bool transposed, int64_t depth, int64_t cols, PackedB& out) {
+  out.depth = depth;
+  out.cols = cols;
+  out.ld = round_up(cols, 16);
+  const int64_t pairs = (depth + 1) / 2;
+  out.data.assign(size_t(pairs * out.ld * 2), c10::BFloat16(0.0f));
+  for (int64_t p = 0; p < pairs; ++p) {
+    c10::BFloat16* row = out.data.data() + 2 * p * out.ld;
+    const bool second = 2 * p + 1 < depth;
+#ifdef EXTRAP_BF16_KERNEL
+    if constexpr (std::is_same_v<T, float>) {
+      if (!transposed) {
+        const float* r0 = src + 2 * p * ld;
+        const float* r1 = second ? r0 + ld : nullptr;
+        for (int64_t j = 0; j < cols; j += 16)
+          pair16(r0 + j, r1 ? r1 + j : nullptr, row + 2 * j, std::min<int64_t>(16, cols - j));
+        continue;
+      }
+    }
+#endif
+    for (int64_t j = 0; j < cols; ++j) {
+      const int64_t k = 2 * p;
+      row[2 * j] = to_bf16(transposed ? src[j * ld + k] : src[k * ld + j]);
+      if (second) row[2 * j + 1] = to_bf16(transposed ? src[j * ld + k + 1] : src[(k + 1) * ld + j]);
+    }
+  }
+}
+
+template void pack_a<float>(const float*, int64_t, bool, int64_t, int64_t, PackedA&);
+template void pack_a<c10::BFloat16>(const c10::BFloat16*, int64_t, bool, int64_t, int64_t, PackedA&);
+template void pack_b<float>(const float*, int64_t, bool, int64_t, int64_t, PackedB&);
+template void pack_b<c10::BFloat16>(const c10::BFloat16*, int64_t, bool, int64_t, int64_t, PackedB&);
+
+void multiply(const PackedA& a, const PackedB& b, int64_t m, int64_t n, float alpha, float* c, int64_t ldc,
+              bool accumulate) {
+  TORCH_CHECK(available(), "bf16_gemm::multiply: this CPU has no AVX512_BF16 (or the kernel is off)");
+  TORCH_CHECK(m <= a.rows && n <= b.cols && a.depth <= b.depth, "bf16_gemm::multiply: ", m, " x ", a.depth,
+              " by ", a.depth, " x ", n, " from operands packed as ", a.rows, " x ", a.depth, " and ", b.depth,
+              " x ", b.cols);
+#ifdef EXTRAP_BF16_KERNEL
+  const int64_t pairs = (a.depth + 1) / 2;
+  // Column panels of 32 outer (B's panel stays in L1 across the row tiles), rows of 8 inner.
+  for (int64_t j0 = 0; j0 < n; j0 += 32) {
+    const int64_t width = std::min<int64_t>(32, n - j0);
+    for (int64_t i0 = 0; i0 < m; i0 += 8) {
+      const int64_t rows = std::min<int64_t>(8, m - i0);
+      const TileFn fn = width > 16 ? tile_for<2>(rows) : tile_for<1>(rows);
+      fn(a.data.data() + i0 * a.ld, a.ld, b.data.data() + 2 * j0, b.ld, pairs, width, alpha, c + i0 * ldc + j0,
+         ldc, accumulate);
+    }
+  }
+#endif
+}
+
+}  // namespace extrap::bf16_gemm

@@ -1,0 +1,124 @@
+// The bfloat16 products of the CPU attention kernel (core/bf16_gemm.h) against a float64 product
+// of the same bfloat16 values: packing from float32 (rounded to nearest even, as LibTorch's
+// casts) and from bfloat16, either way round; sizes that fill, split and overrun the 8 x 32
+// tiles and the 16-column packing; odd depths; prefixes of a packed operand; alpha and
+// accumulation.
+#include "core/bf16_gemm.h"
+#include "tests/test_support.h"
+
+#include <torch/torch.h>
+
+#include <catch2/catch.hpp>
+
+using namespace extrap;
+
+namespace {
+
+// x (rows x cols), float32, stored as `stored` (transposed or not) in a buffer with row stride
+// ld > its width, so that the packers must use ld.
+struct Stored {
+  torch::Tensor buffer;  // float32 or bfloat16
+  int64_t ld;
+};
+
+Stored store(const torch::Tensor& x, bool transposed, torch::ScalarType dtype) {
+  const auto laid = transposed ? x.t() : x;
+  const int64_t ld = laid.size(1) + 3;
+  auto buffer = torch::full({laid.size(0), ld}, 1e30f, torch::kFloat32);  // padding must never be read
+  buffer.narrow(1, 0, laid.size(1)).copy_(laid);
+  return {buffer.to(dtype), ld};
+}
+
+template <typename T>
+const T* data_of(const torch::Tensor& t);
+template <>
+const float* data_of<float>(const torch::Tensor& t) { return t.data_ptr<float>(); }
+template <>
+const c10::BFloat16* data_of<c10::BFloat16>(const torch::Tensor& t) {
+  return reinterpret_cast<const c10::BFloat16*>(t.data_ptr<at::BFloat16>());
+}
+
+}  // namespace
+
+TEST_CASE("bf16 products equal a float64 product of the same bfloat16 values", "[attention][fused_cpu][bf16]") {
+  if (!bf16_gemm::available()) {
+    testing::skip_test("this CPU has no AVX512_BF16: the bfloat16 attention products are not used here");
+    return;
+  }
+  torch::manual_seed(21);
+  for (int64_t m : {1, 7, 8, 9, 64}) {
+    for (int64_t n : {1, 16, 17, 33, 64}) {
+      for (int64_t depth : {1, 2, 31, 32, 64}) {
+        for (bool a_transposed : {false, true}) {
+          for (bool b_transposed : {false, true}) {
+            for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+              INFO(m << " x " << depth << " by " << depth << " x " << n << (a_transposed ? ", A^T" : "")
+                     << (b_transposed ? ", B^T" : "") << (dtype == torch::kFloat32 ? ", float32" : ", bfloat16")
+                     << " sources");
+              const auto a = torch::randn({m, depth}), b = torch::randn({depth, n});
+              const Stored sa = store(a, a_transposed, dtype), sb = store(b, b_transposed, dtype);
+              bf16_gemm::PackedA pa;
+              bf16_gemm::PackedB pb;
+              if (dtype == torch::kFloat32) {
+                bf16_gemm::pack_a(data_of<float>(sa.buffer), sa.ld, a_transposed, m, depth, pa);
+                bf16_gemm::pack_b(data_of<float>(sb.buffer), sb.ld, b_transposed, depth, n, pb);
+              } else {
+                bf16_gemm::pack_a(data_of<c10::BFloat16>(sa.buffer), sa.ld, a_transposed, m, depth, pa);
+                bf16_gemm::pack_b(data_of<c10::BFloat16>(sb.buffer), sb.ld, b_transposed, depth, n, pb);
+              }
+              const auto a64 = a.to(torch::kBFloat16).to(torch::kFloat64), b64 = b.to(torch::kBFloat16).to(torch::kFloat64);
+              const auto prior = torch::randn({m, n});
+              for (bool accumulate : {false, true}) {
+                const int64_t ldc = n + 5;
+                auto c = torch::full({m, ldc}, 7.0f);
+                c.narrow(1, 0, n).copy_(prior);
+                bf16_gemm::multiply(pa, pb, m, n, 0.5f, c.data_ptr<float>(), ldc, accumulate);
+                auto expected = 0.5 * a64.matmul(b64);
+                if (accumulate) expected += prior.to(torch::kFloat64);
+                // float32 accumulation of depth products: a few ulps of sum |a| |b|.
+                const double bound = 1e-6 * double(depth + 2) * (a64.abs().matmul(b64.abs()).max().item<double>() + 1);
+                REQUIRE((c.narrow(1, 0, n).to(torch::kFloat64) - expected).abs().max().item<double>() < bound);
+                REQUIRE(torch::all(c.narrow(1, n, ldc - n) == 7.0f).item<bool>());  // nothing past n written
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("bf16 products of a prefix: the first rows and columns of packed operands", "[attention][fused_cpu][bf16]") {
+  if (!bf16_gemm::available()) {
+    testing::skip_test("this CPU has no AVX512_BF16: the bfloat16 attention products are not used here");
+    return;
+  }
+  torch::manual_seed(22);
+  // As the attention uses them: B packed once for all T keys, A packed per block with the
+  // block's depth (odd here: the zero padding of A must cover B's next row, which is not zero).
+  const int64_t T = 70, D = 16;
+  const auto keys = torch::randn({T, D}).to(torch::kBFloat16).to(torch::kFloat32);
+  bf16_gemm::PackedB pb;
+  bf16_gemm::pack_b(keys.data_ptr<float>(), D, false, T, D, pb);
+  for (int64_t depth : {1, 33, 69, 70}) {
+    INFO("depth " << depth);
+    const auto a = torch::randn({5, depth}).to(torch::kBFloat16).to(torch::kFloat32).contiguous();
+    bf16_gemm::PackedA pa;
+    bf16_gemm::pack_a(a.data_ptr<float>(), depth, false, 5, depth, pa);
+    auto c = torch::zeros({5, D});
+    bf16_gemm::multiply(pa, pb, 5, D, 1.0f, c.data_ptr<float>(), D, false);
+    const auto expected = a.to(torch::kFloat64).matmul(keys.narrow(0, 0, depth).to(torch::kFloat64));
+    REQUIRE((c.to(torch::kFloat64) - expected).abs().max().item<double>() < 1e-4);
+  }
+  // Fewer columns than packed, fewer rows than packed.
+  const auto a = torch::randn({9, D}).to(torch::kBFloat16).to(torch::kFloat32).contiguous();
+  const auto b = torch::randn({D, 40}).to(torch::kBFloat16).to(torch::kFloat32).contiguous();
+  bf16_gemm::PackedA pa;
+  bf16_gemm::PackedB wide;
+  bf16_gemm::pack_a(a.data_ptr<float>(), D, false, 9, D, pa);
+  bf16_gemm::pack_b(b.data_ptr<float>(), 40, false, D, 40, wide);
+  auto c = torch::zeros({3, 21});
+  bf16_gemm::multiply(pa, wide, 3, 21, 1.0f, c.data_ptr<float>(), 21, false);
+  const auto expected = a.narrow(0, 0, 3).to(torch::kFloat64).matmul(b.narrow(1, 0, 21).to(torch::kFloat64));
+  REQUIRE((c.to(torch::kFloat64) - expected).abs().max().item<double>() < 1e-4);
+}
