@@ -3,6 +3,7 @@
 #include "core/evaluator.h"
 #include "core/fault.h"
 #include "core/files.h"
+#include "core/fused_cpu_loss.h"
 #include "core/hashing.h"
 #include "core/memory_estimate.h"
 #include "core/precision.h"
@@ -57,11 +58,16 @@ std::unique_ptr<torch::optim::AdamW> make_optimizer(const TransformerLM& model, 
 torch::Tensor training_loss(TransformerLM& model, const torch::Tensor& inputs, const torch::Tensor& targets,
                             int64_t scored, Precision precision) {
   ComputePrecision region(precision, inputs.device().type());
-  const auto logits = model->forward(inputs);  // (B, T, V)
-  return torch::nn::functional::cross_entropy(
-             logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}),
-             torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum)) /
-         double(std::max<int64_t>(scored, 1));
+  const auto logits = model->forward(inputs).reshape({-1, model->vocab_size()});  // (B T, V)
+  const auto flat_targets = targets.reshape({-1});
+  // On the CPU the fused loss (core/fused_cpu_loss.h): the same float32 arithmetic in one pass
+  // each way, and no float32 copy of bf16 logits.
+  const auto sum = cross_entropy_sum_unsupported_reason(logits, flat_targets).empty()
+                       ? cross_entropy_sum(logits, flat_targets, -100)
+                       : torch::nn::functional::cross_entropy(
+                             logits, flat_targets,
+                             torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum));
+  return sum / double(std::max<int64_t>(scored, 1));
 }
 
 Trainer::Trainer(Config config, const Corpus& corpus)

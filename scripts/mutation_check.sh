@@ -81,6 +81,8 @@ core/bf16_gemm.cpp | const __mmask16 mask = width >= 16 ? __mmask16(0xFFFF) : __
 core/bf16_gemm.cpp | {0,  16, 1,  17, 2,  18, | {16, 0,  1,  17, 2,  18, | packing a float32 B swaps the first column's pair of rows
 core/fused_cpu_attention.cpp | multiply(gt, pb, D, n, 1.0f, dvt.data(), T, true);  // dV^T += dO^T P | multiply(gt, pb, D, n, 1.0f, dvt.data(), T, false);  // dV^T += dO^T P | the bf16 attention keeps only the last query block's value gradients
 core/fused_cpu_attention.cpp | softmax_backward_row(dp + r * n, prob + r * n, n, dot(prob + r * n, dp + r * n, n)); | softmax_backward_row(dp + r * n, prob + r * n, n, dot(prob + r * n, prob + r * n, n)); | the fused CPU attention's softmax backward shifts by rowsum(P P), not rowsum(P dP)
+core/fused_cpu_loss.cpp | out[target[i]] -= g; | out[target[i]] -= 1.0f; | the fused loss's gradient at the target ignores the incoming scale (1 / tokens scored)
+core/fused_cpu_loss.cpp | std::fill(out, out + V, 0.0f); | std::fill(out, out + V, 1e-3f); | rows the loss ignores (masked LM's unmasked tokens) still get a gradient
 EOF
 )
 
