@@ -33,15 +33,23 @@ c10::BFloat16 to_bf16(c10::BFloat16 x) { return x; }
 // narrower: n), over `pairs` pairs of depth. acc(r, j) += A(r, 2p) B(2p, j) + A(r, 2p+1) B(2p+1, j)
 // is one VDPBF16PS of A's pair broadcast against B's packed pair row. 16 accumulators at most,
 // so the tile lives in registers.
+// With an odd depth the last pair's second row of B is past the product's depth (the next
+// row of a B packed deeper, or padding): its lanes are zeroed, so that whatever it holds
+// (inf, NaN) cannot reach C through A's zero padding (0 x inf is NaN).
 template <int MR, int NV>
 EXTRAP_AVX512_BF16 void tile(const c10::BFloat16* a, int64_t lda, const c10::BFloat16* b, int64_t ldb,
-                             int64_t pairs, int64_t n, float alpha, float* c, int64_t ldc, bool accumulate) {
+                             int64_t pairs, bool odd_depth, int64_t n, float alpha, float* c, int64_t ldc,
+                             bool accumulate) {
   __m512 acc[MR][NV];
   for (int r = 0; r < MR; ++r)
     for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+  const __m512i first_row_only = _mm512_set1_epi32(0x0000FFFF);  // a pair's low half is row 2p
   for (int64_t p = 0; p < pairs; ++p) {
     __m512i bv[NV];
-    for (int v = 0; v < NV; ++v) bv[v] = _mm512_loadu_si512(b + 2 * (p * ldb + 16 * v));
+    for (int v = 0; v < NV; ++v) {
+      bv[v] = _mm512_loadu_si512(b + 2 * (p * ldb + 16 * v));
+      if (odd_depth && p == pairs - 1) bv[v] = _mm512_and_si512(bv[v], first_row_only);
+    }
     for (int r = 0; r < MR; ++r) {
       int32_t pair;
       std::memcpy(&pair, a + r * lda + 2 * p, sizeof pair);
@@ -62,8 +70,8 @@ EXTRAP_AVX512_BF16 void tile(const c10::BFloat16* a, int64_t lda, const c10::BFl
   }
 }
 
-using TileFn = void (*)(const c10::BFloat16*, int64_t, const c10::BFloat16*, int64_t, int64_t, int64_t, float,
-                        float*, int64_t, bool);
+using TileFn = void (*)(const c10::BFloat16*, int64_t, const c10::BFloat16*, int64_t, int64_t, bool, int64_t,
+                        float, float*, int64_t, bool);
 
 template <int NV>
 TileFn tile_for(int64_t rows) {
@@ -111,14 +119,18 @@ bool cpu_supports() {
 
 }  // namespace
 
-bool available() {
+// Whether this CPU runs the AVX512_BF16 code (the products and the fast packing paths),
+// whether or not the kernel is switched off.
+bool supported() {
 #ifdef EXTRAP_BF16_KERNEL
-  static const bool supported = cpu_supports();
-  return supported && enabled.load();
+  static const bool yes = cpu_supports();
+  return yes;
 #else
   return false;
 #endif
 }
+
+bool available() { return supported() && enabled.load(); }
 
 void set_enabled(bool on) { enabled.store(on); }
 
@@ -132,7 +144,7 @@ void pack_a(const T* src, int64_t ld, bool transposed, int64_t rows, int64_t dep
     c10::BFloat16* row = out.data.data() + i * out.ld;
 #ifdef EXTRAP_BF16_KERNEL
     if constexpr (std::is_same_v<T, float>) {
-      if (!transposed) {
+      if (!transposed && supported()) {
         for (int64_t k = 0; k < depth; k += 32) narrow32(src + i * ld + k, row + k, std::min<int64_t>(32, depth - k));
         if (depth % 2) row[depth] = c10::BFloat16(0.0f);
         continue;
@@ -156,7 +168,7 @@ void pack_b(const T* src, int64_t ld, bool transposed, int64_t depth, int64_t co
     const bool second = 2 * p + 1 < depth;
 #ifdef EXTRAP_BF16_KERNEL
     if constexpr (std::is_same_v<T, float>) {
-      if (!transposed) {
+      if (!transposed && supported()) {
         const float* r0 = src + 2 * p * ld;
         const float* r1 = second ? r0 + ld : nullptr;
         for (int64_t j = 0; j < cols; j += 16)
@@ -180,7 +192,7 @@ template void pack_b<c10::BFloat16>(const c10::BFloat16*, int64_t, bool, int64_t
 
 void multiply(const PackedA& a, const PackedB& b, int64_t m, int64_t n, float alpha, float* c, int64_t ldc,
               bool accumulate) {
-  TORCH_CHECK(available(), "bf16_gemm::multiply: this CPU has no AVX512_BF16 (or the kernel is off)");
+  TORCH_CHECK(supported(), "bf16_gemm::multiply: this CPU has no AVX512_BF16");
   TORCH_CHECK(m <= a.rows && n <= b.cols && a.depth <= b.depth, "bf16_gemm::multiply: ", m, " x ", a.depth,
               " by ", a.depth, " x ", n, " from operands packed as ", a.rows, " x ", a.depth, " and ", b.depth,
               " x ", b.cols);
@@ -192,8 +204,8 @@ void multiply(const PackedA& a, const PackedB& b, int64_t m, int64_t n, float al
     for (int64_t i0 = 0; i0 < m; i0 += 8) {
       const int64_t rows = std::min<int64_t>(8, m - i0);
       const TileFn fn = width > 16 ? tile_for<2>(rows) : tile_for<1>(rows);
-      fn(a.data.data() + i0 * a.ld, a.ld, b.data.data() + 2 * j0, b.ld, pairs, width, alpha, c + i0 * ldc + j0,
-         ldc, accumulate);
+      fn(a.data.data() + i0 * a.ld, a.ld, b.data.data() + 2 * j0, b.ld, pairs, a.depth % 2 == 1, width, alpha,
+         c + i0 * ldc + j0, ldc, accumulate);
     }
   }
 #endif

@@ -12,7 +12,8 @@
 // Operands are packed first: A into rows of K values rounded up to an even count (zero
 // padding), B into pairs of rows (B[2p][j], B[2p+1][j]) side by side, the layout VDPBF16PS
 // reads, N rounded up to 16. Packing takes float32 (rounded to nearest even, as LibTorch's
-// casts) or bfloat16 sources, either way round (transposed or not). A product may use a prefix
+// casts, except that values below 2^-126, float32's subnormals, become 0 on the AVX512_BF16
+// path: the instructions treat them as zero) or bfloat16 sources, either way round (transposed or not). A product may use a prefix
 // of a packed operand: the first M rows of A, the first N columns and K rows of B, provided A
 // was packed with depth K exactly (its zero padding then covers an odd K).
 #pragma once
@@ -24,9 +25,12 @@
 
 namespace extrap::bf16_gemm {
 
-// Whether this CPU runs the kernel (AVX512_BF16, with the OS saving AVX-512 state) and it is
-// not switched off: EXTRAP_BF16_ATTENTION_KERNEL=0 in the environment, or set_enabled(false)
-// (for benchmarks and tests that compare against the float32-products path).
+// Whether this CPU runs the kernel: AVX512_BF16 and AVX512BW, with the OS saving AVX-512 state.
+bool supported();
+// supported() and not switched off: EXTRAP_BF16_ATTENTION_KERNEL=0 in the environment, or
+// set_enabled(false) (for benchmarks and tests that compare against the float32-products
+// path). Callers choose the path with this; a product already under way (a backward pass whose
+// forward used the kernel) still runs where supported().
 bool available();
 void set_enabled(bool enabled);
 
@@ -49,8 +53,8 @@ template <typename T>
 void pack_b(const T* src, int64_t ld, bool transposed, int64_t depth, int64_t cols, PackedB& out);
 
 // C(i, j) = alpha sum_k A(i, k) B(k, j) (+ C(i, j) when accumulate), i < m, j < n, k < depth,
-// C row-major with row stride ldc. Needs available(); m <= a.rows, n <= b.cols,
-// depth == a.depth <= b.depth.
+// C row-major with row stride ldc. Needs supported(); m <= a.rows, n <= b.cols,
+// depth == a.depth <= b.depth. Rows of B at or past depth never reach C, whatever they hold.
 void multiply(const PackedA& a, const PackedB& b, int64_t m, int64_t n, float alpha, float* c,
               int64_t ldc, bool accumulate);
 

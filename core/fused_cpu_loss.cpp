@@ -21,11 +21,13 @@ float row_max(const float* x, int64_t n) {
   return max;
 }
 
+// Summed in double: a confident row's sum is 1 plus terms below float32's half-ulp at 1, and
+// its loss is their log (a float32 sum would round it to 0).
 EXTRAP_ISA_CLONES
-float row_exp_sum(const float* x, int64_t n, float shift) {
-  float sum = 0;
+double row_exp_sum(const float* x, int64_t n, float shift) {
+  double sum = 0;
 #pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < n; ++j) sum += exp_float(x[j] - shift);
+  for (int64_t j = 0; j < n; ++j) sum += double(exp_float(x[j] - shift));
   return sum;
 }
 
@@ -65,8 +67,11 @@ class CrossEntropySumFunction : public torch::autograd::Function<CrossEntropySum
       for (int64_t i = begin; i < end; ++i) {
         const float* x = row_of(logits, i, buffer);
         const float max = row_max(x, V);
-        lse_data[i] = max + std::log(row_exp_sum(x, V, max));
-        if (target[i] != ignore_index) loss[size_t(i)] = double(lse_data[i]) - double(x[target[i]]);
+        const double log_sum = std::log(row_exp_sum(x, V, max));
+        lse_data[i] = float(double(max) + log_sum);
+        // log-sum-exp - x[t] as log(sum) - (x[t] - max): exact where x[t] is the maximum (a
+        // confident row's loss near 0 loses nothing to the rounding of the log-sum-exp).
+        if (target[i] != ignore_index) loss[size_t(i)] = log_sum - (double(x[target[i]]) - double(max));
       }
     });
     double total = 0;  // in row order, whatever the thread count

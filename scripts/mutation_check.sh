@@ -83,6 +83,7 @@ core/fused_cpu_attention.cpp | multiply(gt, pb, D, n, 1.0f, dvt.data(), T, true)
 core/fused_cpu_attention.cpp | softmax_backward_row(dp + r * n, prob + r * n, n, dot(prob + r * n, dp + r * n, n)); | softmax_backward_row(dp + r * n, prob + r * n, n, dot(prob + r * n, prob + r * n, n)); | the fused CPU attention's softmax backward shifts by rowsum(P P), not rowsum(P dP)
 core/fused_cpu_loss.cpp | out[target[i]] -= g; | out[target[i]] -= 1.0f; | the fused loss's gradient at the target ignores the incoming scale (1 / tokens scored)
 core/fused_cpu_loss.cpp | std::fill(out, out + V, 0.0f); | std::fill(out, out + V, 1e-3f); | rows the loss ignores (masked LM's unmasked tokens) still get a gradient
+core/bf16_gemm.cpp | if (odd_depth && p == pairs - 1) bv[v] | if (false && odd_depth && p == pairs - 1) bv[v] | an odd-depth product lets the next row of B (NaN, inf) into C
 EOF
 )
 

@@ -10,6 +10,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <limits>
+
 using namespace extrap;
 
 namespace {
@@ -95,20 +97,25 @@ TEST_CASE("bf16 products of a prefix: the first rows and columns of packed opera
   }
   torch::manual_seed(22);
   // As the attention uses them: B packed once for all T keys, A packed per block with the
-  // block's depth (odd here: the zero padding of A must cover B's next row, which is not zero).
+  // block's depth. An odd depth's last pair holds B's next row, which must not reach C even
+  // when it is NaN or inf (0 x inf is NaN): that row is poisoned here.
   const int64_t T = 70, D = 16;
   const auto keys = torch::randn({T, D}).to(torch::kBFloat16).to(torch::kFloat32);
-  bf16_gemm::PackedB pb;
-  bf16_gemm::pack_b(keys.data_ptr<float>(), D, false, T, D, pb);
-  for (int64_t depth : {1, 33, 69, 70}) {
-    INFO("depth " << depth);
-    const auto a = torch::randn({5, depth}).to(torch::kBFloat16).to(torch::kFloat32).contiguous();
-    bf16_gemm::PackedA pa;
-    bf16_gemm::pack_a(a.data_ptr<float>(), depth, false, 5, depth, pa);
-    auto c = torch::zeros({5, D});
-    bf16_gemm::multiply(pa, pb, 5, D, 1.0f, c.data_ptr<float>(), D, false);
-    const auto expected = a.to(torch::kFloat64).matmul(keys.narrow(0, 0, depth).to(torch::kFloat64));
-    REQUIRE((c.to(torch::kFloat64) - expected).abs().max().item<double>() < 1e-4);
+  for (int64_t depth : {1, 2, 33, 69, 70}) {
+    for (float poison : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+      INFO("depth " << depth << ", row " << depth << " of B " << poison);
+      auto packed_keys = keys.clone();
+      if (depth < T) packed_keys[depth].fill_(poison);
+      bf16_gemm::PackedB pb;
+      bf16_gemm::pack_b(packed_keys.data_ptr<float>(), D, false, T, D, pb);
+      const auto a = torch::randn({5, depth}).to(torch::kBFloat16).to(torch::kFloat32).contiguous();
+      bf16_gemm::PackedA pa;
+      bf16_gemm::pack_a(a.data_ptr<float>(), depth, false, 5, depth, pa);
+      auto c = torch::zeros({5, D});
+      bf16_gemm::multiply(pa, pb, 5, D, 1.0f, c.data_ptr<float>(), D, false);
+      const auto expected = a.to(torch::kFloat64).matmul(keys.narrow(0, 0, depth).to(torch::kFloat64));
+      REQUIRE((c.to(torch::kFloat64) - expected).abs().max().item<double>() < 1e-4);
+    }
   }
   // Fewer columns than packed, fewer rows than packed.
   const auto a = torch::randn({9, D}).to(torch::kBFloat16).to(torch::kFloat32).contiguous();

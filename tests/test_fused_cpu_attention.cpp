@@ -198,4 +198,17 @@ TEST_CASE("fused CPU attention on bfloat16 inputs: float32 inside, equal to the 
     }
   }
   bf16_gemm::set_enabled(true);
+  // Switched off between a forward that used the bfloat16 products and its backward: the
+  // backward still runs them (the switch picks the path of new calls only).
+  if (bf16_gemm::available()) {
+    const auto parts = torch::randn({1, 70, 3, H, 8}).to(torch::kBFloat16).permute({2, 0, 3, 1, 4}).unbind(0);
+    auto q = parts[0].detach().requires_grad_();
+    AttentionOptions options;
+    options.training = true;
+    const auto y = fused_cpu_attention(q, parts[1], parts[2], AttentionBias::none(), options);
+    bf16_gemm::set_enabled(false);
+    y.sum().backward();
+    bf16_gemm::set_enabled(true);
+    REQUIRE(torch::isfinite(q.grad()).all().item<bool>());
+  }
 }

@@ -66,3 +66,13 @@ TEST_CASE("fused CPU loss: every row ignored is a zero loss, a target out of ran
                Catch::Contains("float32"));
   REQUIRE_THAT(cross_entropy_sum_unsupported_reason(logits, torch::zeros({4}, torch::kInt32)), Catch::Contains("int64"));
 }
+
+TEST_CASE("fused CPU loss: a confident row's small loss keeps its digits", "[loss]") {
+  // Target at a maximum far above the rest: the loss is log(1 + 256 e^-20), about 5.3e-7, far
+  // below the float32 spacing at the log-sum-exp (about 20: 1.9e-6).
+  auto logits = torch::zeros({2, 257});
+  logits.index_put_({torch::indexing::Slice(), 0}, 20.0f);
+  const auto targets = torch::zeros({2}, torch::kLong);
+  const double expected = 2 * std::log1p(256 * std::exp(-20.0));
+  REQUIRE(cross_entropy_sum(logits, targets, -100).item<double>() == Approx(expected).epsilon(1e-4));
+}
