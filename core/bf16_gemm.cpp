@@ -1,11 +1,14 @@
 #include "core/bf16_gemm.h"
 
+#include "core/yaml_options.h"
+
 #include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -17,10 +20,18 @@ namespace extrap::bf16_gemm {
 
 namespace {
 
-std::atomic<bool> enabled{[] {
+// The switch: unset (on) until set_enabled() or the environment says otherwise.
+std::atomic<int> switched{-1};  // -1: from EXTRAP_BF16_ATTENTION_KERNEL, 0: off, 1: on
+
+// EXTRAP_BF16_ATTENTION_KERNEL: unset or 1 on, 0 off; anything else refused by value (a
+// benchmark that meant "off" must not silently measure "on").
+bool enabled_by_environment() {
   const char* flag = std::getenv("EXTRAP_BF16_ATTENTION_KERNEL");
-  return !(flag && std::string(flag) == "0");
-}()};
+  if (!flag || std::string(flag) == "1") return true;
+  if (std::string(flag) == "0") return false;
+  throw ConfigError("environment variable EXTRAP_BF16_ATTENTION_KERNEL=" + std::string(flag) +
+                    ": expected 0 (the bfloat16 attention products off) or 1 (on, the default)");
+}
 
 int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
@@ -130,9 +141,13 @@ bool supported() {
 #endif
 }
 
-bool available() { return supported() && enabled.load(); }
+bool available() {
+  if (!supported()) return false;
+  const int state = switched.load();
+  return state < 0 ? enabled_by_environment() : state == 1;
+}
 
-void set_enabled(bool on) { enabled.store(on); }
+void set_enabled(bool on) { switched.store(on ? 1 : 0); }
 
 template <typename T>
 void pack_a(const T* src, int64_t ld, bool transposed, int64_t rows, int64_t depth, PackedA& out) {

@@ -27,8 +27,8 @@ namespace extrap::bf16_gemm {
 
 // Whether this CPU runs the kernel: AVX512_BF16 and AVX512BW, with the OS saving AVX-512 state.
 bool supported();
-// supported() and not switched off: EXTRAP_BF16_ATTENTION_KERNEL=0 in the environment, or
-// set_enabled(false) (for benchmarks and tests that compare against the float32-products
+// supported() and not switched off: EXTRAP_BF16_ATTENTION_KERNEL=0 in the environment (any
+// value but 0 and 1 is refused, naming it), or set_enabled(false) (for benchmarks and tests that compare against the float32-products
 // path). Callers choose the path with this; a product already under way (a backward pass whose
 // forward used the kernel) still runs where supported().
 bool available();

@@ -4,6 +4,7 @@
 // tiles and the 16-column packing; odd depths; prefixes of a packed operand; alpha and
 // accumulation.
 #include "core/bf16_gemm.h"
+#include "tests/cli_harness.h"
 #include "tests/test_support.h"
 
 #include <torch/torch.h>
@@ -128,4 +129,29 @@ TEST_CASE("bf16 products of a prefix: the first rows and columns of packed opera
   bf16_gemm::multiply(pa, wide, 3, 21, 1.0f, c.data_ptr<float>(), 21, false);
   const auto expected = a.narrow(0, 0, 3).to(torch::kFloat64).matmul(b.narrow(1, 0, 21).to(torch::kFloat64));
   REQUIRE((c.to(torch::kFloat64) - expected).abs().max().item<double>() < 1e-4);
+}
+
+TEST_CASE("EXTRAP_BF16_ATTENTION_KERNEL: 0 switches the bf16 products off, 1 on, anything else is refused by value", "[attention][fused_cpu][bf16]") {
+  if (!bf16_gemm::supported()) {
+    testing::skip_test("this CPU has no AVX512_BF16: the switch has nothing to switch");
+    return;
+  }
+  // The CLI, a fresh process, reads the variable (set_enabled() in this one would override it).
+  struct Unset {
+    ~Unset() { unsetenv("EXTRAP_BF16_ATTENTION_KERNEL"); }
+  } unset;
+  testing::TempDir d("bf16-switch");
+  const std::vector<std::string> bench = {"bench", "train", "--config",
+                                          std::string(EXTRAP_SOURCE_DIR) + "/configs/train_quick.yaml",
+                                          "--set", "train.precision=bf16", "--set", "train.batch_tokens=256",
+                                          "--steps", "1", "--warmup", "0"};
+  for (const char* good : {"0", "1"}) {
+    INFO("EXTRAP_BF16_ATTENTION_KERNEL=" << good);
+    setenv("EXTRAP_BF16_ATTENTION_KERNEL", good, 1);
+    REQUIRE(testing::run_cli(d, bench) == 0);
+  }
+  setenv("EXTRAP_BF16_ATTENTION_KERNEL", "off", 1);
+  std::string out;
+  REQUIRE(testing::run_cli(d, bench, &out) != 0);
+  REQUIRE_THAT(out, Catch::Contains("EXTRAP_BF16_ATTENTION_KERNEL=off") && Catch::Contains("expected 0"));
 }
