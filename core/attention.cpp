@@ -264,7 +264,7 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
     case AttentionBackend::Efficient:
       return attention_efficient(q, k, v, bias, options);
     case AttentionBackend::Fused:
-      if (q.device().is_cpu()) return fused_cpu_attention(q, k, v, bias, options);
+      if (fused_cpu_takes(q, k, v, bias, options)) return fused_cpu_attention(q, k, v, bias, options);
 #ifdef EXTRAP_WITH_CUDA
       TORCH_CHECK(!(options.training && options.dropout > 0),
                   "attention: the fused CUDA backend has no attention dropout (dropout ",

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -44,6 +45,7 @@ c10::BFloat16 to_bf16(c10::BFloat16 x) { return x; }
 // narrower: n), over `pairs` pairs of depth. acc(r, j) += A(r, 2p) B(2p, j) + A(r, 2p+1) B(2p+1, j)
 // is one VDPBF16PS of A's pair broadcast against B's packed pair row. 16 accumulators at most,
 // so the tile lives in registers.
+//
 // With an odd depth the last pair's second row of B is past the product's depth (the next
 // row of a B packed deeper, or padding): its lanes are zeroed, so that whatever it holds
 // (inf, NaN) cannot reach C through A's zero padding (0 x inf is NaN).
@@ -149,24 +151,29 @@ bool available() {
 
 void set_enabled(bool on) { switched.store(on ? 1 : 0); }
 
+// Whether packing T runs the AVX512_BF16 conversion (float32 rows read in order).
+template <typename T>
+bool fast_packing(bool transposed) {
+  return std::is_same_v<T, float> && !transposed && supported();
+}
+
 template <typename T>
 void pack_a(const T* src, int64_t ld, bool transposed, int64_t rows, int64_t depth, PackedA& out) {
   out.rows = rows;
   out.depth = depth;
   out.ld = round_up(depth, 2);
   out.data.resize(size_t(rows * out.ld));
+  const bool fast = fast_packing<T>(transposed);
   for (int64_t i = 0; i < rows; ++i) {
     c10::BFloat16* row = out.data.data() + i * out.ld;
 #ifdef EXTRAP_BF16_KERNEL
     if constexpr (std::is_same_v<T, float>) {
-      if (!transposed && supported()) {
+      if (fast)
         for (int64_t k = 0; k < depth; k += 32) narrow32(src + i * ld + k, row + k, std::min<int64_t>(32, depth - k));
-        if (depth % 2) row[depth] = c10::BFloat16(0.0f);
-        continue;
-      }
     }
 #endif
-    for (int64_t k = 0; k < depth; ++k) row[k] = to_bf16(transposed ? src[k * ld + i] : src[i * ld + k]);
+    if (!fast)
+      for (int64_t k = 0; k < depth; ++k) row[k] = to_bf16(transposed ? src[k * ld + i] : src[i * ld + k]);
     if (depth % 2) row[depth] = c10::BFloat16(0.0f);
   }
 }
@@ -178,24 +185,24 @@ void pack_b(const T* src, int64_t ld, bool transposed, int64_t depth, int64_t co
   out.ld = round_up(cols, 16);
   const int64_t pairs = (depth + 1) / 2;
   out.data.assign(size_t(pairs * out.ld * 2), c10::BFloat16(0.0f));
+  const bool fast = fast_packing<T>(transposed);
   for (int64_t p = 0; p < pairs; ++p) {
     c10::BFloat16* row = out.data.data() + 2 * p * out.ld;
-    const bool second = 2 * p + 1 < depth;
+    const int64_t k = 2 * p;
+    const bool second = k + 1 < depth;
 #ifdef EXTRAP_BF16_KERNEL
     if constexpr (std::is_same_v<T, float>) {
-      if (!transposed && supported()) {
-        const float* r0 = src + 2 * p * ld;
-        const float* r1 = second ? r0 + ld : nullptr;
+      if (fast)
         for (int64_t j = 0; j < cols; j += 16)
-          pair16(r0 + j, r1 ? r1 + j : nullptr, row + 2 * j, std::min<int64_t>(16, cols - j));
-        continue;
-      }
+          pair16(src + k * ld + j, second ? src + (k + 1) * ld + j : nullptr, row + 2 * j,
+                 std::min<int64_t>(16, cols - j));
     }
 #endif
-    for (int64_t j = 0; j < cols; ++j) {
-      const int64_t k = 2 * p;
-      row[2 * j] = to_bf16(transposed ? src[j * ld + k] : src[k * ld + j]);
-      if (second) row[2 * j + 1] = to_bf16(transposed ? src[j * ld + k + 1] : src[(k + 1) * ld + j]);
+    if (!fast) {
+      for (int64_t j = 0; j < cols; ++j) {
+        row[2 * j] = to_bf16(transposed ? src[j * ld + k] : src[k * ld + j]);
+        if (second) row[2 * j + 1] = to_bf16(transposed ? src[j * ld + k + 1] : src[(k + 1) * ld + j]);
+      }
     }
   }
 }

@@ -1,10 +1,12 @@
-// Element-wise float32 helpers for the CPU kernels (core/fused_cpu_attention.cpp,
+// Element-wise float32 helpers (and bfloat16 conversions) for the CPU kernels (core/fused_cpu_attention.cpp,
 // core/fused_cpu_loss.cpp): loops written so that GCC vectorises them, compiled for AVX-512,
 // AVX2 and the x86-64 baseline and picked at load time (target_clones); the ATen vector types
 // would be compiled for the baseline only in extrap's files. Measured on configs/train_quick.yaml
 // (2026-11-23, 2-core AMD EPYC): with scalar expf calls the attention kernel was 8% slower than
 // the reference path; see benchmarks/RESULTS.md for what this gave.
 #pragma once
+
+#include <c10/util/BFloat16.h>
 
 #include <cstdint>
 
@@ -36,6 +38,17 @@ inline float exp_float(float x) {
   float scale;
   __builtin_memcpy(&scale, &bits, sizeof scale);
   return x <= -87.0f ? 0.0f : poly * scale;
+}
+
+// bfloat16 <-> float32 for kernels that take bfloat16 (train.precision bf16) and compute in
+// float32; narrowing rounds to nearest even, as LibTorch's casts do.
+EXTRAP_ISA_CLONES
+inline void widen(const c10::BFloat16* from, float* to, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) to[j] = float(from[j]);
+}
+
+inline void narrow(const float* from, c10::BFloat16* to, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) to[j] = c10::BFloat16(from[j]);
 }
 
 }  // namespace extrap

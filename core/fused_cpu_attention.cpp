@@ -55,23 +55,11 @@ struct Problem {
   }
 };
 
-
 // The rows of one (batch, head) as float32: row t starts at data + t * stride.
 struct Rows {
   float* data;
   int64_t stride;
 };
-
-// bfloat16 <-> float32 for the kernel's inputs and outputs under train.precision bf16; the
-// conversion rounds to nearest even, as LibTorch's casts do.
-EXTRAP_ISA_CLONES
-void widen(const c10::BFloat16* from, float* to, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) to[j] = float(from[j]);
-}
-
-void narrow(const float* from, c10::BFloat16* to, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) to[j] = c10::BFloat16(from[j]);
-}
 
 // A (B, H, T, Dh) input, float32 or bfloat16: the row of (b, h, t) starts at element
 // b * sb + h * sh + t * st.
@@ -222,6 +210,18 @@ void probabilities_row(float* row, int64_t i, int64_t n, const Problem& p, int64
   exp_row(row, i, n, rb, lse);
 }
 
+// softmax_row for the m rows (queries i0, i0 + 1, ...) of a block's scores, n keys each;
+// their log-sum-exps into lse[i0 ...].
+void softmax_block(float* scores, int64_t i0, int64_t m, int64_t n, const Problem& p, int64_t h, float* lse) {
+  for (int64_t r = 0; r < m; ++r) lse[i0 + r] = softmax_row(scores + r * n, i0 + r, n, p, h);
+}
+
+// probabilities_row for the m rows of a block, from their saved log-sum-exps.
+void probabilities_block(float* scores, int64_t i0, int64_t m, int64_t n, const Problem& p, int64_t h,
+                         const float* lse) {
+  for (int64_t r = 0; r < m; ++r) probabilities_row(scores + r * n, i0 + r, n, p, h, lse[i0 + r]);
+}
+
 // Keys that block [i0, i0 + m) attends to: [0, n).
 int64_t visible_keys(const Problem& p, int64_t i0, int64_t m) { return p.causal ? i0 + m : p.length; }
 
@@ -239,7 +239,7 @@ void forward_kernel(const Problem& p, const Operand& q, const Operand& k, const 
         const int64_t m = std::min(kQueryBlock, T - i0), n = visible_keys(p, i0, m);
         gemm(false, true, m, n, D, p.scale, qr.data + i0 * qr.stride, qr.stride, kr.data, kr.stride, 0.0f,
              scores.data(), n);
-        for (int64_t r = 0; r < m; ++r) lb[i0 + r] = softmax_row(scores.data() + r * n, i0 + r, n, p, h);
+        softmax_block(scores.data(), i0, m, n, p, h, lb);
         gemm(false, false, m, D, n, 1.0f, scores.data(), n, vr.data, vr.stride, 0.0f, o.data + i0 * o.stride,
              o.stride);
       }
@@ -269,7 +269,7 @@ void backward_kernel(const Problem& p, const Operand& q, const Operand& k, const
         const int64_t m = std::min(kQueryBlock, T - i0), n = visible_keys(p, i0, m);
         const float *qi = qr.data + i0 * qr.stride, *gi = go.data + i0 * go.stride;
         gemm(false, true, m, n, D, p.scale, qi, qr.stride, kr.data, kr.stride, 0.0f, probs.data(), n);
-        for (int64_t r = 0; r < m; ++r) probabilities_row(probs.data() + r * n, i0 + r, n, p, h, lb[i0 + r]);
+        probabilities_block(probs.data(), i0, m, n, p, h, lb);
         gemm(true, false, n, D, m, 1.0f, probs.data(), n, gi, go.stride, 1.0f, dvr.data, dvr.stride);  // dV += P^T dO
         gemm(false, true, m, n, D, 1.0f, gi, go.stride, vr.data, vr.stride, 0.0f, dscores.data(), n);  // dP = dO V^T
         softmax_backward_block(dscores.data(), probs.data(), m, n);  // dS
@@ -308,7 +308,7 @@ void forward_kernel_bf16(const Problem& p, const Operand& q, const Operand& k, c
         const int64_t m = std::min(kQueryBlock, T - i0), n = visible_keys(p, i0, m);
         pack_a(qb + i0 * q.st, q.st, false, m, D, qa);
         multiply(qa, kt, m, n, p.scale, scores.data(), n, false);
-        for (int64_t r = 0; r < m; ++r) lb[i0 + r] = softmax_row(scores.data() + r * n, i0 + r, n, p, h);
+        softmax_block(scores.data(), i0, m, n, p, h, lb);
         pack_a(scores.data(), n, false, m, n, pa);
         multiply(pa, vb, m, D, 1.0f, obuf.data(), D, false);
         out.store_rows(b, h, i0, m, obuf.data());
@@ -341,7 +341,7 @@ void backward_kernel_bf16(const Problem& p, const Operand& q, const Operand& k, 
         const auto *qi = qsrc + i0 * q.st, *gi = gsrc + i0 * dout.st;
         pack_a(qi, q.st, false, m, D, qa);
         multiply(qa, kt, m, n, p.scale, probs.data(), n, false);
-        for (int64_t r = 0; r < m; ++r) probabilities_row(probs.data() + r * n, i0 + r, n, p, h, lb[i0 + r]);
+        probabilities_block(probs.data(), i0, m, n, p, h, lb);
         pack_a(gi, dout.st, false, m, D, ga);
         multiply(ga, vt, m, n, 1.0f, dscores.data(), n, false);  // dP = dO v^T
         softmax_backward_block(dscores.data(), probs.data(), m, n);  // dS

@@ -43,9 +43,8 @@ void row_softmax_scaled(const float* x, int64_t n, float lse, float scale, float
 const float* row_of(const torch::Tensor& logits, int64_t i, std::vector<float>& buffer) {
   const int64_t V = logits.size(1);
   if (logits.scalar_type() == torch::kFloat32) return logits.data_ptr<float>() + i * V;
-  const auto* x = logits.data_ptr<at::BFloat16>() + i * V;
   buffer.resize(size_t(V));
-  for (int64_t j = 0; j < V; ++j) buffer[size_t(j)] = float(x[j]);
+  widen(logits.data_ptr<at::BFloat16>() + i * V, buffer.data(), V);
   return buffer.data();
 }
 
@@ -102,10 +101,7 @@ class CrossEntropySumFunction : public torch::autograd::Function<CrossEntropySum
           row_softmax_scaled(row_of(logits, i, buffer), V, lse_data[i], g, out);
           out[target[i]] -= g;
         }
-        if (bf16) {
-          auto* y = grad.data_ptr<at::BFloat16>() + i * V;
-          for (int64_t j = 0; j < V; ++j) y[j] = at::BFloat16(out[j]);
-        }
+        if (bf16) narrow(out, grad.data_ptr<at::BFloat16>() + i * V, V);
       }
     });
     return {grad, torch::Tensor(), torch::Tensor()};
