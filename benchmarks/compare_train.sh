@@ -11,6 +11,11 @@
 #
 # Precision bf16: extrap's train.precision bf16 against PyTorch's torch.autocast(bfloat16),
 # both with fp32 weights and optimiser.
+# Allocator: extrap sets glibc's malloc thresholds at start (core/allocator.h: mmap 64 MiB,
+# trim 512 MiB), which spares a step's tensors their page faults. The PyTorch runs get the same
+# thresholds through GLIBC_TUNABLES, so that malloc is not the difference: PyTorch gains from
+# them too (2026-11-24, quick bf16: eager 54k -> 68-78k tokens/s). BASELINE_MALLOC=default
+# runs them with glibc's defaults instead, as a plain `python` would.
 # Shapes: configs/train_quick.yaml as it is (3 layers, d_model 128, 4 heads, L 64, 4,096 tokens
 # a step) and the same with d_model 256, d_ffn 1024, L 256. Needs build/extrap and .venv
 # (scripts/setup.sh).
@@ -27,10 +32,16 @@ declare -A shapes=(
 )
 tokens_per_second() { sed -n 's/^tokens\/s: \([0-9]*\).*/\1/p'; }
 field() { sed -n "s/^$1: \([0-9.]*\).*/\1/p"; }
+case "${BASELINE_MALLOC:-extrap}" in
+  extrap) baseline_env=("GLIBC_TUNABLES=glibc.malloc.mmap_threshold=67108864:glibc.malloc.trim_threshold=536870912") ;;
+  default) baseline_env=() ;;
+  *) echo "BASELINE_MALLOC=$BASELINE_MALLOC: expected extrap (the default) or default" >&2; exit 2 ;;
+esac
 
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores"
 echo "flags: $(grep -m1 '^flags' /proc/cpuinfo | grep -o -w -E 'avx2|avx512f|avx512_bf16|amx_bf16|amx_tile' | sort -u | tr '\n' ' ')"
 echo "date: $(date -u +%FT%TZ)"
+echo "PyTorch's malloc: ${BASELINE_MALLOC:-extrap} (${baseline_env[*]:-glibc defaults})"
 build/extrap --version | sed 's/^/  /'
 echo
 echo "| round | shape | precision | extrap tokens/s | extrap MFU | eager tokens/s | compiled tokens/s |"
@@ -44,9 +55,9 @@ for ((r = 1; r <= rounds; ++r)); do
       e=$(echo "$out" | tokens_per_second)
       mfu=$(echo "$out" | field MFU)
       # shellcheck disable=SC2086
-      p=$(.venv/bin/python benchmarks/train_pytorch.py --config $config ${shapes[$shape]} --precision "$precision" --steps "$steps" | tokens_per_second)
+      p=$(env "${baseline_env[@]}" .venv/bin/python benchmarks/train_pytorch.py --config $config ${shapes[$shape]} --precision "$precision" --steps "$steps" | tokens_per_second)
       # shellcheck disable=SC2086
-      c=$(.venv/bin/python benchmarks/train_pytorch.py --config $config ${shapes[$shape]} --precision "$precision" --steps "$steps" --compile 2>/dev/null | tokens_per_second)
+      c=$(env "${baseline_env[@]}" .venv/bin/python benchmarks/train_pytorch.py --config $config ${shapes[$shape]} --precision "$precision" --steps "$steps" --compile 2>/dev/null | tokens_per_second)
       echo "| $r | $shape | $precision | $e | $mfu | $p | $c |"
       all[$shape,$precision,extrap]+="$e "
       all[$shape,$precision,mfu]+="$mfu "

@@ -1,5 +1,6 @@
 #include "core/sysinfo.h"
 
+#include "core/allocator.h"
 #include "core/distributed.h"
 
 #include "core/version.h"
@@ -130,6 +131,7 @@ RuntimeInfo runtime_info() {
   info.cpu_capability = config_line(config, "CPU capability usage: ");
   if (info.cpu_capability.empty()) info.cpu_capability = "unknown";
   info.threads = at::get_num_threads();
+  info.allocator = allocator_summary();
   return info;
 }
 
@@ -150,7 +152,8 @@ std::string describe_runtime(const RuntimeInfo& info) {
       << "blas: " << info.blas << "\n"
       << "onednn: " << info.onednn << "\n"
       << "cpu capability: " << info.cpu_capability << "\n"
-      << "threads: " << info.threads << "\n";
+      << "threads: " << info.threads << "\n"
+      << "malloc: " << info.allocator << "\n";
   return out.str();
 }
 
@@ -164,7 +167,7 @@ std::string runtime_summary(const RuntimeInfo& info) {
                                 std::to_string(info.cuda_devices) + " device(s)"
                           : std::string("no CUDA"))
       << (info.fused_kernels ? ", fused kernels" : "") << ", BLAS " << info.blas << ", "
-      << info.onednn << ", " << info.cpu_capability << ", " << info.threads << " threads";
+      << info.onednn << ", " << info.cpu_capability << ", " << info.threads << " threads, malloc (" << info.allocator << ")";
   return out.str();
 }
 

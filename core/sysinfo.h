@@ -31,6 +31,7 @@ struct RuntimeInfo {
   std::string onednn;            // e.g. "oneDNN v3.13.3", "none"
   std::string cpu_capability;    // the vector ISA LibTorch's CPU kernels use, e.g. AVX512
   int threads = 0;               // LibTorch intra-op threads
+  std::string allocator;         // malloc's settings (core/allocator.h)
 };
 RuntimeInfo runtime_info();
 // One line per fact ("libtorch: 2.15.0", ...), as `extrap --version` prints them.

@@ -1,4 +1,5 @@
 // extrap: the command-line front end. `extrap COMMAND [args]`; `extrap COMMAND --help`.
+#include "core/allocator.h"
 #include "core/distributed.h"
 #include "core/sysinfo.h"
 #include "core/yaml_options.h"
@@ -87,6 +88,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string name = argv[1];
+  try {
+    extrap::tune_allocator();  // before the first tensor: training reuses the heap's pages
+  } catch (const extrap::ConfigError& e) {
+    std::cerr << "extrap: " << e.what() << "\n";
+    return 2;
+  }
   if (name == "--help" || name == "-h" || name == "help") {
     usage(std::cout);
     return 0;

@@ -84,6 +84,7 @@ core/fused_cpu_attention.cpp | softmax_backward_row(dp + r * n, prob + r * n, n,
 core/fused_cpu_loss.cpp | out[target[i]] -= g; | out[target[i]] -= 1.0f; | the fused loss's gradient at the target ignores the incoming scale (1 / tokens scored)
 core/fused_cpu_loss.cpp | std::fill(out, out + V, 0.0f); | std::fill(out, out + V, 1e-3f); | rows the loss ignores (masked LM's unmasked tokens) still get a gradient
 core/bf16_gemm.cpp | if (odd_depth && p == pairs - 1) bv[v] | if (false && odd_depth && p == pairs - 1) bv[v] | an odd-depth product lets the next row of B (NaN, inf) into C
+core/allocator.cpp | mallopt(M_TRIM_THRESHOLD, int(AllocatorTuning::trim_threshold)) == 1; | true; | malloc keeps trimming the heap after each step (its pages fault in again)
 EOF
 )
 
