@@ -1,6 +1,6 @@
 #include "core/allocator.h"
 
-#include "core/yaml_options.h"
+#include "core/environment.h"
 
 #include <cstdlib>
 #include <mutex>
@@ -20,12 +20,9 @@ std::string environment(const char* name) {
 
 // Why the environment keeps extrap's hands off the allocator ("" when it does not).
 std::string left_to_environment() {
-  const std::string flag = environment("EXTRAP_MALLOC_TUNING");
-  if (flag == "0") return "EXTRAP_MALLOC_TUNING=0";
-  if (!flag.empty() && flag != "1")
-    throw ConfigError("environment variable EXTRAP_MALLOC_TUNING=" + flag +
-                      ": expected 0 (the C library's default malloc thresholds) or 1 (extrap's, the "
-                      "default)");
+  if (!environment_switch("EXTRAP_MALLOC_TUNING", "the C library's default malloc thresholds",
+                          "extrap's, the default"))
+    return "EXTRAP_MALLOC_TUNING=0";
   const std::string tunables = environment("GLIBC_TUNABLES");
   if (tunables.find("glibc.malloc.mmap_threshold") != std::string::npos ||
       tunables.find("glibc.malloc.trim_threshold") != std::string::npos)

@@ -1,6 +1,6 @@
 #include "core/bf16_gemm.h"
 
-#include "core/yaml_options.h"
+#include "core/environment.h"
 
 #include <c10/util/Exception.h>
 
@@ -24,14 +24,9 @@ namespace {
 // The switch: unset (on) until set_enabled() or the environment says otherwise.
 std::atomic<int> switched{-1};  // -1: from EXTRAP_BF16_ATTENTION_KERNEL, 0: off, 1: on
 
-// EXTRAP_BF16_ATTENTION_KERNEL: unset or 1 on, 0 off; anything else refused by value (a
-// benchmark that meant "off" must not silently measure "on").
 bool enabled_by_environment() {
-  const char* flag = std::getenv("EXTRAP_BF16_ATTENTION_KERNEL");
-  if (!flag || std::string(flag) == "1") return true;
-  if (std::string(flag) == "0") return false;
-  throw ConfigError("environment variable EXTRAP_BF16_ATTENTION_KERNEL=" + std::string(flag) +
-                    ": expected 0 (the bfloat16 attention products off) or 1 (on, the default)");
+  return environment_switch("EXTRAP_BF16_ATTENTION_KERNEL", "the bfloat16 attention products off",
+                            "on, the default");
 }
 
 int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
