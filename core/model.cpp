@@ -1,5 +1,7 @@
 #include "core/model.h"
 
+#include "core/cpu_linear.h"
+
 #include <cmath>
 
 namespace extrap {
@@ -10,9 +12,10 @@ namespace {
 // runs matmul and then adds the bias in a separate pass, where ATen folds B and T into one
 // addmm with the bias in the product. Same numbers; measured in `extrap bench train --profile`
 // (configs/train_quick.yaml): the separate bias adds took 1 ms of a 150 ms fp32 step and 7 ms
-// of a 77 ms bf16 step (LibTorch's bf16 broadcast add is slow on the CPU).
+// of a 77 ms bf16 step (LibTorch's bf16 broadcast add is slow on the CPU). In float32 on the
+// CPU the products run through oneDNN (core/cpu_linear.h).
 torch::Tensor linear(const torch::nn::Linear& layer, const torch::Tensor& x) {
-  return torch::linear(x, layer->weight, layer->bias);
+  return extrap::linear(x, layer->weight, layer->bias);
 }
 
 }  // namespace
@@ -118,7 +121,7 @@ torch::Tensor TransformerLMImpl::forward(const torch::Tensor& tokens, int64_t of
 
 torch::Tensor TransformerLMImpl::logits(const torch::Tensor& x) {
   if (head) return linear(head, x);                   // (..., V)
-  return torch::matmul(x, embedding->weight.t());     // (..., V)
+  return extrap::linear(x, embedding->weight, {});   // (..., V)
 }
 
 torch::Tensor TransformerLMImpl::hidden(const torch::Tensor& tokens, int64_t offset) {

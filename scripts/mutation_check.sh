@@ -85,6 +85,8 @@ core/fused_cpu_loss.cpp | out[target[i]] -= g; | out[target[i]] -= 1.0f; | the f
 core/fused_cpu_loss.cpp | std::fill(out, out + V, 0.0f); | std::fill(out, out + V, 1e-3f); | rows the loss ignores (masked LM's unmasked tokens) still get a gradient
 core/bf16_gemm.cpp | if (odd_depth && p == pairs - 1) bv[v] | if (false && odd_depth && p == pairs - 1) bv[v] | an odd-depth product lets the next row of B (NaN, inf) into C
 core/allocator.cpp | mallopt(M_TRIM_THRESHOLD, int(AllocatorTuning::trim_threshold)) == 1; | true; | malloc keeps trimming the heap after each step (its pages fault in again)
+core/cpu_linear.cpp | if (kBias && ctx->needs_input_grad(2)) out[2] = g.sum(0); | if (kBias && ctx->needs_input_grad(2)) out[2] = g.mean(0); | the oneDNN linear's bias gradient averages over rows instead of summing
+core/cpu_linear.cpp | : onednn_product(x.t(), g.t(), {}).t().contiguous(); | : onednn_product(x.t(), g.t(), {}).contiguous().view({M, K}); | the oneDNN linear's weight gradient (computed transposed) reshaped instead of transposed
 EOF
 )
 

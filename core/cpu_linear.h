@@ -1,0 +1,32 @@
+// Float32 linear layers on the CPU through oneDNN's matrix products.
+//
+// LibTorch runs a float32 linear on the CPU through MKL's sgemm, and MKL takes its AVX2 path on
+// AMD CPUs whatever they support: measured 2026-11-24 on the 2-core AMD EPYC VM (AVX-512), the
+// model's products ran at 195-205 GFLOP/s through MKL and 420-470 through oneDNN (which LibTorch
+// carries and which picks its kernels by the CPU's features), with the same float32 rounding
+// (errors against float64 of 4e-7 to 9e-7 of the largest output, both). PyTorch offers oneDNN
+// for float32 products only with allow_tf32/bf16-style reduced precision; here it is exact
+// float32 arithmetic in another order.
+//
+// linear() is torch::linear with the forward product and the input gradient (x W^T + b and
+// g W) through oneDNN, and the weight gradient g^T x through oneDNN with the smaller of its two
+// sizes as the output's rows (1.3-1.8x MKL; 4096-deep products with a 128 x 128 output are
+// level, so those stay with MKL). Expected on the float32 training step, whose products are
+// about three quarters of it: about 1.5x.
+//
+// It takes float32 CPU tensors outside autocast, where oneDNN is compiled in and not switched
+// off (EXTRAP_ONEDNN_LINEAR=0, for A/B runs); everything else goes to torch::linear.
+#pragma once
+
+#include <torch/torch.h>
+
+namespace extrap {
+
+// x (..., K), weight (M, K), bias (M) or undefined -> (..., M); differentiable in all three.
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
+
+// Whether linear() takes these through oneDNN (else torch::linear). Throws ConfigError for a
+// bad EXTRAP_ONEDNN_LINEAR.
+bool onednn_linear_takes(const torch::Tensor& x, const torch::Tensor& weight);
+
+}  // namespace extrap

@@ -1,0 +1,89 @@
+// Float32 linear layers through oneDNN (core/cpu_linear.h): the output and the three gradients
+// against float64, for each layout the weight gradient chooses, with and without a bias; what
+// it leaves to torch::linear; and the switch's refusal of a bad value.
+#include <catch2/catch.hpp>
+
+#include "core/cpu_linear.h"
+#include "core/precision.h"
+#include "tests/cli_harness.h"
+
+using namespace extrap;
+using namespace extrap::testing;
+
+namespace {
+
+double relative_error(const torch::Tensor& got, const torch::Tensor& expected) {
+  return ((got.to(torch::kFloat64) - expected).abs().max() / expected.abs().max()).item<double>();
+}
+
+}  // namespace
+
+TEST_CASE("linear on float32 CPU tensors: output and gradients equal float64's to float32 rounding", "[linear]") {
+  torch::manual_seed(7);
+  // (rows, K, M): a weight gradient with M < K, M > K and M == K (the last stays with MKL),
+  // odd sizes, and a (B, T, K) input.
+  for (const auto& [rows, K, M] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {256, 32, 96}, {256, 96, 32}, {128, 48, 48}, {77, 33, 19}}) {
+    for (const bool with_bias : {true, false}) {
+      INFO("rows " << rows << ", K " << K << ", M " << M << (with_bias ? ", bias" : ", no bias"));
+      const auto x = torch::randn({rows, K}).view({-1, rows / (rows % 2 ? rows : 2), K}).requires_grad_();
+      const auto w = torch::randn({M, K}).requires_grad_();
+      const auto b = with_bias ? torch::randn({M}).requires_grad_() : torch::Tensor();
+      const auto g = torch::randn({x.size(0), x.size(1), M});
+      REQUIRE(onednn_linear_takes(x, w));
+      const auto y = linear(x, w, b);
+      y.backward(g);
+
+      const auto x64 = x.detach().to(torch::kFloat64).requires_grad_();
+      const auto w64 = w.detach().to(torch::kFloat64).requires_grad_();
+      const auto b64 = with_bias ? b.detach().to(torch::kFloat64).requires_grad_() : torch::Tensor();
+      const auto y64 = torch::linear(x64, w64, b64);
+      y64.backward(g.to(torch::kFloat64));
+      REQUIRE(y.sizes() == y64.sizes());
+      CHECK(relative_error(y, y64) < 1e-5);
+      CHECK(relative_error(x.grad(), x64.grad()) < 1e-5);
+      CHECK(relative_error(w.grad(), w64.grad()) < 1e-5);
+      REQUIRE(w.grad().is_contiguous());
+      if (with_bias) CHECK(relative_error(b.grad(), b64.grad()) < 1e-5);
+    }
+  }
+}
+
+TEST_CASE("linear leaves autocast, float64 and frozen inputs to LibTorch", "[linear]") {
+  torch::manual_seed(3);
+  const auto x = torch::randn({64, 32}), w = torch::randn({16, 32}), b = torch::randn({16});
+  REQUIRE_FALSE(onednn_linear_takes(x.to(torch::kFloat64), w.to(torch::kFloat64)));
+  REQUIRE(torch::equal(linear(x.to(torch::kFloat64), w.to(torch::kFloat64), b.to(torch::kFloat64)),
+                       torch::linear(x.to(torch::kFloat64), w.to(torch::kFloat64), b.to(torch::kFloat64))));
+  {
+    ComputePrecision bf16(Precision::bf16, torch::kCPU);  // autocast, as bf16 training runs it
+    REQUIRE_FALSE(onednn_linear_takes(x, w));
+    const auto y = linear(x, w, b);
+    REQUIRE(y.scalar_type() == torch::kBFloat16);  // autocast's product, as torch::linear gives it
+    REQUIRE(torch::equal(y, torch::linear(x, w, b)));
+  }
+  // Under no_grad (evaluation) the same numbers as with autograd.
+  torch::NoGradGuard no_grad;
+  const auto wg = w.clone();
+  REQUIRE(torch::equal(linear(x, wg, b), linear(x, w, b)));
+}
+
+TEST_CASE("EXTRAP_ONEDNN_LINEAR: 0 trains float32 through MKL, 1 through oneDNN, anything else is refused by value", "[linear][cli]") {
+  struct Unset {
+    ~Unset() { unsetenv("EXTRAP_ONEDNN_LINEAR"); }
+  } unset;
+  TempDir d("onednn-switch");
+  const std::vector<std::string> bench = {"bench", "train", "--config",
+                                          std::string(EXTRAP_SOURCE_DIR) + "/configs/train_quick.yaml",
+                                          "--set", "train.batch_tokens=256", "--steps", "1", "--warmup", "0"};
+  for (const char* good : {"0", "1"}) {
+    INFO("EXTRAP_ONEDNN_LINEAR=" << good);
+    setenv("EXTRAP_ONEDNN_LINEAR", good, 1);
+    REQUIRE(run_cli(d, bench) == 0);
+  }
+  setenv("EXTRAP_ONEDNN_LINEAR", "off", 1);
+  std::string out;
+  REQUIRE(run_cli(d, bench, &out) == 2);
+  REQUIRE_THAT(out, Catch::Contains("environment variable EXTRAP_ONEDNN_LINEAR=off: expected 0 (float32 linear "
+                                    "layers through MKL, as LibTorch runs them) or 1 (through oneDNN, the default)"));
+}
