@@ -103,10 +103,11 @@ int bench_train(const Args& args) {
     const double per_token = 6.0 * double(model->num_parameters()) + attention;
     const double achieved = per_token * tokens / median / 1e9;
     const auto dtype = t.precision == Precision::bf16 ? torch::kBFloat16 : torch::kFloat32;
-    const double peak = bench::matrix_product_gflops(dtype);
+    const auto rate = bench::matrix_product_gflops(dtype);
+    const double peak = rate.gflops;
     std::printf("model FLOPs: %.3g a token, %.1f GFLOP/s\n", per_token, achieved);
-    std::printf("matrix-product rate: %.1f GFLOP/s (%s 1024 x 1024 x 1024, %d threads)\n", peak,
-                enum_name(t.precision).c_str(), threads);
+    std::printf("matrix-product rate: %.1f GFLOP/s (%s 1024 x 1024 x 1024 through %s, %d threads)\n", peak,
+                enum_name(t.precision).c_str(), rate.library.c_str(), threads);
     std::printf("MFU: %.2f\n", achieved / peak);
   }
   if (profile > 0) bench::print_operator_profile(step, profile, 40);

@@ -58,8 +58,13 @@ struct CallMeasurement {
 CallMeasurement measure_call(const std::function<void()>& call, int repeats);
 
 // The machine's large-matrix-product rate in GFLOP/s: the median of 10 products of two
-// 1024 x 1024 matrices of `dtype` on the CPU, after 3 untimed (LibTorch's current threads).
+// 1024 x 1024 matrices of `dtype` on the CPU, after 3 untimed (LibTorch's current threads),
+// through the library training's linear layers use (oneDNN for float32, core/cpu_linear.h).
 // The denominator of model FLOPs utilisation.
-double matrix_product_gflops(torch::Dtype dtype);
+struct MatrixProductRate {
+  double gflops;
+  std::string library;  // "oneDNN" or "LibTorch's mm"
+};
+MatrixProductRate matrix_product_gflops(torch::Dtype dtype);
 
 }  // namespace extrap::bench
