@@ -3,6 +3,7 @@
 #include "core/evaluator.h"
 #include "core/fault.h"
 #include "core/files.h"
+#include "core/fused_adamw.h"
 #include "core/fused_cpu_loss.h"
 #include "core/hashing.h"
 #include "core/memory_estimate.h"
@@ -310,8 +311,7 @@ TrainSummary Trainer::run(RunStart start) {
       step_loss = loss[0].item<double>();
       all_reduce_gradients(*group_, model_->parameters(), what);
     }
-    if (c.clip > 0) torch::nn::utils::clip_grad_norm_(model_->parameters(), c.clip);
-    optimizer_->step();
+    optimizer_step(*optimizer_, c.clip);  // clipping and AdamW (core/fused_adamw.h)
     ++step;
     fault_point("step", c.out_dir + " step " + std::to_string(step) + " rank " +
                             std::to_string(group_ ? group_->rank() : 0));

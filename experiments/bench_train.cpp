@@ -3,6 +3,7 @@
 // runs the same model, shapes and thread count in eager PyTorch for comparison.
 #include "core/config.h"
 #include "core/distributed.h"
+#include "core/fused_adamw.h"
 #include "core/model.h"
 #include "core/precision.h"
 #include "core/sysinfo.h"
@@ -62,8 +63,7 @@ int bench_train(const Args& args) {
       (loss / double(t.accumulation)).backward();
     }
     if (ranks) all_reduce_gradients(*ranks, model->parameters(), "the gradient all-reduce");
-    if (t.clip > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), t.clip);
-    optimizer->step();
+    optimizer_step(*optimizer, t.clip);
   };
   for (int64_t i = 0; i < warmup; ++i) step();
   std::vector<double> seconds;

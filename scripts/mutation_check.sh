@@ -87,6 +87,8 @@ core/bf16_gemm.cpp | if (odd_depth && p == pairs - 1) bv[v] | if (false && odd_d
 core/allocator.cpp | mallopt(M_TRIM_THRESHOLD, int(AllocatorTuning::trim_threshold)) == 1; | true; | malloc keeps trimming the heap after each step (its pages fault in again)
 core/cpu_linear.cpp | if (kBias && ctx->needs_input_grad(2)) out[2] = g.sum(0); | if (kBias && ctx->needs_input_grad(2)) out[2] = g.mean(0); | the oneDNN linear's bias gradient averages over rows instead of summing
 core/cpu_linear.cpp | : onednn_product(x.t(), g.t(), {}).t().contiguous(); | : onednn_product(x.t(), g.t(), {}).contiguous().view({M, K}); | the oneDNN linear's weight gradient (computed transposed) reshaped instead of transposed
+core/fused_adamw.cpp | const float pi = p[i] * u.decay; | const float pi = p[i]; | the fused AdamW forgets the weight decay
+core/fused_adamw.cpp | const float g = grad[i] * u.scale; | const float g = grad[i]; | the fused AdamW ignores gradient clipping
 EOF
 )
 

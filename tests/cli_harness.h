@@ -108,6 +108,36 @@ inline int run_cli(const TempDir& d, const std::vector<std::string>& args,
   return code;
 }
 
+// `extrap bench train` for one step of configs/train_quick.yaml at 256 tokens, plus `overrides`
+// (--set words).
+inline std::vector<std::string> one_step_bench(const std::vector<std::string>& overrides = {}) {
+  std::vector<std::string> args = {"bench", "train", "--config",
+                                   std::string(EXTRAP_SOURCE_DIR) + "/configs/train_quick.yaml",
+                                   "--set", "train.batch_tokens=256", "--steps", "1", "--warmup", "0"};
+  args.insert(args.end(), overrides.begin(), overrides.end());
+  return args;
+}
+
+// An on/off switch in the environment (core/environment.h), through the CLI: `args` exit 0
+// with NAME=0 and with NAME=1, and NAME=`bad` exits 2 printing `message`. NAME is unset after.
+inline void require_environment_switch(const TempDir& d, const std::string& name,
+                                       const std::vector<std::string>& args, const std::string& bad,
+                                       const std::string& message) {
+  struct Unset {
+    ~Unset() { unsetenv(variable.c_str()); }
+    std::string variable;
+  } unset{name};
+  for (const char* good : {"0", "1"}) {
+    INFO(name << "=" << good);
+    setenv(name.c_str(), good, 1);
+    REQUIRE(run_cli(d, args) == 0);
+  }
+  setenv(name.c_str(), bad.c_str(), 1);
+  std::string out;
+  REQUIRE(run_cli(d, args, &out) == 2);
+  REQUIRE_THAT(out, Catch::Contains(message));
+}
+
 // This process's working directory is `d` for the object's lifetime (paths in configs the CLI
 // wrote there are relative to it), then back to what it was.
 struct InDirectory {

@@ -137,21 +137,7 @@ TEST_CASE("EXTRAP_BF16_ATTENTION_KERNEL: 0 switches the bf16 products off, 1 on,
     return;
   }
   // The CLI, a fresh process, reads the variable (set_enabled() in this one would override it).
-  struct Unset {
-    ~Unset() { unsetenv("EXTRAP_BF16_ATTENTION_KERNEL"); }
-  } unset;
   testing::TempDir d("bf16-switch");
-  const std::vector<std::string> bench = {"bench", "train", "--config",
-                                          std::string(EXTRAP_SOURCE_DIR) + "/configs/train_quick.yaml",
-                                          "--set", "train.precision=bf16", "--set", "train.batch_tokens=256",
-                                          "--steps", "1", "--warmup", "0"};
-  for (const char* good : {"0", "1"}) {
-    INFO("EXTRAP_BF16_ATTENTION_KERNEL=" << good);
-    setenv("EXTRAP_BF16_ATTENTION_KERNEL", good, 1);
-    REQUIRE(testing::run_cli(d, bench) == 0);
-  }
-  setenv("EXTRAP_BF16_ATTENTION_KERNEL", "off", 1);
-  std::string out;
-  REQUIRE(testing::run_cli(d, bench, &out) != 0);
-  REQUIRE_THAT(out, Catch::Contains("EXTRAP_BF16_ATTENTION_KERNEL=off") && Catch::Contains("expected 0"));
+  testing::require_environment_switch(d, "EXTRAP_BF16_ATTENTION_KERNEL", testing::one_step_bench({"--set", "train.precision=bf16"}),
+                                      "off", "EXTRAP_BF16_ATTENTION_KERNEL=off: expected 0");
 }

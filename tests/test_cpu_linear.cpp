@@ -69,21 +69,9 @@ TEST_CASE("linear leaves autocast, float64 and frozen inputs to LibTorch", "[lin
 }
 
 TEST_CASE("EXTRAP_ONEDNN_LINEAR: 0 trains float32 through MKL, 1 through oneDNN, anything else is refused by value", "[linear][cli]") {
-  struct Unset {
-    ~Unset() { unsetenv("EXTRAP_ONEDNN_LINEAR"); }
-  } unset;
   TempDir d("onednn-switch");
-  const std::vector<std::string> bench = {"bench", "train", "--config",
-                                          std::string(EXTRAP_SOURCE_DIR) + "/configs/train_quick.yaml",
-                                          "--set", "train.batch_tokens=256", "--steps", "1", "--warmup", "0"};
-  for (const char* good : {"0", "1"}) {
-    INFO("EXTRAP_ONEDNN_LINEAR=" << good);
-    setenv("EXTRAP_ONEDNN_LINEAR", good, 1);
-    REQUIRE(run_cli(d, bench) == 0);
-  }
-  setenv("EXTRAP_ONEDNN_LINEAR", "off", 1);
-  std::string out;
-  REQUIRE(run_cli(d, bench, &out) == 2);
-  REQUIRE_THAT(out, Catch::Contains("environment variable EXTRAP_ONEDNN_LINEAR=off: expected 0 (float32 linear "
-                                    "layers through MKL, as LibTorch runs them) or 1 (through oneDNN, the default)"));
+  require_environment_switch(d, "EXTRAP_ONEDNN_LINEAR", one_step_bench(),
+                             "off",
+                             "environment variable EXTRAP_ONEDNN_LINEAR=off: expected 0 (float32 linear layers "
+                             "through MKL, as LibTorch runs them) or 1 (through oneDNN, the default)");
 }

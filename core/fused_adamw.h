@@ -1,0 +1,32 @@
+// The optimiser step: gradient-norm clipping, then torch::optim::AdamW's update, on the CPU in
+// one pass over each parameter.
+//
+// LibTorch's clip_grad_norm_ and AdamW::step run about ten tensor operations a parameter
+// (a norm, a scale, weight decay, the two moments, the denominator, the update): for the
+// quick model's 39 parameters about 400 operator calls and as many passes over memory, about
+// 1.5 ms of a 40 ms bf16 step (measured with `extrap bench train --profile`, 2026-11-24,
+// 2-core AMD EPYC; the profiler overstates small operators, so the A/B run decides). Here
+// the norm is one pass over the gradients and the update one pass over p, g, m and v, with
+// the clipping scale folded into it. The state lives in the optimiser as AdamW keeps it
+// (exp_avg, exp_avg_sq, step), so checkpoints are unchanged and either path resumes the
+// other's. Float32 arithmetic in AdamW's order; the total norm is accumulated in double.
+//
+// Taken for float32 parameters and gradients on the CPU, contiguous, without amsgrad, unless
+// EXTRAP_FUSED_ADAMW=0 (for A/B runs); anything else runs clip_grad_norm_ and AdamW::step.
+#pragma once
+
+#include <torch/torch.h>
+
+namespace extrap {
+
+// Clips the gradients of the optimiser's parameters to total 2-norm `clip` (0: no clipping,
+// as torch::nn::utils::clip_grad_norm_ with max_norm `clip`) and steps the optimiser. The
+// gradients are left as they were (clip_grad_norm_ scales them in place; nothing reads them
+// after the step).
+void optimizer_step(torch::optim::AdamW& optimizer, double clip);
+
+// Whether optimizer_step() takes the fused path for this optimiser now. Throws ConfigError
+// for a bad EXTRAP_FUSED_ADAMW.
+bool fused_adamw_takes(const torch::optim::AdamW& optimizer);
+
+}  // namespace extrap
