@@ -18,18 +18,22 @@ std::string environment(const char* name) {
   return value ? value : "";
 }
 
-// Why the environment keeps extrap's hands off the allocator ("" when it does not).
+// Why the environment keeps extrap's hands off the allocator ("" when it does not). A user's
+// own thresholds come first, then a preloaded allocator (mallopt would not reach it), then
+// the switch.
 std::string left_to_environment() {
-  if (!environment_switch("EXTRAP_MALLOC_TUNING", "the C library's default malloc thresholds",
-                          "extrap's, the default"))
-    return "EXTRAP_MALLOC_TUNING=0";
+  const bool switched_on = environment_switch(
+      "EXTRAP_MALLOC_TUNING", "the C library's default malloc thresholds", "extrap's, the default");
   const std::string tunables = environment("GLIBC_TUNABLES");
   if (tunables.find("glibc.malloc.mmap_threshold") != std::string::npos ||
       tunables.find("glibc.malloc.trim_threshold") != std::string::npos)
     return "GLIBC_TUNABLES";
   for (const char* name : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"})
     if (std::getenv(name)) return name;
-  return "";
+  const std::string preload = environment("LD_PRELOAD");
+  if (preload.find("malloc") != std::string::npos)  // jemalloc, tcmalloc, mimalloc
+    return "LD_PRELOAD";
+  return switched_on ? "" : "EXTRAP_MALLOC_TUNING=0";
 }
 
 struct State {
@@ -53,15 +57,22 @@ void tune_allocator() {
     const std::string reason = left_to_environment();
     if (!reason.empty()) {
       state().summary = reason == "EXTRAP_MALLOC_TUNING=0" ? "glibc defaults (" + reason + ")"
-                                                       : "glibc, as " + reason + " sets";
+                        : reason == "LD_PRELOAD"           ? "the allocator LD_PRELOAD names: untouched"
+                                                           : "glibc, as " + reason + " sets";
       return;
     }
-    const bool ok = mallopt(M_MMAP_THRESHOLD, int(AllocatorTuning::mmap_threshold)) == 1 &&
-                    mallopt(M_TRIM_THRESHOLD, int(AllocatorTuning::trim_threshold)) == 1;
-    state().applied = ok;
-    state().summary = ok ? "glibc, mmap threshold " + mib(AllocatorTuning::mmap_threshold) +
-                               ", trim threshold " + mib(AllocatorTuning::trim_threshold)
-                         : "glibc defaults (mallopt refused extrap's thresholds)";
+    // glibc before 2.35 refuses an mmap threshold above 32 MiB (HEAP_MAX_SIZE / 2): fall back to
+    // that, and set the trim threshold either way.
+    size_t mmap_threshold = AllocatorTuning::mmap_threshold;
+    if (mallopt(M_MMAP_THRESHOLD, int(mmap_threshold)) != 1) {
+      mmap_threshold = AllocatorTuning::fallback_mmap_threshold;
+      if (mallopt(M_MMAP_THRESHOLD, int(mmap_threshold)) != 1) mmap_threshold = 0;
+    }
+    const bool trim = mallopt(M_TRIM_THRESHOLD, int(AllocatorTuning::trim_threshold)) == 1;
+    state().applied = mmap_threshold > 0 && trim;
+    state().summary = state().applied ? "glibc, mmap threshold " + mib(mmap_threshold) + ", trim threshold " +
+                                            mib(AllocatorTuning::trim_threshold)
+                                      : "glibc defaults (mallopt refused extrap's thresholds)";
 #else
     state().summary = "not glibc: untouched";
 #endif

@@ -12,8 +12,9 @@
 //
 // The setting is the process's: the CLI applies it at start. A user's own allocator setting
 // wins: GLIBC_TUNABLES naming a glibc.malloc threshold, MALLOC_MMAP_THRESHOLD_ or
-// MALLOC_TRIM_THRESHOLD_ in the environment leave it alone, as does EXTRAP_MALLOC_TUNING=0
-// (for A/B runs). Benchmarks report which applies (allocator_summary()).
+// MALLOC_TRIM_THRESHOLD_ in the environment leave it alone, as does an allocator LD_PRELOAD
+// names (jemalloc, tcmalloc) and EXTRAP_MALLOC_TUNING=0 (for A/B runs). glibc before 2.35
+// takes at most a 32 MiB mmap threshold: there it is 32 MiB. Benchmarks report which applies (allocator_summary()).
 #pragma once
 
 #include <cstddef>
@@ -23,6 +24,7 @@ namespace extrap {
 
 struct AllocatorTuning {
   static constexpr size_t mmap_threshold = size_t(64) << 20;
+  static constexpr size_t fallback_mmap_threshold = size_t(32) << 20;  // glibc < 2.35's most
   static constexpr size_t trim_threshold = size_t(512) << 20;
 };
 

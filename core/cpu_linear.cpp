@@ -6,6 +6,9 @@
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <cctype>
+#include <cstdlib>
+
 namespace extrap {
 
 namespace {
@@ -49,6 +52,11 @@ class OnednnLinearFunction : public torch::autograd::Function<OnednnLinearFuncti
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
+    // oneDNN's operator has no derivative of its own: a double backward would silently get
+    // zero terms from autograd's fallback.
+    TORCH_CHECK(!torch::GradMode::is_enabled(),
+                "the oneDNN float32 linear (core/cpu_linear.h) has no double backward (create_graph); "
+                "run with EXTRAP_ONEDNN_LINEAR=0");
     const auto saved = ctx->get_saved_variables();
     const auto &x = saved[0], &weight = saved[1];
     const auto g = grads[0].contiguous();  // (N, M)
@@ -69,19 +77,37 @@ class OnednnLinearFunction : public torch::autograd::Function<OnednnLinearFuncti
 
 }  // namespace
 
-bool onednn_linear_takes(const torch::Tensor& x, const torch::Tensor& weight) {
-  static const bool switched_on =
+bool onednn_linear_switched_on() {
+  static const bool on =
       environment_switch("EXTRAP_ONEDNN_LINEAR", "float32 linear layers through MKL, as LibTorch runs them",
                          "through oneDNN, the default");
-  return switched_on && x.device().is_cpu() && x.scalar_type() == torch::kFloat32 &&
-         weight.scalar_type() == torch::kFloat32 && !at::autocast::is_autocast_enabled(at::kCPU) &&
+  return on;
+}
+
+bool onednn_keeps_float32() {
+  // ONEDNN_DEFAULT_FPMATH_MODE=BF16 (TF32, ANY), which some CPU tuning guides suggest, would
+  // let oneDNN round float32 products' inputs; MKL ignores it.
+  static const bool strict = [] {
+    const char* mode = std::getenv("ONEDNN_DEFAULT_FPMATH_MODE");
+    if (!mode || !*mode) return true;
+    std::string upper(mode);
+    for (auto& c : upper) c = char(std::toupper(static_cast<unsigned char>(c)));
+    return upper == "STRICT";
+  }();
+  return strict;
+}
+
+bool onednn_linear_takes(const torch::Tensor& x, const torch::Tensor& weight) {
+  return onednn_linear_switched_on() && onednn_keeps_float32() && x.device().is_cpu() &&
+         x.scalar_type() == torch::kFloat32 && weight.scalar_type() == torch::kFloat32 &&
+         weight.device().is_cpu() && !at::autocast::is_autocast_enabled(at::kCPU) &&
          onednn_operator() != nullptr && x.numel() > 0;
 }
 
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
   if (!onednn_linear_takes(x, weight)) return torch::linear(x, weight, bias);
   auto sizes = x.sizes().vec();
-  const auto rows = x.reshape({-1, x.size(-1)});
+  const auto rows = x.reshape({-1, x.size(-1)}).contiguous();  // the weight of g^T x: plain strides
   const auto y = bias.defined() ? OnednnLinearFunction<true>::apply(rows, weight, bias)
                                 : OnednnLinearFunction<false>::apply(rows, weight);
   sizes.back() = weight.size(0);

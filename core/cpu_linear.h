@@ -14,8 +14,10 @@
 // level, so those stay with MKL). Expected on the float32 training step, whose products are
 // about three quarters of it: about 1.5x.
 //
-// It takes float32 CPU tensors outside autocast, where oneDNN is compiled in and not switched
-// off (EXTRAP_ONEDNN_LINEAR=0, for A/B runs); everything else goes to torch::linear.
+// It takes float32 CPU tensors outside autocast, where oneDNN is compiled in, keeps float32
+// arithmetic (ONEDNN_DEFAULT_FPMATH_MODE unset or STRICT) and is not switched off
+// (EXTRAP_ONEDNN_LINEAR=0, for A/B runs); everything else goes to torch::linear. No double
+// backward (create_graph): refused by name.
 #pragma once
 
 #include <torch/torch.h>
@@ -25,8 +27,11 @@ namespace extrap {
 // x (..., K), weight (M, K), bias (M) or undefined -> (..., M); differentiable in all three.
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
 
-// Whether linear() takes these through oneDNN (else torch::linear). Throws ConfigError for a
-// bad EXTRAP_ONEDNN_LINEAR.
+// Whether linear() takes these through oneDNN (else torch::linear).
 bool onednn_linear_takes(const torch::Tensor& x, const torch::Tensor& weight);
+
+// EXTRAP_ONEDNN_LINEAR, read once; throws ConfigError for a value other than 0 or 1 (the CLI
+// reads it at start, so that a bad value is the command's one-line error).
+bool onednn_linear_switched_on();
 
 }  // namespace extrap

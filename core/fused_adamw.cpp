@@ -46,23 +46,38 @@ void update(float* p, const float* grad, float* m, float* v, int64_t n, Update u
   }
 }
 
-bool takes_parameter(const torch::Tensor& p) {
+bool takes_parameter(const torch::Tensor& p, const torch::optim::AdamW& optimizer) {
   if (!p.grad().defined()) return true;  // skipped, as AdamW skips it
   const auto& g = p.grad();
-  return p.device().is_cpu() && p.scalar_type() == torch::kFloat32 && p.is_contiguous() &&
-         g.device().is_cpu() && g.scalar_type() == torch::kFloat32 && g.is_contiguous() && !g.is_sparse();
+  if (!(p.device().is_cpu() && p.scalar_type() == torch::kFloat32 && p.is_contiguous() &&
+        g.device().is_cpu() && g.scalar_type() == torch::kFloat32 && g.is_contiguous() && !g.is_sparse() &&
+        g.sizes() == p.sizes()))
+    return false;
+  // State AdamW holds for it (a checkpoint's) must be what the pass writes through.
+  const auto found = optimizer.state().find(p.unsafeGetTensorImpl());
+  if (found == optimizer.state().end()) return true;
+  const auto& state = static_cast<const torch::optim::AdamWParamState&>(*found->second);
+  for (const auto* moment : {&state.exp_avg(), &state.exp_avg_sq()})
+    if (!moment->defined() || moment->sizes() != p.sizes() || moment->scalar_type() != torch::kFloat32 ||
+        !moment->device().is_cpu() || !moment->is_contiguous())
+      return false;
+  return true;
 }
 
 }  // namespace
 
+bool fused_adamw_switched_on() {
+  static const bool on = environment_switch("EXTRAP_FUSED_ADAMW", "LibTorch's clip_grad_norm_ and AdamW::step",
+                                            "one pass a parameter, the default");
+  return on;
+}
+
 bool fused_adamw_takes(const torch::optim::AdamW& optimizer) {
-  static const bool switched_on = environment_switch(
-      "EXTRAP_FUSED_ADAMW", "LibTorch's clip_grad_norm_ and AdamW::step", "one pass a parameter, the default");
-  if (!switched_on) return false;
+  if (!fused_adamw_switched_on()) return false;
   for (const auto& group : optimizer.param_groups()) {
     if (static_cast<const torch::optim::AdamWOptions&>(group.options()).amsgrad()) return false;
     for (const auto& p : group.params())
-      if (!takes_parameter(p)) return false;
+      if (!takes_parameter(p, optimizer)) return false;
   }
   return true;
 }
@@ -84,7 +99,10 @@ void optimizer_step(torch::optim::AdamW& optimizer, double clip) {
     for (const auto& group : optimizer.param_groups())
       for (const auto& p : group.params())
         if (p.grad().defined()) sum += squared_sum(p.grad().data_ptr<float>(), p.numel());
-    scale = std::min(1.0f, float(clip) / (float(std::sqrt(sum)) + 1e-6f));
+    // A NaN norm makes a NaN scale, as in clip_grad_norm_: every parameter goes NaN and the
+    // run's loss says so, rather than an unclipped step for the finite ones.
+    const float coefficient = float(clip) / (float(std::sqrt(sum)) + 1e-6f);
+    scale = std::isnan(coefficient) ? coefficient : std::min(1.0f, coefficient);
   }
   for (auto& group : optimizer.param_groups()) {
     const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
@@ -99,10 +117,6 @@ void optimizer_step(torch::optim::AdamW& optimizer, double clip) {
         slot = std::move(fresh);
       }
       auto& state = static_cast<torch::optim::AdamWParamState&>(*slot);
-      TORCH_CHECK(state.exp_avg().is_contiguous() && state.exp_avg_sq().is_contiguous() &&
-                      state.exp_avg().numel() == p.numel() && state.exp_avg_sq().numel() == p.numel(),
-                  "fused AdamW: the optimiser state of a parameter of shape ", p.sizes(),
-                  " does not match it (a checkpoint of another model?)");
       state.step(state.step() + 1);
       const auto [beta1, beta2] = options.betas();
       const double bias_correction1 = 1 - std::pow(beta1, double(state.step()));

@@ -9,10 +9,14 @@
 // the norm is one pass over the gradients and the update one pass over p, g, m and v, with
 // the clipping scale folded into it. The state lives in the optimiser as AdamW keeps it
 // (exp_avg, exp_avg_sq, step), so checkpoints are unchanged and either path resumes the
-// other's. Float32 arithmetic in AdamW's order; the total norm is accumulated in double.
+// other's. Float32 arithmetic in AdamW's order of operations, equal to LibTorch's to the last
+// bits, not bit for bit (LibTorch's addcdiv, its float32 norms, contracted multiply-adds):
+// EXTRAP_FUSED_ADAMW 0 and 1 give loss curves that agree to rounding. The total norm is
+// accumulated in double; a NaN norm makes every parameter NaN, as clip_grad_norm_ does.
 //
-// Taken for float32 parameters and gradients on the CPU, contiguous, without amsgrad, unless
-// EXTRAP_FUSED_ADAMW=0 (for A/B runs); anything else runs clip_grad_norm_ and AdamW::step.
+// Taken for float32 parameters, gradients and state on the CPU, contiguous, of matching
+// shapes, without amsgrad, unless EXTRAP_FUSED_ADAMW=0 (for A/B runs); anything else runs
+// clip_grad_norm_ and AdamW::step.
 #pragma once
 
 #include <torch/torch.h>
@@ -25,8 +29,11 @@ namespace extrap {
 // after the step).
 void optimizer_step(torch::optim::AdamW& optimizer, double clip);
 
-// Whether optimizer_step() takes the fused path for this optimiser now. Throws ConfigError
-// for a bad EXTRAP_FUSED_ADAMW.
+// Whether optimizer_step() takes the fused path for this optimiser now.
 bool fused_adamw_takes(const torch::optim::AdamW& optimizer);
+
+// EXTRAP_FUSED_ADAMW, read once; throws ConfigError for a value other than 0 or 1 (the CLI
+// reads it at start).
+bool fused_adamw_switched_on();
 
 }  // namespace extrap

@@ -3,6 +3,7 @@
 // runs the same model, shapes and thread count in eager PyTorch for comparison.
 #include "core/config.h"
 #include "core/distributed.h"
+#include "core/cpu_linear.h"
 #include "core/fused_adamw.h"
 #include "core/model.h"
 #include "core/precision.h"
@@ -87,6 +88,14 @@ int bench_train(const Args& args) {
               enum_name(t.precision).c_str(),
               t.precision == Precision::bf16 && device.is_cpu() && !cpu_has_fast_bf16()
                   ? " (no AVX512_BF16 or AMX here: bf16 products are emulated)" : "");
+  {
+    // Which paths the step took (core/cpu_linear.h, core/fused_adamw.h): the A/B switches show here.
+    const auto probe = torch::empty({1, 1}, torch::TensorOptions().device(device));
+    const bool onednn = t.precision == Precision::fp32 && onednn_linear_takes(probe, probe);
+    std::printf("paths: linear layers through %s, optimiser step %s\n",
+                onednn ? "oneDNN (float32)" : t.precision == Precision::bf16 ? "LibTorch (autocast bfloat16)" : "LibTorch",
+                fused_adamw_takes(*optimizer) ? "fused (one pass a parameter)" : "LibTorch's clip_grad_norm_ and AdamW");
+  }
   if (ranks)
     std::printf("ranks: %lld data-parallel (%s, %lld sequences each), %d threads each\n", (long long)world,
                 ranks->device().is_cuda() ? "nccl" : "gloo", (long long)sequences, threads);

@@ -1,5 +1,8 @@
 // extrap: the command-line front end. `extrap COMMAND [args]`; `extrap COMMAND --help`.
 #include "core/allocator.h"
+#include "core/bf16_gemm.h"
+#include "core/cpu_linear.h"
+#include "core/fused_adamw.h"
 #include "core/distributed.h"
 #include "core/sysinfo.h"
 #include "core/yaml_options.h"
@@ -90,6 +93,10 @@ int main(int argc, char** argv) {
   const std::string name = argv[1];
   try {
     extrap::tune_allocator();  // before the first tensor: training reuses the heap's pages
+    // The on/off switches, so that a bad value is this command's error, not a failed step.
+    extrap::onednn_linear_switched_on();
+    extrap::fused_adamw_switched_on();
+    extrap::bf16_gemm::available();
   } catch (const extrap::ConfigError& e) {
     std::cerr << "extrap: " << e.what() << "\n";
     return 2;

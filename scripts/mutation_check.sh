@@ -89,6 +89,7 @@ core/cpu_linear.cpp | if (kBias && ctx->needs_input_grad(2)) out[2] = g.sum(0); 
 core/cpu_linear.cpp | : onednn_product(x.t(), g.t(), {}).t().contiguous(); | : onednn_product(x.t(), g.t(), {}).contiguous().view({M, K}); | the oneDNN linear's weight gradient (computed transposed) reshaped instead of transposed
 core/fused_adamw.cpp | const float pi = p[i] * u.decay; | const float pi = p[i]; | the fused AdamW forgets the weight decay
 core/fused_adamw.cpp | const float g = grad[i] * u.scale; | const float g = grad[i]; | the fused AdamW ignores gradient clipping
+core/fused_adamw.cpp | scale = std::isnan(coefficient) ? coefficient : std::min(1.0f, coefficient); | scale = std::min(1.0f, coefficient); | a NaN gradient norm steps the finite parameters unclipped (clip_grad_norm_ makes them all NaN)
 EOF
 )
 

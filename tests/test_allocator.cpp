@@ -39,7 +39,9 @@ long faults_of_one_step(int count, size_t bytes) {
 // The variables that make tune_allocator() leave malloc alone.
 bool environment_sets_allocator() {
   const char* tunables = std::getenv("GLIBC_TUNABLES");
+  const char* preload = std::getenv("LD_PRELOAD");
   return std::getenv("EXTRAP_MALLOC_TUNING") || std::getenv("MALLOC_MMAP_THRESHOLD_") ||
+         (preload && *preload) ||
          std::getenv("MALLOC_TRIM_THRESHOLD_") ||
          (tunables && std::string(tunables).find("glibc.malloc.") != std::string::npos);
 }
@@ -56,7 +58,9 @@ TEST_CASE("tune_allocator: a step's freed blocks are reused without faulting the
     return;
   }
   tune_allocator();
-  REQUIRE(allocator_summary() == "glibc, mmap threshold 64 MiB, trim threshold 512 MiB");
+  // 32 MiB where glibc (before 2.35) takes no more.
+  REQUIRE_THAT(allocator_summary(), Catch::Equals("glibc, mmap threshold 64 MiB, trim threshold 512 MiB") ||
+                                        Catch::Equals("glibc, mmap threshold 32 MiB, trim threshold 512 MiB"));
   // 64 blocks of 1 MiB, a step's activations in miniature: glibc's defaults map each afresh
   // or trim the heap after the step, so the second step faults in all 16,384 pages again.
   const int count = 64;
@@ -75,6 +79,7 @@ TEST_CASE("EXTRAP_MALLOC_TUNING and GLIBC_TUNABLES: the environment's malloc set
   struct Restore {
     ~Restore() {
       unsetenv("EXTRAP_MALLOC_TUNING");
+      unsetenv("MALLOC_TRIM_THRESHOLD_");
       tunables ? setenv("GLIBC_TUNABLES", tunables->c_str(), 1) : unsetenv("GLIBC_TUNABLES");
     }
     std::optional<std::string> tunables =
@@ -87,7 +92,7 @@ TEST_CASE("EXTRAP_MALLOC_TUNING and GLIBC_TUNABLES: the environment's malloc set
   TempDir d("malloc-switch");
   std::string out;
   REQUIRE(run_cli(d, {"--version"}, &out) == 0);
-  REQUIRE_THAT(out, Catch::Contains("malloc: glibc, mmap threshold 64 MiB, trim threshold 512 MiB"));
+  REQUIRE_THAT(out, Catch::Contains("malloc: glibc, mmap threshold ") && Catch::Contains(" MiB, trim threshold 512 MiB"));
   setenv("EXTRAP_MALLOC_TUNING", "0", 1);
   REQUIRE(run_cli(d, {"--version"}, &out) == 0);
   REQUIRE_THAT(out, Catch::Contains("malloc: glibc defaults (EXTRAP_MALLOC_TUNING=0)"));
@@ -96,6 +101,10 @@ TEST_CASE("EXTRAP_MALLOC_TUNING and GLIBC_TUNABLES: the environment's malloc set
   REQUIRE(run_cli(d, {"--version"}, &out) == 0);
   REQUIRE_THAT(out, Catch::Contains("malloc: glibc, as GLIBC_TUNABLES sets"));
   unsetenv("GLIBC_TUNABLES");
+  setenv("MALLOC_TRIM_THRESHOLD_", "1048576", 1);
+  REQUIRE(run_cli(d, {"--version"}, &out) == 0);
+  REQUIRE_THAT(out, Catch::Contains("malloc: glibc, as MALLOC_TRIM_THRESHOLD_ sets"));
+  unsetenv("MALLOC_TRIM_THRESHOLD_");
   setenv("EXTRAP_MALLOC_TUNING", "off", 1);
   REQUIRE(run_cli(d, {"train", "--help"}, &out) == 2);
   REQUIRE(out == "extrap: environment variable EXTRAP_MALLOC_TUNING=off: expected 0 (the C library's "

@@ -49,7 +49,7 @@ TEST_CASE("linear on float32 CPU tensors: output and gradients equal float64's t
   }
 }
 
-TEST_CASE("linear leaves autocast, float64 and frozen inputs to LibTorch", "[linear]") {
+TEST_CASE("linear leaves autocast and float64 to LibTorch", "[linear]") {
   torch::manual_seed(3);
   const auto x = torch::randn({64, 32}), w = torch::randn({16, 32}), b = torch::randn({16});
   REQUIRE_FALSE(onednn_linear_takes(x.to(torch::kFloat64), w.to(torch::kFloat64)));
@@ -62,10 +62,44 @@ TEST_CASE("linear leaves autocast, float64 and frozen inputs to LibTorch", "[lin
     REQUIRE(y.scalar_type() == torch::kBFloat16);  // autocast's product, as torch::linear gives it
     REQUIRE(torch::equal(y, torch::linear(x, w, b)));
   }
-  // Under no_grad (evaluation) the same numbers as with autograd.
-  torch::NoGradGuard no_grad;
-  const auto wg = w.clone();
-  REQUIRE(torch::equal(linear(x, wg, b), linear(x, w, b)));
+}
+
+TEST_CASE("linear: evaluation (no_grad) gives training's numbers, a frozen weight gets no gradient, strided inputs", "[linear]") {
+  torch::manual_seed(4);
+  const auto w = torch::randn({16, 32}).requires_grad_(), b = torch::randn({16}).requires_grad_();
+  const auto x = torch::randn({8, 64, 32});
+  const auto trained = linear(x, w, b);
+  REQUIRE(trained.requires_grad());
+  {
+    torch::NoGradGuard no_grad;
+    REQUIRE(torch::equal(linear(x, w, b), trained.detach()));
+  }
+  // Only the input trains (a frozen layer): the input's gradient, none for the weight.
+  const auto frozen = w.detach();
+  const auto xs = x.clone().requires_grad_();
+  const auto g = torch::randn({8, 64, 16});
+  extrap::linear(xs, frozen, {}).backward(g);
+  REQUIRE_FALSE(frozen.grad().defined());
+  const auto expected = g.to(torch::kFloat64).matmul(frozen.to(torch::kFloat64));
+  CHECK(relative_error(xs.grad(), expected) < 1e-5);
+  // A transposed (non-contiguous) input and a weight that is a transposed view.
+  const auto xt = torch::randn({32, 40}).t().requires_grad_();
+  const auto wt = torch::randn({32, 12}).t().requires_grad_();
+  const auto g2 = torch::randn({40, 12});
+  extrap::linear(xt, wt, {}).backward(g2);
+  const auto x64 = xt.detach().to(torch::kFloat64), w64 = wt.detach().to(torch::kFloat64);
+  CHECK(relative_error(extrap::linear(xt, wt, {}).detach(), x64.matmul(w64.t())) < 1e-5);
+  CHECK(relative_error(xt.grad(), g2.to(torch::kFloat64).matmul(w64)) < 1e-5);
+  CHECK(relative_error(wt.grad(), g2.to(torch::kFloat64).t().matmul(x64)) < 1e-5);
+}
+
+TEST_CASE("linear refuses a double backward by name (oneDNN's operator has no derivative)", "[linear]") {
+  const auto x = torch::randn({4, 8}).requires_grad_(), w = torch::randn({3, 8}).requires_grad_();
+  const auto y = extrap::linear(x, w, {}).pow(2).sum();
+  REQUIRE_THROWS_WITH(torch::autograd::grad({y}, {x}, {}, /*retain_graph=*/true, /*create_graph=*/true),
+                      Catch::Contains("no double backward"));
+  // A plain backward is unaffected.
+  REQUIRE(torch::autograd::grad({y}, {x})[0].defined());
 }
 
 TEST_CASE("EXTRAP_ONEDNN_LINEAR: 0 trains float32 through MKL, 1 through oneDNN, anything else is refused by value", "[linear][cli]") {
@@ -73,5 +107,6 @@ TEST_CASE("EXTRAP_ONEDNN_LINEAR: 0 trains float32 through MKL, 1 through oneDNN,
   require_environment_switch(d, "EXTRAP_ONEDNN_LINEAR", one_step_bench(),
                              "off",
                              "environment variable EXTRAP_ONEDNN_LINEAR=off: expected 0 (float32 linear layers "
-                             "through MKL, as LibTorch runs them) or 1 (through oneDNN, the default)");
+                             "through MKL, as LibTorch runs them) or 1 (through oneDNN, the default)",
+                             "paths: linear layers through LibTorch,", "paths: linear layers through oneDNN (float32)");
 }

@@ -58,6 +58,9 @@ void require_same(const Setup& fused, const Setup& reference) {
   for (size_t i = 0; i < f.size(); ++i) {
     INFO("parameter " << i << " of shape " << f[i].sizes());
     CHECK(relative_difference(f[i].detach(), r[i].detach()) < 1e-6);
+    const bool has_state = fused.optimizer->state().count(f[i].unsafeGetTensorImpl()) > 0;
+    REQUIRE(has_state == (reference.optimizer->state().count(r[i].unsafeGetTensorImpl()) > 0));
+    if (!has_state) continue;  // never had a gradient
     const auto& fs = static_cast<torch::optim::AdamWParamState&>(*fused.optimizer->state().at(f[i].unsafeGetTensorImpl()));
     const auto& rs = static_cast<torch::optim::AdamWParamState&>(*reference.optimizer->state().at(r[i].unsafeGetTensorImpl()));
     CHECK(fs.step() == rs.step());
@@ -97,6 +100,31 @@ TEST_CASE("fused AdamW continues from state the reference path wrote (a checkpoi
   require_same(mixed, reference);
 }
 
+TEST_CASE("fused AdamW: a parameter without a gradient is left alone, a NaN gradient makes every parameter NaN as clip_grad_norm_ does", "[optimizer]") {
+  Setup fused(11, 0.1), reference(11, 0.1);
+  for (int step = 0; step < 3; ++step) {
+    fused.set_gradients(step, 1.0);
+    reference.set_gradients(step, 1.0);
+    fused.no_decay[1].mutable_grad() = torch::Tensor();  // e.g. a position table no batch reached
+    reference.no_decay[1].mutable_grad() = torch::Tensor();
+    optimizer_step(*fused.optimizer, 1.0);
+    reference.reference_step(1.0);
+  }
+  REQUIRE(fused.optimizer->state().count(fused.no_decay[1].unsafeGetTensorImpl()) == 0);
+  REQUIRE(torch::equal(fused.no_decay[1], reference.no_decay[1]));
+  require_same(fused, reference);
+
+  fused.set_gradients(3, 1.0);
+  reference.set_gradients(3, 1.0);
+  for (auto* s : {&fused, &reference}) s->decay[1].mutable_grad()[0][0] = std::nan("");
+  optimizer_step(*fused.optimizer, 1.0);
+  reference.reference_step(1.0);
+  for (const auto& p : reference.all())
+    if (p.grad().defined()) REQUIRE(p.isnan().all().item<bool>());  // what LibTorch does
+  for (const auto& p : fused.all())
+    if (p.grad().defined()) REQUIRE(p.isnan().all().item<bool>());
+}
+
 TEST_CASE("fused AdamW leaves amsgrad, float64 and non-contiguous parameters to LibTorch, with the same result", "[optimizer]") {
   torch::manual_seed(2);
   auto p64 = torch::randn({5, 3}, torch::kFloat64).requires_grad_();
@@ -126,5 +154,6 @@ TEST_CASE("EXTRAP_FUSED_ADAMW: 0 and 1 train, anything else is refused by value"
   require_environment_switch(d, "EXTRAP_FUSED_ADAMW", one_step_bench(),
                              "yes",
                              "environment variable EXTRAP_FUSED_ADAMW=yes: expected 0 (LibTorch's "
-                             "clip_grad_norm_ and AdamW::step) or 1 (one pass a parameter, the default)");
+                             "clip_grad_norm_ and AdamW::step) or 1 (one pass a parameter, the default)",
+                             "optimiser step LibTorch's clip_grad_norm_ and AdamW", "optimiser step fused");
 }
