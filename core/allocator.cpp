@@ -36,14 +36,10 @@ std::string left_to_environment() {
   return switched_on ? "" : "EXTRAP_MALLOC_TUNING=0";
 }
 
-struct State {
-  bool applied = false;
-  std::string summary = "glibc defaults";
-};
-
-State& state() {
-  static State s;
-  return s;
+// What allocator_summary() says: glibc's defaults until tune_allocator() has run.
+std::string& summary() {
+  static std::string text = "glibc defaults";
+  return text;
 }
 
 std::string mib(size_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
@@ -56,9 +52,9 @@ void tune_allocator() {
 #if defined(__GLIBC__)
     const std::string reason = left_to_environment();
     if (!reason.empty()) {
-      state().summary = reason == "EXTRAP_MALLOC_TUNING=0" ? "glibc defaults (" + reason + ")"
-                        : reason == "LD_PRELOAD"           ? "the allocator LD_PRELOAD names: untouched"
-                                                           : "glibc, as " + reason + " sets";
+      summary() = reason == "EXTRAP_MALLOC_TUNING=0" ? "glibc defaults (" + reason + ")"
+                  : reason == "LD_PRELOAD"             ? "the allocator LD_PRELOAD names: untouched"
+                                                       : "glibc, as " + reason + " sets";
       return;
     }
     // glibc before 2.35 refuses an mmap threshold above 32 MiB (HEAP_MAX_SIZE / 2): fall back to
@@ -69,16 +65,15 @@ void tune_allocator() {
       if (mallopt(M_MMAP_THRESHOLD, int(mmap_threshold)) != 1) mmap_threshold = 0;
     }
     const bool trim = mallopt(M_TRIM_THRESHOLD, int(AllocatorTuning::trim_threshold)) == 1;
-    state().applied = mmap_threshold > 0 && trim;
-    state().summary = state().applied ? "glibc, mmap threshold " + mib(mmap_threshold) + ", trim threshold " +
-                                            mib(AllocatorTuning::trim_threshold)
-                                      : "glibc defaults (mallopt refused extrap's thresholds)";
+    summary() = mmap_threshold > 0 && trim ? "glibc, mmap threshold " + mib(mmap_threshold) +
+                                                 ", trim threshold " + mib(AllocatorTuning::trim_threshold)
+                                           : "glibc defaults (mallopt refused extrap's thresholds)";
 #else
-    state().summary = "not glibc: untouched";
+    summary() = "not glibc: untouched";
 #endif
   });
 }
 
-std::string allocator_summary() { return state().summary; }
+std::string allocator_summary() { return summary(); }
 
 }  // namespace extrap

@@ -7,6 +7,8 @@
 #include "core/fused_adamw.h"
 #include "tests/cli_harness.h"
 
+#include <functional>
+
 using namespace extrap;
 using namespace extrap::testing;
 
@@ -49,6 +51,19 @@ struct Setup {
   }
 };
 
+// One step of both: the same gradients (then `adjust`, on each), the fused step for `fused`
+// (the reference one when `fused_takes_reference`), the reference one for `reference`.
+void step_both(Setup& fused, Setup& reference, int step, double magnitude, double clip,
+               bool fused_takes_reference = false, const std::function<void(Setup&)>& adjust = {}) {
+  for (auto* s : {&fused, &reference}) {
+    s->set_gradients(step, magnitude);
+    if (adjust) adjust(*s);
+  }
+  if (fused_takes_reference) fused.reference_step(clip);
+  else optimizer_step(*fused.optimizer, clip);
+  reference.reference_step(clip);
+}
+
 double relative_difference(const torch::Tensor& a, const torch::Tensor& b) {
   return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item<double>();
 }
@@ -78,47 +93,32 @@ TEST_CASE("fused AdamW: parameters and state equal LibTorch's clip_grad_norm_ an
     INFO("clip " << clip << ", gradients of scale " << magnitude << ", weight decay " << weight_decay);
     Setup fused(5, weight_decay), reference(5, weight_decay);
     REQUIRE(fused_adamw_takes(*fused.optimizer));
-    for (int step = 0; step < 6; ++step) {
-      fused.set_gradients(step, magnitude);
-      reference.set_gradients(step, magnitude);
-      optimizer_step(*fused.optimizer, clip);
-      reference.reference_step(clip);
-    }
+    for (int step = 0; step < 6; ++step) step_both(fused, reference, step, magnitude, clip);
     require_same(fused, reference);
   }
 }
 
 TEST_CASE("fused AdamW continues from state the reference path wrote (a checkpoint of either resumes with the other)", "[optimizer]") {
-  Setup mixed(9, 0.1), reference(9, 0.1);
-  for (int step = 0; step < 5; ++step) {
-    mixed.set_gradients(step, 1.0);
-    reference.set_gradients(step, 1.0);
-    if (step < 2) mixed.reference_step(1.0);
-    else optimizer_step(*mixed.optimizer, 1.0);
-    reference.reference_step(1.0);
+  // Reference steps first, then fused ones; and fused steps first, then reference ones.
+  for (const bool reference_first : {true, false}) {
+    INFO((reference_first ? "reference, then fused" : "fused, then reference"));
+    Setup mixed(9, 0.1), reference(9, 0.1);
+    for (int step = 0; step < 5; ++step) step_both(mixed, reference, step, 1.0, 1.0, (step < 2) == reference_first);
+    require_same(mixed, reference);
   }
-  require_same(mixed, reference);
 }
 
 TEST_CASE("fused AdamW: a parameter without a gradient is left alone, a NaN gradient makes every parameter NaN as clip_grad_norm_ does", "[optimizer]") {
   Setup fused(11, 0.1), reference(11, 0.1);
-  for (int step = 0; step < 3; ++step) {
-    fused.set_gradients(step, 1.0);
-    reference.set_gradients(step, 1.0);
-    fused.no_decay[1].mutable_grad() = torch::Tensor();  // e.g. a position table no batch reached
-    reference.no_decay[1].mutable_grad() = torch::Tensor();
-    optimizer_step(*fused.optimizer, 1.0);
-    reference.reference_step(1.0);
-  }
+  for (int step = 0; step < 3; ++step)
+    step_both(fused, reference, step, 1.0, 1.0, false, [](Setup& s) {
+      s.no_decay[1].mutable_grad() = torch::Tensor();  // e.g. a position table no batch reached
+    });
   REQUIRE(fused.optimizer->state().count(fused.no_decay[1].unsafeGetTensorImpl()) == 0);
   REQUIRE(torch::equal(fused.no_decay[1], reference.no_decay[1]));
   require_same(fused, reference);
 
-  fused.set_gradients(3, 1.0);
-  reference.set_gradients(3, 1.0);
-  for (auto* s : {&fused, &reference}) s->decay[1].mutable_grad()[0][0] = std::nan("");
-  optimizer_step(*fused.optimizer, 1.0);
-  reference.reference_step(1.0);
+  step_both(fused, reference, 3, 1.0, 1.0, false, [](Setup& s) { s.decay[1].mutable_grad()[0][0] = std::nan(""); });
   for (const auto& p : reference.all())
     if (p.grad().defined()) REQUIRE(p.isnan().all().item<bool>());  // what LibTorch does
   for (const auto& p : fused.all())
