@@ -14,27 +14,17 @@ namespace extrap {
 namespace {
 
 // oneDNN's linear as LibTorch registers it (aten/src/ATen/native/mkldnn/Linear.cpp): dense
-// float32 tensors in and out, any strides; no post-op.
-const c10::OperatorHandle* onednn_operator() {
-  static const c10::OperatorHandle* op = []() -> const c10::OperatorHandle* {
+// float32 or bfloat16 tensors in and out, any strides; `overload` "" (no post-op) or "binary"
+// (an element-wise operation with a second tensor in the epilogue).
+const c10::OperatorHandle* onednn_operator(const char* overload = "") {
+  static const auto find = [](const char* name) -> const c10::OperatorHandle* {
     if (!at::hasMKLDNN()) return nullptr;
-    const auto handle = c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""});
+    const auto handle = c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", name});
     return handle ? new c10::OperatorHandle(*handle) : nullptr;
-  }();
-  return op;
-}
-
-// x (N, K) W (M, K) -> x W^T + b (N, M); W may be any strided view, b undefined.
-torch::Tensor onednn_product(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
-  torch::jit::Stack stack;
-  stack.emplace_back(x);
-  stack.emplace_back(w);
-  stack.emplace_back(b.defined() ? c10::IValue(b) : c10::IValue());
-  stack.emplace_back(std::string("none"));
-  stack.emplace_back(c10::List<std::optional<at::Scalar>>());
-  stack.emplace_back(std::string(""));
-  onednn_operator()->callBoxed(&stack);
-  return stack.back().toTensor();
+  };
+  static const c10::OperatorHandle* plain = find("");
+  static const c10::OperatorHandle* binary = find("binary");
+  return std::string(overload).empty() ? plain : binary;
 }
 
 // x W^T (+ b) with its gradients; kBias says whether b is an input (autograd takes no
@@ -63,12 +53,7 @@ class OnednnLinearFunction : public torch::autograd::Function<OnednnLinearFuncti
     torch::autograd::variable_list out(kBias ? 3 : 2);
     if (ctx->needs_input_grad(0)) out[0] = onednn_product(g, weight.t(), {});  // g W
     if (ctx->needs_input_grad(1)) {
-      // g^T x (M, K), deep in N: oneDNN runs it well with the smaller size as the output's rows,
-      // and no better than MKL for a square output (1.3-1.8x against 0.9-1.0x, core/cpu_linear.h).
-      const int64_t M = g.size(1), K = x.size(1);
-      out[1] = M == K ? g.t().mm(x)
-               : M < K ? onednn_product(g.t(), x.t(), {})
-                       : onednn_product(x.t(), g.t(), {}).t().contiguous();
+      out[1] = onednn_weight_gradient(g, x);
     }
     if (kBias && ctx->needs_input_grad(2)) out[2] = g.sum(0);
     return out;
@@ -76,6 +61,36 @@ class OnednnLinearFunction : public torch::autograd::Function<OnednnLinearFuncti
 };
 
 }  // namespace
+
+torch::Tensor onednn_product(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                             const torch::Tensor& multiplier) {
+  torch::jit::Stack stack;
+  stack.emplace_back(x);
+  if (multiplier.defined()) stack.emplace_back(multiplier);
+  stack.emplace_back(w);
+  stack.emplace_back(b.defined() ? c10::IValue(b) : c10::IValue());
+  if (multiplier.defined()) {
+    stack.emplace_back(std::string("mul"));
+    onednn_operator("binary")->callBoxed(&stack);
+  } else {
+    stack.emplace_back(std::string("none"));
+    stack.emplace_back(c10::List<std::optional<at::Scalar>>());
+    stack.emplace_back(std::string(""));
+    onednn_operator()->callBoxed(&stack);
+  }
+  return stack.back().toTensor();
+}
+
+torch::Tensor onednn_weight_gradient(const torch::Tensor& g, const torch::Tensor& x) {
+  // g^T x (M, K), deep in N: oneDNN runs it well with the smaller size as the output's rows,
+  // and no better than MKL for a square output (1.3-1.8x against 0.9-1.0x, in float32).
+  const int64_t M = g.size(1), K = x.size(1);
+  return M == K  ? g.t().mm(x)
+         : M < K ? onednn_product(g.t(), x.t(), {})
+                 : onednn_product(x.t(), g.t(), {}).t().contiguous();
+}
+
+bool onednn_products_available() { return onednn_operator() != nullptr && onednn_operator("binary") != nullptr; }
 
 bool onednn_linear_switched_on() {
   static const bool on =

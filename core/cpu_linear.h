@@ -30,6 +30,18 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const 
 // Whether linear() takes these through oneDNN (else torch::linear).
 bool onednn_linear_takes(const torch::Tensor& x, const torch::Tensor& weight);
 
+// oneDNN's products as LibTorch registers them (mkldnn::_linear_pointwise), float32 or bfloat16
+// (all operands of one dtype), for core/gelu_linear.h and this file. Need
+// onednn_products_available().
+bool onednn_products_available();
+// x (N, K), w (M, K) any strides, b (M) or undefined -> x w^T + b (N, M); times `multiplier`
+// (N, M) element-wise in the product's epilogue when it is defined.
+torch::Tensor onednn_product(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                             const torch::Tensor& multiplier = {});
+// g (N, M), x (N, K) -> g^T x (M, K), a linear layer's weight gradient, with the smaller of M
+// and K as the product's rows (a square one through LibTorch's mm).
+torch::Tensor onednn_weight_gradient(const torch::Tensor& g, const torch::Tensor& x);
+
 // EXTRAP_ONEDNN_LINEAR, read once; throws ConfigError for a value other than 0 or 1 (the CLI
 // reads it at start, so that a bad value is the command's one-line error).
 bool onednn_linear_switched_on();

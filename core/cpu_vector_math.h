@@ -40,6 +40,23 @@ inline float exp_float(float x) {
   return x <= -87.0f ? 0.0f : poly * scale;
 }
 
+// float32 -> bfloat16 bits, rounding to nearest even, NaN kept NaN (c10::BFloat16's rounding),
+// and back: written without branches, so that loops over them vectorise.
+inline uint16_t to_bf16_bits(float f) {
+  uint32_t u;
+  __builtin_memcpy(&u, &f, sizeof u);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t nan = 0u - uint32_t(f != f);  // all ones for NaN
+  return uint16_t((rounded & ~nan) | (0x7fc0u & nan));
+}
+
+inline float from_bf16_bits(uint16_t b) {
+  const uint32_t u = uint32_t(b) << 16;
+  float f;
+  __builtin_memcpy(&f, &u, sizeof f);
+  return f;
+}
+
 // bfloat16 <-> float32 for kernels that take bfloat16 (train.precision bf16) and compute in
 // float32; narrowing rounds to nearest even, as LibTorch's casts do.
 EXTRAP_ISA_CLONES

@@ -21,14 +21,28 @@ float row_max(const float* x, int64_t n) {
   return max;
 }
 
-// Summed in double: a confident row's sum is 1 plus terms below float32's half-ulp at 1, and
-// its loss is their log (a float32 sum would round it to 0).
+// The row's sum of exp(x - shift), shift its maximum, as the count of terms at the maximum
+// (each exactly 1) and the float32 sum of the rest: a confident row's sum is 1 plus terms
+// below float32's half-ulp at 1, and its loss is their log, so the rest is kept apart from the
+// 1s (summing everything in float32 would round the loss to 0). Float32 sums vectorise twice as
+// wide as the double sums this replaced (the loss's exps were 2.5% of the quick bf16 step's
+// CPU time, 2026-11-24).
+struct ExpSum {
+  float at_max, rest;
+  double total() const { return double(at_max) + double(rest); }
+};
+
 EXTRAP_ISA_CLONES
-double row_exp_sum(const float* x, int64_t n, float shift) {
-  double sum = 0;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < n; ++j) sum += double(exp_float(x[j] - shift));
-  return sum;
+ExpSum row_exp_sum(const float* x, int64_t n, float shift) {
+  float at_max = 0, rest = 0;
+#pragma omp simd reduction(+ : at_max, rest)
+  for (int64_t j = 0; j < n; ++j) {
+    const bool top = x[j] >= shift;
+    const float e = exp_float(x[j] - shift);
+    at_max += top ? 1.0f : 0.0f;
+    rest += top ? 0.0f : e;
+  }
+  return {at_max, rest};
 }
 
 // out = scale * exp(x - lse), the softmax of the row times the incoming gradient.
@@ -66,7 +80,7 @@ class CrossEntropySumFunction : public torch::autograd::Function<CrossEntropySum
       for (int64_t i = begin; i < end; ++i) {
         const float* x = row_of(logits, i, buffer);
         const float max = row_max(x, V);
-        const double log_sum = std::log(row_exp_sum(x, V, max));
+        const double log_sum = std::log(row_exp_sum(x, V, max).total());
         lse_data[i] = float(double(max) + log_sum);
         // log-sum-exp - x[t] as log(sum) - (x[t] - max): exact where x[t] is the maximum (a
         // confident row's loss near 0 loses nothing to the rounding of the log-sum-exp).

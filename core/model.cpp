@@ -1,6 +1,10 @@
 #include "core/model.h"
 
 #include "core/cpu_linear.h"
+#include "core/gelu_linear.h"
+#include "core/residual_norm.h"
+
+#include <ATen/autocast_mode.h>
 
 #include <cmath>
 
@@ -78,13 +82,30 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x, PositionMethod& positio
                                  const TokenPositions& positions,
                                  const AttentionOptions& attention_options,
                                  KVCache::Layer* cache) {
-  auto h = x + attention->forward(ln_attention->forward(x), position, positions, attention_options,
-                                  cache);
-  auto f = linear(ffn_in, ln_ffn->forward(h));
-  f = options.activation() == Activation::relu ? torch::relu(f) : torch::gelu(f);
-  f = linear(ffn_out, f);
-  if (attention_options.training && options.dropout() > 0) f = torch::dropout(f, options.dropout(), true);
+  auto [h, f] = forward_residual(x, {}, position, positions, attention_options, cache);
   return h + f;
+}
+
+std::pair<torch::Tensor, torch::Tensor> BlockImpl::forward_residual(const torch::Tensor& base,
+                                                                    const torch::Tensor& delta,
+                                                                    PositionMethod& position,
+                                                                    const TokenPositions& positions,
+                                                                    const AttentionOptions& attention_options,
+                                                                    KVCache::Layer* cache) {
+  // The feed-forward LayerNorm's output goes only to ffn_in: under bf16 autocast it may leave
+  // the LayerNorm in bfloat16, the cast autocast would make. The attention's input stays float32
+  // (position methods read it).
+  const auto ffn_dtype = base.device().is_cpu() && at::autocast::is_autocast_enabled(at::kCPU) &&
+                                 at::autocast::get_autocast_dtype(at::kCPU) == at::kBFloat16
+                             ? torch::kBFloat16 : torch::kFloat32;
+  auto [x, normed] = add_layer_norm(base, delta, ln_attention);
+  auto [h, ffn_input] = add_layer_norm(
+      x, attention->forward(normed, position, positions, attention_options, cache), ln_ffn, ffn_dtype);
+  auto f = linear(ffn_in, ffn_input);
+  f = options.activation() == Activation::relu ? linear(ffn_out, torch::relu(f))
+                                                : gelu_linear(f, ffn_out->weight, ffn_out->bias);
+  if (attention_options.training && options.dropout() > 0) f = torch::dropout(f, options.dropout(), true);
+  return {h, f};
 }
 
 TransformerLMImpl::TransformerLMImpl(const ModelConfig& config, int64_t vocab_size,
@@ -141,9 +162,11 @@ torch::Tensor TransformerLMImpl::hidden(const torch::Tensor& tokens, int64_t off
   attention_options.training = is_training();
   attention_options.backend = backend_;
   attention_options.efficient_threshold = config_.efficient_threshold;
+  // Each block's last residual add is left to the next LayerNorm (core/residual_norm.h).
+  torch::Tensor delta;
   for (const auto& block : *blocks)
-    x = block->as<Block>()->forward(x, *position_, positions, attention_options);
-  return ln_final->forward(x);  // (B, T, D)
+    std::tie(x, delta) = block->as<Block>()->forward_residual(x, delta, *position_, positions, attention_options);
+  return add_layer_norm(x, delta, ln_final).second;  // (B, T, D)
 }
 
 void TransformerLMImpl::set_rope_scaling(const RopeScaling& scaling) {

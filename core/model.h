@@ -77,6 +77,13 @@ class BlockImpl : public torch::nn::Cloneable<BlockImpl> {
   torch::Tensor forward(const torch::Tensor& x, PositionMethod& position,
                         const TokenPositions& positions, const AttentionOptions& attention_options,
                         KVCache::Layer* cache = nullptr);
+  // forward() of base + delta (delta undefined: base), with that residual add fused into the
+  // first LayerNorm (core/residual_norm.h), returning the block's residual stream and its
+  // feed-forward output unsummed, {h, f}, for the next LayerNorm to add: forward() is h + f.
+  std::pair<torch::Tensor, torch::Tensor> forward_residual(const torch::Tensor& base, const torch::Tensor& delta,
+                                                           PositionMethod& position, const TokenPositions& positions,
+                                                           const AttentionOptions& attention_options,
+                                                           KVCache::Layer* cache = nullptr);
 
   BlockOptions options;
   torch::nn::LayerNorm ln_attention = nullptr;

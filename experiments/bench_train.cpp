@@ -5,6 +5,8 @@
 #include "core/distributed.h"
 #include "core/cpu_linear.h"
 #include "core/fused_adamw.h"
+#include "core/gelu_linear.h"
+#include "core/residual_norm.h"
 #include "core/model.h"
 #include "core/precision.h"
 #include "core/sysinfo.h"
@@ -92,8 +94,21 @@ int bench_train(const Args& args) {
     // Which paths the step took (core/cpu_linear.h, core/fused_adamw.h): the A/B switches show here.
     const auto probe = torch::empty({1, 1}, torch::TensorOptions().device(device));
     const bool onednn = t.precision == Precision::fp32 && onednn_linear_takes(probe, probe);
-    std::printf("paths: linear layers through %s, optimiser step %s\n",
+    bool gelu_fused = false;
+    if (config.model.activation == Activation::gelu) {
+      ComputePrecision precision(t.precision, device.type());
+      const auto activations = torch::empty({1, 1}, probe.options().dtype(
+          t.precision == Precision::bf16 ? torch::kBFloat16 : torch::kFloat32)).requires_grad_();
+      gelu_fused = gelu_linear_fused_takes(activations, probe);
+    }
+    torch::nn::LayerNorm norm(torch::nn::LayerNormOptions({4}));
+    norm->to(device);
+    const bool norm_fused =
+        add_layer_norm_fused_takes(torch::empty({1, 4}, probe.options()).requires_grad_(), {}, norm);
+    std::printf("paths: linear layers through %s, GELU %s, residual adds %s, optimiser step %s\n",
                 onednn ? "oneDNN (float32)" : t.precision == Precision::bf16 ? "LibTorch (autocast bfloat16)" : "LibTorch",
+                gelu_fused ? "backward folded into the next product" : "as LibTorch runs it",
+                norm_fused ? "fused with the LayerNorm after them" : "and LayerNorms as LibTorch runs them",
                 fused_adamw_takes(*optimizer) ? "fused (one pass a parameter)" : "LibTorch's clip_grad_norm_ and AdamW");
   }
   if (ranks)

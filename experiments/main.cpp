@@ -3,6 +3,8 @@
 #include "core/bf16_gemm.h"
 #include "core/cpu_linear.h"
 #include "core/fused_adamw.h"
+#include "core/gelu_linear.h"
+#include "core/residual_norm.h"
 #include "core/distributed.h"
 #include "core/sysinfo.h"
 #include "core/yaml_options.h"
@@ -96,6 +98,8 @@ int main(int argc, char** argv) {
     // The on/off switches, so that a bad value is this command's error, not a failed step.
     extrap::onednn_linear_switched_on();
     extrap::fused_adamw_switched_on();
+    extrap::fused_gelu_switched_on();
+    extrap::fused_layer_norm_switched_on();
     extrap::bf16_gemm::available();
   } catch (const extrap::ConfigError& e) {
     std::cerr << "extrap: " << e.what() << "\n";

@@ -90,6 +90,11 @@ core/cpu_linear.cpp | : onednn_product(x.t(), g.t(), {}).t().contiguous(); | : o
 core/fused_adamw.cpp | const float pi = p[i] * u.decay; | const float pi = p[i]; | the fused AdamW forgets the weight decay
 core/fused_adamw.cpp | const float g = grad[i] * u.scale; | const float g = grad[i]; | the fused AdamW ignores gradient clipping
 core/fused_adamw.cpp | scale = std::isnan(coefficient) ? coefficient : std::min(1.0f, coefficient); | scale = std::min(1.0f, coefficient); | a NaN gradient norm steps the finite parameters unclipped (clip_grad_norm_ makes them all NaN)
+core/gelu_linear.cpp | slope = cdf + x * e * 0.39894228040143268f; | slope = cdf; | GELU's slope without its x phi(x) term
+core/gelu_linear.cpp | out[0] = onednn_product(g, w.t(), {}, slope); | out[0] = onednn_product(g, w.t(), {}); | the fused GELU's input gradient without GELU's slope
+core/residual_norm.cpp | dbeta[j] += du[j]; | dbeta[j] += du[j] * xhat[j]; | the fused LayerNorm's bias gradient summed as its weight's
+core/residual_norm.cpp | dx[j] = dh[j] + rstd * (du[j] * gamma[j] - a - xhat[j] * b); | dx[j] = rstd * (du[j] * gamma[j] - a - xhat[j] * b); | the residual's own gradient dropped where the LayerNorm's joins it
+core/residual_norm.cpp | std::sqrt(squares / float(D) + eps) | std::sqrt(squares / float(D - 1) + eps) | the fused LayerNorm with the unbiased variance
 EOF
 )
 

@@ -1,0 +1,45 @@
+// The residual add and the LayerNorm after it, h = x + y and u = layer_norm(h), in one pass
+// over the rows on the CPU, forward and backward.
+//
+// Measured first (2026-11-24, 2-core AMD EPYC VM, configs/train_quick.yaml under bf16, perf
+// over 400 steps): LayerNorm's forward and backward, the residual adds and the float32 <->
+// bfloat16 casts around them took about 7% of the step's CPU time (3 ms of 40), each a
+// separate pass over (B, T, d_model) with its own operator call and autograd node. Here the
+// forward reads x and y once and writes h and u (u already in the dtype of the product that
+// takes it, for the feed-forward LayerNorm under bf16 autocast); the backward reads dh, du and
+// h once and writes dx and dy (dy in the dtype of y), with LayerNorm's weight and bias
+// gradients summed alongside. Expected: 1-2 ms of the quick bf16 step.
+//
+// Numbers: float32 throughout, the mean and variance of each row in two passes (mean, then the
+// centred squares): LibTorch's layer_norm to float32 rounding, not bit for bit. y in bfloat16
+// (an autocast linear layer's output) is widened exactly, as LibTorch's mixed add does; a
+// bfloat16 u is float32's rounded to nearest even, as autocast's cast. Weight and bias
+// gradients are summed in fixed blocks of rows, so they do not depend on the thread count.
+//
+// Taken while gradients are recorded, for float32 x with the LayerNorm's last dimension,
+// contiguous, on the CPU, with an affine LayerNorm, unless EXTRAP_FUSED_LAYER_NORM=0 (for A/B
+// runs). Everything else (evaluation, GPUs) runs x + y and the LayerNorm module. No double
+// backward (create_graph): refused by name.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <utility>
+
+namespace extrap {
+
+// {h, u}: h = x + y (x itself where y is undefined), u = norm(h) in float32, or in `u_dtype`
+// where the fused path takes it (bfloat16 is for a layer-norm output that only a linear layer
+// under bf16 autocast reads: the cast it saves is the one autocast would make).
+std::pair<torch::Tensor, torch::Tensor> add_layer_norm(const torch::Tensor& x, const torch::Tensor& y,
+                                                       const torch::nn::LayerNorm& norm,
+                                                       torch::ScalarType u_dtype = torch::kFloat32);
+
+// Whether add_layer_norm() takes these through the fused path now.
+bool add_layer_norm_fused_takes(const torch::Tensor& x, const torch::Tensor& y, const torch::nn::LayerNorm& norm);
+
+// EXTRAP_FUSED_LAYER_NORM, read once; throws ConfigError for a value other than 0 or 1 (the CLI
+// reads it at start).
+bool fused_layer_norm_switched_on();
+
+}  // namespace extrap
