@@ -14,17 +14,18 @@ namespace extrap {
 namespace {
 
 // oneDNN's linear as LibTorch registers it (aten/src/ATen/native/mkldnn/Linear.cpp): dense
-// float32 or bfloat16 tensors in and out, any strides; `overload` "" (no post-op) or "binary"
-// (an element-wise operation with a second tensor in the epilogue).
-const c10::OperatorHandle* onednn_operator(const char* overload = "") {
-  static const auto find = [](const char* name) -> const c10::OperatorHandle* {
-    if (!at::hasMKLDNN()) return nullptr;
-    const auto handle = c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", name});
-    return handle ? new c10::OperatorHandle(*handle) : nullptr;
-  };
-  static const c10::OperatorHandle* plain = find("");
-  static const c10::OperatorHandle* binary = find("binary");
-  return std::string(overload).empty() ? plain : binary;
+// float32 or bfloat16 tensors in and out, any strides; the plain overload (no post-op) or
+// "binary" (an element-wise operation with a second tensor in the epilogue). Null where absent.
+const c10::OperatorHandle* find_onednn_operator(const char* overload) {
+  if (!at::hasMKLDNN()) return nullptr;
+  const auto handle = c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", overload});
+  return handle ? new c10::OperatorHandle(*handle) : nullptr;
+}
+
+const c10::OperatorHandle* onednn_operator(bool binary = false) {
+  static const c10::OperatorHandle* plain = find_onednn_operator("");
+  static const c10::OperatorHandle* with_operand = find_onednn_operator("binary");
+  return binary ? with_operand : plain;
 }
 
 // x W^T (+ b) with its gradients; kBias says whether b is an input (autograd takes no
@@ -71,7 +72,7 @@ torch::Tensor onednn_product(const torch::Tensor& x, const torch::Tensor& w, con
   stack.emplace_back(b.defined() ? c10::IValue(b) : c10::IValue());
   if (multiplier.defined()) {
     stack.emplace_back(std::string("mul"));
-    onednn_operator("binary")->callBoxed(&stack);
+    onednn_operator(/*binary=*/true)->callBoxed(&stack);
   } else {
     stack.emplace_back(std::string("none"));
     stack.emplace_back(c10::List<std::optional<at::Scalar>>());
@@ -90,7 +91,7 @@ torch::Tensor onednn_weight_gradient(const torch::Tensor& g, const torch::Tensor
                  : onednn_product(x.t(), g.t(), {}).t().contiguous();
 }
 
-bool onednn_products_available() { return onednn_operator() != nullptr && onednn_operator("binary") != nullptr; }
+bool onednn_products_available() { return onednn_operator() != nullptr && onednn_operator(/*binary=*/true) != nullptr; }
 
 bool onednn_linear_switched_on() {
   static const bool on =

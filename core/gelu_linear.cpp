@@ -4,9 +4,9 @@
 #include "core/cpu_linear.h"
 #include "core/cpu_vector_math.h"
 #include "core/environment.h"
+#include "core/precision.h"
 
 #include <ATen/Parallel.h>
-#include <ATen/autocast_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <algorithm>
@@ -120,8 +120,7 @@ bool gelu_linear_fused_takes(const torch::Tensor& a, const torch::Tensor& weight
       a.numel() == 0 || !(a.requires_grad() || weight.requires_grad()))
     return false;
   if (a.scalar_type() == torch::kBFloat16)
-    return at::autocast::is_autocast_enabled(at::kCPU) &&
-           at::autocast::get_autocast_dtype(at::kCPU) == at::kBFloat16 && bf16_gemm::supported();
+    return cpu_autocast_bf16() && bf16_gemm::supported();
   return onednn_linear_takes(a, weight);
 }
 

@@ -2,9 +2,8 @@
 
 #include "core/cpu_linear.h"
 #include "core/gelu_linear.h"
+#include "core/precision.h"
 #include "core/residual_norm.h"
-
-#include <ATen/autocast_mode.h>
 
 #include <cmath>
 
@@ -95,9 +94,7 @@ std::pair<torch::Tensor, torch::Tensor> BlockImpl::forward_residual(const torch:
   // The feed-forward LayerNorm's output goes only to ffn_in: under bf16 autocast it may leave
   // the LayerNorm in bfloat16, the cast autocast would make. The attention's input stays float32
   // (position methods read it).
-  const auto ffn_dtype = base.device().is_cpu() && at::autocast::is_autocast_enabled(at::kCPU) &&
-                                 at::autocast::get_autocast_dtype(at::kCPU) == at::kBFloat16
-                             ? torch::kBFloat16 : torch::kFloat32;
+  const auto ffn_dtype = base.device().is_cpu() && cpu_autocast_bf16() ? torch::kBFloat16 : torch::kFloat32;
   auto [x, normed] = add_layer_norm(base, delta, ln_attention);
   auto [h, ffn_input] = add_layer_norm(
       x, attention->forward(normed, position, positions, attention_options, cache), ln_ffn, ffn_dtype);

@@ -36,6 +36,10 @@ Float32Region::~Float32Region() {
   if (was_enabled_) at::autocast::set_autocast_enabled(device_, true);
 }
 
+bool cpu_autocast_bf16() {
+  return at::autocast::is_autocast_enabled(at::kCPU) && at::autocast::get_autocast_dtype(at::kCPU) == at::kBFloat16;
+}
+
 bool cpu_has_fast_bf16() {
   std::ifstream in("/proc/cpuinfo");
   std::string line;

@@ -52,6 +52,10 @@ class Float32Region {
   bool was_enabled_;
 };
 
+// Whether bfloat16 autocast is on for CPU tensors now (a ComputePrecision of bf16 on the CPU is
+// open): the fused CPU paths that produce autocast's dtypes themselves ask this.
+bool cpu_autocast_bf16();
+
 // Whether matrix products run in bf16 on this machine's CPU at hardware speed (AVX512_BF16 or
 // AMX), as oneDNN reports it.
 bool cpu_has_fast_bf16();

@@ -33,12 +33,8 @@ void add_rows(const float* x, RowOf y, float* h, int64_t n) {
   }
 }
 
-EXTRAP_ISA_CLONES
-void widen_bits(const uint16_t* from, float* to, int64_t n) {
-#pragma omp simd
-  for (int64_t j = 0; j < n; ++j) to[j] = from_bf16_bits(from[j]);
-}
-
+// cpu_vector_math.h's narrow() rounds the same way with c10::BFloat16's scalar conversion, which
+// the attention kernel inlines on 32-value rows; here rows are whole d_model, and this vectorises.
 EXTRAP_ISA_CLONES
 void narrow_bits(const float* from, uint16_t* to, int64_t n) {
 #pragma omp simd
@@ -167,7 +163,7 @@ class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFuncti
         for (int64_t i = blk * kRowsPerBlock; i < std::min(N, (blk + 1) * kRowsPerBlock); ++i) {
           const float* dui = static_cast<const float*>(dup) + i * D;
           if (du_bf16) {
-            widen_bits(static_cast<const uint16_t*>(dup) + i * D, du_row.data(), D);
+            widen(static_cast<const c10::BFloat16*>(dup) + i * D, du_row.data(), D);
             dui = du_row.data();
           }
           backward_row(dui, hp + i * D, mp[i], rp[i], dhp ? dhp + i * D : nullptr, gamma, D, dxp + i * D, dgamma,
