@@ -2,6 +2,7 @@
 
 #include "core/bf16_gemm.h"
 #include "core/cpu_vector_math.h"
+#include "core/qkv_heads.h"
 
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
@@ -86,19 +87,21 @@ struct Operand {
   }
 };
 
-// A (B, T, H, Dh) output, float32 or bfloat16, written head by head: rows() gives the rows of
-// (b, h) to write as float32 (the tensor's own for float32, `buffer` for bfloat16), and
-// store() rounds a bfloat16 output's buffer into the tensor.
+// A (B, H, T, Dh) output with unit stride in Dh, float32 or bfloat16, written head by head: the
+// row of (b, h, t) starts at element b * sb + h * sh + t * st. rows() gives the rows of (b, h)
+// to write as float32 (the tensor's own for float32, `buffer` for bfloat16), and store() rounds
+// a bfloat16 output's buffer into the tensor.
 struct Destination {
   void* data;
   bool bf16;
-  int64_t T, H, D;
-  explicit Destination(torch::Tensor& x)
-      : data(x.data_ptr()), bf16(x.scalar_type() == torch::kBFloat16), T(x.size(1)), H(x.size(2)), D(x.size(3)) {}
-  int64_t offset(int64_t b, int64_t h) const { return b * T * H * D + h * D; }
+  int64_t T, D, sb, sh, st;
+  explicit Destination(const torch::Tensor& x)
+      : data(x.data_ptr()), bf16(x.scalar_type() == torch::kBFloat16), T(x.size(2)), D(x.size(3)),
+        sb(x.stride(0)), sh(x.stride(1)), st(x.stride(2)) {}
+  int64_t offset(int64_t b, int64_t h) const { return b * sb + h * sh; }
 
   Rows rows(int64_t b, int64_t h, std::vector<float>& buffer) const {
-    if (!bf16) return {static_cast<float*>(data) + offset(b, h), H * D};
+    if (!bf16) return {static_cast<float*>(data) + offset(b, h), st};
     buffer.resize(size_t(T * D));
     return {buffer.data(), D};
   }
@@ -108,13 +111,13 @@ struct Destination {
   // Rows [t0, t0 + m) of (b, h) of a bfloat16 output from float32 rows (m x D).
   void store_rows(int64_t b, int64_t h, int64_t t0, int64_t m, const float* rows) const {
     auto* y = static_cast<c10::BFloat16*>(data) + offset(b, h);
-    for (int64_t t = 0; t < m; ++t) narrow(rows + t * D, y + (t0 + t) * H * D, D);
+    for (int64_t t = 0; t < m; ++t) narrow(rows + t * D, y + (t0 + t) * st, D);
   }
   // All rows of (b, h) of a bfloat16 output from its transpose (D x T, float32).
   void store_transposed(int64_t b, int64_t h, const float* transposed) const {
     auto* y = static_cast<c10::BFloat16*>(data) + offset(b, h);
     for (int64_t t = 0; t < T; ++t)
-      for (int64_t d = 0; d < D; ++d) y[t * H * D + d] = c10::BFloat16(transposed[d * T + t]);
+      for (int64_t d = 0; d < D; ++d) y[t * st + d] = c10::BFloat16(transposed[d * T + t]);
   }
 };
 
@@ -382,7 +385,7 @@ class FusedCpuAttentionFunction : public torch::autograd::Function<FusedCpuAtten
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q,
                                const torch::Tensor& k, const torch::Tensor& v, const Problem* problem) {
     const Problem& p = *problem;
-    auto out = torch::empty({p.batch, p.length, p.heads, p.dim}, q.options());
+    auto out = torch::empty({p.batch, p.length, p.heads, p.dim}, q.options()).permute({0, 2, 1, 3});
     auto lse = torch::empty({p.batch, p.heads, p.length}, q.options().dtype(torch::kFloat32));
     const bool bf16_products = q.scalar_type() == torch::kBFloat16 && bf16_gemm::available();
     (bf16_products ? forward_kernel_bf16 : forward_kernel)(p, Operand(q), Operand(k), Operand(v), Destination(out),
@@ -397,7 +400,7 @@ class FusedCpuAttentionFunction : public torch::autograd::Function<FusedCpuAtten
     }
     ctx->saved_data["left"] = left;
     ctx->saved_data["right"] = right;
-    return out.permute({0, 2, 1, 3});  // (B, H, T, D) view
+    return out;  // (B, H, T, D) view of (B, T, H, D)
   }
 
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
@@ -409,13 +412,26 @@ class FusedCpuAttentionFunction : public torch::autograd::Function<FusedCpuAtten
     for (size_t h = 0; h < left.size(); ++h) p.bias.push_back({float(left[h]), float(right[h])});
     auto dout = grads[0].to(q.scalar_type());
     if (dout.stride(3) != 1) dout = dout.contiguous();
-    auto dq = torch::empty({p.batch, p.length, p.heads, p.dim}, q.options());
-    auto dk = torch::empty_like(dq), dv = torch::empty_like(dq);
+    // dQ, dK and dV as (B, H, T, D) views: of one (B, T, 3, H, D) buffer when q, k and v are
+    // such slices (split_heads() then hands the buffer on as the projection's gradient, with no
+    // copy), else of (B, T, H, D) tensors.
+    torch::Tensor dq, dk, dv;
+    if (packed_heads(q, k, v)) {
+      const auto dqkv = torch::empty({p.batch, p.length, 3, p.heads, p.dim}, q.options());
+      dq = dqkv.select(2, 0).permute({0, 2, 1, 3});
+      dk = dqkv.select(2, 1).permute({0, 2, 1, 3});
+      dv = dqkv.select(2, 2).permute({0, 2, 1, 3});
+    } else {
+      const auto heads_major = [&] {
+        return torch::empty({p.batch, p.length, p.heads, p.dim}, q.options()).permute({0, 2, 1, 3});
+      };
+      dq = heads_major(), dk = heads_major(), dv = heads_major();
+    }
     const bool bf16_products = ctx->saved_data["bf16_products"].toBool();
     (bf16_products ? backward_kernel_bf16 : backward_kernel)(p, Operand(q), Operand(k), Operand(v),
                                                              lse.data_ptr<float>(), Operand(dout), Destination(dq),
                                                              Destination(dk), Destination(dv));
-    return {dq.permute({0, 2, 1, 3}), dk.permute({0, 2, 1, 3}), dv.permute({0, 2, 1, 3}), torch::Tensor()};
+    return {dq, dk, dv, torch::Tensor()};
   }
 };
 
@@ -433,7 +449,7 @@ std::string fused_cpu_attention_unsupported_reason(const torch::Tensor& q, const
     if (x->dim() != 4 || x->sizes() != q.sizes()) return "q, k and v of different shapes";
     if (x->stride(3) != 1) return "head dimension not contiguous";
   }
-  if (q.size(2) * std::max<int64_t>(q.stride(2), 1) > std::numeric_limits<int>::max() / 2)
+  if (q.size(2) * std::max<int64_t>({q.stride(2), 3 * q.size(1) * q.size(3), 1}) > std::numeric_limits<int>::max() / 2)
     return "too long for 32-bit BLAS strides";
   if (options.training && options.dropout > 0) return "attention dropout";
   if (bias.kind != AttentionBias::Kind::None && bias.kind != AttentionBias::Kind::Linear)

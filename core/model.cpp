@@ -3,6 +3,7 @@
 #include "core/cpu_linear.h"
 #include "core/gelu_linear.h"
 #include "core/precision.h"
+#include "core/qkv_heads.h"
 #include "core/residual_norm.h"
 
 #include <cmath>
@@ -37,10 +38,9 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, PositionMethod&
                                          const AttentionOptions& attention_options,
                                          KVCache::Layer* cache) {
   const auto B = x.size(0), T = x.size(1), H = options.heads(), Dh = options.d_model() / H;
-  // unbind, not indexing: its backward stacks the three gradients in one pass, where three
-  // selects each fill a zero (3, B, H, T, Dh) tensor and add into it (2 ms of a 150 ms step).
-  const auto qkv_heads = linear(qkv, x).view({B, T, 3, H, Dh}).permute({2, 0, 3, 1, 4}).unbind(0);
-  auto q = qkv_heads[0], k = qkv_heads[1], v = qkv_heads[2];  // (B, H, T, Dh)
+  // Views of the projection (core/qkv_heads.h): their gradients go back into its layout with
+  // no copy where the fused attention writes them there, else with one.
+  auto [q, k, v] = split_heads(linear(qkv, x), H);  // (B, H, T, Dh)
   LayerInput at{options.layer_index(), positions, x};
   position.rotate_qk(q, k, at);
   if (cache) {  // the new tokens' keys and values join the cached ones

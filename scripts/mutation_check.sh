@@ -95,6 +95,9 @@ core/gelu_linear.cpp | out[0] = onednn_product(g, w.t(), {}, slope); | out[0] = 
 core/residual_norm.cpp | dbeta[j] += du[j]; | dbeta[j] += du[j] * xhat[j]; | the fused LayerNorm's bias gradient summed as its weight's
 core/residual_norm.cpp | dx[j] = dh[j] + rstd * (du[j] * gamma[j] - a - xhat[j] * b); | dx[j] = rstd * (du[j] * gamma[j] - a - xhat[j] * b); | the residual's own gradient dropped where the LayerNorm's joins it
 core/residual_norm.cpp | std::sqrt(squares / float(D) + eps) | std::sqrt(squares / float(D - 1) + eps) | the fused LayerNorm with the unbiased variance
+core/qkv_heads.cpp | auto slot = packed.select(2, i).permute({0, 2, 1, 3}); | auto slot = packed.select(2, 2 - i).permute({0, 2, 1, 3}); | split_heads' copied gradients put q's where v's belongs
+core/qkv_heads.cpp | if (x->size(i) > 1 && x->stride(i) != strides[size_t(i)]) return false; | if (false) return false; | slices of a wider buffer taken for packed q, k, v
+core/fused_cpu_attention.cpp | dk = dqkv.select(2, 1).permute({0, 2, 1, 3}); | dk = dqkv.select(2, 2).permute({0, 2, 1, 3}); | the fused attention writes dK over dV in the packed gradient
 EOF
 )
 

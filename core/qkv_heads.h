@@ -1,0 +1,31 @@
+// The query, key and value heads of one fused q/k/v projection, and their gradients back in
+// the projection's layout without a copy where the attention wrote them there.
+//
+// The projection's output x is (B, T, 3 * H * Dh), read as (B, T, 3, H, Dh). split_heads()
+// returns q, k and v as (B, H, T, Dh) views of it (what view + permute + unbind gave). In the
+// backward pass the three gradients have to become one (B, T, 3 * H * Dh) gradient for the
+// projection. LibTorch's unbind stacks them into a new (3, B, H, T, Dh) tensor and its view
+// then copies that into the projection's layout: two copies of the whole gradient per layer.
+// Here, when the three gradients already are the (B, T, 3, H, Dh) slices of one buffer (the
+// fused CPU attention writes them so when q, k and v are such slices: packed_heads()), the
+// buffer itself is the gradient; otherwise each gradient is copied into its slot once.
+//
+// Measured (2026-11-24, 2-core AMD EPYC, configs/train_quick.yaml in bf16): LibTorch's bfloat16
+// copy kernels took 3.4% of the step's CPU samples before; see benchmarks/RESULTS.md, part 5.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <array>
+
+namespace extrap {
+
+// q, k, v: (B, H, T, Dh) views of x (B, T, 3 * heads * Dh). Differentiable in x. As with
+// unbind, the views may not be modified in place while gradients are recorded.
+std::array<torch::Tensor, 3> split_heads(const torch::Tensor& x, int64_t heads);
+
+// Whether q, k and v are the (B, T, 3, H, Dh) slices of one tensor, in that order (as
+// split_heads() returns them).
+bool packed_heads(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v);
+
+}  // namespace extrap
