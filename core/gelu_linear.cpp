@@ -97,7 +97,7 @@ class GeluLinearFunction : public torch::autograd::Function<GeluLinearFunction<k
     torch::autograd::variable_list out(kBias ? 3 : 2);
     if (ctx->needs_input_grad(0)) out[0] = onednn_product(g, w.t(), {}, slope);  // (g W) o gelu'(a)
     if (ctx->needs_input_grad(1)) out[1] = onednn_weight_gradient(g, value).to(torch::kFloat32);
-    if (kBias && ctx->needs_input_grad(2)) out[2] = g.sum(0, false, torch::kFloat32);
+    if (kBias && ctx->needs_input_grad(2)) out[2] = linear_bias_gradient(g).to(torch::kFloat32);
     return out;
   }
 };

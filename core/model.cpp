@@ -36,11 +36,11 @@ void SelfAttentionImpl::reset() {
 torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, PositionMethod& position,
                                          const TokenPositions& positions,
                                          const AttentionOptions& attention_options,
-                                         KVCache::Layer* cache) {
+                                         KVCache::Layer* cache, const torch::Tensor& projected) {
   const auto B = x.size(0), T = x.size(1), H = options.heads(), Dh = options.d_model() / H;
   // Views of the projection (core/qkv_heads.h): their gradients go back into its layout with
   // no copy where the fused attention writes them there, else with one.
-  auto [q, k, v] = split_heads(linear(qkv, x), H);  // (B, H, T, Dh)
+  auto [q, k, v] = split_heads(linear(qkv, projected.defined() ? projected : x), H);  // (B, H, T, Dh)
   LayerInput at{options.layer_index(), positions, x};
   position.rotate_qk(q, k, at);
   if (cache) {  // the new tokens' keys and values join the cached ones
@@ -93,11 +93,11 @@ std::pair<torch::Tensor, torch::Tensor> BlockImpl::forward_residual(const torch:
                                                                     KVCache::Layer* cache) {
   // The feed-forward LayerNorm's output goes only to ffn_in: under bf16 autocast it may leave
   // the LayerNorm in bfloat16, the cast autocast would make. The attention's input stays float32
-  // (position methods read it).
+  // (position methods read it), with a bfloat16 copy from the same pass for the q, k, v product.
   const auto ffn_dtype = base.device().is_cpu() && cpu_autocast_bf16() ? torch::kBFloat16 : torch::kFloat32;
-  auto [x, normed] = add_layer_norm(base, delta, ln_attention);
+  auto [x, normed, normed_low] = add_layer_norm_with_copy(base, delta, ln_attention);
   auto [h, ffn_input] = add_layer_norm(
-      x, attention->forward(normed, position, positions, attention_options, cache), ln_ffn, ffn_dtype);
+      x, attention->forward(normed, position, positions, attention_options, cache, normed_low), ln_ffn, ffn_dtype);
   auto f = linear(ffn_in, ffn_input);
   f = options.activation() == Activation::relu ? linear(ffn_out, torch::relu(f))
                                                 : gelu_linear(f, ffn_out->weight, ffn_out->bias);
@@ -134,7 +134,10 @@ TransformerLMImpl::TransformerLMImpl(const ModelConfig& config, int64_t vocab_si
 }
 
 torch::Tensor TransformerLMImpl::forward(const torch::Tensor& tokens, int64_t offset) {
-  return logits(hidden(tokens, offset));
+  // Under bf16 autocast the final LayerNorm may write bfloat16: its output goes only to the
+  // output projection here.
+  const bool low = embedding->weight.device().is_cpu() && cpu_autocast_bf16();
+  return logits(hidden_as(tokens, offset, low ? torch::kBFloat16 : torch::kFloat32));
 }
 
 torch::Tensor TransformerLMImpl::logits(const torch::Tensor& x) {
@@ -143,6 +146,10 @@ torch::Tensor TransformerLMImpl::logits(const torch::Tensor& x) {
 }
 
 torch::Tensor TransformerLMImpl::hidden(const torch::Tensor& tokens, int64_t offset) {
+  return hidden_as(tokens, offset, torch::kFloat32);
+}
+
+torch::Tensor TransformerLMImpl::hidden_as(const torch::Tensor& tokens, int64_t offset, torch::ScalarType dtype) {
   TORCH_CHECK(tokens.dim() == 2, "model input must be (B, T) token ids, got ", tokens.sizes());
   auto x = embedding->forward(tokens) * std::sqrt(double(config_.d_model));  // (B, T, D)
   const int64_t length = tokens.size(1);
@@ -163,7 +170,7 @@ torch::Tensor TransformerLMImpl::hidden(const torch::Tensor& tokens, int64_t off
   torch::Tensor delta;
   for (const auto& block : *blocks)
     std::tie(x, delta) = block->as<Block>()->forward_residual(x, delta, *position_, positions, attention_options);
-  return add_layer_norm(x, delta, ln_final).second;  // (B, T, D)
+  return add_layer_norm(x, delta, ln_final, dtype).second;  // (B, T, D)
 }
 
 void TransformerLMImpl::set_rope_scaling(const RopeScaling& scaling) {

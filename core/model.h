@@ -48,9 +48,11 @@ class SelfAttentionImpl : public torch::nn::Cloneable<SelfAttentionImpl> {
   void reset() override;
   // x: (B, T, D) -> (B, T, D)
   // With `cache`: x holds the new tokens only; their keys and values are appended to it.
+  // `projected`, where defined, is x as the q, k, v projection should read it (x rounded to
+  // bfloat16 under bf16 autocast, core/residual_norm.h); position methods still see x.
   torch::Tensor forward(const torch::Tensor& x, PositionMethod& position,
                         const TokenPositions& positions, const AttentionOptions& attention_options,
-                        KVCache::Layer* cache = nullptr);
+                        KVCache::Layer* cache = nullptr, const torch::Tensor& projected = {});
 
   SelfAttentionOptions options;
   torch::nn::Linear qkv = nullptr;  // D -> 3D
@@ -137,6 +139,10 @@ class TransformerLMImpl : public torch::nn::Module {
   torch::nn::ModuleList blocks = nullptr;
   torch::nn::LayerNorm ln_final = nullptr;
   torch::nn::Linear head = nullptr;  // only when embeddings are not tied
+
+  // hidden(), with the final LayerNorm's output in `dtype` where the fused LayerNorm takes it
+  // (bfloat16 for forward() under bf16 autocast: the cast the output projection would make).
+  torch::Tensor hidden_as(const torch::Tensor& tokens, int64_t offset, torch::ScalarType dtype);
 };
 TORCH_MODULE(TransformerLM);
 

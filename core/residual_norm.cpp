@@ -2,6 +2,7 @@
 
 #include "core/cpu_vector_math.h"
 #include "core/environment.h"
+#include "core/precision.h"
 
 #include <ATen/Parallel.h>
 
@@ -85,19 +86,26 @@ void backward_row(const float* du, const float* h, float mean, float rstd, const
   }
 }
 
-// kAdd: inputs x, weight, bias, eps, u_dtype, y -> outputs {h, u}; otherwise inputs x, weight,
-// bias, eps, u_dtype -> output {u} (h is x). Autograd takes no undefined tensors as inputs.
+// What u is written as: float32, bfloat16, or float32 with a bfloat16 copy beside it (an extra
+// output, for a float32 u whose one reader is a bf16 autocast product).
+enum UMode : int64_t { kUFloat = 0, kUBFloat16 = 1, kUBoth = 2 };
+
+// kAdd: inputs x, weight, bias, eps, u_mode, y -> outputs {h, u[, u_low]}; otherwise inputs x,
+// weight, bias, eps, u_mode -> outputs {u[, u_low]} (h is x). Autograd takes no undefined
+// tensors as inputs.
 template <bool kAdd>
 class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFunction<kAdd>> {
  public:
   template <typename... Y>
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                                 const torch::Tensor& weight, const torch::Tensor& bias, double eps,
-                                                int64_t u_dtype, const Y&... y) {
+                                                int64_t u_mode, const Y&... y) {
     static_assert(sizeof...(Y) == (kAdd ? 1 : 0));
     const int64_t D = x.size(-1), N = x.numel() / D;
     const auto h = kAdd ? torch::empty_like(x) : x;
-    auto u = torch::empty(x.sizes(), x.options().dtype(torch::ScalarType(u_dtype)));
+    auto u = torch::empty(x.sizes(), x.options().dtype(u_mode == kUBFloat16 ? torch::kBFloat16 : torch::kFloat32));
+    const auto u_low = u_mode == kUBoth ? torch::empty(x.sizes(), x.options().dtype(torch::kBFloat16)) : torch::Tensor();
+    uint16_t* lowp = u_low.defined() ? static_cast<uint16_t*>(u_low.data_ptr()) : nullptr;
     auto mean = torch::empty({N}, x.options()), rstd = torch::empty({N}, x.options());
     RowOf yrow;  // y's rows where there is a y
     bool y_bf16 = false;
@@ -122,12 +130,16 @@ class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFuncti
         float* out = u_bf16 ? row.data() : static_cast<float*>(up) + i * D;
         normalise_row(hp + i * D, gamma, beta, float(eps), D, out, mp[i], rp[i]);
         if (u_bf16) narrow_bits(out, static_cast<uint16_t*>(up) + i * D, D);
+        if (lowp) narrow_bits(out, lowp + i * D, D);
       }
     });
     ctx->save_for_backward({h, weight, mean, rstd});
     ctx->saved_data["y_bf16"] = y_bf16;
-    if (kAdd) return {h, u};
-    return {u};
+    torch::autograd::variable_list out;
+    if (kAdd) out.push_back(h);
+    out.push_back(u);
+    if (u_low.defined()) out.push_back(u_low);
+    return out;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -139,10 +151,16 @@ class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFuncti
     const auto &h = saved[0], &weight = saved[1], &mean = saved[2], &rstd = saved[3];
     const int64_t D = h.size(-1), N = h.numel() / D;
     const torch::Tensor dh = kAdd && grads[0].defined() ? grads[0].to(torch::kFloat32).contiguous() : torch::Tensor();
-    torch::Tensor du = grads[kAdd ? 1 : 0];
-    du = du.defined() ? du.contiguous() : torch::zeros(h.sizes(), h.options());
-    const bool du_bf16 = du.scalar_type() == torch::kBFloat16;
-    if (!du_bf16) du = du.to(torch::kFloat32);
+    // u's gradient: float32 or bfloat16 (u's dtype), plus the bfloat16 copy's where there is one;
+    // the row loop adds them.
+    const size_t first_u = kAdd ? 1 : 0;
+    torch::Tensor du = grads[first_u];
+    torch::Tensor du_low = grads.size() > first_u + 1 ? grads[first_u + 1] : torch::Tensor();
+    if (du_low.defined()) du_low = du_low.to(torch::kBFloat16).contiguous();
+    if (!du.defined() && !du_low.defined()) du = torch::zeros(h.sizes(), h.options());
+    if (du.defined()) du = du.contiguous();
+    const bool du_bf16 = du.defined() && du.scalar_type() == torch::kBFloat16;
+    if (du.defined() && !du_bf16) du = du.to(torch::kFloat32);
     const bool y_bf16 = ctx->saved_data["y_bf16"].toBool();
 
     auto dx = torch::empty_like(h);
@@ -153,17 +171,28 @@ class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFuncti
     const float *hp = h.data_ptr<float>(), *gamma = weight.data_ptr<float>();
     const float *mp = mean.data_ptr<float>(), *rp = rstd.data_ptr<float>();
     const float* dhp = dh.defined() ? dh.data_ptr<float>() : nullptr;
-    const void* dup = du.data_ptr();
+    const void* dup = du.defined() ? du.data_ptr() : nullptr;
+    const auto* dlowp = du_low.defined() ? static_cast<const c10::BFloat16*>(du_low.data_ptr()) : nullptr;
     float* dxp = dx.data_ptr<float>();
     uint16_t* dyp = dy_bf16.defined() ? static_cast<uint16_t*>(dy_bf16.data_ptr()) : nullptr;
     at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
-      std::vector<float> xhat(static_cast<size_t>(D)), du_row(static_cast<size_t>(du_bf16 ? D : 0));
+      std::vector<float> xhat(static_cast<size_t>(D)), du_row(static_cast<size_t>(D)), low_row;
       for (int64_t blk = first; blk < last; ++blk) {
         float* dgamma = partial.data() + blk * 2 * D;
         for (int64_t i = blk * kRowsPerBlock; i < std::min(N, (blk + 1) * kRowsPerBlock); ++i) {
-          const float* dui = static_cast<const float*>(dup) + i * D;
+          const float* dui = dup ? static_cast<const float*>(dup) + i * D : nullptr;
           if (du_bf16) {
             widen(static_cast<const c10::BFloat16*>(dup) + i * D, du_row.data(), D);
+            dui = du_row.data();
+          }
+          if (dlowp) {  // the bfloat16 copy's gradient, alone or added to u's
+            if (!dui) {
+              widen(dlowp + i * D, du_row.data(), D);
+            } else {
+              low_row.resize(size_t(D));
+              widen(dlowp + i * D, low_row.data(), D);
+              add_rows(dui, RowOf{low_row.data(), nullptr}, du_row.data(), D);
+            }
             dui = du_row.data();
           }
           backward_row(dui, hp + i * D, mp[i], rp[i], dhp ? dhp + i * D : nullptr, gamma, D, dxp + i * D, dgamma,
@@ -212,6 +241,23 @@ bool add_layer_norm_fused_takes(const torch::Tensor& x, const torch::Tensor& y, 
          bias.requires_grad();
 }
 
+namespace {
+
+// {h, u, u_low} through the fused path, u_low only for kUBoth.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> fused_add_layer_norm(const torch::Tensor& x,
+                                                                            const torch::Tensor& y,
+                                                                            const torch::nn::LayerNorm& norm,
+                                                                            UMode mode) {
+  const double eps = norm->options.eps();
+  const auto m = int64_t(mode);
+  const auto out = y.defined() ? AddLayerNormFunction<true>::apply(x, norm->weight, norm->bias, eps, m, y.contiguous())
+                               : AddLayerNormFunction<false>::apply(x, norm->weight, norm->bias, eps, m);
+  const size_t u = y.defined() ? 1 : 0;
+  return {y.defined() ? out[0] : x, out[u], mode == kUBoth ? out[u + 1] : torch::Tensor()};
+}
+
+}  // namespace
+
 std::pair<torch::Tensor, torch::Tensor> add_layer_norm(const torch::Tensor& x, const torch::Tensor& y,
                                                        const torch::nn::LayerNorm& norm, torch::ScalarType u_dtype) {
   if (!add_layer_norm_fused_takes(x, y, norm)) {
@@ -220,11 +266,18 @@ std::pair<torch::Tensor, torch::Tensor> add_layer_norm(const torch::Tensor& x, c
   }
   TORCH_CHECK(u_dtype == torch::kFloat32 || u_dtype == torch::kBFloat16,
               "add_layer_norm: u in float32 or bfloat16, not ", u_dtype);
-  const double eps = norm->options.eps();
-  const auto dtype = int64_t(u_dtype);
-  if (!y.defined()) return {x, AddLayerNormFunction<false>::apply(x, norm->weight, norm->bias, eps, dtype)[0]};
-  const auto out = AddLayerNormFunction<true>::apply(x, norm->weight, norm->bias, eps, dtype, y.contiguous());
-  return {out[0], out[1]};
+  const auto [h, u, unused] = fused_add_layer_norm(x, y, norm, u_dtype == torch::kBFloat16 ? kUBFloat16 : kUFloat);
+  return {h, u};
+}
+
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> add_layer_norm_with_copy(const torch::Tensor& x,
+                                                                                const torch::Tensor& y,
+                                                                                const torch::nn::LayerNorm& norm) {
+  if (!add_layer_norm_fused_takes(x, y, norm) || !cpu_autocast_bf16()) {
+    auto [h, u] = add_layer_norm(x, y, norm);
+    return {h, u, torch::Tensor()};
+  }
+  return fused_add_layer_norm(x, y, norm, kUBoth);
 }
 
 }  // namespace extrap

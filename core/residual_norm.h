@@ -24,6 +24,7 @@
 
 #include <torch/torch.h>
 
+#include <tuple>
 #include <utility>
 
 namespace extrap {
@@ -34,6 +35,16 @@ namespace extrap {
 std::pair<torch::Tensor, torch::Tensor> add_layer_norm(const torch::Tensor& x, const torch::Tensor& y,
                                                        const torch::nn::LayerNorm& norm,
                                                        torch::ScalarType u_dtype = torch::kFloat32);
+
+// {h, u, u_low}: add_layer_norm()'s h and float32 u, and under bf16 autocast on the fused path
+// u_low, u rounded to bfloat16 in the same pass (the cast autocast would make for a linear
+// layer reading u); undefined elsewhere. For a u read both by a bf16 product (u_low) and by
+// code that wants float32 (the attention's LayerNorm: position methods read its output). The
+// backward adds the two gradients in its row loop: no cast of u forward, none of its gradient
+// backward.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> add_layer_norm_with_copy(const torch::Tensor& x,
+                                                                                const torch::Tensor& y,
+                                                                                const torch::nn::LayerNorm& norm);
 
 // Whether add_layer_norm() takes these through the fused path now.
 bool add_layer_norm_fused_takes(const torch::Tensor& x, const torch::Tensor& y, const torch::nn::LayerNorm& norm);

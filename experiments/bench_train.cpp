@@ -93,7 +93,11 @@ int bench_train(const Args& args) {
   {
     // Which paths the step took (core/cpu_linear.h, core/fused_adamw.h): the A/B switches show here.
     const auto probe = torch::empty({1, 1}, torch::TensorOptions().device(device));
-    const bool onednn = t.precision == Precision::fp32 && onednn_linear_takes(probe, probe);
+    bool onednn = t.precision == Precision::fp32 && onednn_linear_takes(probe, probe), onednn_bf16 = false;
+    if (t.precision == Precision::bf16) {
+      ComputePrecision precision(t.precision, device.type());
+      onednn_bf16 = onednn_bf16_linear_takes(probe, probe);
+    }
     bool gelu_fused = false;
     if (config.model.activation == Activation::gelu) {
       ComputePrecision precision(t.precision, device.type());
@@ -106,7 +110,10 @@ int bench_train(const Args& args) {
     const bool norm_fused =
         add_layer_norm_fused_takes(torch::empty({1, 4}, probe.options()).requires_grad_(), {}, norm);
     std::printf("paths: linear layers through %s, GELU %s, residual adds %s, optimiser step %s\n",
-                onednn ? "oneDNN (float32)" : t.precision == Precision::bf16 ? "LibTorch (autocast bfloat16)" : "LibTorch",
+                onednn            ? "oneDNN (float32)"
+                : onednn_bf16     ? "oneDNN (bfloat16, autocast's casts)"
+                : t.precision == Precision::bf16 ? "LibTorch (autocast bfloat16)"
+                                                 : "LibTorch",
                 gelu_fused ? "backward folded into the next product" : "as LibTorch runs it",
                 norm_fused ? "fused with the LayerNorm after them" : "and LayerNorms as LibTorch runs them",
                 fused_adamw_takes(*optimizer) ? "fused (one pass a parameter)" : "LibTorch's clip_grad_norm_ and AdamW");

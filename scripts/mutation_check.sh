@@ -85,7 +85,7 @@ core/fused_cpu_loss.cpp | out[target[i]] -= g; | out[target[i]] -= 1.0f; | the f
 core/fused_cpu_loss.cpp | std::fill(out, out + V, 0.0f); | std::fill(out, out + V, 1e-3f); | rows the loss ignores (masked LM's unmasked tokens) still get a gradient
 core/bf16_gemm.cpp | if (odd_depth && p == pairs - 1) bv[v] | if (false && odd_depth && p == pairs - 1) bv[v] | an odd-depth product lets the next row of B (NaN, inf) into C
 core/allocator.cpp | mallopt(M_TRIM_THRESHOLD, int(AllocatorTuning::trim_threshold)) == 1; | true; | malloc keeps trimming the heap after each step (its pages fault in again)
-core/cpu_linear.cpp | if (kBias && ctx->needs_input_grad(2)) out[2] = g.sum(0); | if (kBias && ctx->needs_input_grad(2)) out[2] = g.mean(0); | the oneDNN linear's bias gradient averages over rows instead of summing
+core/cpu_linear.cpp | out[2] = linear_bias_gradient(g).to(torch::ScalarType(ctx->saved_data["bias_dtype"].toInt())); | out[2] = linear_bias_gradient(g).div(g.size(0)).to(torch::ScalarType(ctx->saved_data["bias_dtype"].toInt())); | the oneDNN linear's bias gradient averages over rows instead of summing
 core/cpu_linear.cpp | : onednn_product(x.t(), g.t(), {}).t().contiguous(); | : onednn_product(x.t(), g.t(), {}).contiguous().view({M, K}); | the oneDNN linear's weight gradient (computed transposed) reshaped instead of transposed
 core/fused_adamw.cpp | const float pi = p[i] * u.decay; | const float pi = p[i]; | the fused AdamW forgets the weight decay
 core/fused_adamw.cpp | const float g = grad[i] * u.scale; | const float g = grad[i]; | the fused AdamW ignores gradient clipping
@@ -98,6 +98,9 @@ core/residual_norm.cpp | std::sqrt(squares / float(D) + eps) | std::sqrt(squares
 core/qkv_heads.cpp | auto slot = packed.select(2, i).permute({0, 2, 1, 3}); | auto slot = packed.select(2, 2 - i).permute({0, 2, 1, 3}); | split_heads' copied gradients put q's where v's belongs
 core/qkv_heads.cpp | if (x->size(i) > 1 && x->stride(i) != strides[size_t(i)]) return false; | if (false) return false; | slices of a wider buffer taken for packed q, k, v
 core/fused_cpu_attention.cpp | dk = dqkv.select(2, 1).permute({0, 2, 1, 3}); | dk = dqkv.select(2, 2).permute({0, 2, 1, 3}); | the fused attention writes dK over dV in the packed gradient
+core/cpu_linear.cpp | for (int64_t i = blk * kSumRows; i < std::min(N, (blk + 1) * kSumRows); ++i) | for (int64_t i = blk * kSumRows; i < std::min(N, (blk + 1) * kSumRows) - 1; ++i) | the bfloat16 bias gradient skips the last row of each block
+core/residual_norm.cpp | if (lowp) narrow_bits(out, lowp + i * D, D); | if (lowp) narrow_bits(hp + i * D, lowp + i * D, D); | the LayerNorm's bfloat16 copy rounds h instead of u
+core/residual_norm.cpp | if (du_low.defined()) du_low = du_low.to(torch::kBFloat16).contiguous(); | if (du_low.defined()) du_low = torch::Tensor(); | the bfloat16 copy's gradient dropped
 EOF
 )
 

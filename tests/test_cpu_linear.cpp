@@ -1,4 +1,4 @@
-// Float32 linear layers through oneDNN (core/cpu_linear.h): the output and the three gradients
+// Linear layers through oneDNN (core/cpu_linear.h), float32 and under bf16 autocast: the output and the three gradients
 // against float64, for each layout the weight gradient chooses, with and without a bias; what
 // it leaves to torch::linear; and the switch's refusal of a bad value.
 #include <catch2/catch.hpp>
@@ -49,19 +49,107 @@ TEST_CASE("linear on float32 CPU tensors: output and gradients equal float64's t
   }
 }
 
-TEST_CASE("linear leaves autocast and float64 to LibTorch", "[linear]") {
+TEST_CASE("linear leaves float64, and bf16 autocast without fast bfloat16 products, to LibTorch", "[linear]") {
   torch::manual_seed(3);
   const auto x = torch::randn({64, 32}), w = torch::randn({16, 32}), b = torch::randn({16});
   REQUIRE_FALSE(onednn_linear_takes(x.to(torch::kFloat64), w.to(torch::kFloat64)));
+  REQUIRE_FALSE(onednn_bf16_linear_takes(x, w));  // no autocast
   REQUIRE(torch::equal(linear(x.to(torch::kFloat64), w.to(torch::kFloat64), b.to(torch::kFloat64)),
                        torch::linear(x.to(torch::kFloat64), w.to(torch::kFloat64), b.to(torch::kFloat64))));
   {
     ComputePrecision bf16(Precision::bf16, torch::kCPU);  // autocast, as bf16 training runs it
     REQUIRE_FALSE(onednn_linear_takes(x, w));
+    REQUIRE_FALSE(onednn_bf16_linear_takes(x.to(torch::kFloat64), w.to(torch::kFloat64)));
     const auto y = linear(x, w, b);
-    REQUIRE(y.scalar_type() == torch::kBFloat16);  // autocast's product, as torch::linear gives it
-    REQUIRE(torch::equal(y, torch::linear(x, w, b)));
+    REQUIRE(y.scalar_type() == torch::kBFloat16);  // autocast's dtype either way
+    if (cpu_has_fast_bf16()) {
+      REQUIRE(onednn_bf16_linear_takes(x, w));
+      CHECK(relative_error(y, torch::linear(x, w, b).to(torch::kFloat64)) < 1e-2);
+    } else {
+      REQUIRE_FALSE(onednn_bf16_linear_takes(x, w));
+      REQUIRE(torch::equal(y, torch::linear(x, w, b)));
+    }
   }
+}
+
+TEST_CASE("linear under bf16 autocast: bfloat16's accuracy, as LibTorch's autocast path has it", "[linear]") {
+  if (!cpu_has_fast_bf16()) {
+    skip_test("this CPU has no AVX512_BF16 or AMX: linear leaves bf16 autocast to LibTorch");
+    return;
+  }
+  torch::manual_seed(8);
+  // (rows, K, M): weight gradients with M < K, M > K and M == K, odd sizes; float32 inputs (cast
+  // as autocast casts them) and bfloat16 ones (an earlier product's output).
+  for (const auto& [rows, K, M] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {512, 128, 384}, {512, 512, 128}, {256, 64, 64}, {77, 33, 19}}) {
+    for (const bool with_bias : {true, false}) {
+      for (const auto input_dtype : {torch::kFloat32, torch::kBFloat16}) {
+        INFO("rows " << rows << ", K " << K << ", M " << M << (with_bias ? ", bias" : ", no bias")
+                     << (input_dtype == torch::kBFloat16 ? ", bfloat16 input" : ", float32 input"));
+        const auto input = torch::randn({rows, K}).to(input_dtype);
+        const auto w = torch::randn({M, K}).mul_(0.1).requires_grad_();
+        const auto b = with_bias ? torch::randn({M}).requires_grad_() : torch::Tensor();
+        const auto g = torch::randn({rows, M}).to(torch::kBFloat16);
+        std::vector<torch::Tensor> ours, libtorch;
+        for (const bool use_ours : {true, false}) {
+          ComputePrecision bf16(Precision::bf16, torch::kCPU);
+          const auto x = input.clone().requires_grad_();
+          w.mutable_grad() = torch::Tensor();
+          if (with_bias) b.mutable_grad() = torch::Tensor();
+          REQUIRE(onednn_bf16_linear_takes(x, w));
+          const auto y = use_ours ? linear(x, w, b) : torch::linear(x, w, b);
+          REQUIRE(y.scalar_type() == torch::kBFloat16);
+          y.backward(g);
+          REQUIRE(x.grad().scalar_type() == input_dtype);
+          REQUIRE(w.grad().scalar_type() == torch::kFloat32);
+          REQUIRE(w.grad().is_contiguous());
+          auto& results = use_ours ? ours : libtorch;
+          results = {y.detach(), x.grad(), w.grad()};
+          if (with_bias) results.push_back(b.grad());
+        }
+        // float64 on the bfloat16-rounded operands, as both paths see them.
+        const auto x64 = input.to(torch::kBFloat16).to(torch::kFloat64).requires_grad_();
+        const auto w64 = w.detach().to(torch::kBFloat16).to(torch::kFloat64).requires_grad_();
+        const auto b64 = with_bias ? b.detach().to(torch::kBFloat16).to(torch::kFloat64).requires_grad_() : torch::Tensor();
+        torch::linear(x64, w64, b64).backward(g.to(torch::kFloat64));
+        std::vector<torch::Tensor> exact = {torch::linear(x64, w64, b64).detach(), x64.grad(), w64.grad()};
+        if (with_bias) exact.push_back(b64.grad());
+        const char* names[] = {"output", "input gradient", "weight gradient", "bias gradient"};
+        for (size_t i = 0; i < exact.size(); ++i) {
+          INFO(names[i]);
+          const double our_error = relative_error(ours[i], exact[i]);
+          CHECK(our_error < 1.5e-2);
+          // No worse than LibTorch's own bfloat16 path, give or take a rounding.
+          CHECK(our_error < 2 * relative_error(libtorch[i], exact[i]) + 4e-3);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("linear_bias_gradient: a bfloat16 gradient's column sums in float32, the same for any thread count", "[linear]") {
+  torch::manual_seed(9);
+  for (const auto& [N, M] : std::vector<std::pair<int64_t, int64_t>>{{4096, 384}, {77, 19}, {1, 5}, {130, 128}}) {
+    INFO("N " << N << ", M " << M);
+    const auto g = (torch::randn({N, M}) + 3).to(torch::kBFloat16);  // an offset: sums far from 0
+    const auto expected = g.to(torch::kFloat64).sum(0);
+    const int threads = torch::get_num_threads();
+    std::vector<torch::Tensor> sums;
+    for (const int n : {1, 2, 3}) {
+      torch::set_num_threads(n);
+      sums.push_back(linear_bias_gradient(g));
+    }
+    torch::set_num_threads(threads);
+    REQUIRE(sums[0].scalar_type() == torch::kFloat32);
+    CHECK(relative_error(sums[0], expected) < 1e-6);  // float32 sums, not bfloat16's
+    CHECK(torch::equal(sums[0], sums[1]));
+    CHECK(torch::equal(sums[0], sums[2]));
+  }
+  // float32 and strided gradients: LibTorch's sum.
+  const auto f = torch::randn({64, 8});
+  CHECK(torch::equal(linear_bias_gradient(f), f.sum(0)));
+  const auto strided = torch::randn({8, 64}).to(torch::kBFloat16).t();
+  CHECK(torch::equal(linear_bias_gradient(strided), strided.sum(0)));
 }
 
 TEST_CASE("linear: evaluation (no_grad) gives training's numbers, a frozen weight gets no gradient, strided inputs", "[linear]") {
@@ -106,7 +194,7 @@ TEST_CASE("EXTRAP_ONEDNN_LINEAR: 0 trains float32 through MKL, 1 through oneDNN,
   TempDir d("onednn-switch");
   require_environment_switch(d, "EXTRAP_ONEDNN_LINEAR", one_step_bench(),
                              "off",
-                             "environment variable EXTRAP_ONEDNN_LINEAR=off: expected 0 (float32 linear layers "
-                             "through MKL, as LibTorch runs them) or 1 (through oneDNN, the default)",
+                             "environment variable EXTRAP_ONEDNN_LINEAR=off: expected 0 (linear layers as LibTorch "
+                             "runs them: MKL in float32, autocast in bfloat16) or 1 (through oneDNN, the default)",
                              "paths: linear layers through LibTorch,", "paths: linear layers through oneDNN (float32)");
 }

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include "core/model.h"
+#include "core/precision.h"
 #include "core/residual_norm.h"
 #include "tests/cli_harness.h"
 #include "tests/test_support.h"
@@ -96,6 +97,48 @@ TEST_CASE("add_layer_norm with a bfloat16 y and a bfloat16 u: y widened exactly,
   CHECK(relative_error(y.grad(), expected.dy) < 4e-3);
   CHECK(relative_error(norm->weight.grad(), expected.dw) < 1e-5);
   CHECK(relative_error(norm->bias.grad(), expected.db) < 1e-5);
+}
+
+TEST_CASE("add_layer_norm_with_copy: u in float32 and its bfloat16 rounding from one pass, their gradients added", "[layer_norm]") {
+  torch::manual_seed(25);
+  const auto x0 = torch::randn({2, 70, 128}), y0 = torch::randn({2, 70, 128}).to(torch::kBFloat16);
+  const auto gh = torch::randn({2, 70, 128}), gu = torch::randn({2, 70, 128}),
+             gl = torch::randn({2, 70, 128}).to(torch::kBFloat16);
+  {
+    auto norm = random_norm(128);
+    const auto [h, u, u_low] = add_layer_norm_with_copy(x0.clone().requires_grad_(), y0, norm);
+    REQUIRE_FALSE(u_low.defined());  // no autocast: no copy
+  }
+  // Which outputs the loss reads: both (the attention's LayerNorm under a method that reads its
+  // input), the copy only (the usual case), u only; with and without y.
+  for (const bool with_y : {true, false}) {
+    for (const int reads : {0, 1, 2}) {
+      INFO((with_y ? "with y, " : "no y, ") << (reads == 0 ? "u and the copy" : reads == 1 ? "the copy only" : "u only"));
+      auto norm = random_norm(128);
+      const auto x = x0.clone().requires_grad_();
+      const auto y = with_y ? y0.clone().requires_grad_() : torch::Tensor();
+      torch::Tensor h, u, u_low;
+      {
+        ComputePrecision bf16(Precision::bf16, torch::kCPU);
+        std::tie(h, u, u_low) = add_layer_norm_with_copy(x, y, norm);
+      }
+      REQUIRE(u.scalar_type() == torch::kFloat32);
+      REQUIRE(u_low.scalar_type() == torch::kBFloat16);
+      CHECK(torch::equal(u_low, u.detach().to(torch::kBFloat16)));  // the cast autocast would make
+      auto loss = (h * gh).sum();
+      if (reads != 1) loss = loss + (u * gu).sum();
+      if (reads != 2) loss = loss + (u_low.to(torch::kFloat32) * gl.to(torch::kFloat32)).sum();
+      loss.backward();
+      // float64: u's gradient is gu + gl (each where read).
+      const auto zero = torch::zeros_like(gu);
+      const auto expected = float64_case(x, y, norm, gh, (reads != 1 ? gu : zero) + (reads != 2 ? gl.to(torch::kFloat32) : zero));
+      CHECK(relative_error(u, expected.u) < 1e-5);
+      CHECK(relative_error(x.grad(), expected.dx) < 1e-5);
+      if (with_y) CHECK(relative_error(y.grad(), expected.dy) < 4e-3);
+      CHECK(relative_error(norm->weight.grad(), expected.dw) < 1e-5);
+      CHECK(relative_error(norm->bias.grad(), expected.db) < 1e-5);
+    }
+  }
 }
 
 TEST_CASE("add_layer_norm: the weight and bias gradients do not depend on the thread count", "[layer_norm]") {
