@@ -57,12 +57,11 @@ bool packed_heads(const torch::Tensor& q, const torch::Tensor& k, const torch::T
   if (q.scalar_type() != k.scalar_type() || q.scalar_type() != v.scalar_type()) return false;
   if (!q.has_storage() || !k.has_storage() || !v.has_storage()) return false;
   if (!k.storage().is_alias_of(q.storage()) || !v.storage().is_alias_of(q.storage())) return false;
-  const auto B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
+  const auto H = q.size(1), T = q.size(2), D = q.size(3);
   const std::vector<int64_t> strides{T * 3 * H * D, D, 3 * H * D, 1};
   for (const auto* x : {&q, &k, &v})
     for (int64_t i = 0; i < 4; ++i)
       if (x->size(i) > 1 && x->stride(i) != strides[size_t(i)]) return false;
-  (void)B;
   return k.storage_offset() == q.storage_offset() + H * D && v.storage_offset() == q.storage_offset() + 2 * H * D;
 }
 

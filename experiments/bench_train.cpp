@@ -92,15 +92,12 @@ int bench_train(const Args& args) {
                   ? " (no AVX512_BF16 or AMX here: bf16 products are emulated)" : "");
   {
     // Which paths the step took (core/cpu_linear.h, core/fused_adamw.h): the A/B switches show here.
+    // Asked inside the step's precision region, as the model asks.
+    ComputePrecision precision(t.precision, device.type());
     const auto probe = torch::empty({1, 1}, torch::TensorOptions().device(device));
-    bool onednn = t.precision == Precision::fp32 && onednn_linear_takes(probe, probe), onednn_bf16 = false;
-    if (t.precision == Precision::bf16) {
-      ComputePrecision precision(t.precision, device.type());
-      onednn_bf16 = onednn_bf16_linear_takes(probe, probe);
-    }
+    const bool onednn = onednn_linear_takes(probe, probe), onednn_bf16 = onednn_bf16_linear_takes(probe, probe);
     bool gelu_fused = false;
     if (config.model.activation == Activation::gelu) {
-      ComputePrecision precision(t.precision, device.type());
       const auto activations = torch::empty({1, 1}, probe.options().dtype(
           t.precision == Precision::bf16 ? torch::kBFloat16 : torch::kFloat32)).requires_grad_();
       gelu_fused = gelu_linear_fused_takes(activations, probe);

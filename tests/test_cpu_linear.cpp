@@ -16,6 +16,20 @@ double relative_error(const torch::Tensor& got, const torch::Tensor& expected) {
   return ((got.to(torch::kFloat64) - expected).abs().max() / expected.abs().max()).item<double>();
 }
 
+// x w^T + b and its gradients for the output gradient g, in float64 on the given values:
+// {y, dx, dw} and db where there is a b.
+std::vector<torch::Tensor> float64_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                                          const torch::Tensor& g) {
+  const auto x64 = x.detach().to(torch::kFloat64).requires_grad_();
+  const auto w64 = w.detach().to(torch::kFloat64).requires_grad_();
+  const auto b64 = b.defined() ? b.detach().to(torch::kFloat64).requires_grad_() : torch::Tensor();
+  const auto y64 = torch::linear(x64, w64, b64);
+  y64.backward(g.to(torch::kFloat64));
+  std::vector<torch::Tensor> out = {y64.detach(), x64.grad(), w64.grad()};
+  if (b.defined()) out.push_back(b64.grad());
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("linear on float32 CPU tensors: output and gradients equal float64's to float32 rounding", "[linear]") {
@@ -34,17 +48,13 @@ TEST_CASE("linear on float32 CPU tensors: output and gradients equal float64's t
       const auto y = linear(x, w, b);
       y.backward(g);
 
-      const auto x64 = x.detach().to(torch::kFloat64).requires_grad_();
-      const auto w64 = w.detach().to(torch::kFloat64).requires_grad_();
-      const auto b64 = with_bias ? b.detach().to(torch::kFloat64).requires_grad_() : torch::Tensor();
-      const auto y64 = torch::linear(x64, w64, b64);
-      y64.backward(g.to(torch::kFloat64));
-      REQUIRE(y.sizes() == y64.sizes());
-      CHECK(relative_error(y, y64) < 1e-5);
-      CHECK(relative_error(x.grad(), x64.grad()) < 1e-5);
-      CHECK(relative_error(w.grad(), w64.grad()) < 1e-5);
+      const auto exact = float64_linear(x, w, b, g);
+      REQUIRE(y.sizes() == exact[0].sizes());
+      CHECK(relative_error(y, exact[0]) < 1e-5);
+      CHECK(relative_error(x.grad(), exact[1]) < 1e-5);
+      CHECK(relative_error(w.grad(), exact[2]) < 1e-5);
       REQUIRE(w.grad().is_contiguous());
-      if (with_bias) CHECK(relative_error(b.grad(), b64.grad()) < 1e-5);
+      if (with_bias) CHECK(relative_error(b.grad(), exact[3]) < 1e-5);
     }
   }
 }
@@ -108,12 +118,8 @@ TEST_CASE("linear under bf16 autocast: bfloat16's accuracy, as LibTorch's autoca
           if (with_bias) results.push_back(b.grad());
         }
         // float64 on the bfloat16-rounded operands, as both paths see them.
-        const auto x64 = input.to(torch::kBFloat16).to(torch::kFloat64).requires_grad_();
-        const auto w64 = w.detach().to(torch::kBFloat16).to(torch::kFloat64).requires_grad_();
-        const auto b64 = with_bias ? b.detach().to(torch::kBFloat16).to(torch::kFloat64).requires_grad_() : torch::Tensor();
-        torch::linear(x64, w64, b64).backward(g.to(torch::kFloat64));
-        std::vector<torch::Tensor> exact = {torch::linear(x64, w64, b64).detach(), x64.grad(), w64.grad()};
-        if (with_bias) exact.push_back(b64.grad());
+        const auto rounded = [](const torch::Tensor& t) { return t.defined() ? t.to(torch::kBFloat16) : t; };
+        const auto exact = float64_linear(rounded(input), rounded(w), rounded(b), g);
         const char* names[] = {"output", "input gradient", "weight gradient", "bias gradient"};
         for (size_t i = 0; i < exact.size(); ++i) {
           INFO(names[i]);

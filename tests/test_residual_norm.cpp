@@ -46,6 +46,16 @@ Float64Case float64_case(const torch::Tensor& x, const torch::Tensor& y, const t
   return {h.detach(), u.detach(), x64.grad(), y.defined() ? y64.grad() : torch::Tensor(), w64.grad(), b64.grad()};
 }
 
+// The gradients of x, y (where there is one), the LayerNorm's weight and bias against float64's:
+// y's to dy_tolerance (a bfloat16 y's gradient is bfloat16), the others to float32 rounding.
+void check_gradients(const torch::Tensor& x, const torch::Tensor& y, const torch::nn::LayerNorm& norm,
+                     const Float64Case& expected, double dy_tolerance) {
+  CHECK(relative_error(x.grad(), expected.dx) < 1e-5);
+  if (y.defined()) CHECK(relative_error(y.grad(), expected.dy) < dy_tolerance);
+  CHECK(relative_error(norm->weight.grad(), expected.dw) < 1e-5);
+  CHECK(relative_error(norm->bias.grad(), expected.db) < 1e-5);
+}
+
 }  // namespace
 
 TEST_CASE("add_layer_norm in float32: h, u and every gradient equal float64's to float32 rounding", "[layer_norm]") {
@@ -69,10 +79,7 @@ TEST_CASE("add_layer_norm in float32: h, u and every gradient equal float64's to
         const auto expected = float64_case(x, y, norm, gh, gu);
         CHECK(relative_error(h, expected.h) < 1e-6);
         CHECK(relative_error(u, expected.u) < 1e-5);
-        CHECK(relative_error(x.grad(), expected.dx) < 1e-5);
-        if (with_y) CHECK(relative_error(y.grad(), expected.dy) < 1e-5);
-        CHECK(relative_error(norm->weight.grad(), expected.dw) < 1e-5);
-        CHECK(relative_error(norm->bias.grad(), expected.db) < 1e-5);
+        check_gradients(x, y, norm, expected, 1e-5);
       }
     }
   }
@@ -93,10 +100,7 @@ TEST_CASE("add_layer_norm with a bfloat16 y and a bfloat16 u: y widened exactly,
   // h is x + y in float32 exactly as LibTorch's mixed add; u is float32's LayerNorm rounded to bfloat16.
   CHECK(torch::equal(h, x.detach() + y.detach()));
   CHECK(relative_error(u, expected.u) < 4e-3);
-  CHECK(relative_error(x.grad(), expected.dx) < 1e-5);
-  CHECK(relative_error(y.grad(), expected.dy) < 4e-3);
-  CHECK(relative_error(norm->weight.grad(), expected.dw) < 1e-5);
-  CHECK(relative_error(norm->bias.grad(), expected.db) < 1e-5);
+  check_gradients(x, y, norm, expected, 4e-3);
 }
 
 TEST_CASE("add_layer_norm_with_copy: u in float32 and its bfloat16 rounding from one pass, their gradients added", "[layer_norm]") {
@@ -133,10 +137,7 @@ TEST_CASE("add_layer_norm_with_copy: u in float32 and its bfloat16 rounding from
       const auto zero = torch::zeros_like(gu);
       const auto expected = float64_case(x, y, norm, gh, (reads != 1 ? gu : zero) + (reads != 2 ? gl.to(torch::kFloat32) : zero));
       CHECK(relative_error(u, expected.u) < 1e-5);
-      CHECK(relative_error(x.grad(), expected.dx) < 1e-5);
-      if (with_y) CHECK(relative_error(y.grad(), expected.dy) < 4e-3);
-      CHECK(relative_error(norm->weight.grad(), expected.dw) < 1e-5);
-      CHECK(relative_error(norm->bias.grad(), expected.db) < 1e-5);
+      check_gradients(x, y, norm, expected, 4e-3);
     }
   }
 }
