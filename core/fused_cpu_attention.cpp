@@ -7,6 +7,7 @@
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -110,8 +111,7 @@ struct Destination {
   }
   // Rows [t0, t0 + m) of (b, h) of a bfloat16 output from float32 rows (m x D).
   void store_rows(int64_t b, int64_t h, int64_t t0, int64_t m, const float* rows) const {
-    auto* y = static_cast<c10::BFloat16*>(data) + offset(b, h);
-    for (int64_t t = 0; t < m; ++t) narrow(rows + t * D, y + (t0 + t) * st, D);
+    narrow_rows(rows, m, D, static_cast<c10::BFloat16*>(data) + offset(b, h) + t0 * st, st);
   }
   // All rows of (b, h) of a bfloat16 output from its transpose (D x T, float32).
   void store_transposed(int64_t b, int64_t h, const float* transposed) const {
@@ -128,39 +128,61 @@ struct RowBias {
   bool left_open, right_open;  // whether the row sees those keys at all
 };
 
+// The softmax's row loops run over whole groups of kLanes floats (one AVX-512 vector), so that
+// they compile to full vectors with no scalar remainder, and stop at the group of the row's last
+// visible key: a causal row i costs about i + 1 entries, not n. Score buffers have rows of
+// padded_keys(n) floats, so a row's last group is inside the buffer. Measured on
+// configs/train_quick.yaml bf16 (T = 64): see benchmarks/RESULTS.md, part 6.
+constexpr int64_t kLanes = 16;
+int64_t padded_keys(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
+
+// The end of row i's work: its last visible key's group, rounded up to whole groups.
+int64_t row_end(int64_t i, int64_t n, RowBias rb) { return padded_keys(rb.right_open ? n : i + 1); }
+
+// row[j] <- score + bias for the keys row i sees, -inf for the rest, j < end (keys past n are
+// padding, unseen); returns the row's maximum. Written with selects on float comparisons only,
+// so that GCC vectorises it: with d = j - i, the bias is (-left) d left of the diagonal and
+// right d right of it (the same products as left (i - j) and right (j - i)), and an unseen key
+// gets a wall of -inf added instead.
 EXTRAP_ISA_CLONES
-float bias_and_max(float* row, int64_t i, int64_t n, RowBias rb) {
-  float max = row[i];
-  if (rb.left_open) {
-#pragma omp simd reduction(max : max)
-    for (int64_t j = 0; j < i; ++j) {
-      row[j] += rb.left * float(i - j);
-      max = row[j] > max ? row[j] : max;
+float bias_and_max(float* row, int64_t i, int64_t n, int64_t end, RowBias rb) {
+  const float left = rb.left_open ? -rb.left : 0.0f, right = rb.right_open ? rb.right : 0.0f;
+  const float left_wall = rb.left_open ? 0.0f : -kInf, right_wall = rb.right_open ? 0.0f : -kInf;
+  const float past_keys = float(n - i);  // d at the first padding key
+  float max[kLanes];  // lane by lane across the groups, so that no group ends in a horizontal step
+  std::fill(max, max + kLanes, -kInf);
+  for (int64_t j0 = 0; j0 < end; j0 += kLanes) {
+    float* group = row + j0;
+    const float d0 = float(j0 - i);
+#pragma omp simd
+    for (int64_t l = 0; l < kLanes; ++l) {
+      const float d = d0 + float(l);
+      const float wall = d < 0.0f ? left_wall : d == 0.0f ? 0.0f : d < past_keys ? right_wall : -kInf;
+      const float s = group[l] + (d < 0.0f ? left : right) * d + wall;
+      group[l] = s;
+      max[l] = s > max[l] ? s : max[l];
     }
   }
-  if (rb.right_open) {
-#pragma omp simd reduction(max : max)
-    for (int64_t j = i + 1; j < n; ++j) {
-      row[j] += rb.right * float(j - i);
-      max = row[j] > max ? row[j] : max;
-    }
-  }
-  return max;
+  return *std::max_element(max, max + kLanes);
 }
 
-// row <- exp(row - shift) where the row sees the key, 0 where masked; returns the sum.
+// row[j] <- exp(row[j] - shift) for j < end (0 where bias_and_max masked it), 0 for
+// end <= j < n; returns the sum.
 EXTRAP_ISA_CLONES
-float exp_row(float* row, int64_t i, int64_t n, RowBias rb, float shift) {
-  float sum = 0;
-  const int64_t first = rb.left_open ? 0 : i, last = rb.right_open ? n : i + 1;
-  for (int64_t j = 0; j < first; ++j) row[j] = 0;
-  for (int64_t j = last; j < n; ++j) row[j] = 0;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t j = first; j < last; ++j) {
-    row[j] = exp_float(row[j] - shift);
-    sum += row[j];
+float exp_row(float* row, int64_t n, int64_t end, float shift) {
+  float sum[kLanes] = {};  // lane by lane across the groups, as bias_and_max's maximum
+  for (int64_t j0 = 0; j0 < end; j0 += kLanes) {
+    float* group = row + j0;
+#pragma omp simd
+    for (int64_t l = 0; l < kLanes; ++l) {
+      group[l] = exp_float(group[l] - shift);
+      sum[l] += group[l];
+    }
   }
-  return sum;
+  for (int64_t j = end; j < n; ++j) row[j] = 0;
+  float total = 0;
+  for (int64_t l = 0; l < kLanes; ++l) total += sum[l];
+  return total;
 }
 
 EXTRAP_ISA_CLONES
@@ -184,11 +206,12 @@ float dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
-// dS = P (dP - rowsum(P dP)) for m rows of n keys, in place in dP. rowsum(P dP) is the
-// softmax backward's shift rowsum(dO o O) (O = P V, dP = dO V^T), so O is not needed.
-void softmax_backward_block(float* dp, const float* prob, int64_t m, int64_t n) {
+// dS = P (dP - rowsum(P dP)) for m rows of n keys (rows `stride` apart), in place in dP.
+// rowsum(P dP) is the softmax backward's shift rowsum(dO o O) (O = P V, dP = dO V^T), so O is
+// not needed.
+void softmax_backward_block(float* dp, const float* prob, int64_t m, int64_t n, int64_t stride) {
   for (int64_t r = 0; r < m; ++r)
-    softmax_backward_row(dp + r * n, prob + r * n, n, dot(prob + r * n, dp + r * n, n));
+    softmax_backward_row(dp + r * stride, prob + r * stride, n, dot(prob + r * stride, dp + r * stride, n));
 }
 
 RowBias row_bias(const Problem& p, int64_t h) {
@@ -196,33 +219,37 @@ RowBias row_bias(const Problem& p, int64_t h) {
   return {hb.left, hb.right, hb.left != -kInf, !p.causal && hb.right != -kInf};
 }
 
-// Adds the bias and masks to row i of the scores (keys 0..n-1), then turns it into softmax
-// probabilities in place; returns the row's log-sum-exp.
+// Adds the bias and masks to row i of the scores (keys 0..n-1, padded_keys(n) floats), then
+// turns it into softmax probabilities in place; returns the row's log-sum-exp.
 float softmax_row(float* row, int64_t i, int64_t n, const Problem& p, int64_t h) {
   const RowBias rb = row_bias(p, h);
-  const float max = bias_and_max(row, i, n, rb);
-  const float sum = exp_row(row, i, n, rb, max);
-  scale_row(row, n, 1.0f / sum);
+  const int64_t end = row_end(i, n, rb);
+  const float max = bias_and_max(row, i, n, end, rb);
+  const float sum = exp_row(row, n, end, max);
+  scale_row(row, std::min(end, n), 1.0f / sum);
   return max + std::log(sum);
 }
 
 // Recomputes row i's probabilities from its scores and log-sum-exp (backward).
 void probabilities_row(float* row, int64_t i, int64_t n, const Problem& p, int64_t h, float lse) {
   const RowBias rb = row_bias(p, h);
-  bias_and_max(row, i, n, rb);
-  exp_row(row, i, n, rb, lse);
+  const int64_t end = row_end(i, n, rb);
+  bias_and_max(row, i, n, end, rb);
+  exp_row(row, n, end, lse);
 }
 
-// softmax_row for the m rows (queries i0, i0 + 1, ...) of a block's scores, n keys each;
-// their log-sum-exps into lse[i0 ...].
+// softmax_row for the m rows (queries i0, i0 + 1, ...) of a block's scores, n keys each, rows
+// padded_keys(n) apart; their log-sum-exps into lse[i0 ...].
 void softmax_block(float* scores, int64_t i0, int64_t m, int64_t n, const Problem& p, int64_t h, float* lse) {
-  for (int64_t r = 0; r < m; ++r) lse[i0 + r] = softmax_row(scores + r * n, i0 + r, n, p, h);
+  const int64_t stride = padded_keys(n);
+  for (int64_t r = 0; r < m; ++r) lse[i0 + r] = softmax_row(scores + r * stride, i0 + r, n, p, h);
 }
 
 // probabilities_row for the m rows of a block, from their saved log-sum-exps.
 void probabilities_block(float* scores, int64_t i0, int64_t m, int64_t n, const Problem& p, int64_t h,
                          const float* lse) {
-  for (int64_t r = 0; r < m; ++r) probabilities_row(scores + r * n, i0 + r, n, p, h, lse[i0 + r]);
+  const int64_t stride = padded_keys(n);
+  for (int64_t r = 0; r < m; ++r) probabilities_row(scores + r * stride, i0 + r, n, p, h, lse[i0 + r]);
 }
 
 // Keys that block [i0, i0 + m) attends to: [0, n).
@@ -232,18 +259,18 @@ void forward_kernel(const Problem& p, const Operand& q, const Operand& k, const 
                     const Destination& out, float* lse) {
   const int64_t T = p.length, D = p.dim, H = p.heads;
   at::parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(size_t(std::min(kQueryBlock, T) * T)), qbuf, kbuf, vbuf, obuf;
+    std::vector<float> scores(size_t(std::min(kQueryBlock, T) * padded_keys(T))), qbuf, kbuf, vbuf, obuf;
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, h = bh % H;
       const Rows qr = q.rows(b, h, T, D, qbuf), kr = k.rows(b, h, T, D, kbuf), vr = v.rows(b, h, T, D, vbuf);
       const Rows o = out.rows(b, h, obuf);
       float* lb = lse + bh * T;
       for (int64_t i0 = 0; i0 < T; i0 += kQueryBlock) {
-        const int64_t m = std::min(kQueryBlock, T - i0), n = visible_keys(p, i0, m);
+        const int64_t m = std::min(kQueryBlock, T - i0), n = visible_keys(p, i0, m), ns = padded_keys(n);
         gemm(false, true, m, n, D, p.scale, qr.data + i0 * qr.stride, qr.stride, kr.data, kr.stride, 0.0f,
-             scores.data(), n);
+             scores.data(), ns);
         softmax_block(scores.data(), i0, m, n, p, h, lb);
-        gemm(false, false, m, D, n, 1.0f, scores.data(), n, vr.data, vr.stride, 0.0f, o.data + i0 * o.stride,
+        gemm(false, false, m, D, n, 1.0f, scores.data(), ns, vr.data, vr.stride, 0.0f, o.data + i0 * o.stride,
              o.stride);
       }
       out.store(b, h, obuf);
@@ -256,7 +283,7 @@ void backward_kernel(const Problem& p, const Operand& q, const Operand& k, const
   const int64_t T = p.length, D = p.dim, H = p.heads;
   at::parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
     const int64_t block = std::min(kQueryBlock, T);
-    std::vector<float> probs(size_t(block * T)), dscores(size_t(block * T));
+    std::vector<float> probs(size_t(block * padded_keys(T))), dscores(size_t(block * padded_keys(T)));
     std::vector<float> qbuf, kbuf, vbuf, gbuf, dqbuf, dkbuf, dvbuf;
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, h = bh % H;
@@ -269,16 +296,16 @@ void backward_kernel(const Problem& p, const Operand& q, const Operand& k, const
         std::fill(dvr.data + t * dvr.stride, dvr.data + t * dvr.stride + D, 0.0f);
       }
       for (int64_t i0 = 0; i0 < T; i0 += kQueryBlock) {
-        const int64_t m = std::min(kQueryBlock, T - i0), n = visible_keys(p, i0, m);
+        const int64_t m = std::min(kQueryBlock, T - i0), n = visible_keys(p, i0, m), ns = padded_keys(n);
         const float *qi = qr.data + i0 * qr.stride, *gi = go.data + i0 * go.stride;
-        gemm(false, true, m, n, D, p.scale, qi, qr.stride, kr.data, kr.stride, 0.0f, probs.data(), n);
+        gemm(false, true, m, n, D, p.scale, qi, qr.stride, kr.data, kr.stride, 0.0f, probs.data(), ns);
         probabilities_block(probs.data(), i0, m, n, p, h, lb);
-        gemm(true, false, n, D, m, 1.0f, probs.data(), n, gi, go.stride, 1.0f, dvr.data, dvr.stride);  // dV += P^T dO
-        gemm(false, true, m, n, D, 1.0f, gi, go.stride, vr.data, vr.stride, 0.0f, dscores.data(), n);  // dP = dO V^T
-        softmax_backward_block(dscores.data(), probs.data(), m, n);  // dS
-        gemm(false, false, m, D, n, p.scale, dscores.data(), n, kr.data, kr.stride, 0.0f,
+        gemm(true, false, n, D, m, 1.0f, probs.data(), ns, gi, go.stride, 1.0f, dvr.data, dvr.stride);  // dV += P^T dO
+        gemm(false, true, m, n, D, 1.0f, gi, go.stride, vr.data, vr.stride, 0.0f, dscores.data(), ns);  // dP = dO V^T
+        softmax_backward_block(dscores.data(), probs.data(), m, n, ns);  // dS
+        gemm(false, false, m, D, n, p.scale, dscores.data(), ns, kr.data, kr.stride, 0.0f,
              dqr.data + i0 * dqr.stride, dqr.stride);  // dQ
-        gemm(true, false, n, D, m, p.scale, dscores.data(), n, qi, qr.stride, 1.0f, dkr.data, dkr.stride);  // dK +=
+        gemm(true, false, n, D, m, p.scale, dscores.data(), ns, qi, qr.stride, 1.0f, dkr.data, dkr.stride);  // dK +=
       }
       dq.store(b, h, dqbuf);
       dk.store(b, h, dkbuf);
@@ -298,7 +325,7 @@ void forward_kernel_bf16(const Problem& p, const Operand& q, const Operand& k, c
   const int64_t T = p.length, D = p.dim, H = p.heads;
   at::parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
     const int64_t block = std::min(kQueryBlock, T);
-    std::vector<float> scores(size_t(block * T)), obuf(size_t(block * D));
+    std::vector<float> scores(size_t(block * padded_keys(T))), obuf(size_t(block * D));
     PackedA qa, pa;
     PackedB kt, vb;
     for (int64_t bh = begin; bh < end; ++bh) {
@@ -308,11 +335,11 @@ void forward_kernel_bf16(const Problem& p, const Operand& q, const Operand& k, c
       pack_b(vsrc, v.st, false, T, D, vb);  // B(t, d) = v[t][d]
       float* lb = lse + bh * T;
       for (int64_t i0 = 0; i0 < T; i0 += kQueryBlock) {
-        const int64_t m = std::min(kQueryBlock, T - i0), n = visible_keys(p, i0, m);
+        const int64_t m = std::min(kQueryBlock, T - i0), n = visible_keys(p, i0, m), ns = padded_keys(n);
         pack_a(qb + i0 * q.st, q.st, false, m, D, qa);
-        multiply(qa, kt, m, n, p.scale, scores.data(), n, false);
+        multiply(qa, kt, m, n, p.scale, scores.data(), ns, false);
         softmax_block(scores.data(), i0, m, n, p, h, lb);
-        pack_a(scores.data(), n, false, m, n, pa);
+        pack_a(scores.data(), ns, false, m, n, pa);
         multiply(pa, vb, m, D, 1.0f, obuf.data(), D, false);
         out.store_rows(b, h, i0, m, obuf.data());
       }
@@ -326,7 +353,7 @@ void backward_kernel_bf16(const Problem& p, const Operand& q, const Operand& k, 
   const int64_t T = p.length, D = p.dim, H = p.heads;
   at::parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
     const int64_t block = std::min(kQueryBlock, T);
-    std::vector<float> probs(size_t(block * T)), dscores(size_t(block * T)), dqbuf(size_t(block * D));
+    std::vector<float> probs(size_t(block * padded_keys(T))), dscores(size_t(block * padded_keys(T))), dqbuf(size_t(block * D));
     std::vector<float> dkt(size_t(D * T)), dvt(size_t(D * T));
     PackedA qa, ga, qt, gt, sa;
     PackedB kt, vt, kb, pb, sb;
@@ -340,21 +367,21 @@ void backward_kernel_bf16(const Problem& p, const Operand& q, const Operand& k, 
       std::fill(dvt.begin(), dvt.end(), 0.0f);
       const float* lb = lse + bh * T;
       for (int64_t i0 = 0; i0 < T; i0 += kQueryBlock) {
-        const int64_t m = std::min(kQueryBlock, T - i0), n = visible_keys(p, i0, m);
+        const int64_t m = std::min(kQueryBlock, T - i0), n = visible_keys(p, i0, m), ns = padded_keys(n);
         const auto *qi = qsrc + i0 * q.st, *gi = gsrc + i0 * dout.st;
         pack_a(qi, q.st, false, m, D, qa);
-        multiply(qa, kt, m, n, p.scale, probs.data(), n, false);
+        multiply(qa, kt, m, n, p.scale, probs.data(), ns, false);
         probabilities_block(probs.data(), i0, m, n, p, h, lb);
         pack_a(gi, dout.st, false, m, D, ga);
-        multiply(ga, vt, m, n, 1.0f, dscores.data(), n, false);  // dP = dO v^T
-        softmax_backward_block(dscores.data(), probs.data(), m, n);  // dS
+        multiply(ga, vt, m, n, 1.0f, dscores.data(), ns, false);  // dP = dO v^T
+        softmax_backward_block(dscores.data(), probs.data(), m, n, ns);  // dS
         pack_a(gi, dout.st, true, D, m, gt);  // dO^T
-        pack_b(probs.data(), n, false, m, n, pb);
+        pack_b(probs.data(), ns, false, m, n, pb);
         multiply(gt, pb, D, n, 1.0f, dvt.data(), T, true);  // dV^T += dO^T P
         pack_a(qi, q.st, true, D, m, qt);  // q^T
-        pack_b(dscores.data(), n, false, m, n, sb);
+        pack_b(dscores.data(), ns, false, m, n, sb);
         multiply(qt, sb, D, n, p.scale, dkt.data(), T, true);  // dK^T += q^T dS / sqrt(d)
-        pack_a(dscores.data(), n, false, m, n, sa);
+        pack_a(dscores.data(), ns, false, m, n, sa);
         multiply(sa, kb, m, D, p.scale, dqbuf.data(), D, false);  // dQ = dS k / sqrt(d)
         dq.store_rows(b, h, i0, m, dqbuf.data());
       }

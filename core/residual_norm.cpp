@@ -34,14 +34,6 @@ void add_rows(const float* x, RowOf y, float* h, int64_t n) {
   }
 }
 
-// cpu_vector_math.h's narrow() rounds the same way with c10::BFloat16's scalar conversion, which
-// the attention kernel inlines on 32-value rows; here rows are whole d_model, and this vectorises.
-EXTRAP_ISA_CLONES
-void narrow_bits(const float* from, uint16_t* to, int64_t n) {
-#pragma omp simd
-  for (int64_t j = 0; j < n; ++j) to[j] = to_bf16_bits(from[j]);
-}
-
 // Row h (D values) -> its mean and 1 / sqrt(variance + eps), and u = (h - mean) rstd gamma + beta.
 EXTRAP_ISA_CLONES
 void normalise_row(const float* h, const float* gamma, const float* beta, float eps, int64_t D, float* u,
@@ -105,7 +97,7 @@ class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFuncti
     const auto h = kAdd ? torch::empty_like(x) : x;
     auto u = torch::empty(x.sizes(), x.options().dtype(u_mode == kUBFloat16 ? torch::kBFloat16 : torch::kFloat32));
     const auto u_low = u_mode == kUBoth ? torch::empty(x.sizes(), x.options().dtype(torch::kBFloat16)) : torch::Tensor();
-    uint16_t* lowp = u_low.defined() ? static_cast<uint16_t*>(u_low.data_ptr()) : nullptr;
+    auto* lowp = u_low.defined() ? static_cast<c10::BFloat16*>(u_low.data_ptr()) : nullptr;
     auto mean = torch::empty({N}, x.options()), rstd = torch::empty({N}, x.options());
     RowOf yrow;  // y's rows where there is a y
     bool y_bf16 = false;
@@ -129,8 +121,8 @@ class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFuncti
         }
         float* out = u_bf16 ? row.data() : static_cast<float*>(up) + i * D;
         normalise_row(hp + i * D, gamma, beta, float(eps), D, out, mp[i], rp[i]);
-        if (u_bf16) narrow_bits(out, static_cast<uint16_t*>(up) + i * D, D);
-        if (lowp) narrow_bits(out, lowp + i * D, D);
+        if (u_bf16) narrow(out, static_cast<c10::BFloat16*>(up) + i * D, D);
+        if (lowp) narrow(out, lowp + i * D, D);
       }
     });
     ctx->save_for_backward({h, weight, mean, rstd});
@@ -174,7 +166,7 @@ class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFuncti
     const void* dup = du.defined() ? du.data_ptr() : nullptr;
     const auto* dlowp = du_low.defined() ? static_cast<const c10::BFloat16*>(du_low.data_ptr()) : nullptr;
     float* dxp = dx.data_ptr<float>();
-    uint16_t* dyp = dy_bf16.defined() ? static_cast<uint16_t*>(dy_bf16.data_ptr()) : nullptr;
+    auto* dyp = dy_bf16.defined() ? static_cast<c10::BFloat16*>(dy_bf16.data_ptr()) : nullptr;
     at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
       std::vector<float> xhat(static_cast<size_t>(D)), du_row(static_cast<size_t>(D)), low_row;
       for (int64_t blk = first; blk < last; ++blk) {
@@ -197,7 +189,7 @@ class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFuncti
           }
           backward_row(dui, hp + i * D, mp[i], rp[i], dhp ? dhp + i * D : nullptr, gamma, D, dxp + i * D, dgamma,
                        dgamma + D, xhat.data());
-          if (dyp) narrow_bits(dxp + i * D, dyp + i * D, D);
+          if (dyp) narrow(dxp + i * D, dyp + i * D, D);
         }
       }
     });

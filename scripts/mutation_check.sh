@@ -80,7 +80,7 @@ core/fused_cpu_attention.cpp | return {hb.left, hb.right, hb.left != -kInf, !p.c
 core/bf16_gemm.cpp | const __mmask16 mask = width >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << width) - 1); | const __mmask16 mask = __mmask16(0xFFFF); | the bf16 products write past the last column of C
 core/bf16_gemm.cpp | {0,  16, 1,  17, 2,  18, | {16, 0,  1,  17, 2,  18, | packing a float32 B swaps the first column's pair of rows
 core/fused_cpu_attention.cpp | multiply(gt, pb, D, n, 1.0f, dvt.data(), T, true);  // dV^T += dO^T P | multiply(gt, pb, D, n, 1.0f, dvt.data(), T, false);  // dV^T += dO^T P | the bf16 attention keeps only the last query block's value gradients
-core/fused_cpu_attention.cpp | softmax_backward_row(dp + r * n, prob + r * n, n, dot(prob + r * n, dp + r * n, n)); | softmax_backward_row(dp + r * n, prob + r * n, n, dot(prob + r * n, prob + r * n, n)); | the fused CPU attention's softmax backward shifts by rowsum(P P), not rowsum(P dP)
+core/fused_cpu_attention.cpp | softmax_backward_row(dp + r * stride, prob + r * stride, n, dot(prob + r * stride, dp + r * stride, n)); | softmax_backward_row(dp + r * stride, prob + r * stride, n, dot(prob + r * stride, prob + r * stride, n)); | the fused CPU attention's softmax backward shifts by rowsum(P P), not rowsum(P dP)
 core/fused_cpu_loss.cpp | out[target[i]] -= g; | out[target[i]] -= 1.0f; | the fused loss's gradient at the target ignores the incoming scale (1 / tokens scored)
 core/fused_cpu_loss.cpp | std::fill(out, out + V, 0.0f); | std::fill(out, out + V, 1e-3f); | rows the loss ignores (masked LM's unmasked tokens) still get a gradient
 core/bf16_gemm.cpp | if (odd_depth && p == pairs - 1) bv[v] | if (false && odd_depth && p == pairs - 1) bv[v] | an odd-depth product lets the next row of B (NaN, inf) into C
@@ -99,8 +99,13 @@ core/qkv_heads.cpp | auto slot = packed.select(2, i).permute({0, 2, 1, 3}); | au
 core/qkv_heads.cpp | if (x->size(i) > 1 && x->stride(i) != strides[size_t(i)]) return false; | if (false) return false; | slices of a wider buffer taken for packed q, k, v
 core/fused_cpu_attention.cpp | dk = dqkv.select(2, 1).permute({0, 2, 1, 3}); | dk = dqkv.select(2, 2).permute({0, 2, 1, 3}); | the fused attention writes dK over dV in the packed gradient
 core/cpu_linear.cpp | for (int64_t i = blk * kSumRows; i < std::min(N, (blk + 1) * kSumRows); ++i) | for (int64_t i = blk * kSumRows; i < std::min(N, (blk + 1) * kSumRows) - 1; ++i) | the bfloat16 bias gradient skips the last row of each block
-core/residual_norm.cpp | if (lowp) narrow_bits(out, lowp + i * D, D); | if (lowp) narrow_bits(hp + i * D, lowp + i * D, D); | the LayerNorm's bfloat16 copy rounds h instead of u
+core/residual_norm.cpp | if (lowp) narrow(out, lowp + i * D, D); | if (lowp) narrow(hp + i * D, lowp + i * D, D); | the LayerNorm's bfloat16 copy rounds h instead of u
 core/residual_norm.cpp | if (du_low.defined()) du_low = du_low.to(torch::kBFloat16).contiguous(); | if (du_low.defined()) du_low = torch::Tensor(); | the bfloat16 copy's gradient dropped
+core/fused_cpu_attention.cpp | d < past_keys ? right_wall : -kInf; | right_wall; | the fused CPU attention's softmax counts a row's padding past the last key
+core/fused_cpu_attention.cpp | const float left_wall = rb.left_open ? 0.0f : -kInf | const float left_wall = 0.0f | the fused CPU attention lets a head that may not look left see the keys left of it
+core/fused_cpu_attention.cpp | for (int64_t l = 0; l < kLanes; ++l) total += sum[l]; | for (int64_t l = 1; l < kLanes; ++l) total += sum[l]; | the softmax's sum drops one lane of every group
+core/bf16_gemm.cpp | std::memcpy(row + 2 * j, bits(src + j * ld + k), 2 * sizeof(uint16_t)); | std::memcpy(row + 2 * j, bits(src + j * ld + k), sizeof(uint16_t)); | packing a transposed bfloat16 B drops the second row of each pair
+core/cpu_vector_math.h | auto* bits = reinterpret_cast<uint16_t*>(to + r * to_stride); | auto* bits = reinterpret_cast<uint16_t*>(to + r * n); | narrow_rows() writes its rows at their own width, not the destination's stride
 EOF
 )
 

@@ -2,8 +2,10 @@
 // of the same bfloat16 values: packing from float32 (rounded to nearest even, as LibTorch's
 // casts) and from bfloat16, either way round; sizes that fill, split and overrun the 8 x 32
 // tiles and the 16-column packing; odd depths; prefixes of a packed operand; alpha and
-// accumulation.
+// accumulation. The kernels' bfloat16 stores (cpu_vector_math.h's narrow() and narrow_rows())
+// bit for bit against LibTorch's cast, subnormals, ties and infinities included (NaN stays NaN).
 #include "core/bf16_gemm.h"
+#include "core/cpu_vector_math.h"
 #include "tests/cli_harness.h"
 #include "tests/test_support.h"
 
@@ -140,4 +142,53 @@ TEST_CASE("EXTRAP_BF16_ATTENTION_KERNEL: 0 switches the bf16 products off, 1 on,
   testing::TempDir d("bf16-switch");
   testing::require_environment_switch(d, "EXTRAP_BF16_ATTENTION_KERNEL", testing::one_step_bench({"--set", "train.precision=bf16"}),
                                       "off", "EXTRAP_BF16_ATTENTION_KERNEL=off: expected 0");
+}
+
+namespace {
+
+// float32 values that exercise the rounding: random magnitudes from subnormal to huge, ties
+// to even (x.5 ulp of bfloat16 with even and odd last bits), values that round up to infinity,
+// both infinities and NaN.
+torch::Tensor awkward_floats(int64_t count) {
+  auto x = torch::randn({count}) * torch::pow(10.0, torch::randint(-44, 38, {count}).to(torch::kFloat32));
+  const float specials[] = {0.0f, -0.0f, 1.0f + 1.0f / 256, 1.0f + 3.0f / 256, 1e-40f, -3e-39f,
+                            std::numeric_limits<float>::denorm_min(), 3.4e38f, -3.4e38f,
+                            std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN()};
+  for (size_t i = 0; i < std::size(specials) && int64_t(i) < count; ++i) x[int64_t(i) * 3 % count] = specials[i];
+  return x;
+}
+
+// got (bfloat16) is x (float32) cast by LibTorch, bit for bit, except that a NaN need only stay
+// a NaN: LibTorch's own casts differ there (c10::BFloat16 gives 0x7fc0, its vectorised cast 0xffff).
+bool same_as_cast(const torch::Tensor& got, const torch::Tensor& x) {
+  const auto expected = x.to(torch::kBFloat16), nan = x.isnan();
+  const auto differ = (got.view(torch::kInt16) != expected.view(torch::kInt16)) & ~nan;
+  UNSCOPED_INFO("bits differ at " << differ.nonzero().numel() << " values; NaN lost at "
+                                 << (nan & ~got.isnan()).nonzero().numel());
+  return !differ.any().item<bool>() && torch::equal(got.isnan(), nan);
+}
+
+}  // namespace
+
+TEST_CASE("bf16 stores: narrow() and narrow_rows() round as LibTorch's cast, bit for bit (NaN stays NaN)", "[attention][fused_cpu][bf16]") {
+  torch::manual_seed(5);
+  for (int64_t n : {1, 15, 16, 17, 64, 257}) {
+    INFO("narrow() of " << n << " values");
+    const auto x = awkward_floats(n);
+    auto got = torch::empty({n}, torch::kBFloat16);
+    narrow(x.data_ptr<float>(), reinterpret_cast<c10::BFloat16*>(got.data_ptr<at::BFloat16>()), n);
+    REQUIRE(same_as_cast(got, x));
+  }
+  for (int64_t rows : {1, 3, 17}) {
+    for (int64_t n : {1, 16, 33}) {
+      INFO("narrow_rows() of " << rows << " rows of " << n);
+      const auto x = awkward_floats(rows * n).view({rows, n});
+      const int64_t stride = n + 5;  // destination rows further apart than their width
+      auto dst = torch::full({rows, stride}, 7.0f, torch::kBFloat16);
+      narrow_rows(x.data_ptr<float>(), rows, n, reinterpret_cast<c10::BFloat16*>(dst.data_ptr<at::BFloat16>()), stride);
+      REQUIRE(same_as_cast(dst.narrow(1, 0, n), x));
+      REQUIRE(torch::equal(dst.narrow(1, n, stride - n), torch::full({rows, stride - n}, 7.0f, torch::kBFloat16)));
+    }
+  }
 }
