@@ -319,12 +319,19 @@ void backward_kernel(const Problem& p, const Operand& q, const Operand& k, const
 // its backward stay float32; P and dS are rounded to bfloat16 for the products that take them,
 // as FlashAttention does in bfloat16. The backward accumulates dK^T and dV^T (D x T, float32)
 // so that every product's B operand is packed from rows: dV^T += dO^T P, dK^T += Q^T dS.
+// Queries a block in the bfloat16 kernels. A causal block sees the keys up to its last row, so
+// the masked half of its diagonal square is multiplied for nothing: at T = 64 one 64-row block
+// computes 4,096 scores a head for 2,080 seen, four 16-row blocks 2,560. Measured on
+// configs/train_quick.yaml bf16: about 1% (benchmarks/RESULTS.md, part 6); d_model 256 at
+// T = 256 unchanged. The float32 path keeps 64 rows (a BLAS call per product).
+int64_t bf16_query_block(const Problem& p) { return p.causal ? 16 : kQueryBlock; }
+
 void forward_kernel_bf16(const Problem& p, const Operand& q, const Operand& k, const Operand& v,
                          const Destination& out, float* lse) {
   using namespace bf16_gemm;
-  const int64_t T = p.length, D = p.dim, H = p.heads;
+  const int64_t T = p.length, D = p.dim, H = p.heads, query_block = bf16_query_block(p);
   at::parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
-    const int64_t block = std::min(kQueryBlock, T);
+    const int64_t block = std::min(query_block, T);
     std::vector<float> scores(size_t(block * padded_keys(T))), obuf(size_t(block * D));
     PackedA qa, pa;
     PackedB kt, vb;
@@ -334,8 +341,8 @@ void forward_kernel_bf16(const Problem& p, const Operand& q, const Operand& k, c
       pack_b(kb, k.st, true, D, T, kt);     // B(d, t) = k[t][d]
       pack_b(vsrc, v.st, false, T, D, vb);  // B(t, d) = v[t][d]
       float* lb = lse + bh * T;
-      for (int64_t i0 = 0; i0 < T; i0 += kQueryBlock) {
-        const int64_t m = std::min(kQueryBlock, T - i0), n = visible_keys(p, i0, m), ns = padded_keys(n);
+      for (int64_t i0 = 0; i0 < T; i0 += query_block) {
+        const int64_t m = std::min(query_block, T - i0), n = visible_keys(p, i0, m), ns = padded_keys(n);
         pack_a(qb + i0 * q.st, q.st, false, m, D, qa);
         multiply(qa, kt, m, n, p.scale, scores.data(), ns, false);
         softmax_block(scores.data(), i0, m, n, p, h, lb);
@@ -350,9 +357,9 @@ void forward_kernel_bf16(const Problem& p, const Operand& q, const Operand& k, c
 void backward_kernel_bf16(const Problem& p, const Operand& q, const Operand& k, const Operand& v, const float* lse,
                           const Operand& dout, const Destination& dq, const Destination& dk, const Destination& dv) {
   using namespace bf16_gemm;
-  const int64_t T = p.length, D = p.dim, H = p.heads;
+  const int64_t T = p.length, D = p.dim, H = p.heads, query_block = bf16_query_block(p);
   at::parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
-    const int64_t block = std::min(kQueryBlock, T);
+    const int64_t block = std::min(query_block, T);
     std::vector<float> probs(size_t(block * padded_keys(T))), dscores(size_t(block * padded_keys(T))), dqbuf(size_t(block * D));
     std::vector<float> dkt(size_t(D * T)), dvt(size_t(D * T));
     PackedA qa, ga, qt, gt, sa;
@@ -366,8 +373,8 @@ void backward_kernel_bf16(const Problem& p, const Operand& q, const Operand& k, 
       std::fill(dkt.begin(), dkt.end(), 0.0f);
       std::fill(dvt.begin(), dvt.end(), 0.0f);
       const float* lb = lse + bh * T;
-      for (int64_t i0 = 0; i0 < T; i0 += kQueryBlock) {
-        const int64_t m = std::min(kQueryBlock, T - i0), n = visible_keys(p, i0, m), ns = padded_keys(n);
+      for (int64_t i0 = 0; i0 < T; i0 += query_block) {
+        const int64_t m = std::min(query_block, T - i0), n = visible_keys(p, i0, m), ns = padded_keys(n);
         const auto *qi = qsrc + i0 * q.st, *gi = gsrc + i0 * dout.st;
         pack_a(qi, q.st, false, m, D, qa);
         multiply(qa, kt, m, n, p.scale, probs.data(), ns, false);
