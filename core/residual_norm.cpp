@@ -127,6 +127,10 @@ class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFuncti
     });
     ctx->save_for_backward({h, weight, mean, rstd});
     ctx->saved_data["y_bf16"] = y_bf16;
+    // An output nobody read (h after the last block; the float32 u where the position method
+    // reads only the bfloat16 copy's product) gets no gradient, rather than a tensor of zeros
+    // that autograd would fill and the backward would read: 4 MB a step at the quick shape.
+    ctx->set_materialize_grads(false);
     torch::autograd::variable_list out;
     if (kAdd) out.push_back(h);
     out.push_back(u);
