@@ -401,15 +401,15 @@ void backward_kernel_bf16(const Problem& p, const Operand& q, const Operand& k, 
 Problem make_problem(const torch::Tensor& q, const AttentionBias& bias, bool causal) {
   Problem p = Problem::of(q, causal);
   if (bias.kind == AttentionBias::Kind::Linear) {
+    // Read through data pointers (an item() a head and side was four operator calls a head
+    // and layer; no measurable change in the step's time).
     const auto left = bias.slopes_left.detach().to(torch::kCPU, torch::kFloat32).contiguous();
     const auto right = bias.slopes_right.detach().to(torch::kCPU, torch::kFloat32).contiguous();
-    const auto look_left = bias.look_left.contiguous(), look_right = bias.look_right.contiguous();
-    for (int64_t h = 0; h < p.heads; ++h) {
-      HeadBias hb;
-      hb.left = look_left[h].item<bool>() ? -left[h].item<float>() : -kInf;
-      hb.right = look_right[h].item<bool>() ? -right[h].item<float>() : -kInf;
-      p.bias.push_back(hb);
-    }
+    const auto look_left = bias.look_left.to(torch::kCPU, torch::kBool).contiguous();
+    const auto look_right = bias.look_right.to(torch::kCPU, torch::kBool).contiguous();
+    const float *lp = left.data_ptr<float>(), *rp = right.data_ptr<float>();
+    const bool *llp = look_left.data_ptr<bool>(), *lrp = look_right.data_ptr<bool>();
+    for (int64_t h = 0; h < p.heads; ++h) p.bias.push_back({llp[h] ? -lp[h] : -kInf, lrp[h] ? -rp[h] : -kInf});
   }
   return p;
 }
