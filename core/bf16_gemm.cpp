@@ -200,10 +200,10 @@ void pack_b_bf16(const c10::BFloat16* src, int64_t ld, bool transposed, int64_t 
   }
 }
 
-}  // namespace
-
 // Whether packing float32 runs the AVX512_BF16 conversion (rows read in order).
 bool fast_packing(bool transposed) { return !transposed && supported(); }
+
+}  // namespace
 
 template <typename T>
 void pack_a(const T* src, int64_t ld, bool transposed, int64_t rows, int64_t depth, PackedA& out) {

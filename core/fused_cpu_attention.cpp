@@ -314,11 +314,6 @@ void backward_kernel(const Problem& p, const Operand& q, const Operand& k, const
   });
 }
 
-// Under train.precision bf16 on a CPU with AVX512_BF16: the same algorithm with the products in
-// bfloat16 (core/bf16_gemm.h), accumulated in float32. The scores, the bias, the softmax and
-// its backward stay float32; P and dS are rounded to bfloat16 for the products that take them,
-// as FlashAttention does in bfloat16. The backward accumulates dK^T and dV^T (D x T, float32)
-// so that every product's B operand is packed from rows: dV^T += dO^T P, dK^T += Q^T dS.
 // Queries a block in the bfloat16 kernels. A causal block sees the keys up to its last row, so
 // the masked half of its diagonal square is multiplied for nothing: at T = 64 one 64-row block
 // computes 4,096 scores a head for 2,080 seen, four 16-row blocks 2,560. Measured on
@@ -326,6 +321,11 @@ void backward_kernel(const Problem& p, const Operand& q, const Operand& k, const
 // T = 256 unchanged. The float32 path keeps 64 rows (a BLAS call per product).
 int64_t bf16_query_block(const Problem& p) { return p.causal ? 16 : kQueryBlock; }
 
+// Under train.precision bf16 on a CPU with AVX512_BF16: the same algorithm with the products in
+// bfloat16 (core/bf16_gemm.h), accumulated in float32. The scores, the bias, the softmax and
+// its backward stay float32; P and dS are rounded to bfloat16 for the products that take them,
+// as FlashAttention does in bfloat16. The backward accumulates dK^T and dV^T (D x T, float32)
+// so that every product's B operand is packed from rows: dV^T += dO^T P, dK^T += Q^T dS.
 void forward_kernel_bf16(const Problem& p, const Operand& q, const Operand& k, const Operand& v,
                          const Destination& out, float* lse) {
   using namespace bf16_gemm;
@@ -360,7 +360,8 @@ void backward_kernel_bf16(const Problem& p, const Operand& q, const Operand& k, 
   const int64_t T = p.length, D = p.dim, H = p.heads, query_block = bf16_query_block(p);
   at::parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
     const int64_t block = std::min(query_block, T);
-    std::vector<float> probs(size_t(block * padded_keys(T))), dscores(size_t(block * padded_keys(T))), dqbuf(size_t(block * D));
+    const size_t scores_size = size_t(block * padded_keys(T));
+    std::vector<float> probs(scores_size), dscores(scores_size), dqbuf(size_t(block * D));
     std::vector<float> dkt(size_t(D * T)), dvt(size_t(D * T));
     PackedA qa, ga, qt, gt, sa;
     PackedB kt, vt, kb, pb, sb;
