@@ -209,8 +209,7 @@ EvalResult evaluate(TransformerLM& model, const Corpus& corpus, const TokenStrea
         auto scored = flat_targets.ge(0).nonzero().squeeze(1);    // indices of scored positions
         if (scored.numel() == 0) continue;
         auto h = hidden.reshape({-1, hidden.size(-1)}).index_select(0, scored);  // (S, D)
-        // Project in chunks so a large vocabulary never needs (b*T, V) at once.
-        const int64_t chunk = 4096;
+        const int64_t chunk = kLogitChunkRows;
         for (int64_t c = 0; c < h.size(0); c += chunk) {
           const int64_t len = std::min(chunk, h.size(0) - c);
           auto logits = model->logits(h.narrow(0, c, len)).to(torch::kFloat32);     // (len, V)

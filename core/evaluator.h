@@ -29,6 +29,10 @@ RopeScaling rope_scaling_for(RopeScalingKind kind, double factor, int64_t train_
 // factor was given rather than derived from the length; "" for none.
 std::string rope_variant_label(RopeScalingKind kind, double factor);
 
+// Scored rows of hidden states projected to logits at once, so that a large vocabulary never
+// needs (scored tokens, V) floats: a batch's scored targets are taken in chunks of this many.
+inline constexpr int64_t kLogitChunkRows = 4096;
+
 struct EvalSpec {
   int64_t length = 512;
   int64_t stride = 0;            // 0 or >= length: non-overlapping

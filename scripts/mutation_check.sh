@@ -106,6 +106,9 @@ core/fused_cpu_attention.cpp | const float left_wall = rb.left_open ? 0.0f : -kI
 core/fused_cpu_attention.cpp | for (int64_t l = 0; l < kLanes; ++l) total += sum[l]; | for (int64_t l = 1; l < kLanes; ++l) total += sum[l]; | the softmax's sum drops one lane of every group
 core/bf16_gemm.cpp | std::memcpy(row + 2 * j, bits(src + j * ld + k), 2 * sizeof(uint16_t)); | std::memcpy(row + 2 * j, bits(src + j * ld + k), sizeof(uint16_t)); | packing a transposed bfloat16 B drops the second row of each pair
 core/cpu_vector_math.h | auto* bits = reinterpret_cast<uint16_t*>(to + r * to_stride); | auto* bits = reinterpret_cast<uint16_t*>(to + r * n); | narrow_rows() writes its rows at their own width, not the destination's stride
+core/evaluator.cpp | auto t = flat_targets.index_select(0, scored.narrow(0, c, len)); | auto t = flat_targets.index_select(0, scored.narrow(0, 0, len)); | every logit chunk of a batch scored against the first chunk's targets
+core/token_cache.cpp | if (header.source_bytes != key.source_bytes || header.source_hash != key.source_hash) { | if (header.source_bytes != key.source_bytes) { | the token cache trusts its source's size alone (a same-size edit reuses stale tokens)
+experiments/sweep_spec.cpp | for (auto m : retrieval.length_multiples) instance_sizes.insert(m * point.config.train.seq_len); | for (auto m : retrieval.length_multiples) instance_sizes.insert(m * spec.base_config.train.seq_len); | retrieval instance lengths from the base config's training length, not the grid point's
 EOF
 )
 

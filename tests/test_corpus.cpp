@@ -2,6 +2,8 @@
 // reuse / staleness / corruption handling, and WikiText-2 when ../shared/data has it.
 #include "core/config.h"
 #include "core/corpus.h"
+#include "core/evaluator.h"
+#include "core/model.h"
 #include "core/tokenizer.h"
 #include "core/yaml_options.h"
 #include "tests/test_support.h"
@@ -202,6 +204,85 @@ TEST_CASE("cache: reused on the second load, rebuilt when the source changes", "
     CHECK(corpus.train.cache_status() == CacheStatus::rebuilt_stale);
     CHECK(corpus.valid.cache_status() == CacheStatus::rebuilt_stale);  // the vocabulary changed
     CHECK(tokens(corpus.valid) == std::vector<int32_t>{4, 1, 3, 1, 0, 1, 1, 1, 1, 0});
+  }
+}
+
+// An edit that keeps a split's size (a typo fixed, a word swapped for one as long) must be seen
+// by content: the split is tokenised again, and what it scores changes, exactly as a load into
+// an empty cache gives it.
+TEST_CASE("cache: a same-size edit is seen by content and re-tokenised, and the numbers follow",
+          "[corpus]") {
+  TempDir dir;
+  // The tokens of `split` and a tiny model's perplexity over them.
+  const auto score = [](const Corpus& corpus, const extrap::TokenStream& split) {
+    extrap::Config config = extrap::testing::tiny_config("alibi");
+    torch::manual_seed(3);
+    auto model = extrap::build_model(config, corpus.vocab_size);
+    extrap::EvalSpec spec;
+    spec.length = 4;
+    return std::make_pair(tokens(split), extrap::evaluate(model, corpus, split, spec).perplexity);
+  };
+  // The same corpus loaded into a cache directory of its own, for the tokens it must give.
+  const auto fresh = [&](const fs::path& path, const std::string& tokenizer) {
+    CorpusOptions options = options_for(dir, path, tokenizer);
+    options.cache_dir = (dir.root / "fresh-cache").string();
+    return load_corpus(options);
+  };
+
+  SECTION("byte level: one letter of the valid split") {
+    const fs::path bytes = dir.root / "bytes";
+    fs::create_directories(bytes);
+    write_text(bytes / "train.txt", "some training text\n");
+    write_text(bytes / "valid.txt", "the validation text, long enough\n");
+    write_text(bytes / "test.txt", "test\n");
+    const auto options = options_for(dir, bytes, "byte");
+    const Corpus first = load_corpus(options);
+    const auto before = score(first, first.valid);
+    write_text(bytes / "valid.txt", "the validatiom text, long enough\n");
+    CaptureStderr captured;
+    const Corpus corpus = load_corpus(options);
+    CHECK(corpus.valid.cache_status() == CacheStatus::rebuilt_stale);
+    CHECK(corpus.train.cache_status() == CacheStatus::reused);
+    CHECK(captured.text.str().find("stale cache (source changed: 33 bytes") != std::string::npos);
+    const auto after = score(corpus, corpus.valid);
+    const Corpus reference = fresh(bytes, "byte");
+    CHECK(after == score(reference, reference.valid));
+    CHECK(after.first != before.first);
+    CHECK(after.second != before.second);
+  }
+  SECTION("word level: a word of the valid split swapped for another known word") {
+    const fs::path tiny = dir.root / "tiny";
+    write_wikitext(tiny);
+    const auto options = options_for(dir, tiny, "word");
+    CHECK(tokens(load_corpus(options).valid) == std::vector<int32_t>{3, 1, 5, 1, 0, 1, 1, 1, 1, 0});
+    write_text(tiny / "wiki.valid.tokens", "the bird mat <unk>\nno newline at end");  // sat -> mat
+    CaptureStderr captured;
+    const Corpus corpus = load_corpus(options);
+    CHECK(corpus.vocabulary_cache == CacheStatus::reused);
+    CHECK(corpus.valid.cache_status() == CacheStatus::rebuilt_stale);
+    CHECK(tokens(corpus.valid) == std::vector<int32_t>{3, 1, 9, 1, 0, 1, 1, 1, 1, 0});
+  }
+  SECTION("word level: a word of the train split swapped for a new one changes the vocabulary") {
+    const fs::path tiny = dir.root / "tiny";
+    write_wikitext(tiny);
+    const auto options = options_for(dir, tiny, "word");
+    const Corpus first = load_corpus(options);
+    CHECK(tokens(first.test) == std::vector<int32_t>{3, 0, 7, 10, 0});  // dog = 10
+    const auto before = score(first, first.test);
+    // dog -> cow: the same bytes in train, one word out of the vocabulary and one in; test's
+    // own text is unchanged, but its "dog" is now unknown.
+    write_text(tiny / "wiki.train.tokens", " = Title = \n\n the cat sat on the mat \n the cow sat \n");
+    CaptureStderr captured;
+    const Corpus corpus = load_corpus(options);
+    CHECK(corpus.vocabulary_cache == CacheStatus::rebuilt_stale);
+    CHECK(corpus.vocabulary.back() == "cow");
+    CHECK(corpus.test.cache_status() == CacheStatus::rebuilt_stale);
+    CHECK(tokens(corpus.test) == std::vector<int32_t>{3, 0, 7, 1, 0});  // dog is <unk> now
+    const auto after = score(corpus, corpus.test);
+    const Corpus reference = fresh(tiny, "word");
+    CHECK(reference.vocabulary == corpus.vocabulary);
+    CHECK(after == score(reference, reference.test));
+    CHECK(after.second != before.second);
   }
 }
 

@@ -59,34 +59,44 @@ TEST_CASE("window plans cover every target exactly once", "[eval]") {
   REQUIRE(w[1].score_from == 5);
 }
 
+// The first input of the context the definition gives target t (1 <= t < n) at length L and
+// stride S: its non-overlapping window, or the sliding window that scores it.
+static int64_t context_start(int64_t t, int64_t n, int64_t L, int64_t S) {
+  if (S <= 0 || S >= L) return ((t - 1) / L) * L;  // its non-overlapping window
+  if (t <= L) return 0;                             // the first window
+  // Windows end at L, L+S, L+2S, ... (clipped at n-1); the one that scores t ends at the first
+  // end >= t and starts L before it.
+  const int64_t k = (t - L + S - 1) / S;
+  const int64_t end = std::min(L + k * S, n - 1);
+  return std::max<int64_t>(0, end - L);
+}
+
 // Brute force: score every target t with its own forward pass over exactly the context the
 // definition gives it, taking the last position's log-probability. by_position[p]: the NLL
 // summed over the targets scored at window position p (their input's place in the window).
+// `share_passes`: targets with the same context start take their log-probabilities from one
+// pass over the longest of their contexts (the same numbers for a causal model, whose earlier
+// positions never see later tokens; a test above checks that), for streams of thousands.
 static double brute_force_nll(TransformerLM& model, const TokenStream& stream, int64_t n, int64_t L,
                               int64_t S, std::vector<double>* by_position = nullptr,
-                              std::vector<int64_t>* counts = nullptr) {
+                              std::vector<int64_t>* counts = nullptr, bool share_passes = false) {
   torch::NoGradGuard no_grad;
   const int32_t* data = stream.data();
   double nll = 0;
-  for (int64_t t = 1; t < n; ++t) {
-    int64_t start;
-    if (S <= 0 || S >= L) {
-      start = ((t - 1) / L) * L;  // its non-overlapping window
-    } else if (t <= L) {
-      start = 0;                  // the first window
-    } else {
-      // Windows end at L, L+S, L+2S, ... (clipped at n-1); the one that scores t ends at the
-      // first end >= t and starts L before it.
-      const int64_t k = (t - L + S - 1) / S;
-      const int64_t end = std::min(L + k * S, n - 1);
-      start = std::max<int64_t>(0, end - L);
+  for (int64_t t = 1; t < n;) {
+    const int64_t start = context_start(t, n, L, S);
+    int64_t last = t;  // the targets t..last share this pass
+    if (share_passes)
+      while (last + 1 < n && context_start(last + 1, n, L, S) == start) ++last;
+    auto context = torch::empty({1, last - start}, torch::kLong);
+    for (int64_t p = start; p < last; ++p) context[0][p - start] = data[p];
+    auto logp = torch::log_softmax(model->forward(context)[0], -1);  // (last - start, V)
+    for (; t <= last; ++t) {
+      const double target_nll = -logp[t - start - 1][data[t]].item<double>();
+      nll += target_nll;
+      if (by_position) (*by_position)[size_t(t - start - 1)] += target_nll;
+      if (counts) (*counts)[size_t(t - start - 1)] += 1;
     }
-    auto context = torch::empty({1, t - start}, torch::kLong);
-    for (int64_t p = start; p < t; ++p) context[0][p - start] = data[p];
-    auto logp = torch::log_softmax(model->forward(context)[0][t - start - 1], -1);
-    nll -= logp[data[t]].item<double>();
-    if (by_position) (*by_position)[t - start - 1] -= logp[data[t]].item<double>();
-    if (counts) (*counts)[t - start - 1] += 1;
   }
   return nll;
 }
@@ -170,6 +180,56 @@ TEST_CASE("the loss by position in the window sums back to the total and equals 
     REQUIRE(next == r.by_position.size());
     REQUIRE(tokens == r.scored_tokens);
     REQUIRE(total == Approx(r.nll_sum).epsilon(1e-12));
+  }
+}
+
+// The evaluator projects a batch's scored rows to logits kLogitChunkRows at a time. Batches
+// here hold two whole chunks and end in the middle of a third, in both modes, and a second
+// batch and a last, shorter window follow: every target of every chunk must be scored
+// against its own token, at its own position in the window.
+TEST_CASE("batches of several logit chunks, ending mid-chunk, equal brute force token by token",
+          "[eval]") {
+  auto corpus = testing::tiny_byte_corpus(300);
+  auto model = tiny_model("alibi");
+  const int64_t L = 64;
+  const int64_t n = 3 * kLogitChunkRows + 1;  // targets in two batches: 2.x chunks, then the rest
+  REQUIRE(corpus.valid.size() >= n);
+  for (int64_t S : {int64_t(0), int64_t(16)}) {
+    INFO("stride " << S);
+    EvalSpec spec;
+    spec.length = L;
+    spec.stride = S;
+    spec.max_tokens = n;
+    // Windows a batch: 2.5 chunks of scored targets (a sliding window scores its last S).
+    const int64_t scored_per_window = S > 0 ? S : L;
+    spec.batch_tokens = L * (5 * kLogitChunkRows / 2 / scored_per_window);
+    const int64_t scored_first_batch = spec.batch_tokens / L * scored_per_window;
+    REQUIRE(scored_first_batch > 2 * kLogitChunkRows);
+    REQUIRE(scored_first_batch % kLogitChunkRows != 0);
+    REQUIRE(scored_first_batch < n - 1);
+
+    const auto r = evaluate(model, corpus, corpus.valid, spec);
+    REQUIRE(r.scored_tokens == n - 1);
+    std::vector<double> nll(L, 0.0);
+    std::vector<int64_t> counts(L, 0);
+    const double expected = brute_force_nll(model, corpus.valid, n, L, S, &nll, &counts,
+                                            /*share_passes=*/true);
+    REQUIRE(r.nll_sum == Approx(expected).epsilon(1e-6));
+    // Every window position's loss, so that a chunk matched to the wrong targets or the wrong
+    // positions cannot cancel out in the total.
+    const auto edges = position_bin_edges(L);
+    REQUIRE(r.by_position.size() == edges.size() - 1);
+    for (size_t b = 0; b + 1 < edges.size(); ++b) {
+      double bin_nll = 0;
+      int64_t bin_count = 0;
+      for (int64_t p = edges[b]; p < edges[b + 1]; ++p) {
+        bin_nll += nll[size_t(p)];
+        bin_count += counts[size_t(p)];
+      }
+      INFO("bin " << edges[b] << ".." << edges[b + 1]);
+      CHECK(r.by_position[b].scored_tokens == bin_count);
+      CHECK(r.by_position[b].nll_sum == Approx(bin_nll).epsilon(1e-6));
+    }
   }
 }
 

@@ -54,6 +54,14 @@ std::string filler_tail(size_t n) {
   return repeated.substr(repeated.size() - n);
 }
 
+// `extrap sweep tiny.yaml [--list]` with the sweep's --set overrides.
+std::vector<std::string> sweep_args(bool list, const std::vector<std::string>& settings) {
+  std::vector<std::string> args = {"sweep", "tiny.yaml"};
+  if (list) args.push_back("--list");
+  args.insert(args.end(), settings.begin(), settings.end());
+  return args;
+}
+
 }  // namespace
 
 TEST_CASE("passkey instances: exact length, the key and answer where they say, filler rebuilt",
@@ -310,9 +318,7 @@ TEST_CASE("a sweep's eval.retrieval: causal points only, stored by depth, equal 
       "--set", "eval.length_multiples=[1]",
       "--set", "eval.rope_scaling=[none, yarn]",
       "--set", "eval.retrieval={task: passkey, lengths: [128, 256], depths: [0, 100], samples: 3}"};
-  std::vector<std::string> list = {"sweep", "tiny.yaml", "--list"};
-  list.insert(list.end(), settings.begin(), settings.end());
-  REQUIRE(run_cli(d, list, &out) == 0);
+  REQUIRE(run_cli(d, sweep_args(/*list=*/true, settings), &out) == 0);
   CHECK(out.find("16/nonoverlapping 128/retrieval_passkey 256/retrieval_passkey\n") != std::string::npos);
   CHECK(out.find("128/retrieval_passkey 128/retrieval_passkey+yarn 256/retrieval_passkey "
                  "256/retrieval_passkey+yarn\n") != std::string::npos);
@@ -329,9 +335,7 @@ TEST_CASE("a sweep's eval.retrieval: causal points only, stored by depth, equal 
   refused("eval.retrieval={task: passkey, lengths: [128], samples: 0}", "samples");
   refused("eval.retrieval={task: passkey, lengths: [128], dephts: [0]}", "dephts");
 
-  std::vector<std::string> run = {"sweep", "tiny.yaml"};
-  run.insert(run.end(), settings.begin(), settings.end());
-  REQUIRE(run_cli(d, run, &out) == 0);
+  REQUIRE(run_cli(d, sweep_args(/*list=*/false, settings), &out) == 0);
   const ResultsStore store = ResultsStore::open((d.root / "results/tiny.h5").string());
   int retrieval_points = 0;
   for (const auto& p : store.points()) {
@@ -438,5 +442,79 @@ TEST_CASE("a sweep's eval.retrieval: causal points only, stored by depth, equal 
     }
     const std::string cell = "(" + std::to_string(correct) + "/" + std::to_string(trials) + ") |";
     CHECK(md.find(cell) != std::string::npos);
+  }
+}
+
+// A grid over the training length: each point's evaluation lengths, retrieval instance lengths
+// and RoPE-scaling factors come from its own train.seq_len, not the base config's (16).
+TEST_CASE("a sweep whose grid varies train.seq_len: every length and RoPE factor from the point's own L",
+          "[retrieval][sweep]") {
+  using namespace extrap::testing;
+  SweepDir d;
+  std::string out;
+  const std::vector<std::string> settings = {
+      "--set", "grid.position=[{name: alibi}, {name: rotary}]",
+      "--set", "grid.train.seq_len=[16, 32]",
+      "--set", "grid.train.seed=[1]",
+      "--set", "base.train.steps=12",
+      "--set", "eval.strides=[]",
+      "--set", "eval.length_multiples=[2]",
+      "--set", "eval.rope_scaling=[none, yarn]",
+      "--set", "eval.retrieval={task: passkey, length_multiples: [8, 12], depths: [50], samples: 2}"};
+  REQUIRE(run_cli(d, sweep_args(/*list=*/true, settings), &out) == 0);
+  INFO(out);
+  CHECK(out.find("evals: 32/nonoverlapping 128/retrieval_passkey 192/retrieval_passkey\n") !=
+        std::string::npos);
+  CHECK(out.find("evals: 64/nonoverlapping 256/retrieval_passkey 384/retrieval_passkey\n") !=
+        std::string::npos);
+  CHECK(out.find("evals: 64/nonoverlapping 64/nonoverlapping+yarn 256/retrieval_passkey "
+                 "256/retrieval_passkey+yarn 384/retrieval_passkey 384/retrieval_passkey+yarn\n") !=
+        std::string::npos);
+
+  REQUIRE(run_cli(d, sweep_args(/*list=*/false, settings), &out) == 0);
+  const ResultsStore store = ResultsStore::open((d.root / "results/tiny.h5").string());
+  REQUIRE(store.runs().size() == 4);
+  for (const auto& [id, record] : store.runs()) {
+    INFO(id);
+    const int64_t L = id.substr(id.size() - 4) == "-L32" ? 32 : 16;  // the grid's label
+    CHECK(record.train_length == L);
+    std::set<int64_t> plain, retrieval;
+    for (const auto& p : store.points()) {
+      if (p.run_id != id) continue;
+      CHECK(p.train_length == L);
+      (is_retrieval_mode(p.mode) ? retrieval : plain).insert(p.eval_length);
+    }
+    CHECK(plain == std::set<int64_t>{2 * L});
+    CHECK(retrieval == std::set<int64_t>{8 * L, 12 * L});
+  }
+
+  // The rotary point trained at 32, evaluated here with instances and RoPE factors made from
+  // its own length: the sweep's numbers must be these.
+  std::string id;
+  for (const auto& [name, r] : store.runs())
+    if (r.position == "rotary" && r.train_length == 32) id = name;
+  REQUIRE(!id.empty());
+  auto [corpus, loaded] = load_cli_run(d, "runs/tiny/" + id);
+  for (auto kind : {RopeScalingKind::none, RopeScalingKind::yarn}) {
+    const std::string suffix = kind == RopeScalingKind::yarn ? "+yarn" : "";
+    INFO(suffix);
+    RetrievalSpec spec;
+    spec.length = 384;
+    spec.depths = {50};
+    spec.samples = 2;
+    spec.rope_scaling = rope_scaling_for(kind, 0, 32, 384);
+    const RetrievalResult r = evaluate_retrieval(loaded.model, corpus, spec);
+    const PointRecord* p = store.point(id, "retrieval_passkey" + suffix, 384);
+    REQUIRE(p != nullptr);
+    REQUIRE(p->retrieval.size() == 1);
+    CHECK(p->retrieval[0].correct == r.cells[0].correct);
+    CHECK(p->retrieval[0].answer_nll == Approx(r.cells[0].answer_nll).epsilon(1e-9));
+
+    EvalSpec eval = eval_spec_for(loaded.config, 64);
+    eval.rope_scaling = rope_scaling_for(kind, 0, 32, 64);
+    const EvalResult e = evaluate(loaded.model, corpus, corpus.split(loaded.config.eval.split), eval);
+    const PointRecord* q = store.point(id, "nonoverlapping" + suffix, 64);
+    REQUIRE(q != nullptr);
+    CHECK(q->nll_sum == Approx(e.nll_sum).epsilon(1e-6));
   }
 }
