@@ -28,7 +28,7 @@ trials). An evaluation with RoPE scaling (mode "<window>+<variant>") is drawn an
 own method, "<method> + <variant>". Retrieval points (their perplexity is the answer tokens',
 not the text's) are only in the retrieval sections; a file without them has none.
 
-Reads only what the file documents (core/results_store.h): the /summary table, the
+Reads only what the file documents (core/results/results_store.h): the /summary table, the
 /position_bins and /retrieval tables, and the /runs/<id> attributes and curves. Needs h5py,
 numpy and matplotlib: the project's environment (.venv, made by scripts/setup.sh) has them.
 """

@@ -11,7 +11,7 @@
 #
 # Precision bf16: extrap's train.precision bf16 against PyTorch's torch.autocast(bfloat16),
 # both with fp32 weights and optimiser.
-# Allocator: extrap sets glibc's malloc thresholds at start (core/allocator.h: mmap 64 MiB,
+# Allocator: extrap sets glibc's malloc thresholds at start (core/base/allocator.h: mmap 64 MiB,
 # trim 512 MiB), which spares a step's tensors their page faults. The PyTorch runs get the same
 # thresholds through GLIBC_TUNABLES, so that malloc is not the difference: PyTorch gains from
 # them too (2026-11-24, quick bf16: eager 54k -> 68-78k tokens/s). BASELINE_MALLOC=default

@@ -120,7 +120,7 @@ def load_config(path, overrides):
         for p in parts[:-1]:
             node = node.setdefault(p, {})
         node[parts[-1]] = yaml.safe_load(value)
-    # extrap's defaults (core/config.h) for every key the model and the step read.
+    # extrap's defaults (core/model/config.h) for every key the model and the step read.
     model = dict(layers=4, d_model=256, heads=8, d_ffn=1024, activation="gelu", dropout=0.1,
                  attention_dropout=0.0, objective="causal_lm", tie_embeddings=True)
     model.update({k: v for k, v in cfg.get("model", {}).items() if k in model})

@@ -1,6 +1,6 @@
 #include "positions/alibi_slopes.h"
 
-#include "core/yaml_options.h"
+#include "core/base/yaml_options.h"
 
 #include <cmath>
 

@@ -5,7 +5,7 @@
 // interpolated linearly between the learned embeddings e(floor p) and e(ceil p). The
 // embeddings (d_head x npos per layer, shared by the heads, zero at the start) are the only
 // parameters; the attention backends compute the rest from the description
-// AttentionBias::contextual (core/attention.h), since it needs the scores themselves.
+// AttentionBias::contextual (core/attention/attention.h), since it needs the scores themselves.
 //
 // The term is added to the scaled scores (the paper's listing; RAM's code adds it before the
 // 1/sqrt(d), which only rescales the embeddings). Causal only: the count runs from the query

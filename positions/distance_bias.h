@@ -4,7 +4,7 @@
 // tiles equal the reference's whole matrix) and a T x T tile costs O(T) evaluations.
 #pragma once
 
-#include "core/attention.h"
+#include "core/attention/attention.h"
 
 #include <algorithm>
 #include <cstdlib>

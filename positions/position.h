@@ -7,15 +7,15 @@
 //   3. bias():      describe what is added to the attention scores      (ALiBi, T5, KERPLE,
 //                   FIRE, Sandwich; from the layer input: fox; from q.k: cope)
 // A method is a torch::nn::Module so that learned parameters are registered, trained and
-// checkpointed with the model. The bias stays a description (core/attention.h): a method
+// checkpointed with the model. The bias stays a description (core/attention/attention.h): a method
 // says *what* is added, each attention backend decides how to compute it.
 //
 // Adding a method: one new file in positions/ (or a plugin .so) that defines the class, its
 // options (decoded from YAML in that same file) and one EXTRAP_REGISTER_POSITION line.
 #pragma once
 
-#include "core/attention.h"
-#include "core/yaml_options.h"
+#include "core/attention/attention.h"
+#include "core/base/yaml_options.h"
 
 #include <torch/torch.h>
 
@@ -63,7 +63,7 @@ struct LayerInput {
   // the caller has no model (e.g. `extrap inspect bias` without a checkpoint); a method that
   // needs it then describes its bias at a zero input.
   torch::Tensor input;
-  // Decoding with a KV cache (core/model.h): the queries are the last T of `keys` keys, which
+  // Decoding with a KV cache (core/model/model.h): the queries are the last T of `keys` keys, which
   // start at position positions.offset + T - keys; the bias then covers rows keys - T .. keys
   // - 1 of the keys x keys window (AttentionBias rows and columns count from its first key).
   // 0: the queries are the keys.
@@ -161,7 +161,7 @@ struct PositionInfo {
   bool randomizable = false;
   // Accepts evaluation-time RoPE scaling (PositionMethod::set_rope_scaling): rotary, xpos.
   bool rope_scaling = false;
-  // For the training-memory estimate (core/memory_estimate.cpp): what each layer's reference
+  // For the training-memory estimate (core/model/memory_estimate.cpp): what each layer's reference
   // attention keeps for backward beyond the scores and probabilities, in float tensors of
   // the scores' size (B x H x T x T) and of T x T floats. Measured, not derived: see the
   // methods that set them.

@@ -22,93 +22,95 @@ PYTHON=${EXTRAP_PYTHON:-$ROOT/.venv/bin/python}
 
 MUTATIONS=$(cat <<'EOF'
 positions/alibi_slopes.cpp | std::pow(2.0, -8.0 * double(h + 1) / double(n)) | std::pow(2.0, -8.0 * double(h) / double(n)) | ALiBi slope exponent off by one head
-core/attention.cpp | auto left = (j <= i); | auto left = (j < i); | the diagonal counted as the right side (causal rows mask themselves)
-core/attention.cpp | out = torch::where(left, -sl * dist, -sr * dist); | out = torch::where(left, sl * dist, -sr * dist); | flipped sign of the left-side linear bias
-core/attention.cpp | q * (1.0 / std::sqrt(double(d))) | q * (1.0 / double(d)) | scores scaled by 1/d instead of 1/sqrt(d)
-core/efficient_attention.cpp | for (int64_t k0 = q1; k0 < p.tk; k0 += key_block) | for (int64_t k0 = q1 + 1; k0 < p.tk; k0 += key_block) | efficient path skips the first key right of each query tile
-core/efficient_attention.cpp | narrow(1, 0, cols) + double(q0 - k0); | narrow(1, 0, cols) + double(q0 - k0 + 1); | efficient path's tile distances off by one
+core/attention/attention.cpp | auto left = (j <= i); | auto left = (j < i); | the diagonal counted as the right side (causal rows mask themselves)
+core/attention/attention.cpp | out = torch::where(left, -sl * dist, -sr * dist); | out = torch::where(left, sl * dist, -sr * dist); | flipped sign of the left-side linear bias
+core/attention/attention.cpp | q * (1.0 / std::sqrt(double(d))) | q * (1.0 / double(d)) | scores scaled by 1/d instead of 1/sqrt(d)
+core/attention/efficient_attention.cpp | for (int64_t k0 = q1; k0 < p.tk; k0 += key_block) | for (int64_t k0 = q1 + 1; k0 < p.tk; k0 += key_block) | efficient path skips the first key right of each query tile
+core/attention/efficient_attention.cpp | narrow(1, 0, cols) + double(q0 - k0); | narrow(1, 0, cols) + double(q0 - k0 + 1); | efficient path's tile distances off by one
 positions/t5_bias.cpp | if (relative_position > 0) bucket += num_buckets; | if (relative_position >= 0) bucket += num_buckets; | T5 bidirectional bucket: distance 0 on the wrong side
 positions/rotation.cpp | even * cos - odd * sin, even * sin + odd * cos | even * cos + odd * sin, even * sin + odd * cos | rotary rotation with a flipped sign
 positions/sinusoidal.cpp | torch::stack({angles.sin(), angles.cos()}, -1) | torch::stack({angles.cos(), angles.sin()}, -1) | sinusoidal sin and cos swapped
 positions/learned.cpp | TORCH_CHECK(end <= options_.max_length, | TORCH_CHECK(end < options_.max_length, | learned positions refuse their own max_length
-core/evaluator.cpp | windows.push_back({begin, next - begin, end - begin}); | windows.push_back({begin, next - begin, end - begin - 1}); | sliding window scores one target twice
-core/evaluator.cpp | if (u < 0.8) { | if (u < 0.9) { | masked-LM corruption 90/0/10 instead of 80/10/10
-core/evaluator.cpp | result.nll_sum / (std::log(2.0) * double(result.scored_tokens)) | result.nll_sum / (std::log(10.0) * double(result.scored_tokens)) | bits per byte in the wrong log base
-core/trainer.cpp | return c.lr * double(step) / double(c.warmup); | return c.lr * double(step + 1) / double(c.warmup); | warm-up off by one step
-core/files.cpp | if (::fsync(fd) != 0) { | if (false) { | durable write skips its fsync
-core/checkpoint.cpp | if (hex64(digest.hash) != entry.at("xxh3").get<std::string>()) | if (false) | checkpoint checksums not compared
-core/model.cpp | return h + f; | return f; | feed-forward residual dropped
-core/results_store.cpp | : "sliding_" + std::to_string(stride); | : "sliding_" + std::to_string(length); | sliding mode labelled with the length
-experiments/sweep_spec.cpp | lengths.insert(m * point.config.train.seq_len); | lengths.insert(m * point.config.train.seq_len + 1); | evaluation length mislabelled (multiple x L + 1)
-experiments/point_runner.cpp | p.stride = e.stride > 0 ? e.stride : e.length; | p.stride = e.stride > 0 ? e.stride : 0; | stride column 0 for non-overlapping rows
-experiments/sweep.cpp | if (!done.has_point(point.id, e.mode, e.length)) pending.push_back(e); | pending.push_back(e); | a resumed sweep evaluates recorded points again
+core/eval/evaluator.cpp | windows.push_back({begin, next - begin, end - begin}); | windows.push_back({begin, next - begin, end - begin - 1}); | sliding window scores one target twice
+core/eval/evaluator.cpp | if (u < 0.8) { | if (u < 0.9) { | masked-LM corruption 90/0/10 instead of 80/10/10
+core/eval/evaluator.cpp | result.nll_sum / (std::log(2.0) * double(result.scored_tokens)) | result.nll_sum / (std::log(10.0) * double(result.scored_tokens)) | bits per byte in the wrong log base
+core/train/trainer.cpp | return c.lr * double(step) / double(c.warmup); | return c.lr * double(step + 1) / double(c.warmup); | warm-up off by one step
+core/base/files.cpp | if (::fsync(fd) != 0) { | if (false) { | durable write skips its fsync
+core/run/checkpoint.cpp | if (hex64(digest.hash) != entry.at("xxh3").get<std::string>()) | if (false) | checkpoint checksums not compared
+core/model/model.cpp | return h + f; | return f; | feed-forward residual dropped
+core/results/results_store.cpp | : "sliding_" + std::to_string(stride); | : "sliding_" + std::to_string(length); | sliding mode labelled with the length
+experiments/sweep/sweep_spec.cpp | lengths.insert(m * point.config.train.seq_len); | lengths.insert(m * point.config.train.seq_len + 1); | evaluation length mislabelled (multiple x L + 1)
+experiments/sweep/point_runner.cpp | p.stride = e.stride > 0 ? e.stride : e.length; | p.stride = e.stride > 0 ? e.stride : 0; | stride column 0 for non-overlapping rows
+experiments/sweep/sweep.cpp | if (!done.has_point(point.id, e.mode, e.length)) pending.push_back(e); | pending.push_back(e); | a resumed sweep evaluates recorded points again
 analysis/report.py | values.std(ddof=1) | values.std(ddof=0) | report's standard deviation with ddof 0
 analysis/report.py | (" (= L)" if l == train_length else "") | (" (= L)" if l == 2 * train_length else "") | report marks the wrong row as the training length
-core/safetensors.cpp | {"data_offsets", {offset, offset + bytes}}}; | {"data_offsets", {offset, offset + bytes + 1}}}; | exported data offsets one byte past each tensor
-core/model_export.cpp | yaml_to_json(given ? given : YAML::Load(doc.default_value)) | yaml_to_json(YAML::Load(doc.default_value)) | export records the defaults instead of the options the model was built with
+core/export/safetensors.cpp | {"data_offsets", {offset, offset + bytes}}}; | {"data_offsets", {offset, offset + bytes + 1}}}; | exported data offsets one byte past each tensor
+core/export/model_export.cpp | yaml_to_json(given ? given : YAML::Load(doc.default_value)) | yaml_to_json(YAML::Load(doc.default_value)) | export records the defaults instead of the options the model was built with
 analysis/extrap_model.py | x0, x1 = x[..., 0:d:2], x[..., 1:d:2] | x0, x1 = x[..., :d // 2], x[..., d // 2:d] | Python reference pairs rotary dimensions NeoX-style
 analysis/extrap_model.py | bias = -F.softplus(self.position.raw_slopes[s]) | bias = -torch.exp(self.position.raw_slopes[s]) | Python reference reads learned slopes as exp(raw)
-core/attention.cpp | auto p = gates.flip(-1).cumsum(-1).flip(-1).clamp_max(double(npos - 1)); | auto p = gates.cumsum(-1).clamp_max(double(npos - 1)); | CoPE counts gates from the window start instead of back from the query
-core/efficient_attention.cpp | gate_carry.add_(gates.sum(-1, /*keepdim=*/true)); | gate_carry.add_(gates.sum(-1, /*keepdim=*/true) * 0); | efficient CoPE forgets the gates of the tiles it visited
-core/attention.cpp | out = f.narrow(2, q0, q1 - q0).unsqueeze(-1) - f.narrow(2, k0, k1 - k0).unsqueeze(-2); | out = f.narrow(2, k0, k1 - k0).unsqueeze(-2) - f.narrow(2, q0, q1 - q0).unsqueeze(-1); | forgetting-gate bias F_j - F_i instead of F_i - F_j
+core/attention/attention.cpp | auto p = gates.flip(-1).cumsum(-1).flip(-1).clamp_max(double(npos - 1)); | auto p = gates.cumsum(-1).clamp_max(double(npos - 1)); | CoPE counts gates from the window start instead of back from the query
+core/attention/efficient_attention.cpp | gate_carry.add_(gates.sum(-1, /*keepdim=*/true)); | gate_carry.add_(gates.sum(-1, /*keepdim=*/true) * 0); | efficient CoPE forgets the gates of the tiles it visited
+core/attention/attention.cpp | out = f.narrow(2, q0, q1 - q0).unsqueeze(-1) - f.narrow(2, k0, k1 - k0).unsqueeze(-2); | out = f.narrow(2, k0, k1 - k0).unsqueeze(-2) - f.narrow(2, q0, q1 - q0).unsqueeze(-1); | forgetting-gate bias F_j - F_i instead of F_i - F_j
 positions/xpos.cpp | {cos * up, sin * up, cos * down, sin * down}; | {cos * down, sin * down, cos * down, sin * down}; | xPos scales the query down like the key
 positions/sandwich.cpp | double(d / 2);  | double(d);  | Sandwich subtracts d instead of d/2 (no longer 0 at distance 0)
 positions/fire.cpp | torch::log1p(c * torch::maximum(i, threshold)) + eps; | torch::log1p(c * threshold) + eps; | FIRE normalises by psi(L) instead of psi(max(L, i))
 positions/kerple.cpp | r2_.data().clamp_(range2_.min, range2_.max); | ; | KERPLE's r2 no longer kept in range (power exponent above 2)
 positions/alibi.cpp | return AttentionBias::linear_causal(slopes_).at_positions(at.positions.sampled); | return AttentionBias::linear_causal(slopes_); | ALiBi ignores randomized training positions
-core/attention.cpp | .triu(1 + tk - tq); | .triu(1); | a decode step's causal mask not shifted to the end of the keys (queries see no cached key)
-core/attention.cpp | materialize_bias_block(bias, heads, tk - tq, tk, 0, tk, causal, scores.options())); | materialize_bias_block(bias, heads, 0, tq, 0, tk, causal, scores.options())); | a decode step gets the bias rows of the window's first tokens (the cached-ALiBi bug)
+core/attention/attention.cpp | .triu(1 + tk - tq); | .triu(1); | a decode step's causal mask not shifted to the end of the keys (queries see no cached key)
+core/attention/attention.cpp | materialize_bias_block(bias, heads, tk - tq, tk, 0, tk, causal, scores.options())); | materialize_bias_block(bias, heads, 0, tq, 0, tk, causal, scores.options())); | a decode step gets the bias rows of the window's first tokens (the cached-ALiBi bug)
 positions/fox.cpp | F = torch::cat({*at.state, F + at.state->narrow(2, -1, 1)}, 2); | F = torch::cat({*at.state, F}, 2); | fox's gate sum restarts at every decode block
 positions/xpos.cpp | const double centre = positions.centre >= 0 | const double centre = positions.centre >= 1000000000 | xpos ignores the sequence's centre under a KV cache
 positions/rotation.cpp | return (1.0 - gamma) * theta / factor + gamma * theta; | return (1.0 - gamma) * theta * factor + gamma * theta; | YaRN stretches instead of interpolating
 positions/rotation.cpp | return {cos * factor, sin * factor}; | return {cos * factor, sin}; | YaRN's attention factor on cos only
-core/evaluator.cpp | bin.nll_sum = position_nll.slice(0, bin.begin, bin.end).sum().item<double>(); | bin.nll_sum = position_nll.slice(0, bin.begin, bin.end - 1).sum().item<double>(); | a loss-by-position bin leaves out its last position
-core/retrieval_eval.cpp | correct = correct && top[row] == instance.answer[a]; | correct = top[row] == instance.answer[a]; | retrieval counts an answer right when its last token is
-core/retrieval_eval.cpp | for (int64_t p = instance.prompt_length - 1; p < spec.length - 1; ++p) | for (int64_t p = instance.prompt_length; p < spec.length; ++p) | retrieval scores the answer one position late
-core/retrieval_task.cpp | if (std::abs(double(b) - wanted) < std::abs(double(at) - wanted)) at = b; | ; | the key sentence always goes first (depth ignored)
-core/retrieval_task.cpp |   out += '.'; |   ; | the answer loses its full stop (a longer number would match)
-core/trainer.cpp | if (fraction >= 1) return true; | if (fraction >= 1) return false; | data.task_fraction 1 trains on no task instance
-core/trainer.cpp | const int64_t first_row = group_ ? group_->rank() * share : 0; | const int64_t first_row = 0; | every data-parallel rank trains on the first share of the batch
-core/trainer.cpp | all_reduce_gradients(*group_, model_->parameters(), what); | ; | data-parallel gradients are never summed (the ranks drift apart)
-core/evaluator.cpp | if (ranks && ++batch_number % ranks->size() != ranks->rank()) continue; | if (ranks && ++batch_number % ranks->size() == ranks->rank() + 1) continue; | data-parallel evaluation scores some batches on two ranks
-core/distributed.cpp | if (r != rank() && probe->add("beat/" + std::to_string(r), 0) == before[size_t(r)]) | if (r != rank() && probe->add("beat/" + std::to_string(r), 0) != before[size_t(r)]) | a dead rank is not named (the live ones are)
-core/attention.cpp | if (Float32Region fp32(q.device().type()); fp32.was_autocast()) | if (Float32Region fp32(q.device().type()); false) | under train.precision bf16 the attention scores (and the bias) are bfloat16
-core/trainer.cpp | ComputePrecision region(precision, inputs.device().type()); | ComputePrecision region(Precision::fp32, inputs.device().type()); | train.precision bf16 silently trains in fp32
-core/config.cpp | if (config.train.precision == Precision::fp32) remove_key(out, "train.precision"); | ; | every earlier run directory changes identity (fp32 joins the fingerprint)
-core/fused_cpu_attention.cpp | qr.stride, 1.0f, dkr.data, dkr.stride);  // dK += | qr.stride, 0.0f, dkr.data, dkr.stride);  // dK += | the fused CPU attention keeps only the last query block's key gradients
-core/fused_cpu_attention.cpp | return {hb.left, hb.right, hb.left != -kInf, !p.causal && hb.right != -kInf}; | return {hb.left, hb.right, hb.left != -kInf, hb.right != -kInf}; | the fused CPU attention lets a causal symmetric bias see the future
-core/bf16_gemm.cpp | const __mmask16 mask = width >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << width) - 1); | const __mmask16 mask = __mmask16(0xFFFF); | the bf16 products write past the last column of C
-core/bf16_gemm.cpp | {0,  16, 1,  17, 2,  18, | {16, 0,  1,  17, 2,  18, | packing a float32 B swaps the first column's pair of rows
-core/fused_cpu_attention.cpp | multiply(gt, pb, D, n, 1.0f, dvt.data(), T, true);  // dV^T += dO^T P | multiply(gt, pb, D, n, 1.0f, dvt.data(), T, false);  // dV^T += dO^T P | the bf16 attention keeps only the last query block's value gradients
-core/fused_cpu_attention.cpp | softmax_backward_row(dp + r * stride, prob + r * stride, n, dot(prob + r * stride, dp + r * stride, n)); | softmax_backward_row(dp + r * stride, prob + r * stride, n, dot(prob + r * stride, prob + r * stride, n)); | the fused CPU attention's softmax backward shifts by rowsum(P P), not rowsum(P dP)
-core/fused_cpu_loss.cpp | out[target[i]] -= g; | out[target[i]] -= 1.0f; | the fused loss's gradient at the target ignores the incoming scale (1 / tokens scored)
-core/fused_cpu_loss.cpp | std::fill(out, out + V, 0.0f); | std::fill(out, out + V, 1e-3f); | rows the loss ignores (masked LM's unmasked tokens) still get a gradient
-core/bf16_gemm.cpp | if (odd_depth && p == pairs - 1) bv[v] | if (false && odd_depth && p == pairs - 1) bv[v] | an odd-depth product lets the next row of B (NaN, inf) into C
-core/allocator.cpp | mallopt(M_TRIM_THRESHOLD, int(AllocatorTuning::trim_threshold)) == 1; | true; | malloc keeps trimming the heap after each step (its pages fault in again)
-core/cpu_linear.cpp | out[2] = linear_bias_gradient(g).to(torch::ScalarType(ctx->saved_data["bias_dtype"].toInt())); | out[2] = linear_bias_gradient(g).div(g.size(0)).to(torch::ScalarType(ctx->saved_data["bias_dtype"].toInt())); | the oneDNN linear's bias gradient averages over rows instead of summing
-core/cpu_linear.cpp | : onednn_product(x.t(), g.t(), {}).t().contiguous(); | : onednn_product(x.t(), g.t(), {}).contiguous().view({M, K}); | the oneDNN linear's weight gradient (computed transposed) reshaped instead of transposed
-core/fused_adamw.cpp | const float pi = p[i] * u.decay; | const float pi = p[i]; | the fused AdamW forgets the weight decay
-core/fused_adamw.cpp | const float g = grad[i] * u.scale; | const float g = grad[i]; | the fused AdamW ignores gradient clipping
-core/fused_adamw.cpp | scale = std::isnan(coefficient) ? coefficient : std::min(1.0f, coefficient); | scale = std::min(1.0f, coefficient); | a NaN gradient norm steps the finite parameters unclipped (clip_grad_norm_ makes them all NaN)
-core/gelu_linear.cpp | slope = cdf + x * e * 0.39894228040143268f; | slope = cdf; | GELU's slope without its x phi(x) term
-core/gelu_linear.cpp | out[0] = onednn_product(g, w.t(), {}, slope); | out[0] = onednn_product(g, w.t(), {}); | the fused GELU's input gradient without GELU's slope
-core/residual_norm.cpp | dbeta[j] += du[j]; | dbeta[j] += du[j] * xhat[j]; | the fused LayerNorm's bias gradient summed as its weight's
-core/residual_norm.cpp | dx[j] = dh[j] + rstd * (du[j] * gamma[j] - a - xhat[j] * b); | dx[j] = rstd * (du[j] * gamma[j] - a - xhat[j] * b); | the residual's own gradient dropped where the LayerNorm's joins it
-core/residual_norm.cpp | std::sqrt(squares / float(D) + eps) | std::sqrt(squares / float(D - 1) + eps) | the fused LayerNorm with the unbiased variance
-core/qkv_heads.cpp | auto slot = packed.select(2, i).permute({0, 2, 1, 3}); | auto slot = packed.select(2, 2 - i).permute({0, 2, 1, 3}); | split_heads' copied gradients put q's where v's belongs
-core/qkv_heads.cpp | if (x->size(i) > 1 && x->stride(i) != strides[size_t(i)]) return false; | if (false) return false; | slices of a wider buffer taken for packed q, k, v
-core/fused_cpu_attention.cpp | dk = dqkv.select(2, 1).permute({0, 2, 1, 3}); | dk = dqkv.select(2, 2).permute({0, 2, 1, 3}); | the fused attention writes dK over dV in the packed gradient
-core/cpu_linear.cpp | for (int64_t i = blk * kSumRows; i < std::min(N, (blk + 1) * kSumRows); ++i) | for (int64_t i = blk * kSumRows; i < std::min(N, (blk + 1) * kSumRows) - 1; ++i) | the bfloat16 bias gradient skips the last row of each block
-core/residual_norm.cpp | if (lowp) narrow(out, lowp + i * D, D); | if (lowp) narrow(hp + i * D, lowp + i * D, D); | the LayerNorm's bfloat16 copy rounds h instead of u
-core/residual_norm.cpp | if (du_low.defined()) du_low = du_low.to(torch::kBFloat16).contiguous(); | if (du_low.defined()) du_low = torch::Tensor(); | the bfloat16 copy's gradient dropped
-core/fused_cpu_attention.cpp | d < past_keys ? right_wall : -kInf; | right_wall; | the fused CPU attention's softmax counts a row's padding past the last key
-core/fused_cpu_attention.cpp | const float left_wall = rb.left_open ? 0.0f : -kInf | const float left_wall = 0.0f | the fused CPU attention lets a head that may not look left see the keys left of it
-core/fused_cpu_attention.cpp | for (int64_t l = 0; l < kLanes; ++l) total += sum[l]; | for (int64_t l = 1; l < kLanes; ++l) total += sum[l]; | the softmax's sum drops one lane of every group
-core/bf16_gemm.cpp | std::memcpy(row + 2 * j, bits(src + j * ld + k), 2 * sizeof(uint16_t)); | std::memcpy(row + 2 * j, bits(src + j * ld + k), sizeof(uint16_t)); | packing a transposed bfloat16 B drops the second row of each pair
-core/cpu_vector_math.h | auto* bits = reinterpret_cast<uint16_t*>(to + r * to_stride); | auto* bits = reinterpret_cast<uint16_t*>(to + r * n); | narrow_rows() writes its rows at their own width, not the destination's stride
-core/evaluator.cpp | auto t = flat_targets.index_select(0, scored.narrow(0, c, len)); | auto t = flat_targets.index_select(0, scored.narrow(0, 0, len)); | every logit chunk of a batch scored against the first chunk's targets
-core/token_cache.cpp | if (header.source_bytes != key.source_bytes || header.source_hash != key.source_hash) { | if (header.source_bytes != key.source_bytes) { | the token cache trusts its source's size alone (a same-size edit reuses stale tokens)
-experiments/sweep_spec.cpp | for (auto m : retrieval.length_multiples) instance_sizes.insert(m * point.config.train.seq_len); | for (auto m : retrieval.length_multiples) instance_sizes.insert(m * spec.base_config.train.seq_len); | retrieval instance lengths from the base config's training length, not the grid point's
+core/eval/evaluator.cpp | bin.nll_sum = position_nll.slice(0, bin.begin, bin.end).sum().item<double>(); | bin.nll_sum = position_nll.slice(0, bin.begin, bin.end - 1).sum().item<double>(); | a loss-by-position bin leaves out its last position
+core/eval/retrieval_eval.cpp | correct = correct && top[row] == instance.answer[a]; | correct = top[row] == instance.answer[a]; | retrieval counts an answer right when its last token is
+core/eval/retrieval_eval.cpp | for (int64_t p = instance.prompt_length - 1; p < spec.length - 1; ++p) | for (int64_t p = instance.prompt_length; p < spec.length; ++p) | retrieval scores the answer one position late
+core/data/retrieval_task.cpp | if (std::abs(double(b) - wanted) < std::abs(double(at) - wanted)) at = b; | ; | the key sentence always goes first (depth ignored)
+core/data/retrieval_task.cpp |   out += '.'; |   ; | the answer loses its full stop (a longer number would match)
+core/train/trainer.cpp | if (fraction >= 1) return true; | if (fraction >= 1) return false; | data.task_fraction 1 trains on no task instance
+core/train/trainer.cpp | const int64_t first_row = group_ ? group_->rank() * share : 0; | const int64_t first_row = 0; | every data-parallel rank trains on the first share of the batch
+core/train/trainer.cpp | all_reduce_gradients(*group_, model_->parameters(), what); | ; | data-parallel gradients are never summed (the ranks drift apart)
+core/eval/evaluator.cpp | if (ranks && ++batch_number % ranks->size() != ranks->rank()) continue; | if (ranks && ++batch_number % ranks->size() == ranks->rank() + 1) continue; | data-parallel evaluation scores some batches on two ranks
+core/runtime/distributed.cpp | if (r != rank() && probe->add("beat/" + std::to_string(r), 0) == before[size_t(r)]) | if (r != rank() && probe->add("beat/" + std::to_string(r), 0) != before[size_t(r)]) | a dead rank is not named (the live ones are)
+core/attention/attention.cpp | if (Float32Region fp32(q.device().type()); fp32.was_autocast()) | if (Float32Region fp32(q.device().type()); false) | under train.precision bf16 the attention scores (and the bias) are bfloat16
+core/train/trainer.cpp | ComputePrecision region(precision, inputs.device().type()); | ComputePrecision region(Precision::fp32, inputs.device().type()); | train.precision bf16 silently trains in fp32
+core/model/config.cpp | if (config.train.precision == Precision::fp32) remove_key(out, "train.precision"); | ; | every earlier run directory changes identity (fp32 joins the fingerprint)
+core/attention/fused_cpu_attention.cpp | qr.stride, 1.0f, dkr.data, dkr.stride);  // dK += | qr.stride, 0.0f, dkr.data, dkr.stride);  // dK += | the fused CPU attention keeps only the last query block's key gradients
+core/attention/fused_cpu_attention.cpp | return {hb.left, hb.right, hb.left != -kInf, !p.causal && hb.right != -kInf}; | return {hb.left, hb.right, hb.left != -kInf, hb.right != -kInf}; | the fused CPU attention lets a causal symmetric bias see the future
+core/kernels/bf16_gemm.cpp | const __mmask16 mask = width >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << width) - 1); | const __mmask16 mask = __mmask16(0xFFFF); | the bf16 products write past the last column of C
+core/kernels/bf16_gemm.cpp | {0,  16, 1,  17, 2,  18, | {16, 0,  1,  17, 2,  18, | packing a float32 B swaps the first column's pair of rows
+core/attention/fused_cpu_attention.cpp | multiply(gt, pb, D, n, 1.0f, dvt.data(), T, true);  // dV^T += dO^T P | multiply(gt, pb, D, n, 1.0f, dvt.data(), T, false);  // dV^T += dO^T P | the bf16 attention keeps only the last query block's value gradients
+core/attention/fused_cpu_attention.cpp | softmax_backward_row(dp + r * stride, prob + r * stride, n, dot(prob + r * stride, dp + r * stride, n)); | softmax_backward_row(dp + r * stride, prob + r * stride, n, dot(prob + r * stride, prob + r * stride, n)); | the fused CPU attention's softmax backward shifts by rowsum(P P), not rowsum(P dP)
+core/kernels/fused_cpu_loss.cpp | out[target[i]] -= g; | out[target[i]] -= 1.0f; | the fused loss's gradient at the target ignores the incoming scale (1 / tokens scored)
+core/kernels/fused_cpu_loss.cpp | std::fill(out, out + V, 0.0f); | std::fill(out, out + V, 1e-3f); | rows the loss ignores (masked LM's unmasked tokens) still get a gradient
+core/kernels/bf16_gemm.cpp | if (odd_depth && p == pairs - 1) bv[v] | if (false && odd_depth && p == pairs - 1) bv[v] | an odd-depth product lets the next row of B (NaN, inf) into C
+core/base/allocator.cpp | mallopt(M_TRIM_THRESHOLD, int(AllocatorTuning::trim_threshold)) == 1; | true; | malloc keeps trimming the heap after each step (its pages fault in again)
+core/kernels/cpu_linear.cpp | out[2] = linear_bias_gradient(g).to(torch::ScalarType(ctx->saved_data["bias_dtype"].toInt())); | out[2] = linear_bias_gradient(g).div(g.size(0)).to(torch::ScalarType(ctx->saved_data["bias_dtype"].toInt())); | the oneDNN linear's bias gradient averages over rows instead of summing
+core/kernels/cpu_linear.cpp | : onednn_product(x.t(), g.t(), {}).t().contiguous(); | : onednn_product(x.t(), g.t(), {}).contiguous().view({M, K}); | the oneDNN linear's weight gradient (computed transposed) reshaped instead of transposed
+core/kernels/fused_adamw.cpp | const float pi = p[i] * u.decay; | const float pi = p[i]; | the fused AdamW forgets the weight decay
+core/kernels/fused_adamw.cpp | const float g = grad[i] * u.scale; | const float g = grad[i]; | the fused AdamW ignores gradient clipping
+core/kernels/fused_adamw.cpp | scale = std::isnan(coefficient) ? coefficient : std::min(1.0f, coefficient); | scale = std::min(1.0f, coefficient); | a NaN gradient norm steps the finite parameters unclipped (clip_grad_norm_ makes them all NaN)
+core/kernels/gelu_linear.cpp | slope = cdf + x * e * 0.39894228040143268f; | slope = cdf; | GELU's slope without its x phi(x) term
+core/kernels/gelu_linear.cpp | out[0] = onednn_product(g, w.t(), {}, slope); | out[0] = onednn_product(g, w.t(), {}); | the fused GELU's input gradient without GELU's slope
+core/kernels/residual_norm.cpp | dbeta[j] += du[j]; | dbeta[j] += du[j] * xhat[j]; | the fused LayerNorm's bias gradient summed as its weight's
+core/kernels/residual_norm.cpp | dx[j] = dh[j] + rstd * (du[j] * gamma[j] - a - xhat[j] * b); | dx[j] = rstd * (du[j] * gamma[j] - a - xhat[j] * b); | the residual's own gradient dropped where the LayerNorm's joins it
+core/kernels/residual_norm.cpp | std::sqrt(squares / float(D) + eps) | std::sqrt(squares / float(D - 1) + eps) | the fused LayerNorm with the unbiased variance
+core/kernels/qkv_heads.cpp | auto slot = packed.select(2, i).permute({0, 2, 1, 3}); | auto slot = packed.select(2, 2 - i).permute({0, 2, 1, 3}); | split_heads' copied gradients put q's where v's belongs
+core/kernels/qkv_heads.cpp | if (x->size(i) > 1 && x->stride(i) != strides[size_t(i)]) return false; | if (false) return false; | slices of a wider buffer taken for packed q, k, v
+core/attention/fused_cpu_attention.cpp | dk = dqkv.select(2, 1).permute({0, 2, 1, 3}); | dk = dqkv.select(2, 2).permute({0, 2, 1, 3}); | the fused attention writes dK over dV in the packed gradient
+core/kernels/cpu_linear.cpp | for (int64_t i = blk * kSumRows; i < std::min(N, (blk + 1) * kSumRows); ++i) | for (int64_t i = blk * kSumRows; i < std::min(N, (blk + 1) * kSumRows) - 1; ++i) | the bfloat16 bias gradient skips the last row of each block
+core/kernels/residual_norm.cpp | if (lowp) narrow(out, lowp + i * D, D); | if (lowp) narrow(hp + i * D, lowp + i * D, D); | the LayerNorm's bfloat16 copy rounds h instead of u
+core/kernels/residual_norm.cpp | if (du_low.defined()) du_low = du_low.to(torch::kBFloat16).contiguous(); | if (du_low.defined()) du_low = torch::Tensor(); | the bfloat16 copy's gradient dropped
+core/attention/fused_cpu_attention.cpp | d < past_keys ? right_wall : -kInf; | right_wall; | the fused CPU attention's softmax counts a row's padding past the last key
+core/attention/fused_cpu_attention.cpp | const float left_wall = rb.left_open ? 0.0f : -kInf | const float left_wall = 0.0f | the fused CPU attention lets a head that may not look left see the keys left of it
+core/attention/fused_cpu_attention.cpp | for (int64_t l = 0; l < kLanes; ++l) total += sum[l]; | for (int64_t l = 1; l < kLanes; ++l) total += sum[l]; | the softmax's sum drops one lane of every group
+core/kernels/bf16_gemm.cpp | std::memcpy(row + 2 * j, bits(src + j * ld + k), 2 * sizeof(uint16_t)); | std::memcpy(row + 2 * j, bits(src + j * ld + k), sizeof(uint16_t)); | packing a transposed bfloat16 B drops the second row of each pair
+core/kernels/cpu_vector_math.h | auto* bits = reinterpret_cast<uint16_t*>(to + r * to_stride); | auto* bits = reinterpret_cast<uint16_t*>(to + r * n); | narrow_rows() writes its rows at their own width, not the destination's stride
+core/eval/evaluator.cpp | auto t = flat_targets.index_select(0, scored.narrow(0, c, len)); | auto t = flat_targets.index_select(0, scored.narrow(0, 0, len)); | every logit chunk of a batch scored against the first chunk's targets
+core/data/token_cache.cpp | if (header.source_bytes != key.source_bytes || header.source_hash != key.source_hash) { | if (header.source_bytes != key.source_bytes) { | the token cache trusts its source's size alone (a same-size edit reuses stale tokens)
+experiments/sweep/sweep_spec.cpp | for (auto m : retrieval.length_multiples) instance_sizes.insert(m * point.config.train.seq_len); | for (auto m : retrieval.length_multiples) instance_sizes.insert(m * spec.base_config.train.seq_len); | retrieval instance lengths from the base config's training length, not the grid point's
+core/train/trainer.cpp | (loss / double(c.accumulation)).backward(); | if (a == 0) (loss / double(c.accumulation)).backward(); | only the first micro-batch of an accumulated step reaches the gradient
+core/eval/retrieval_eval.cpp | const TaskInstance& instance = trials[first + size_t(b)].instance; | const TaskInstance& instance = trials[size_t(b)].instance; | every retrieval batch is fed the first batch's instances
 EOF
 )
 

@@ -9,5 +9,5 @@ cd "$ROOT"
 build/extrap sweep configs/quick.yaml "$@"
 build/extrap report results/quick.h5 --out reports/quick
 echo
-echo "results: results/quick.h5 (HDF5; schema in README.md)"
+echo "results: results/quick.h5 (HDF5; schema in docs/formats.md)"
 echo "report:  reports/quick/report.md (tables and plots)"

@@ -19,7 +19,7 @@
 #             register / shared-memory / spill report
 #   test      extrap_cuda_tests (every [cuda] test)
 #   sanitize  compute-sanitizer memcheck and racecheck on the [sanitize] subset
-#   bench     extrap_bench_attention_cuda -> $OUT/attention_cuda.jsonl (copy it to
+#   bench     extrap bench attention --device cuda -> $OUT/attention_cuda.jsonl (copy it to
 #             benchmarks/results/ on the development machine)
 # Extra arguments for the benchmark: BENCH_ARGS="--lengths 512,2048 --head-dims 128".
 # shellcheck disable=SC2317  # the stage_* functions are called by name
@@ -98,24 +98,24 @@ stage_build() {
   fi
   grep -E "extrap:|Found Torch|CUDA compiler" "$log" | head -8
   TORCH_CUDA_ARCH_LIST=9.0 cmake --build "$BUILD" --parallel "$(nproc)" \
-    --target extrap_cuda_tests extrap_bench_attention_cuda >>"$log" 2>&1 || {
+    --target extrap_cuda_tests extrap_cli >>"$log" 2>&1 || {
     grep -E "error|Error" "$log" | head -40
     tail -20 "$log"
     return 1
   }
   {
     echo "--- kernel resources (registers, shared memory, spills)"
-    cuobjdump --dump-resource-usage "$BUILD/core/cuda/libextrap_cuda_kernels.a" 2>&1 |
+    cuobjdump --dump-resource-usage "$BUILD/core/attention/cuda/libextrap_cuda_kernels.a" 2>&1 |
       grep -E "Function|REG|STACK|SHARED" | sed 's/^ *//' | paste - - | cut -c1-220
     echo "--- tensor-core instructions in the SASS (HMMA expected)"
-    cuobjdump --dump-sass "$BUILD/core/cuda/libextrap_cuda_kernels.a" 2>/dev/null |
+    cuobjdump --dump-sass "$BUILD/core/attention/cuda/libextrap_cuda_kernels.a" 2>/dev/null |
       grep -oE "HMMA[.A-Z0-9]*|HGMMA[.A-Z0-9]*|LDSM[.A-Z0-9]*" | sort | uniq -c
   } >>"$OUT/device.txt" 2>&1
   return 0
 }
 
 stage_test() {
-  "$BUILD/core/cuda/extrap_cuda_tests" "[cuda]" --durations yes >"$OUT/test.log" 2>&1
+  "$BUILD/tests/extrap_cuda_tests" "[cuda]" --durations yes >"$OUT/test.log" 2>&1
   local rc=$?
   tail -25 "$OUT/test.log"
   return "$rc"
@@ -125,7 +125,7 @@ stage_sanitize() {
   local rc=0 tool
   for tool in memcheck racecheck; do
     timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 99 \
-      "$BUILD/core/cuda/extrap_cuda_tests" "[sanitize]" >"$OUT/$tool.log" 2>&1
+      "$BUILD/tests/extrap_cuda_tests" "[sanitize]" >"$OUT/$tool.log" 2>&1
     local r=$?
     echo "$tool: exit $r"
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race|hazard" "$OUT/$tool.log" | head -10
@@ -136,7 +136,7 @@ stage_sanitize() {
 
 stage_bench() {
   # shellcheck disable=SC2086
-  "$BUILD/core/cuda/extrap_bench_attention_cuda" --out "$OUT/attention_cuda.jsonl" ${BENCH_ARGS:-} \
+  "$BUILD/extrap" bench attention --device cuda --out "$OUT/attention_cuda.jsonl" ${BENCH_ARGS:-} \
     >"$OUT/bench.log" 2>&1
   local rc=$?
   tail -120 "$OUT/bench.log"

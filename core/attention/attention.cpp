@@ -1,0 +1,293 @@
+// The attention dispatcher and the reference implementation.
+#include "core/attention/attention.h"
+
+#include "core/attention/efficient_attention.h"
+#include "core/attention/fused_cpu_attention.h"
+#include "core/base/yaml_options.h"
+#include "core/kernels/bf16_gemm.h"
+#include "core/kernels/precision.h"
+#ifdef EXTRAP_WITH_CUDA
+#include "core/attention/cuda/fused_attention.h"
+#endif
+
+#include <cmath>
+#include <limits>
+
+namespace extrap {
+
+AttentionBias AttentionBias::dense_blocks(DenseBlockFn fn) {
+  AttentionBias b;
+  b.kind = Kind::Dense;
+  b.dense = std::move(fn);
+  return b;
+}
+
+AttentionBias AttentionBias::linear(torch::Tensor slopes_left, torch::Tensor slopes_right,
+                                    torch::Tensor look_left, torch::Tensor look_right) {
+  TORCH_CHECK(slopes_left.dim() == 1 && slopes_right.sizes() == slopes_left.sizes(),
+              "linear bias: slopes must be (H,), got ", slopes_left.sizes(), " and ",
+              slopes_right.sizes());
+  TORCH_CHECK(look_left.sizes() == slopes_left.sizes() && look_right.sizes() == slopes_left.sizes(),
+              "linear bias: direction masks must be (H,)");
+  AttentionBias b;
+  b.kind = Kind::Linear;
+  b.slopes_left = std::move(slopes_left);
+  b.slopes_right = std::move(slopes_right);
+  b.look_left = look_left.to(torch::kCPU, torch::kBool);
+  b.look_right = look_right.to(torch::kCPU, torch::kBool);
+  return b;
+}
+
+AttentionBias AttentionBias::linear_causal(torch::Tensor slopes) {
+  const auto h = slopes.size(0);
+  return linear(slopes, slopes, torch::ones({h}, torch::kBool), torch::zeros({h}, torch::kBool));
+}
+
+AttentionBias AttentionBias::linear_symmetric(torch::Tensor slopes) {
+  const auto h = slopes.size(0);
+  return linear(slopes, slopes, torch::ones({h}, torch::kBool), torch::ones({h}, torch::kBool));
+}
+
+AttentionBias AttentionBias::cumulative_sum(torch::Tensor F) {
+  TORCH_CHECK(F.dim() == 3, "cumulative bias: F must be (B, H, T), got ", F.sizes());
+  AttentionBias b;
+  b.kind = Kind::Cumulative;
+  b.cumulative = std::move(F);
+  return b;
+}
+
+AttentionBias AttentionBias::contextual(torch::Tensor E) {
+  TORCH_CHECK(E.dim() == 3 && E.size(2) >= 2,
+              "contextual bias: position embeddings must be (1 or H, d_head, npos >= 2), got ",
+              E.sizes());
+  AttentionBias b;
+  b.kind = Kind::Contextual;
+  b.position_embeddings = std::move(E);
+  return b;
+}
+
+AttentionBias AttentionBias::at_positions(const torch::Tensor& token_positions) const {
+  if (!token_positions.defined()) return *this;
+  TORCH_CHECK(kind == Kind::Linear, "only a linear bias can be evaluated at explicit positions, "
+              "this one is ", describe());
+  AttentionBias b = *this;
+  b.positions = token_positions.to(torch::kFloat32);
+  return b;
+}
+
+std::string AttentionBias::describe() const {
+  switch (kind) {
+    case Kind::None: return "none";
+    case Kind::Dense: return "dense";
+    case Kind::Linear: {
+      const bool left = look_left.any().item<bool>(), right = look_right.any().item<bool>();
+      return "linear (" + std::to_string(slopes_left.size(0)) + " heads, " +
+             (left && right ? "left+right" : left ? "left" : "right") +
+             (positions.defined() ? ", sampled positions" : "") + ")";
+    }
+    case Kind::Cumulative: return "cumulative (F[i] - F[j] per batch and head)";
+    case Kind::Contextual: return "contextual (CoPE, " + std::to_string(position_embeddings.size(2)) + " positions)";
+  }
+  return "?";
+}
+
+torch::Tensor materialize_bias_block(const AttentionBias& bias, int64_t num_heads, int64_t q0,
+                                     int64_t q1, int64_t k0, int64_t k1, bool causal,
+                                     torch::TensorOptions options) {
+  if (!options.has_dtype()) options = options.dtype(torch::kFloat32);
+  const auto inf = std::numeric_limits<float>::infinity();
+  auto i = torch::arange(q0, q1, options).view({1, -1, 1});  // (1, Tq, 1)
+  auto j = torch::arange(k0, k1, options).view({1, 1, -1});  // (1, 1, Tk)
+  auto left = (j <= i);                                       // (1, Tq, Tk)
+  torch::Tensor out;                                          // (H, Tq, Tk) or (B, H, Tq, Tk)
+  switch (bias.kind) {
+    case AttentionBias::Kind::Contextual:
+      TORCH_CHECK(false, "a contextual (CoPE) bias depends on q and k: use add_bias_()");
+    case AttentionBias::Kind::Cumulative: {  // causal only: materialize_bias() checks
+      const auto& F = bias.cumulative;
+      TORCH_CHECK(F.size(1) == num_heads && F.size(2) >= std::max(q1, k1), "cumulative bias: F ",
+                  F.sizes(), " does not cover ", num_heads, " heads and positions up to ",
+                  std::max(q1, k1));
+      auto f = F.to(options.device(), options.dtype_opt().value());
+      out = f.narrow(2, q0, q1 - q0).unsqueeze(-1) - f.narrow(2, k0, k1 - k0).unsqueeze(-2);
+      break;
+    }
+    case AttentionBias::Kind::None:
+      out = torch::zeros({num_heads, q1 - q0, k1 - k0}, options);
+      break;
+    case AttentionBias::Kind::Dense:
+      out = bias.dense(q0, q1, k0, k1).to(options.device(), options.dtype_opt().value());
+      TORCH_CHECK(out.dim() == 3 && out.size(0) == num_heads && out.size(1) == q1 - q0 &&
+                      out.size(2) == k1 - k0,
+                  "dense bias: expected (", num_heads, ", ", q1 - q0, ", ", k1 - k0, "), got ",
+                  out.sizes());
+      break;
+    case AttentionBias::Kind::Linear: {
+      TORCH_CHECK(bias.slopes_left.size(0) == num_heads, "linear bias has ",
+                  bias.slopes_left.size(0), " slopes for ", num_heads, " heads");
+      const auto dtype = i.scalar_type();
+      auto sl = bias.slopes_left.to(options.device(), dtype).view({-1, 1, 1});   // (H, 1, 1)
+      auto sr = bias.slopes_right.to(options.device(), dtype).view({-1, 1, 1});
+      auto dist = (i - j).abs();  // (1, Tq, Tk)
+      if (bias.positions.defined()) {  // sampled positions: distances between them
+        TORCH_CHECK(bias.positions.dim() == 1 && bias.positions.size(0) >= std::max(q1, k1),
+                    "linear bias: positions ", bias.positions.sizes(), " do not cover ",
+                    std::max(q1, k1), " tokens");
+        auto p = bias.positions.to(options.device(), dtype);
+        dist = (p.narrow(0, q0, q1 - q0).view({1, -1, 1}) - p.narrow(0, k0, k1 - k0).view({1, 1, -1}))
+                   .abs();
+      }
+      out = torch::where(left, -sl * dist, -sr * dist);
+      auto look_left = bias.look_left.to(options.device()).view({-1, 1, 1});
+      auto look_right = bias.look_right.to(options.device()).view({-1, 1, 1});
+      auto diagonal = (i == j);
+      auto allowed = torch::where(left, look_left | diagonal, look_right);  // (H, Tq, Tk)
+      out = out.masked_fill(allowed.logical_not(), -inf);
+      break;
+    }
+  }
+  if (causal) out = out.masked_fill(left.logical_not(), -inf);
+  return out;
+}
+
+torch::Tensor materialize_bias(const AttentionBias& bias, int64_t num_heads, int64_t tq,
+                               int64_t tk, bool causal, torch::TensorOptions options) {
+  TORCH_CHECK(causal || bias.kind != AttentionBias::Kind::Cumulative,
+              "a cumulative (forgetting-gate) bias is defined for causal attention only");
+  return materialize_bias_block(bias, num_heads, 0, tq, 0, tk, causal, options);
+}
+
+namespace {
+
+// Kind::Contextual's bias from the scaled, masked scores (B, H, Tq, Tk) and unscaled q.
+torch::Tensor contextual_bias(const torch::Tensor& masked_scores, const torch::Tensor& q,
+                              const torch::Tensor& E) {
+  const int64_t npos = E.size(2);
+  TORCH_CHECK(E.size(0) == 1 || E.size(0) == q.size(1), "contextual bias: ", E.size(0),
+              " embedding sets for ", q.size(1), " heads");
+  TORCH_CHECK(E.size(1) == q.size(3), "contextual bias: embeddings of size ", E.size(1),
+              " for heads of size ", q.size(3));
+  auto gates = torch::sigmoid(masked_scores);                     // (B, H, Tq, Tk), 0 where masked
+  auto p = gates.flip(-1).cumsum(-1).flip(-1).clamp_max(double(npos - 1));  // sum_{t >= j} g_it
+  auto z = torch::matmul(q, E.to(q.scalar_type()));              // (B, H, Tq, npos)
+  auto lower = p.floor();
+  auto w = p - lower;
+  auto lo = lower.to(torch::kLong), hi = p.ceil().to(torch::kLong);
+  return z.gather(-1, lo) * (1 - w) + z.gather(-1, hi) * w;       // (B, H, Tq, Tk)
+}
+
+}  // namespace
+
+torch::Tensor add_bias_(torch::Tensor& scores, const AttentionBias& bias, const torch::Tensor& q,
+                        bool causal) {
+  const auto heads = scores.size(1), tq = scores.size(2), tk = scores.size(3);
+  TORCH_CHECK(tq <= tk, "attention: ", tq, " queries for ", tk, " keys (queries are the last keys)");
+  const bool mask_only = bias.is_none() || bias.kind == AttentionBias::Kind::Contextual;
+  if (mask_only) {
+    if (causal) {  // query row r is key tk - tq + r
+      auto mask = torch::ones({tq, tk}, torch::TensorOptions().dtype(torch::kBool).device(scores.device()))
+                      .triu(1 + tk - tq);
+      scores.masked_fill_(mask, -std::numeric_limits<float>::infinity());
+    }
+    if (bias.kind == AttentionBias::Kind::Contextual) {
+      TORCH_CHECK(causal, "a contextual (CoPE) bias is defined for causal attention only");
+      scores.add_(contextual_bias(scores, q, bias.position_embeddings));
+    }
+    return scores;
+  }
+  // (H, Tq, Tk) broadcast over B, or (B, H, Tq, Tk) for a cumulative bias: the last tq rows.
+  TORCH_CHECK(causal || bias.kind != AttentionBias::Kind::Cumulative,
+              "a cumulative (forgetting-gate) bias is defined for causal attention only");
+  return scores.add_(
+      materialize_bias_block(bias, heads, tk - tq, tk, 0, tk, causal, scores.options()));
+}
+
+torch::Tensor attention_reference(const torch::Tensor& q, const torch::Tensor& k,
+                                  const torch::Tensor& v, const AttentionBias& bias,
+                                  const AttentionOptions& options) {
+  const auto d = q.size(3);
+  // Scale q rather than the scores (a (B, H, T, D) pass instead of (B, H, T, T)), and add the
+  // bias in place: matmul's backward needs only its inputs.
+  auto scores = torch::matmul(q * (1.0 / std::sqrt(double(d))), k.transpose(-2, -1));  // (B, H, Tq, Tk)
+  add_bias_(scores, bias, q, options.causal);
+  auto probs = torch::softmax(scores, -1);
+  if (options.training && options.dropout > 0) probs = torch::dropout(probs, options.dropout, true);
+  return torch::matmul(probs, v);  // (B, H, Tq, D)
+}
+
+namespace {
+
+// Whether the call goes to the fused CPU kernel: the Fused backend on the CPU (which refuses by
+// name what it does not take), or Auto training from fused_cpu_min_length queries where the
+// kernel takes the call.
+bool fused_cpu_takes(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                     const AttentionBias& bias, const AttentionOptions& options) {
+  if (!q.device().is_cpu() || q.size(2) != k.size(2)) return false;
+  if (options.backend == AttentionBackend::Fused) return true;
+  const bool inference = !options.training && !torch::GradMode::is_enabled();
+  const int64_t min_length = q.scalar_type() == torch::kBFloat16 && bf16_gemm::available()
+                                 ? options.fused_cpu_bf16_min_length
+                                 : options.fused_cpu_min_length;
+  return options.backend == AttentionBackend::Auto && !inference && q.size(2) >= min_length &&
+         fused_cpu_attention_unsupported_reason(q, k, v, bias, options).empty();
+}
+
+}  // namespace
+
+torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        const AttentionBias& bias, const AttentionOptions& options) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+              "attention expects (B, H, T, D) tensors, got q ", q.sizes());
+  TORCH_CHECK(q.size(2) <= k.size(2) && k.size(2) == v.size(2), "attention: ", q.size(2),
+              " queries for ", k.size(2), " keys and ", v.size(2), " values");
+  // Under train.precision bf16 (autocast) attention stays float32: the scores carry the bias.
+  // The fused CPU kernel widens bfloat16 inputs itself and computes in float32 (no float32
+  // copies of q, k, v and the output); every other path gets float32 copies.
+  if (Float32Region fp32(q.device().type()); fp32.was_autocast()) {
+    if (q.scalar_type() == torch::kBFloat16 && fused_cpu_takes(q, k, v, bias, options))
+      return fused_cpu_attention(q, k, v, bias, options);
+    return attention(q.to(torch::kFloat32), k.to(torch::kFloat32), v.to(torch::kFloat32), bias, options);
+  }
+  // Fewer queries than keys (decoding with a KV cache): the queries are the last keys. Only
+  // the reference path takes that, and it is what Auto picks.
+  if (q.size(2) != k.size(2)) {
+    TORCH_CHECK(options.backend == AttentionBackend::Auto ||
+                    options.backend == AttentionBackend::Reference,
+                "attention: the ", enum_name(options.backend), " backend needs as many queries as "
+                "keys (got ", q.size(2), " and ", k.size(2), "); decoding with a KV cache uses the "
+                "reference path");
+    return attention_reference(q, k, v, bias, options);
+  }
+  switch (options.backend) {
+    case AttentionBackend::Reference:
+      return attention_reference(q, k, v, bias, options);
+    case AttentionBackend::Efficient:
+      return attention_efficient(q, k, v, bias, options);
+    case AttentionBackend::Fused:
+      if (fused_cpu_takes(q, k, v, bias, options)) return fused_cpu_attention(q, k, v, bias, options);
+#ifdef EXTRAP_WITH_CUDA
+      TORCH_CHECK(!(options.training && options.dropout > 0),
+                  "attention: the fused CUDA backend has no attention dropout (dropout ",
+                  options.dropout, ")");
+      return fused_attention(q, k, v, bias, options.causal);
+#else
+      TORCH_CHECK(false, "attention: the fused CUDA backend is not built into this binary");
+#endif
+    case AttentionBackend::Auto: {
+#ifdef EXTRAP_WITH_CUDA
+      if (q.is_cuda() && !(options.training && options.dropout > 0) &&
+          fused_attention_unsupported_reason(q, k, v, bias, options.causal).empty())
+        return fused_attention(q, k, v, bias, options.causal);
+#endif
+      // Training on the CPU: the fused kernel where it takes the call (core/attention/fused_cpu_attention.h).
+      if (fused_cpu_takes(q, k, v, bias, options)) return fused_cpu_attention(q, k, v, bias, options);
+      const bool inference = !options.training && !torch::GradMode::is_enabled();
+      if (inference && q.device().is_cpu() && q.size(2) * k.size(2) > options.efficient_threshold)
+        return attention_efficient(q, k, v, bias, options);
+      return attention_reference(q, k, v, bias, options);
+    }
+  }
+  return attention_reference(q, k, v, bias, options);
+}
+
+}  // namespace extrap

@@ -1,0 +1,162 @@
+// One attention call for every position method and every backend.
+//
+// A position method does not hand the attention a materialised (H, T, T) bias: it hands a
+// *description* (AttentionBias) of what it wants added to the scaled q.k scores. Backends
+// (the reference below, the memory-efficient CPU path, the fused CUDA kernel) each turn the
+// description into scores their own way; the reference materialises it, the others never
+// build a T x T tensor.
+//
+// Conventions: i = query position, j = key position, both counted from 0 at the start of the
+// window. Scores are q.k / sqrt(d_head) + bias(i, j); a masked entry is -inf.
+#pragma once
+
+#include <torch/torch.h>
+
+#include "core/base/yaml_options.h"
+
+#include <functional>
+#include <string>
+
+namespace extrap {
+
+// What a position method adds to the attention scores.
+struct AttentionBias {
+  enum class Kind {
+    None,        // nothing
+    Dense,       // an arbitrary per-head bias, computed block by block on request
+    Linear,      // ALiBi family: linear in |i - j| with per-head slopes and direction masks
+    Cumulative,  // per batch and head: F[i] - F[j] from one vector F (forgetting gates)
+    Contextual,  // CoPE: positions counted by sigmoid gates of the scores themselves
+  };
+
+  // Kind::Dense: returns the (H, q_end - q_begin, k_end - k_begin) bias for the rows
+  // [q_begin, q_end) and columns [k_begin, k_end). Backends may call it for the whole
+  // T x T range (reference) or for one tile at a time (memory-efficient paths). The
+  // result may require grad (learned tables).
+  using DenseBlockFn =
+      std::function<torch::Tensor(int64_t q_begin, int64_t q_end, int64_t k_begin, int64_t k_end)>;
+
+  Kind kind = Kind::None;
+  DenseBlockFn dense;
+
+  // Kind::Linear, per head h:
+  //   j <= i: bias = -slopes_left[h]  * (i - j)   (masked instead if !look_left[h]; j == i never is)
+  //   j >  i: bias = -slopes_right[h] * (j - i)   (masked instead if !look_right[h])
+  // slopes_* are (H,) float tensors (positive; may require grad for learned slopes);
+  // look_* are (H,) bool tensors on the CPU. A causal attention call masks j > i on top of
+  // this whatever look_right says.
+  torch::Tensor slopes_left;
+  torch::Tensor slopes_right;
+  torch::Tensor look_left;
+  torch::Tensor look_right;
+  // Kind::Linear only, optional: (T,) float positions of the window's tokens when they are not
+  // 0..T-1 (training with position.randomize_max); distances are then |positions[i] -
+  // positions[j]|. Masks still go by index. Only the reference backend takes it.
+  torch::Tensor positions;
+
+  // Kind::Cumulative, causal attention only: (B, H, T) float F, and
+  //   bias(b, h, i, j) = F[b, h, i] - F[b, h, j]   for j <= i.
+  // With F[i] = sum_{l <= i} log f_l this is the sum of log forget gates over (j, i] (the
+  // Forgetting Transformer); F[i] = -m_h * i is causal ALiBi. A fused kernel could take it
+  // as two vectors per (batch, head). May require grad.
+  torch::Tensor cumulative;
+
+  // Kind::Contextual (CoPE, Golovneva et al., 2024), causal attention only. With s = the
+  // scaled, masked scores q_i . k_j / sqrt(d) of the same call:
+  //   g_ij = sigmoid(s_ij) (0 where masked),  p_ij = min(sum_{t = j..i} g_it, npos - 1),
+  //   bias(i, j) = (1 - w) * z_i[floor p_ij] + w * z_i[ceil p_ij],  w = p_ij - floor p_ij,
+  // where z_i = q_i . E (unscaled q) and E = position_embeddings: (1 or H, d_head, npos).
+  // The gates see the scores before this bias is added. May require grad.
+  torch::Tensor position_embeddings;
+
+  static AttentionBias none() { return {}; }
+  static AttentionBias dense_blocks(DenseBlockFn fn);
+  // Causal ALiBi: slopes only to the left; the right side is never reached.
+  static AttentionBias linear_causal(torch::Tensor slopes);
+  // Symmetric: the same slope both sides, both directions visible.
+  static AttentionBias linear_symmetric(torch::Tensor slopes);
+  // General form.
+  static AttentionBias linear(torch::Tensor slopes_left, torch::Tensor slopes_right,
+                              torch::Tensor look_left, torch::Tensor look_right);
+  // F: (B, H, T).
+  static AttentionBias cumulative_sum(torch::Tensor F);
+  // E: (1 or H, d_head, npos).
+  static AttentionBias contextual(torch::Tensor E);
+
+  // A Linear bias evaluated at explicit token positions (T,); unchanged when undefined.
+  AttentionBias at_positions(const torch::Tensor& positions) const;
+
+  bool is_none() const { return kind == Kind::None; }
+  // Kinds that depend on the batch or on q and k, not on positions alone.
+  bool depends_on_input() const { return kind == Kind::Cumulative || kind == Kind::Contextual; }
+  std::string describe() const;  // e.g. "linear (8 heads, left+right)"
+};
+
+// Which implementation an attention call uses.
+enum class AttentionBackend {
+  Auto,       // fused where it takes the call (CUDA; CPU training), memory-efficient for long
+              // CPU inference windows, the reference otherwise
+  Reference,  // materialise scores and bias (exact reference, supports everything)
+  Efficient,  // blockwise online-softmax CPU path (inference only)
+  Fused,      // the device's fused kernel: CUDA (core/attention/cuda), or the CPU training kernel
+              // (core/attention/fused_cpu_attention.h); slope-described biases only
+};
+template <>
+struct EnumNames<AttentionBackend> {
+  static constexpr std::array<std::pair<const char*, AttentionBackend>, 4> table{
+      {{"auto", AttentionBackend::Auto},
+       {"reference", AttentionBackend::Reference},
+       {"efficient", AttentionBackend::Efficient},
+       {"fused", AttentionBackend::Fused}}};
+};
+inline std::string to_string(AttentionBackend backend) { return enum_name(backend); }
+
+struct AttentionOptions {
+  bool causal = true;
+  double dropout = 0.0;   // attention-probability dropout (training only)
+  bool training = false;
+  AttentionBackend backend = AttentionBackend::Auto;
+  // Auto switches to the memory-efficient path for inference when T_q * T_k exceeds this.
+  int64_t efficient_threshold = 1024 * 1024;
+  // Auto trains with the fused CPU kernel from this many queries on. Measured with `extrap bench
+  // train` (2026-11-23, 2-core AMD EPYC, fp32, d_head 32 and 64): below it the per-head products
+  // are too small for a BLAS call each and the reference's batched ones win (L 64: 0.95x),
+  // at 128 the two are level, from 256 on the kernel is ahead (1.10x to 1.2x).
+  int64_t fused_cpu_min_length = 128;
+  // The same for bfloat16 inputs (train.precision bf16) on a CPU with AVX512_BF16, where the
+  // kernel's products run in bfloat16 (core/kernels/bf16_gemm.h). Measured the same way in bf16 (L 32
+  // level with the reference, L 64 1.09x; benchmarks/RESULTS.md).
+  int64_t fused_cpu_bf16_min_length = 64;
+};
+
+// q: (B, H, Tq, D), k and v: (B, H, Tk, D) with Tq <= Tk. Returns (B, H, Tq, D).
+// With Tq < Tk (decoding with a KV cache) the queries are the last Tq keys: query row r is
+// position Tk - Tq + r of the bias and of the causal mask. Only the reference path takes
+// Tq < Tk (Auto picks it; Efficient and Fused refuse).
+torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        const AttentionBias& bias, const AttentionOptions& options);
+
+// The reference: materialises the (H, Tq, Tk) bias and the (B, H, Tq, Tk) scores.
+torch::Tensor attention_reference(const torch::Tensor& q, const torch::Tensor& k,
+                                  const torch::Tensor& v, const AttentionBias& bias,
+                                  const AttentionOptions& options);
+
+// Adds the bias (masks included) to scores = q.k / sqrt(d): (B, H, Tq, Tk), in place, the
+// queries being the last Tq keys; returns scores. Every kind; the reference path's own step, and what tests compare the others with.
+// q is the unscaled query (Kind::Contextual needs it).
+torch::Tensor add_bias_(torch::Tensor& scores, const AttentionBias& bias, const torch::Tensor& q,
+                        bool causal);
+
+// The full (H, Tq, Tk) additive bias, masks included (-inf where attention is masked); for
+// Kind::Cumulative (B, H, Tq, Tk). Kind::Contextual depends on q and k: use add_bias_().
+// What `extrap inspect bias` prints; used by tests.
+torch::Tensor materialize_bias(const AttentionBias& bias, int64_t num_heads, int64_t tq,
+                               int64_t tk, bool causal, torch::TensorOptions options = {});
+
+// The bias for a block of rows [q0, q1) and columns [k0, k1), masks included. Kinds None,
+// Dense, Linear: (H, q1 - q0, k1 - k0); Cumulative: (B, H, q1 - q0, k1 - k0).
+torch::Tensor materialize_bias_block(const AttentionBias& bias, int64_t num_heads, int64_t q0,
+                                     int64_t q1, int64_t k0, int64_t k1, bool causal,
+                                     torch::TensorOptions options = {});
+
+}  // namespace extrap

@@ -1,0 +1,508 @@
+#include "core/attention/fused_cpu_attention.h"
+
+#include "core/kernels/bf16_gemm.h"
+#include "core/kernels/cpu_vector_math.h"
+#include "core/kernels/qkv_heads.h"
+
+#include <ATen/Parallel.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace extrap {
+
+namespace {
+
+constexpr int64_t kQueryBlock = 64;
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// The Fortran BLAS sgemm_ (32-bit integers) that LibTorch's libtorch_cpu exports (MKL on x86,
+// OpenBLAS elsewhere); looked up once at run time, null where there is none.
+using SgemmFn = void (*)(const char*, const char*, const int*, const int*, const int*, const float*,
+                         const float*, const int*, const float*, const int*, const float*, float*,
+                         const int*);
+SgemmFn sgemm_function() {
+  static const SgemmFn fn = reinterpret_cast<SgemmFn>(dlsym(RTLD_DEFAULT, "sgemm_"));
+  return fn;
+}
+
+// Row-major C (M x N) = alpha op(A) op(B) + beta C, op(A) M x K, op(B) K x N; lda, ldb, ldc
+// are row strides. Column-major BLAS computes C^T = op(B)^T op(A)^T.
+void gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  const char ta = transpose_a ? 'T' : 'N', tb = transpose_b ? 'T' : 'N';
+  const int M = int(m), N = int(n), K = int(k), LDA = int(lda), LDB = int(ldb), LDC = int(ldc);
+  sgemm_function()(&tb, &ta, &N, &M, &K, &alpha, b, &LDB, a, &LDA, &beta, c, &LDC);
+}
+
+// The bias of head h as the kernel applies it: bias(i, j) = left * (i - j) for j < i,
+// right * (j - i) for j > i, 0 on the diagonal; a head that may not look one way has
+// -inf there (and causal attention masks j > i whatever the bias says).
+struct HeadBias {
+  float left = 0, right = 0;  // -slope, or -inf for a masked direction
+};
+
+struct Problem {
+  int64_t batch, heads, length, dim;
+  float scale;
+  bool causal;
+  std::vector<HeadBias> bias;  // empty: no bias
+
+  // Sizes and scale from q (B, H, T, D); no bias yet.
+  static Problem of(const torch::Tensor& q, bool causal) {
+    return {q.size(0), q.size(1), q.size(2), q.size(3), float(1.0 / std::sqrt(double(q.size(3)))), causal, {}};
+  }
+};
+
+// The rows of one (batch, head) as float32: row t starts at data + t * stride.
+struct Rows {
+  float* data;
+  int64_t stride;
+};
+
+// A (B, H, T, Dh) input, float32 or bfloat16: the row of (b, h, t) starts at element
+// b * sb + h * sh + t * st.
+struct Operand {
+  const void* data;
+  bool bf16;
+  int64_t sb, sh, st;
+  explicit Operand(const torch::Tensor& x)
+      : data(x.data_ptr()), bf16(x.scalar_type() == torch::kBFloat16),
+        sb(x.stride(0)), sh(x.stride(1)), st(x.stride(2)) {}
+
+  const c10::BFloat16* bf16_at(int64_t b, int64_t h) const {
+    return static_cast<const c10::BFloat16*>(data) + b * sb + h * sh;
+  }
+
+  // The T rows of (b, h) as float32: in place for a float32 tensor, widened into `buffer`
+  // (T x D, contiguous) for a bfloat16 one.
+  Rows rows(int64_t b, int64_t h, int64_t T, int64_t D, std::vector<float>& buffer) const {
+    if (!bf16) return {const_cast<float*>(static_cast<const float*>(data)) + b * sb + h * sh, st};
+    buffer.resize(size_t(T * D));
+    const auto* x = static_cast<const c10::BFloat16*>(data) + b * sb + h * sh;
+    for (int64_t t = 0; t < T; ++t) widen(x + t * st, buffer.data() + t * D, D);
+    return {buffer.data(), D};
+  }
+};
+
+// A (B, H, T, Dh) output with unit stride in Dh, float32 or bfloat16, written head by head: the
+// row of (b, h, t) starts at element b * sb + h * sh + t * st. rows() gives the rows of (b, h)
+// to write as float32 (the tensor's own for float32, `buffer` for bfloat16), and store() rounds
+// a bfloat16 output's buffer into the tensor.
+struct Destination {
+  void* data;
+  bool bf16;
+  int64_t T, D, sb, sh, st;
+  explicit Destination(const torch::Tensor& x)
+      : data(x.data_ptr()), bf16(x.scalar_type() == torch::kBFloat16), T(x.size(2)), D(x.size(3)),
+        sb(x.stride(0)), sh(x.stride(1)), st(x.stride(2)) {}
+  int64_t offset(int64_t b, int64_t h) const { return b * sb + h * sh; }
+
+  Rows rows(int64_t b, int64_t h, std::vector<float>& buffer) const {
+    if (!bf16) return {static_cast<float*>(data) + offset(b, h), st};
+    buffer.resize(size_t(T * D));
+    return {buffer.data(), D};
+  }
+  void store(int64_t b, int64_t h, const std::vector<float>& buffer) const {
+    if (bf16) store_rows(b, h, 0, T, buffer.data());
+  }
+  // Rows [t0, t0 + m) of (b, h) of a bfloat16 output from float32 rows (m x D).
+  void store_rows(int64_t b, int64_t h, int64_t t0, int64_t m, const float* rows) const {
+    narrow_rows(rows, m, D, static_cast<c10::BFloat16*>(data) + offset(b, h) + t0 * st, st);
+  }
+  // All rows of (b, h) of a bfloat16 output from its transpose (D x T, float32).
+  void store_transposed(int64_t b, int64_t h, const float* transposed) const {
+    auto* y = static_cast<c10::BFloat16*>(data) + offset(b, h);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t d = 0; d < D; ++d) y[t * st + d] = c10::BFloat16(transposed[d * T + t]);
+  }
+};
+
+// Row i of the scores (keys [0, n), the diagonal at i < n) with the head's bias added: the
+// keys left of i by left * (i - j) and right of it by right * (j - i), or masked.
+struct RowBias {
+  float left, right;           // coefficients (-slope)
+  bool left_open, right_open;  // whether the row sees those keys at all
+};
+
+// The softmax's row loops run over whole groups of kLanes floats (one AVX-512 vector), so that
+// they compile to full vectors with no scalar remainder, and stop at the group of the row's last
+// visible key: a causal row i costs about i + 1 entries, not n. Score buffers have rows of
+// padded_keys(n) floats, so a row's last group is inside the buffer. Measured on
+// configs/train_quick.yaml bf16 (T = 64): see benchmarks/RESULTS.md, part 6.
+constexpr int64_t kLanes = 16;
+int64_t padded_keys(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
+
+// The end of row i's work: its last visible key's group, rounded up to whole groups.
+int64_t row_end(int64_t i, int64_t n, RowBias rb) { return padded_keys(rb.right_open ? n : i + 1); }
+
+// row[j] <- score + bias for the keys row i sees, -inf for the rest, j < end (keys past n are
+// padding, unseen); returns the row's maximum. Written with selects on float comparisons only,
+// so that GCC vectorises it: with d = j - i, the bias is (-left) d left of the diagonal and
+// right d right of it (the same products as left (i - j) and right (j - i)), and an unseen key
+// gets a wall of -inf added instead.
+EXTRAP_ISA_CLONES
+float bias_and_max(float* row, int64_t i, int64_t n, int64_t end, RowBias rb) {
+  const float left = rb.left_open ? -rb.left : 0.0f, right = rb.right_open ? rb.right : 0.0f;
+  const float left_wall = rb.left_open ? 0.0f : -kInf, right_wall = rb.right_open ? 0.0f : -kInf;
+  const float past_keys = float(n - i);  // d at the first padding key
+  float max[kLanes];  // lane by lane across the groups, so that no group ends in a horizontal step
+  std::fill(max, max + kLanes, -kInf);
+  for (int64_t j0 = 0; j0 < end; j0 += kLanes) {
+    float* group = row + j0;
+    const float d0 = float(j0 - i);
+#pragma omp simd
+    for (int64_t l = 0; l < kLanes; ++l) {
+      const float d = d0 + float(l);
+      const float wall = d < 0.0f ? left_wall : d == 0.0f ? 0.0f : d < past_keys ? right_wall : -kInf;
+      const float s = group[l] + (d < 0.0f ? left : right) * d + wall;
+      group[l] = s;
+      max[l] = s > max[l] ? s : max[l];
+    }
+  }
+  return *std::max_element(max, max + kLanes);
+}
+
+// row[j] <- exp(row[j] - shift) for j < end (0 where bias_and_max masked it), 0 for
+// end <= j < n; returns the sum.
+EXTRAP_ISA_CLONES
+float exp_row(float* row, int64_t n, int64_t end, float shift) {
+  float sum[kLanes] = {};  // lane by lane across the groups, as bias_and_max's maximum
+  for (int64_t j0 = 0; j0 < end; j0 += kLanes) {
+    float* group = row + j0;
+#pragma omp simd
+    for (int64_t l = 0; l < kLanes; ++l) {
+      group[l] = exp_float(group[l] - shift);
+      sum[l] += group[l];
+    }
+  }
+  for (int64_t j = end; j < n; ++j) row[j] = 0;
+  float total = 0;
+  for (int64_t l = 0; l < kLanes; ++l) total += sum[l];
+  return total;
+}
+
+EXTRAP_ISA_CLONES
+void scale_row(float* row, int64_t n, float factor) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) row[j] *= factor;
+}
+
+// dS = P (dP - delta), in place in dP.
+EXTRAP_ISA_CLONES
+void softmax_backward_row(float* dp, const float* prob, int64_t n, float delta) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) dp[j] = prob[j] * (dp[j] - delta);
+}
+
+EXTRAP_ISA_CLONES
+float dot(const float* a, const float* b, int64_t n) {
+  float sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < n; ++j) sum += a[j] * b[j];
+  return sum;
+}
+
+// dS = P (dP - rowsum(P dP)) for m rows of n keys (rows `stride` apart), in place in dP.
+// rowsum(P dP) is the softmax backward's shift rowsum(dO o O) (O = P V, dP = dO V^T), so O is
+// not needed.
+void softmax_backward_block(float* dp, const float* prob, int64_t m, int64_t n, int64_t stride) {
+  for (int64_t r = 0; r < m; ++r)
+    softmax_backward_row(dp + r * stride, prob + r * stride, n, dot(prob + r * stride, dp + r * stride, n));
+}
+
+RowBias row_bias(const Problem& p, int64_t h) {
+  const HeadBias hb = p.bias.empty() ? HeadBias{} : p.bias[size_t(h)];
+  return {hb.left, hb.right, hb.left != -kInf, !p.causal && hb.right != -kInf};
+}
+
+// Adds the bias and masks to row i of the scores (keys 0..n-1, padded_keys(n) floats), then
+// turns it into softmax probabilities in place; returns the row's log-sum-exp.
+float softmax_row(float* row, int64_t i, int64_t n, const Problem& p, int64_t h) {
+  const RowBias rb = row_bias(p, h);
+  const int64_t end = row_end(i, n, rb);
+  const float max = bias_and_max(row, i, n, end, rb);
+  const float sum = exp_row(row, n, end, max);
+  scale_row(row, std::min(end, n), 1.0f / sum);
+  return max + std::log(sum);
+}
+
+// Recomputes row i's probabilities from its scores and log-sum-exp (backward).
+void probabilities_row(float* row, int64_t i, int64_t n, const Problem& p, int64_t h, float lse) {
+  const RowBias rb = row_bias(p, h);
+  const int64_t end = row_end(i, n, rb);
+  bias_and_max(row, i, n, end, rb);
+  exp_row(row, n, end, lse);
+}
+
+// softmax_row for the m rows (queries i0, i0 + 1, ...) of a block's scores, n keys each, rows
+// padded_keys(n) apart; their log-sum-exps into lse[i0 ...].
+void softmax_block(float* scores, int64_t i0, int64_t m, int64_t n, const Problem& p, int64_t h, float* lse) {
+  const int64_t stride = padded_keys(n);
+  for (int64_t r = 0; r < m; ++r) lse[i0 + r] = softmax_row(scores + r * stride, i0 + r, n, p, h);
+}
+
+// probabilities_row for the m rows of a block, from their saved log-sum-exps.
+void probabilities_block(float* scores, int64_t i0, int64_t m, int64_t n, const Problem& p, int64_t h,
+                         const float* lse) {
+  const int64_t stride = padded_keys(n);
+  for (int64_t r = 0; r < m; ++r) probabilities_row(scores + r * stride, i0 + r, n, p, h, lse[i0 + r]);
+}
+
+// Keys that block [i0, i0 + m) attends to: [0, n).
+int64_t visible_keys(const Problem& p, int64_t i0, int64_t m) { return p.causal ? i0 + m : p.length; }
+
+void forward_kernel(const Problem& p, const Operand& q, const Operand& k, const Operand& v,
+                    const Destination& out, float* lse) {
+  const int64_t T = p.length, D = p.dim, H = p.heads;
+  at::parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(size_t(std::min(kQueryBlock, T) * padded_keys(T))), qbuf, kbuf, vbuf, obuf;
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      const Rows qr = q.rows(b, h, T, D, qbuf), kr = k.rows(b, h, T, D, kbuf), vr = v.rows(b, h, T, D, vbuf);
+      const Rows o = out.rows(b, h, obuf);
+      float* lb = lse + bh * T;
+      for (int64_t i0 = 0; i0 < T; i0 += kQueryBlock) {
+        const int64_t m = std::min(kQueryBlock, T - i0), n = visible_keys(p, i0, m), ns = padded_keys(n);
+        gemm(false, true, m, n, D, p.scale, qr.data + i0 * qr.stride, qr.stride, kr.data, kr.stride, 0.0f,
+             scores.data(), ns);
+        softmax_block(scores.data(), i0, m, n, p, h, lb);
+        gemm(false, false, m, D, n, 1.0f, scores.data(), ns, vr.data, vr.stride, 0.0f, o.data + i0 * o.stride,
+             o.stride);
+      }
+      out.store(b, h, obuf);
+    }
+  });
+}
+
+void backward_kernel(const Problem& p, const Operand& q, const Operand& k, const Operand& v, const float* lse,
+                     const Operand& dout, const Destination& dq, const Destination& dk, const Destination& dv) {
+  const int64_t T = p.length, D = p.dim, H = p.heads;
+  at::parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
+    const int64_t block = std::min(kQueryBlock, T);
+    std::vector<float> probs(size_t(block * padded_keys(T))), dscores(size_t(block * padded_keys(T)));
+    std::vector<float> qbuf, kbuf, vbuf, gbuf, dqbuf, dkbuf, dvbuf;
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      const Rows qr = q.rows(b, h, T, D, qbuf), kr = k.rows(b, h, T, D, kbuf), vr = v.rows(b, h, T, D, vbuf),
+                 go = dout.rows(b, h, T, D, gbuf);
+      const Rows dqr = dq.rows(b, h, dqbuf), dkr = dk.rows(b, h, dkbuf), dvr = dv.rows(b, h, dvbuf);
+      const float* lb = lse + bh * T;
+      for (int64_t t = 0; t < T; ++t) {
+        std::fill(dkr.data + t * dkr.stride, dkr.data + t * dkr.stride + D, 0.0f);
+        std::fill(dvr.data + t * dvr.stride, dvr.data + t * dvr.stride + D, 0.0f);
+      }
+      for (int64_t i0 = 0; i0 < T; i0 += kQueryBlock) {
+        const int64_t m = std::min(kQueryBlock, T - i0), n = visible_keys(p, i0, m), ns = padded_keys(n);
+        const float *qi = qr.data + i0 * qr.stride, *gi = go.data + i0 * go.stride;
+        gemm(false, true, m, n, D, p.scale, qi, qr.stride, kr.data, kr.stride, 0.0f, probs.data(), ns);
+        probabilities_block(probs.data(), i0, m, n, p, h, lb);
+        gemm(true, false, n, D, m, 1.0f, probs.data(), ns, gi, go.stride, 1.0f, dvr.data, dvr.stride);  // dV += P^T dO
+        gemm(false, true, m, n, D, 1.0f, gi, go.stride, vr.data, vr.stride, 0.0f, dscores.data(), ns);  // dP = dO V^T
+        softmax_backward_block(dscores.data(), probs.data(), m, n, ns);  // dS
+        gemm(false, false, m, D, n, p.scale, dscores.data(), ns, kr.data, kr.stride, 0.0f,
+             dqr.data + i0 * dqr.stride, dqr.stride);  // dQ
+        gemm(true, false, n, D, m, p.scale, dscores.data(), ns, qi, qr.stride, 1.0f, dkr.data, dkr.stride);  // dK +=
+      }
+      dq.store(b, h, dqbuf);
+      dk.store(b, h, dkbuf);
+      dv.store(b, h, dvbuf);
+    }
+  });
+}
+
+// Queries a block in the bfloat16 kernels. A causal block sees the keys up to its last row, so
+// the masked half of its diagonal square is multiplied for nothing: at T = 64 one 64-row block
+// computes 4,096 scores a head for 2,080 seen, four 16-row blocks 2,560. Measured on
+// configs/train_quick.yaml bf16: about 1% (benchmarks/RESULTS.md, part 6); d_model 256 at
+// T = 256 unchanged. The float32 path keeps 64 rows (a BLAS call per product).
+int64_t bf16_query_block(const Problem& p) { return p.causal ? 16 : kQueryBlock; }
+
+// Under train.precision bf16 on a CPU with AVX512_BF16: the same algorithm with the products in
+// bfloat16 (core/kernels/bf16_gemm.h), accumulated in float32. The scores, the bias, the softmax and
+// its backward stay float32; P and dS are rounded to bfloat16 for the products that take them,
+// as FlashAttention does in bfloat16. The backward accumulates dK^T and dV^T (D x T, float32)
+// so that every product's B operand is packed from rows: dV^T += dO^T P, dK^T += Q^T dS.
+void forward_kernel_bf16(const Problem& p, const Operand& q, const Operand& k, const Operand& v,
+                         const Destination& out, float* lse) {
+  using namespace bf16_gemm;
+  const int64_t T = p.length, D = p.dim, H = p.heads, query_block = bf16_query_block(p);
+  at::parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
+    const int64_t block = std::min(query_block, T);
+    std::vector<float> scores(size_t(block * padded_keys(T))), obuf(size_t(block * D));
+    PackedA qa, pa;
+    PackedB kt, vb;
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      const auto *qb = q.bf16_at(b, h), *kb = k.bf16_at(b, h), *vsrc = v.bf16_at(b, h);
+      pack_b(kb, k.st, true, D, T, kt);     // B(d, t) = k[t][d]
+      pack_b(vsrc, v.st, false, T, D, vb);  // B(t, d) = v[t][d]
+      float* lb = lse + bh * T;
+      for (int64_t i0 = 0; i0 < T; i0 += query_block) {
+        const int64_t m = std::min(query_block, T - i0), n = visible_keys(p, i0, m), ns = padded_keys(n);
+        pack_a(qb + i0 * q.st, q.st, false, m, D, qa);
+        multiply(qa, kt, m, n, p.scale, scores.data(), ns, false);
+        softmax_block(scores.data(), i0, m, n, p, h, lb);
+        pack_a(scores.data(), ns, false, m, n, pa);
+        multiply(pa, vb, m, D, 1.0f, obuf.data(), D, false);
+        out.store_rows(b, h, i0, m, obuf.data());
+      }
+    }
+  });
+}
+
+void backward_kernel_bf16(const Problem& p, const Operand& q, const Operand& k, const Operand& v, const float* lse,
+                          const Operand& dout, const Destination& dq, const Destination& dk, const Destination& dv) {
+  using namespace bf16_gemm;
+  const int64_t T = p.length, D = p.dim, H = p.heads, query_block = bf16_query_block(p);
+  at::parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
+    const int64_t block = std::min(query_block, T);
+    const size_t scores_size = size_t(block * padded_keys(T));
+    std::vector<float> probs(scores_size), dscores(scores_size), dqbuf(size_t(block * D));
+    std::vector<float> dkt(size_t(D * T)), dvt(size_t(D * T));
+    PackedA qa, ga, qt, gt, sa;
+    PackedB kt, vt, kb, pb, sb;
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      const auto *qsrc = q.bf16_at(b, h), *ksrc = k.bf16_at(b, h), *vsrc = v.bf16_at(b, h), *gsrc = dout.bf16_at(b, h);
+      pack_b(ksrc, k.st, true, D, T, kt);   // B(d, t) = k[t][d], for S = q k^T
+      pack_b(vsrc, v.st, true, D, T, vt);   // B(d, t) = v[t][d], for dP = dO v^T
+      pack_b(ksrc, k.st, false, T, D, kb);  // B(t, d) = k[t][d], for dQ = dS k
+      std::fill(dkt.begin(), dkt.end(), 0.0f);
+      std::fill(dvt.begin(), dvt.end(), 0.0f);
+      const float* lb = lse + bh * T;
+      for (int64_t i0 = 0; i0 < T; i0 += query_block) {
+        const int64_t m = std::min(query_block, T - i0), n = visible_keys(p, i0, m), ns = padded_keys(n);
+        const auto *qi = qsrc + i0 * q.st, *gi = gsrc + i0 * dout.st;
+        pack_a(qi, q.st, false, m, D, qa);
+        multiply(qa, kt, m, n, p.scale, probs.data(), ns, false);
+        probabilities_block(probs.data(), i0, m, n, p, h, lb);
+        pack_a(gi, dout.st, false, m, D, ga);
+        multiply(ga, vt, m, n, 1.0f, dscores.data(), ns, false);  // dP = dO v^T
+        softmax_backward_block(dscores.data(), probs.data(), m, n, ns);  // dS
+        pack_a(gi, dout.st, true, D, m, gt);  // dO^T
+        pack_b(probs.data(), ns, false, m, n, pb);
+        multiply(gt, pb, D, n, 1.0f, dvt.data(), T, true);  // dV^T += dO^T P
+        pack_a(qi, q.st, true, D, m, qt);  // q^T
+        pack_b(dscores.data(), ns, false, m, n, sb);
+        multiply(qt, sb, D, n, p.scale, dkt.data(), T, true);  // dK^T += q^T dS / sqrt(d)
+        pack_a(dscores.data(), ns, false, m, n, sa);
+        multiply(sa, kb, m, D, p.scale, dqbuf.data(), D, false);  // dQ = dS k / sqrt(d)
+        dq.store_rows(b, h, i0, m, dqbuf.data());
+      }
+      dk.store_transposed(b, h, dkt.data());
+      dv.store_transposed(b, h, dvt.data());
+    }
+  });
+}
+
+Problem make_problem(const torch::Tensor& q, const AttentionBias& bias, bool causal) {
+  Problem p = Problem::of(q, causal);
+  if (bias.kind == AttentionBias::Kind::Linear) {
+    // Read through data pointers (an indexing select and an item() for each head, side and
+    // tensor were 8 operator calls a head and layer; no measurable change in the step's time).
+    const auto left = bias.slopes_left.detach().to(torch::kCPU, torch::kFloat32).contiguous();
+    const auto right = bias.slopes_right.detach().to(torch::kCPU, torch::kFloat32).contiguous();
+    const auto look_left = bias.look_left.to(torch::kCPU, torch::kBool).contiguous();
+    const auto look_right = bias.look_right.to(torch::kCPU, torch::kBool).contiguous();
+    const float *lp = left.data_ptr<float>(), *rp = right.data_ptr<float>();
+    const bool *llp = look_left.data_ptr<bool>(), *lrp = look_right.data_ptr<bool>();
+    for (int64_t h = 0; h < p.heads; ++h) p.bias.push_back({llp[h] ? -lp[h] : -kInf, lrp[h] ? -rp[h] : -kInf});
+  }
+  return p;
+}
+
+class FusedCpuAttentionFunction : public torch::autograd::Function<FusedCpuAttentionFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q,
+                               const torch::Tensor& k, const torch::Tensor& v, const Problem* problem) {
+    const Problem& p = *problem;
+    auto out = torch::empty({p.batch, p.length, p.heads, p.dim}, q.options()).permute({0, 2, 1, 3});
+    auto lse = torch::empty({p.batch, p.heads, p.length}, q.options().dtype(torch::kFloat32));
+    const bool bf16_products = q.scalar_type() == torch::kBFloat16 && bf16_gemm::available();
+    (bf16_products ? forward_kernel_bf16 : forward_kernel)(p, Operand(q), Operand(k), Operand(v), Destination(out),
+                                                           lse.data_ptr<float>());
+    ctx->save_for_backward({q, k, v, lse});
+    ctx->saved_data["bf16_products"] = bf16_products;
+    ctx->saved_data["causal"] = p.causal;
+    std::vector<double> left, right;
+    for (const auto& hb : p.bias) {
+      left.push_back(hb.left);
+      right.push_back(hb.right);
+    }
+    ctx->saved_data["left"] = left;
+    ctx->saved_data["right"] = right;
+    return out;  // (B, H, T, D) view of (B, T, H, D)
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &q = saved[0], &k = saved[1], &v = saved[2], &lse = saved[3];
+    Problem p = Problem::of(q, ctx->saved_data["causal"].toBool());
+    const auto left = ctx->saved_data["left"].toDoubleVector(), right = ctx->saved_data["right"].toDoubleVector();
+    for (size_t h = 0; h < left.size(); ++h) p.bias.push_back({float(left[h]), float(right[h])});
+    auto dout = grads[0].to(q.scalar_type());
+    if (dout.stride(3) != 1) dout = dout.contiguous();
+    // dQ, dK and dV as (B, H, T, D) views: of one (B, T, 3, H, D) buffer when q, k and v are
+    // such slices (split_heads() then hands the buffer on as the projection's gradient, with no
+    // copy), else of (B, T, H, D) tensors.
+    torch::Tensor dq, dk, dv;
+    if (packed_heads(q, k, v)) {
+      const auto dqkv = torch::empty({p.batch, p.length, 3, p.heads, p.dim}, q.options());
+      dq = dqkv.select(2, 0).permute({0, 2, 1, 3});
+      dk = dqkv.select(2, 1).permute({0, 2, 1, 3});
+      dv = dqkv.select(2, 2).permute({0, 2, 1, 3});
+    } else {
+      const auto heads_major = [&] {
+        return torch::empty({p.batch, p.length, p.heads, p.dim}, q.options()).permute({0, 2, 1, 3});
+      };
+      dq = heads_major(), dk = heads_major(), dv = heads_major();
+    }
+    const bool bf16_products = ctx->saved_data["bf16_products"].toBool();
+    (bf16_products ? backward_kernel_bf16 : backward_kernel)(p, Operand(q), Operand(k), Operand(v),
+                                                             lse.data_ptr<float>(), Operand(dout), Destination(dq),
+                                                             Destination(dk), Destination(dv));
+    return {dq, dk, dv, torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+std::string fused_cpu_attention_unsupported_reason(const torch::Tensor& q, const torch::Tensor& k,
+                                                   const torch::Tensor& v, const AttentionBias& bias,
+                                                   const AttentionOptions& options) {
+  if (!sgemm_function()) return "LibTorch exports no BLAS sgemm_";
+  for (const auto* x : {&q, &k, &v}) {
+    if (!x->device().is_cpu()) return "not a CPU tensor";
+    if (x->scalar_type() != q.scalar_type()) return "q, k and v of different dtypes";
+    if (x->scalar_type() != torch::kFloat32 && x->scalar_type() != torch::kBFloat16)
+      return "not float32 or bfloat16";
+    if (x->dim() != 4 || x->sizes() != q.sizes()) return "q, k and v of different shapes";
+    if (x->stride(3) != 1) return "head dimension not contiguous";
+  }
+  if (q.size(2) * std::max<int64_t>({q.stride(2), 3 * q.size(1) * q.size(3), 1}) > std::numeric_limits<int>::max() / 2)
+    return "too long for 32-bit BLAS strides";
+  if (options.training && options.dropout > 0) return "attention dropout";
+  if (bias.kind != AttentionBias::Kind::None && bias.kind != AttentionBias::Kind::Linear)
+    return "bias kind " + bias.describe();
+  if (bias.kind == AttentionBias::Kind::Linear) {
+    if (bias.positions.defined()) return "sampled positions";
+    if (bias.slopes_left.requires_grad() || bias.slopes_right.requires_grad()) return "learned slopes";
+    if (bias.slopes_left.size(0) != q.size(1)) return "slopes for another head count";
+  }
+  return "";
+}
+
+torch::Tensor fused_cpu_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                  const AttentionBias& bias, const AttentionOptions& options) {
+  const std::string reason = fused_cpu_attention_unsupported_reason(q, k, v, bias, options);
+  TORCH_CHECK(reason.empty(), "attention: the fused CPU kernel does not take this call (", reason, ")");
+  const Problem problem = make_problem(q, bias, options.causal);
+  return FusedCpuAttentionFunction::apply(q, k, v, &problem);
+}
+
+}  // namespace extrap

@@ -1,0 +1,136 @@
+#include "core/base/files.h"
+
+#include "core/base/errors.h"
+#include "core/base/fault.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+namespace fs = std::filesystem;
+
+namespace extrap {
+
+std::string write_error_reason(int error) {
+  switch (error) {
+    case ENOSPC: return "no space left on device";
+    case EDQUOT: return "disk quota exceeded";
+    case EFBIG: return "file size limit exceeded";
+    default: return std::strerror(error);
+  }
+}
+
+void throw_write_error(const std::string& path, int error) {
+  throw ConfigError(path + ": cannot write: " + write_error_reason(error));
+}
+
+void write_file_durable(const fs::path& path, std::string_view bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw_write_error(path.string(), errno);
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int error = n < 0 ? errno : ENOSPC;
+      ::close(fd);
+      throw_write_error(path.string(), error);
+    }
+    done += size_t(n);
+  }
+  if (::fsync(fd) != 0) {
+    const int error = errno;
+    ::close(fd);
+    throw_write_error(path.string(), error);
+  }
+  if (::close(fd) != 0) throw_write_error(path.string(), errno);
+}
+
+void fsync_directory(const fs::path& directory) {
+  const int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;  // not fatal: the rename itself happened
+  ::fsync(fd);
+  ::close(fd);
+}
+
+void publish_file(const fs::path& tmp, const fs::path& path) {
+  const int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw_write_error(tmp.string(), errno);
+  const int rc = ::fsync(fd);
+  const int error = errno;
+  ::close(fd);
+  if (rc != 0) throw_write_error(tmp.string(), error);
+  std::error_code failed;
+  fs::rename(tmp, path, failed);
+  if (failed)
+    throw ConfigError(path.string() + ": cannot replace: " + failed.message() + " (" +
+                      path.string() + " is unchanged)");
+  fsync_directory(fs::absolute(path).parent_path());
+}
+
+void write_file_atomic(const fs::path& path, std::string_view bytes, const fs::path& tmp_name) {
+  const fs::path tmp =
+      tmp_name.empty() ? fs::path(path.string() + ".tmp." + std::to_string(::getpid())) : tmp_name;
+  try {
+    write_file_durable(tmp, bytes);
+  } catch (const ConfigError& e) {
+    std::error_code ignored;
+    fs::remove(tmp, ignored);
+    throw ConfigError(std::string(e.what()) + " (" + path.string() + " is unchanged)");
+  }
+  fault_point("publish", path.string());
+  try {
+    publish_file(tmp, path);
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove(tmp, ignored);
+    throw;
+  }
+}
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(path.string() + ": cannot read (" + std::strerror(errno) + ")");
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+FileLock::FileLock(const fs::path& lock_path, const std::string& subject,
+                   const std::string& activity, const std::string& advice) {
+  std::error_code ignored;
+  if (lock_path.has_parent_path()) fs::create_directories(lock_path.parent_path(), ignored);
+  fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0)
+    throw ConfigError("cannot open the lock file " + lock_path.string() + ": " +
+                      std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int error = errno;
+    char holder[64] = {0};
+    const ssize_t n = ::pread(fd_, holder, sizeof(holder) - 1, 0);
+    ::close(fd_);
+    fd_ = -1;
+    if (error != EWOULDBLOCK)
+      throw ConfigError("cannot lock " + lock_path.string() + ": " + std::strerror(error));
+    std::string pid = n > 0 ? std::string(holder, size_t(n)) : "unknown";
+    while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
+    throw ConfigError(subject + " is being " + activity + " by another extrap process (pid " + pid +
+                      ", lock " + lock_path.string() + "); " + advice);
+  }
+  // Best effort: the pid is for the message above, the flock is the lock.
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd_, 0) == 0) {
+    [[maybe_unused]] const ssize_t n = ::pwrite(fd_, pid.data(), pid.size(), 0);
+  }
+}
+
+FileLock::~FileLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing releases the flock
+}
+
+}  // namespace extrap

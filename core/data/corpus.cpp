@@ -1,0 +1,291 @@
+// Loading a corpus: find its three splits, tokenise each once through the cache, map them.
+#include "core/data/corpus.h"
+
+#include "core/base/yaml_options.h"
+#include "core/data/token_cache.h"
+#include "core/data/tokenizer.h"
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+
+namespace fs = std::filesystem;
+
+namespace extrap {
+namespace {
+
+constexpr std::array<const char*, 3> kSplitNames = {"train", "valid", "test"};
+
+// The text of one split and where it came from (for messages).
+struct SplitSource {
+  std::string where;
+  std::string text;
+};
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError("cannot read corpus file '" + path.string() + "'");
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  in.seekg(0, std::ios::beg);
+  std::string text(static_cast<size_t>(size), '\0');
+  if (size > 0 && !in.read(text.data(), size)) {
+    throw ConfigError("cannot read corpus file '" + path.string() + "'");
+  }
+  return text;
+}
+
+std::array<SplitSource, 3> read_directory(const fs::path& dir) {
+  std::array<SplitSource, 3> splits;
+  for (size_t i = 0; i < kSplitNames.size(); ++i) {
+    const std::string split = kSplitNames[i];
+    const fs::path wiki = dir / ("wiki." + split + ".tokens");
+    const fs::path plain = dir / (split + ".txt");
+    const fs::path* found = fs::exists(wiki) ? &wiki : fs::exists(plain) ? &plain : nullptr;
+    if (!found) {
+      throw ConfigError("corpus directory '" + dir.string() + "' has no " + split +
+                        " split: expected '" + wiki.string() + "' or '" + plain.string() + "'");
+    }
+    splits[i] = {found->string(), read_text(*found)};
+  }
+  return splits;
+}
+
+// The first line boundary at or after `target`: 0, the end, or a position just after a '\n'.
+size_t line_boundary(const std::string& text, size_t target) {
+  if (target == 0) return 0;
+  if (target >= text.size()) return text.size();
+  const size_t newline = text.find('\n', target - 1);
+  return newline == std::string::npos ? text.size() : newline + 1;
+}
+
+std::array<SplitSource, 3> read_single_file(const fs::path& file,
+                                            const std::vector<double>& fractions) {
+  const std::string where = "corpus file '" + file.string() + "'";
+  bool valid = fractions.size() == 3;
+  double total = 0;
+  for (const double f : fractions) {
+    valid = valid && std::isfinite(f) && f >= 0;
+    total += f;
+  }
+  if (!valid || !(total > 0)) {
+    throw ConfigError(where + ": split_fractions must be three non-negative numbers " +
+                      "(train, valid, test) with a positive sum");
+  }
+  const std::string text = read_text(file);
+  const auto cut = [&](double fraction) {
+    return line_boundary(text, static_cast<size_t>(std::llround(fraction / total * text.size())));
+  };
+  const size_t train_end = cut(fractions[0]);
+  const size_t valid_end = std::max(train_end, cut(fractions[0] + fractions[1]));
+  const std::array<size_t, 4> bounds = {0, train_end, valid_end, text.size()};
+
+  std::array<SplitSource, 3> splits;
+  for (size_t i = 0; i < 3; ++i) {
+    const size_t begin = bounds[i], end = bounds[i + 1];
+    if (fractions[i] > 0 && begin == end) {
+      throw ConfigError(where + " is too small to split by line into train/valid/test: the " +
+                        kSplitNames[i] + " split would be empty");
+    }
+    splits[i] = {file.string() + " bytes [" + std::to_string(begin) + ", " +
+                     std::to_string(end) + ")",
+                 text.substr(begin, end - begin)};
+  }
+  return splits;
+}
+
+
+// A cache directory per (corpus location, tokenizer, split fractions), named for people.
+fs::path corpus_cache_dir(const CorpusOptions& options, const fs::path& source,
+                          const std::string& name) {
+  std::error_code error;
+  fs::path location = fs::canonical(source, error);
+  if (error) location = fs::absolute(source);
+  std::string identity = location.string() + '\0' + enum_name(options.tokenizer);
+  if (fs::is_regular_file(location)) {
+    for (const double f : options.split_fractions) {
+      char text[32];
+      std::snprintf(text, sizeof(text), "%.17g,", f);
+      identity += text;
+    }
+  }
+  return fs::path(options.cache_dir) /
+         (name + "." + enum_name(options.tokenizer) + "." + hex64(content_hash(identity)).substr(0, 12));
+}
+
+CacheKey split_key(Tokenizer tokenizer, uint64_t vocab_hash, const SplitSource& source) {
+  CacheKey key;
+  key.kind = CacheKind::tokens;
+  key.tokenizer = tokenizer;
+  key.vocab_hash = vocab_hash;
+  key.source_hash = content_hash(source.text);
+  key.source_bytes = source.text.size();
+  return key;
+}
+
+void write_tokens(const std::string& path, const CacheKey& key,
+                  const std::vector<int32_t>& tokens) {
+  write_cache(path, key, tokens.data(), tokens.size() * sizeof(int32_t), tokens.size());
+}
+
+std::vector<std::string> parse_vocabulary(const CacheFile& file) {
+  std::vector<std::string> words;
+  words.reserve(file.count);
+  const std::string_view payload(file.payload, file.payload_bytes);
+  size_t begin = 0;
+  while (begin < payload.size()) {
+    const size_t end = payload.find('\n', begin);
+    words.emplace_back(payload.substr(begin, end - begin));
+    begin = end + 1;
+  }
+  TORCH_CHECK(words.size() == file.count, "vocabulary cache ", file.path, " holds ", words.size(),
+              " words, its header says ", file.count);
+  return words;
+}
+
+}  // namespace
+
+const char* to_string(CacheStatus status) {
+  switch (status) {
+    case CacheStatus::not_cached: return "not cached";
+    case CacheStatus::reused: return "reused";
+    case CacheStatus::created: return "created";
+    case CacheStatus::rebuilt_stale: return "rebuilt (stale)";
+    case CacheStatus::rebuilt_corrupt: return "rebuilt (corrupt)";
+  }
+  return "unknown";
+}
+
+TokenStream TokenStream::from_tokens(std::vector<int32_t> tokens, int64_t num_bytes) {
+  auto owned = std::make_shared<std::vector<int32_t>>(std::move(tokens));
+  TokenStream stream;
+  stream.data_ = owned->data();
+  stream.size_ = static_cast<int64_t>(owned->size());
+  stream.num_bytes_ = num_bytes < 0 ? stream.size_ : num_bytes;
+  stream.mapping_ = std::move(owned);
+  return stream;
+}
+
+torch::Tensor TokenStream::slice(int64_t begin, int64_t length) const {
+  TORCH_CHECK(begin >= 0 && length >= 0 && begin + length <= size_, "TokenStream::slice [", begin,
+              ", ", begin + length, ") is outside the stream of ", size_, " tokens");
+  auto keep_alive = mapping_;
+  return torch::from_blob(const_cast<int32_t*>(data_ + begin), {length},
+                          [keep_alive](void*) {}, torch::TensorOptions().dtype(torch::kInt32));
+}
+
+const TokenStream& Corpus::split(Split which) const {
+  switch (which) {
+    case Split::train: return train;
+    case Split::valid: return valid;
+    case Split::test: return test;
+  }
+  throw ConfigError("unknown corpus split");
+}
+
+uint64_t Corpus::vocabulary_hash() const {
+  std::string text = enum_name(tokenizer) + " " + std::to_string(vocab_size) + " mask " +
+                     std::to_string(mask_token) + "\n";
+  for (const auto& word : vocabulary) text += word + "\n";
+  return content_hash(text);
+}
+
+YAML::Node Corpus::identity() const {
+  YAML::Node id(YAML::NodeType::Map);
+  id["tokenizer"] = enum_name(tokenizer);
+  id["vocab_size"] = vocab_size;
+  id["vocabulary"] = hex64(vocabulary_hash());
+  id["train_tokens"] = train.size();
+  id["train"] = hex64(content_hash(train.data(), size_t(train.size()) * sizeof(int32_t)));
+  return id;
+}
+
+std::string Corpus::token_text(int32_t id) const {
+  TORCH_CHECK(id >= 0 && id < vocab_size, "token id ", id, " is outside the vocabulary of ",
+              vocab_size);
+  if (byte_level()) return id == mask_token ? "<mask>" : std::string(1, static_cast<char>(id));
+  return vocabulary[id];
+}
+
+Corpus load_corpus(const CorpusOptions& options) {
+  const fs::path source(options.path);
+  if (options.path.empty() || !fs::exists(source)) {
+    throw ConfigError("corpus path '" + options.path + "' does not exist");
+  }
+  const bool directory = fs::is_directory(source);
+  const std::array<SplitSource, 3> splits =
+      directory ? read_directory(source) : read_single_file(source, options.split_fractions);
+  if (splits[0].text.empty()) {
+    throw ConfigError("the training split " + splits[0].where + " is empty");
+  }
+
+  Corpus corpus;
+  fs::path absolute = fs::absolute(source).lexically_normal();
+  if (!absolute.has_filename()) absolute = absolute.parent_path();  // "dir/" names "dir"
+  corpus.name = (directory ? absolute.filename() : absolute.stem()).string();
+  corpus.tokenizer = options.tokenizer;
+  const fs::path cache_dir = corpus_cache_dir(options, source, corpus.name);
+  corpus.cache_dir = cache_dir.string();
+  std::error_code error;
+  fs::create_directories(cache_dir, error);
+  if (error) {
+    throw ConfigError("cannot create cache directory '" + cache_dir.string() + "': " +
+                      error.message());
+  }
+  const auto cache_path = [&](const std::string& file) { return (cache_dir / file).string(); };
+  std::array<TokenStream*, 3> streams = {&corpus.train, &corpus.valid, &corpus.test};
+
+  if (corpus.byte_level()) {
+    corpus.vocab_size = kByteVocabSize;
+    corpus.mask_token = kByteMask;
+    const uint64_t vocab_hash = content_hash(std::string_view("bytes 0..255, <mask> = 256"));
+    for (size_t i = 0; i < 3; ++i) {
+      const std::string path = cache_path(std::string(kSplitNames[i]) + ".tokens");
+      const CacheKey key = split_key(Tokenizer::byte, vocab_hash, splits[i]);
+      const CacheFile file = open_or_build_cache(
+          path, key, [&] { write_tokens(path, key, byte_tokens(splits[i].text)); });
+      *streams[i] = token_stream(file, static_cast<int64_t>(splits[i].text.size()));
+    }
+    return corpus;
+  }
+
+  // Word level: the vocabulary comes from the training split and is cached like a split.
+  std::optional<WordVocabulary> built;  // set when built (or needed) in this call
+  const std::string vocab_path = cache_path("vocabulary");
+  CacheKey vocab_key;
+  vocab_key.kind = CacheKind::vocabulary;
+  vocab_key.tokenizer = Tokenizer::word;
+  vocab_key.source_hash = content_hash(splits[0].text);
+  vocab_key.source_bytes = splits[0].text.size();
+  const CacheFile vocab_file = open_or_build_cache(vocab_path, vocab_key, [&] {
+    built.emplace(WordVocabulary::from_text(splits[0].text));
+    if (built->size() == kWordSpecials) {
+      throw ConfigError("the training split " + splits[0].where + " has no words");
+    }
+    std::string payload;
+    for (const std::string& word : built->words()) (payload += word) += '\n';
+    write_cache(vocab_path, vocab_key, payload.data(), payload.size(), built->size());
+  });
+  corpus.vocabulary = parse_vocabulary(vocab_file);
+  corpus.vocabulary_cache = vocab_file.status;
+  corpus.vocab_size = static_cast<int64_t>(corpus.vocabulary.size());
+  corpus.eos_token = kWordEos;
+  corpus.unk_token = kWordUnk;
+  corpus.mask_token = kWordMask;
+
+  for (size_t i = 0; i < 3; ++i) {
+    const std::string path = cache_path(std::string(kSplitNames[i]) + ".tokens");
+    const CacheKey key = split_key(Tokenizer::word, vocab_file.payload_checksum, splits[i]);
+    const CacheFile file = open_or_build_cache(path, key, [&] {
+      if (!built) built.emplace(corpus.vocabulary);
+      write_tokens(path, key, built->encode(splits[i].text));
+    });
+    *streams[i] = token_stream(file, static_cast<int64_t>(splits[i].text.size()));
+  }
+  return corpus;
+}
+
+}  // namespace extrap

@@ -1,0 +1,122 @@
+// Corpora: tokenisation, splits and the on-disk token cache.
+//
+// Two tokenisers (core/data/tokenizer.h has the exact rules):
+//  - word: WikiText format, as fairseq preprocesses it. Whitespace-separated tokens, an
+//    end-of-sentence token "<eos>" after every line (blank lines included), vocabulary from
+//    the training split only (sorted by descending count, ties by first appearance), unknown
+//    words mapped to "<unk>". Each split is one continuous stream (fairseq
+//    --sample-break-mode none).
+//  - byte: the UTF-8 bytes of any text file; ids 0..255 are the bytes.
+// Special tokens: word level has <eos>, <unk>, <mask> (ids 0, 1, 2 in that order, then the
+// words); byte level has <mask> = 256. vocab_size counts them.
+//
+// A corpus directory holds wiki.{train,valid,test}.tokens or {train,valid,test}.txt. A single
+// file is split into contiguous train/valid/test byte ranges by split_fractions, each cut moved
+// forward to the next line boundary.
+//
+// Tokenised splits (and a word-level vocabulary) are cached once under cache_dir, memory-mapped
+// and reused while their source is unchanged; a stale or corrupt cache is detected and rebuilt,
+// never silently used (core/data/token_cache.h).
+#pragma once
+
+#include <torch/torch.h>
+
+#include "core/base/yaml_options.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace extrap {
+
+// The values are part of the token cache's format (core/data/token_cache.h).
+enum class Tokenizer : uint32_t { byte = 1, word = 2 };
+template <>
+struct EnumNames<Tokenizer> {
+  static constexpr std::array<std::pair<const char*, Tokenizer>, 2> table{
+      {{"byte", Tokenizer::byte}, {"word", Tokenizer::word}}};
+};
+
+enum class Split { train, valid, test };
+template <>
+struct EnumNames<Split> {
+  static constexpr std::array<std::pair<const char*, Split>, 3> table{
+      {{"train", Split::train}, {"valid", Split::valid}, {"test", Split::test}}};
+};
+
+struct CorpusOptions {
+  std::string path;                    // directory or single text file
+  Tokenizer tokenizer = Tokenizer::byte;
+  std::string cache_dir = ".cache/extrap";
+  std::vector<double> split_fractions = {0.9, 0.05, 0.05};  // single-file corpora only
+};
+
+// What loading did with a cache file.
+enum class CacheStatus {
+  not_cached,       // nothing on disk: an in-memory stream, or a byte-level vocabulary
+  reused,           // a valid cache was mapped
+  created,          // there was no cache: tokenised and written
+  rebuilt_stale,    // the cache came from another source, vocabulary or format: rebuilt
+  rebuilt_corrupt,  // the cache failed a check (truncated, bad magic, checksum): rebuilt
+};
+const char* to_string(CacheStatus status);
+
+struct CacheFile;  // core/data/token_cache.h
+
+// A read-only stream of token ids, memory-mapped from the cache (or held in memory).
+class TokenStream {
+ public:
+  TokenStream() = default;
+  // An in-memory stream, for tests and tools. num_bytes < 0 means one byte per token.
+  static TokenStream from_tokens(std::vector<int32_t> tokens, int64_t num_bytes = -1);
+
+  int64_t size() const { return size_; }
+  const int32_t* data() const { return data_; }
+  // A tensor view over [begin, begin + length) (no copy; int32, shape (length)). The view keeps
+  // the mapping alive; it is read-only (writing to it faults): clone() before modifying.
+  torch::Tensor slice(int64_t begin, int64_t length) const;
+  // Number of UTF-8 bytes the stream's text had (for bits per byte).
+  int64_t num_bytes() const { return num_bytes_; }
+  CacheStatus cache_status() const { return cache_status_; }
+  const std::string& cache_path() const { return cache_path_; }  // empty when in memory
+
+ private:
+  friend TokenStream token_stream(const CacheFile& file, int64_t num_bytes);  // token_cache.h
+  std::shared_ptr<const void> mapping_;  // keeps the mmap (or the vector) alive
+  const int32_t* data_ = nullptr;
+  int64_t size_ = 0;
+  int64_t num_bytes_ = 0;
+  CacheStatus cache_status_ = CacheStatus::not_cached;
+  std::string cache_path_;
+};
+
+struct Corpus {
+  std::string name;                     // the directory's name, or the file's name sans extension
+  Tokenizer tokenizer = Tokenizer::byte;
+  int64_t vocab_size = 0;
+  int32_t mask_token = -1;
+  int32_t eos_token = -1;               // word level only
+  int32_t unk_token = -1;               // word level only
+  std::vector<std::string> vocabulary;  // word level: id -> word; byte level: empty
+  TokenStream train, valid, test;
+  std::string cache_dir;                // where this corpus's cache files live
+  CacheStatus vocabulary_cache = CacheStatus::not_cached;  // word level: the vocabulary file
+
+  bool byte_level() const { return tokenizer == Tokenizer::byte; }
+  const TokenStream& split(Split which) const;
+  // A hash of the tokenizer and the vocabulary (id -> token): a model is only meaningful with
+  // the vocabulary it was trained on.
+  uint64_t vocabulary_hash() const;
+  // What a trained model depends on: tokenizer, vocabulary hash, the training tokens' count
+  // and hash (part of a run's fingerprint).
+  YAML::Node identity() const;
+  // Human-readable form of a token (for samples and debugging): the word, "<mask>", or for byte
+  // level the raw byte, so that concatenating a byte sequence's texts gives back its UTF-8.
+  std::string token_text(int32_t id) const;
+};
+
+// Loads (and caches) a corpus. Errors name the path at fault and are ConfigError.
+Corpus load_corpus(const CorpusOptions& options);
+
+}  // namespace extrap

@@ -1,0 +1,101 @@
+// Synthetic retrieval tasks, generated offline and deterministically from a seed: the passkey
+// task of the literature (landmark attention, LongLoRA) and a multi-key variant with
+// distractors (RULER's multi-key needle in a haystack). No downloads, no randomness outside
+// the seed: the same (task, corpus tokenizer, length, depth, seed) gives the same tokens on
+// every machine (the generator is splitmix64, not a standard-library distribution).
+//
+// An instance is exactly `length` tokens: filler text, the key sentence at the chosen depth,
+// the question, then the answer (the last tokens):
+//   <filler> The pass key is 12345. Remember it. 12345 is the pass key. <filler>
+//   What is the pass key? The pass key is| 12345.
+// - Filler: "The grass is green. The sky is blue. The sun is yellow. Here we go. There and
+//   back again." repeated; it ends with a whole sentence right before the question, so only
+//   the instance's first filler sentence may be cut (at its start), as in a window that begins
+//   mid-text.
+// - The key sentence goes at the sentence boundary of the filler nearest to depth x (filler
+//   length): depth 0 puts it before the first whole filler sentence (after the cut one, if
+//   any), depth 1 right before the question. `depth` reports where it went.
+// - multikey: the key sentences of two other names ("The gold key is 31. Remember it. ...") at
+//   random boundaries, and the question asks for the target's name; passkey uses the name
+//   "pass".
+// - K is uniform in 1..50000.
+// - The answer is the number and its full stop (" 12345."), so the instance shows where the
+//   number ends: a model that continues with a longer number does not match.
+// Adapted to extrap's tokenizers: byte level is the UTF-8 text (the answer " 12345." with its
+// space); word level writes punctuation and each digit as words ("The pass key is 1 2 3 4 5 .",
+// the answer "1 2 3 4 5 ."), and refuses a corpus whose vocabulary lacks one of the task's words.
+// The literature's one-line instruction before the filler ("There is an important info hidden
+// inside a lot of irrelevant text...") is left out: at byte level it alone fills a 128-token
+// window, and extrap's models learn the task from training on it (data.task).
+//
+// Scoring (core/eval/retrieval_eval.h): greedy decoding after the question must give exactly the
+// answer's tokens.
+#pragma once
+
+#include "core/base/yaml_options.h"
+#include "core/data/corpus.h"
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace extrap {
+
+enum class RetrievalTask { none, passkey, multikey };
+template <>
+struct EnumNames<RetrievalTask> {
+  static constexpr std::array<std::pair<const char*, RetrievalTask>, 3> table{
+      {{"none", RetrievalTask::none},
+       {"passkey", RetrievalTask::passkey},
+       {"multikey", RetrievalTask::multikey}}};
+};
+
+inline constexpr int64_t kPasskeyMax = 50000;     // K is uniform in 1..kPasskeyMax
+inline constexpr int64_t kMultikeyDistractors = 2;
+
+struct TaskInstance {
+  std::vector<int32_t> tokens;    // the whole instance: prompt then answer (`length` tokens)
+  int64_t prompt_length = 0;      // tokens before the answer (the model reads these)
+  std::vector<int32_t> answer;    // == tokens[prompt_length:]
+  int64_t key = 0;                // K
+  std::string name;               // the key's name ("pass", or the multikey target's)
+  int64_t key_begin = 0;          // first token of the target's key sentence
+  int64_t key_end = 0;            // one past its last token
+  double depth = 0;               // where the key sentence went: filler tokens before it / all
+  std::vector<int64_t> distractor_keys;    // multikey: the other keys, in text order
+  std::vector<int64_t> distractor_begins;  // ... and where their sentences begin
+};
+
+// Deterministic 64-bit mixing of values into one seed (splitmix64 finaliser chain).
+uint64_t task_seed(std::initializer_list<uint64_t> values);
+// A seed as a uniform number in [0, 1) (its top 53 bits).
+double task_unit(uint64_t seed);
+
+class TaskGenerator {
+ public:
+  // Encodes the task's fixed texts with the corpus's tokenizer. A word-level vocabulary
+  // without one of the task's words is a ConfigError naming the word and the corpus.
+  TaskGenerator(RetrievalTask task, const Corpus& corpus);
+
+  RetrievalTask task() const { return task_; }
+  // The shortest instance (the longest key and names, no filler).
+  int64_t min_length() const;
+  // An instance of exactly `length` tokens with the key near `depth` in [0, 1]. A length below
+  // min_length() is a ConfigError naming both.
+  TaskInstance make(int64_t length, double depth, uint64_t seed) const;
+  // The text of tokens (bytes as they are; words joined by spaces).
+  std::string text(const std::vector<int32_t>& tokens) const;
+
+ private:
+  std::vector<int32_t> encode(const std::string& text) const;  // byte or word form of `text`
+  std::vector<int32_t> key_sentence(const std::string& name, int64_t key) const;
+
+  RetrievalTask task_;
+  const Corpus& corpus_;
+  std::vector<int32_t> filler_;          // one cycle of the filler sentences
+  std::vector<int64_t> filler_starts_;   // token offsets of the sentences in one cycle
+  std::map<std::string, int32_t> word_ids_;  // word level: the task's words (-1: not in it)
+};
+
+}  // namespace extrap

@@ -1,0 +1,286 @@
+#include "core/eval/evaluator.h"
+
+#include "core/model/memory_estimate.h"
+#include "core/runtime/distributed.h"
+
+#include <chrono>
+#include <map>
+
+namespace extrap {
+
+std::vector<EvalWindow> plan_windows(int64_t n, int64_t length, int64_t stride, bool causal) {
+  TORCH_CHECK(length >= 1, "evaluation length must be at least 1, got ", length);
+  std::vector<EvalWindow> windows;
+  // Inputs available: causal windows stop one short of the end (the last token is only a target).
+  const int64_t last = causal ? n - 1 : n;
+  if (last <= 0) return windows;
+  if (stride <= 0 || stride >= length) {
+    for (int64_t b = 0; b < last; b += length) windows.push_back({b, std::min(length, last - b), 0});
+    return windows;
+  }
+  int64_t end = std::min(length, last);
+  windows.push_back({0, end, 0});
+  while (end < last) {
+    const int64_t next = std::min(end + stride, last);
+    const int64_t begin = std::max<int64_t>(0, next - length);
+    windows.push_back({begin, next - begin, end - begin});
+    end = next;
+  }
+  return windows;
+}
+
+namespace {
+// SplitMix64: a small, well-mixed hash so the selection depends only on (seed, position).
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+double unit(uint64_t h) { return double(h >> 11) * (1.0 / 9007199254740992.0); }
+}  // namespace
+
+MaskDecision mask_decision(int64_t pos, int32_t token, double mask_prob, int64_t seed,
+                           int32_t mask_token, int64_t vocab_size) {
+  const uint64_t h = mix(uint64_t(seed) * 0x100000001b3ull ^ mix(uint64_t(pos)));
+  MaskDecision d;
+  d.input = token;
+  if (unit(h) >= mask_prob) return d;
+  d.selected = true;
+  const uint64_t h2 = mix(h);
+  const double u = unit(h2);
+  if (u < 0.8) {
+    d.input = mask_token;
+  } else if (u < 0.9) {
+    // Random real token (never the mask token itself).
+    const int64_t real = mask_token >= 0 && mask_token < vocab_size ? vocab_size - 1 : vocab_size;
+    int64_t r = int64_t(mix(h2) % uint64_t(real));
+    if (mask_token >= 0 && r >= mask_token) ++r;
+    d.input = int32_t(r);
+  }
+  return d;
+}
+
+RopeScaling rope_scaling_for(RopeScalingKind kind, double factor, int64_t train_length,
+                             int64_t eval_length) {
+  RopeScaling scaling;
+  scaling.kind = kind;
+  scaling.original_length = train_length;
+  if (factor > 0)
+    scaling.factor = factor;
+  else if (kind != RopeScalingKind::dynamic && train_length > 0)
+    scaling.factor = std::max(1.0, double(eval_length) / double(train_length));
+  check_rope_scaling(scaling);
+  return scaling;
+}
+
+std::string rope_variant_label(RopeScalingKind kind, double factor) {
+  if (kind == RopeScalingKind::none) return "";
+  std::string label = rope_scaling_name(kind);
+  if (factor > 0) label += "_x" + number_text(factor);
+  return label;
+}
+
+std::vector<int64_t> position_bin_edges(int64_t length) {
+  std::vector<int64_t> edges{0};
+  for (int j = 0; edges.back() < length; ++j) {
+    const int64_t edge = std::llround(std::pow(2.0, double(j) / 4.0));
+    if (edge > edges.back()) edges.push_back(std::min(edge, length));
+  }
+  return edges;
+}
+
+EvalSpec eval_spec_for(const Config& config, int64_t length, int64_t stride) {
+  EvalSpec spec;
+  spec.length = length;
+  spec.stride = stride;
+  spec.max_tokens = config.eval.max_tokens;
+  spec.batch_tokens = config.eval.batch_tokens;
+  spec.mask_prob = config.train.mask_prob;
+  spec.mask_seed = config.eval.mask_seed;
+  return spec;
+}
+
+void check_eval_length(const EvalSpec& spec, int64_t available, int64_t split_tokens, bool causal) {
+  if (spec.length < 1)
+    throw EvalFailure("evaluation length must be at least 1, got " + std::to_string(spec.length));
+  if (spec.stride < 0)
+    throw EvalFailure("stride must be positive (or 0: non-overlapping), got " + std::to_string(spec.stride));
+  // A causal window of L inputs needs L + 1 tokens (the last is only a target).
+  const int64_t needed = spec.length + (causal ? 1 : 0);
+  if (available < needed) {
+    std::string what = std::to_string(available) + " tokens";
+    if (available < split_tokens) what += " (the first eval.max_tokens of " + std::to_string(split_tokens) + ")";
+    throw EvalFailure("evaluation length " + std::to_string(spec.length) + " needs at least " +
+                      std::to_string(needed) + " tokens; the split has " + what);
+  }
+}
+
+void check_window_memory(const ModelConfig& m, int64_t windows_per_batch, int64_t length) {
+  // The reference attention path materialises (windows, heads, T, T) scores, probabilities and
+  // bias per layer; refuse a batch that cannot fit rather than attempt the allocation.
+  const bool reference =
+      m.attention == AttentionBackend::Reference ||
+      (m.attention == AttentionBackend::Auto && length * length <= m.efficient_threshold);
+  const double values =
+      double(windows_per_batch) * double(length) * 8.0 * double(m.d_model) +
+      (reference ? 3.0 * double(windows_per_batch) * double(m.heads) * double(length) * double(length)
+                 : 0.0);
+  const double bytes = std::min(values * 4.0, 9.0e18);
+  check_memory(int64_t(bytes), "evaluating at length " + std::to_string(length),
+               "lower eval.batch_tokens (--batch-tokens) or use the efficient attention path");
+}
+
+EvaluationScope::EvaluationScope(TransformerLM& model, const RopeScaling& scaling)
+    : model_(model), scaling_(model->rope_scaling()), training_(model->is_training()) {
+  model->eval();
+  model->set_rope_scaling(scaling);
+}
+
+EvaluationScope::~EvaluationScope() {
+  try {
+    model_->set_rope_scaling(scaling_);
+  } catch (...) {
+  }
+  if (training_) model_->train();
+}
+
+namespace {
+// One batch's windows as model inputs and their targets.
+struct EvalBatch {
+  torch::Tensor inputs;   // (b, T)
+  torch::Tensor targets;  // (b, T), -1 where not scored
+};
+
+// Inputs and targets of windows [first, first + count) of a group, each of `size` tokens.
+EvalBatch batch_inputs(const std::vector<EvalWindow>& group, size_t first, int64_t count,
+                       int64_t size, const int32_t* data, bool causal, const EvalSpec& spec,
+                       const Corpus& corpus) {
+  auto inputs = torch::empty({count, size}, torch::kLong);
+  auto targets = torch::full({count, size}, int64_t(-1), torch::kLong);  // -1: not scored
+  auto in = inputs.accessor<int64_t, 2>();
+  auto tg = targets.accessor<int64_t, 2>();
+  for (int64_t b = 0; b < count; ++b) {
+    const EvalWindow& w = group[first + b];
+    for (int64_t p = 0; p < size; ++p) {
+      const int64_t pos = w.begin + p;
+      if (causal) {
+        in[b][p] = data[pos];
+        if (p >= w.score_from) tg[b][p] = data[pos + 1];
+      } else {
+        const auto d = mask_decision(pos, data[pos], spec.mask_prob, spec.mask_seed,
+                                     corpus.mask_token, corpus.vocab_size);
+        in[b][p] = d.input;
+        if (p >= w.score_from && d.selected) tg[b][p] = data[pos];
+      }
+    }
+  }
+  return {inputs, targets};
+}
+
+// Adds the NLL of a batch's scored targets to the sums by window position, in logit chunks.
+void score_batch(TransformerLM& model, const torch::Tensor& inputs, const torch::Tensor& targets,
+                 int64_t size, torch::Device device, torch::Tensor& position_nll,
+                 torch::Tensor& position_tokens) {
+  auto hidden = model->hidden(inputs.to(device));            // (b, T, D)
+  auto flat_targets = targets.view({-1}).to(device);        // (b*T,)
+  auto scored = flat_targets.ge(0).nonzero().squeeze(1);    // indices of scored positions
+  if (scored.numel() == 0) return;
+  auto h = hidden.reshape({-1, hidden.size(-1)}).index_select(0, scored);  // (S, D)
+  const int64_t chunk = kLogitChunkRows;
+  for (int64_t c = 0; c < h.size(0); c += chunk) {
+    const int64_t len = std::min(chunk, h.size(0) - c);
+    auto logits = model->logits(h.narrow(0, c, len)).to(torch::kFloat32);     // (len, V)
+    auto t = flat_targets.index_select(0, scored.narrow(0, c, len));         // (len,)
+    auto nll = torch::nn::functional::cross_entropy(
+        logits, t, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
+    auto where = scored.narrow(0, c, len).remainder(size).cpu();  // window positions
+    position_nll.index_add_(0, where, nll.to(torch::kFloat64).cpu());
+    position_tokens.index_add_(0, where, torch::ones_like(where));
+  }
+}
+
+// Totals, bins and perplexity from the per-position sums, refused if empty or not finite.
+void summarise_positions(const torch::Tensor& position_nll, const torch::Tensor& position_tokens,
+                         const EvalSpec& spec, int64_t n, bool causal, const Corpus& corpus,
+                         EvalResult& result) {
+  result.scored_tokens = position_tokens.sum().item<int64_t>();
+  // The totals and the bins come from the same per-token values.
+  result.nll_sum = position_nll.sum().item<double>();
+  const auto edges = position_bin_edges(spec.length);
+  for (size_t b = 0; b + 1 < edges.size(); ++b) {
+    PositionBin bin{edges[b], edges[b + 1], 0.0, 0};
+    bin.nll_sum = position_nll.slice(0, bin.begin, bin.end).sum().item<double>();
+    bin.scored_tokens = position_tokens.slice(0, bin.begin, bin.end).sum().item<int64_t>();
+    if (bin.scored_tokens > 0) result.by_position.push_back(bin);
+  }
+  if (result.scored_tokens == 0)
+    throw EvalFailure("scored no tokens (" + std::to_string(n) + " tokens in the split" +
+                      (causal ? "" : ", none selected for masking") + ")");
+  if (!std::isfinite(result.nll_sum))
+    throw EvalFailure("the summed NLL is not finite (" + std::to_string(result.nll_sum) + " over " +
+                      std::to_string(result.scored_tokens) + " tokens): the model produced " +
+                      "non-finite logits");
+  result.perplexity = std::exp(result.nll_sum / double(result.scored_tokens));
+  if (corpus.byte_level()) result.bits_per_byte = result.nll_sum / (std::log(2.0) * double(result.scored_tokens));
+}
+}  // namespace
+
+EvalResult evaluate(TransformerLM& model, const Corpus& corpus, const TokenStream& stream,
+                    const EvalSpec& spec, torch::Device device) {
+  torch::NoGradGuard no_grad;
+  const bool causal = model->config().causal();
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t n = spec.max_tokens > 0 ? std::min(spec.max_tokens, stream.size()) : stream.size();
+  check_eval_length(spec, n, stream.size(), causal);
+
+  EvaluationScope scope(model, spec.rope_scaling);
+
+  EvalResult result;
+  result.length = spec.length;
+  result.stride = (spec.stride <= 0 || spec.stride >= spec.length) ? spec.length : spec.stride;
+  auto windows = plan_windows(n, spec.length, spec.stride, causal);
+  result.windows = int64_t(windows.size());
+
+  check_window_memory(model->config(),
+                      std::min<int64_t>(std::max<int64_t>(1, spec.batch_tokens / spec.length),
+                                        int64_t(windows.size())),
+                      spec.length);
+  // Batch windows of equal size together.
+  std::map<int64_t, std::vector<EvalWindow>> by_size;
+  for (const auto& w : windows) by_size[w.size].push_back(w);
+  const int32_t* data = stream.data();
+  // Summed NLL and scored tokens by position in the window, in float64.
+  auto position_nll = torch::zeros({spec.length}, torch::kFloat64);
+  auto position_tokens = torch::zeros({spec.length}, torch::kLong);
+
+  // Data parallel: batch k (in this order) is rank k % world's; the sums are reduced below.
+  ProcessGroup* ranks = ProcessGroup::get(device);
+  if (ranks) device = ranks->device();
+  int64_t batch_number = -1;
+  // With ranks, an error in one rank's batches (a length a method refuses, say) is agreed on
+  // by all of them below, so that they fail alike instead of waiting for each other.
+  const std::string local_failure = run_or_capture(ranks, [&] {
+    for (const auto& [size, group] : by_size) {
+      const int64_t per_batch = std::max<int64_t>(1, spec.batch_tokens / size);
+      for (size_t first = 0; first < group.size(); first += per_batch) {
+        if (ranks && ++batch_number % ranks->size() != ranks->rank()) continue;
+        const int64_t count = std::min<int64_t>(per_batch, int64_t(group.size() - first));
+        const EvalBatch batch = batch_inputs(group, first, count, size, data, causal, spec, corpus);
+        score_batch(model, batch.inputs, batch.targets, size, device, position_nll,
+                    position_tokens);
+      }
+    }
+  });
+  if (ranks) {
+    std::vector<torch::Tensor> sums{position_nll, position_tokens};
+    const std::string failure = ranks->all_reduce_agreeing(
+        sums, local_failure, "the evaluation at length " + std::to_string(spec.length));
+    if (!failure.empty()) throw EvalFailure(failure);
+  }
+  summarise_positions(position_nll, position_tokens, spec, n, causal, corpus, result);
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+}  // namespace extrap

@@ -1,0 +1,130 @@
+#include "core/eval/retrieval_eval.h"
+
+#include <chrono>
+#include <cmath>
+#include <set>
+
+namespace extrap {
+
+uint64_t retrieval_instance_seed(int64_t seed, int64_t length, double depth, int64_t sample) {
+  return task_seed({uint64_t(seed), uint64_t(length), uint64_t(std::llround(depth * 1000.0)),
+                    uint64_t(sample), 0x72657472u});
+}
+
+RetrievalCell retrieval_totals(const std::vector<RetrievalCell>& cells) {
+  RetrievalCell total;
+  for (const auto& c : cells) {
+    total.trials += c.trials;
+    total.correct += c.correct;
+    total.answer_nll += c.answer_nll;
+    total.answer_tokens += c.answer_tokens;
+  }
+  return total;
+}
+
+void check_retrieval_spec(const RetrievalSpec& spec) {
+  if (spec.task == RetrievalTask::none) throw ConfigError("retrieval: no task named");
+  if (spec.depths.empty()) throw ConfigError("retrieval depths: give at least one (percent)");
+  std::set<double> seen;
+  for (double d : spec.depths) {
+    if (!(d >= 0 && d <= 100))
+      throw ConfigError("retrieval depth " + number_text(d) + ": must be a percentage in [0, 100]");
+    if (!seen.insert(d).second)
+      throw ConfigError("retrieval depth " + number_text(d) + " is listed twice");
+  }
+  if (spec.samples < 1)
+    throw ConfigError("retrieval samples " + std::to_string(spec.samples) + ": must be at least 1");
+  if (spec.batch_tokens < 1)
+    throw ConfigError("retrieval batch_tokens " + std::to_string(spec.batch_tokens) +
+                      ": must be at least 1");
+}
+
+RetrievalResult evaluate_retrieval(TransformerLM& model, const Corpus& corpus,
+                                   const RetrievalSpec& spec, torch::Device device) {
+  check_retrieval_spec(spec);
+  if (!model->config().causal())
+    throw EvalFailure("retrieval needs a causal model (the answer is generated); this one is a "
+                      "masked LM");
+  const TaskGenerator generator(spec.task, corpus);
+  if (spec.length < generator.min_length())
+    throw EvalFailure("retrieval task " + enum_name(spec.task) + " at length " +
+                      std::to_string(spec.length) + ": an instance needs at least " +
+                      std::to_string(generator.min_length()) + " tokens");
+  torch::NoGradGuard no_grad;
+  const auto start = std::chrono::steady_clock::now();
+  EvaluationScope scope(model, spec.rope_scaling);
+
+  // Every (depth, sample) instance, batched by length alone: all have `length` tokens.
+  struct Trial {
+    size_t cell;
+    TaskInstance instance;
+  };
+  std::vector<Trial> trials;
+  RetrievalResult result;
+  result.length = spec.length;
+  result.correct_by_trial.assign(size_t(spec.depths.size()) * size_t(spec.samples), 0);
+  for (size_t c = 0; c < spec.depths.size(); ++c) {
+    result.cells.push_back({spec.depths[c], 0, 0, 0.0, 0});
+    for (int64_t s = 0; s < spec.samples; ++s)
+      trials.push_back(
+          {c, generator.make(spec.length, spec.depths[c] / 100.0,
+                             retrieval_instance_seed(spec.seed, spec.length, spec.depths[c], s))});
+  }
+  const int64_t per_batch = std::max<int64_t>(1, spec.batch_tokens / spec.length);
+  check_window_memory(model->config(), std::min<int64_t>(per_batch, int64_t(trials.size())),
+                      spec.length);
+  const int64_t banned = corpus.byte_level() ? corpus.mask_token : -1;
+
+  for (size_t first = 0; first < trials.size(); first += size_t(per_batch)) {
+    const int64_t count = std::min<int64_t>(per_batch, int64_t(trials.size() - first));
+    auto inputs = torch::empty({count, spec.length}, torch::kLong);
+    auto in = inputs.accessor<int64_t, 2>();
+    // The rows of the positions that predict the answer: the last prompt token and every
+    // answer token but the last.
+    std::vector<int64_t> rows;
+    for (int64_t b = 0; b < count; ++b) {
+      const TaskInstance& instance = trials[first + size_t(b)].instance;
+      for (int64_t p = 0; p < spec.length; ++p) in[b][p] = instance.tokens[size_t(p)];
+      for (int64_t p = instance.prompt_length - 1; p < spec.length - 1; ++p)
+        rows.push_back(b * spec.length + p);
+    }
+    auto hidden = model->hidden(inputs.to(device));  // (b, T, D)
+    auto picked = hidden.reshape({-1, hidden.size(-1)})
+                      .index_select(0, torch::tensor(rows, torch::kLong).to(device));  // (R, D)
+    auto logits = model->logits(picked).to(torch::kFloat64).cpu();                 // (R, V)
+    if (!logits.isfinite().all().item<bool>())
+      throw EvalFailure("retrieval at length " + std::to_string(spec.length) +
+                        ": the model produced non-finite logits");
+    if (banned >= 0) logits.select(1, banned).fill_(-INFINITY);
+    auto log_probs = torch::log_softmax(logits, 1);
+    auto best = logits.argmax(1);
+    auto lp = log_probs.accessor<double, 2>();
+    auto top = best.accessor<int64_t, 1>();
+    int64_t row = 0;
+    for (int64_t b = 0; b < count; ++b) {
+      const Trial& trial = trials[first + size_t(b)];
+      const TaskInstance& instance = trial.instance;
+      RetrievalCell& cell = result.cells[trial.cell];
+      bool correct = true;
+      for (size_t a = 0; a < instance.answer.size(); ++a, ++row) {
+        correct = correct && top[row] == instance.answer[a];
+        cell.answer_nll -= lp[row][instance.answer[a]];
+        ++cell.answer_tokens;
+      }
+      ++cell.trials;
+      cell.correct += correct;
+      result.correct_by_trial[first + size_t(b)] = correct;
+    }
+  }
+  const RetrievalCell total = retrieval_totals(result.cells);
+  if (!std::isfinite(total.answer_nll))
+    throw EvalFailure("retrieval at length " + std::to_string(spec.length) +
+                      ": the answer's NLL is not finite");
+  result.trials = total.trials;
+  result.correct = total.correct;
+  result.accuracy = double(result.correct) / double(result.trials);
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+}  // namespace extrap

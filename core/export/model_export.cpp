@@ -1,0 +1,167 @@
+#include "core/export/model_export.h"
+
+#include "core/base/files.h"
+#include "core/base/version.h"
+#include "core/export/safetensors.h"
+#include "core/run/run_dir.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdlib>
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace extrap {
+namespace {
+
+// A YAML value as typed JSON: true/false, integers and numbers become JSON booleans and
+// numbers (YAML's own reading of a plain scalar), anything else a string.
+json yaml_to_json(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Map: {
+      json out = json::object();
+      for (const auto& item : node) out[item.first.as<std::string>()] = yaml_to_json(item.second);
+      return out;
+    }
+    case YAML::NodeType::Sequence: {
+      json out = json::array();
+      for (const auto& item : node) out.push_back(yaml_to_json(item));
+      return out;
+    }
+    case YAML::NodeType::Scalar: {
+      const std::string text = node.Scalar();
+      if (node.Tag() != "!") {  // a plain (unquoted) scalar
+        bool b;
+        if (YAML::convert<bool>::decode(node, b)) return b;
+        char* end = nullptr;
+        const long long i = std::strtoll(text.c_str(), &end, 10);
+        if (!text.empty() && *end == '\0') return int64_t(i);
+        const double d = std::strtod(text.c_str(), &end);
+        if (!text.empty() && *end == '\0' && std::isfinite(d)) return d;
+      }
+      return text;
+    }
+    default:
+      return nullptr;
+  }
+}
+
+json model_json(const ModelConfig& m) {
+  return {{"layers", m.layers},
+          {"d_model", m.d_model},
+          {"heads", m.heads},
+          {"d_ffn", m.d_ffn},
+          {"activation", enum_name(m.activation)},
+          {"tie_embeddings", m.tie_embeddings},
+          {"objective", enum_name(m.objective)},
+          {"causal", m.causal()},
+          {"layer_norm_eps", 1e-5}};  // torch::nn::LayerNorm's default, which the model uses
+}
+
+json data_json(const Config& config, const Corpus& corpus) {
+  return {{"path", config.data.path},
+          {"name", corpus.name},
+          {"tokenizer", enum_name(corpus.tokenizer)},
+          {"vocab_size", corpus.vocab_size},
+          {"mask_token", corpus.mask_token},
+          {"eos_token", corpus.eos_token},
+          {"unk_token", corpus.unk_token}};
+}
+
+// The JSON list id -> token. A word that is not valid UTF-8 cannot be a JSON string: refuse
+// rather than write a vocabulary Python would tokenise differently.
+std::string vocabulary_json(const Corpus& corpus) {
+  json list = json::array();
+  for (const auto& word : corpus.vocabulary) list.push_back(word);
+  try {
+    return list.dump();
+  } catch (const json::exception&) {
+    for (size_t id = 0; id < corpus.vocabulary.size(); ++id) {
+      try {
+        (void)json(corpus.vocabulary[id]).dump();
+      } catch (const json::exception&) {
+        throw ConfigError("the vocabulary's token " + std::to_string(id) +
+                          " is not valid UTF-8, so it cannot be exported as JSON text");
+      }
+    }
+    throw;
+  }
+}
+
+}  // namespace
+
+std::string resolved_position_options(const Config& config) {
+  const PositionInfo& info = PositionRegistry::instance().get(config.position_name);
+  json out = json::object();
+  for (const OptionDoc& doc : info.options) {
+    if (doc.section) continue;
+    const YAML::Node given = config.position[doc.key];
+    out[doc.key] = yaml_to_json(given ? given : YAML::Load(doc.default_value));
+  }
+  return out.dump();
+}
+
+ExportSummary export_run(const fs::path& run_dir, const fs::path& out, const ExportOptions& options) {
+  if (fs::exists(out) && !options.overwrite)
+    throw ConfigError(out.string() + " exists (add --overwrite to replace it)");
+  const fs::path directory = fs::absolute(out).parent_path();
+  if (!fs::is_directory(directory))
+    throw ConfigError(out.string() + ": the directory " + directory.string() + " does not exist");
+
+  const VerifiedCheckpoint checkpoint = require_checkpoint(run_dir);
+  const Config& config = checkpoint.config;
+  const Corpus corpus = load_corpus(config.data);
+  LoadedRun run = load_run(checkpoint, corpus);  // loads the config's plugins, if any
+
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  for (const auto& item : run.model->named_parameters()) tensors.emplace_back(item.key(), item.value());
+  for (const auto& item : run.model->named_buffers()) tensors.emplace_back(item.key(), item.value());
+  for (const auto& [name, tensor] : tensors)
+    if (tensor.is_floating_point() && !torch::isfinite(tensor).all().item<bool>())
+      throw ConfigError(checkpoint.dir.string() + ": tensor " + name +
+                        " has non-finite values; refusing to export it");
+
+  const PositionInfo& position = PositionRegistry::instance().get(config.position_name);
+  std::map<std::string, std::string> metadata;
+  metadata["format"] = "extrap-safetensors/1";
+  metadata["extrap_version"] = extrap_version();
+  metadata["position"] = config.position_name;
+  metadata["position_options"] = resolved_position_options(config);
+  metadata["position_tensors"] = position.tensors;
+  metadata["model"] = model_json(config.model).dump();
+  metadata["data"] = data_json(config, corpus).dump();
+  metadata["train"] = json{{"seq_len", config.train.seq_len},
+                           {"mask_prob", config.train.mask_prob},
+                           {"steps", run.step}}.dump();
+  metadata["eval"] = json{{"mask_prob", config.train.mask_prob},
+                          {"mask_seed", config.eval.mask_seed}}.dump();
+  metadata["checkpoint"] = json{{"step", checkpoint.manifest.step},
+                                {"fingerprint", checkpoint.manifest.fingerprint},
+                                {"vocabulary_hash", checkpoint.manifest.vocabulary}}.dump();
+  YAML::Emitter yaml;
+  yaml << config.to_yaml();
+  metadata["config"] = yaml.c_str();
+
+  ExportSummary summary;
+  summary.file = out;
+  summary.step = run.step;
+  summary.tensors = tensors.size();
+  if (!corpus.byte_level()) {
+    std::string words = vocabulary_json(corpus);
+    if (words.size() <= options.inline_vocabulary_bytes) {
+      metadata["vocabulary"] = std::move(words);
+    } else {
+      summary.vocabulary_file = fs::path(out.string() + ".vocab.json");
+      write_file_atomic(summary.vocabulary_file, words);
+      metadata["vocabulary_file"] = summary.vocabulary_file.filename().string();
+    }
+  }
+  const std::string bytes = encode_safetensors(tensors, metadata);
+  write_file_atomic(out, bytes);
+  summary.bytes = bytes.size();
+  return summary;
+}
+
+}  // namespace extrap

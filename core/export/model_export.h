@@ -1,0 +1,58 @@
+// `extrap export`: a trained run's model as one safetensors file (core/export/safetensors.h) that
+// Python can run without extrap (analysis/extrap_model.py).
+//
+// Tensors: the model's parameters and buffers under their LibTorch names (docs/formats.md, "Tensors",
+// lists them), as stored in the checkpoint: learned position
+// parameters stay in their raw parametrisation (e.g. alibi_learned's raw_slopes, slope =
+// softplus(raw)) and the metadata's "position_tensors" says how each maps.
+//
+// Metadata (string -> string; the values marked JSON are JSON text):
+//   format            "extrap-safetensors/1"
+//   extrap_version    the exporting binary's version
+//   position          the method's name; position_options (JSON): every option, defaults filled
+//   position_tensors  the method's own description of its tensors (PositionInfo::tensors)
+//   model (JSON)      layers, d_model, heads, d_ffn, activation, tie_embeddings, objective,
+//                     causal, layer_norm_eps
+//   data (JSON)       path, name, tokenizer, vocab_size, mask_token, eos_token, unk_token
+//   train (JSON)      seq_len, mask_prob, steps (the checkpoint's step)
+//   eval (JSON)       mask_prob, mask_seed: masked-LM evaluation's fixed selection
+//   vocabulary (JSON) word level: the list id -> token; a vocabulary whose JSON exceeds the
+//                     inline limit goes to a side file FILE.vocab.json instead, named by
+//                     "vocabulary_file" (relative to the .safetensors file's directory)
+//   config            the resolved config as YAML; checkpoint (JSON): step, fingerprint,
+//                     vocabulary_hash
+#pragma once
+
+#include "core/data/corpus.h"
+#include "core/run/checkpoint.h"
+
+#include <filesystem>
+#include <map>
+#include <string>
+
+namespace extrap {
+
+struct ExportOptions {
+  bool overwrite = false;                             // replace an existing output file
+  size_t inline_vocabulary_bytes = size_t(16) << 20;  // larger vocabularies go to a side file
+};
+
+struct ExportSummary {
+  std::filesystem::path file;
+  std::filesystem::path vocabulary_file;  // empty when inline or byte level
+  size_t tensors = 0;
+  size_t bytes = 0;
+  int64_t step = 0;
+};
+
+// Verifies RUN's checkpoint, loads it with its corpus (for the vocabulary) and writes `out`
+// atomically (the side file first). ConfigError naming the file for: an existing `out` without
+// overwrite, a missing directory, a damaged checkpoint, non-finite parameters.
+ExportSummary export_run(const std::filesystem::path& run_dir, const std::filesystem::path& out,
+                         const ExportOptions& options = {});
+
+// The position method's options with every default filled in, as JSON text: what the method
+// was built with (config.position plus its documented defaults).
+std::string resolved_position_options(const Config& config);
+
+}  // namespace extrap

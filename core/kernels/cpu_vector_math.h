@@ -1,0 +1,82 @@
+// Element-wise float32 helpers (and bfloat16 conversions) for the CPU kernels (core/attention/fused_cpu_attention.cpp,
+// core/kernels/fused_cpu_loss.cpp): loops written so that GCC vectorises them, compiled for AVX-512,
+// AVX2 and the x86-64 baseline and picked at load time (target_clones); the ATen vector types
+// would be compiled for the baseline only in extrap's files. Measured on configs/train_quick.yaml
+// (2026-11-23, 2-core AMD EPYC): with scalar expf calls the attention kernel was 8% slower than
+// the reference path; see benchmarks/RESULTS.md for what this gave.
+#pragma once
+
+#include <c10/util/BFloat16.h>
+
+#include <cstdint>
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define EXTRAP_ISA_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define EXTRAP_ISA_CLONES
+#endif
+
+namespace extrap {
+
+// e^x for float x: x = n ln2 + r with |r| <= ln2 / 2, e^r by its degree-6 Taylor polynomial
+// (relative error below 2e-7 on that range), times 2^n built in the exponent bits; 0 below
+// -87 (e^-87 is the edge of float's normal range). Branch-free, so loops over it vectorise.
+inline float exp_float(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  x = x > 88.0f ? 88.0f : x;
+  // Round to nearest by adding and subtracting 1.5 * 2^23 (no libm call, so loops vectorise).
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  // ln2 in two parts (Cody-Waite)
+  float poly = 1.0f / 720;
+  poly = poly * r + 1.0f / 120;
+  poly = poly * r + 1.0f / 24;
+  poly = poly * r + 1.0f / 6;
+  poly = poly * r + 0.5f;
+  poly = poly * r + 1.0f;
+  poly = poly * r + 1.0f;
+  const int32_t bits = (int32_t(n) + 127) << 23;
+  float scale;
+  __builtin_memcpy(&scale, &bits, sizeof scale);
+  return x <= -87.0f ? 0.0f : poly * scale;
+}
+
+// float32 -> bfloat16 bits, rounding to nearest even, NaN kept NaN (c10::BFloat16's rounding),
+// and back: written without branches, so that loops over them vectorise.
+inline uint16_t to_bf16_bits(float f) {
+  uint32_t u;
+  __builtin_memcpy(&u, &f, sizeof u);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t nan = 0u - uint32_t(f != f);  // all ones for NaN
+  return uint16_t((rounded & ~nan) | (0x7fc0u & nan));
+}
+
+inline float from_bf16_bits(uint16_t b) {
+  const uint32_t u = uint32_t(b) << 16;
+  float f;
+  __builtin_memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// bfloat16 <-> float32 for kernels that take bfloat16 (train.precision bf16) and compute in
+// float32; narrowing rounds to nearest even, as LibTorch's casts do.
+EXTRAP_ISA_CLONES
+inline void widen(const c10::BFloat16* from, float* to, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) to[j] = float(from[j]);
+}
+
+// `rows` rows of n values, `from` contiguous, `to` rows to_stride apart: one call a block, as the
+// attention stores its 32-value head rows (a call a row cost more than the rounding). Stored as
+// the bits: GCC does not vectorise a loop of c10::BFloat16 constructions.
+EXTRAP_ISA_CLONES
+inline void narrow_rows(const float* from, int64_t rows, int64_t n, c10::BFloat16* to, int64_t to_stride) {
+  for (int64_t r = 0; r < rows; ++r) {
+    auto* bits = reinterpret_cast<uint16_t*>(to + r * to_stride);
+    const float* row = from + r * n;
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) bits[j] = to_bf16_bits(row[j]);
+  }
+}
+
+inline void narrow(const float* from, c10::BFloat16* to, int64_t n) { narrow_rows(from, 1, n, to, n); }
+
+}  // namespace extrap

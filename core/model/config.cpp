@@ -1,0 +1,276 @@
+#include "core/model/config.h"
+
+#include <cmath>
+#include <cstdio>
+
+namespace extrap {
+
+namespace {
+
+// The data section: the corpus and the retrieval task mixed into it.
+void read_data_section(const OptionReader& root, Config& c) {
+  auto r = root.section("data", "the corpus");
+  r.read("path", c.data.path, "corpus directory (train/valid/test files) or a single text file");
+  r.read("tokenizer", c.data.tokenizer, "tokenisation");
+  r.read("cache_dir", c.data.cache_dir, "where tokenised splits are cached", Affects::nothing);
+  r.read("split_fractions", c.data.split_fractions,
+         "train/valid/test fractions when data.path is a single file");
+  r.read("task", c.task,
+         "synthetic retrieval task mixed into the training data (core/data/retrieval_task.h)");
+  r.read("task_fraction", c.task_fraction,
+         "share of training sequences that are task instances (1: the task alone)");
+  r.finish();
+  if (root.decoding()) {
+    if (!(c.task_fraction >= 0 && c.task_fraction <= 1))
+      r.fail("task_fraction", "must be in [0, 1], got " + number_text(c.task_fraction));
+    if (c.task != RetrievalTask::none && c.task_fraction == 0)
+      r.fail("task_fraction", "is 0 while data.task is " + enum_name(c.task) +
+                                  ": give the share of task sequences (1: the task alone)");
+    if (c.task == RetrievalTask::none && c.task_fraction > 0)
+      r.fail("task_fraction", "is " + number_text(c.task_fraction) +
+                                  " but data.task is none: name the task");
+  }
+}
+
+// The model section: the transformer's shape, objective and attention implementation.
+void read_model_section(const OptionReader& root, Config& c) {
+  auto r = root.section("model", "the transformer");
+  auto& m = c.model;
+  r.read("layers", m.layers, "number of transformer blocks");
+  r.read("d_model", m.d_model, "model width");
+  r.read("heads", m.heads, "attention heads (d_model must divide evenly)");
+  r.read("d_ffn", m.d_ffn, "feed-forward hidden width");
+  r.read("dropout", m.dropout, "dropout on embeddings, residual branches and the FFN");
+  r.read("attention_dropout", m.attention_dropout, "dropout on attention probabilities");
+  r.read("activation", m.activation, "FFN activation");
+  r.read("tie_embeddings", m.tie_embeddings, "share input and output embedding matrices");
+  r.read("objective", m.objective, "causal LM, or bidirectional masked LM");
+  r.read("attention", m.attention, "attention implementation (the same maths on every path)",
+         Affects::nothing);
+  r.read("efficient_threshold", m.efficient_threshold,
+         "auto: inference windows with T*T above this use the memory-efficient path",
+         Affects::nothing);
+  r.finish();
+  if (root.decoding()) {
+    if (m.layers < 1) r.fail("layers", "must be at least 1, got " + std::to_string(m.layers));
+    if (m.d_model < 1) r.fail("d_model", "must be at least 1, got " + std::to_string(m.d_model));
+    if (m.heads < 1) r.fail("heads", "must be at least 1, got " + std::to_string(m.heads));
+    if (m.d_ffn < 1) r.fail("d_ffn", "must be at least 1, got " + std::to_string(m.d_ffn));
+    if (m.efficient_threshold < 1)
+      r.fail("efficient_threshold", "must be at least 1, got " + std::to_string(m.efficient_threshold));
+    if (!(m.attention_dropout >= 0 && m.attention_dropout < 1))
+      r.fail("attention_dropout", "must be in [0, 1), got " + number_text(m.attention_dropout));
+    if (m.d_model % m.heads != 0)
+      r.fail("heads", "d_model (" + std::to_string(m.d_model) + ") must be a multiple of heads (" +
+                          std::to_string(m.heads) + ")");
+    if (!(m.dropout >= 0 && m.dropout < 1)) r.fail("dropout", "must be in [0, 1), got " + number_text(m.dropout));
+  }
+}
+
+// The position section is decoded by the method itself; only `name` is read here.
+void read_position_section(const OptionReader& root, Config& c) {
+  root.accept("position", "the position method: {name: NAME, ...its options} (see `extrap positions`)");
+  if (root.decoding() && root.has("position")) {
+    const YAML::Node p = root.node()["position"];
+    if (p.IsScalar()) {
+      c.position_name = p.as<std::string>();
+      c.position = YAML::Node(YAML::NodeType::Map);
+    } else if (p.IsMap()) {
+      // The document's own node (not a YAML::Clone, which drops line numbers): the method
+      // reads its options from it and errors name their lines. `name` stays in it.
+      c.position = p;
+      if (p["name"]) c.position_name = p["name"].as<std::string>();
+    } else {
+      root.fail("position", "expected a method name or a map with 'name'");
+    }
+  }
+}
+
+// The train section: optimiser, schedule, checkpoints and where training runs.
+void read_train_section(const OptionReader& root, Config& c) {
+  auto r = root.section("train", "training");
+  auto& t = c.train;
+  r.read("seq_len", t.seq_len, "training sequence length L");
+  r.read("batch_tokens", t.batch_tokens, "tokens per optimiser step");
+  r.read("accumulation", t.accumulation, "micro-batches per optimiser step (gradient accumulation)");
+  r.read("steps", t.steps, "optimiser steps");
+  r.read("lr", t.lr, "peak learning rate");
+  r.read("min_lr", t.min_lr, "final learning rate of the cosine schedule");
+  r.read("warmup", t.warmup, "linear warm-up steps");
+  r.read("schedule", t.schedule, "decay after warm-up");
+  r.read("weight_decay", t.weight_decay, "AdamW weight decay (matrices only)");
+  r.read("beta1", t.beta1, "AdamW beta1");
+  r.read("beta2", t.beta2, "AdamW beta2");
+  r.read("eps", t.eps, "AdamW epsilon");
+  r.read("clip", t.clip, "maximum gradient norm (0: no clipping)");
+  r.read("seed", t.seed, "random seed (initialisation, data order, dropout)");
+  r.read("validate_every", t.validate_every, "steps between validations (0: only at the end)",
+         Affects::evaluation);
+  r.read("validate_tokens", t.validate_tokens, "validation tokens per check (0: whole split)",
+         Affects::evaluation);
+  r.read("checkpoint_every", t.checkpoint_every, "steps between checkpoints (0: only at the end)",
+         Affects::nothing);
+  r.read("log_every", t.log_every, "steps between log lines when not on a terminal",
+         Affects::nothing);
+  r.read("out_dir", t.out_dir, "run directory (checkpoints, logs)", Affects::nothing);
+  r.read("threads", t.threads, "CPU threads (0: all available cores)", Affects::nothing);
+  r.read("device", t.device, "where to train");
+  r.read("precision", t.precision,
+         "training's matrix products: fp32, or bf16 (fp32 weights, optimiser, attention and "
+         "loss; evaluation is always fp32)");
+  r.read("mask_prob", t.mask_prob, "masked_lm: fraction of tokens selected for prediction");
+  r.finish();
+  if (root.decoding()) {
+    if (t.seq_len < 1) r.fail("seq_len", "must be at least 1");
+    if (t.accumulation < 1) r.fail("accumulation", "must be at least 1");
+    if (t.batch_tokens < t.seq_len * t.accumulation)
+      r.fail("batch_tokens", "must be at least seq_len * accumulation (" +
+                                 std::to_string(t.seq_len * t.accumulation) + ")");
+    if (t.steps < 0) r.fail("steps", "must not be negative, got " + std::to_string(t.steps));
+    if (!(t.lr > 0) || !std::isfinite(t.lr)) r.fail("lr", "must be a positive number, got " + number_text(t.lr));
+    if (!(t.min_lr >= 0 && t.min_lr <= t.lr))
+      r.fail("min_lr", "must be in [0, lr], got " + number_text(t.min_lr));
+    if (t.warmup < 0) r.fail("warmup", "must not be negative, got " + std::to_string(t.warmup));
+    if (!(t.weight_decay >= 0) || !std::isfinite(t.weight_decay))
+      r.fail("weight_decay", "must not be negative, got " + number_text(t.weight_decay));
+    if (!(t.beta1 >= 0 && t.beta1 < 1)) r.fail("beta1", "must be in [0, 1), got " + number_text(t.beta1));
+    if (!(t.beta2 >= 0 && t.beta2 < 1)) r.fail("beta2", "must be in [0, 1), got " + number_text(t.beta2));
+    if (!(t.eps > 0) || !std::isfinite(t.eps)) r.fail("eps", "must be a positive number, got " + number_text(t.eps));
+    if (!(t.clip >= 0) || !std::isfinite(t.clip))
+      r.fail("clip", "must not be negative (0: no clipping), got " + number_text(t.clip));
+    if (t.validate_every < 0) r.fail("validate_every", "must not be negative, got " + std::to_string(t.validate_every));
+    if (t.validate_tokens < 0) r.fail("validate_tokens", "must not be negative, got " + std::to_string(t.validate_tokens));
+    if (t.checkpoint_every < 0)
+      r.fail("checkpoint_every", "must not be negative, got " + std::to_string(t.checkpoint_every));
+    if (t.log_every < 1) r.fail("log_every", "must be at least 1, got " + std::to_string(t.log_every));
+    if (t.threads < 0) r.fail("threads", "must not be negative (0: all cores), got " + std::to_string(t.threads));
+    if (!(t.mask_prob > 0 && t.mask_prob < 1))
+      r.fail("mask_prob", "must be in (0, 1), got " + number_text(t.mask_prob));
+    if (t.out_dir.empty()) r.fail("out_dir", "must not be empty");
+  }
+}
+
+// The eval section: window lengths, strides and the evaluation split.
+void read_eval_section(const OptionReader& root, Config& c) {
+  auto r = root.section("eval", "evaluation");
+  auto& e = c.eval;
+  r.read("lengths", e.lengths, "evaluation window lengths", Affects::evaluation);
+  r.read("strides", e.strides, "sliding-window strides (non-overlapping is always evaluated)",
+         Affects::evaluation);
+  r.read("split", e.split, "evaluation split", Affects::evaluation);
+  r.read("batch_tokens", e.batch_tokens, "tokens per evaluation forward pass", Affects::nothing);
+  r.read("max_tokens", e.max_tokens, "evaluate on the first N tokens only (0: all)",
+         Affects::evaluation);
+  r.read("mask_seed", e.mask_seed, "masked_lm: seed of the fixed token selection",
+         Affects::evaluation);
+  r.finish();
+  if (root.decoding()) {
+    for (auto l : e.lengths)
+      if (l < 1) r.fail("lengths", "lengths must be at least 1, got " + std::to_string(l));
+    for (auto s : e.strides)
+      if (s < 1) r.fail("strides", "strides must be at least 1, got " + std::to_string(s));
+    if (e.batch_tokens < 1) r.fail("batch_tokens", "must be at least 1, got " + std::to_string(e.batch_tokens));
+    if (e.max_tokens < 0) r.fail("max_tokens", "must not be negative (0: all), got " + std::to_string(e.max_tokens));
+  }
+}
+
+// One place that lists every key: used to decode and to document.
+void read_config(const OptionReader& root, Config& c) {
+  read_data_section(root, c);
+  read_model_section(root, c);
+  read_position_section(root, c);
+  read_train_section(root, c);
+  read_eval_section(root, c);
+  root.read("plugins", c.plugins,
+            "position-method plugin libraries (.so) to load (the method's name and options are "
+            "what identify a run)",
+            Affects::nothing);
+  root.finish();
+}
+
+}  // namespace
+
+Config config_from_yaml(const YAML::Node& root, const std::string& source) {
+  Config c;
+  c.source = source;
+  read_config(OptionReader(root, source), c);
+  // position.randomize_max is decoded (and type-checked) by the position registry; here only
+  // its relation to the training length.
+  const YAML::Node n = c.position.IsMap() ? c.position["randomize_max"] : YAML::Node();
+  int64_t randomize_max = 0;
+  if (n && n.IsScalar() && YAML::convert<int64_t>::decode(n, randomize_max) && randomize_max > 0 &&
+      randomize_max < c.train.seq_len)
+    OptionReader(c.position, source, "position")
+        .fail("randomize_max", "is " + std::to_string(randomize_max) + ", below train.seq_len " +
+                                   std::to_string(c.train.seq_len) +
+                                   ": a training window needs that many distinct positions");
+  if (c.task != RetrievalTask::none && !c.model.causal())
+    OptionReader(root, source).fail("data", "data.task " + enum_name(c.task) +
+                                                " needs model.objective causal_lm: retrieval is "
+                                                "scored by generating the answer");
+  return c;
+}
+
+void position_as_map(YAML::Node root) {
+  if (root.IsMap() && root["position"] && root["position"].IsScalar()) {
+    const std::string name = root["position"].Scalar();
+    root["position"] = YAML::Node(YAML::NodeType::Map);
+    root["position"]["name"] = name;
+  }
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  YAML::Node root = path.empty() ? YAML::Node(YAML::NodeType::Map) : load_yaml_file(path);
+  position_as_map(root);  // so that --set position.name=... works on `position: alibi`
+  for (const auto& o : overrides) apply_override(root, o);
+  return config_from_yaml(root, path.empty() ? "(command line)" : path);
+}
+
+std::vector<OptionDoc> config_documentation() {
+  Config c;
+  auto doc = OptionReader::documenter();
+  read_config(doc, c);
+  return doc.docs();
+}
+
+namespace {
+// to_yaml() without the keys whose mark is not in `kept`. Keys added after extrap 0.3 are left
+// out while they hold their default, so that the runs and results files of earlier versions
+// keep their identity.
+YAML::Node keys_affecting(const Config& config, std::initializer_list<Affects> kept) {
+  YAML::Node out = config.to_yaml();
+  for (const auto& doc : config_documentation()) {
+    if (doc.section) continue;
+    bool keep = false;
+    for (Affects a : kept) keep = keep || doc.affects == a;
+    if (!keep) remove_key(out, doc.key);
+  }
+  if (config.train.precision == Precision::fp32) remove_key(out, "train.precision");
+  if (config.task == RetrievalTask::none) {
+    remove_key(out, "data.task");
+    remove_key(out, "data.task_fraction");
+  }
+  return out;
+}
+}  // namespace
+
+YAML::Node Config::model_keys() const { return keys_affecting(*this, {Affects::model}); }
+
+YAML::Node Config::result_keys() const {
+  return keys_affecting(*this, {Affects::model, Affects::evaluation});
+}
+
+YAML::Node Config::to_yaml() const {
+  YAML::Node out(YAML::NodeType::Map);
+  Config copy = *this;
+  read_config(OptionReader::writer(out), copy);
+  YAML::Node p(YAML::NodeType::Map);
+  p["name"] = position_name;  // first, whether or not the document's node has it
+  if (position.IsMap())
+    for (const auto& entry : position)
+      if (entry.first.Scalar() != "name") p[entry.first.Scalar()] = YAML::Clone(entry.second);
+  out["position"] = p;
+  return out;
+}
+
+}  // namespace extrap

@@ -1,0 +1,135 @@
+// The experiment configuration: what a YAML file (plus --set overrides) resolves to.
+//
+// Every key is declared once, in config.cpp, with its default and help text; `extrap keys`
+// prints them all. Unknown keys and wrong types are errors naming the file, line and key.
+#pragma once
+
+#include "core/attention/attention.h"
+#include "core/base/yaml_options.h"
+#include "core/data/corpus.h"
+#include "core/data/retrieval_task.h"
+#include "core/kernels/precision.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <string>
+#include <vector>
+
+namespace extrap {
+
+enum class Activation { gelu, relu };
+enum class Objective { causal_lm, masked_lm };
+enum class Schedule { cosine, inverse_sqrt, constant };
+enum class Device { cpu, cuda };
+template <>
+struct EnumNames<Activation> {
+  static constexpr std::array<std::pair<const char*, Activation>, 2> table{
+      {{"gelu", Activation::gelu}, {"relu", Activation::relu}}};
+};
+template <>
+struct EnumNames<Objective> {
+  static constexpr std::array<std::pair<const char*, Objective>, 2> table{
+      {{"causal_lm", Objective::causal_lm}, {"masked_lm", Objective::masked_lm}}};
+};
+template <>
+struct EnumNames<Schedule> {
+  static constexpr std::array<std::pair<const char*, Schedule>, 3> table{
+      {{"cosine", Schedule::cosine},
+       {"inverse_sqrt", Schedule::inverse_sqrt},
+       {"constant", Schedule::constant}}};
+};
+template <>
+struct EnumNames<Device> {
+  static constexpr std::array<std::pair<const char*, Device>, 2> table{
+      {{"cpu", Device::cpu}, {"cuda", Device::cuda}}};
+};
+inline torch::Device torch_device(Device device) {
+  return device == Device::cuda ? torch::kCUDA : torch::kCPU;
+}
+
+struct ModelConfig {
+  int64_t layers = 4;
+  int64_t d_model = 256;
+  int64_t heads = 8;
+  int64_t d_ffn = 1024;
+  double dropout = 0.1;
+  double attention_dropout = 0.0;
+  Activation activation = Activation::gelu;
+  bool tie_embeddings = true;
+  Objective objective = Objective::causal_lm;
+  AttentionBackend attention = AttentionBackend::Auto;
+  int64_t efficient_threshold = 1 << 20;  // Tq*Tk above which inference uses the efficient path
+  bool causal() const { return objective == Objective::causal_lm; }
+};
+
+struct TrainConfig {
+  int64_t seq_len = 256;
+  int64_t batch_tokens = 8192;     // tokens per optimiser step (all accumulation steps)
+  int64_t accumulation = 1;        // micro-batches per optimiser step
+  int64_t steps = 1000;
+  double lr = 1e-3;
+  double min_lr = 0.0;
+  int64_t warmup = 100;
+  Schedule schedule = Schedule::cosine;
+  double weight_decay = 0.01;
+  double beta1 = 0.9;
+  double beta2 = 0.98;
+  double eps = 1e-8;
+  double clip = 1.0;               // max gradient norm; 0 disables
+  int64_t seed = 1;
+  int64_t validate_every = 250;
+  int64_t validate_tokens = 65536; // validation tokens per check (0: the whole split)
+  int64_t checkpoint_every = 500;
+  int64_t log_every = 10;
+  std::string out_dir = "runs/default";
+  int64_t threads = 0;             // 0: all available cores
+  Device device = Device::cpu;
+  Precision precision = Precision::fp32;  // training's matrix products (evaluation is fp32)
+  double mask_prob = 0.15;         // masked_lm: fraction of tokens selected
+};
+
+struct EvalConfig {
+  std::vector<int64_t> lengths = {256, 512, 1024};
+  std::vector<int64_t> strides = {};  // sliding-window strides; empty: non-overlapping only
+  Split split = Split::valid;
+  int64_t batch_tokens = 16384;       // tokens per evaluation forward pass
+  int64_t max_tokens = 0;             // evaluate on the first N tokens of the split (0: all)
+  int64_t mask_seed = 1234;           // masked_lm: fixed selection seed
+};
+
+struct Config {
+  CorpusOptions data;
+  RetrievalTask task = RetrievalTask::none;  // data.task: retrieval instances mixed into training
+  double task_fraction = 0;                  // data.task_fraction: the share of sequences
+  ModelConfig model;
+  YAML::Node position = YAML::Node(YAML::NodeType::Map);  // {name: ..., method options}
+  std::string position_name = "alibi";
+  TrainConfig train;
+  EvalConfig eval;
+  std::vector<std::string> plugins;
+  std::string source = "(defaults)";  // where it was read from
+
+  // The resolved config as YAML (round-trips through from_yaml).
+  YAML::Node to_yaml() const;
+  // The keys whose values change the trained model (Affects::model), plus the position
+  // section: a run directory's identity, compared on resume, training and evaluation.
+  YAML::Node model_keys() const;
+  // model_keys() plus the keys that change recorded numbers (Affects::evaluation).
+  YAML::Node result_keys() const;
+};
+
+// Decodes a config document. `source` names it in errors. Position options are checked
+// when the method is built (they belong to the method's own file).
+Config config_from_yaml(const YAML::Node& root, const std::string& source);
+
+// Loads `path` (may be empty: defaults), applies --set overrides, decodes.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides);
+
+// `position: NAME` -> `position: {name: NAME}` in a config's YAML, so that position.KEY can be
+// set by --set or a sweep's grid.
+void position_as_map(YAML::Node root);
+
+// Every config key with default and help (the position method's own keys excluded).
+std::vector<OptionDoc> config_documentation();
+
+}  // namespace extrap

@@ -1,0 +1,149 @@
+#include "core/model/memory_estimate.h"
+
+#include "positions/position.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+namespace extrap {
+
+namespace {
+
+// a * b with saturation, so that absurd configs give a huge estimate rather than overflow.
+int64_t mul(int64_t a, int64_t b) {
+  if (a <= 0 || b <= 0) return 0;
+  if (a > std::numeric_limits<int64_t>::max() / b) return std::numeric_limits<int64_t>::max() / 4;
+  return a * b;
+}
+int64_t add(int64_t a, int64_t b) {
+  if (a > std::numeric_limits<int64_t>::max() / 2 || b > std::numeric_limits<int64_t>::max() / 2)
+    return std::numeric_limits<int64_t>::max() / 2;
+  return a + b;
+}
+
+int64_t meminfo_bytes(const std::string& field) {
+  std::ifstream in("/proc/meminfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field + ":", 0) != 0) continue;
+    std::istringstream parse(line.substr(field.size() + 1));
+    int64_t kib = -1;
+    parse >> kib;
+    return kib >= 0 ? kib * 1024 : -1;
+  }
+  return -1;
+}
+
+int64_t read_number(const std::string& path) {
+  std::ifstream in(path);
+  std::string text;
+  if (!(in >> text) || text == "max") return -1;
+  try {
+    return std::stoll(text);
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+int64_t process_virtual_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmSize:", 0) == 0) return std::stoll(line.substr(7)) * 1024;
+  return 0;
+}
+
+}  // namespace
+
+std::string format_bytes(int64_t bytes) {
+  char text[32];
+  const double b = double(bytes);
+  if (b >= 1024.0 * 1024 * 1024 * 1024) std::snprintf(text, sizeof text, "%.1f TiB", b / (1024.0 * 1024 * 1024 * 1024));
+  else if (b >= 1024.0 * 1024 * 1024) std::snprintf(text, sizeof text, "%.1f GiB", b / (1024.0 * 1024 * 1024));
+  else std::snprintf(text, sizeof text, "%.0f MiB", b / (1024.0 * 1024));
+  return text;
+}
+
+std::string MemoryEstimate::parts() const {
+  return "weights " + format_bytes(parameters) + ", gradients " + format_bytes(gradients) +
+         ", AdamW state " + format_bytes(optimizer) + ", activations " + format_bytes(activations);
+}
+
+int64_t parameter_count_estimate(const Config& c, int64_t vocab_size) {
+  const ModelConfig& m = c.model;
+  const int64_t d = m.d_model, f = m.d_ffn;
+  const int64_t per_layer = add(add(mul(4 * d, d), mul(2 * d, f)), 9 * d + f);
+  int64_t total = add(mul(vocab_size, d), mul(m.layers, per_layer));
+  if (!m.tie_embeddings) total = add(total, mul(vocab_size, d));
+  return total;
+}
+
+namespace {
+int64_t saturating(double value) {
+  return value >= 9.0e18 ? std::numeric_limits<int64_t>::max() : int64_t(value);
+}
+}  // namespace
+
+MemoryEstimate estimate_training_memory(const Config& c, int64_t vocab_size) {
+  const ModelConfig& m = c.model;
+  const TrainConfig& t = c.train;
+  MemoryEstimate e;
+  const int64_t params = parameter_count_estimate(c, vocab_size);
+  e.parameters = mul(params, 4);
+  e.gradients = e.parameters;
+  e.optimizer = mul(e.parameters, 2);
+  const int64_t sequences = std::max<int64_t>(t.accumulation, t.batch_tokens / std::max<int64_t>(t.seq_len, 1));
+  const int64_t micro = std::max<int64_t>(1, sequences / t.accumulation);
+  const int64_t tokens = mul(micro, t.seq_len);
+  // A position method's own share (CoPE's gates, FIRE's MLP): PositionInfo's measured factors.
+  double method_scores = 0, method_pairs = 0;
+  if (PositionRegistry::instance().contains(c.position_name)) {
+    const PositionInfo& info = PositionRegistry::instance().get(c.position_name);
+    method_scores = info.training_scores;
+    method_pairs = info.training_pairs;
+  }
+  const int64_t pairs = mul(t.seq_len, t.seq_len);
+  const int64_t scores = mul(mul(micro, m.heads), pairs);
+  const int64_t per_layer =
+      add(add(mul(tokens, add(10 * m.d_model, 2 * m.d_ffn)), mul(scores, 2)),
+          add(saturating(double(scores) * method_scores), saturating(double(pairs) * method_pairs)));
+  const int64_t values = add(mul(m.layers, per_layer), add(mul(tokens, 3 * m.d_model), mul(mul(tokens, vocab_size), 2)));
+  e.activations = mul(values, 4);
+  return e;
+}
+
+int64_t available_memory_bytes() {
+  int64_t best = meminfo_bytes("MemAvailable");
+  const auto consider = [&](int64_t bytes) {
+    if (bytes >= 0) best = best < 0 ? bytes : std::min(best, bytes);
+  };
+  const int64_t limit = read_number("/sys/fs/cgroup/memory.max");
+  const int64_t used = read_number("/sys/fs/cgroup/memory.current");
+  if (limit > 0 && used >= 0) consider(std::max<int64_t>(0, limit - used));
+  rlimit as{};
+  if (::getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY)
+    consider(std::max<int64_t>(0, int64_t(as.rlim_cur) - process_virtual_bytes()));
+  return best;
+}
+
+void check_memory(int64_t bytes, const std::string& what, const std::string& advice) {
+  const int64_t available = available_memory_bytes();
+  if (available < 0 || bytes <= available) return;
+  throw ConfigError(what + " needs about " + format_bytes(bytes) + " of memory, and " +
+                    format_bytes(available) + " is available; " + advice);
+}
+
+void check_training_memory(const Config& c, int64_t vocab_size) {
+  if (c.train.device != Device::cpu) return;  // GPU memory is not estimated here
+  const MemoryEstimate e = estimate_training_memory(c, vocab_size);
+  check_memory(e.total(), c.source + ": training this config (" + e.parts() + ")",
+               "lower model.d_model, model.d_ffn, model.layers or train.batch_tokens, or raise "
+               "train.accumulation");
+}
+
+}  // namespace extrap

@@ -1,0 +1,236 @@
+#include "core/model/model.h"
+
+#include "core/kernels/cpu_linear.h"
+#include "core/kernels/gelu_linear.h"
+#include "core/kernels/precision.h"
+#include "core/kernels/qkv_heads.h"
+#include "core/kernels/residual_norm.h"
+
+#include <cmath>
+
+namespace extrap {
+
+namespace {
+
+// ATen's linear, not the C++ frontend's Linear::forward: for (B, T, D) inputs the frontend
+// runs matmul and then adds the bias in a separate pass, where ATen folds B and T into one
+// addmm with the bias in the product. Same numbers; measured in `extrap bench train --profile`
+// (configs/train_quick.yaml): the separate bias adds took 1 ms of a 150 ms fp32 step and 7 ms
+// of a 77 ms bf16 step (LibTorch's bf16 broadcast add is slow on the CPU). In float32 on the
+// CPU the products run through oneDNN (core/kernels/cpu_linear.h).
+torch::Tensor linear(const torch::nn::Linear& layer, const torch::Tensor& x) {
+  return extrap::linear(x, layer->weight, layer->bias);
+}
+
+}  // namespace
+
+SelfAttentionImpl::SelfAttentionImpl(SelfAttentionOptions options_) : options(std::move(options_)) {
+  reset();
+}
+
+void SelfAttentionImpl::reset() {
+  qkv = register_module("qkv", torch::nn::Linear(options.d_model(), 3 * options.d_model()));
+  out = register_module("out", torch::nn::Linear(options.d_model(), options.d_model()));
+}
+
+torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, PositionMethod& position,
+                                         const TokenPositions& positions,
+                                         const AttentionOptions& attention_options,
+                                         KVCache::Layer* cache, const torch::Tensor& projected) {
+  const auto B = x.size(0), T = x.size(1), H = options.heads(), Dh = options.d_model() / H;
+  // Views of the projection (core/kernels/qkv_heads.h): their gradients go back into its layout with
+  // no copy where the fused attention writes them there, else with one.
+  auto [q, k, v] = split_heads(linear(qkv, projected.defined() ? projected : x), H);  // (B, H, T, Dh)
+  LayerInput at{options.layer_index(), positions, x};
+  position.rotate_qk(q, k, at);
+  if (cache) {  // the new tokens' keys and values join the cached ones
+    if (cache->keys.defined()) {
+      k = torch::cat({cache->keys, k}, 2);
+      v = torch::cat({cache->values, v}, 2);
+    }
+    cache->keys = k;
+    cache->values = v;
+    at.keys = k.size(2);
+    at.state = &cache->state;
+  }
+  AttentionOptions attn = attention_options;
+  attn.dropout = options.attention_dropout();
+  auto y = attention(q, k, v, position.bias(at), attn);  // (B, H, T, Dh)
+  y = y.transpose(1, 2).reshape({B, T, H * Dh});
+  y = linear(out, y);
+  if (attention_options.training && options.dropout() > 0) y = torch::dropout(y, options.dropout(), true);
+  return y;
+}
+
+BlockImpl::BlockImpl(BlockOptions options_) : options(std::move(options_)) { reset(); }
+
+void BlockImpl::reset() {
+  ln_attention = register_module("ln_attention",
+                                 torch::nn::LayerNorm(torch::nn::LayerNormOptions({options.d_model()})));
+  attention = register_module(
+      "attention", SelfAttention(SelfAttentionOptions(options.d_model(), options.heads())
+                                     .dropout(options.dropout())
+                                     .attention_dropout(options.attention_dropout())
+                                     .layer_index(options.layer_index())));
+  ln_ffn = register_module("ln_ffn", torch::nn::LayerNorm(torch::nn::LayerNormOptions({options.d_model()})));
+  ffn_in = register_module("ffn_in", torch::nn::Linear(options.d_model(), options.d_ffn()));
+  ffn_out = register_module("ffn_out", torch::nn::Linear(options.d_ffn(), options.d_model()));
+}
+
+torch::Tensor BlockImpl::forward(const torch::Tensor& x, PositionMethod& position,
+                                 const TokenPositions& positions,
+                                 const AttentionOptions& attention_options,
+                                 KVCache::Layer* cache) {
+  auto [h, f] = forward_residual(x, {}, position, positions, attention_options, cache);
+  return h + f;
+}
+
+std::pair<torch::Tensor, torch::Tensor> BlockImpl::forward_residual(const torch::Tensor& base,
+                                                                    const torch::Tensor& delta,
+                                                                    PositionMethod& position,
+                                                                    const TokenPositions& positions,
+                                                                    const AttentionOptions& attention_options,
+                                                                    KVCache::Layer* cache) {
+  // The feed-forward LayerNorm's output goes only to ffn_in: under bf16 autocast it may leave
+  // the LayerNorm in bfloat16, the cast autocast would make. The attention's input stays float32
+  // (position methods read it), with a bfloat16 copy from the same pass for the q, k, v product.
+  const auto ffn_dtype = base.device().is_cpu() && cpu_autocast_bf16() ? torch::kBFloat16 : torch::kFloat32;
+  auto [x, normed, normed_low] = add_layer_norm_with_copy(base, delta, ln_attention);
+  auto [h, ffn_input] = add_layer_norm(
+      x, attention->forward(normed, position, positions, attention_options, cache, normed_low), ln_ffn, ffn_dtype);
+  auto f = linear(ffn_in, ffn_input);
+  f = options.activation() == Activation::relu ? linear(ffn_out, torch::relu(f))
+                                                : gelu_linear(f, ffn_out->weight, ffn_out->bias);
+  if (attention_options.training && options.dropout() > 0) f = torch::dropout(f, options.dropout(), true);
+  return {h, f};
+}
+
+TransformerLMImpl::TransformerLMImpl(const ModelConfig& config, int64_t vocab_size,
+                                     const std::string& position_name,
+                                     const YAML::Node& position_options, const std::string& source)
+    : config_(config), vocab_size_(vocab_size), backend_(config.attention),
+      position_name_(position_name) {
+  embedding = register_module("embedding", torch::nn::Embedding(vocab_size, config.d_model));
+  // Scaled by sqrt(d_model) in forward(): initialise so that the scaled embedding has unit-ish
+  // variance, as fairseq does (normal with std d_model^-0.5).
+  torch::nn::init::normal_(embedding->weight, 0.0, std::pow(double(config.d_model), -0.5));
+  embedding_dropout = register_module("embedding_dropout", torch::nn::Dropout(config.dropout));
+
+  position_ = PositionRegistry::instance().create(
+      position_name, position_context(config), OptionReader(position_options, source, "position"));
+  register_module("position", position_);
+
+  blocks = register_module("blocks", torch::nn::ModuleList());
+  for (int64_t l = 0; l < config.layers; ++l) {
+    blocks->push_back(Block(BlockOptions(config.d_model, config.heads, config.d_ffn)
+                                .dropout(config.dropout)
+                                .attention_dropout(config.attention_dropout)
+                                .activation(config.activation)
+                                .layer_index(l)));
+  }
+  ln_final = register_module("ln_final", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.d_model})));
+  if (!config.tie_embeddings)
+    head = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(config.d_model, vocab_size).bias(false)));
+}
+
+torch::Tensor TransformerLMImpl::forward(const torch::Tensor& tokens, int64_t offset) {
+  // Under bf16 autocast the final LayerNorm may write bfloat16: its output goes only to the
+  // output projection here.
+  const bool low = embedding->weight.device().is_cpu() && cpu_autocast_bf16();
+  return logits(hidden_as(tokens, offset, low ? torch::kBFloat16 : torch::kFloat32));
+}
+
+torch::Tensor TransformerLMImpl::logits(const torch::Tensor& x) {
+  if (head) return linear(head, x);                   // (..., V)
+  return extrap::linear(x, embedding->weight, {});   // (..., V)
+}
+
+torch::Tensor TransformerLMImpl::hidden(const torch::Tensor& tokens, int64_t offset) {
+  return hidden_as(tokens, offset, torch::kFloat32);
+}
+
+torch::Tensor TransformerLMImpl::hidden_as(const torch::Tensor& tokens, int64_t offset, torch::ScalarType dtype) {
+  TORCH_CHECK(tokens.dim() == 2, "model input must be (B, T) token ids, got ", tokens.sizes());
+  auto x = embedding->forward(tokens) * std::sqrt(double(config_.d_model));  // (B, T, D)
+  const int64_t length = tokens.size(1);
+  auto positions = TokenPositions::window(length, offset);
+  if (const int64_t n = position_->randomize_max(); n > 0 && is_training()) {
+    TORCH_CHECK(length <= n, "position.randomize_max ", n, " is below the window of ", length,
+                " tokens");
+    positions.sampled = std::get<0>(torch::randperm(n, torch::kLong).narrow(0, 0, length).sort());
+  }
+  x = position_->embed(x, positions);
+  x = embedding_dropout->forward(x);
+  AttentionOptions attention_options;
+  attention_options.causal = config_.causal();
+  attention_options.training = is_training();
+  attention_options.backend = backend_;
+  attention_options.efficient_threshold = config_.efficient_threshold;
+  // Each block's last residual add is left to the next LayerNorm (core/kernels/residual_norm.h).
+  torch::Tensor delta;
+  for (const auto& block : *blocks)
+    std::tie(x, delta) = block->as<Block>()->forward_residual(x, delta, *position_, positions, attention_options);
+  return add_layer_norm(x, delta, ln_final, dtype).second;  // (B, T, D)
+}
+
+void TransformerLMImpl::set_rope_scaling(const RopeScaling& scaling) {
+  if (!position_->set_rope_scaling(scaling)) {
+    if (!scaling.active()) return;  // nothing to restore
+    throw ConfigError("RoPE scaling " + rope_scaling_name(scaling.kind) + ": position method '" +
+                      position_name_ + "' has no rotary angles to scale (rotary and xpos have)");
+  }
+  rope_scaling_ = scaling;
+}
+
+torch::Tensor TransformerLMImpl::hidden(const torch::Tensor& tokens, KVCache& cache) {
+  TORCH_CHECK(tokens.dim() == 2, "model input must be (B, T) token ids, got ", tokens.sizes());
+  TORCH_CHECK(config_.causal(), "a KV cache needs a causal model; this one is a masked LM");
+  TORCH_CHECK(!is_training() && !torch::GradMode::is_enabled(),
+              "a KV cache is for inference: call model->eval() under torch::NoGradGuard");
+  TORCH_CHECK(!rope_scaling_.active(),
+              "a KV cache with RoPE scaling is not supported (dynamic NTK would rotate cached "
+              "keys with an older base)");
+  const int64_t length = tokens.size(1);
+  TORCH_CHECK(cache.length + length <= cache.planned, "the KV cache was planned for ",
+              cache.planned, " tokens; ", cache.length, " are cached and ", length, " more came");
+  if (cache.layers.empty()) cache.layers.resize(blocks->size());
+  TORCH_CHECK(cache.layers.size() == blocks->size(), "the KV cache holds ", cache.layers.size(),
+              " layers, the model has ", blocks->size());
+  auto x = embedding->forward(tokens) * std::sqrt(double(config_.d_model));  // (B, T, D)
+  auto positions = TokenPositions::window(length, cache.length);
+  positions.centre = (cache.planned - 1) / 2;
+  x = position_->embed(x, positions);
+  AttentionOptions attention_options;
+  attention_options.causal = true;
+  attention_options.training = false;
+  attention_options.backend = backend_;
+  attention_options.efficient_threshold = config_.efficient_threshold;
+  for (size_t l = 0; l < blocks->size(); ++l)
+    x = blocks[l]->as<Block>()->forward(x, *position_, positions, attention_options,
+                                        &cache.layers[l]);
+  cache.length += length;
+  return ln_final->forward(x);  // (B, T, D)
+}
+
+int64_t TransformerLMImpl::num_parameters() const {
+  int64_t n = 0;
+  for (const auto& p : parameters()) n += p.numel();
+  return n;
+}
+
+PositionContext position_context(const ModelConfig& config) {
+  PositionContext context;
+  context.num_layers = config.layers;
+  context.num_heads = config.heads;
+  context.d_model = config.d_model;
+  context.d_head = config.d_model / config.heads;
+  context.causal = config.causal();
+  return context;
+}
+
+TransformerLM build_model(const Config& config, int64_t vocab_size) {
+  for (const auto& plugin : config.plugins) PositionRegistry::instance().load_plugin(plugin);
+  return TransformerLM(config.model, vocab_size, config.position_name, config.position, config.source);
+}
+
+}  // namespace extrap

@@ -1,0 +1,156 @@
+// The transformer language model: pre-LayerNorm decoder (causal LM) or encoder (masked LM).
+//
+//   x = embed(tokens) * sqrt(d_model); x = position.embed(x)
+//   for each block:  x = x + Attn(LN(x));  x = x + FFN(LN(x))
+//   logits = LN(x) @ W_out   (W_out = the input embedding when tied)
+//
+// Attention goes through extrap::attention() with the position method's bias description;
+// the position method is a registered submodule, so its parameters train and checkpoint
+// with the model.
+#pragma once
+
+#include "core/attention/attention.h"
+#include "core/model/config.h"
+#include "positions/position.h"
+
+#include <torch/torch.h>
+
+namespace extrap {
+
+struct SelfAttentionOptions {
+  SelfAttentionOptions(int64_t d_model, int64_t heads) : d_model_(d_model), heads_(heads) {}
+  TORCH_ARG(int64_t, d_model);
+  TORCH_ARG(int64_t, heads);
+  TORCH_ARG(double, dropout) = 0.0;            // on the output projection
+  TORCH_ARG(double, attention_dropout) = 0.0;  // on attention probabilities
+  TORCH_ARG(int64_t, layer_index) = 0;
+};
+
+// The keys and values a causal model has computed, layer by layer, for generation. A forward
+// pass with a cache attends to the cached tokens and its own, then appends its own: decoding a
+// sequence block by block gives the logits of one forward pass over the whole sequence.
+struct KVCache {
+  struct Layer {
+    torch::Tensor keys, values;  // (B, H, cached, d_head), rotated where the method rotates
+    torch::Tensor state;         // the position method's (LayerInput::state)
+  };
+  // `planned`: the sequence's full length; position-dependent scales (xpos) are measured from
+  // its middle, and tokens past it are refused.
+  explicit KVCache(int64_t planned) : planned(planned) {}
+  std::vector<Layer> layers;
+  int64_t length = 0;  // tokens cached
+  int64_t planned;
+};
+
+class SelfAttentionImpl : public torch::nn::Cloneable<SelfAttentionImpl> {
+ public:
+  explicit SelfAttentionImpl(SelfAttentionOptions options);
+  void reset() override;
+  // x: (B, T, D) -> (B, T, D)
+  // With `cache`: x holds the new tokens only; their keys and values are appended to it.
+  // `projected`, where defined, is x as the q, k, v projection should read it (x rounded to
+  // bfloat16 under bf16 autocast, core/kernels/residual_norm.h); position methods still see x.
+  torch::Tensor forward(const torch::Tensor& x, PositionMethod& position,
+                        const TokenPositions& positions, const AttentionOptions& attention_options,
+                        KVCache::Layer* cache = nullptr, const torch::Tensor& projected = {});
+
+  SelfAttentionOptions options;
+  torch::nn::Linear qkv = nullptr;  // D -> 3D
+  torch::nn::Linear out = nullptr;  // D -> D
+};
+TORCH_MODULE(SelfAttention);
+
+struct BlockOptions {
+  BlockOptions(int64_t d_model, int64_t heads, int64_t d_ffn)
+      : d_model_(d_model), heads_(heads), d_ffn_(d_ffn) {}
+  TORCH_ARG(int64_t, d_model);
+  TORCH_ARG(int64_t, heads);
+  TORCH_ARG(int64_t, d_ffn);
+  TORCH_ARG(double, dropout) = 0.0;
+  TORCH_ARG(double, attention_dropout) = 0.0;
+  TORCH_ARG(Activation, activation) = Activation::gelu;
+  TORCH_ARG(int64_t, layer_index) = 0;
+};
+
+class BlockImpl : public torch::nn::Cloneable<BlockImpl> {
+ public:
+  explicit BlockImpl(BlockOptions options);
+  void reset() override;
+  torch::Tensor forward(const torch::Tensor& x, PositionMethod& position,
+                        const TokenPositions& positions, const AttentionOptions& attention_options,
+                        KVCache::Layer* cache = nullptr);
+  // forward() of base + delta (delta undefined: base), with that residual add fused into the
+  // first LayerNorm (core/kernels/residual_norm.h), returning the block's residual stream and its
+  // feed-forward output unsummed, {h, f}, for the next LayerNorm to add: forward() is h + f.
+  std::pair<torch::Tensor, torch::Tensor> forward_residual(const torch::Tensor& base, const torch::Tensor& delta,
+                                                           PositionMethod& position, const TokenPositions& positions,
+                                                           const AttentionOptions& attention_options,
+                                                           KVCache::Layer* cache = nullptr);
+
+  BlockOptions options;
+  torch::nn::LayerNorm ln_attention = nullptr;
+  SelfAttention attention = nullptr;
+  torch::nn::LayerNorm ln_ffn = nullptr;
+  torch::nn::Linear ffn_in = nullptr;
+  torch::nn::Linear ffn_out = nullptr;
+};
+TORCH_MODULE(Block);
+
+class TransformerLMImpl : public torch::nn::Module {
+ public:
+  // Builds the position method from config.position through the registry.
+  TransformerLMImpl(const ModelConfig& config, int64_t vocab_size, const std::string& position_name,
+                    const YAML::Node& position_options, const std::string& source);
+
+  // tokens: (B, T) int64 -> logits (B, T, V). `offset` is the absolute position of column 0.
+  // In training with position.randomize_max = N the positions are instead a sorted random
+  // sample from [0, N), drawn from LibTorch's default generator (saved with checkpoints).
+  torch::Tensor forward(const torch::Tensor& tokens, int64_t offset = 0);
+  // The two halves of forward(): final hidden states (B, T, D), and their logits (..., V).
+  // Evaluation projects only the positions it scores.
+  torch::Tensor hidden(const torch::Tensor& tokens, int64_t offset = 0);
+  // Generation (causal models, inference): the hidden states of `tokens`, the next tokens of
+  // the sequence whose first cache->length tokens the cache holds, attending to those too; the
+  // cache then holds them as well. Equal to the matching rows of hidden(whole sequence).
+  torch::Tensor hidden(const torch::Tensor& tokens, KVCache& cache);
+  torch::Tensor logits(const torch::Tensor& hidden);
+
+  PositionMethod& position() { return *position_; }
+  const ModelConfig& config() const { return config_; }
+  int64_t vocab_size() const { return vocab_size_; }
+  int64_t num_parameters() const;
+  // Backend used by the attention call (evaluation may force one).
+  void set_attention_backend(AttentionBackend backend) { backend_ = backend; }
+  // Evaluation-time RoPE scaling for every later forward pass (none: the trained angles).
+  // Refuses (ConfigError, naming the method) a position method without rotary angles.
+  void set_rope_scaling(const RopeScaling& scaling);
+  const RopeScaling& rope_scaling() const { return rope_scaling_; }
+  const std::string& position_name() const { return position_name_; }
+
+ private:
+  ModelConfig config_;
+  int64_t vocab_size_;
+  AttentionBackend backend_;
+  std::string position_name_;
+  RopeScaling rope_scaling_;
+  torch::nn::Embedding embedding = nullptr;
+  torch::nn::Dropout embedding_dropout = nullptr;
+  std::shared_ptr<PositionMethod> position_;
+  torch::nn::ModuleList blocks = nullptr;
+  torch::nn::LayerNorm ln_final = nullptr;
+  torch::nn::Linear head = nullptr;  // only when embeddings are not tied
+
+  // hidden(), with the final LayerNorm's output in `dtype` where the fused LayerNorm takes it
+  // (bfloat16 for forward() under bf16 autocast: the cast the output projection would make).
+  torch::Tensor hidden_as(const torch::Tensor& tokens, int64_t offset, torch::ScalarType dtype);
+};
+TORCH_MODULE(TransformerLM);
+
+// Builds the model for a config and corpus vocabulary size; the position method's options
+// are decoded (and checked) here.
+TransformerLM build_model(const Config& config, int64_t vocab_size);
+
+// What a model built from `config` tells its position method: layers, heads, sizes, mode.
+PositionContext position_context(const ModelConfig& config);
+
+}  // namespace extrap

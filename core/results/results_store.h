@@ -1,0 +1,180 @@
+// Sweep results in one HDF5 file: the schema, crash-safe appends and reading back.
+//
+// Schema (format_version 1; every string is variable-length UTF-8):
+//   /                      attributes: format_version, sweep_name, sweep_spec (the resolved
+//                          sweep as YAML), spec_hash, sweep_file (the file's text plus --set
+//                          overrides), shard, extrap_version, git_commit, created
+//   /runs/<run_id>         one group per grid point; attributes: config (resolved YAML),
+//                          grid_point (its grid values as YAML), point_index, position,
+//                          train_length, seed, extrap_version, git_commit, machine,
+//                          start_time, end_time, tokens_per_second, peak_memory_bytes,
+//                          num_parameters, status; datasets train_loss, valid_loss (N, 2):
+//                          columns step, loss (mean cross-entropy, nats)
+//   /runs/<run_id>/eval/<mode>   mode = nonoverlapping | sliding_<stride>; 1-D extendable
+//                          datasets length, perplexity, nll_sum, scored_tokens,
+//                          bits_per_byte, seconds (one row per finished point), and
+//                          failures: compound (length, reason), one row per failed point
+//                          mode: the window mode, then "+<variant>" for an evaluation with
+//                          RoPE scaling (e.g. "nonoverlapping+yarn", "sliding_64+ntk_x4")
+//   /summary               compound, extendable: one row per (run, mode, eval length): run_id,
+//                          position, train_length, seed, mode, stride, eval_length, perplexity,
+//                          nll_sum, scored_tokens, bits_per_byte, seconds, status
+//                          ("ok" or "failed: <reason>")
+//   /position_bins         compound, extendable: (summary_row, begin, end, nll_sum,
+//                          scored_tokens): the scored tokens of the point in row summary_row
+//                          of /summary (0-based) binned by position in the window [begin, end)
+//                          (core/eval/evaluator.h, PositionBin); a point's rows together. Absent
+//                          in files written before extrap 0.3.
+//   /retrieval             compound, extendable: (summary_row, depth, trials, correct,
+//                          answer_nll, answer_tokens): a retrieval point's exact-match counts at
+//                          one key depth (percent; core/eval/retrieval_eval.h); a point's rows
+//                          together. A retrieval point's /summary row (mode
+//                          "retrieval_<task>[+<variant>]", eval_length the instance length,
+//                          stride = eval_length) holds the answers' NLL: nll_sum and
+//                          scored_tokens over the answer tokens, perplexity their exp(mean);
+//                          bits_per_byte is NaN. Its eval group has the columns length,
+//                          accuracy, correct, trials, seconds (and failures). Absent in files
+//                          written before extrap 0.4.
+// /summary is the source of truth (every point, failed or not, in the order it finished);
+// the per-run eval groups are the same numbers arranged for plotting.
+//
+// Durability: the file is never modified in place. Every change copies it to PATH.tmp,
+// applies the change there, closes (HDF5 flushes), fsyncs and renames it over PATH, then
+// fsyncs the directory. A kill -9 at any moment therefore leaves PATH either before or after
+// the change, never half-written; a stale PATH.tmp is removed by the next writer. Writers
+// must hold a ResultsLock (one writer per file); readers need no lock.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "core/base/files.h"
+#include "core/base/version.h"
+#include "core/eval/evaluator.h"
+#include "core/eval/retrieval_eval.h"
+#include "core/run/checkpoint.h"
+
+namespace H5 {
+class H5File;
+}
+
+namespace extrap {
+
+struct SweepHeader {
+  std::string sweep_name;
+  std::string sweep_spec;  // the resolved spec, YAML (what spec_hash covers)
+  std::string spec_hash;
+  std::string sweep_file;  // the sweep file as written, plus the --set overrides
+  std::string shard;       // "" (whole sweep), "I/N", or "merged"
+  std::string extrap_version = extrap::extrap_version();
+  std::string git_commit = extrap::extrap_git_commit();
+  std::string created;  // ISO time, UTC
+};
+
+struct RunRecord {
+  std::string run_id;
+  std::string config;      // resolved config, YAML
+  std::string grid_point;  // the point's grid values, YAML
+  int64_t point_index = 0;
+  std::string position;
+  int64_t train_length = 0;
+  int64_t seed = 0;
+  std::string extrap_version = extrap::extrap_version();
+  std::string git_commit = extrap::extrap_git_commit();
+  std::string machine;
+  std::string runtime;  // runtime_summary(): LibTorch, CUDA, BLAS, threads ("" in older files)
+  std::string start_time;
+  std::string end_time;  // "" until trained
+  double tokens_per_second = NAN;
+  int64_t peak_memory_bytes = 0;
+  int64_t num_parameters = 0;
+  std::string status;  // training | trained | complete | failed: <reason>
+  std::vector<CurvePoint> train_loss;
+  std::vector<CurvePoint> valid_loss;
+};
+
+// One evaluation point: a row of /summary.
+struct PointRecord {
+  std::string run_id;
+  std::string position;
+  int64_t train_length = 0;
+  int64_t seed = 0;
+  std::string mode;    // nonoverlapping | sliding_<stride>, then +<RoPE variant> if any
+  int64_t stride = 0;  // the scored tokens per window: eval_length when nonoverlapping
+  int64_t eval_length = 0;
+  double perplexity = NAN;
+  double nll_sum = NAN;
+  int64_t scored_tokens = 0;
+  double bits_per_byte = NAN;
+  double seconds = 0;
+  std::string status = "ok";  // ok | failed: <reason>
+  std::vector<PositionBin> by_position;  // ok points (empty in files before extrap 0.3)
+  std::vector<RetrievalCell> retrieval;  // ok retrieval points: accuracy by depth
+
+  bool ok() const { return status == "ok"; }
+};
+
+// The mode name of a (length, stride) evaluation: stride 0 or >= length is non-overlapping;
+// a RoPE-scaling variant (rope_variant_label) is appended as "+<variant>".
+std::string eval_mode_name(int64_t length, int64_t stride, const std::string& variant = "");
+// The mode of a retrieval evaluation: "retrieval_passkey", "retrieval_multikey+yarn".
+std::string retrieval_mode_name(RetrievalTask task, const std::string& variant = "");
+bool is_retrieval_mode(const std::string& mode);
+
+// An exclusive, non-blocking flock on PATH.lock, held for the object's lifetime (released by
+// the kernel when the process dies, kill -9 included). The holder's pid is written into the
+// lock file; a second writer gets a ConfigError naming the file and that pid.
+class ResultsLock {
+ public:
+  explicit ResultsLock(const std::string& results_path);
+
+ private:
+  FileLock lock_;
+};
+
+class ResultsStore {
+ public:
+  // Reads an existing results file (ConfigError when missing or not a results file).
+  static ResultsStore open(const std::string& path);
+  // Opens `path`, creating it with `header` when it does not exist. The caller compares the
+  // stored header with its own. Needs the lock: it also removes a stale PATH.tmp.
+  static ResultsStore open_or_create(const std::string& path, const SweepHeader& header);
+
+  const std::string& path() const { return path_; }
+  const SweepHeader& header() const { return header_; }
+  const std::map<std::string, RunRecord>& runs() const { return runs_; }
+  const std::vector<PointRecord>& points() const { return points_; }  // /summary order
+  const RunRecord* run(const std::string& run_id) const;
+  bool has_point(const std::string& run_id, const std::string& mode, int64_t eval_length) const;
+  // The recorded point, or null.
+  const PointRecord* point(const std::string& run_id, const std::string& mode,
+                           int64_t eval_length) const;
+
+  // One atomic change: creates or replaces the attributes and curves of each run, then appends
+  // each point (to /summary and to its run's eval group). A point's run must exist (in the
+  // file or in `runs`); a point already recorded is an error.
+  void write(const std::vector<RunRecord>& runs, const std::vector<PointRecord>& points);
+  void put_run(const RunRecord& run) { write({run}, {}); }
+  void append_point(const PointRecord& point) { write({}, {point}); }
+
+ private:
+  explicit ResultsStore(std::string path) : path_(std::move(path)) {}
+  void load();
+  // Copy, change, fsync, rename: the file is never seen half-changed.
+  void commit(const std::function<void(H5::H5File&)>& change);
+
+  std::string path_;
+  SweepHeader header_;
+  std::map<std::string, RunRecord> runs_;
+  std::vector<PointRecord> points_;
+  std::map<std::tuple<std::string, std::string, int64_t>, size_t> point_keys_;  // -> points_ index
+};
+
+}  // namespace extrap

@@ -1,0 +1,205 @@
+#include "core/run/checkpoint.h"
+
+#include "core/base/files.h"
+#include "core/base/hashing.h"
+#include "core/base/version.h"
+
+#include <nlohmann/json.hpp>
+
+#include <sstream>
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace extrap {
+
+namespace {
+
+constexpr int kManifestFormat = 1;
+const char* const kArchives[] = {"model.pt", "optimizer.pt", "rng.pt"};
+
+json curve_json(const std::vector<CurvePoint>& curve) {
+  json out = json::array();
+  for (const auto& p : curve) out.push_back({p.step, p.loss});
+  return out;
+}
+
+std::vector<CurvePoint> curve_from(const json& j) {
+  std::vector<CurvePoint> curve;
+  for (const auto& p : j) curve.push_back({p.at(0).get<int64_t>(), p.at(1).get<double>()});
+  return curve;
+}
+
+template <class T>
+std::string archive_bytes(const T& value) {
+  std::ostringstream out(std::ios::binary);
+  torch::save(value, out);
+  return out.str();
+}
+
+json parse_json(const fs::path& path) {
+  try {
+    return json::parse(read_file(path));
+  } catch (const json::exception& e) {
+    throw ConfigError(path.string() + ": not valid JSON (" + e.what() +
+                      "): the checkpoint is damaged");
+  }
+}
+
+// Verifies `dir` against its manifest and reads its small files.
+VerifiedCheckpoint verify(const fs::path& dir) {
+  const fs::path manifest_path = dir / "manifest.json";
+  if (!fs::exists(manifest_path))
+    throw ConfigError(dir.string() +
+                      ": no manifest.json: the checkpoint is incomplete or was written by an "
+                      "extrap older than 0.2; train again (extrap train --overwrite)");
+  VerifiedCheckpoint c;
+  c.dir = dir;
+  try {
+    const json m = parse_json(manifest_path);
+    if (m.at("format").get<int>() != kManifestFormat)
+      throw ConfigError(manifest_path.string() + ": manifest format " +
+                        std::to_string(m.at("format").get<int>()) + ", this extrap reads " +
+                        std::to_string(kManifestFormat));
+    c.manifest.step = m.at("step").get<int64_t>();
+    c.manifest.fingerprint = m.at("fingerprint").get<std::string>();
+    c.manifest.vocabulary = m.at("vocabulary").get<std::string>();
+    c.manifest.extrap_version = m.value("extrap_version", "");
+    for (const auto& [name, entry] : m.at("files").items()) {
+      const fs::path file = dir / name;
+      if (!fs::exists(file)) throw ConfigError(file.string() + ": missing (listed in the manifest)");
+      const FileDigest digest = file_digest(file.string());
+      const uint64_t bytes = entry.at("bytes").get<uint64_t>();
+      if (digest.bytes != bytes)
+        throw ConfigError(file.string() + ": " + std::to_string(digest.bytes) +
+                          " bytes, the manifest says " + std::to_string(bytes) +
+                          ": the checkpoint is truncated or damaged");
+      if (hex64(digest.hash) != entry.at("xxh3").get<std::string>())
+        throw ConfigError(file.string() + ": checksum " + hex64(digest.hash) +
+                          " differs from the manifest's " + entry.at("xxh3").get<std::string>() +
+                          ": the checkpoint is corrupt");
+    }
+    for (const char* required : {"model.pt", "state.json", "config.yaml"})
+      if (!m.at("files").contains(required))
+        throw ConfigError(manifest_path.string() + ": lists no " + required);
+    const json state = parse_json(dir / "state.json");
+    c.state.step = state.at("step").get<int64_t>();
+    c.state.epoch = state.at("epoch").get<int64_t>();
+    c.state.index = state.at("index").get<int64_t>();
+    c.state.tokens_per_second = state.at("tokens_per_second").get<double>();
+    c.state.seconds = state.at("seconds").get<double>();
+    c.state.world_size = state.value("world_size", int64_t(1));  // absent before 0.5
+    c.state.train_curve = curve_from(state.at("train_curve"));
+    c.state.valid_curve = curve_from(state.at("valid_curve"));
+  } catch (const json::exception& e) {
+    throw ConfigError(dir.string() + ": the manifest or state.json lacks a field (" + e.what() +
+                      "): the checkpoint is damaged");
+  }
+  const fs::path config_path = dir / "config.yaml";
+  c.config = config_from_yaml(load_yaml_file(config_path.string()), config_path.string());
+  return c;
+}
+
+template <class Load>
+void load_archive(const fs::path& path, Load&& load) {
+  try {
+    load(path.string());
+  } catch (const c10::Error& e) {
+    throw ConfigError(path.string() + ": cannot be loaded (" + e.what_without_backtrace() + ")");
+  }
+}
+
+}  // namespace
+
+void save_checkpoint(const fs::path& run_dir, const Config& config,
+                     const CheckpointManifest& manifest, const CheckpointState& state,
+                     TransformerLM& model, torch::optim::Optimizer* optimizer) {
+  const fs::path dir = run_dir / "checkpoint";
+  const fs::path tmp = run_dir / "checkpoint.tmp";
+  const fs::path old = run_dir / "checkpoint.old";
+  std::error_code error;
+  fs::remove_all(tmp, error);
+  fs::create_directories(tmp, error);
+  if (error) throw ConfigError(tmp.string() + ": cannot create: " + error.message());
+
+  std::vector<std::pair<std::string, std::string>> files;
+  files.emplace_back("model.pt", archive_bytes(model));
+  if (optimizer) files.emplace_back("optimizer.pt", archive_bytes(*optimizer));
+  files.emplace_back("rng.pt", archive_bytes(at::detail::getDefaultCPUGenerator().get_state()));
+  json s = {{"step", state.step},
+            {"epoch", state.epoch},
+            {"index", state.index},
+            {"tokens_per_second", state.tokens_per_second},
+            {"seconds", state.seconds},
+            {"world_size", state.world_size},
+            {"train_curve", curve_json(state.train_curve)},
+            {"valid_curve", curve_json(state.valid_curve)}};
+  files.emplace_back("state.json", s.dump(1) + "\n");
+  files.emplace_back("config.yaml", YAML::Dump(config.to_yaml()) + "\n");
+
+  json m = {{"format", kManifestFormat},
+            {"step", manifest.step},
+            {"fingerprint", manifest.fingerprint},
+            {"vocabulary", manifest.vocabulary},
+            {"extrap_version", extrap_version()},
+            {"files", json::object()}};
+  try {
+    for (const auto& [name, bytes] : files) {
+      write_file_durable(tmp / name, bytes);
+      m["files"][name] = {{"bytes", bytes.size()}, {"xxh3", hex64(content_hash(bytes))}};
+    }
+    write_file_durable(tmp / "manifest.json", m.dump(1) + "\n");
+    fsync_directory(tmp);
+  } catch (...) {
+    fs::remove_all(tmp, error);  // the previous checkpoint stays whole
+    throw;
+  }
+  // Swap in the new checkpoint: the old one stays whole until the new one is complete.
+  fs::remove_all(old, error);
+  if (fs::exists(dir)) fs::rename(dir, old);
+  fs::rename(tmp, dir);
+  fsync_directory(run_dir);
+  fs::remove_all(old, error);
+}
+
+bool has_checkpoint(const fs::path& run_dir) {
+  return fs::exists(run_dir / "checkpoint") || fs::exists(run_dir / "checkpoint.old");
+}
+
+std::optional<VerifiedCheckpoint> find_checkpoint(const fs::path& run_dir) {
+  const fs::path dir = run_dir / "checkpoint", old = run_dir / "checkpoint.old";
+  // A crash between the two renames of save_checkpoint leaves only checkpoint.old.
+  if (fs::exists(dir)) return verify(dir);
+  if (fs::exists(old)) return verify(old);
+  return std::nullopt;
+}
+
+VerifiedCheckpoint require_checkpoint(const fs::path& run_dir) {
+  if (!fs::exists(run_dir)) throw ConfigError(run_dir.string() + ": no such run directory");
+  auto found = find_checkpoint(run_dir);
+  if (!found)
+    throw ConfigError(run_dir.string() + ": no checkpoint (expected " +
+                      (run_dir / "checkpoint").string() + ")");
+  return std::move(*found);
+}
+
+void load_model(const VerifiedCheckpoint& c, TransformerLM& model) {
+  load_archive(c.dir / "model.pt", [&](const std::string& p) { torch::load(model, p); });
+}
+
+void load_optimizer(const VerifiedCheckpoint& c, torch::optim::Optimizer& optimizer) {
+  const fs::path path = c.dir / "optimizer.pt";
+  if (!fs::exists(path)) throw ConfigError(path.string() + ": missing (needed to resume)");
+  load_archive(path, [&](const std::string& p) { torch::load(optimizer, p); });
+}
+
+void load_rng(const VerifiedCheckpoint& c) {
+  load_archive(c.dir / "rng.pt", [&](const std::string& p) {
+    torch::Tensor rng;
+    torch::load(rng, p);
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    generator.set_state(rng);
+  });
+}
+
+}  // namespace extrap

@@ -1,0 +1,75 @@
+// Checkpoints: save, find, verify and load, for training, `extrap eval` and sweeps alike.
+//
+// A checkpoint is a directory RUN/checkpoint holding
+//   model.pt, optimizer.pt, rng.pt   LibTorch archives (model, AdamW state, CPU RNG state)
+//   state.json                       step, data cursor, throughput, loss curves
+//   config.yaml                      the resolved config it was trained with
+//   manifest.json                    written last: format, step, the run's fingerprint hash,
+//                                    the vocabulary hash, and each file's size and XXH3 hash
+// It is written as RUN/checkpoint.tmp (every file fsynced, the manifest last), then swapped
+// in by rename: RUN/checkpoint -> checkpoint.old, checkpoint.tmp -> checkpoint, old removed.
+// A crash between the renames leaves only checkpoint.old, which is then used.
+//
+// Nothing is loaded before the manifest verifies: a missing manifest, a truncated, missing or
+// changed file is a ConfigError naming the file. No LibTorch backtrace, no NaN perplexity.
+#pragma once
+
+#include "core/model/config.h"
+#include "core/model/model.h"
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace extrap {
+
+struct CurvePoint {
+  int64_t step = 0;
+  double loss = 0;
+};
+
+struct CheckpointState {
+  int64_t step = 0;
+  int64_t epoch = 0;  // data cursor: epoch and block index within it
+  int64_t index = 0;
+  double tokens_per_second = 0;
+  double seconds = 0;  // training time so far (validation excluded)
+  int64_t world_size = 1;  // data-parallel ranks that trained it (core/runtime/distributed.h)
+  std::vector<CurvePoint> train_curve;
+  std::vector<CurvePoint> valid_curve;
+};
+
+struct CheckpointManifest {
+  int64_t step = 0;
+  std::string fingerprint;  // RunFingerprint::hash of the run it belongs to
+  std::string vocabulary;   // hex64 of Corpus::vocabulary_hash()
+  std::string extrap_version;
+};
+
+// Writes RUN/checkpoint (see above). `optimizer` may be null (no optimizer.pt).
+void save_checkpoint(const std::filesystem::path& run_dir, const Config& config,
+                     const CheckpointManifest& manifest, const CheckpointState& state,
+                     TransformerLM& model, torch::optim::Optimizer* optimizer);
+
+// A checkpoint whose every file matched its manifest.
+struct VerifiedCheckpoint {
+  std::filesystem::path dir;
+  CheckpointManifest manifest;
+  Config config;
+  CheckpointState state;
+};
+
+// Whether RUN holds a checkpoint at all (complete or not).
+bool has_checkpoint(const std::filesystem::path& run_dir);
+// The run's checkpoint, verified; nullopt when there is none. A damaged one is a ConfigError.
+std::optional<VerifiedCheckpoint> find_checkpoint(const std::filesystem::path& run_dir);
+// As find_checkpoint, but "no checkpoint" is a ConfigError too.
+VerifiedCheckpoint require_checkpoint(const std::filesystem::path& run_dir);
+
+// Loads the archives of a verified checkpoint (errors name the file).
+void load_model(const VerifiedCheckpoint& checkpoint, TransformerLM& model);
+void load_optimizer(const VerifiedCheckpoint& checkpoint, torch::optim::Optimizer& optimizer);
+void load_rng(const VerifiedCheckpoint& checkpoint);
+
+}  // namespace extrap

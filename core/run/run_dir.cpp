@@ -1,0 +1,80 @@
+#include "core/run/run_dir.h"
+
+#include "core/base/hashing.h"
+
+namespace fs = std::filesystem;
+
+namespace extrap {
+
+RunFingerprint run_fingerprint(const Config& config, const Corpus& corpus) {
+  RunFingerprint f;
+  f.node = YAML::Node(YAML::NodeType::Map);
+  f.node["config"] = plain_yaml(config.model_keys());
+  f.node["corpus"] = plain_yaml(corpus.identity());
+  f.hash = hex64(content_hash(YAML::Dump(f.node)));
+  return f;
+}
+
+RunDirectory::RunDirectory(const Config& config, const Corpus& corpus, RunStart start)
+    : path_(config.train.out_dir) {
+  std::error_code error;
+  fs::create_directories(path_, error);
+  if (error) throw ConfigError(path_.string() + ": cannot create the run directory: " + error.message());
+  lock_ = std::make_unique<FileLock>(path_ / "lock", path_.string(), "trained",
+                                     "wait for it to finish or use another train.out_dir");
+  fingerprint_ = run_fingerprint(config, corpus);
+  const fs::path identity = path_ / "fingerprint.yaml";
+
+  if (start == RunStart::overwrite) {
+    for (const char* name : {"checkpoint", "checkpoint.old", "checkpoint.tmp", "fingerprint.yaml"})
+      fs::remove_all(path_ / name, error);
+  } else if (start == RunStart::fresh && has_checkpoint(path_)) {
+    throw ConfigError(path_.string() +
+                      " already holds a trained run (a checkpoint); --resume continues it, "
+                      "--overwrite replaces it, or choose another train.out_dir");
+  }
+  if (fs::exists(identity)) {
+    const YAML::Node recorded = load_yaml_file(identity.string());
+    if (const auto d = first_difference(recorded, fingerprint_.node))
+      throw ConfigError(path_.string() + " belongs to another run: first difference at '" + d->key +
+                        "': " + d->first + " in " + identity.string() + ", " + d->second +
+                        " now; use another run directory (train.out_dir, or a sweep's "
+                        "output.run_root)");
+  } else if (has_checkpoint(path_)) {
+    throw ConfigError(path_.string() +
+                      " holds a checkpoint but no fingerprint.yaml (written by an extrap older "
+                      "than 0.2, or damaged): its identity cannot be checked; train again with "
+                      "--overwrite or use another run directory");
+  } else {
+    write_file_atomic(identity, YAML::Dump(fingerprint_.node) + "\n");
+  }
+  if (start == RunStart::resume) {
+    checkpoint_ = find_checkpoint(path_);
+    if (checkpoint_ && checkpoint_->manifest.fingerprint != fingerprint_.hash)
+      throw ConfigError(checkpoint_->dir.string() + " was written by another run (fingerprint " +
+                        checkpoint_->manifest.fingerprint + ", " + identity.string() + " says " +
+                        fingerprint_.hash + ")");
+  }
+}
+
+void check_vocabulary(const VerifiedCheckpoint& checkpoint, const Corpus& corpus) {
+  const std::string now = hex64(corpus.vocabulary_hash());
+  if (checkpoint.manifest.vocabulary != now)
+    throw ConfigError(checkpoint.dir.string() + " was trained with another vocabulary (hash " +
+                      checkpoint.manifest.vocabulary + ") than corpus '" + corpus.name +
+                      "' has now (" + now + ", " + enum_name(corpus.tokenizer) + ", " +
+                      std::to_string(corpus.vocab_size) + " tokens)");
+}
+
+LoadedRun load_run(const VerifiedCheckpoint& checkpoint, const Corpus& corpus) {
+  check_vocabulary(checkpoint, corpus);
+  LoadedRun run;
+  run.config = checkpoint.config;
+  run.model = build_model(run.config, corpus.vocab_size);
+  load_model(checkpoint, run.model);
+  run.step = checkpoint.state.step;
+  run.model->eval();
+  return run;
+}
+
+}  // namespace extrap

@@ -1,0 +1,68 @@
+// A run directory: what one training run owns.
+//
+//   RUN/fingerprint.yaml   the run's identity: every config key marked Affects::model (and the
+//                          position method with its options) and the corpus identity
+//                          (tokenizer, vocabulary hash, training tokens' count and hash)
+//   RUN/config.yaml        the resolved config (for people; the fingerprint is what counts)
+//   RUN/lock               held while a process trains in RUN
+//   RUN/checkpoint/        core/run/checkpoint.h
+//
+// Training into RUN is refused when RUN's fingerprint differs from the new run's (naming the
+// first differing key), when another process holds the lock (naming its pid), and, unless
+// resuming or overwriting, when RUN already holds a checkpoint.
+#pragma once
+
+#include "core/base/files.h"
+#include "core/data/corpus.h"
+#include "core/model/config.h"
+#include "core/run/checkpoint.h"
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+
+namespace extrap {
+
+struct RunFingerprint {
+  YAML::Node node;   // {config: ..., corpus: ...}
+  std::string hash;  // hex64 of its canonical text
+};
+RunFingerprint run_fingerprint(const Config& config, const Corpus& corpus);
+
+enum class RunStart {
+  fresh,      // RUN must hold no checkpoint
+  resume,     // continue from RUN's checkpoint when there is one
+  overwrite,  // remove RUN's checkpoint and identity first
+};
+
+class RunDirectory {
+ public:
+  // Locks RUN (config.train.out_dir) and checks or records its fingerprint (see above).
+  RunDirectory(const Config& config, const Corpus& corpus, RunStart start);
+
+  const std::filesystem::path& path() const { return path_; }
+  const RunFingerprint& fingerprint() const { return fingerprint_; }
+  // The verified checkpoint to continue from (resume only; nullopt when RUN has none).
+  std::optional<VerifiedCheckpoint>& checkpoint() { return checkpoint_; }
+
+ private:
+  std::filesystem::path path_;
+  std::unique_ptr<FileLock> lock_;
+  RunFingerprint fingerprint_;
+  std::optional<VerifiedCheckpoint> checkpoint_;
+};
+
+// Refuses a checkpoint whose vocabulary differs from `corpus`'s (evaluating or resuming a model
+// against another vocabulary gives meaningless numbers).
+void check_vocabulary(const VerifiedCheckpoint& checkpoint, const Corpus& corpus);
+
+// A trained model from a verified checkpoint (`extrap eval`, `extrap inspect`, export): its
+// corpus must have the vocabulary it was trained with.
+struct LoadedRun {
+  Config config;
+  TransformerLM model = nullptr;
+  int64_t step = 0;
+};
+LoadedRun load_run(const VerifiedCheckpoint& checkpoint, const Corpus& corpus);
+
+}  // namespace extrap

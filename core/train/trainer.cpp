@@ -1,0 +1,453 @@
+#include "core/train/trainer.h"
+
+#include "core/base/fault.h"
+#include "core/base/files.h"
+#include "core/base/hashing.h"
+#include "core/eval/evaluator.h"
+#include "core/kernels/fused_adamw.h"
+#include "core/kernels/fused_cpu_loss.h"
+#include "core/kernels/precision.h"
+#include "core/model/memory_estimate.h"
+#include "core/runtime/progress.h"
+#include "core/runtime/sysinfo.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <random>
+
+namespace fs = std::filesystem;
+
+namespace extrap {
+
+double learning_rate(const TrainConfig& c, int64_t step) {
+  if (c.warmup > 0 && step <= c.warmup) return c.lr * double(step) / double(c.warmup);
+  if (c.schedule == Schedule::constant) return c.lr;
+  if (c.schedule == Schedule::inverse_sqrt)
+    return c.lr * std::sqrt(double(std::max<int64_t>(c.warmup, 1))) / std::sqrt(double(step));
+  const double span = double(std::max<int64_t>(c.steps - c.warmup, 1));
+  const double progress = std::min(1.0, double(step - c.warmup) / span);
+  return c.min_lr + 0.5 * (c.lr - c.min_lr) * (1.0 + std::cos(M_PI * progress));
+}
+
+namespace {
+
+std::vector<torch::optim::OptimizerParamGroup> parameter_groups(const TransformerLM& model,
+                                                                const TrainConfig& c) {
+  std::vector<torch::Tensor> decay, no_decay;
+  for (const auto& p : model->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  auto options = [&](double wd) {
+    return std::make_unique<torch::optim::AdamWOptions>(
+        torch::optim::AdamWOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(wd));
+  };
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, options(c.weight_decay));
+  groups.emplace_back(no_decay, options(0.0));
+  return groups;
+}
+
+}  // namespace
+
+std::unique_ptr<torch::optim::AdamW> make_optimizer(const TransformerLM& model, const TrainConfig& config) {
+  return std::make_unique<torch::optim::AdamW>(parameter_groups(model, config));
+}
+
+torch::Tensor training_loss(TransformerLM& model, const torch::Tensor& inputs, const torch::Tensor& targets,
+                            int64_t scored, Precision precision) {
+  ComputePrecision region(precision, inputs.device().type());
+  const auto logits = model->forward(inputs).reshape({-1, model->vocab_size()});  // (B T, V)
+  const auto flat_targets = targets.reshape({-1});
+  // On the CPU the fused loss (core/kernels/fused_cpu_loss.h): the same float32 arithmetic in one pass
+  // each way, and no float32 copy of bf16 logits.
+  const auto sum = cross_entropy_sum_unsupported_reason(logits, flat_targets).empty()
+                       ? cross_entropy_sum(logits, flat_targets, -100)
+                       : torch::nn::functional::cross_entropy(
+                             logits, flat_targets,
+                             torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum));
+  return sum / double(std::max<int64_t>(scored, 1));
+}
+
+Trainer::Trainer(Config config, const Corpus& corpus)
+    : config_(std::move(config)),
+      corpus_(corpus),
+      device_(torch_device(config_.train.device)) {
+  if (device_.is_cuda() && !torch::cuda::is_available())
+    throw ConfigError(config_.source + ": train.device is cuda but no CUDA device is available");
+  group_ = ProcessGroup::get(device_);
+  if (group_) {
+    device_ = group_->device();
+    YAML::Node identity;
+    identity["config"] = config_.to_yaml();
+    identity["corpus"] = corpus.identity();
+    group_->check_same("config or data", YAML::Dump(identity));
+  }
+  configure_threads(config_.train.threads);
+  check_training_memory(config_, corpus.vocab_size);
+  torch::manual_seed(uint64_t(config_.train.seed));
+  model_ = build_model(config_, corpus.vocab_size);
+  if (config_.task != RetrievalTask::none) {
+    tasks_ = std::make_unique<TaskGenerator>(config_.task, corpus);
+    if (config_.train.seq_len + 1 < tasks_->min_length())
+      throw ConfigError(config_.source + ": data.task " + enum_name(config_.task) + " needs " +
+                        std::to_string(tasks_->min_length()) + "-token instances; train.seq_len " +
+                        std::to_string(config_.train.seq_len) + " gives " +
+                        std::to_string(config_.train.seq_len + 1) + " (inputs and the last target)");
+  }
+  model_->to(device_);
+  if (group_) {
+    const int64_t micro = micro_batch_sequences(config_.train);
+    if (micro % group_->size() != 0)
+      throw ConfigError(config_.source + ": train.batch_tokens " +
+                        std::to_string(config_.train.batch_tokens) + " gives " +
+                        std::to_string(micro) + " sequences a micro-batch, which " +
+                        std::to_string(group_->size()) +
+                        " ranks cannot share evenly: make it a multiple of " +
+                        std::to_string(group_->size()) + " sequences of train.seq_len " +
+                        std::to_string(config_.train.seq_len));
+    broadcast_parameters(*group_, *model_);
+  }
+  optimizer_ = make_optimizer(model_, config_.train);
+}
+
+int64_t micro_batch_sequences(const TrainConfig& c) {
+  return std::max<int64_t>(c.accumulation, c.batch_tokens / c.seq_len) / c.accumulation;
+}
+
+bool Trainer::task_slot(int64_t slot) const {
+  if (!tasks_) return false;
+  const double fraction = config_.task_fraction;
+  if (fraction >= 1) return true;
+  const uint64_t draw = task_seed({uint64_t(config_.train.seed), uint64_t(slot), 0x7461736bu});
+  return task_unit(draw) < fraction;
+}
+
+torch::Tensor Trainer::next_batch(Cursor& cursor, int64_t sequences, int64_t first_slot,
+                                  torch::Tensor& targets) {
+  const TrainConfig& c = config_.train;
+  const TokenStream& train = corpus_.train;
+  const int64_t blocks = (train.size() - 1) / c.seq_len;
+  if (blocks < 1 && !(tasks_ && config_.task_fraction >= 1))
+    throw ConfigError("the training split has " + std::to_string(train.size()) +
+                      " tokens: too few for train.seq_len " + std::to_string(c.seq_len));
+  auto inputs = torch::empty({sequences, c.seq_len}, torch::kLong);
+  targets = torch::empty({sequences, c.seq_len}, torch::kLong);
+  auto in = inputs.accessor<int64_t, 2>();
+  auto tg = targets.accessor<int64_t, 2>();
+  const bool causal = config_.model.causal();
+  for (int64_t s = 0; s < sequences; ++s) {
+    if (task_slot(first_slot + s)) {
+      // A whole task instance of seq_len + 1 tokens, its key at a uniform depth; the corpus
+      // cursor stays where it is.
+      const uint64_t seed = task_seed({uint64_t(c.seed), uint64_t(first_slot + s), 0x696e7374u});
+      const TaskInstance task = tasks_->make(c.seq_len + 1, task_unit(seed), task_seed({seed}));
+      for (int64_t p = 0; p < c.seq_len; ++p) {
+        in[s][p] = task.tokens[size_t(p)];
+        tg[s][p] = task.tokens[size_t(p + 1)];
+      }
+      continue;
+    }
+    if (cursor.index >= blocks) {
+      ++cursor.epoch;
+      cursor.index = 0;
+    }
+    if (order_epoch_ != cursor.epoch) {
+      order_.resize(blocks);
+      for (int64_t i = 0; i < blocks; ++i) order_[i] = i;
+      std::mt19937_64 rng(uint64_t(c.seed) * 1000003ull + uint64_t(cursor.epoch));
+      for (int64_t i = blocks - 1; i > 0; --i) std::swap(order_[i], order_[rng() % uint64_t(i + 1)]);
+      order_epoch_ = cursor.epoch;
+    }
+    const int32_t* block = train.data() + order_[cursor.index++] * c.seq_len;
+    for (int64_t p = 0; p < c.seq_len; ++p) {
+      in[s][p] = block[p];
+      tg[s][p] = causal ? block[p + 1] : block[p];
+    }
+  }
+  if (!causal) {
+    // BERT-style corruption: select mask_prob of the tokens; of those 80% -> <mask>,
+    // 10% -> random token, 10% unchanged. Loss only on selected tokens (others -100).
+    auto u = torch::rand({sequences, c.seq_len});
+    auto selected = u.lt(c.mask_prob);
+    auto action = torch::rand({sequences, c.seq_len});
+    auto random_tokens = torch::randint(0, corpus_.vocab_size, {sequences, c.seq_len}, torch::kLong);
+    random_tokens = torch::where(random_tokens.eq(corpus_.mask_token),
+                                 torch::zeros_like(random_tokens), random_tokens);
+    auto masked = inputs.clone();
+    masked = torch::where(selected & action.lt(0.8), torch::full_like(inputs, corpus_.mask_token), masked);
+    masked = torch::where(selected & action.ge(0.8) & action.lt(0.9), random_tokens, masked);
+    targets = torch::where(selected, targets, torch::full_like(targets, -100));
+    inputs = masked;
+  }
+  return inputs;
+}
+
+double Trainer::validate() {
+  EvalSpec spec = eval_spec_for(config_, config_.train.seq_len);
+  spec.max_tokens = config_.train.validate_tokens;
+  auto r = evaluate(model_, corpus_, corpus_.valid, spec, device_);
+  return r.scored_tokens ? r.nll_sum / double(r.scored_tokens) : NAN;
+}
+
+// What the steps of run() share: the run directory, the position in the data, the summary so
+// far and the loss and time counted since the last log point. Members are destroyed in reverse
+// order, so the run directory (its lock) is released last, as a local of run() would be.
+struct Trainer::RunState {
+  bool leader = true;  // rank 0 (or the only process)
+  int64_t world = 1;
+  // Only rank 0 owns (locks, checks, writes) the run directory.
+  std::optional<RunDirectory> run_dir;
+  std::optional<VerifiedCheckpoint> checkpoint_read;  // the other ranks' checkpoint
+  TrainSummary summary;
+  int64_t step = 0;
+  Cursor cursor;
+  CheckpointManifest manifest;
+  int64_t micro = 0;  // sequences of each micro-batch, all ranks together
+  std::optional<StatusLine> display;
+  bool terminal = false;
+  double trained_seconds = 0;  // training time only (validation excluded)
+  int64_t tokens_per_step = 0;
+  double tokens_before = 0;  // tokens trained before a resumption
+  int64_t tokens_done = 0;
+  double loss_sum = 0;  // training loss since the last log point
+  int64_t loss_count = 0;
+
+  // The checkpoint to continue from: rank 0's run directory's, or the one another rank read.
+  std::optional<VerifiedCheckpoint>& checkpoint() { return leader ? run_dir->checkpoint() : checkpoint_read; }
+};
+
+TrainSummary Trainer::run(RunStart start) {
+  const TrainConfig& c = config_.train;
+  RunState state;
+  open_run(state, start);
+  resume(state);
+  prepare_training(state);
+  while (state.step < c.steps) {
+    const double lr = train_step(state);
+    log_progress(state, lr);
+    if (state.step == c.steps || (c.validate_every > 0 && state.step % c.validate_every == 0))
+      validate_and_log(state);
+    state.summary.seconds = state.trained_seconds;
+    if (state.step == c.steps || (c.checkpoint_every > 0 && state.step % c.checkpoint_every == 0))
+      save_run(state);
+    if (state.step == stop_after_step) break;
+  }
+  return finish(state);
+}
+
+// Opening: rank 0 locks and checks the run directory; every rank finds rank 0's checkpoint.
+void Trainer::open_run(RunState& state, RunStart start) {
+  const TrainConfig& c = config_.train;
+  state.leader = !group_ || group_->rank() == 0;
+  state.world = group_ ? group_->size() : 1;
+  if (state.leader) state.run_dir.emplace(config_, corpus_, start);
+  std::optional<VerifiedCheckpoint>& checkpoint = state.checkpoint();
+  if (group_) {
+    // Every rank continues from the checkpoint rank 0 continues from.
+    const std::string resume_step = group_->share(
+        "resume step", checkpoint ? std::to_string(checkpoint->state.step) : "none");
+    if (!state.leader && resume_step != "none") {
+      checkpoint = find_checkpoint(c.out_dir);
+      if (!checkpoint || std::to_string(checkpoint->state.step) != resume_step)
+        throw ConfigError("rank " + std::to_string(group_->rank()) + " cannot read the checkpoint " +
+                          "rank 0 resumes from (" + c.out_dir + ", step " + resume_step +
+                          "): a data-parallel run directory must be on a filesystem every rank reads");
+    }
+  }
+}
+
+// Resuming from the checkpoint, if any: model, optimiser, RNG, data cursor, throughput, curves.
+void Trainer::resume(RunState& state) {
+  const TrainConfig& c = config_.train;
+  TrainSummary& summary = state.summary;
+  summary.num_parameters = model_->num_parameters();
+  std::optional<VerifiedCheckpoint>& checkpoint = state.checkpoint();
+  if (!checkpoint) return;
+  if (checkpoint->state.step > c.steps)
+    throw ConfigError(checkpoint->dir.string() + " is at step " +
+                      std::to_string(checkpoint->state.step) + ", past train.steps " +
+                      std::to_string(c.steps));
+  if (checkpoint->state.world_size != state.world)
+    throw ConfigError(checkpoint->dir.string() + " was trained by " +
+                      std::to_string(checkpoint->state.world_size) + " data-parallel rank(s); " +
+                      "resuming it with " + std::to_string(state.world) +
+                      " would not continue the same run: resume with the same number of ranks");
+  load_model(*checkpoint, model_);
+  load_optimizer(*checkpoint, *optimizer_);
+  load_rng(*checkpoint);
+  state.step = checkpoint->state.step;
+  state.cursor = {checkpoint->state.epoch, checkpoint->state.index};
+  summary.tokens_per_second = checkpoint->state.tokens_per_second;
+  summary.seconds = checkpoint->state.seconds;
+  summary.train_curve = checkpoint->state.train_curve;
+  summary.valid_curve = checkpoint->state.valid_curve;
+  summary.resumed_from = state.step;
+  if (!quiet && state.leader) std::cerr << "resuming " << c.out_dir << " from step " << state.step << "\n";
+}
+
+// Before the first step: config.yaml and the manifest (rank 0), the display, throughput counts.
+void Trainer::prepare_training(RunState& state) {
+  const TrainConfig& c = config_.train;
+  if (!state.leader) quiet = true;
+  if (state.leader) {
+    write_file_atomic(fs::path(c.out_dir) / "config.yaml", YAML::Dump(config_.to_yaml()) + "\n");
+    state.manifest.fingerprint = state.run_dir->fingerprint().hash;
+  }
+  state.manifest.vocabulary = hex64(corpus_.vocabulary_hash());
+  state.micro = micro_batch_sequences(c);
+  state.display.emplace(!quiet);
+  state.terminal = state.display->redraws();
+  model_->train();
+  state.trained_seconds = state.summary.seconds;
+  state.tokens_per_step = state.micro * c.accumulation * c.seq_len;
+  state.tokens_before = state.summary.tokens_per_second * state.summary.seconds;
+}
+
+// One optimiser step (forward, backward, AdamW); returns its lr, throws on a non-finite loss.
+double Trainer::train_step(RunState& state) {
+  const TrainConfig& c = config_.train;
+  const auto t0 = std::chrono::steady_clock::now();
+  const double lr = learning_rate(c, state.step + 1);
+  for (auto& group : optimizer_->param_groups())
+    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+  optimizer_->zero_grad();
+  const double step_loss = forward_backward(state);
+  optimizer_step(*optimizer_, c.clip);  // clipping and AdamW (core/kernels/fused_adamw.h)
+  const int64_t step = ++state.step;
+  fault_point("step", c.out_dir + " step " + std::to_string(step) + " rank " +
+                          std::to_string(group_ ? group_->rank() : 0));
+  state.trained_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  state.tokens_done += state.tokens_per_step;
+  state.loss_sum += step_loss;
+  ++state.loss_count;
+  if (!std::isfinite(step_loss))
+    throw std::runtime_error("training diverged at step " + std::to_string(step) + " (loss " +
+                             std::to_string(step_loss) +
+                             "); nothing of this step was saved; lower train.lr");
+  state.summary.tokens_per_second =
+      (state.tokens_before + double(state.tokens_done)) / std::max(state.trained_seconds, 1e-9);
+  return lr;
+}
+
+// Forward and backward on this rank's share of the step's micro-batches; returns the batch's loss.
+double Trainer::forward_backward(RunState& state) {
+  const TrainConfig& c = config_.train;
+  const int64_t micro = state.micro;
+  const int64_t step = state.step;
+  const int64_t share = micro / state.world;  // this rank's sequences of each micro-batch
+  const int64_t first_row = group_ ? group_->rank() * share : 0;
+  double step_loss = 0;
+  // With ranks, an error is agreed on below, so that all ranks fail alike.
+  const std::string local_failure = run_or_capture(group_, [&] {
+    for (int64_t a = 0; a < c.accumulation; ++a) {
+      torch::Tensor targets;
+      auto inputs = next_batch(state.cursor, micro, (step * c.accumulation + a) * micro, targets);
+      // The loss is the mean over the whole micro-batch's scored tokens: this rank's summed
+      // NLL over the count of all ranks' (in one process: cross-entropy's mean).
+      const int64_t scored = targets.ne(-100).sum().item<int64_t>();
+      if (group_) {
+        inputs = inputs.narrow(0, first_row, share);
+        targets = targets.narrow(0, first_row, share);
+      }
+      inputs = inputs.to(device_);
+      targets = targets.to(device_);
+      const auto loss = training_loss(model_, inputs, targets, scored, c.precision);
+      (loss / double(c.accumulation)).backward();
+      step_loss += loss.item<double>() / double(c.accumulation);
+    }
+  });
+  if (group_) {
+    // The loss of the whole batch (and whether any rank failed), then the gradients.
+    const std::string what = "the gradient all-reduce of step " + std::to_string(step + 1);
+    std::vector<torch::Tensor> loss{torch::full({1}, step_loss, torch::kFloat64)};
+    const std::string failure = group_->all_reduce_agreeing(loss, local_failure, what);
+    if (!failure.empty()) throw std::runtime_error(failure);
+    step_loss = loss[0].item<double>();
+    all_reduce_gradients(*group_, model_->parameters(), what);
+  }
+  return step_loss;
+}
+
+// Logging a step: the training curve at log points; the progress callback, status line or line.
+void Trainer::log_progress(RunState& state, double lr) {
+  const TrainConfig& c = config_.train;
+  const int64_t step = state.step;
+  TrainSummary& summary = state.summary;
+  const bool log_point = step % std::max<int64_t>(c.log_every, 1) == 0 || step == c.steps;
+  if (!log_point && !state.terminal) return;
+  TrainProgress progress{step, c.steps, state.loss_sum / double(state.loss_count), lr,
+                         summary.tokens_per_second,
+                         double(c.steps - step) * double(state.tokens_per_step) / summary.tokens_per_second};
+  if (log_point) {
+    summary.train_curve.push_back({step, progress.loss});
+    state.loss_sum = 0;
+    state.loss_count = 0;
+  }
+  if (on_progress) {
+    on_progress(progress);
+  } else if (state.terminal) {
+    char text[160];
+    std::snprintf(text, sizeof text, "step %lld/%lld  loss %.4f  lr %.2e  %.0f tok/s  ETA %s",
+                  (long long)step, (long long)c.steps, progress.loss, lr,
+                  progress.tokens_per_second, format_duration(progress.eta_seconds).c_str());
+    state.display->status(text, step == c.steps);
+    if (step == c.steps) state.display->finish();
+  } else if (!quiet && log_point) {
+    char text[160];
+    std::snprintf(text, sizeof text, "step %lld/%lld loss %.4f lr %.3e tok/s %.0f eta %s",
+                  (long long)step, (long long)c.steps, progress.loss, lr,
+                  progress.tokens_per_second, format_duration(progress.eta_seconds).c_str());
+    state.display->line(text);
+  }
+}
+
+// Validation: a point of the validation curve and its line; the model goes back to training.
+void Trainer::validate_and_log(RunState& state) {
+  const int64_t step = state.step;
+  const double valid = validate();
+  state.summary.valid_curve.push_back({step, valid});
+  if (!quiet) {
+    char text[96];
+    std::snprintf(text, sizeof text, "step %lld valid loss %.4f ppl %.2f", (long long)step, valid,
+                  std::exp(valid));
+    std::string line = text;
+    for (const auto& [name, value] : model_->position().log_values()) {
+      std::snprintf(text, sizeof text, "  %s=%.5f", name.c_str(), value);
+      line += text;
+    }
+    state.display->line(line);
+  }
+  model_->train();
+}
+
+// A checkpoint of the run at its current step (rank 0 only writes the run directory).
+void Trainer::save_run(RunState& state) {
+  if (!state.leader) return;
+  const int64_t step = state.step;
+  const TrainSummary& summary = state.summary;
+  state.manifest.step = step;
+  CheckpointState saved;
+  saved.step = step;
+  saved.epoch = state.cursor.epoch;
+  saved.index = state.cursor.index;
+  saved.tokens_per_second = summary.tokens_per_second;
+  saved.seconds = summary.seconds;
+  saved.world_size = state.world;
+  saved.train_curve = summary.train_curve;
+  saved.valid_curve = summary.valid_curve;
+  save_checkpoint(state.run_dir->path(), config_, state.manifest, saved, model_, optimizer_.get());
+  fault_point("checkpoint", state.run_dir->path().string() + " step " + std::to_string(step));
+}
+
+// The summary as the run ends, at train.steps or after stop_after_step.
+TrainSummary Trainer::finish(RunState& state) {
+  state.summary.steps = state.step;
+  state.summary.seconds = state.trained_seconds;
+  state.summary.peak_memory_bytes = peak_rss_bytes();
+  return std::move(state.summary);
+}
+
+}  // namespace extrap

@@ -1,0 +1,36 @@
+#include "experiments/cli/commands.h"
+
+#include <iostream>
+
+namespace po = boost::program_options;
+
+namespace extrap::cli {
+
+bool parse(const Args& args, const std::string& usage_line, po::options_description& options,
+           po::variables_map& values, const po::positional_options_description* positional) {
+  options.add_options()("help,h", "show this help");
+  auto parser = po::command_line_parser(args).options(options);
+  if (positional) parser.positional(*positional);
+  po::store(parser.run(), values);
+  if (values.count("help")) {
+    std::cout << "usage: " << usage_line << "\n\n" << options << "\n";
+    return false;
+  }
+  po::notify(values);
+  return true;
+}
+
+int bench(const Args& args) {
+  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
+    std::cout << "usage: extrap bench train|attention|generate [options]   (--help on each)\n";
+    return args.empty() ? 2 : 0;
+  }
+  const Args rest(args.begin() + 1, args.end());
+  if (args[0] == "train") return bench_train(rest);
+  if (args[0] == "attention") return bench_attention(rest);
+  if (args[0] == "generate") return bench_generate(rest);
+  std::cerr << "extrap bench: unknown benchmark '" << args[0] << "' (known: train, attention, generate)\n";
+  return 2;
+}
+
+}  // namespace extrap::cli

@@ -1,0 +1,189 @@
+// `extrap positions`, `extrap inspect slopes|bias` and `extrap keys`: look inside without training.
+#include "core/data/corpus.h"
+#include "core/model/config.h"
+#include "core/train/trainer.h"
+#include "experiments/cli/commands.h"
+#include "positions/alibi_slopes.h"
+#include "positions/position.h"
+
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+
+namespace po = boost::program_options;
+
+namespace extrap::cli {
+
+namespace {
+
+std::string hook_names(unsigned hooks) {
+  std::string out;
+  if (hooks & kEmbed) out += "embed ";
+  if (hooks & kRotateQK) out += "rotate_qk ";
+  if (hooks & kBias) out += "bias ";
+  return out.empty() ? "(none)" : out.substr(0, out.size() - 1);
+}
+
+std::string mode_names(unsigned modes) {
+  std::string out;
+  if (modes & kCausal) out += "causal ";
+  if (modes & kBidirectional) out += "bidirectional ";
+  return out.substr(0, out.size() - 1);
+}
+
+// %.9g prints every float exactly enough to round-trip; -inf as "-inf".
+void print_matrix(const torch::Tensor& m) {
+  auto a = m.to(torch::kFloat64).contiguous();
+  auto acc = a.accessor<double, 2>();
+  for (int64_t i = 0; i < a.size(0); ++i) {
+    for (int64_t j = 0; j < a.size(1); ++j) {
+      const double v = acc[i][j];
+      if (j) std::fputc(' ', stdout);
+      if (std::isinf(v)) std::fputs(v < 0 ? "-inf" : "inf", stdout);
+      else std::printf("%.9g", v == 0 ? 0.0 : v);
+    }
+    std::fputc('\n', stdout);
+  }
+}
+
+// What the method adds to the (H, T, T) scores of layer 0. Methods that rotate q and k add no
+// bias; for them, show the scores of a fixed unit query and key at every pair of positions
+// so their relative pattern is still visible. A bias that depends on the layer input (fox) is
+// shown at a zero input, one that depends on q.k (cope) for that unit query and key.
+torch::Tensor score_pattern(PositionMethod& method, const PositionInfo& info, int64_t heads,
+                            int64_t d_head, int64_t length, bool causal) {
+  torch::NoGradGuard no_grad;
+  const LayerInput at = layer_window(0, length);
+  auto unit = torch::ones({1, heads, length, d_head}) / std::sqrt(double(d_head));
+  auto q = unit.clone(), k = unit.clone();
+  if (info.hooks & kRotateQK) method.rotate_qk(q, k, at);
+  const AttentionBias description = method.bias(at);
+  torch::Tensor bias;
+  if (description.kind == AttentionBias::Kind::Contextual) {
+    auto scores = torch::matmul(q / std::sqrt(double(d_head)), k.transpose(-2, -1));  // (1, H, T, T)
+    auto plain = scores.clone();
+    bias = (add_bias_(scores, description, q, causal) - plain)[0];
+    std::cerr << info.name << ": the bias depends on q.k; shown for a unit query and key\n";
+  } else {
+    bias = materialize_bias(description, heads, length, length, causal);
+    if (bias.dim() == 4) bias = bias[0];  // per batch (fox): the only one
+    if (description.kind == AttentionBias::Kind::Cumulative)
+      std::cerr << info.name << ": the bias depends on the layer input; shown at a zero input\n";
+  }
+  if (info.hooks & kRotateQK) bias = bias + torch::matmul(q, k.transpose(-2, -1))[0];  // (H, T, T)
+  return bias;
+}
+
+}  // namespace
+
+int positions(const Args& args) {
+  po::options_description options("extrap positions");
+  std::vector<std::string> plugins;
+  options.add_options()("plugin", po::value(&plugins)->composing(), "also load this plugin .so (repeatable)");
+  po::variables_map vm;
+  if (!parse(args, "extrap positions [--plugin PATH.so ...]", options, vm)) return 0;
+  auto& registry = PositionRegistry::instance();
+  for (const auto& p : plugins) registry.load_plugin(p);
+  {
+    auto documenter = OptionReader::documenter("position");
+    int64_t randomize_max = 0;
+    read_randomize_max(documenter, randomize_max);
+    const OptionDoc doc = documenter.docs().at(0);
+    std::cout << "every method marked 'randomized: yes' also takes\n    option randomize_max = "
+              << doc.default_value << "   " << doc.help << "\n\n";
+  }
+  for (const auto& name : registry.names()) {
+    const PositionInfo& info = registry.get(name);
+    std::cout << name << "\n    " << info.description << "\n    hooks: " << hook_names(info.hooks)
+              << "    modes: " << mode_names(info.modes)
+              << "    randomized: " << (info.randomizable ? "yes" : "no");
+    if (info.origin != "built-in") std::cout << "    from: " << info.origin;
+    std::cout << "\n";
+    for (const auto& o : info.options)
+      std::cout << "    option " << o.key << " = " << o.default_value << "   " << o.help << "\n";
+  }
+  return 0;
+}
+
+int inspect(const Args& args) {
+  if (args.empty() || (args[0] != "slopes" && args[0] != "bias")) {
+    if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
+      std::cout << "usage: extrap inspect slopes --heads H\n"
+                   "       extrap inspect bias --position NAME --heads H --length T [--bidirectional]\n";
+      return 0;
+    }
+    throw ConfigError("expected 'slopes' or 'bias' after 'inspect' (see extrap inspect --help)");
+  }
+  const Args rest(args.begin() + 1, args.end());
+  po::variables_map vm;
+  if (args[0] == "slopes") {
+    int heads = 0;
+    po::options_description options("extrap inspect slopes");
+    options.add_options()("heads", po::value(&heads)->required(), "number of heads");
+    if (!parse(rest, "extrap inspect slopes --heads H", options, vm)) return 0;
+    for (double s : alibi_slopes(heads)) std::printf("%.17g\n", s);
+    return 0;
+  }
+  std::string name, checkpoint;
+  int64_t heads = 0, length = 0, d_head = 64;
+  std::vector<std::string> plugins, overrides;
+  po::options_description options("extrap inspect bias");
+  options.add_options()
+      ("position", po::value(&name), "position method (default: the checkpoint's)")
+      ("heads", po::value(&heads), "number of heads (default: the checkpoint's)")
+      ("length", po::value(&length)->required(), "T: rows are queries 0..T-1, columns keys")
+      ("bidirectional", "bidirectional attention (no causal mask)")
+      ("head-dim", po::value(&d_head), "head size (for methods that rotate q and k)")
+      ("set", po::value(&overrides)->composing(), "a method option: --set base=500 (repeatable)")
+      ("checkpoint", po::value(&checkpoint), "show a trained run's learned values")
+      ("plugin", po::value(&plugins)->composing(), "load this plugin .so first (repeatable)");
+  if (!parse(rest, "extrap inspect bias --position NAME --heads H --length T [--bidirectional]", options, vm))
+    return 0;
+  auto& registry = PositionRegistry::instance();
+  for (const auto& p : plugins) registry.load_plugin(p);
+  bool causal = !vm.count("bidirectional");
+  std::shared_ptr<PositionMethod> method;
+  if (!checkpoint.empty()) {
+    const VerifiedCheckpoint verified = require_checkpoint(checkpoint);
+    const Config& config = verified.config;
+    Corpus corpus = load_corpus(config.data);
+    LoadedRun run = load_run(verified, corpus);
+    if (!name.empty() && name != config.position_name)
+      throw ConfigError("--position " + name + " does not match the checkpoint's method " + config.position_name);
+    name = config.position_name;
+    heads = config.model.heads;
+    d_head = config.model.d_model / heads;
+    causal = config.model.causal();
+    method = std::shared_ptr<PositionMethod>(run.model.ptr(), &run.model->position());
+  } else {
+    if (name.empty() || heads < 1) throw ConfigError("--position and --heads are required without --checkpoint");
+    YAML::Node options_node(YAML::NodeType::Map);
+    for (const auto& o : overrides) apply_override(options_node, o);
+    PositionContext context;
+    context.num_heads = heads;
+    context.d_head = d_head;
+    context.d_model = heads * d_head;
+    context.causal = causal;
+    method = registry.create(name, context, OptionReader(options_node, "--set", "position"));
+  }
+  const PositionInfo& info = registry.get(name);
+  method->eval();
+  auto pattern = score_pattern(*method, info, heads, d_head, length, causal);  // (H, T, T)
+  for (int64_t h = 0; h < heads; ++h) {
+    std::printf("head %lld\n", (long long)h);
+    print_matrix(pattern[h]);
+  }
+  return 0;
+}
+
+int config_keys(const Args& args) {
+  po::options_description options("extrap keys");
+  po::variables_map vm;
+  if (!parse(args, "extrap keys", options, vm)) return 0;
+  for (const auto& doc : config_documentation())
+    std::printf("%-28s %-14s %s\n", doc.key.c_str(), doc.default_value.c_str(), doc.help.c_str());
+  std::printf("\nposition options depend on the method: see `extrap positions`.\n");
+  return 0;
+}
+
+}  // namespace extrap::cli

@@ -1,0 +1,338 @@
+// `extrap train` and `extrap eval`.
+#include "core/base/files.h"
+#include "core/eval/evaluator.h"
+#include "core/runtime/sysinfo.h"
+#include "core/train/trainer.h"
+#include "experiments/cli/commands.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <set>
+#include <iostream>
+
+namespace po = boost::program_options;
+
+namespace extrap::cli {
+
+namespace {
+
+std::ostream& null_stream() {
+  static std::ostream discard(nullptr);  // no buffer: writes go nowhere
+  return discard;
+}
+
+void print_eval_header(bool scaled) {
+  std::printf("%-10s %-8s %10s %14s %12s %10s %8s%s\n", "length", "stride", "tokens", "nll_sum",
+              "perplexity", "bpb", "seconds", scaled ? "  rope scaling" : "");
+}
+
+// The RoPE column, when any evaluation is scaled: "yarn s=4", or "none".
+std::string rope_column(const RopeScaling& scaling) {
+  if (!scaling.active()) return "  none";
+  char text[64];
+  std::snprintf(text, sizeof text, "  %s s=%g", rope_scaling_name(scaling.kind).c_str(),
+                scaling.factor);
+  return text;
+}
+
+void print_eval_row(const EvalResult& r, const std::string& rope) {
+  std::printf("%-10lld %-8lld %10lld %14.3f %12.4f %10.4f %8.2f%s\n", (long long)r.length,
+              (long long)r.stride, (long long)r.scored_tokens, r.nll_sum, r.perplexity,
+              r.bits_per_byte, r.seconds, rope.c_str());
+  std::fflush(stdout);
+}
+
+nlohmann::json bins_json(const std::vector<PositionBin>& bins) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& b : bins) out.push_back({b.begin, b.end, b.nll_sum, b.scored_tokens});
+  return out;
+}
+
+// Every (length, stride) of the config's eval section: non-overlapping (when asked), then
+// each sliding stride shorter than the length, each under every RoPE variant asked for (factor
+// `rope_factor`, or 0: the length over train.seq_len). An evaluation that cannot give a right
+// number prints its reason in place of the row; returns how many did. Each row (or failure) is
+// also appended to `rows` when given, numbers at full precision, with the loss by position.
+int evaluate_all(TransformerLM& model, const Corpus& corpus, const Config& config,
+                 torch::Device device, bool non_overlapping, nlohmann::json* rows = nullptr,
+                 const std::vector<RopeScalingKind>& variants = {RopeScalingKind::none},
+                 double rope_factor = 0) {
+  const TokenStream& stream = corpus.split(config.eval.split);
+  const int64_t limit = config.eval.max_tokens > 0 ? std::min(config.eval.max_tokens, stream.size())
+                                                   : stream.size();
+  if (limit < stream.size())
+    std::cout << "scoring the first " << limit << " of " << stream.size() << " tokens of the "
+              << enum_name(config.eval.split) << " split (eval.max_tokens)\n";
+  else
+    std::cout << "scoring all " << limit << " tokens of the " << enum_name(config.eval.split)
+              << " split\n";
+  const bool scaled = variants != std::vector<RopeScalingKind>{RopeScalingKind::none};
+  print_eval_header(scaled);
+  int failures = 0;
+  for (int64_t length : config.eval.lengths) {
+    // A stride of L or more scores whole windows: the non-overlapping case.
+    std::set<int64_t> strides;
+    if (non_overlapping) strides.insert(0);
+    for (int64_t s : config.eval.strides) strides.insert(s < length ? s : 0);
+    for (int64_t stride : strides) for (RopeScalingKind kind : variants) {
+      std::string failure;
+      EvalSpec spec = eval_spec_for(config, length, stride);
+      const std::string variant = rope_variant_label(kind, rope_factor);
+      try {
+        spec.rope_scaling = rope_scaling_for(kind, rope_factor, config.train.seq_len, length);
+        const EvalResult r = evaluate(model, corpus, stream, spec, device);
+        print_eval_row(r, scaled ? rope_column(spec.rope_scaling) : "");
+        if (rows)
+          rows->push_back({{"length", r.length}, {"stride", r.stride}, {"status", "ok"},
+                           {"rope_scaling", variant.empty() ? "none" : variant},
+                           {"rope_factor", spec.rope_scaling.factor},
+                           {"nll_sum", r.nll_sum}, {"scored_tokens", r.scored_tokens},
+                           {"perplexity", r.perplexity},
+                           {"bits_per_byte", std::isfinite(r.bits_per_byte) ? nlohmann::json(r.bits_per_byte) : nlohmann::json()},
+                           {"windows", r.windows}, {"seconds", r.seconds},
+                           {"by_position", bins_json(r.by_position)}});
+      } catch (const DistributedError&) {
+        throw;  // the job cannot go on
+      } catch (const c10::Error& e) {
+        failure = one_line(e.what_without_backtrace());
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+      if (!failure.empty()) {
+        ++failures;
+        if (rows)
+          rows->push_back({{"length", length}, {"stride", stride > 0 ? stride : length},
+                           {"rope_scaling", variant.empty() ? "none" : variant},
+                           {"status", "failed"}, {"error", failure}});
+        std::printf("%-10lld %-8lld failed: %s%s\n", (long long)length, (long long)stride,
+                    failure.c_str(), scaled ? (" (" + rope_scaling_name(kind) + ")").c_str() : "");
+        std::fflush(stdout);
+      }
+    }
+  }
+  return failures;
+}
+
+}  // namespace
+
+int train(const Args& args) {
+  po::options_description options("extrap train");
+  std::string config_path;
+  std::vector<std::string> overrides, plugins;
+  options.add_options()
+      ("config,c", po::value(&config_path)->required(), "YAML config file")
+      ("set", po::value(&overrides)->composing(), "override a key: --set train.steps=100 (repeatable)")
+      ("plugin", po::value(&plugins)->composing(), "position-method plugin .so to load (repeatable)")
+      ("resume", "continue from the run directory's checkpoint if there is one")
+      ("overwrite", "replace the run directory's checkpoint (without this, a trained run is kept)")
+      ("no-eval", "skip the evaluation at eval.lengths after training");
+  po::variables_map vm;
+  if (!parse(args, "extrap train --config FILE [--set key=value ...] [--resume]", options, vm)) return 0;
+
+  for (const auto& p : plugins) PositionRegistry::instance().load_plugin(p);
+  Config config = load_config(config_path, overrides);
+  for (const auto& p : plugins) config.plugins.push_back(p);
+  const int threads = configure_threads(config.train.threads);
+  Corpus corpus = load_corpus(config.data);
+  // Data parallel: rank 0 speaks for all (the others print only their errors).
+  std::ostream& info = ProcessGroup::leader() ? std::cerr : null_stream();
+  info << "corpus " << corpus.name << " (" << enum_name(corpus.tokenizer) << ", vocabulary "
+            << corpus.vocab_size << "): train " << corpus.train.size() << " valid "
+            << corpus.valid.size() << " test " << corpus.test.size() << " tokens\n";
+  Trainer trainer(config, corpus);
+  info << "model: " << trainer.model()->num_parameters() << " parameters, position "
+            << config.position_name << ", " << threads << " threads -> " << config.train.out_dir << "\n";
+  if (vm.count("resume") && vm.count("overwrite"))
+    throw ConfigError("--resume and --overwrite contradict each other: choose one");
+  const TrainSummary summary = trainer.run(vm.count("resume")      ? RunStart::resume
+                                           : vm.count("overwrite") ? RunStart::overwrite
+                                                                   : RunStart::fresh);
+  info << "trained " << summary.steps << " steps at " << int64_t(summary.tokens_per_second)
+            << " tokens/s, peak memory " << summary.peak_memory_bytes / (1 << 20) << " MiB\n";
+  if (!vm.count("no-eval")) {
+    std::cout << "evaluation on " << enum_name(config.eval.split) << " (trained at L = "
+              << config.train.seq_len << "):\n";
+    const int failures =
+        evaluate_all(trainer.model(), corpus, config, torch_device(config.train.device), true);
+    if (failures > 0) {
+      if (ProcessGroup::leader()) std::cerr << "extrap train: " << failures << " evaluation(s) failed (reasons above)\n";
+      return 1;
+    }
+  }
+  return 0;
+}
+
+namespace {
+
+// What `extrap eval` was asked for, as given on the command line.
+struct EvalOptions {
+  std::string run_dir, split = "valid", attention, json_path;
+  std::vector<int64_t> lengths, strides;
+  std::vector<std::string> rope_names;
+  double rope_factor = 0;
+  int64_t max_tokens = 0, batch_tokens = 0, threads = 0;
+  std::string retrieval;
+  RetrievalSpec retrieval_spec;
+  po::variables_map vm;  // which options were given
+};
+
+// Parsing `extrap eval`'s options into `opt`; false after printing help.
+bool parse_eval_options(const Args& args, EvalOptions& opt) {
+  po::options_description options("extrap eval");
+  options.add_options()
+      ("checkpoint", po::value(&opt.run_dir)->required(), "run directory written by extrap train")
+      ("length,L", po::value(&opt.lengths)->multitoken()->required(), "evaluation length(s)")
+      ("stride,S", po::value(&opt.strides)->multitoken(),
+       "sliding-window stride(s), each at least 1 (a stride >= L is non-overlapping); omit for "
+       "non-overlapping")
+      ("split", po::value(&opt.split), "valid | test | train")
+      ("max-tokens", po::value(&opt.max_tokens), "score the first N tokens only (default: the whole split)")
+      ("batch-tokens", po::value(&opt.batch_tokens), "tokens per forward pass")
+      ("attention", po::value(&opt.attention), "force an attention path: reference | efficient | auto")
+      ("threads", po::value(&opt.threads), "CPU threads (default: all cores)")
+      ("rope-scaling", po::value(&opt.rope_names)->multitoken(),
+       "RoPE scaling variant(s) for a rotary or xpos model: none linear ntk dynamic yarn llama3 "
+       "(each evaluated in turn)")
+      ("rope-factor", po::value(&opt.rope_factor),
+       "RoPE scaling factor s >= 1 (default: each length / the training length; dynamic: 1)")
+      ("retrieval", po::value(&opt.retrieval),
+       "score a retrieval task instead of perplexity: passkey | multikey (exact match by "
+       "length and depth; core/eval/retrieval_eval.h)")
+      ("depths", po::value(&opt.retrieval_spec.depths)->multitoken(),
+       "retrieval: key depths in percent (default 0 25 50 75 100)")
+      ("samples", po::value(&opt.retrieval_spec.samples), "retrieval: instances per depth (default 20)")
+      ("seed", po::value(&opt.retrieval_spec.seed), "retrieval: instance seed (default 1)")
+      ("json", po::value(&opt.json_path),
+       "also write the results to this JSON file (full precision; failures with their reason)");
+  return parse(args, "extrap eval --checkpoint DIR --length L [--stride S] [--split valid|test] "
+               "[--rope-scaling yarn --rope-factor 4]", options, opt.vm);
+}
+
+// Checking the options against each other before anything is loaded (sets the retrieval task).
+void check_eval_options(EvalOptions& opt) {
+  const po::variables_map& vm = opt.vm;
+  if (opt.retrieval.empty()) {
+    for (const char* name : {"depths", "samples", "seed"})
+      if (vm.count(name))
+        throw ConfigError(std::string("--") + name + " is a retrieval option: add --retrieval TASK");
+  } else {
+    opt.retrieval_spec.task = parse_enum<RetrievalTask>(opt.retrieval, "--retrieval");
+    if (opt.retrieval_spec.task == RetrievalTask::none)
+      throw ConfigError("--retrieval none: name a task (passkey, multikey)");
+    for (const char* name : {"stride", "split", "max-tokens"})
+      if (vm.count(name))
+        throw ConfigError(std::string("--") + name +
+                          " has no meaning with --retrieval (instances are generated, whole)");
+    if (opt.rope_names.size() > 1)
+      throw ConfigError("--retrieval takes one --rope-scaling variant at a time");
+    check_retrieval_spec(opt.retrieval_spec);
+  }
+  for (int64_t length : opt.lengths)
+    if (length < 1) throw ConfigError("--length " + std::to_string(length) + ": must be at least 1");
+  for (int64_t stride : opt.strides)
+    if (stride < 1)
+      throw ConfigError("--stride " + std::to_string(stride) +
+                        ": must be at least 1 (omit --stride for non-overlapping windows)");
+  if (vm.count("max-tokens") && opt.max_tokens < 1)
+    throw ConfigError("--max-tokens " + std::to_string(opt.max_tokens) + ": must be at least 1");
+  if (vm.count("batch-tokens") && opt.batch_tokens < 1)
+    throw ConfigError("--batch-tokens " + std::to_string(opt.batch_tokens) + ": must be at least 1");
+  if (opt.threads < 0) throw ConfigError("--threads " + std::to_string(opt.threads) + ": must not be negative");
+  if (vm.count("rope-factor") && !(opt.rope_factor >= 1.0))
+    throw ConfigError("--rope-factor " + number_text(opt.rope_factor) + ": must be at least 1");
+  if (vm.count("rope-factor") && opt.rope_names.empty())
+    throw ConfigError("--rope-factor without --rope-scaling: name the variant (e.g. --rope-scaling yarn)");
+}
+
+// The --rope-scaling variants, each once, in the order given; none when none was named.
+std::vector<RopeScalingKind> rope_variants(const std::vector<std::string>& rope_names) {
+  std::vector<RopeScalingKind> variants;
+  for (const auto& name : rope_names) {
+    const RopeScalingKind kind = parse_rope_scaling(name, "--rope-scaling");
+    if (std::find(variants.begin(), variants.end(), kind) != variants.end())
+      throw ConfigError("--rope-scaling: " + name + " is listed twice");
+    variants.push_back(kind);
+  }
+  if (variants.empty()) variants.push_back(RopeScalingKind::none);
+  return variants;
+}
+
+// Applying the options to the loaded run: its attention path and the command line's eval section.
+void apply_eval_options(const EvalOptions& opt, Split which, const std::vector<RopeScalingKind>& variants,
+                        Config& config, LoadedRun& run) {
+  const bool scaled = variants != std::vector<RopeScalingKind>{RopeScalingKind::none};
+  if (scaled && !PositionRegistry::instance().get(config.position_name).rope_scaling)
+    throw ConfigError("--rope-scaling: run " + opt.run_dir + " uses position method '" +
+                      config.position_name + "', which has no rotary angles to scale (rotary and "
+                      "xpos have)");
+  if (!opt.attention.empty())
+    run.model->set_attention_backend(parse_enum<AttentionBackend>(opt.attention, "--attention"));
+  config.eval.lengths = opt.lengths;
+  config.eval.strides = opt.strides;
+  config.eval.split = which;
+  config.eval.max_tokens = opt.vm.count("max-tokens") ? opt.max_tokens : 0;  // not the training config's
+  if (opt.batch_tokens > 0) config.eval.batch_tokens = opt.batch_tokens;
+}
+
+// Writing the results (--json, rank 0) and the exit code: 1 when any evaluation failed.
+int write_eval_results(const EvalOptions& opt, nlohmann::json& document, const nlohmann::json& rows,
+                       int failures) {
+  if (!opt.json_path.empty() && ProcessGroup::leader()) {
+    document["results"] = rows;
+    write_file_atomic(opt.json_path, document.dump(1) + "\n");
+  }
+  if (failures > 0 && ProcessGroup::leader()) {
+    std::cerr << "extrap eval: " << failures << (opt.retrieval.empty() ? "" : " retrieval")
+              << " evaluation(s) failed (reasons above)\n";
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int eval(const Args& args) {
+  EvalOptions opt;
+  if (!parse_eval_options(args, opt)) return 0;
+  const Split which = parse_enum<Split>(opt.split, "--split");
+  check_eval_options(opt);
+  const std::vector<RopeScalingKind> variants = rope_variants(opt.rope_names);
+  configure_threads(opt.threads);
+  const VerifiedCheckpoint checkpoint = require_checkpoint(opt.run_dir);
+  Config config = checkpoint.config;
+  Corpus corpus = load_corpus(config.data);
+  LoadedRun run = load_run(checkpoint, corpus);
+  apply_eval_options(opt, which, variants, config, run);
+  std::cout << "run " << opt.run_dir << " (" << config.position_name << ", trained " << run.step
+            << " steps at L = " << config.train.seq_len << "):\n";
+  nlohmann::json rows = nlohmann::json::array();
+  nlohmann::json document = {
+      {"checkpoint", opt.run_dir}, {"position", config.position_name}, {"step", run.step}};
+  const double given_factor = opt.vm.count("rope-factor") ? opt.rope_factor : 0.0;
+  int failures = 0;
+  if (!opt.retrieval.empty()) {
+    RetrievalSpec& retrieval_spec = opt.retrieval_spec;
+    retrieval_spec.batch_tokens = config.eval.batch_tokens;
+    std::cout << "retrieval task " << opt.retrieval << ": " << retrieval_spec.samples
+              << " instances per depth, seed " << retrieval_spec.seed << "\n";
+    failures = evaluate_retrieval_all(run.model, corpus, retrieval_spec, opt.lengths,
+                                      config.train.seq_len, variants.front(), given_factor, &rows);
+    document["retrieval"] = opt.retrieval;
+    document["samples"] = retrieval_spec.samples;
+    document["seed"] = retrieval_spec.seed;
+    document["rope_scaling"] = variants.front() == RopeScalingKind::none
+                                   ? std::string("none")
+                                   : rope_variant_label(variants.front(), given_factor);
+  } else {
+    failures = evaluate_all(run.model, corpus, config, torch::kCPU, opt.strides.empty(), &rows,
+                            variants, given_factor);
+    document["split"] = enum_name(which);
+    document["max_tokens"] = config.eval.max_tokens;
+  }
+  return write_eval_results(opt, document, rows, failures);
+}
+
+}  // namespace extrap::cli

@@ -1,0 +1,65 @@
+// The subcommands of the `extrap` command line. Each takes the arguments after its name,
+// parses them with Boost.Program_options and returns the process exit code. Errors are
+// thrown (ConfigError: exit 2 with the message; anything else: exit 1).
+#pragma once
+
+#include "core/eval/retrieval_eval.h"
+#include "experiments/sweep/sweep.h"
+
+#include <boost/program_options.hpp>
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+namespace extrap::cli {
+
+using Args = std::vector<std::string>;
+
+int train(const Args& args);
+int eval(const Args& args);
+int export_model(const Args& args);  // experiments/cli/cli_export.cpp
+int positions(const Args& args);
+int inspect(const Args& args);
+int config_keys(const Args& args);
+int bench(const Args& args);            // dispatches to the three below
+int bench_train(const Args& args);
+int bench_attention(const Args& args);
+int bench_generate(const Args& args);   // experiments/cli/cli_generate.cpp
+int generate(const Args& args);
+int task(const Args& args);    // experiments/cli/cli_retrieval.cpp
+int sweep(const Args& args);   // experiments/cli/cli_sweep.cpp
+int merge(const Args& args);
+int report(const Args& args);
+
+// `extrap sweep FILE --slurm` (experiments/cli/slurm.cpp): writes the array, merge and submit
+// scripts beside the results file and returns their folder.
+struct SlurmOptions {
+  int64_t tasks = 0;  // array tasks (shards); 0: one per grid point
+  int64_t ranks = 1;  // data-parallel ranks per point
+  int64_t gpus_per_rank = 0;
+  int64_t cpus_per_rank = 1;
+  std::string partition, time;
+};
+std::string write_slurm_scripts(const SweepSpec& spec, const SweepOptions& options,
+                                const SlurmOptions& slurm);
+
+// `--nproc N` (experiments/cli/launch.cpp): runs `extrap COMMAND ARGS` as N local data-parallel
+// ranks and returns the first failing rank's exit code (0: all succeeded).
+int launch_local_ranks(int nproc, const std::string& command, const Args& args);
+
+// `extrap eval --retrieval`: one row of accuracy by depth per length (each with the RoPE
+// scaling `rope` at `rope_factor`, or the length's own factor); a failure prints its reason in
+// place of the row. Returns the number of failures; rows go to `rows` when given.
+int evaluate_retrieval_all(TransformerLM& model, const Corpus& corpus, RetrievalSpec spec,
+                           const std::vector<int64_t>& lengths, int64_t train_length,
+                           RopeScalingKind rope, double rope_factor, nlohmann::json* rows);
+
+// Parses `args` against `options` (+ positional names). Returns false after printing help
+// when --help was given. Unknown options and missing values throw with a clear message.
+bool parse(const Args& args, const std::string& usage_line,
+           boost::program_options::options_description& options,
+           boost::program_options::variables_map& values,
+           const boost::program_options::positional_options_description* positional = nullptr);
+
+}  // namespace extrap::cli

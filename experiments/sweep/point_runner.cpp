@@ -1,0 +1,158 @@
+#include "experiments/sweep/point_runner.h"
+
+#include "core/eval/evaluator.h"
+#include "core/eval/retrieval_eval.h"
+#include "core/runtime/sysinfo.h"
+
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
+namespace extrap {
+
+namespace {
+
+// Resets the kernel's peak-RSS mark (VmHWM), so that each run's peak is its own.
+void reset_peak_memory() {
+  std::ofstream clear("/proc/self/clear_refs");
+  clear << "5";
+}
+
+}  // namespace
+
+int64_t tokens_per_step(const TrainConfig& t) {
+  const int64_t sequences = std::max<int64_t>(t.accumulation, t.batch_tokens / t.seq_len);
+  return sequences / t.accumulation * t.accumulation * t.seq_len;
+}
+
+RunRecord new_run_record(const SweepPoint& point) {
+  RunRecord r;
+  r.run_id = point.id;
+  r.config = YAML::Dump(point.config.to_yaml());
+  r.grid_point = point.grid_yaml();
+  r.point_index = point.index;
+  r.position = point.config.position_name;
+  r.train_length = point.config.train.seq_len;
+  r.seed = point.config.train.seed;
+  r.machine = machine_description();
+  RuntimeInfo runtime = runtime_info();
+  const int64_t threads = point.config.train.threads;
+  runtime.threads = threads > 0 ? int(threads) : available_cores();  // what the trainer sets
+  r.runtime = runtime_summary(runtime);
+  r.start_time = iso_time_now();
+  r.status = "training";
+  return r;
+}
+
+PointRecord new_point_record(const RunRecord& run, const EvalPoint& e) {
+  PointRecord p;
+  p.run_id = run.run_id;
+  p.position = run.position;
+  p.train_length = run.train_length;
+  p.seed = run.seed;
+  p.mode = e.mode;
+  p.stride = e.stride > 0 ? e.stride : e.length;
+  p.eval_length = e.length;
+  return p;
+}
+
+TrainedPoint train_point(const SweepPoint& point, const Corpus& corpus, RunRecord& record,
+                         SweepDisplay& display, bool quiet) {
+  const Config& config = point.config;
+  TrainedPoint out;
+  try {
+    reset_peak_memory();
+    out.trainer = std::make_unique<Trainer>(config, corpus);
+  } catch (const DistributedError&) {
+    throw;  // the job cannot go on
+  } catch (const c10::Error& e) {
+    out.failure = one_line(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    // a method that does not support this objective, a config that cannot fit in memory
+    out.failure = one_line(e.what());
+  }
+  if (!out.trainer) return out;
+  const int64_t step_tokens = tokens_per_step(config.train);
+  out.trainer->on_progress = [&](const TrainProgress& p) { display.training(p, step_tokens); };
+  out.trainer->quiet = quiet;
+  try {
+    const TrainSummary summary = out.trainer->run(RunStart::resume);
+    char text[160];
+    std::snprintf(
+        text, sizeof text, "trained %" PRId64 " steps%s: valid loss %.4f, %.0f tok/s", summary.steps,
+        summary.resumed_from > 0
+            ? (" (resumed from step " + std::to_string(summary.resumed_from) + ")").c_str()
+            : "",
+        summary.valid_curve.empty() ? NAN : summary.valid_curve.back().loss,
+        summary.tokens_per_second);
+    display.line(text);
+    display.trained(summary.tokens_per_second > 0
+                        ? double(summary.steps - summary.resumed_from) * double(step_tokens) /
+                              summary.tokens_per_second
+                        : 0.0);
+    if (record.status == "training") {
+      record.end_time = iso_time_now();
+      record.tokens_per_second = summary.tokens_per_second;
+      record.peak_memory_bytes = summary.peak_memory_bytes;
+      record.num_parameters = summary.num_parameters;
+      record.train_loss = summary.train_curve;
+      record.valid_loss = summary.valid_curve;
+      record.status = "trained";
+    }
+  } catch (const DistributedError&) {
+    throw;  // the job cannot go on
+  } catch (const EvalFailure& e) {
+    out.failure = one_line(e.what());  // validation could not run (e.g. a split too short)
+  } catch (const ConfigError&) {
+    throw;  // a run directory of another config, a damaged checkpoint, a full disk
+  } catch (const c10::Error& e) {
+    out.failure = one_line(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    out.failure = one_line(e.what());  // divergence, out of memory
+  }
+  if (!out.failure.empty()) out.trainer.reset();
+  return out;
+}
+
+PointRecord evaluate_point(Trainer& trainer, const Corpus& corpus, const SweepPoint& point,
+                           const RunRecord& record, const EvalPoint& e) {
+  const Config& config = point.config;
+  PointRecord p = new_point_record(record, e);
+  try {
+    if (e.retrieval) {
+      RetrievalSpec spec = e.retrieval_spec;
+      spec.rope_scaling =
+          rope_scaling_for(e.rope_scaling, e.rope_factor, config.train.seq_len, e.length);
+      const RetrievalResult r =
+          evaluate_retrieval(trainer.model(), corpus, spec, torch_device(config.train.device));
+      p.retrieval = r.cells;
+      const RetrievalCell total = retrieval_totals(r.cells);
+      p.nll_sum = total.answer_nll;
+      p.scored_tokens = total.answer_tokens;
+      p.perplexity = std::exp(p.nll_sum / double(p.scored_tokens));
+      p.seconds = r.seconds;
+      return p;
+    }
+    EvalSpec spec = eval_spec_for(config, e.length, e.stride);
+    spec.rope_scaling =
+        rope_scaling_for(e.rope_scaling, e.rope_factor, config.train.seq_len, e.length);
+    const EvalResult r = evaluate(trainer.model(), corpus, corpus.split(config.eval.split), spec,
+                                  torch_device(config.train.device));
+    p.perplexity = r.perplexity;
+    p.nll_sum = r.nll_sum;
+    p.scored_tokens = r.scored_tokens;
+    p.bits_per_byte = r.bits_per_byte;
+    p.seconds = r.seconds;
+    p.by_position = r.by_position;
+  } catch (const DistributedError&) {
+    throw;  // the job cannot go on
+  } catch (const c10::Error& ex) {
+    p.status = "failed: " + one_line(ex.what_without_backtrace());
+  } catch (const std::exception& ex) {
+    p.status = "failed: " + one_line(ex.what());
+  }
+  return p;
+}
+
+}  // namespace extrap

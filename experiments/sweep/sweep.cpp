@@ -1,0 +1,482 @@
+#include "experiments/sweep/sweep.h"
+
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cinttypes>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+
+#include "core/base/fault.h"
+#include "core/runtime/distributed.h"
+#include "core/runtime/progress.h"
+#include "core/runtime/sysinfo.h"
+#include "experiments/sweep/point_runner.h"
+
+namespace fs = std::filesystem;
+
+namespace extrap {
+
+namespace {
+
+int status_rank(const std::string& status) {
+  if (status == "training") return 0;
+  if (status == "trained") return 1;
+  return 2;  // complete, failed
+}
+
+// What counts as done: the points of the file being written, and those of a read-only
+// `known` file (a parallel sweep's main output, when this process is one of its workers).
+struct DoneSet {
+  const ResultsStore& store;
+  const ResultsStore* known;
+  bool has_point(const std::string& id, const std::string& mode, int64_t length) const {
+    return store.has_point(id, mode, length) || (known && known->has_point(id, mode, length));
+  }
+  const RunRecord* run(const std::string& id) const {
+    if (const RunRecord* r = store.run(id)) return r;
+    return known ? known->run(id) : nullptr;
+  }
+  bool complete(const SweepPoint& point) const {
+    if (!run(point.id)) return false;
+    for (const auto& e : point.evals)
+      if (!has_point(point.id, e.mode, e.length)) return false;
+    return true;
+  }
+};
+
+// Data parallel (core/runtime/distributed.h): rank 0 decides from the results file what each point
+// needs, and tells the other ranks, which hold no results file: "skip", or the indices (into
+// point.evals) of the evaluations to run ("" trains only).
+std::string share_plan(const SweepPoint& point, const std::vector<EvalPoint>& pending, bool skip) {
+  ProcessGroup* ranks = ProcessGroup::get(torch_device(point.config.train.device));
+  if (!ranks) return "";
+  std::string plan = skip ? "skip" : "";
+  if (!skip)
+    for (size_t i = 0; i < point.evals.size(); ++i)
+      for (const auto& e : pending)
+        if (e.mode == point.evals[i].mode && e.length == point.evals[i].length)
+          plan += (plan.empty() ? "" : ",") + std::to_string(i);
+  return ranks->share("sweep point " + point.id, plan);
+}
+
+// A rank other than 0: trains and evaluates what rank 0's plan says, point by point, taking
+// part in every collective; rank 0 records the results.
+void follow_points(const SweepSpec& spec, const std::vector<const SweepPoint*>& points,
+                   SweepOutcome& outcome) {
+  SweepDisplay silent(spec.name, int64_t(points.size()), false, "");
+  std::map<std::string, Corpus> corpora;
+  for (const SweepPoint* point : points) {
+    const std::string plan = share_plan(*point, {}, false);
+    if (plan == "skip") {
+      ++outcome.skipped;
+      continue;
+    }
+    const std::string data_key = yaml_to_string(point->config.to_yaml()["data"]);
+    if (!corpora.count(data_key)) corpora.emplace(data_key, load_corpus(point->config.data));
+    const Corpus& corpus = corpora.at(data_key);
+    RunRecord record = new_run_record(*point);
+    TrainedPoint trained = train_point(*point, corpus, record, silent, true);
+    if (!trained.trainer) continue;
+    ++outcome.trained;
+    std::stringstream indices(plan);
+    for (std::string index; std::getline(indices, index, ',');) {
+      if (index.empty()) continue;
+      evaluate_point(*trained.trainer, corpus, *point, record, point->evals.at(std::stoul(index)));
+      ++outcome.evaluated;
+    }
+  }
+}
+
+// Trains and evaluates `points` in order, appending every finished point to `store`.
+void run_points(const SweepSpec& spec, const std::vector<const SweepPoint*>& points,
+                ResultsStore& store, const ResultsStore* known, const SweepOptions& options,
+                SweepOutcome& outcome) {
+  const DoneSet done{store, known};
+  SweepDisplay display(spec.name, int64_t(points.size()), options.progress, options.worker);
+  // Workers share the terminal: the trainer's own (unlabelled) lines would interleave.
+  const bool quiet_trainer = !options.progress || !options.worker.empty();
+  std::map<std::string, Corpus> corpora;  // by data section
+  for (size_t k = 0; k < points.size(); ++k) {
+    const SweepPoint& point = *points[k];
+    std::vector<EvalPoint> pending;
+    for (const auto& e : point.evals)
+      if (!done.has_point(point.id, e.mode, e.length)) pending.push_back(e);
+    const RunRecord* existing = done.run(point.id);
+    // Data parallel: the other ranks run what rank 0 runs (plan_for_ranks).
+    share_plan(point, pending, existing && pending.empty());
+    int64_t later_tokens = 0;
+    for (size_t j = k + 1; j < points.size(); ++j)
+      later_tokens += points[j]->config.train.steps * tokens_per_step(points[j]->config.train);
+    display.start_run(int64_t(k) + 1, point.id, later_tokens);
+
+    if (existing && pending.empty()) {
+      if (existing->status == "trained") {
+        RunRecord finished = *existing;
+        finished.status = "complete";
+        store.put_run(finished);
+      }
+      ++outcome.skipped;
+      display.line("already complete");
+      continue;
+    }
+    RunRecord record = existing ? *existing : new_run_record(point);
+    if (!store.run(point.id)) store.put_run(record);
+
+    const std::string data_key = yaml_to_string(point.config.to_yaml()["data"]);
+    if (!corpora.count(data_key)) corpora.emplace(data_key, load_corpus(point.config.data));
+    const Corpus& corpus = corpora.at(data_key);
+
+    TrainedPoint trained = train_point(point, corpus, record, display, quiet_trainer);
+    if (!trained.trainer) {
+      record.status = "failed: " + trained.failure;
+      record.end_time = iso_time_now();
+      std::vector<PointRecord> failed;
+      for (const auto& e : pending) {
+        failed.push_back(new_point_record(record, e));
+        failed.back().status = "failed: training: " + trained.failure;
+      }
+      store.write({record}, failed);
+      outcome.evaluated += int64_t(failed.size());
+      outcome.failed += int64_t(failed.size());
+      display.line("failed: " + trained.failure);
+      display.finish_run();
+      continue;
+    }
+    ++outcome.trained;
+    if (record.status == "trained") store.put_run(record);
+
+    // Evaluate every pending point; each is on disk before the next starts.
+    for (const auto& e : pending) {
+      const PointRecord p = evaluate_point(*trained.trainer, corpus, point, record, e);
+      store.append_point(p);
+      fault_point("point", p.run_id + " " + p.mode + " " + std::to_string(p.eval_length));
+      ++outcome.evaluated;
+      char text[160];
+      if (p.ok() && e.retrieval) {
+        const RetrievalCell total = retrieval_totals(p.retrieval);
+        std::snprintf(text, sizeof text, "L=%" PRId64 " %s: %" PRId64 "/%" PRId64 " correct (%.1f s)",
+                      e.length, e.mode.c_str(), total.correct, total.trials, p.seconds);
+        display.line(text);
+      } else if (p.ok()) {
+        std::snprintf(text, sizeof text, "L=%" PRId64 " %s: perplexity %.4f (%.1f s)", e.length,
+                      e.mode.c_str(), p.perplexity, p.seconds);
+        display.line(text);
+      } else {
+        ++outcome.failed;
+        display.line("L=" + std::to_string(e.length) + " " + e.mode + ": " + p.status);
+      }
+    }
+    record.status = "complete";
+    store.put_run(record);
+    display.finish_run();
+  }
+}
+
+// Whether two records of one point hold the same numbers (evaluations of one model on one
+// machine agree to rounding; different threads may change the summation order).
+bool same_numbers(const PointRecord& a, const PointRecord& b) {
+  if (a.status != b.status || a.scored_tokens != b.scored_tokens) return false;
+  if (!a.ok()) return true;
+  if (a.retrieval.size() != b.retrieval.size()) return false;
+  for (size_t i = 0; i < a.retrieval.size(); ++i)
+    if (a.retrieval[i].depth != b.retrieval[i].depth ||
+        a.retrieval[i].correct != b.retrieval[i].correct ||
+        a.retrieval[i].trials != b.retrieval[i].trials)
+      return false;
+  return std::abs(a.nll_sum - b.nll_sum) <= 1e-9 * std::max(1.0, std::abs(a.nll_sum));
+}
+
+// The error for one point recorded with different numbers in two files.
+ConfigError conflict(const PointRecord& first, const std::string& first_file,
+                     const PointRecord& second, const std::string& second_file) {
+  return ConfigError("point (" + second.run_id + ", " + second.mode + ", L=" +
+                     std::to_string(second.eval_length) + ") differs between " + first_file +
+                     " and " + second_file + " (" + first.status + ", NLL " +
+                     std::to_string(first.nll_sum) + " vs " + second.status + ", NLL " +
+                     std::to_string(second.nll_sum) +
+                     "): these files hold different runs under one name; nothing merged");
+}
+
+// Adds to `store` every run and point of `source` that it lacks, in one atomic change. A run
+// already present is replaced only by a more finished record of it. A point present in both
+// with different numbers is a ConfigError naming it.
+void absorb(ResultsStore& store, const ResultsStore& source, MergeOutcome& outcome) {
+  std::vector<RunRecord> runs;
+  for (const auto& [id, run] : source.runs()) {
+    const RunRecord* existing = store.run(id);
+    if (!existing) ++outcome.runs_added;
+    if (!existing || status_rank(run.status) > status_rank(existing->status)) runs.push_back(run);
+  }
+  std::vector<PointRecord> points;
+  std::map<std::tuple<std::string, std::string, int64_t>, const PointRecord*> adding;
+  for (const auto& p : source.points()) {
+    const auto key = std::make_tuple(p.run_id, p.mode, p.eval_length);
+    const PointRecord* other = store.point(p.run_id, p.mode, p.eval_length);
+    if (!other && adding.count(key)) other = adding.at(key);
+    if (other) {
+      if (!same_numbers(*other, p)) throw conflict(*other, store.path(), p, source.path());
+      ++outcome.points_already_present;
+      continue;
+    }
+    points.push_back(p);
+    adding[key] = &p;
+  }
+  outcome.points_added += int64_t(points.size());
+  if (!runs.empty() || !points.empty()) store.write(runs, points);
+}
+
+std::string part_path(const std::string& output, int64_t worker) {
+  return output + ".part-" + std::to_string(worker) + ".h5";
+}
+
+// Merges one part file of a parallel sweep into `store` and removes it. A part still being
+// written is an error naming its writer.
+void absorb_part(ResultsStore& store, const std::string& output, const fs::path& part) {
+  if (!fs::exists(part)) return;  // the worker failed before creating it
+  {
+    ResultsLock part_lock(part.string());
+    const ResultsStore source = ResultsStore::open(part.string());
+    const std::string difference =
+        describe_difference(store.header(), output, source.header(), part.string());
+    if (!difference.empty())
+      throw ConfigError(part.string() + " is a part of a different sweep (" + difference +
+                        "); remove it");
+    MergeOutcome ignored;
+    absorb(store, source, ignored);
+    fs::remove(part);
+  }
+  fs::remove(part.string() + ".lock");
+}
+
+// Merges the part files that an interrupted parallel sweep left beside `output`.
+void absorb_parts(ResultsStore& store, const std::string& output) {
+  const fs::path out_path = fs::absolute(output);
+  const std::string prefix = out_path.filename().string() + ".part-";
+  std::vector<fs::path> parts;
+  for (const auto& entry : fs::directory_iterator(out_path.parent_path())) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) == 0 && name.size() > 3 &&
+        name.compare(name.size() - 3, 3, ".h5") == 0)
+      parts.push_back(entry.path());
+  }
+  std::sort(parts.begin(), parts.end());
+  for (const auto& part : parts) absorb_part(store, output, part);
+}
+
+// Starts worker process `worker` (of `count`) running `indices` into its part file, skipping
+// what `output` holds; it dies with this process.
+pid_t start_worker(const SweepSpec& spec, int64_t worker, int64_t count,
+                   const std::vector<int64_t>& indices, const std::string& output, bool progress) {
+  std::vector<std::string> args = {"extrap", "sweep", spec.source};
+  for (const auto& o : spec.overrides) {
+    args.push_back("--set");
+    args.push_back(o);
+  }
+  std::string list;
+  for (int64_t i : indices) list += (list.empty() ? "" : ",") + std::to_string(i);
+  for (const std::string& a :
+       {std::string("--worker"), std::to_string(worker + 1) + "/" + std::to_string(count),
+        std::string("--points"), list, std::string("--out"), part_path(output, worker),
+        std::string("--known"), output})
+    args.push_back(a);
+  if (!progress) args.push_back("--quiet");
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0)
+    throw std::runtime_error(std::string("cannot start a worker process: ") + std::strerror(errno));
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a killed sweep takes its workers with it
+    if (::getppid() != parent) ::_exit(1);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv("/proc/self/exe", argv.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+// jobs > 1: the pending points dealt round-robin to `jobs` worker processes; each worker's part
+// is merged into the output as soon as it ends.
+void run_parallel(const SweepSpec& spec, const std::vector<const SweepPoint*>& points,
+                  ResultsStore& store, int64_t jobs, const SweepOptions& options,
+                  SweepOutcome& outcome) {
+  absorb_parts(store, outcome.output);
+  const DoneSet done{store, nullptr};
+  std::vector<const SweepPoint*> pending;
+  for (const auto* p : points)
+    if (!done.complete(*p)) pending.push_back(p);
+  outcome.skipped = int64_t(points.size() - pending.size());
+  const size_t points_before = store.points().size();
+  // Tokenise (and cache) each corpus once here, not in every worker at the same time.
+  std::set<std::string> loaded;
+  for (const auto* p : pending)
+    if (loaded.insert(yaml_to_string(p->config.to_yaml()["data"])).second)
+      load_corpus(p->config.data);
+  const int64_t workers = std::min<int64_t>(jobs, int64_t(pending.size()));
+  if (options.progress)
+    std::fprintf(stderr, "sweep %s: %zu of %zu points to run, in %lld worker processes\n",
+                 spec.name.c_str(), pending.size(), points.size(), (long long)workers);
+  std::vector<std::vector<int64_t>> assigned(size_t(std::max<int64_t>(workers, 0)));
+  for (size_t i = 0; i < pending.size(); ++i) assigned[i % size_t(workers)].push_back(pending[i]->index);
+
+  const auto started = std::chrono::steady_clock::now();
+  std::map<pid_t, int64_t> running;
+  for (int64_t w = 0; w < workers; ++w)
+    running[start_worker(spec, w, workers, assigned[size_t(w)], outcome.output, options.progress)] = w;
+  std::string failures;
+  while (!running.empty()) {
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, 0);
+    if (pid < 0) {
+      if (errno == EINTR) continue;
+      throw std::runtime_error(std::string("waiting for worker processes: ") + std::strerror(errno));
+    }
+    const auto found = running.find(pid);
+    if (found == running.end()) continue;
+    const int64_t w = found->second;
+    running.erase(found);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+      failures += " worker " + std::to_string(w + 1) +
+                  (WIFEXITED(status) ? " (exit code " + std::to_string(WEXITSTATUS(status)) + ")"
+                                     : " (signal " + std::to_string(WTERMSIG(status)) + ")") +
+                  ";";
+    absorb_part(store, outcome.output, part_path(outcome.output, w));
+    if (options.progress)
+      std::fprintf(stderr, "sweep %s: worker %lld of %lld done after %s\n", spec.name.c_str(),
+                   (long long)(w + 1), (long long)workers,
+                   format_duration(std::chrono::duration<double>(
+                                       std::chrono::steady_clock::now() - started)
+                                       .count())
+                       .c_str());
+  }
+  const DoneSet after{store, nullptr};
+  for (const auto* p : pending) outcome.trained += after.run(p->id) != nullptr;
+  for (size_t i = points_before; i < store.points().size(); ++i) {
+    ++outcome.evaluated;
+    outcome.failed += !store.points()[i].ok();
+  }
+  if (!failures.empty())
+    throw std::runtime_error("sweep " + spec.name + ": workers failed:" + failures +
+                             " (their messages are above); finished points are in " +
+                             outcome.output + ": run the same command again to continue");
+}
+
+}  // namespace
+
+std::string sweep_output(const SweepSpec& spec, const SweepOptions& options) {
+  return shard_output(options.output.empty() ? spec.output : options.output, options.shard);
+}
+
+SweepOutcome run_sweep(const SweepSpec& spec, const SweepOptions& options) {
+  SweepOutcome outcome;
+  const bool worker = !options.worker.empty();
+  outcome.output = worker ? options.output : sweep_output(spec, options);
+  const std::vector<SweepPoint> all = expand_grid(spec);
+  const std::set<int64_t> chosen(options.points.begin(), options.points.end());
+  std::vector<const SweepPoint*> points;
+  for (const auto& p : all)
+    if (options.shard.contains(p.index) && (chosen.empty() || chosen.count(p.index)))
+      points.push_back(&p);
+  outcome.points = int64_t(points.size());
+  for (const auto* p : points)
+    if (p->config.train.device == Device::cuda && !torch::cuda::is_available())
+      throw ConfigError(spec.source + ": point " + p->id +
+                        " trains on cuda but no CUDA device is available");
+
+  if (ProcessGroup::environment()) {
+    if ((options.jobs > 0 ? options.jobs : spec.jobs) > 1)
+      throw ConfigError(spec.source + ": jobs " +
+                        std::to_string(options.jobs > 0 ? options.jobs : spec.jobs) +
+                        " and data-parallel ranks do not combine: each point already runs on "
+                        "every rank (set jobs: 1 or --jobs 1)");
+    if (!ProcessGroup::leader()) {
+      follow_points(spec, points, outcome);
+      return outcome;
+    }
+  }
+  ResultsLock lock(outcome.output);
+  const SweepHeader header = spec.header(worker ? "part" : options.shard.text());
+  ResultsStore store = ResultsStore::open_or_create(outcome.output, header);
+  const std::string difference =
+      describe_difference(store.header(), outcome.output, header, spec.source);
+  if (!difference.empty())
+    throw ConfigError(outcome.output + " holds the results of a different sweep (" + difference +
+                      "). Use another --out, or delete " + outcome.output + " to start over.");
+
+  const int64_t jobs = options.jobs > 0 ? options.jobs : spec.jobs;
+  if (!worker && jobs > 1) {
+    run_parallel(spec, points, store, jobs, options, outcome);
+    return outcome;
+  }
+  if (!worker) absorb_parts(store, outcome.output);  // left by an interrupted parallel sweep
+  std::optional<ResultsStore> known;
+  if (!options.known.empty() && fs::exists(options.known))
+    known.emplace(ResultsStore::open(options.known));
+  run_points(spec, points, store, known ? &*known : nullptr, options, outcome);
+  return outcome;
+}
+
+MergeOutcome merge_results(const std::string& output, const std::vector<std::string>& inputs) {
+  if (inputs.empty()) throw ConfigError("no input files");
+  std::vector<ResultsStore> sources;
+  for (const auto& path : inputs) {
+    if (fs::exists(output) && fs::equivalent(path, output))
+      throw ConfigError("input " + path + " is the output file");
+    sources.push_back(ResultsStore::open(path));
+  }
+  for (size_t i = 1; i < sources.size(); ++i) {
+    const std::string difference =
+        describe_difference(sources[0].header(), inputs[0], sources[i].header(), inputs[i]);
+    if (!difference.empty())
+      throw ConfigError(inputs[i] + " is not from the same sweep as " + inputs[0] + " (" +
+                        difference + "); only shards of one sweep can be merged");
+  }
+
+  // Every point once across the inputs and the output: a point two files hold with different
+  // numbers is refused before anything is written.
+  {
+    std::map<std::tuple<std::string, std::string, int64_t>, std::pair<const PointRecord*, std::string>>
+        seen;
+    std::optional<ResultsStore> existing;
+    if (fs::exists(output)) existing.emplace(ResultsStore::open(output));
+    std::vector<const ResultsStore*> all;
+    if (existing) all.push_back(&*existing);
+    for (const auto& source : sources) all.push_back(&source);
+    for (const ResultsStore* file : all)
+      for (const auto& p : file->points()) {
+        const auto key = std::make_tuple(p.run_id, p.mode, p.eval_length);
+        const auto found = seen.find(key);
+        if (found == seen.end()) {
+          seen[key] = {&p, file->path()};
+        } else if (!same_numbers(*found->second.first, p)) {
+          throw conflict(*found->second.first, found->second.second, p, file->path());
+        }
+      }
+  }
+  ResultsLock lock(output);
+  SweepHeader header = sources[0].header();
+  header.shard = "merged";
+  header.created = iso_time_now();
+  ResultsStore store = ResultsStore::open_or_create(output, header);
+  const std::string difference = describe_difference(store.header(), output, header, inputs[0]);
+  if (!difference.empty())
+    throw ConfigError(output + " holds the results of a different sweep (" + difference + ")");
+  MergeOutcome outcome;
+  for (const auto& source : sources) absorb(store, source, outcome);
+  return outcome;
+}
+
+}  // namespace extrap

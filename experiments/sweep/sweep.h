@@ -1,0 +1,61 @@
+// Running sweeps: every grid point of a sweep spec (experiments/sweep/sweep_spec.h) trained once
+// and evaluated at its lengths, every result appended to one HDF5 file (core/results/results_store.h)
+// the moment it exists.
+//
+//  - One process: the points of the shard in grid order; each point trains (or resumes) in
+//    RUN_ROOT/<id> (core/run/run_dir.h), then records each evaluation not yet in the file.
+//  - jobs: N > 1 (one parallel mechanism): the pending points are dealt round-robin to N
+//    worker processes, each a one-process sweep of its points into its own part file
+//    OUT.part-K.h5 that skips what OUT holds; the sweep process holds OUT's lock and merges
+//    each part into OUT when its worker ends. Parts left by an interrupted sweep are merged
+//    first when it runs again. Workers die with the sweep process.
+//  - --shard I/N runs the points with index % N == I into their own file; `extrap merge`
+//    joins shards (and refuses two files with different numbers for the same point).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "experiments/sweep/sweep_spec.h"
+
+namespace extrap {
+
+struct SweepOptions {
+  std::string output;  // overrides spec.output (a shard writes OUTPUT.shard-I-of-N.h5)
+  Shard shard;
+  bool progress = true;  // progress on stderr (a redrawn line on a terminal, else log lines)
+  int64_t jobs = 0;      // 0: spec.jobs
+  // Worker processes of a parallel sweep (set by the parent through hidden options):
+  std::vector<int64_t> points;  // run only these point indices (empty: all of the shard)
+  std::string known;            // a results file whose finished points count as done
+  std::string worker;           // "K/N": worker K of N (log lines, no redraw)
+};
+
+struct SweepOutcome {
+  int64_t points = 0;     // grid points in this shard
+  int64_t skipped = 0;    // already complete in the results file
+  int64_t trained = 0;    // trained or resumed now
+  int64_t evaluated = 0;  // evaluation points recorded now (failed ones included)
+  int64_t failed = 0;     // evaluation points recorded as failed now
+  std::string output;
+};
+
+// Runs (or continues) a sweep: locks the output, refuses a file of a different sweep, then
+// runs every point of the shard not complete in the file. Points that cannot give a right
+// number are recorded as failed, with the reason.
+SweepOutcome run_sweep(const SweepSpec& spec, const SweepOptions& options);
+
+// The results file a run of `spec` with `options` writes.
+std::string sweep_output(const SweepSpec& spec, const SweepOptions& options);
+
+// Merges results files of the same sweep into `output` (created if missing): every run and
+// every point once. Files of different sweeps are refused, naming the first difference; so
+// is a point that two files hold with different numbers, naming the point.
+struct MergeOutcome {
+  int64_t runs_added = 0;
+  int64_t points_added = 0;
+  int64_t points_already_present = 0;
+};
+MergeOutcome merge_results(const std::string& output, const std::vector<std::string>& inputs);
+
+}  // namespace extrap

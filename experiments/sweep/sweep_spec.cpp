@@ -1,0 +1,538 @@
+#include "experiments/sweep/sweep_spec.h"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <filesystem>
+#include <set>
+
+#include "core/base/files.h"
+#include "core/base/hashing.h"
+#include "core/eval/evaluator.h"
+#include "core/model/model.h"
+#include "core/runtime/sysinfo.h"
+#include "positions/position.h"
+
+namespace fs = std::filesystem;
+
+namespace extrap {
+
+namespace {
+
+// The leaf keys of the config ("model.heads", ...), which a grid may vary.
+const std::set<std::string>& config_leaf_keys() {
+  static const std::set<std::string> keys = [] {
+    std::set<std::string> all, leaves;
+    for (const auto& doc : config_documentation()) all.insert(doc.key);
+    for (const auto& key : all) {
+      const auto next = all.upper_bound(key);
+      if (next == all.end() || next->rfind(key + ".", 0) != 0) leaves.insert(key);
+    }
+    return leaves;
+  }();
+  return keys;
+}
+
+bool grid_key_known(const std::string& key) {
+  return key == "position" || key.rfind("position.", 0) == 0 || config_leaf_keys().count(key) > 0;
+}
+
+// A short label of a grid value for run ids: "alibi", "L64", "seed1", "layers3".
+std::string value_label(const std::string& key, const YAML::Node& value, size_t index) {
+  const std::string last = key.substr(key.rfind('.') == std::string::npos ? 0 : key.rfind('.') + 1);
+  std::string text;
+  if (value.IsScalar())
+    text = value.Scalar();
+  else if (value.IsMap() && value["name"] && value["name"].IsScalar())
+    text = value["name"].Scalar();
+  else
+    text = "v" + std::to_string(index);
+  std::string label;
+  if (key == "position.name" || key == "position")
+    label = text;
+  else if (key == "train.seq_len")
+    label = "L" + text;
+  else if (key == "train.seed")
+    label = "seed" + text;
+  else
+    label = last + text;
+  for (char& c : label)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '.' && c != '+' &&
+        c != '-')
+      c = '_';
+  return label;
+}
+
+// Builds the position method once, so that a typo in its options fails before anything runs.
+// A method that does not support the objective's attention mode is left to fail (and be
+// recorded) when its point runs.
+void check_position(const Config& config) {
+  const PositionInfo& info = PositionRegistry::instance().get(config.position_name);
+  const unsigned mode = config.model.causal() ? kCausal : kBidirectional;
+  if (!(info.modes & mode)) return;
+  PositionRegistry::instance().create(config.position_name, position_context(config.model),
+                                      OptionReader(config.position, config.source, "position"));
+}
+
+}  // namespace
+
+// --- the spec ------------------------------------------------------------------------------
+
+YAML::Node SweepSpec::canonical() const {
+  YAML::Node out(YAML::NodeType::Map);
+  out["name"] = name;
+  // The keys that change results (their marks in core/model/config.cpp); the sweep's own eval section
+  // replaces the base's lengths and strides; grid keys are set per point.
+  YAML::Node base_yaml = base_config.result_keys();
+  for (const char* key : {"eval.lengths", "eval.strides"}) remove_key(base_yaml, key);
+  for (const auto& axis : grid) remove_key(base_yaml, axis.key);
+  out["base"] = base_yaml;
+  YAML::Node grid_yaml(YAML::NodeType::Map);
+  for (const auto& axis : grid) {
+    YAML::Node values(YAML::NodeType::Sequence);
+    for (const auto& v : axis.values) values.push_back(v);
+    grid_yaml[axis.key] = values;
+  }
+  out["grid"] = grid_yaml;
+  YAML::Node e(YAML::NodeType::Map);
+  e["lengths"] = eval.lengths;
+  e["length_multiples"] = eval.length_multiples;
+  e["strides"] = eval.strides;
+  e["nonoverlapping"] = eval.nonoverlapping;
+  // Only when asked for, so that the hashes of sweeps without RoPE variants stay as they were.
+  if (eval.rope_scaling != std::vector<RopeScalingKind>{RopeScalingKind::none}) {
+    YAML::Node variants(YAML::NodeType::Sequence);
+    for (auto kind : eval.rope_scaling) variants.push_back(rope_scaling_name(kind));
+    e["rope_scaling"] = variants;
+  }
+  if (eval.rope_factor > 0) e["rope_factor"] = eval.rope_factor;
+  if (eval.retrieval.task != RetrievalTask::none) {  // likewise
+    YAML::Node r(YAML::NodeType::Map);
+    r["task"] = enum_name(eval.retrieval.task);
+    r["lengths"] = eval.retrieval.lengths;
+    r["length_multiples"] = eval.retrieval.length_multiples;
+    r["depths"] = eval.retrieval.depths;
+    r["samples"] = eval.retrieval.samples;
+    r["seed"] = eval.retrieval.seed;
+    e["retrieval"] = r;
+  }
+  out["eval"] = e;
+  return plain_yaml(out);
+}
+
+YAML::Node SweepSpec::fresh_base() const {
+  YAML::Node file = load_yaml_file(base_file);
+  YAML::Node base = base_inline ? file["base"] : file;
+  position_as_map(base);
+  for (const auto& o : base_overrides) apply_override(base, o);
+  return base;
+}
+
+std::string SweepSpec::canonical_yaml() const { return YAML::Dump(canonical()) + "\n"; }
+
+std::string SweepSpec::hash() const {
+  return hex64(content_hash(canonical_yaml()));
+}
+
+SweepHeader SweepSpec::header(const std::string& shard) const {
+  SweepHeader h;
+  h.sweep_name = name;
+  h.sweep_spec = canonical_yaml();
+  h.spec_hash = hash();
+  h.sweep_file = source_text;
+  h.shard = shard;
+  h.created = iso_time_now();
+  return h;
+}
+
+std::string SweepPoint::grid_yaml() const {
+  YAML::Node map(YAML::NodeType::Map);
+  for (const auto& [key, value] : values) map[key] = value;
+  return yaml_to_string(map);
+}
+
+namespace {
+
+// Reads a base given as a path into the document, so that --set base.KEY=... edits it.
+void resolve_base(YAML::Node& doc, const std::string& path, SweepSpec& spec) {
+  spec.base_file = path;
+  spec.base_inline = true;
+  if (doc["base"] && doc["base"].IsScalar()) {
+    fs::path base_path = doc["base"].Scalar();
+    if (!fs::exists(base_path) && base_path.is_relative())
+      base_path = fs::path(path).parent_path() / base_path;
+    spec.base_file = base_path.string();
+    spec.base_inline = false;
+    doc["base"] = load_yaml_file(spec.base_file);
+  }
+  if (doc["base"]) position_as_map(doc["base"]);
+}
+
+// Sets a grid axis from --set grid.KEY=[values]: grid keys are dotted themselves, so
+// "grid.position.name=[a, b]" sets the axis "position.name".
+void set_grid_axis(YAML::Node& doc, const std::string& o) {
+  const auto eq = o.find('=');
+  if (eq == std::string::npos || eq <= 5)
+    throw ConfigError("--set '" + o + "': expected grid.KEY=[values]");
+  YAML::Node value;
+  try {
+    value = without_marks(YAML::Load(o.substr(eq + 1)));
+  } catch (const YAML::Exception& e) {
+    throw ConfigError("--set '" + o + "': value is not valid YAML: " + e.msg);
+  }
+  if (!value.IsSequence())
+    throw ConfigError("--set '" + o + "': a grid axis is a list of values, e.g. " +
+                      o.substr(0, eq) + "=[" + o.substr(eq + 1) + "]");
+  if (!doc["grid"] || !doc["grid"].IsMap()) doc["grid"] = YAML::Node(YAML::NodeType::Map);
+  YAML::Node grid = doc["grid"];
+  grid[o.substr(5, eq - 5)] = value;
+}
+
+// Routes each --set: base.KEY to the base's overrides (applied to each fresh base) and to the
+// document, grid.KEY to a grid axis, anything else (eval, output, ...) to the document.
+void apply_sweep_overrides(YAML::Node& doc, const std::string& path,
+                           const std::vector<std::string>& overrides, SweepSpec& spec) {
+  for (const auto& o : overrides) {
+    if (o.rfind("base=", 0) == 0)
+      throw ConfigError("--set '" + o + "': set keys of the base (base.train.steps=...), or " +
+                        "change base in " + path);
+    if (o.rfind("base.", 0) == 0) spec.base_overrides.push_back(o.substr(5));
+    spec.source_text += "\n# --set " + o;
+    if (o.rfind("grid.", 0) != 0) {
+      apply_override(doc, o);
+      continue;
+    }
+    set_grid_axis(doc, o);
+  }
+}
+
+// Decodes the base config and loads the position plugins it names.
+void read_base(const OptionReader& root, YAML::Node& doc, SweepSpec& spec) {
+  if (!root.has("base"))
+    root.fail("base", "missing: a full config (a map) or the path of a config file");
+  YAML::Node base = doc["base"];
+  if (!base.IsMap()) {
+    root.fail("base", "expected a config (a map) or the path of a config file");
+  }
+  spec.base_config = config_from_yaml(spec.fresh_base(), spec.base_file);
+  for (const auto& plugin : spec.base_config.plugins)
+    PositionRegistry::instance().load_plugin(plugin);
+}
+
+// Reads the grid: each axis a known config key with a non-empty list of distinct values.
+void read_grid(const OptionReader& root, YAML::Node& doc, const std::string& path,
+               SweepSpec& spec) {
+  if (!root.has("grid")) return;
+  const YAML::Node grid = doc["grid"];
+  if (!grid.IsMap()) root.fail("grid", "expected a map of dotted config keys to lists of values");
+  const OptionReader grid_reader(grid, path, "grid");
+  for (const auto& entry : grid) {
+    const std::string key = entry.first.as<std::string>();
+    if (!grid_key_known(key))
+      grid_reader.fail(key,
+                       "unknown config key (grid keys are dotted config keys such as "
+                       "position.name, train.seq_len, model.layers; see `extrap keys`)");
+    if (!entry.second.IsSequence() || entry.second.size() == 0)
+      grid_reader.fail(
+          key, "expected a non-empty list of values, got '" + yaml_to_string(entry.second) + "'");
+    GridAxis axis;
+    axis.key = key;
+    std::set<std::string> seen;
+    for (const auto& v : entry.second) {
+      if (!seen.insert(flow_text(v)).second)
+        grid_reader.fail(key, "the value " + flow_text(v) +
+                                  " is listed twice: each grid point would run twice");
+      axis.values.push_back(YAML::Clone(v));
+    }
+    spec.grid.push_back(std::move(axis));
+  }
+}
+
+// Checks a given eval.retrieval plan: a task, instance lengths, and depths and samples that
+// check_retrieval_spec accepts.
+void check_retrieval_plan(const OptionReader& r, const SweepRetrieval& retrieval) {
+  if (retrieval.task == RetrievalTask::none)
+    r.fail("task", "is none: name the task (passkey, multikey) or drop eval.retrieval");
+  if (retrieval.lengths.empty() && retrieval.length_multiples.empty())
+    r.fail("length_multiples", "no instance lengths (lengths and length_multiples are both "
+                               "empty)");
+  for (auto l : retrieval.lengths)
+    if (l < 1) r.fail("lengths", "lengths must be at least 1, got " + std::to_string(l));
+  for (auto m : retrieval.length_multiples)
+    if (m < 1)
+      r.fail("length_multiples", "multiples must be at least 1, got " + std::to_string(m));
+  RetrievalSpec check;
+  check.task = retrieval.task;
+  check.depths = retrieval.depths;
+  check.samples = retrieval.samples;
+  try {
+    check_retrieval_spec(check);
+  } catch (const ConfigError& error) {
+    r.fail(retrieval.samples < 1 ? "samples" : "depths", error.what());
+  }
+}
+
+// Reads eval.retrieval, checked only when the file (or a --set) gives it.
+void read_retrieval(const OptionReader& e, SweepRetrieval& retrieval) {
+  auto r = e.section("retrieval", "exact-match retrieval by length and depth (causal points)");
+  r.read("task", retrieval.task, "the task: passkey or multikey (core/data/retrieval_task.h)");
+  r.read("lengths", retrieval.lengths, "absolute instance lengths");
+  r.read("length_multiples", retrieval.length_multiples,
+         "instance lengths as multiples of train.seq_len");
+  r.read("depths", retrieval.depths, "depths of the key, percent of the filler");
+  r.read("samples", retrieval.samples, "instances per (length, depth)");
+  r.read("seed", retrieval.seed, "instance seed (the same instances for every point)");
+  r.finish();
+  // e shares the reader's mode with the root: true while loading a sweep file.
+  if (e.decoding() && e.has("retrieval")) check_retrieval_plan(r, retrieval);
+}
+
+// Parses eval.rope_scaling, when given, into distinct RoPE-scaling variants.
+void parse_rope_variants(const OptionReader& e, const std::vector<std::string>& rope_names,
+                         SweepEval& eval) {
+  if (!e.has("rope_scaling")) return;
+  if (rope_names.empty()) e.fail("rope_scaling", "is empty: list at least none");
+  eval.rope_scaling.clear();
+  std::set<std::string> seen;
+  for (const auto& name : rope_names) {
+    if (!seen.insert(name).second) e.fail("rope_scaling", name + " is listed twice");
+    try {
+      eval.rope_scaling.push_back(parse_rope_scaling(name, ""));
+    } catch (const ConfigError& error) {
+      e.fail("rope_scaling", error.what());
+    }
+  }
+}
+
+// Fills the lengths and strides the eval section leaves out from the base config, and checks
+// that the evaluation plan is valid and not empty.
+void check_eval_plan(const OptionReader& e, SweepSpec& spec) {
+  if (e.has("rope_factor") && !(spec.eval.rope_factor >= 1.0))
+    e.fail("rope_factor", "must be at least 1, got " + number_text(spec.eval.rope_factor));
+  if (e.has("rope_factor") &&
+      spec.eval.rope_scaling == std::vector<RopeScalingKind>{RopeScalingKind::none})
+    e.fail("rope_factor", "is set but eval.rope_scaling lists no variant to scale");
+  if (!e.has("lengths") && !e.has("length_multiples"))
+    spec.eval.lengths = spec.base_config.eval.lengths;
+  if (!e.has("strides")) spec.eval.strides = spec.base_config.eval.strides;
+  for (auto l : spec.eval.lengths)
+    if (l < 1) e.fail("lengths", "lengths must be at least 1, got " + std::to_string(l));
+  for (auto m : spec.eval.length_multiples)
+    if (m < 1)
+      e.fail("length_multiples", "multiples must be at least 1, got " + std::to_string(m));
+  for (auto s : spec.eval.strides)
+    if (s < 1) e.fail("strides", "strides must be at least 1, got " + std::to_string(s));
+  if (!spec.eval.nonoverlapping && spec.eval.strides.empty())
+    e.fail("nonoverlapping", "false, and no strides: nothing would be evaluated");
+  if (spec.eval.lengths.empty() && spec.eval.length_multiples.empty())
+    e.fail(e.has("lengths") ? "lengths" : "length_multiples",
+           "no evaluation lengths (lengths and length_multiples are both empty): nothing would "
+           "be evaluated");
+  const auto distinct = [&](const std::vector<int64_t>& values, const std::string& key) {
+    std::set<int64_t> seen;
+    for (auto v : values)
+      if (!seen.insert(v).second) e.fail(key, std::to_string(v) + " is listed twice");
+  };
+  distinct(spec.eval.lengths, "lengths");
+  distinct(spec.eval.length_multiples, "length_multiples");
+  distinct(spec.eval.strides, "strides");
+  distinct(spec.eval.retrieval.lengths, "retrieval.lengths");
+  distinct(spec.eval.retrieval.length_multiples, "retrieval.length_multiples");
+}
+
+// Reads the eval section: the sweep's own lengths/strides, else the base config's.
+void read_eval(const OptionReader& root, SweepSpec& spec) {
+  auto e = root.section("eval", "evaluation of every grid point");
+  e.read("lengths", spec.eval.lengths, "absolute evaluation lengths");
+  e.read("length_multiples", spec.eval.length_multiples,
+         "evaluation lengths as multiples of train.seq_len");
+  e.read("strides", spec.eval.strides, "sliding-window strides (each used at lengths above it)");
+  e.read("nonoverlapping", spec.eval.nonoverlapping, "evaluate non-overlapping windows too");
+  std::vector<std::string> rope_names;
+  e.read("rope_scaling", rope_names,
+         "RoPE-scaling variants for points whose method has rotary angles: none, linear, ntk, "
+         "dynamic, yarn, llama3");
+  e.read("rope_factor", spec.eval.rope_factor,
+         "RoPE scaling factor s (default: each evaluation length / train.seq_len)");
+  read_retrieval(e, spec.eval.retrieval);
+  e.finish();
+  parse_rope_variants(e, rope_names, spec.eval);
+  check_eval_plan(e, spec);
+}
+
+// Reads the output section: where results and runs go (defaults filled in by load_sweep).
+void read_output(const OptionReader& root, SweepSpec& spec) {
+  auto o = root.section("output", "where results and runs go");
+  o.read("path", spec.output, "results file (default results/NAME.h5)");
+  o.read("run_root", spec.run_root,
+         "run directories (default runs/NAME); each point in RUN_ROOT/<run id>");
+  o.finish();
+}
+
+}  // namespace
+
+SweepSpec load_sweep(const std::string& path, const std::vector<std::string>& overrides) {
+  YAML::Node doc = load_yaml_file(path);
+  if (!doc.IsMap())
+    throw ConfigError(path + ": a sweep file is a map with base, grid, eval and output");
+  SweepSpec spec;
+  spec.source = path;
+  spec.source_text = read_file(path);
+  resolve_base(doc, path, spec);
+  apply_sweep_overrides(doc, path, overrides, spec);
+
+  OptionReader root(doc, path);
+  spec.name = fs::path(path).stem().string();
+  root.read("name", spec.name, "sweep name (default: the file's name)");
+  root.accept("base", "the base config: a full `extrap train` config, or the path of one");
+  root.accept("grid", "dotted config keys -> lists of values; every combination is a run");
+  read_base(root, doc, spec);
+  read_grid(root, doc, path, spec);
+  read_eval(root, spec);
+  root.read("jobs", spec.jobs,
+            "grid points run at once, each in its own process (not part of the spec)");
+  if (spec.jobs < 1) root.fail("jobs", "must be at least 1");
+  spec.overrides = overrides;
+  read_output(root, spec);
+  root.finish();
+  if (spec.output.empty()) spec.output = "results/" + spec.name + ".h5";
+  if (spec.run_root.empty()) spec.run_root = "runs/" + spec.name;
+  return spec;
+}
+
+std::vector<SweepPoint> expand_grid(const SweepSpec& spec) {
+  int64_t total = 1;
+  for (const auto& axis : spec.grid) total *= int64_t(axis.values.size());
+  const int width = std::max<int>(2, int(std::to_string(std::max<int64_t>(total - 1, 0)).size()));
+
+  std::vector<SweepPoint> points;
+  bool any_scalable = false;
+  bool any_causal = false;
+  for (int64_t index = 0; index < total; ++index) {
+    SweepPoint point;
+    point.index = index;
+    // Mixed-radix digits of the index, the last axis varying fastest.
+    std::vector<size_t> digit(spec.grid.size());
+    int64_t rest = index;
+    for (size_t a = spec.grid.size(); a-- > 0;) {
+      digit[a] = size_t(rest % int64_t(spec.grid[a].values.size()));
+      rest /= int64_t(spec.grid[a].values.size());
+    }
+    YAML::Node root = spec.fresh_base();  // not a YAML::Clone: errors keep their file lines
+    std::string labels;
+    for (size_t a = 0; a < spec.grid.size(); ++a) {
+      const YAML::Node& value = spec.grid[a].values[digit[a]];
+      point.values.push_back({spec.grid[a].key, value});
+      apply_override(root, spec.grid[a].key + "=" + yaml_to_string(value));
+      labels += '-';
+      labels += value_label(spec.grid[a].key, value, digit[a]);
+    }
+    std::string number = std::to_string(index);
+    number.insert(0, size_t(std::max<int>(0, width - int(number.size()))), '0');
+    point.id = number + (labels.empty() ? "-" + spec.base_config.position_name : labels);
+
+    point.config = config_from_yaml(root, spec.source + " (grid point " + point.id + ")");
+    point.config.train.out_dir = (fs::path(spec.run_root) / point.id).string();
+    check_position(point.config);
+
+    std::set<int64_t> lengths(spec.eval.lengths.begin(), spec.eval.lengths.end());
+    for (auto m : spec.eval.length_multiples) lengths.insert(m * point.config.train.seq_len);
+    std::set<int64_t> strides(spec.eval.strides.begin(), spec.eval.strides.end());
+    const bool scalable = PositionRegistry::instance().get(point.config.position_name).rope_scaling;
+    const std::vector<RopeScalingKind> variants =
+        scalable ? spec.eval.rope_scaling : std::vector<RopeScalingKind>{RopeScalingKind::none};
+    any_scalable = any_scalable || scalable;
+    const auto add = [&](int64_t length, int64_t stride) {
+      for (auto kind : variants)
+        point.evals.push_back(
+            {length, stride,
+             eval_mode_name(length, stride, rope_variant_label(kind, spec.eval.rope_factor)), kind,
+             spec.eval.rope_factor, false, RetrievalSpec{}});
+    };
+    for (int64_t length : lengths) {
+      if (spec.eval.nonoverlapping) add(length, 0);
+      for (int64_t stride : strides)
+        if (stride < length) add(length, stride);
+    }
+    const SweepRetrieval& retrieval = spec.eval.retrieval;
+    if (retrieval.task != RetrievalTask::none && point.config.model.causal()) {
+      any_causal = true;
+      std::set<int64_t> instance_sizes(retrieval.lengths.begin(), retrieval.lengths.end());
+      for (auto m : retrieval.length_multiples) instance_sizes.insert(m * point.config.train.seq_len);
+      for (int64_t length : instance_sizes)
+        for (auto kind : variants) {
+          EvalPoint e{length, 0,
+                      retrieval_mode_name(retrieval.task,
+                                          rope_variant_label(kind, spec.eval.rope_factor)),
+                      kind, spec.eval.rope_factor, true, RetrievalSpec{}};
+          e.retrieval_spec.task = retrieval.task;
+          e.retrieval_spec.length = length;
+          e.retrieval_spec.depths = retrieval.depths;
+          e.retrieval_spec.samples = retrieval.samples;
+          e.retrieval_spec.seed = retrieval.seed;
+          e.retrieval_spec.batch_tokens = point.config.eval.batch_tokens;
+          point.evals.push_back(e);
+        }
+    }
+    points.push_back(std::move(point));
+  }
+  if (spec.eval.retrieval.task != RetrievalTask::none && !any_causal)
+    throw ConfigError(spec.source + ": eval.retrieval asks for a retrieval task, but every grid "
+                      "point is a masked LM (the answer is generated by a causal model)");
+  const bool variants_asked = std::any_of(spec.eval.rope_scaling.begin(),
+                                          spec.eval.rope_scaling.end(),
+                                          [](RopeScalingKind k) { return k != RopeScalingKind::none; });
+  if (variants_asked && !any_scalable)
+    throw ConfigError(spec.source + ": eval.rope_scaling asks for RoPE variants, but no grid point "
+                      "uses a method with rotary angles (rotary, xpos)");
+  return points;
+}
+
+// --- shards, differences -------------------------------------------------------------------
+
+std::string Shard::text() const {
+  return whole() ? "" : std::to_string(index) + "/" + std::to_string(count);
+}
+
+Shard parse_shard(const std::string& text) {
+  Shard shard;
+  const auto slash = text.find('/');
+  try {
+    if (slash == std::string::npos) throw std::invalid_argument("no slash");
+    size_t used = 0;
+    shard.index = std::stoll(text.substr(0, slash), &used);
+    if (used != slash) throw std::invalid_argument("index");
+    shard.count = std::stoll(text.substr(slash + 1), &used);
+    if (used != text.size() - slash - 1) throw std::invalid_argument("count");
+  } catch (const std::exception&) {
+    throw ConfigError("--shard '" + text + "': expected I/N, e.g. 0/4");
+  }
+  if (shard.count < 1 || shard.index < 0 || shard.index >= shard.count)
+    throw ConfigError("--shard '" + text + "': need 0 <= I < N");
+  return shard;
+}
+
+std::string shard_output(const std::string& output, const Shard& shard) {
+  if (shard.whole()) return output;
+  const fs::path base = output;
+  const std::string name = base.stem().string() + ".shard-" + std::to_string(shard.index) + "-of-" +
+                           std::to_string(shard.count) + base.extension().string();
+  return (base.parent_path() / name).string();
+}
+
+std::string describe_difference(const SweepHeader& first, const std::string& first_label,
+                                const SweepHeader& second, const std::string& second_label) {
+  if (first.spec_hash == second.spec_hash) return "";
+  std::string text = "spec hash " + first.spec_hash + " in " + first_label + ", " +
+                     second.spec_hash + " in " + second_label;
+  try {
+    if (auto d = first_difference(YAML::Load(first.sweep_spec), YAML::Load(second.sweep_spec)))
+      text += "; first difference at '" + d->key + "': " + d->first + " in " + first_label + ", " +
+              d->second + " in " + second_label;
+  } catch (const YAML::Exception&) {
+    // an unreadable stored spec: the hashes alone say it
+  }
+  return text;
+}
+
+}  // namespace extrap

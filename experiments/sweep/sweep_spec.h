@@ -1,0 +1,154 @@
+// The sweep spec: a sweep file parsed, checked, expanded into grid points, and hashed.
+//
+// A sweep file:
+//   name: quick                     # default: the file's name without extension
+//   base: {...}                     # a full `extrap train` config, or the path of one
+//   grid:                           # dotted config keys -> lists of values
+//     position.name: [sinusoidal, alibi]
+//     train.seed: [1, 2]
+//   eval:                           # default: base.eval.lengths / base.eval.strides
+//     lengths: [1024]               # absolute evaluation lengths
+//     length_multiples: [1, 2, 4]   # multiples of each point's train.seq_len
+//     strides: [32]                 # sliding-window strides (each used where < length)
+//     nonoverlapping: true
+//     rope_scaling: [none, yarn]    # RoPE-scaling variants for points of rotary/xpos models
+//     rope_factor: 4                # the factor s (default: each length / train.seq_len)
+//     retrieval:                    # exact-match retrieval (core/eval/retrieval_eval.h), causal points
+//       task: passkey               # passkey | multikey
+//       length_multiples: [1, 2, 4] # instance lengths, multiples of train.seq_len (or lengths:)
+//       depths: [0, 25, 50, 75, 100]   # key depths, percent
+//       samples: 20                 # instances per (length, depth); the same for every point
+//       seed: 1
+//   output:
+//     path: results/quick.h5        # default results/NAME.h5
+//     run_root: runs/quick          # default runs/NAME; point runs in RUN_ROOT/<run id>
+//   jobs: 2                         # processes running points at once (experiments/sweep/sweep.h)
+//
+// Invariants:
+//  - Grid order is the nested loop over the grid keys in file order, the last key varying
+//    fastest; a point's index and id depend only on the spec.
+//  - A point's evaluations are (length ascending; per length non-overlapping first, then each
+//    stride ascending; per window mode each RoPE variant in the order listed), then its
+//    retrieval lengths ascending (each under every RoPE variant), mode "retrieval_<task>". A
+//    masked-LM point has no retrieval evaluations. A point is
+//    identified by (run id, mode, length) and recorded once. RoPE variants apply to the points
+//    whose method has rotary angles (PositionInfo::rope_scaling); the others are evaluated
+//    once per window mode, unscaled.
+//  - The spec hash covers exactly the keys marked Affects::model or Affects::evaluation in
+//    core/model/config.cpp (the base config's eval lengths and strides are replaced by the sweep's
+//    eval section), the grid and the evaluation plan; not where files go, threads or jobs.
+//  - A grid axis is a non-empty list of distinct values; the evaluation plan is not empty.
+#pragma once
+
+#include <yaml-cpp/yaml.h>
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/eval/retrieval_eval.h"
+#include "core/model/config.h"
+#include "core/results/results_store.h"
+
+namespace extrap {
+
+struct GridAxis {
+  std::string key;  // dotted config key, e.g. "position.name"
+  std::vector<YAML::Node> values;
+};
+
+struct SweepRetrieval {
+  RetrievalTask task = RetrievalTask::none;  // none: no retrieval evaluation
+  std::vector<int64_t> lengths;              // absolute
+  std::vector<int64_t> length_multiples;     // of train.seq_len
+  std::vector<double> depths{0, 25, 50, 75, 100};
+  int64_t samples = 20;
+  int64_t seed = 1;
+};
+
+struct SweepEval {
+  std::vector<int64_t> lengths;           // absolute
+  std::vector<int64_t> length_multiples;  // of train.seq_len
+  std::vector<int64_t> strides;           // sliding-window strides
+  bool nonoverlapping = true;
+  std::vector<RopeScalingKind> rope_scaling{RopeScalingKind::none};
+  double rope_factor = 0;  // 0: each evaluation length / train.seq_len
+  SweepRetrieval retrieval;
+};
+
+struct SweepSpec {
+  std::string name;
+  std::string source;       // the sweep file's path
+  std::string source_text;  // its text, plus the --set overrides
+  std::string base_file;    // the file holding it: the sweep file, or the file base names
+  bool base_inline = true;  // base is the sweep file's `base` map (else the whole base_file)
+  std::vector<std::string> base_overrides;  // --set base.KEY=VALUE, as KEY=VALUE
+  // The base document parsed afresh, overrides applied: a new tree whose nodes keep the
+  // lines of the file they came from (YAML::Clone drops them), so errors name the line.
+  Config base_config;       // ... decoded
+  std::vector<GridAxis> grid;
+  SweepEval eval;
+  std::string output;                  // results file
+  std::string run_root;                // run directories
+  int64_t jobs = 1;                    // grid points run at once (not part of the spec)
+  std::vector<std::string> overrides;  // the --set arguments it was loaded with
+
+  // The resolved spec as YAML: what the hash covers and what the results file stores.
+  YAML::Node canonical() const;
+  YAML::Node fresh_base() const;
+  std::string canonical_yaml() const;
+  std::string hash() const;  // 16 hex digits (XXH3 of canonical_yaml())
+  SweepHeader header(const std::string& shard) const;
+};
+
+// One evaluation of a point: mode "nonoverlapping" (stride 0), "sliding_<stride>" or
+// "retrieval_<task>", then "+<variant>" for a RoPE-scaling variant.
+struct EvalPoint {
+  int64_t length = 0;
+  int64_t stride = 0;
+  std::string mode;
+  RopeScalingKind rope_scaling = RopeScalingKind::none;
+  double rope_factor = 0;  // 0: derived from the length
+  bool retrieval = false;  // a retrieval evaluation: retrieval_spec holds its task and plan
+  RetrievalSpec retrieval_spec;
+};
+
+struct SweepPoint {
+  int64_t index = 0;
+  std::string id;                                          // e.g. "03-alibi-L64-seed1"
+  std::vector<std::pair<std::string, YAML::Node>> values;  // grid key -> value
+  Config config;                                           // train.out_dir = RUN_ROOT/id
+  std::vector<EvalPoint> evals;
+
+  std::string grid_yaml() const;  // the grid values as a YAML map (flow style)
+};
+
+// Loads a sweep file and applies --set overrides: "grid.KEY=[values]" sets a grid axis (KEY
+// is the dotted config key), anything else edits the sweep document ("base.train.steps=10",
+// "eval.length_multiples=[1,2]"). Unknown keys are errors naming file, line and key.
+SweepSpec load_sweep(const std::string& path, const std::vector<std::string>& overrides);
+
+// Every grid point in order, each config decoded strictly and its position method checked.
+std::vector<SweepPoint> expand_grid(const SweepSpec& spec);
+
+struct Shard {
+  int64_t index = 0;
+  int64_t count = 1;
+  bool whole() const { return count == 1; }
+  bool contains(int64_t point_index) const { return point_index % count == index; }
+  std::string text() const;  // "" when whole, else "I/N"
+};
+Shard parse_shard(const std::string& text);  // "I/N", 0 <= I < N
+
+// The results path of a shard: "results/NAME.h5" when whole, else
+// "results/NAME.shard-I-of-N.h5" (for the spec's output path or a given --out path).
+std::string shard_output(const std::string& output, const Shard& shard);
+
+// "" when both headers are of the same sweep (same spec hash), else a sentence naming the
+// first differing key and its value in each (e.g. "... 'grid.position.name': [a, b] in
+// results/quick.h5, [a, c] in configs/quick.yaml").
+std::string describe_difference(const SweepHeader& first, const std::string& first_label,
+                                const SweepHeader& second, const std::string& second_label);
+
+}  // namespace extrap

@@ -1,0 +1,451 @@
+// Sweeps end to end, through the `extrap` command line (EXTRAP_CLI): grid expansion, the HDF5
+// schema as h5py sees it, kill -9 and resume, shards and merge, the writer lock, reports.
+// Tiny models (1 layer, d_model 32, L = 16) on a tiny corpus in a temporary directory.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "core/eval/evaluator.h"
+#include "core/results/results_store.h"
+#include "tests/support/cli_harness.h"
+
+namespace fs = std::filesystem;
+using extrap::PointRecord;
+using extrap::ResultsStore;
+using namespace extrap::testing;
+
+namespace {
+
+// (run, mode, length) -> the point, for comparing files regardless of row order.
+using Rows = std::map<std::tuple<std::string, std::string, int64_t>, PointRecord>;
+Rows rows_of(const std::vector<PointRecord>& points) {
+  Rows rows;
+  for (const auto& p : points) rows[{p.run_id, p.mode, p.eval_length}] = p;
+  return rows;
+}
+
+void require_same_rows(const Rows& a, const Rows& b) {
+  REQUIRE(a.size() == b.size());
+  for (const auto& [key, p] : a) {
+    INFO(std::get<0>(key) << " " << std::get<1>(key) << " L=" << std::get<2>(key));
+    REQUIRE(b.count(key) == 1);
+    const PointRecord& q = b.at(key);
+    CHECK(p.status == q.status);
+    CHECK(p.scored_tokens == q.scored_tokens);
+    if (p.ok()) CHECK(p.nll_sum == Approx(q.nll_sum).epsilon(1e-12));
+    CHECK(p.by_position.size() == q.by_position.size());  // the loss by position travels too
+  }
+}
+
+}  // namespace
+
+TEST_CASE("extrap --version names the LibTorch the project's environment holds, and its CUDA",
+          "[cli]") {
+  SweepDir d;
+  std::string out;
+  REQUIRE(run_cli(d, {"--version"}, &out) == 0);
+  // The independent reference: the torch package of the project's Python, which
+  // scripts/setup.sh built extrap against (e.g. "2.15.0+cu132 13.2").
+  const fs::path py_out = d.root / "torch_version.txt";
+  REQUIRE(std::system((std::string(EXTRAP_PYTHON) +
+                       " -c 'import torch; print(torch.__version__.split(\"+\")[0], torch.version.cuda)' > " +
+                       py_out.string())
+                          .c_str()) == 0);
+  std::istringstream versions(read_text(py_out));
+  std::string torch_version, cuda_version;
+  versions >> torch_version >> cuda_version;
+  CHECK(out.find("\nlibtorch: " + torch_version + "\n") != std::string::npos);  // headers == loaded
+  if (cuda_version != "None")
+    CHECK(out.find("\ncuda: compiled in (CUDA " + cuda_version + "), ") != std::string::npos);
+  CHECK(out.find("\nthreads: ") != std::string::npos);
+  CHECK(out.find("\nblas: ") != std::string::npos);
+  CHECK(out.find("\nblas: unknown") == std::string::npos);
+}
+
+TEST_CASE("sweep grid expansion: nested-loop order and count with overrides and strict keys",
+          "[sweep]") {
+  SweepDir d;
+  std::string out;
+  REQUIRE(run_cli(d, {"sweep", "tiny.yaml", "--list"}, &out) == 0);
+  // Nested loops over the grid keys in file order, the last key fastest.
+  const std::vector<std::string> ids = {"00-alibi-seed1", "01-alibi-seed2", "02-learned-seed1",
+                                        "03-learned-seed2"};
+  size_t at = 0;
+  for (const auto& id : ids) {
+    const auto found = out.find("\n" + id + "  ", at);
+    INFO(id);
+    REQUIRE(found != std::string::npos);
+    at = found;
+  }
+  CHECK(out.find("4 of 4 points") != std::string::npos);
+  CHECK(out.find("evals: 16/nonoverlapping 16/sliding_8 32/nonoverlapping 32/sliding_8\n") !=
+        std::string::npos);
+
+  // --set on the grid (the key after "grid." is the dotted config key) and on the base.
+  REQUIRE(run_cli(d,
+                  {"sweep", "tiny.yaml", "--list", "--set", "grid.train.seed=[1,2,3]", "--set",
+                   "grid.model.layers=[1,2]", "--set", "eval.lengths=[20]"},
+                  &out) == 0);
+  CHECK(out.find("12 of 12 points") != std::string::npos);
+  CHECK(out.find("\n00-alibi-seed1-layers1  ") != std::string::npos);
+  CHECK(out.find("\n01-alibi-seed1-layers2  ") != std::string::npos);
+  CHECK(out.find("\n11-learned-seed3-layers2  ") != std::string::npos);
+  CHECK(out.find("evals: 16/nonoverlapping 16/sliding_8 20/nonoverlapping 20/sliding_8 32/") !=
+        std::string::npos);
+
+  // Shards: index % N == I.
+  REQUIRE(run_cli(d, {"sweep", "tiny.yaml", "--list", "--shard", "1/3"}, &out) == 0);
+  CHECK(out.find("1 of 4 points") != std::string::npos);
+  CHECK(out.find("\n01-alibi-seed2  ") != std::string::npos);
+
+  // Unknown keys name the file, the line and the key.
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "grid.train.sq_len=[8]"}, &out) == 2);
+  CHECK(out.find("key 'grid.train.sq_len' (set on the command line or by a sweep's grid): "
+                 "unknown config key") != std::string::npos);
+  std::ofstream(d.root / "typo.yaml") << kSweepFile << "evaluate: {lengths: [3]}\n";
+  CHECK(run_cli(d, {"sweep", "typo.yaml", "--list"}, &out) == 2);
+  CHECK(out.find("typo.yaml:18: key 'evaluate': unknown key") != std::string::npos);
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "base.train.stepz=3"}, &out) == 2);
+  CHECK(out.find("key 'train.stepz' (set on the command line or by a sweep's grid): unknown key") !=
+        std::string::npos);
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "grid.position.name=[alibii]"},
+                &out) == 2);
+  CHECK(out.find("alibii") != std::string::npos);
+}
+
+TEST_CASE("sweep results file: the documented HDF5 schema as h5py reads it and a report from it",
+          "[sweep]") {
+  SweepDir d;
+  // A --set that changes nothing still goes into the file's record of how it was run.
+  REQUIRE(run_cli(d, {"sweep", "tiny.yaml", "--set", "eval.strides=[8]"}) == 0);
+  const ResultsStore store = ResultsStore::open((d.root / "results/tiny.h5").string());
+  CHECK(store.runs().size() == 4);
+  CHECK(store.points().size() == kPoints);
+  size_t failed = 0;
+  for (const auto& p : store.points()) failed += !p.ok();
+  CHECK(failed == kFailedPoints);
+  for (const auto& [id, run] : store.runs()) CHECK(run.status == "complete");
+
+  // The project's environment (scripts/setup.sh) has h5py and matplotlib: required here.
+  std::ofstream(d.root / "check.py") << R"PY(
+import sys, h5py, numpy as np
+f = h5py.File(sys.argv[1], "r")
+for key in ["format_version", "sweep_name", "sweep_spec", "spec_hash", "sweep_file", "shard",
+            "extrap_version", "git_commit", "created"]:
+    assert key in f.attrs, "root attribute " + key
+assert f.attrs["sweep_name"] == "tiny" and len(f.attrs["spec_hash"]) == 16
+assert "grid:" in f.attrs["sweep_spec"]
+assert f.attrs["sweep_file"] == open(sys.argv[2]).read() + "\n# --set eval.strides=[8]", f.attrs["sweep_file"]
+assert f.attrs["shard"] == "", f.attrs["shard"]
+s = f["summary"]
+assert s.dtype.names == ("run_id", "position", "train_length", "seed", "mode", "stride",
+                         "eval_length", "perplexity", "nll_sum", "scored_tokens",
+                         "bits_per_byte", "seconds", "status"), s.dtype.names
+assert s.shape == (16,) and s.maxshape == (None,), (s.shape, s.maxshape)
+rows = s[...]
+ok = rows["status"] == b"ok"
+assert ok.sum() == 12
+assert np.allclose(rows["perplexity"][ok], np.exp(rows["nll_sum"][ok] / rows["scored_tokens"][ok]))
+# Byte-level tokens: bits per byte is the NLL in bits per scored token.
+assert np.allclose(rows["bits_per_byte"][ok], rows["nll_sum"][ok] / (rows["scored_tokens"][ok] * np.log(2)))
+assert set(rows["mode"]) == {b"nonoverlapping", b"sliding_8"}
+sliding = rows["mode"] == b"sliding_8"
+assert (rows["stride"][sliding] == 8).all() and (rows["stride"][~sliding] == rows["eval_length"][~sliding]).all()
+# Bins only for the points that finished.
+assert set(f["position_bins"]["summary_row"]) == set(np.nonzero(ok)[0]), f["position_bins"]["summary_row"]
+# The first 1024 tokens of valid (eval.max_tokens), each scored once whatever the window.
+assert set(rows["scored_tokens"][ok]) == {1023}, set(rows["scored_tokens"][ok])
+bad = rows[~ok]
+assert all(r["position"] == b"learned" and r["eval_length"] == 32 for r in bad)
+assert all(r["status"].startswith(b"failed: ") and b"max_length" in r["status"] for r in bad)
+assert len(f["runs"]) == 4
+for run_id, g in f["runs"].items():
+    for key in ["config", "grid_point", "position", "train_length", "seed", "extrap_version",
+                "git_commit", "machine", "runtime", "start_time", "end_time", "tokens_per_second",
+                "peak_memory_bytes", "num_parameters", "status"]:
+        assert key in g.attrs, run_id + " attribute " + key
+    assert g.attrs["runtime"].startswith("extrap ") and ", LibTorch " in g.attrs["runtime"], g.attrs["runtime"]
+    assert ", 1 threads, malloc (glibc" in g.attrs["runtime"], g.attrs["runtime"]  # train.threads of tiny.yaml
+    assert g.attrs["train_length"] == 16 and g.attrs["status"] == "complete"
+    assert "seq_len: 16" in g.attrs["config"]
+    assert g["train_loss"].shape == (4, 2) and g["valid_loss"].shape == (2, 2)
+    assert list(g["train_loss"][:, 0]) == [10, 20, 30, 40]
+    for mode in ["nonoverlapping", "sliding_8"]:
+        e = g["eval"][mode]
+        n = e["length"].shape[0]
+        for column in ["perplexity", "nll_sum", "scored_tokens", "bits_per_byte", "seconds"]:
+            assert e[column].shape == (n,), (run_id, mode, column)
+        # The run's own datasets hold the summary's numbers.
+        mine = rows[(rows["run_id"] == run_id.encode()) & (rows["mode"] == mode.encode()) & ok]
+        by_length = {int(r["eval_length"]): r for r in mine}
+        assert sorted(by_length) == sorted(int(x) for x in e["length"][...]), (run_id, mode)
+        for i, length in enumerate(e["length"][...]):
+            r = by_length[int(length)]
+            for column in ["perplexity", "nll_sum", "scored_tokens", "bits_per_byte"]:
+                assert e[column][i] == r[column], (run_id, mode, column)
+        # The loss by position in the window: bins that add up to the point's totals.
+        all_bins = f["position_bins"][...]
+        assert all_bins.dtype.names == ("summary_row", "begin", "end", "nll_sum", "scored_tokens"), all_bins.dtype
+        for i, length in enumerate(e["length"][...]):
+            r = by_length[int(length)]
+            row_index = [k for k in range(len(rows)) if rows[k]["run_id"] == r["run_id"] and
+                         rows[k]["mode"] == r["mode"] and rows[k]["eval_length"] == length]
+            assert len(row_index) == 1
+            bins = all_bins[all_bins["summary_row"] == row_index[0]]
+            assert bins["begin"][0] == 0 and bins["end"][-1] == length, bins
+            assert (bins["end"] > bins["begin"]).all() and (bins["begin"][1:] >= bins["end"][:-1]).all()
+            assert bins["scored_tokens"].sum() == r["scored_tokens"], (run_id, mode, length)
+            assert np.isclose(bins["nll_sum"].sum(), r["nll_sum"], rtol=1e-9, atol=0), (run_id, mode, length)
+        failures = e["failures"][...]
+        if g.attrs["position"] == "learned":
+            assert list(e["length"][...]) == [16] and list(failures["length"]) == [32]
+        else:
+            assert list(e["length"][...]) == [16, 32] and len(failures) == 0
+print("schema ok")
+)PY";
+  std::string out;
+  std::string py_out;
+  const int code = run_python(d, "check.py results/tiny.h5 tiny.yaml", &py_out);
+  INFO(py_out);
+  REQUIRE(code == 0);
+
+  // One row against an in-process evaluation of its run's checkpoint.
+  {
+    auto [corpus, run] = load_cli_run(d, "runs/tiny/00-alibi-seed1");
+    REQUIRE(run.config.eval.split == extrap::Split::valid);
+    const auto r = extrap::evaluate(run.model, corpus, corpus.valid, extrap::eval_spec_for(run.config, 32, 8));
+    const PointRecord* row = nullptr;
+    for (const auto& p : store.points())
+      if (p.run_id == "00-alibi-seed1" && p.mode == "sliding_8" && p.eval_length == 32) row = &p;
+    REQUIRE(row != nullptr);
+    CHECK(row->scored_tokens == r.scored_tokens);
+    CHECK(row->nll_sum == Approx(r.nll_sum).epsilon(1e-9));
+  }
+
+  REQUIRE(run_cli(d, {"report", "results/tiny.h5", "--out", "report"}, &out) == 0);
+  const std::string md = read_text(d.root / "report/report.md");
+  INFO(md);
+  CHECK(md.find("| eval length | alibi | learned |") != std::string::npos);
+  CHECK(md.find("| method | tokens/s | peak memory (MiB) |") != std::string::npos);
+  for (const char* image : {"ppl_L16_nonoverlapping.png", "ppl_L16_sliding_8.png", "curves_L16.png"})
+    CHECK(md.find(std::string("](") + image + ")") != std::string::npos);
+  // Every cell and every plotted curve against the HDF5 rows (tests/experiments/check_report.py).
+  std::string report_out;
+  const int report_code = run_python(
+      d, EXTRAP_SOURCE_DIR "/tests/experiments/check_report.py results/tiny.h5 report " EXTRAP_SOURCE_DIR, &report_out);
+  INFO(report_out);
+  CHECK(report_code == 0);
+}
+
+TEST_CASE("RoPE-scaling variants: listed for rotary points only, equal to none up to L, reported",
+          "[sweep]") {
+  SweepDir d;
+  std::string out;
+  REQUIRE(run_cli(d, {"sweep", "tiny.yaml", "--list"}, &out) == 0);
+  const auto hash = [](const std::string& listing) {
+    const auto at = listing.find("spec hash ");
+    return listing.substr(at, 26);
+  };
+  const std::string plain_hash = hash(out);
+  // Saying none changes nothing, not even the spec hash (files of older sweeps stay theirs).
+  REQUIRE(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "eval.rope_scaling=[none]"}, &out) == 0);
+  CHECK(hash(out) == plain_hash);
+
+  const std::vector<std::string> variants = {
+      "--set", "grid.position=[{name: alibi}, {name: rotary}]", "--set", "grid.train.seed=[1]",
+      "--set", "eval.rope_scaling=[none, linear, yarn]", "--set", "eval.strides=[]"};
+  std::vector<std::string> list = {"sweep", "tiny.yaml", "--list"};
+  list.insert(list.end(), variants.begin(), variants.end());
+  REQUIRE(run_cli(d, list, &out) == 0);
+  CHECK(hash(out) != plain_hash);
+  CHECK(out.find("00-alibi-seed1  {position: {name: alibi}, train.seed: 1}  evals: "
+                 "16/nonoverlapping 32/nonoverlapping\n") != std::string::npos);
+  CHECK(out.find("evals: 16/nonoverlapping 16/nonoverlapping+linear 16/nonoverlapping+yarn "
+                 "32/nonoverlapping 32/nonoverlapping+linear 32/nonoverlapping+yarn\n") !=
+        std::string::npos);
+  list.push_back("--set");
+  list.push_back("eval.rope_factor=4");
+  REQUIRE(run_cli(d, list, &out) == 0);
+  CHECK(out.find("16/nonoverlapping+yarn_x4 ") != std::string::npos);
+
+  // Variants with no rotary point, a name that is not a variant: refused in one line.
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "eval.rope_scaling=[none, yarn]"},
+                &out) == 2);
+  CHECK(out.find("eval.rope_scaling asks for RoPE variants, but no grid point uses a method with "
+                 "rotary angles") != std::string::npos);
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "eval.rope_scaling=[yarn2]"}, &out) ==
+        2);
+  CHECK(out.find("unknown RoPE scaling 'yarn2'") != std::string::npos);
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "eval.rope_factor=4"}, &out) == 2);
+  CHECK(out.find("is set but eval.rope_scaling lists no variant to scale") != std::string::npos);
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "eval.rope_factor=0.5", "--set",
+                    "eval.rope_scaling=[none, yarn]", "--set",
+                    "grid.position=[{name: rotary}]"}, &out) == 2);
+  CHECK(out.find("key 'eval.rope_factor' (set on the command line or by a sweep's grid): must be at least 1, got 0.5") != std::string::npos);
+
+  std::vector<std::string> run = {"sweep", "tiny.yaml"};
+  run.insert(run.end(), variants.begin(), variants.end());
+  REQUIRE(run_cli(d, run, &out) == 0);
+  const ResultsStore store = ResultsStore::open((d.root / "results/tiny.h5").string());
+  CHECK(store.points().size() == 2 + 6);
+  const auto nll = [&](const std::string& mode, int64_t length) {
+    const PointRecord* p = store.point("01-rotary-seed1", mode, length);
+    REQUIRE(p != nullptr);
+    REQUIRE(p->ok());
+    return p->nll_sum;
+  };
+  // At the training length the derived factor is 1: every variant is the trained rotation.
+  CHECK(nll("nonoverlapping+linear", 16) == nll("nonoverlapping", 16));
+  CHECK(nll("nonoverlapping+yarn", 16) == nll("nonoverlapping", 16));
+  CHECK(nll("nonoverlapping+linear", 32) != nll("nonoverlapping", 32));
+  CHECK(nll("nonoverlapping+yarn", 32) != nll("nonoverlapping", 32));
+
+  // The report draws each variant as its own method.
+  REQUIRE(run_cli(d, {"report", "results/tiny.h5", "--out", "report"}, &out) == 0);
+  const std::string md = read_text(d.root / "report/report.md");
+  INFO(md);
+  CHECK(md.find("| eval length | alibi | rotary | rotary + linear | rotary + yarn |") !=
+        std::string::npos);
+}
+
+TEST_CASE("sweep killed with kill -9 at chosen moments continues to the uninterrupted results",
+          "[sweep]") {
+  SweepDir d;
+  REQUIRE(run_cli(d, {"sweep", "tiny.yaml", "--out", "results/reference.h5", "--set",
+                      "output.run_root=runs/reference"}) == 0);
+  const Rows reference =
+      rows_of(ResultsStore::open((d.root / "results/reference.h5").string()).points());
+  REQUIRE(reference.size() == kPoints);
+  const fs::path results = d.root / "results/tiny.h5";
+  // Whatever the moment, the file is readable and holds no point twice.
+  const auto points_now = [&] {
+    const auto points = ResultsStore::open(results.string()).points();
+    CHECK(rows_of(points).size() == points.size());
+    return points.size();
+  };
+
+  // 1. Right after the first point is in the results file.
+  auto stops = kill_at(d, {"sweep", "tiny.yaml"}, "point:1");
+  CHECK(stops[0].detail == "00-alibi-seed1 nonoverlapping 16");
+  CHECK(points_now() == 1);
+
+  // 2. In the middle of training a later run: run 00 is trained (its three other points need
+  // no checkpoint), run 01 has saved its third checkpoint (step 15 of 40), none of its points
+  // is recorded.
+  stops = kill_at(d, {"sweep", "tiny.yaml"}, "checkpoint:3");
+  CHECK_THAT(stops[0].detail, Catch::EndsWith("runs/tiny/01-alibi-seed2 step 15"));
+  CHECK(points_now() == 4);
+
+  // 3. Between writing the results file's new contents and publishing them (the first write
+  // of this process: run 01 resumed at step 15 and trained to the end, so it records its
+  // status): the file keeps its earlier contents, the new ones are left in tiny.h5.tmp.
+  stops = kill_at(d, {"sweep", "tiny.yaml"}, "publish@tiny.h5:1");
+  CHECK(stops[0].detail == "results/tiny.h5");
+  CHECK(fs::exists(results.string() + ".tmp"));
+  CHECK(points_now() == 4);
+
+  // 4. Two worker processes (--jobs 2), each stopped at its second checkpoint: the killed
+  // sweep takes both with it. Pending are 01 (trained: evaluations only), 02 and 03, dealt
+  // round-robin: one worker evaluates 01 and trains 03, the other trains 02.
+  std::vector<pid_t> workers;
+  stops = kill_at(d, {"sweep", "tiny.yaml", "--jobs", "2"}, "checkpoint:2", 2, &workers);
+  std::vector<pid_t> stopped = {stops[0].pid, stops[1].pid};
+  std::sort(stopped.begin(), stopped.end());
+  std::sort(workers.begin(), workers.end());
+  CHECK(workers == stopped);  // the stops were the sweep's two workers
+  for (pid_t worker : workers) {
+    INFO("worker " << worker);
+    bool gone = false;
+    for (int i = 0; i < 500 && !gone; ++i) {
+      gone = process_gone(worker);
+      if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    CHECK(gone);
+  }
+  std::set<std::string> runs;
+  for (const auto& s : stops) runs.insert(fs::path(s.detail.substr(0, s.detail.find(" step "))).filename().string());
+  CHECK(runs == std::set<std::string>{"02-learned-seed1", "03-learned-seed2"});
+  for (const auto& s : stops) CHECK_THAT(s.detail, Catch::EndsWith(" step 10"));
+
+  std::string out;
+  REQUIRE(run_cli(d, {"sweep", "tiny.yaml"}, &out) == 0);
+  const auto points = ResultsStore::open(results.string()).points();
+  CHECK(points.size() == kPoints);  // nothing lost, nothing twice
+  require_same_rows(reference, rows_of(points));
+  CHECK(out.find("resuming") != std::string::npos);  // runs resumed from their checkpoints
+  CHECK(!fs::exists(results.string() + ".tmp"));
+  for (const auto& entry : fs::directory_iterator(d.root / "results"))
+    CHECK(entry.path().filename().string().find(".part-") == std::string::npos);  // parts merged
+
+  // Running it again changes nothing.
+  REQUIRE(run_cli(d, {"sweep", "tiny.yaml"}, &out) == 0);
+  CHECK(out.find("4 already complete") != std::string::npos);
+  CHECK(ResultsStore::open(results.string()).points().size() == kPoints);
+}
+
+TEST_CASE(
+    "sweep shards merge into the unsharded results and other sweeps or a held lock are refused",
+    "[sweep]") {
+  SweepDir d;
+  REQUIRE(run_cli(d, {"sweep", "tiny.yaml"}) == 0);
+  const Rows whole = rows_of(ResultsStore::open((d.root / "results/tiny.h5").string()).points());
+
+  // The shards share the run directories, so they resume the trained models and only evaluate.
+  REQUIRE(run_cli(d, {"sweep", "tiny.yaml", "--shard", "0/2"}) == 0);
+  REQUIRE(run_cli(d, {"sweep", "tiny.yaml", "--shard", "1/2"}) == 0);
+  const auto shard0 = ResultsStore::open((d.root / "results/tiny.shard-0-of-2.h5").string());
+  CHECK(shard0.runs().size() == 2);
+  CHECK(shard0.header().shard == "0/2");
+  std::string out;
+  REQUIRE(run_cli(d,
+                  {"merge", "results/merged.h5", "results/tiny.shard-0-of-2.h5",
+                   "results/tiny.shard-1-of-2.h5"},
+                  &out) == 0);
+  const auto merged = ResultsStore::open((d.root / "results/merged.h5").string());
+  CHECK(merged.runs().size() == 4);
+  CHECK(merged.points().size() == kPoints);
+  require_same_rows(whole, rows_of(merged.points()));
+  // Merging a shard again adds nothing.
+  REQUIRE(run_cli(d, {"merge", "results/merged.h5", "results/tiny.shard-1-of-2.h5"}) == 0);
+  CHECK(ResultsStore::open((d.root / "results/merged.h5").string()).points().size() == kPoints);
+
+  // Another sweep (other evaluation lengths) into its own file: merging it is refused, and so
+  // is continuing tiny.h5 with the changed sweep; both name the first differing key.
+  REQUIRE(run_cli(d, {"sweep", "tiny.yaml", "--set", "eval.length_multiples=[1]", "--out",
+                      "results/other.h5"}) == 0);
+  CHECK(run_cli(d, {"merge", "results/merged2.h5", "results/tiny.h5", "results/other.h5"}, &out) ==
+        2);
+  CHECK(out.find("not from the same sweep") != std::string::npos);
+  CHECK(out.find("first difference at 'eval.length_multiples'") != std::string::npos);
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--set", "base.train.lr=0.001"}, &out) == 2);
+  CHECK(out.find("holds the results of a different sweep") != std::string::npos);
+  CHECK(out.find("first difference at 'base.train.lr'") != std::string::npos);
+
+  // A writer holds the lock: a second sweep on the same output is refused, naming it.
+  const std::string lock_path = (d.root / "results/tiny.h5.lock").string();
+  const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT, 0644);
+  REQUIRE(fd >= 0);
+  REQUIRE(::flock(fd, LOCK_EX | LOCK_NB) == 0);
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  REQUIRE(::ftruncate(fd, 0) == 0);
+  REQUIRE(::pwrite(fd, pid.data(), pid.size(), 0) == ssize_t(pid.size()));
+  CHECK(run_cli(d, {"sweep", "tiny.yaml"}, &out) == 2);
+  CHECK(out.find("results/tiny.h5 is being written by another extrap process (pid " +
+                 std::to_string(::getpid())) != std::string::npos);
+  ::close(fd);
+  CHECK(run_cli(d, {"sweep", "tiny.yaml"}, &out) == 0);
+}

@@ -1,0 +1,368 @@
+// `extrap export` and analysis/extrap_model.py: the file obeys the safetensors format (read
+// here by a reader of the test's own), holds exactly the checkpoint's tensors, and the Python
+// reference model rebuilt from it gives `extrap eval`'s perplexities for every built-in method.
+#include "core/export/model_export.h"
+#include "core/export/safetensors.h"
+#include "tests/support/cli_harness.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstring>
+#include <map>
+#include <set>
+
+using namespace extrap;
+using namespace extrap::testing;
+using json = nlohmann::json;
+
+namespace {
+
+// --- an independent safetensors reader -------------------------------------------------------
+
+struct StoredTensor {
+  std::string dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;
+};
+
+struct SafetensorsFile {
+  std::map<std::string, StoredTensor> tensors;
+  std::map<std::string, std::string> metadata;
+  std::string data;  // the byte buffer after the header
+};
+
+// Reads `path` and checks every rule of the format (and extrap's promises: names sorted,
+// data in name order, 8-byte aligned data). Failures are Catch2 assertion failures.
+SafetensorsFile read_safetensors_checked(const fs::path& path) {
+  const std::string bytes = read_text(path);
+  REQUIRE(bytes.size() >= 8);
+  uint64_t n = 0;
+  for (int b = 7; b >= 0; --b) n = (n << 8) | uint8_t(bytes[size_t(b)]);  // little-endian
+  REQUIRE(n <= bytes.size() - 8);
+  REQUIRE((8 + n) % 8 == 0);
+  const std::string header_text = bytes.substr(8, n);
+  REQUIRE(header_text.front() == '{');
+  const size_t last = header_text.find_last_not_of(' ');
+  REQUIRE(header_text[last] == '}');  // only space padding after the JSON
+  const json header = json::parse(header_text.substr(0, last + 1));
+  REQUIRE(header.is_object());
+
+  const std::map<std::string, size_t> item_size = {{"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2},
+                                                   {"I64", 8}, {"I32", 4}, {"I16", 2}, {"I8", 1},
+                                                   {"U8", 1},  {"BOOL", 1}};
+  SafetensorsFile file;
+  file.data = bytes.substr(8 + n);
+  std::vector<std::string> order;  // the header's own key order
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      for (const auto& [key, value] : entry.items()) {
+        REQUIRE(value.is_string());
+        file.metadata[key] = value.get<std::string>();
+      }
+      continue;
+    }
+    order.push_back(name);
+    INFO("tensor " << name);
+    REQUIRE(entry.size() == 3);
+    StoredTensor t;
+    t.dtype = entry.at("dtype").get<std::string>();
+    REQUIRE(item_size.count(t.dtype) == 1);
+    t.shape = entry.at("shape").get<std::vector<int64_t>>();
+    const auto offsets = entry.at("data_offsets").get<std::vector<uint64_t>>();
+    REQUIRE(offsets.size() == 2);
+    t.begin = offsets[0];
+    t.end = offsets[1];
+    uint64_t count = 1;
+    for (int64_t d : t.shape) {
+      REQUIRE(d >= 0);
+      count *= uint64_t(d);
+    }
+    REQUIRE(t.end - t.begin == count * item_size.at(t.dtype));
+    file.tensors[name] = t;
+  }
+  // Names sorted, data in that order, back to back, covering the buffer exactly.
+  REQUIRE(std::is_sorted(order.begin(), order.end()));
+  uint64_t expected_begin = 0;
+  for (const auto& [name, t] : file.tensors) {
+    INFO("tensor " << name);
+    REQUIRE(t.begin == expected_begin);
+    expected_begin = t.end;
+  }
+  REQUIRE(expected_begin == file.data.size());
+  return file;
+}
+
+// --- trained runs through the command line --------------------------------------------------
+
+// Lines of a small English-like text; the word corpus's valid split has words the training
+// split lacks (they become <unk>), and a blank line.
+std::string corpus_text(int lines, int seed) {
+  const std::vector<std::string> words = {"the",   "model", "trained", "on",    "short", "inputs",
+                                          "is",    "then",  "tested",  "at",    "longer", "lengths",
+                                          "where", "a",     "linear",  "bias",  "helps",  "it"};
+  std::string text;
+  uint64_t state = uint64_t(seed) * 2654435761u + 1;
+  auto next = [&] { return (state = state * 6364136223846793005ull + 1442695040888963407ull) >> 33; };
+  for (int l = 0; l < lines; ++l) {
+    const int count = int(next() % 12);
+    for (int w = 0; w < count; ++w) text += (w ? " " : "") + words[next() % words.size()];
+    text += "\n";
+  }
+  return text;
+}
+
+struct ExportDir : TempDir {
+  ExportDir() : TempDir("export") {
+    for (const char* corpus : {"bytes", "words"}) {
+      fs::create_directories(root / corpus);
+      write_text(root / corpus / "train.txt", corpus_text(300, 1));
+      write_text(root / corpus / "valid.txt", corpus_text(60, 2) + "\nunseen words here\n");
+      write_text(root / corpus / "test.txt", corpus_text(60, 3));
+    }
+  }
+
+  // Trains a run named `name` (12 steps) and returns its directory, relative to root.
+  std::string train(const std::string& name, const std::string& position, bool causal,
+                    const std::string& tokenizer = "byte", const std::string& model_extra = "",
+                    const std::string& top_extra = "") {
+    const std::string corpus = tokenizer == "byte" ? "bytes" : "words";
+    const std::string run = "runs/" + name;
+    write_text(root / (name + ".yaml"),
+               "data: {path: " + corpus + ", tokenizer: " + tokenizer + ", cache_dir: cache}\n"
+               "model: {layers: 2, d_model: 32, heads: 4, d_ffn: 64, dropout: 0.0, objective: " +
+                   std::string(causal ? "causal_lm" : "masked_lm") + model_extra + "}\n"
+               "position: " + position + "\n"
+               "train: {seq_len: 16, batch_tokens: 256, steps: 12, lr: 0.01, warmup: 2, "
+               "validate_every: 0, checkpoint_every: 0, log_every: 100, threads: 1, out_dir: " +
+                   run + "}\n" + top_extra);
+    std::string out;
+    const int code = run_cli(*this, {"train", "--config", name + ".yaml", "--no-eval"}, &out);
+    INFO(out);
+    REQUIRE(code == 0);
+    return run;
+  }
+};
+
+// One model of the Python comparison: its export, its `extrap eval --json`, its tokens, and
+// extrap's logits for one window (a perplexity averages away small differences; logits do not).
+struct Compared {
+  std::string model, eval_json, tokens, logits;
+};
+
+// Writes extrap's logits for the first 40 tokens of the run's validation split (inputs as they
+// are, unmasked) to NAME.logits.safetensors: {"tokens": (1, 40) I64, "logits": (1, 40, V) F32}.
+std::string write_logits(const ExportDir& d, const std::string& run, const std::string& name) {
+  CliRun loaded = load_cli_run(d, run);
+  torch::NoGradGuard no_grad;
+  const auto tokens = loaded.corpus.valid.slice(0, 40).to(torch::kLong).unsqueeze(0);  // (1, 40)
+  const auto logits = loaded.run.model->forward(tokens);                               // (1, 40, V)
+  const std::string file = name + ".logits.safetensors";
+  write_text(d.root / file, encode_safetensors({{"tokens", tokens}, {"logits", logits}}, {}));
+  return file;
+}
+
+// Trains, evaluates (L = 16 and 40, non-overlapping and stride 8) and exports one model.
+Compared train_eval_export(ExportDir& d, const std::string& name, const std::string& position,
+                           bool causal, const std::string& tokenizer = "byte",
+                           const std::string& model_extra = "") {
+  const std::string run = d.train(name, position, causal, tokenizer, model_extra);
+  std::string out;
+  int code = run_cli(d, {"eval", "--checkpoint", run, "--length", "16", "40", "--stride", "8",
+                         "1000", "--max-tokens", "1200", "--json", name + ".eval.json"}, &out);
+  INFO(out);
+  REQUIRE(code == 0);
+  code = run_cli(d, {"export", "--checkpoint", run, "--out", name + ".safetensors"}, &out);
+  REQUIRE(code == 0);
+  return {name + ".safetensors", name + ".eval.json",
+          std::string(tokenizer == "byte" ? "bytes" : "words") + "/valid.txt",
+          write_logits(d, run, name)};
+}
+
+// Runs tests/export/check_export.py on the models: analysis/extrap_model.py (float64) reproduces every
+// row of each eval JSON to 1e-5 relative, and extrap's logits.
+void check_in_python(const ExportDir& d, const std::vector<Compared>& models) {
+  std::string args = EXTRAP_SOURCE_DIR "/tests/export/check_export.py";
+  for (const auto& m : models) args += " " + m.model + " " + m.eval_json + " " + m.tokens + " " + m.logits;
+  std::string output;
+  const int code = run_python(d, args, &output);
+  INFO(output);
+  REQUIRE(code == 0);
+  for (const auto& m : models) CHECK(output.find("ok " + m.model) != std::string::npos);
+}
+
+}  // namespace
+
+TEST_CASE("export: the file obeys the safetensors format and holds exactly the checkpoint's tensors",
+          "[export]") {
+  ExportDir d;
+  for (const bool causal : {true, false}) {
+    const std::string name = causal ? "learned_causal" : "learned_masked";
+    const std::string run = d.train(name, "{name: alibi_learned, shared_across_layers: false}",
+                                    causal, "word", ", tie_embeddings: false");
+    std::string out;
+    REQUIRE(run_cli(d, {"export", "--checkpoint", run, "--out", name + ".safetensors"}, &out) == 0);
+    const SafetensorsFile file = read_safetensors_checked(d.root / (name + ".safetensors"));
+    const CliRun loaded = load_cli_run(d, run);
+
+    std::map<std::string, torch::Tensor> expected;
+    for (const auto& p : loaded.run.model->named_parameters()) expected[p.key()] = p.value();
+    for (const auto& b : loaded.run.model->named_buffers()) expected[b.key()] = b.value();
+    REQUIRE(file.tensors.size() == expected.size());
+    CHECK(file.tensors.count("head.weight") == 1);  // untied
+    CHECK(file.tensors.count(causal ? "position.raw_slopes" : "position.raw_slopes_right") == 1);
+    for (const auto& [name_, tensor] : expected) {
+      INFO("tensor " << name_);
+      REQUIRE(file.tensors.count(name_) == 1);
+      const StoredTensor& t = file.tensors.at(name_);
+      CHECK(t.dtype == "F32");
+      CHECK(t.shape == tensor.sizes().vec());
+      const auto values = tensor.contiguous();
+      REQUIRE(t.end - t.begin == uint64_t(values.numel()) * 4);
+      CHECK(std::memcmp(file.data.data() + t.begin, values.data_ptr(), t.end - t.begin) == 0);
+    }
+
+    const auto& meta = file.metadata;
+    CHECK(meta.at("format") == "extrap-safetensors/1");
+    CHECK(meta.at("position") == "alibi_learned");
+    CHECK(json::parse(meta.at("position_options")) == json{{"shared_across_layers", false}});
+    CHECK(meta.at("position_tensors").find("softplus") != std::string::npos);
+    const json model = json::parse(meta.at("model"));
+    CHECK(model.at("causal") == causal);
+    CHECK(model.at("tie_embeddings") == false);
+    CHECK(model.at("heads") == 4);
+    CHECK(json::parse(meta.at("checkpoint")).at("step") == 12);
+    CHECK(json::parse(meta.at("vocabulary")).get<std::vector<std::string>>() == loaded.corpus.vocabulary);
+    CHECK(json::parse(meta.at("data")).at("vocab_size") == loaded.corpus.vocab_size);
+  }
+}
+
+TEST_CASE("export: resolved options fill every default and keep given values", "[export]") {
+  Config config;
+  config.position_name = "t5_bias";
+  config.position = YAML::Load("{name: t5_bias, buckets: 8, shared_across_layers: false}");
+  CHECK(json::parse(resolved_position_options(config)) ==
+        json{{"buckets", 8}, {"max_distance", 128}, {"shared_across_layers", false}, {"init_std", 0.02}});
+  config.position_name = "rotary";
+  config.position = YAML::Load("{name: rotary, base: 500}");
+  CHECK(json::parse(resolved_position_options(config)) == json{{"base", 500}, {"fraction", 1.0}});
+}
+
+TEST_CASE("export: refusals name the file and write nothing", "[export]") {
+  ExportDir d;
+  const std::string run = d.train("alibi", "alibi", true);
+  std::string out;
+  REQUIRE(run_cli(d, {"export", "--checkpoint", run, "--out", "model.safetensors"}, &out) == 0);
+  const std::string first = read_text(d.root / "model.safetensors");
+
+  // An existing output file is kept unless --overwrite.
+  CHECK(run_cli(d, {"export", "--checkpoint", run, "--out", "model.safetensors"}, &out) == 2);
+  CHECK(out.find("model.safetensors exists (add --overwrite to replace it)") != std::string::npos);
+  CHECK(read_text(d.root / "model.safetensors") == first);
+  CHECK(run_cli(d, {"export", "--checkpoint", run, "--out", "model.safetensors", "--overwrite"}, &out) == 0);
+  CHECK(read_text(d.root / "model.safetensors") == first);  // the same checkpoint, byte for byte
+
+  CHECK(run_cli(d, {"export", "--checkpoint", run, "--out", "missing/model.safetensors"}, &out) == 2);
+  CHECK(out.find("does not exist") != std::string::npos);
+  CHECK(run_cli(d, {"export", "--checkpoint", "runs/none", "--out", "x.safetensors"}, &out) == 2);
+  CHECK(out.find("runs/none") != std::string::npos);
+  CHECK_FALSE(fs::exists(d.root / "x.safetensors"));
+
+  // A damaged checkpoint is refused before anything is written.
+  const fs::path model_file = d.root / run / "checkpoint" / "model.pt";
+  fs::resize_file(model_file, fs::file_size(model_file) / 2);
+  CHECK(run_cli(d, {"export", "--checkpoint", run, "--out", "y.safetensors"}, &out) == 2);
+  CHECK(out.find("model.pt") != std::string::npos);
+  CHECK(out.find("Exception raised") == std::string::npos);
+  CHECK_FALSE(fs::exists(d.root / "y.safetensors"));
+  CHECK(std::count(out.begin(), out.end(), '\n') == 1);
+}
+
+TEST_CASE("export: a full disk leaves no file, and eval --json records failures with their reason",
+          "[export]") {
+  ExportDir d;
+  const std::string run = d.train("alibi", "alibi", true);
+  std::string out;
+  CHECK(run_cli(d, {"export", "--checkpoint", run, "--out", "full.safetensors"}, &out, 20000) == 2);
+  CHECK(out.find("file size limit exceeded") != std::string::npos);
+  CHECK(out.find("full.safetensors is unchanged") != std::string::npos);
+  for (const auto& entry : fs::directory_iterator(d.root))
+    CHECK(entry.path().filename().string().rfind("full.safetensors", 0) == std::string::npos);
+
+  // The split holds about 2400 tokens: L = 5000 cannot be filled.
+  CHECK(run_cli(d, {"eval", "--checkpoint", run, "--length", "16", "5000", "--json", "e.json"}, &out) == 1);
+  const json rows = json::parse(read_text(d.root / "e.json")).at("results");
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[0].at("status") == "ok");
+  CHECK(rows[0].at("stride") == 16);
+  CHECK(rows[1].at("status") == "failed");
+  CHECK(rows[1].at("length") == 5000);
+  CHECK(rows[1].at("error").get<std::string>().find("needs at least 5001 tokens") != std::string::npos);
+}
+
+TEST_CASE("export: Python's extrap_model.py reproduces extrap eval, causal methods", "[export][python]") {
+  ExportDir d;
+  std::vector<Compared> models;
+  for (const std::string position :
+       {"none", "{name: sinusoidal, base: 1000}", "{name: learned, max_length: 48}",
+        "{name: rotary, base: 500, fraction: 0.5}", "alibi",
+        "{name: alibi_learned, shared_across_layers: false}",
+        "{name: t5_bias, buckets: 8, max_distance: 20, shared_across_layers: false}",
+        "kerple_log", "{name: kerple_power, shared_across_layers: false}", "sandwich", "xpos",
+        "{name: fire, init_L: 8, mlp_width: 8}", "{name: cope, npos: 9}", "fox"}) {
+    const std::string name = "causal_" + std::to_string(models.size());
+    models.push_back(train_eval_export(d, name, position, true));
+  }
+  // Untied output embeddings, ReLU, 6 heads (slopes for a head count that is no power of two),
+  // a word-level vocabulary: inline, and in a side file.
+  models.push_back(train_eval_export(d, "causal_words", "alibi", true, "word",
+                                     ", heads: 6, d_model: 48, tie_embeddings: false, activation: relu"));
+  {
+    const InDirectory in_directory(d);
+    ExportOptions options;
+    options.inline_vocabulary_bytes = 16;
+    const ExportSummary summary = export_run("runs/causal_words", "side.safetensors", options);
+    CHECK(summary.vocabulary_file == "side.safetensors.vocab.json");
+    CHECK(read_safetensors_checked("side.safetensors").metadata.at("vocabulary_file") ==
+          "side.safetensors.vocab.json");
+  }
+  models.push_back({"side.safetensors", "causal_words.eval.json", "words/valid.txt",
+                    "causal_words.logits.safetensors"});
+  check_in_python(d, models);
+}
+
+TEST_CASE("export: Python's extrap_model.py reproduces extrap eval, masked-LM methods", "[export][python]") {
+  ExportDir d;
+  std::vector<Compared> models;
+  for (const std::string position :
+       {"none", "sinusoidal", "{name: learned, max_length: 40}", "rotary", "alibi_symmetric",
+        "alibi_nonsymmetric", "{name: alibi_learned, shared_across_layers: false}",
+        "{name: t5_bias, buckets: 8, max_distance: 20}", "kerple_log", "kerple_power",
+        "{name: sandwich, scale: 4}", "{name: fire, init_L: 8, shared_across_layers: true}"}) {
+    const std::string name = "masked_" + std::to_string(models.size());
+    models.push_back(train_eval_export(d, name, position, false));
+  }
+  models.push_back(train_eval_export(d, "masked_words", "t5_bias", false, "word"));
+  check_in_python(d, models);
+}
+
+TEST_CASE("export: a plugin's model exports, and Python refuses it by name", "[export][python]") {
+  ExportDir d;
+  const std::string run =
+      d.train("window", "{name: local_window, window: 8}", true, "byte", "",
+              "plugins: [" EXTRAP_BINARY_DIR "/plugins/libextrap_local_window.so]\n");
+  std::string out;
+  REQUIRE(run_cli(d, {"export", "--checkpoint", run, "--out", "window.safetensors"}, &out) == 0);
+  const SafetensorsFile file = read_safetensors_checked(d.root / "window.safetensors");
+  CHECK(file.metadata.at("position") == "local_window");
+  CHECK(file.tensors.count("position.windows") == 1);
+  CHECK(file.metadata.at("position_tensors").find("windows[h]") != std::string::npos);
+
+  std::string output;
+  const int code = run_python(d, EXTRAP_SOURCE_DIR "/analysis/extrap_model.py window.safetensors "
+                                 "--tokens-file bytes/valid.txt --length 16", &output);
+  INFO(output);
+  CHECK(code == 2);
+  CHECK(output.find("local_window") != std::string::npos);
+  CHECK(output.find("Traceback") == std::string::npos);
+  CHECK(std::count(output.begin(), output.end(), '\n') == 1);
+}

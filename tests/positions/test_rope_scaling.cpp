@@ -1,0 +1,241 @@
+// Evaluation-time RoPE scaling: the frequencies and the attention factor against the formulas
+// of ../shared/REFERENCE.md, written out here again one component at a time in plain doubles;
+// what the scaling does to a rotation; `none` leaves rotary exactly as trained; refusals.
+#include "core/eval/evaluator.h"
+#include "core/model/model.h"
+#include "positions/rotation.h"
+#include "tests/support/test_support.h"
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <vector>
+
+using namespace extrap;
+
+namespace {
+
+const double kPi = 3.14159265358979323846;
+
+// theta_k = b^(-2k/d), one at a time.
+std::vector<double> plain_frequencies(int d, double base) {
+  std::vector<double> theta;
+  for (int k = 0; k < d / 2; ++k) theta.push_back(std::pow(base, -2.0 * k / d));
+  return theta;
+}
+
+// The formulas of REFERENCE.md, "Evaluation-time RoPE scaling".
+std::vector<double> expected_frequencies(const std::string& kind, int d, double b, double s,
+                                         double L, double l) {
+  std::vector<double> theta = plain_frequencies(d, b), out;
+  for (int k = 0; k < d / 2; ++k) {
+    const double t = theta[k];
+    if (kind == "linear") {
+      out.push_back(t / s);
+    } else if (kind == "ntk") {
+      out.push_back(std::pow(b * std::pow(s, d / (d - 2.0)), -2.0 * k / d));
+    } else if (kind == "dynamic") {
+      const double base = l > L ? b * std::pow(s * l / L - (s - 1), d / (d - 2.0)) : b;
+      out.push_back(std::pow(base, -2.0 * k / d));
+    } else if (kind == "yarn") {
+      const double lambda = 2 * kPi / t, r = L / lambda, alpha = 1, beta = 32;
+      const double gamma = r < alpha ? 0 : r > beta ? 1 : (r - alpha) / (beta - alpha);
+      out.push_back((1 - gamma) * t / s + gamma * t);
+    } else if (kind == "llama3") {
+      const double lambda = 2 * kPi / t, low = 1, high = 4;
+      if (lambda > L / low) {
+        out.push_back(t / s);
+      } else if (lambda < L / high) {
+        out.push_back(t);
+      } else {
+        const double smooth = (L / lambda - low) / (high - low);
+        out.push_back((1 - smooth) * t / s + smooth * t);
+      }
+    } else {
+      out.push_back(t);
+    }
+  }
+  return out;
+}
+
+RopeScaling scaling(RopeScalingKind kind, double factor, int64_t L) {
+  RopeScaling s;
+  s.kind = kind;
+  s.factor = factor;
+  s.original_length = L;
+  return s;
+}
+
+std::shared_ptr<PositionMethod> rotary(int64_t d_head, const std::string& options = "{}",
+                                       const std::string& name = "rotary") {
+  PositionContext context;
+  context.num_heads = 2;
+  context.d_head = d_head;
+  context.d_model = 2 * d_head;
+  return PositionRegistry::instance().create(name, context,
+                                             OptionReader(YAML::Load(options), "test", "position"));
+}
+
+}  // namespace
+
+TEST_CASE("scaled rotary frequencies equal the formulas, component by component", "[rope]") {
+  const double base = 10000;
+  for (int d : {8, 16, 64, 128})
+    for (double s : {1.0, 2.0, 4.0, 16.0})
+      for (int64_t L : {16, 64, 512, 4096})
+        for (auto kind : {RopeScalingKind::none, RopeScalingKind::linear, RopeScalingKind::ntk,
+                          RopeScalingKind::dynamic, RopeScalingKind::yarn,
+                          RopeScalingKind::llama3})
+          for (int64_t l : {L / 2, L, 3 * L}) {
+            const std::string name = rope_scaling_name(kind);
+            INFO(name << " d " << d << " s " << s << " L " << L << " l " << l);
+            const auto got = scaled_rotary_frequencies(d, base, scaling(kind, s, L), l);
+            const auto want = expected_frequencies(name, d, base, s, double(L), double(l));
+            REQUIRE(got.numel() == int64_t(want.size()));
+            for (int k = 0; k < d / 2; ++k)
+              REQUIRE(got[k].item<double>() == Approx(want[k]).epsilon(1e-12).margin(0));
+          }
+}
+
+TEST_CASE("each scaling keeps the fast components and slows the slow ones as its paper says",
+          "[rope]") {
+  // d = 64, L = 512, s = 4: theta_0 = 1 (wavelength 2 pi, r = 81 > 32: YaRN keeps it; 2 pi <
+  // 512 / 4: Llama 3 keeps it); the slowest component (wavelength ~ 5e4 > L) is divided by s
+  // by both; linear divides all; NTK keeps theta_0 and moves the slowest towards theta / s.
+  const auto theta = plain_frequencies(64, 10000);
+  const auto at = [&](RopeScalingKind kind, int k) {
+    return scaled_rotary_frequencies(64, 10000, scaling(kind, 4, 512), 2048)[k].item<double>();
+  };
+  REQUIRE(at(RopeScalingKind::yarn, 0) == theta[0]);
+  REQUIRE(at(RopeScalingKind::llama3, 0) == theta[0]);
+  REQUIRE(at(RopeScalingKind::ntk, 0) == theta[0]);
+  REQUIRE(at(RopeScalingKind::yarn, 31) == Approx(theta[31] / 4).epsilon(1e-12));
+  REQUIRE(at(RopeScalingKind::llama3, 31) == Approx(theta[31] / 4).epsilon(1e-12));
+  REQUIRE(at(RopeScalingKind::linear, 0) == Approx(theta[0] / 4).epsilon(1e-12));
+  // NTK: base 10000 * 4^(64/62); the last component is theta_31 / 4^(62/64 * 64/62) = theta / 4.
+  REQUIRE(at(RopeScalingKind::ntk, 31) == Approx(theta[31] / 4).epsilon(1e-9));
+  REQUIRE(at(RopeScalingKind::ntk, 16) < theta[16]);
+  REQUIRE(at(RopeScalingKind::ntk, 16) > theta[16] / 4);
+}
+
+TEST_CASE("YaRN's attention factor is 0.1 ln s + 1, and only YaRN has one", "[rope]") {
+  REQUIRE(rope_attention_factor(scaling(RopeScalingKind::yarn, 4, 64)) ==
+          Approx(0.1 * std::log(4.0) + 1).epsilon(1e-15));
+  REQUIRE(rope_attention_factor(scaling(RopeScalingKind::yarn, 1, 64)) == 1.0);
+  for (auto kind : {RopeScalingKind::none, RopeScalingKind::linear, RopeScalingKind::ntk,
+                    RopeScalingKind::dynamic, RopeScalingKind::llama3})
+    REQUIRE(rope_attention_factor(scaling(kind, 4, 64)) == 1.0);
+
+  // Rotation keeps lengths, so YaRN's rotated q and k are 0.1 ln s + 1 times as long and
+  // their scores (0.1 ln s + 1)^2 times those of the same frequencies without the factor.
+  torch::manual_seed(3);
+  auto method = rotary(16);
+  auto q = torch::randn({1, 2, 24, 16}, torch::kFloat64), k = torch::randn({1, 2, 24, 16}, torch::kFloat64);
+  auto q0 = q.clone(), k0 = k.clone();
+  REQUIRE(method->set_rope_scaling(scaling(RopeScalingKind::yarn, 4, 8)));
+  method->rotate_qk(q, k, layer_window(0, 24));
+  const double m = 0.1 * std::log(4.0) + 1;
+  REQUIRE(torch::allclose(q.norm(2, -1), m * q0.norm(2, -1), 1e-12, 0));
+  REQUIRE(torch::allclose(k.norm(2, -1), m * k0.norm(2, -1), 1e-12, 0));
+}
+
+TEST_CASE("linear interpolation by s turns position p into p / s", "[rope]") {
+  // Under linear scaling with s = 2, the query at position 2m is rotated exactly as the
+  // unscaled query at position m.
+  torch::manual_seed(5);
+  for (const char* name : {"rotary", "xpos"}) {
+    INFO(name);
+    auto scaled = rotary(16, "{}", name), plain = rotary(16, "{}", name);
+    auto x = torch::randn({1, 2, 1, 16}, torch::kFloat64).expand({1, 2, 32, 16}).contiguous();
+    auto q = x.clone(), k = x.clone(), q0 = x.clone(), k0 = x.clone();
+    REQUIRE(scaled->set_rope_scaling(scaling(RopeScalingKind::linear, 2, 8)));
+    scaled->rotate_qk(q, k, layer_window(0, 32));
+    plain->rotate_qk(q0, k0, layer_window(0, 32));
+    using torch::indexing::Slice;
+    auto even = q.index({Slice(), Slice(), Slice(0, 32, 2)});
+    if (std::string(name) == "rotary") {
+      REQUIRE(torch::allclose(even, q0.index({Slice(), Slice(), Slice(0, 16)}), 1e-12, 1e-12));
+    } else {
+      // xpos: the decay still counts real positions; compare the angles (directions per pair).
+      auto angle = [](const torch::Tensor& t) {
+        auto pairs = t.unflatten(-1, {8, 2});
+        return torch::atan2(pairs.select(-1, 1), pairs.select(-1, 0));
+      };
+      REQUIRE(torch::allclose(angle(even), angle(q0.index({Slice(), Slice(), Slice(0, 16)})),
+                              1e-9, 1e-9));
+    }
+  }
+}
+
+TEST_CASE("dynamic NTK changes nothing up to the training length and rescales past it", "[rope]") {
+  torch::manual_seed(9);
+  auto scaled = rotary(16), plain = rotary(16);
+  REQUIRE(scaled->set_rope_scaling(scaling(RopeScalingKind::dynamic, 1, 16)));
+  for (int64_t T : {8, 16, 40}) {
+    auto q = torch::randn({1, 2, T, 16}), k = torch::randn({1, 2, T, 16});
+    auto q1 = q.clone(), k1 = k.clone();
+    scaled->rotate_qk(q, k, layer_window(0, T));
+    plain->rotate_qk(q1, k1, layer_window(0, T));
+    if (T <= 16)
+      REQUIRE(torch::equal(q, q1));
+    else
+      REQUIRE_FALSE(torch::allclose(q, q1));
+  }
+}
+
+TEST_CASE("`none` leaves rotary exactly as trained, and evaluation restores it", "[rope]") {
+  for (const char* name : {"rotary", "xpos"}) {
+    INFO(name);
+    Config config = testing::tiny_config(name);
+    torch::manual_seed(11);
+    auto model = build_model(config, 257);
+    model->eval();
+    torch::NoGradGuard no_grad;
+    auto tokens = torch::randint(0, 256, {2, 40}, torch::kLong);
+    const auto trained = model->forward(tokens);
+    model->set_rope_scaling(RopeScaling{});  // none
+    REQUIRE(torch::equal(model->forward(tokens), trained));
+    model->set_rope_scaling(scaling(RopeScalingKind::yarn, 4, 16));
+    REQUIRE_FALSE(torch::allclose(model->forward(tokens), trained));
+    model->set_rope_scaling(RopeScaling{});
+    REQUIRE(torch::equal(model->forward(tokens), trained));
+
+    // An evaluation with a scaling leaves the model as it found it.
+    auto corpus = testing::tiny_byte_corpus(2);
+    EvalSpec spec;
+    spec.length = 32;
+    spec.max_tokens = 200;
+    const double plain = evaluate(model, corpus, corpus.valid, spec).nll_sum;
+    spec.rope_scaling = rope_scaling_for(RopeScalingKind::ntk, 0, 16, 32);
+    REQUIRE(spec.rope_scaling.factor == 2.0);
+    const double scaled = evaluate(model, corpus, corpus.valid, spec).nll_sum;
+    REQUIRE(scaled != plain);
+    REQUIRE_FALSE(model->rope_scaling().active());
+    REQUIRE(torch::equal(model->forward(tokens), trained));
+  }
+}
+
+TEST_CASE("the factor is the length ratio unless given, and never below 1", "[rope]") {
+  REQUIRE(rope_scaling_for(RopeScalingKind::yarn, 0, 64, 256).factor == 4.0);
+  REQUIRE(rope_scaling_for(RopeScalingKind::linear, 0, 64, 32).factor == 1.0);
+  REQUIRE(rope_scaling_for(RopeScalingKind::llama3, 8, 64, 256).factor == 8.0);
+  REQUIRE(rope_scaling_for(RopeScalingKind::dynamic, 0, 64, 256).factor == 1.0);
+  REQUIRE(rope_variant_label(RopeScalingKind::none, 0) == "");
+  REQUIRE(rope_variant_label(RopeScalingKind::yarn, 0) == "yarn");
+  REQUIRE(rope_variant_label(RopeScalingKind::yarn, 4) == "yarn_x4");
+  REQUIRE(rope_variant_label(RopeScalingKind::ntk, 2.5) == "ntk_x2.5");
+}
+
+TEST_CASE("RoPE scaling refuses methods without rotary angles and factors below 1", "[rope]") {
+  Config config = testing::tiny_config("alibi");
+  auto model = build_model(config, 257);
+  REQUIRE_THROWS_WITH(model->set_rope_scaling(scaling(RopeScalingKind::yarn, 4, 16)),
+                      Catch::Contains("'alibi' has no rotary angles"));
+  model->set_rope_scaling(RopeScaling{});  // none: nothing to refuse
+  REQUIRE_THROWS_WITH(rope_scaling_for(RopeScalingKind::linear, 0.5, 64, 64),
+                      Catch::Contains("factor 0.5") && Catch::Contains("at least 1"));
+  REQUIRE_THROWS_WITH(parse_rope_scaling("yarn2", "--rope-scaling"),
+                      Catch::Contains("--rope-scaling: unknown RoPE scaling 'yarn2'"));
+  REQUIRE_THROWS_WITH(scaled_rotary_frequencies(16, 10000, scaling(RopeScalingKind::yarn, 2, 0), 8),
+                      Catch::Contains("needs the training length"));
+}

@@ -1,0 +1,52 @@
+// Building one position method on its own, outside a model, for the position-method tests.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include "core/attention/attention.h"
+#include "positions/position.h"
+
+#include <memory>
+#include <string>
+
+namespace extrap::testing {
+
+// `name` with its YAML options, for `heads` heads of size d_head in a model of `layers` layers.
+inline std::shared_ptr<PositionMethod> make_method(const std::string& name, int64_t heads,
+                                                   bool causal, const std::string& yaml = "{}",
+                                                   int64_t d_head = 8, int64_t layers = 2) {
+  PositionContext context;
+  context.num_layers = layers;
+  context.num_heads = heads;
+  context.d_head = d_head;
+  context.d_model = heads * d_head;
+  context.causal = causal;
+  return PositionRegistry::instance().create(name, context,
+                                             OptionReader(YAML::Load(yaml), "test options"));
+}
+
+// The method's parameter `name` (the test fails if it has none of that name).
+inline torch::Tensor parameter(const PositionMethod& method, const std::string& name) {
+  auto* found = method.named_parameters().find(name);
+  REQUIRE(found != nullptr);
+  return *found;
+}
+
+// A random loss through the reference attention with the method's rotation and bias of layer
+// `layer`, back-propagated into its parameters. Inputs (2, heads, t, d_head), a random layer
+// input (2, t, heads * d_head), all from seed 3.
+inline void backward_through_attention(PositionMethod& method, int64_t heads, int64_t d_head,
+                                       int64_t t, bool causal, int64_t layer = 0) {
+  AttentionOptions options;
+  options.causal = causal;
+  torch::manual_seed(3);
+  auto q = torch::randn({2, heads, t, d_head}), k = torch::randn({2, heads, t, d_head});
+  const auto v = torch::randn({2, heads, t, d_head}), target = torch::randn({2, heads, t, d_head});
+  LayerInput at = layer_window(layer, t);
+  at.input = torch::randn({2, t, heads * d_head});
+  method.rotate_qk(q, k, at);
+  auto out = attention_reference(q, k, v, method.bias(at), options);
+  (out * target).sum().backward();
+}
+
+}  // namespace extrap::testing

@@ -1,0 +1,153 @@
+// What the tests share: the skip marker, temporary directories, small file helpers, an
+// in-memory byte-level corpus of real-looking text and a tiny model config. Running the
+// `extrap` command line is in tests/cli_harness.h.
+#pragma once
+
+#include "core/data/corpus.h"
+#include "core/model/config.h"
+#include "core/train/trainer.h"
+
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <random>
+#include <string>
+
+namespace extrap::testing {
+
+namespace fs = std::filesystem;
+
+// A check that cannot run here (no GPU, no ../shared/data) is reported by ctest as skipped,
+// never as passed: the test calls this and returns, and ctest's SKIP_REGULAR_EXPRESSION turns
+// the marker (EXTRAP_SKIP_MARKER, set once in the top-level CMakeLists.txt) into "Skipped".
+inline void skip_test(const std::string& reason) {
+  std::cout << EXTRAP_SKIP_MARKER << " " << reason << std::endl;
+}
+
+// A fresh directory, removed with everything in it at scope exit.
+struct TempDir {
+  fs::path root;
+  explicit TempDir(const std::string& tag = "tmp") {
+    static std::atomic<int> counter{0};
+    root = fs::temp_directory_path() /
+           ("extrap-test-" + tag + "-" + std::to_string(::getpid()) + "-" +
+            std::to_string(counter++) + "-" + std::to_string(std::random_device{}()));
+    fs::remove_all(root);
+    fs::create_directories(root);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  ~TempDir() {
+    std::error_code ignored;
+    fs::remove_all(root, ignored);
+  }
+};
+
+inline void write_text(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+}
+
+inline std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// English prose (a few paragraphs, repeated with variation) as a byte-level corpus.
+inline Corpus tiny_byte_corpus(int repeats = 40) {
+  const std::string paragraph =
+      "The quick brown fox jumps over the lazy dog. A language model trained on short inputs "
+      "can be evaluated on much longer ones if the attention scores get a penalty that is "
+      "linear in the distance between the query and the key.\n";
+  std::string text;
+  for (int r = 0; r < repeats; ++r) text += std::to_string(r % 7) + " " + paragraph;
+  auto bytes = [](const std::string& s) {
+    std::vector<int32_t> ids(s.begin(), s.end());
+    for (auto& id : ids) id &= 0xff;
+    return ids;
+  };
+  Corpus c;
+  c.name = "tiny";
+  c.tokenizer = Tokenizer::byte;
+  c.vocab_size = 257;
+  c.mask_token = 256;
+  const size_t cut = text.size() * 8 / 10;
+  c.train = TokenStream::from_tokens(bytes(text.substr(0, cut)));
+  c.valid = TokenStream::from_tokens(bytes(text.substr(cut)));
+  c.test = c.valid;
+  return c;
+}
+
+inline Config tiny_config(const std::string& position = "alibi") {
+  Config c;
+  c.model.layers = 2;
+  c.model.d_model = 32;
+  c.model.heads = 4;
+  c.model.d_ffn = 64;
+  c.model.dropout = 0.0;
+  c.position_name = position;
+  c.train.seq_len = 16;
+  c.train.batch_tokens = 256;
+  c.train.steps = 30;
+  c.train.lr = 3e-3;
+  c.train.warmup = 5;
+  c.train.validate_every = 0;
+  c.train.validate_tokens = 0;
+  c.train.checkpoint_every = 0;
+  c.train.log_every = 1000;
+  c.train.threads = 1;
+  return c;
+}
+
+// One micro-batch through the training loss (`tokens`: (B, T + 1), every target scored) and
+// back: the loss and every parameter's gradient, flattened into one vector.
+inline std::pair<double, torch::Tensor> loss_and_gradients(TransformerLM& model, const torch::Tensor& tokens,
+                                                           Precision precision) {
+  const int64_t length = tokens.size(1) - 1;
+  model->zero_grad();
+  const auto loss = training_loss(model, tokens.narrow(1, 0, length), tokens.narrow(1, 1, length),
+                                  tokens.size(0) * length, precision);
+  loss.backward();
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : model->parameters()) grads.push_back(p.grad().flatten().clone());
+  return {loss.item<double>(), torch::cat(grads)};
+}
+
+// Trains `config` to its steps twice: straight through in DIR/straight, and in DIR/resumed
+// stopped after step `stop_after` (a checkpoint) and resumed by a fresh trainer. Requires the
+// two models to be bit-for-bit equal; returns the straight run's parameters. The resumed run's
+// directory is DIR/resumed.
+inline std::vector<torch::Tensor> require_resume_bit_for_bit(Config config, const Corpus& corpus,
+                                                             const fs::path& dir,
+                                                             int64_t stop_after) {
+  config.train.out_dir = (dir / "straight").string();
+  Trainer straight(config, corpus);
+  straight.quiet = true;
+  straight.run(RunStart::fresh);
+
+  config.train.out_dir = (dir / "resumed").string();
+  {
+    Trainer interrupted(config, corpus);
+    interrupted.quiet = true;
+    interrupted.stop_after_step = stop_after;
+    REQUIRE(interrupted.run(RunStart::fresh).steps == stop_after);
+  }
+  Trainer resumed(config, corpus);
+  resumed.quiet = true;
+  const TrainSummary summary = resumed.run(RunStart::resume);
+  REQUIRE(summary.resumed_from == stop_after);
+  REQUIRE(summary.steps == config.train.steps);
+
+  auto a = straight.model()->parameters(), b = resumed.model()->parameters();
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) REQUIRE(torch::equal(a[i], b[i]));
+  return a;
+}
+
+}  // namespace extrap::testing

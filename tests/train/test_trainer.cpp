@@ -1,0 +1,128 @@
+// Training: the loss goes down, schedules are right, and resumption is bit-for-bit.
+#include "core/eval/evaluator.h"
+#include "core/train/trainer.h"
+#include "tests/support/test_support.h"
+
+#include <catch2/catch.hpp>
+#include <unistd.h>
+
+#include <filesystem>
+
+using namespace extrap;
+namespace fs = std::filesystem;
+
+using testing::TempDir;
+
+TEST_CASE("learning-rate schedules", "[train]") {
+  TrainConfig c;
+  c.lr = 1.0;
+  c.min_lr = 0.1;
+  c.warmup = 10;
+  c.steps = 110;
+  REQUIRE(learning_rate(c, 5) == Approx(0.5));
+  REQUIRE(learning_rate(c, 10) == Approx(1.0));
+  REQUIRE(learning_rate(c, 60) == Approx(0.55));   // half-way through the cosine
+  REQUIRE(learning_rate(c, 110) == Approx(0.1));
+  c.schedule = Schedule::inverse_sqrt;
+  REQUIRE(learning_rate(c, 40) == Approx(std::sqrt(10.0 / 40.0)));
+  c.schedule = Schedule::constant;
+  REQUIRE(learning_rate(c, 99) == 1.0);
+}
+
+TEST_CASE("a short training run lowers the validation loss", "[train]") {
+  auto corpus = testing::tiny_byte_corpus();
+  for (const char* position : {"alibi", "sinusoidal", "none", "learned"}) {
+    INFO(position);
+    Config config = testing::tiny_config(position);
+    TempDir dir("loss");
+    config.train.out_dir = (dir.root / "run").string();
+    config.train.validate_every = 30;
+    config.train.steps = 60;
+    Trainer trainer(config, corpus);
+    trainer.quiet = true;
+    EvalSpec spec;
+    spec.length = 16;
+    const double before = evaluate(trainer.model(), corpus, corpus.valid, spec).nll_sum;
+    auto summary = trainer.run(RunStart::fresh);
+    const double after = evaluate(trainer.model(), corpus, corpus.valid, spec).nll_sum;
+    REQUIRE(after < 0.8 * before);
+    REQUIRE(summary.valid_curve.size() == 2);
+    REQUIRE(summary.valid_curve[1].loss < summary.valid_curve[0].loss);
+  }
+}
+
+TEST_CASE("resuming from a checkpoint continues bit-for-bit", "[train]") {
+  auto corpus = testing::tiny_byte_corpus();
+  Config config = testing::tiny_config("alibi");
+  config.model.dropout = 0.1;  // the RNG state must be restored too
+  config.train.steps = 20;
+  config.train.accumulation = 2;
+  config.train.batch_tokens = 16 * 8;
+  config.train.checkpoint_every = 7;
+
+  TempDir dir("resume");
+  testing::require_resume_bit_for_bit(config, corpus, dir.root, 14);  // stopped at a checkpoint
+  Config second = config;
+  second.train.out_dir = (dir.root / "resumed").string();
+
+  // A changed config is refused, naming what differs.
+  Config changed = second;
+  changed.model.d_ffn = 128;
+  changed.train.steps = 30;
+  Trainer other(changed, corpus);
+  other.quiet = true;
+  REQUIRE_THROWS_WITH(other.run(RunStart::resume),
+                      Catch::Contains("belongs to another run") &&
+                          Catch::Contains("first difference at 'config.model.d_ffn'") &&
+                          Catch::Contains("64") && Catch::Contains("128"));
+}
+
+TEST_CASE("a masked-LM model trains and its loss goes down", "[train]") {
+  auto corpus = testing::tiny_byte_corpus();
+  Config config = testing::tiny_config("alibi_symmetric");
+  config.model.objective = Objective::masked_lm;
+  config.train.steps = 60;
+  config.train.log_every = 10;
+  TempDir dir("mlm");
+  config.train.out_dir = (dir.root / "run").string();
+  Trainer trainer(config, corpus);
+  trainer.quiet = true;
+  auto summary = trainer.run(RunStart::fresh);
+  REQUIRE(summary.train_curve.back().loss < 0.7 * summary.train_curve.front().loss);
+}
+
+// A step of accumulation 2 draws the same 256 tokens as a step of accumulation 1 (two
+// micro-batches of 128, in cursor order) and must take the same gradient: the mean over all
+// of them, not over the first micro-batch.
+TEST_CASE("gradient accumulation: two micro-batches step as the whole batch does", "[train]") {
+  auto corpus = testing::tiny_byte_corpus();
+  std::vector<std::vector<torch::Tensor>> parameters;
+  std::vector<std::vector<CurvePoint>> curves;
+  for (int64_t accumulation : {1, 2}) {
+    INFO("accumulation " << accumulation);
+    Config config = testing::tiny_config("alibi");
+    config.train.steps = 6;
+    config.train.log_every = 1;
+    config.train.accumulation = accumulation;
+    TempDir dir("accumulation");
+    config.train.out_dir = (dir.root / "run").string();
+    torch::manual_seed(1);
+    Trainer trainer(config, corpus);
+    trainer.quiet = true;
+    const TrainSummary summary = trainer.run(RunStart::fresh);
+    curves.push_back(summary.train_curve);
+    std::vector<torch::Tensor> p;
+    for (const auto& t : trainer.model()->parameters()) p.push_back(t.detach().clone());
+    parameters.push_back(p);
+  }
+  REQUIRE(curves[0].size() == curves[1].size());
+  REQUIRE(curves[0].size() >= 6);
+  for (size_t i = 0; i < curves[0].size(); ++i)
+    CHECK(curves[1][i].loss == Approx(curves[0][i].loss).epsilon(1e-5));
+  REQUIRE(parameters[0].size() == parameters[1].size());
+  for (size_t i = 0; i < parameters[0].size(); ++i) {
+    INFO("parameter " << i);
+    // Adam divides by sqrt(v): where a gradient is near 0, summation-order differences grow.
+    CHECK(torch::allclose(parameters[1][i], parameters[0][i], /*rtol=*/1e-3, /*atol=*/1e-3));
+  }
+}
