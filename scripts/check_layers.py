@@ -112,7 +112,7 @@ def check():
                 problems.append(f"{path}:{number}: includes {target}, which is in no layer")
             elif not may_use(user, used):
                 problems.append(f"{path}:{number}: includes {target} (layer {user} may not use layer {used})")
-            elif used != user and user not in ("tests",):
+            elif used != user and user != "tests":
                 edges[(user, used)] += 1
     return problems, edges
 
@@ -140,21 +140,15 @@ def reduced(edges):
 def picture(edges):
     edges = reduced(edges)
     lines = ["```mermaid", "flowchart BT"]
-    for _, name in LAYERS:
-        folders = ", ".join(p.rstrip("/") for p in dict(LAYERS_BY_NAME)[name])
+    for prefixes, name in LAYERS:
+        folders = ", ".join(p.rstrip("/") for p in prefixes)
         lines.append(f'  {name}["{name}<br/><small>{folders}</small>"]')
     lines.append('  plugins["plugins<br/><small>plugins</small>"]')
-    for (user, used), count in sorted(edges.items(), key=lambda e: (layer_index(e[0][0]), layer_index(e[0][1]))):
+    last = len(LAYERS)  # plugins, after every layer
+    for (user, used), count in sorted(edges.items(), key=lambda e: (RANK.get(e[0][0], last), RANK.get(e[0][1], last))):
         lines.append(f"  {user} -->|{count}| {used}")
     lines.append("```")
     return "\n".join(lines)
-
-
-LAYERS_BY_NAME = [(name, prefixes) for prefixes, name in LAYERS]
-
-
-def layer_index(name):
-    return RANK.get(name, len(LAYERS))
 
 
 def main():
