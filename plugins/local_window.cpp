@@ -27,8 +27,8 @@ struct LocalWindowOptions {
     r.read("window", window, "keys with |i - j| < window are visible (head 0's window)");
     r.read("spread", spread, "head h's window is window * 2^(h * spread / (H - 1)); 0: all equal");
     if (!r.decoding()) return;
-    if (window < 1) r.fail("window", "must be at least 1");
-    if (!(spread >= 0.0 && spread <= 20.0)) r.fail("spread", "must be in [0, 20]");
+    r.at_least("window", window, 1);
+    r.in_range("spread", spread, 0, 20, "[]");
   }
 };
 

@@ -24,7 +24,7 @@ struct CopeOptions {
            "training length + 1)");
     r.read("per_head", per_head, "one embedding table per head; false (the reference): shared");
     if (!r.decoding()) return;
-    if (npos < 2) r.fail("npos", "must be at least 2");
+    r.at_least("npos", npos, 2);
   }
 };
 

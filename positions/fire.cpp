@@ -30,10 +30,10 @@ struct FireOptions {
     r.read("shared_across_layers", shared_across_layers,
            "one MLP, c and L for all layers; false (the reference): one per layer");
     if (!r.decoding()) return;
-    if (mlp_width < 1) r.fail("mlp_width", "must be at least 1");
-    if (!(init_c > 0.0)) r.fail("init_c", "must be positive");
-    if (!(init_L > 0.0)) r.fail("init_L", "must be positive");
-    if (!(eps > 0.0)) r.fail("eps", "must be positive");
+    r.at_least("mlp_width", mlp_width, 1);
+    r.above("init_c", init_c, 0);
+    r.above("init_L", init_L, 0);
+    r.above("eps", eps, 0);
   }
 };
 

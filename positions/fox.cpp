@@ -23,7 +23,7 @@ struct FoxOptions {
            "initial b of every gate (0 as the reference; larger keeps more of the past at the start)");
     r.read("init_std", init_std, "standard deviation of the initial gate weights w");
     if (!r.decoding()) return;
-    if (init_std < 0) r.fail("init_std", "must not be negative");
+    r.at_least("init_std", init_std, 0.0);
   }
 };
 

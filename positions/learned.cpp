@@ -11,7 +11,7 @@ struct LearnedOptions {
   void read(const OptionReader& r) {
     r.read("max_length", max_length, "number of positions with a trained vector");
     r.read("init_std", init_std, "standard deviation of the initial vectors");
-    if (r.decoding() && max_length < 1) r.fail("max_length", "must be at least 1");
+    r.at_least("max_length", max_length, 1);
   }
 };
 

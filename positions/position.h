@@ -97,6 +97,10 @@ struct RopeScaling {
 // name, naming `where` (a flag or key) and the known names.
 std::string rope_scaling_name(RopeScalingKind kind);
 RopeScalingKind parse_rope_scaling(const std::string& name, const std::string& where);
+// Several variants by name, in the order given; a name listed twice is refused too
+// ("WHERE: yarn is listed twice").
+std::vector<RopeScalingKind> parse_rope_variants(const std::vector<std::string>& names,
+                                                 const std::string& where);
 
 // Refuses (ConfigError) a scaling that cannot be applied: a factor below 1 or not finite, no
 // training length where the kind needs one, llama3's high_freq_factor not above

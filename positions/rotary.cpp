@@ -23,8 +23,8 @@ struct RotaryOptions {
     r.read("fraction", fraction,
            "fraction of each head's dimensions that rotate (rounded down to an even count)");
     if (!r.decoding()) return;
-    if (!(base > 1.0)) r.fail("base", "must be greater than 1");
-    if (!(fraction > 0.0 && fraction <= 1.0)) r.fail("fraction", "must be in (0, 1]");
+    r.above("base", base, 1);
+    r.in_range("fraction", fraction, 0, 1, "(]");
   }
 };
 

@@ -1,5 +1,6 @@
 #include "positions/rotation.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -23,6 +24,18 @@ RopeScalingKind parse_rope_scaling(const std::string& name, const std::string& w
     if (rope_scaling_name(kind) == name) return kind;
   throw ConfigError((where.empty() ? "" : where + ": ") + "unknown RoPE scaling '" + name +
                     "' (known: none, linear, ntk, dynamic, yarn, llama3)");
+}
+
+std::vector<RopeScalingKind> parse_rope_variants(const std::vector<std::string>& names,
+                                                 const std::string& where) {
+  std::vector<RopeScalingKind> variants;
+  for (const auto& name : names) {
+    const RopeScalingKind kind = parse_rope_scaling(name, where);
+    if (std::find(variants.begin(), variants.end(), kind) != variants.end())
+      throw ConfigError((where.empty() ? "" : where + ": ") + name + " is listed twice");
+    variants.push_back(kind);
+  }
+  return variants;
 }
 
 void check_rope_scaling(const RopeScaling& s) {

@@ -21,8 +21,8 @@ struct SandwichOptions {
     r.read("base", base, "wavelength base of the sinusoids (w_k = base^(-2k / d))");
     r.read("scale", scale, "head h (1..H) divides its bias by scale * h / H");
     if (!r.decoding()) return;
-    if (!(base > 1.0)) r.fail("base", "must be greater than 1");
-    if (!(scale > 0.0)) r.fail("scale", "must be positive");
+    r.above("base", base, 1);
+    r.above("scale", scale, 0);
   }
 };
 

@@ -53,7 +53,7 @@ struct T5BiasOptions {
     if (buckets < 4 || buckets % 2 != 0) r.fail("buckets", "must be even and at least 4");
     if (max_distance <= buckets / 2)
       r.fail("max_distance", "must exceed buckets / 2 (" + std::to_string(buckets / 2) + ")");
-    if (init_std < 0) r.fail("init_std", "must not be negative");
+    r.at_least("init_std", init_std, 0.0);
   }
 };
 

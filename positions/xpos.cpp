@@ -28,9 +28,9 @@ struct XposOptions {
     r.read("scale_base", scale_base, "positions are divided by this in the decay exponent");
     r.read("gamma", gamma, "zeta_k = (2k + gamma d) / ((1 + gamma) d)");
     if (!r.decoding()) return;
-    if (!(base > 1.0)) r.fail("base", "must be greater than 1");
-    if (!(scale_base > 0.0)) r.fail("scale_base", "must be positive");
-    if (!(gamma > 0.0)) r.fail("gamma", "must be positive");
+    r.above("base", base, 1);
+    r.above("scale_base", scale_base, 0);
+    r.above("gamma", gamma, 0);
   }
 };
 

@@ -99,6 +99,43 @@ void OptionReader::fail(const std::string& key, const std::string& message) cons
   throw ConfigError(locate(key) + ": " + message);
 }
 
+void OptionReader::fail_below(const std::string& key, const std::string& minimum, bool zero,
+                              const std::string& note, const std::string& value) const {
+  fail(key, (zero ? "must not be negative" : "must be at least " + minimum) + note + ", got " +
+                value);
+}
+
+void OptionReader::above(const std::string& key, double value, double bound,
+                         const std::string& note) const {
+  // !(value > bound) also refuses NaN.
+  if (!decoding() || value > bound) return;
+  fail(key, (bound == 0 ? std::string("must be positive") : "must be greater than " + number_text(bound)) +
+                note + ", got " + number_text(value));
+}
+
+void OptionReader::in_range(const std::string& key, double value, double low, double high,
+                            const std::string& ends) const {
+  if (ends.size() != 2 || (ends[0] != '[' && ends[0] != '(') || (ends[1] != ']' && ends[1] != ')'))
+    throw std::logic_error("OptionReader::in_range: ends must be one of [) (] [] (), got " + ends);
+  const bool low_ok = ends[0] == '[' ? value >= low : value > low;
+  const bool high_ok = ends[1] == ']' ? value <= high : value < high;
+  if (!decoding() || (low_ok && high_ok)) return;  // NaN fails both comparisons
+  fail(key, "must be in " + ends.substr(0, 1) + number_text(low) + ", " + number_text(high) +
+                ends.substr(1) + ", got " + number_text(value));
+}
+
+void OptionReader::each_at_least(const std::string& key, const std::vector<int64_t>& values,
+                                 int64_t minimum) const {
+  for (int64_t value : values) at_least(key, value, minimum);
+}
+
+void OptionReader::distinct(const std::string& key, const std::vector<int64_t>& values) const {
+  if (!decoding()) return;
+  std::set<int64_t> seen;
+  for (int64_t value : values)
+    if (!seen.insert(value).second) fail(key, std::to_string(value) + " is listed twice");
+}
+
 OptionReader OptionReader::section(const std::string& key, const std::string& help) const {
   note(key, "{}", help, Affects::model);
   if (documenting()) state_->docs.back().section = true;  // its keys carry their own marks

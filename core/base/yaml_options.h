@@ -13,6 +13,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <array>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <set>
@@ -108,6 +109,26 @@ class OptionReader {
   std::string locate(const std::string& key) const;
   [[noreturn]] void fail(const std::string& key, const std::string& message) const;
 
+  // The shared range and uniqueness checks on decoded values. Each fails at `key` with the
+  // value in the message, and does nothing unless decoding (defaults are not re-checked).
+  //   at_least:      "must be at least M, got V" ("must not be negative" for M = 0); `note`
+  //                  goes before ", got", e.g. " (0: all cores)"
+  //   above:         "must be greater than B, got V" ("must be positive" for B = 0)
+  //   in_range:      "must be in [low, high), got V"; `ends` says which ends belong: "[)",
+  //                  "(]", "[]" or "()"
+  //   each_at_least: at_least for every element of a list
+  //   distinct:      "V is listed twice"
+  template <class T>
+  void at_least(const std::string& key, T value, typename std::common_type<T>::type minimum,
+                const std::string& note = "") const;
+  void above(const std::string& key, double value, double bound,
+             const std::string& note = "") const;
+  void in_range(const std::string& key, double value, double low, double high,
+                const std::string& ends = "[)") const;
+  void each_at_least(const std::string& key, const std::vector<int64_t>& values,
+                     int64_t minimum) const;
+  void distinct(const std::string& key, const std::vector<int64_t>& values) const;
+
  private:
   enum class Mode { Read, Document, Write };
   struct State {
@@ -116,6 +137,8 @@ class OptionReader {
     std::vector<OptionDoc> docs;
   };
   OptionReader(YAML::Node node, std::shared_ptr<State> state, std::string prefix);
+  [[noreturn]] void fail_below(const std::string& key, const std::string& minimum, bool zero,
+                               const std::string& note, const std::string& value) const;
   void note(const std::string& key, const std::string& default_value, const std::string& help,
             Affects affects) const;
   YAML::Node node_;
@@ -192,6 +215,19 @@ void OptionReader::read(const std::string& key, T& field, const std::string& hel
       fail(key, "expected " + detail::type_name<T>() + ", got '" + yaml_to_string(value) + "'");
     }
   }
+}
+
+template <class T>
+void OptionReader::at_least(const std::string& key, T value,
+                            typename std::common_type<T>::type minimum,
+                            const std::string& note) const {
+  static_assert(std::is_arithmetic_v<T>, "at_least checks numbers");
+  // !(value >= minimum) also refuses NaN.
+  if (!decoding() || value >= minimum) return;
+  if constexpr (std::is_floating_point_v<T>)
+    fail_below(key, number_text(minimum), minimum == 0, note, number_text(value));
+  else
+    fail_below(key, std::to_string(minimum), minimum == 0, note, std::to_string(value));
 }
 
 }  // namespace extrap

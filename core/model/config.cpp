@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <set>
 
 namespace extrap {
 
@@ -21,8 +22,7 @@ void read_data_section(const OptionReader& root, Config& c) {
          "share of training sequences that are task instances (1: the task alone)");
   r.finish();
   if (root.decoding()) {
-    if (!(c.task_fraction >= 0 && c.task_fraction <= 1))
-      r.fail("task_fraction", "must be in [0, 1], got " + number_text(c.task_fraction));
+    r.in_range("task_fraction", c.task_fraction, 0, 1, "[]");
     if (c.task != RetrievalTask::none && c.task_fraction == 0)
       r.fail("task_fraction", "is 0 while data.task is " + enum_name(c.task) +
                                   ": give the share of task sequences (1: the task alone)");
@@ -52,18 +52,16 @@ void read_model_section(const OptionReader& root, Config& c) {
          Affects::nothing);
   r.finish();
   if (root.decoding()) {
-    if (m.layers < 1) r.fail("layers", "must be at least 1, got " + std::to_string(m.layers));
-    if (m.d_model < 1) r.fail("d_model", "must be at least 1, got " + std::to_string(m.d_model));
-    if (m.heads < 1) r.fail("heads", "must be at least 1, got " + std::to_string(m.heads));
-    if (m.d_ffn < 1) r.fail("d_ffn", "must be at least 1, got " + std::to_string(m.d_ffn));
-    if (m.efficient_threshold < 1)
-      r.fail("efficient_threshold", "must be at least 1, got " + std::to_string(m.efficient_threshold));
-    if (!(m.attention_dropout >= 0 && m.attention_dropout < 1))
-      r.fail("attention_dropout", "must be in [0, 1), got " + number_text(m.attention_dropout));
+    r.at_least("layers", m.layers, 1);
+    r.at_least("d_model", m.d_model, 1);
+    r.at_least("heads", m.heads, 1);
+    r.at_least("d_ffn", m.d_ffn, 1);
+    r.at_least("efficient_threshold", m.efficient_threshold, 1);
+    r.in_range("attention_dropout", m.attention_dropout, 0, 1);
     if (m.d_model % m.heads != 0)
       r.fail("heads", "d_model (" + std::to_string(m.d_model) + ") must be a multiple of heads (" +
                           std::to_string(m.heads) + ")");
-    if (!(m.dropout >= 0 && m.dropout < 1)) r.fail("dropout", "must be in [0, 1), got " + number_text(m.dropout));
+    r.in_range("dropout", m.dropout, 0, 1);
   }
 }
 
@@ -121,31 +119,29 @@ void read_train_section(const OptionReader& root, Config& c) {
   r.read("mask_prob", t.mask_prob, "masked_lm: fraction of tokens selected for prediction");
   r.finish();
   if (root.decoding()) {
-    if (t.seq_len < 1) r.fail("seq_len", "must be at least 1");
-    if (t.accumulation < 1) r.fail("accumulation", "must be at least 1");
+    r.at_least("seq_len", t.seq_len, 1);
+    r.at_least("accumulation", t.accumulation, 1);
     if (t.batch_tokens < t.seq_len * t.accumulation)
       r.fail("batch_tokens", "must be at least seq_len * accumulation (" +
                                  std::to_string(t.seq_len * t.accumulation) + ")");
-    if (t.steps < 0) r.fail("steps", "must not be negative, got " + std::to_string(t.steps));
+    r.at_least("steps", t.steps, 0);
     if (!(t.lr > 0) || !std::isfinite(t.lr)) r.fail("lr", "must be a positive number, got " + number_text(t.lr));
     if (!(t.min_lr >= 0 && t.min_lr <= t.lr))
       r.fail("min_lr", "must be in [0, lr], got " + number_text(t.min_lr));
-    if (t.warmup < 0) r.fail("warmup", "must not be negative, got " + std::to_string(t.warmup));
+    r.at_least("warmup", t.warmup, 0);
     if (!(t.weight_decay >= 0) || !std::isfinite(t.weight_decay))
       r.fail("weight_decay", "must not be negative, got " + number_text(t.weight_decay));
-    if (!(t.beta1 >= 0 && t.beta1 < 1)) r.fail("beta1", "must be in [0, 1), got " + number_text(t.beta1));
-    if (!(t.beta2 >= 0 && t.beta2 < 1)) r.fail("beta2", "must be in [0, 1), got " + number_text(t.beta2));
+    r.in_range("beta1", t.beta1, 0, 1);
+    r.in_range("beta2", t.beta2, 0, 1);
     if (!(t.eps > 0) || !std::isfinite(t.eps)) r.fail("eps", "must be a positive number, got " + number_text(t.eps));
     if (!(t.clip >= 0) || !std::isfinite(t.clip))
       r.fail("clip", "must not be negative (0: no clipping), got " + number_text(t.clip));
-    if (t.validate_every < 0) r.fail("validate_every", "must not be negative, got " + std::to_string(t.validate_every));
-    if (t.validate_tokens < 0) r.fail("validate_tokens", "must not be negative, got " + std::to_string(t.validate_tokens));
-    if (t.checkpoint_every < 0)
-      r.fail("checkpoint_every", "must not be negative, got " + std::to_string(t.checkpoint_every));
-    if (t.log_every < 1) r.fail("log_every", "must be at least 1, got " + std::to_string(t.log_every));
-    if (t.threads < 0) r.fail("threads", "must not be negative (0: all cores), got " + std::to_string(t.threads));
-    if (!(t.mask_prob > 0 && t.mask_prob < 1))
-      r.fail("mask_prob", "must be in (0, 1), got " + number_text(t.mask_prob));
+    r.at_least("validate_every", t.validate_every, 0);
+    r.at_least("validate_tokens", t.validate_tokens, 0);
+    r.at_least("checkpoint_every", t.checkpoint_every, 0);
+    r.at_least("log_every", t.log_every, 1);
+    r.at_least("threads", t.threads, 0, " (0: all cores)");
+    r.in_range("mask_prob", t.mask_prob, 0, 1, "()");
     if (t.out_dir.empty()) r.fail("out_dir", "must not be empty");
   }
 }
@@ -165,12 +161,9 @@ void read_eval_section(const OptionReader& root, Config& c) {
          Affects::evaluation);
   r.finish();
   if (root.decoding()) {
-    for (auto l : e.lengths)
-      if (l < 1) r.fail("lengths", "lengths must be at least 1, got " + std::to_string(l));
-    for (auto s : e.strides)
-      if (s < 1) r.fail("strides", "strides must be at least 1, got " + std::to_string(s));
-    if (e.batch_tokens < 1) r.fail("batch_tokens", "must be at least 1, got " + std::to_string(e.batch_tokens));
-    if (e.max_tokens < 0) r.fail("max_tokens", "must not be negative (0: all), got " + std::to_string(e.max_tokens));
+    check_eval_lengths(r, e.lengths, {}, e.strides);
+    r.at_least("batch_tokens", e.batch_tokens, 1);
+    r.at_least("max_tokens", e.max_tokens, 0, " (0: all)");
   }
 }
 
@@ -224,6 +217,37 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   position_as_map(root);  // so that --set position.name=... works on `position: alibi`
   for (const auto& o : overrides) apply_override(root, o);
   return config_from_yaml(root, path.empty() ? "(command line)" : path);
+}
+
+void check_eval_lengths(const std::vector<int64_t>& lengths,
+                        const std::vector<int64_t>& length_multiples,
+                        const std::vector<int64_t>& strides, const EvalLengthRefusal& refuse) {
+  const auto check = [&](EvalLengthList list, const std::vector<int64_t>& values) {
+    std::set<int64_t> seen;
+    for (int64_t value : values) {
+      if (value < 1) refuse(list, value, EvalLengthProblem::below_one);
+      if (!seen.insert(value).second) refuse(list, value, EvalLengthProblem::listed_twice);
+    }
+  };
+  check(EvalLengthList::lengths, lengths);
+  check(EvalLengthList::length_multiples, length_multiples);
+  check(EvalLengthList::strides, strides);
+}
+
+void check_eval_lengths(const OptionReader& section, const std::vector<int64_t>& lengths,
+                        const std::vector<int64_t>& length_multiples,
+                        const std::vector<int64_t>& strides) {
+  if (!section.decoding()) return;
+  check_eval_lengths(lengths, length_multiples, strides,
+                     [&](EvalLengthList list, int64_t value, EvalLengthProblem problem) {
+                       const char* key = list == EvalLengthList::lengths ? "lengths"
+                                         : list == EvalLengthList::strides
+                                             ? "strides"
+                                             : "length_multiples";
+                       if (problem == EvalLengthProblem::listed_twice)
+                         section.fail(key, std::to_string(value) + " is listed twice");
+                       section.at_least(key, value, 1);
+                     });
 }
 
 std::vector<OptionDoc> config_documentation() {

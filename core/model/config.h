@@ -12,6 +12,8 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -131,5 +133,23 @@ void position_as_map(YAML::Node root);
 
 // Every config key with default and help (the position method's own keys excluded).
 std::vector<OptionDoc> config_documentation();
+
+// The one rule for an evaluation plan's window lengths, multiples of train.seq_len and
+// sliding-window strides, wherever they are given (eval.* in a config or a sweep file,
+// eval.retrieval's instance lengths, extrap eval's --length and --stride): each at least 1 and
+// none listed twice. `refuse` reports the first value that breaks it, at the caller's own name
+// for the list; it must throw.
+enum class EvalLengthList { lengths, length_multiples, strides };
+enum class EvalLengthProblem { below_one, listed_twice };
+using EvalLengthRefusal =
+    std::function<void(EvalLengthList list, int64_t value, EvalLengthProblem problem)>;
+void check_eval_lengths(const std::vector<int64_t>& lengths,
+                        const std::vector<int64_t>& length_multiples,
+                        const std::vector<int64_t>& strides, const EvalLengthRefusal& refuse);
+// The same in a config section: fails at the section's key "lengths", "length_multiples" or
+// "strides" ("must be at least 1, got 0"; "64 is listed twice").
+void check_eval_lengths(const OptionReader& section, const std::vector<int64_t>& lengths,
+                        const std::vector<int64_t>& length_multiples,
+                        const std::vector<int64_t>& strides);
 
 }  // namespace extrap

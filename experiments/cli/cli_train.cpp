@@ -230,12 +230,15 @@ void check_eval_options(EvalOptions& opt) {
       throw ConfigError("--retrieval takes one --rope-scaling variant at a time");
     check_retrieval_spec(opt.retrieval_spec);
   }
-  for (int64_t length : opt.lengths)
-    if (length < 1) throw ConfigError("--length " + std::to_string(length) + ": must be at least 1");
-  for (int64_t stride : opt.strides)
-    if (stride < 1)
-      throw ConfigError("--stride " + std::to_string(stride) +
-                        ": must be at least 1 (omit --stride for non-overlapping windows)");
+  check_eval_lengths(opt.lengths, {}, opt.strides,
+                     [](EvalLengthList list, int64_t value, EvalLengthProblem problem) {
+                       const bool stride = list == EvalLengthList::strides;
+                       std::string text = (stride ? "--stride " : "--length ") + std::to_string(value);
+                       if (problem == EvalLengthProblem::listed_twice)
+                         throw ConfigError(text + ": is listed twice");
+                       throw ConfigError(text + ": must be at least 1" +
+                                         (stride ? " (omit --stride for non-overlapping windows)" : ""));
+                     });
   if (vm.count("max-tokens") && opt.max_tokens < 1)
     throw ConfigError("--max-tokens " + std::to_string(opt.max_tokens) + ": must be at least 1");
   if (vm.count("batch-tokens") && opt.batch_tokens < 1)
@@ -249,13 +252,7 @@ void check_eval_options(EvalOptions& opt) {
 
 // The --rope-scaling variants, each once, in the order given; none when none was named.
 std::vector<RopeScalingKind> rope_variants(const std::vector<std::string>& rope_names) {
-  std::vector<RopeScalingKind> variants;
-  for (const auto& name : rope_names) {
-    const RopeScalingKind kind = parse_rope_scaling(name, "--rope-scaling");
-    if (std::find(variants.begin(), variants.end(), kind) != variants.end())
-      throw ConfigError("--rope-scaling: " + name + " is listed twice");
-    variants.push_back(kind);
-  }
+  std::vector<RopeScalingKind> variants = parse_rope_variants(rope_names, "--rope-scaling");
   if (variants.empty()) variants.push_back(RopeScalingKind::none);
   return variants;
 }

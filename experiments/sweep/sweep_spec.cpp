@@ -256,11 +256,7 @@ void check_retrieval_plan(const OptionReader& r, const SweepRetrieval& retrieval
   if (retrieval.lengths.empty() && retrieval.length_multiples.empty())
     r.fail("length_multiples", "no instance lengths (lengths and length_multiples are both "
                                "empty)");
-  for (auto l : retrieval.lengths)
-    if (l < 1) r.fail("lengths", "lengths must be at least 1, got " + std::to_string(l));
-  for (auto m : retrieval.length_multiples)
-    if (m < 1)
-      r.fail("length_multiples", "multiples must be at least 1, got " + std::to_string(m));
+  check_eval_lengths(r, retrieval.lengths, retrieval.length_multiples, {});
   RetrievalSpec check;
   check.task = retrieval.task;
   check.depths = retrieval.depths;
@@ -288,56 +284,34 @@ void read_retrieval(const OptionReader& e, SweepRetrieval& retrieval) {
 }
 
 // Parses eval.rope_scaling, when given, into distinct RoPE-scaling variants.
-void parse_rope_variants(const OptionReader& e, const std::vector<std::string>& rope_names,
+void read_rope_variants(const OptionReader& e, const std::vector<std::string>& rope_names,
                          SweepEval& eval) {
   if (!e.has("rope_scaling")) return;
   if (rope_names.empty()) e.fail("rope_scaling", "is empty: list at least none");
-  eval.rope_scaling.clear();
-  std::set<std::string> seen;
-  for (const auto& name : rope_names) {
-    if (!seen.insert(name).second) e.fail("rope_scaling", name + " is listed twice");
-    try {
-      eval.rope_scaling.push_back(parse_rope_scaling(name, ""));
-    } catch (const ConfigError& error) {
-      e.fail("rope_scaling", error.what());
-    }
+  try {
+    eval.rope_scaling = parse_rope_variants(rope_names, "");
+  } catch (const ConfigError& error) {
+    e.fail("rope_scaling", error.what());
   }
 }
 
 // Fills the lengths and strides the eval section leaves out from the base config, and checks
 // that the evaluation plan is valid and not empty.
 void check_eval_plan(const OptionReader& e, SweepSpec& spec) {
-  if (e.has("rope_factor") && !(spec.eval.rope_factor >= 1.0))
-    e.fail("rope_factor", "must be at least 1, got " + number_text(spec.eval.rope_factor));
+  if (e.has("rope_factor")) e.at_least("rope_factor", spec.eval.rope_factor, 1.0);
   if (e.has("rope_factor") &&
       spec.eval.rope_scaling == std::vector<RopeScalingKind>{RopeScalingKind::none})
     e.fail("rope_factor", "is set but eval.rope_scaling lists no variant to scale");
   if (!e.has("lengths") && !e.has("length_multiples"))
     spec.eval.lengths = spec.base_config.eval.lengths;
   if (!e.has("strides")) spec.eval.strides = spec.base_config.eval.strides;
-  for (auto l : spec.eval.lengths)
-    if (l < 1) e.fail("lengths", "lengths must be at least 1, got " + std::to_string(l));
-  for (auto m : spec.eval.length_multiples)
-    if (m < 1)
-      e.fail("length_multiples", "multiples must be at least 1, got " + std::to_string(m));
-  for (auto s : spec.eval.strides)
-    if (s < 1) e.fail("strides", "strides must be at least 1, got " + std::to_string(s));
+  check_eval_lengths(e, spec.eval.lengths, spec.eval.length_multiples, spec.eval.strides);
   if (!spec.eval.nonoverlapping && spec.eval.strides.empty())
     e.fail("nonoverlapping", "false, and no strides: nothing would be evaluated");
   if (spec.eval.lengths.empty() && spec.eval.length_multiples.empty())
     e.fail(e.has("lengths") ? "lengths" : "length_multiples",
            "no evaluation lengths (lengths and length_multiples are both empty): nothing would "
            "be evaluated");
-  const auto distinct = [&](const std::vector<int64_t>& values, const std::string& key) {
-    std::set<int64_t> seen;
-    for (auto v : values)
-      if (!seen.insert(v).second) e.fail(key, std::to_string(v) + " is listed twice");
-  };
-  distinct(spec.eval.lengths, "lengths");
-  distinct(spec.eval.length_multiples, "length_multiples");
-  distinct(spec.eval.strides, "strides");
-  distinct(spec.eval.retrieval.lengths, "retrieval.lengths");
-  distinct(spec.eval.retrieval.length_multiples, "retrieval.length_multiples");
 }
 
 // Reads the eval section: the sweep's own lengths/strides, else the base config's.
@@ -356,7 +330,7 @@ void read_eval(const OptionReader& root, SweepSpec& spec) {
          "RoPE scaling factor s (default: each evaluation length / train.seq_len)");
   read_retrieval(e, spec.eval.retrieval);
   e.finish();
-  parse_rope_variants(e, rope_names, spec.eval);
+  read_rope_variants(e, rope_names, spec.eval);
   check_eval_plan(e, spec);
 }
 
@@ -391,7 +365,7 @@ SweepSpec load_sweep(const std::string& path, const std::vector<std::string>& ov
   read_eval(root, spec);
   root.read("jobs", spec.jobs,
             "grid points run at once, each in its own process (not part of the spec)");
-  if (spec.jobs < 1) root.fail("jobs", "must be at least 1");
+  root.at_least("jobs", spec.jobs, 1);
   spec.overrides = overrides;
   read_output(root, spec);
   root.finish();

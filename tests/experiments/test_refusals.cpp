@@ -159,6 +159,8 @@ TEST_CASE("non-finite numbers and lengths the data cannot fill are failures, nev
                               "5001 tokens; the split has 2400 tokens");
   CHECK(run_cli(d, {"eval", "--checkpoint", "runs/ok", "-L", "16", "-S", "0"}, &out) == 2);
   require_one_line_error(out, "--stride 0: must be at least 1");
+  CHECK(run_cli(d, {"eval", "--checkpoint", "runs/ok", "-L", "16", "32", "16"}, &out) == 2);
+  require_one_line_error(out, "--length 16: is listed twice");
   REQUIRE(run_cli(d, {"eval", "--checkpoint", "runs/ok", "-L", "16", "-S", "16"}, &out) == 0);
   CHECK(out.find("16         16             2399") != std::string::npos);
 

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 using namespace extrap;
@@ -215,6 +216,13 @@ TEST_CASE("config: impossible values are refused naming the key and the value", 
       {"eval.batch_tokens=0", "'eval.batch_tokens'"},
       {"eval.max_tokens=-1", "'eval.max_tokens'"},
       {"eval.strides=[0]", "'eval.strides'"},
+      {"eval.lengths=[64, 0]", "key 'eval.lengths' (set on the command line or by a sweep's grid): must be at least 1, got 0"},
+      {"eval.lengths=[64, 128, 64]", "key 'eval.lengths' (set on the command line or by a sweep's grid): 64 is listed twice"},
+      {"eval.strides=[8, 8]", "'eval.strides' (set on the command line or by a sweep's grid): 8 is listed twice"},
+      {"train.seq_len=0", "key 'train.seq_len' (set on the command line or by a sweep's grid): must be at least 1, got 0"},
+      {"train.threads=-2", "must not be negative (0: all cores), got -2"},
+      {"model.dropout=.nan", "'model.dropout' (set on the command line or by a sweep's grid): must be in [0, 1), got nan"},
+      {"data.task_fraction=1.5", "'data.task_fraction' (set on the command line or by a sweep's grid): must be in [0, 1], got 1.5"},
   };
   for (const auto& [assignment, expected] : cases) {
     INFO(assignment);
@@ -271,4 +279,40 @@ TEST_CASE("config: each key's mark decides the run fingerprint and what a sweep 
     CHECK(in_model == (doc.affects == Affects::model));
     CHECK(in_result == (doc.affects != Affects::nothing));
   }
+}
+
+TEST_CASE("check_eval_lengths: one rule for lengths, multiples and strides, first offender named",
+          "[config]") {
+  struct Refusal {
+    EvalLengthList list;
+    int64_t value;
+    EvalLengthProblem problem;
+  };
+  const auto first_refusal = [](const std::vector<int64_t>& lengths,
+                                const std::vector<int64_t>& multiples,
+                                const std::vector<int64_t>& strides) -> std::optional<Refusal> {
+    try {
+      check_eval_lengths(lengths, multiples, strides,
+                         [](EvalLengthList list, int64_t value, EvalLengthProblem problem) {
+                           throw Refusal{list, value, problem};
+                         });
+    } catch (const Refusal& refusal) {
+      return refusal;
+    }
+    return std::nullopt;
+  };
+  CHECK(!first_refusal({64, 128}, {1, 2, 16}, {32}));
+  CHECK(!first_refusal({}, {}, {}));
+  auto r = first_refusal({64, 0, -5}, {}, {});
+  REQUIRE(r);
+  CHECK((r->list == EvalLengthList::lengths && r->value == 0 && r->problem == EvalLengthProblem::below_one));
+  r = first_refusal({64}, {2, 4, 2}, {});
+  REQUIRE(r);
+  CHECK((r->list == EvalLengthList::length_multiples && r->value == 2 &&
+         r->problem == EvalLengthProblem::listed_twice));
+  r = first_refusal({64}, {2}, {16, -1});
+  REQUIRE(r);
+  CHECK((r->list == EvalLengthList::strides && r->value == -1 && r->problem == EvalLengthProblem::below_one));
+  // The same value in two lists is no repetition: 64 tokens and 64 times L are different lengths.
+  CHECK(!first_refusal({64}, {64}, {64}));
 }

@@ -90,6 +90,15 @@ TEST_CASE("odd head counts and unsupported modes are clear errors", "[positions]
                     Catch::Contains("use 'alibi'"));
   CHECK_THROWS_WITH(make_method("rotary", 4, true, "{fraction: 1.5}"), Catch::Contains("fraction"));
   CHECK_THROWS_WITH(make_method("t5_bias", 4, true, "{bucket: 8}"), Catch::Contains("bucket"));
+  // Methods' own range checks name the key and the value (OptionReader's shared checks).
+  CHECK_THROWS_WITH(make_method("rotary", 4, true, "{fraction: 0}"),
+                    Catch::Contains("key 'fraction': must be in (0, 1], got 0"));
+  CHECK_THROWS_WITH(make_method("rotary", 4, true, "{base: 1}"),
+                    Catch::Contains("must be greater than 1, got 1"));
+  CHECK_THROWS_WITH(make_method("fire", 4, true, "{eps: 0}"), Catch::Contains("must be positive, got 0"));
+  CHECK_THROWS_WITH(make_method("cope", 4, true, "{npos: 1}"), Catch::Contains("must be at least 2, got 1"));
+  CHECK_THROWS_WITH(make_method("t5_bias", 4, true, "{init_std: -1}"),
+                    Catch::Contains("must not be negative, got -1"));
 }
 
 TEST_CASE("T5 buckets for hand-worked distances", "[positions]") {
