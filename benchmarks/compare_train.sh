@@ -14,7 +14,7 @@
 # Allocator: extrap sets glibc's malloc thresholds at start (core/base/allocator.h: mmap 64 MiB,
 # trim 512 MiB), which spares a step's tensors their page faults. The PyTorch runs get the same
 # thresholds through GLIBC_TUNABLES, so that malloc is not the difference: PyTorch gains from
-# them too (2026-11-24, quick bf16: eager 54k -> 68-78k tokens/s). BASELINE_MALLOC=default
+# them too (benchmarks/RESULTS.md, part 3). BASELINE_MALLOC=default
 # runs them with glibc's defaults instead, as a plain `python` would.
 # Shapes: configs/train_quick.yaml as it is (3 layers, d_model 128, 4 heads, L 64, 4,096 tokens
 # a step) and the same with d_model 256, d_ffn 1024, L 256. Needs build/extrap and .venv

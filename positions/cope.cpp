@@ -52,8 +52,8 @@ PositionInfo make_cope_info() {
   info.hooks = kBias;
   info.modes = kCausal;
   info.mode_reason = "contextual positions are counted from the query back to each key";
-  // Gates, positions, weights and gathered logits: 2.43 GB peak against ALiBi's 0.82 GB for 2
-  // layers, 16 x 512 tokens, 4 heads (2026-11-23), i.e. 12 score-sized tensors a layer.
+  // Gates, positions, weights and gathered logits: 12 score-sized tensors a layer, the training
+  // peak beyond ALiBi's (the measured peaks are in benchmarks/RESULTS.md).
   info.training_scores = 12;
   info.tensors =
       "position.embeddings (layers, 1 or H, d_head, npos): layer l uses E = embeddings[l]; with "

@@ -98,8 +98,8 @@ PositionInfo make_fire_info() {
       "FIRE: an MLP of the log distance normalised by the query position (Li et al., 2023)";
   info.hooks = kBias;
   info.modes = kCausal | kBidirectional;
-  // The MLP's (T, T, width) activations: 33 MB a layer at T = 512 and the default width 32
-  // (measured 2026-11-23), i.e. about 32 T x T floats; more for a wider MLP.
+  // The MLP's (T, T, width) activations: about 32 T x T floats a layer at the default width 32
+  // (33 MB at T = 512); more for a wider MLP.
   info.training_pairs = 32;
   info.tensors =
       "position.w1, position.b1 (S, W), position.w2 (S, H, W), position.b2 (S, H), position.c, "

@@ -37,8 +37,9 @@ PACKAGES=(
   nlohmann-json3-dev libxxhash-dev libgloo-dev python3.11-doc
 )
 
-# Free space the python step needs, in GB (measured 2026-11-23: .venv is 5.5 GB; pip's
-# downloads and unpacked wheels peak at about 4 GB in TMPDIR). On one filesystem, both.
+# Free space the python step needs, in GB: .venv (PyTorch with its CUDA libraries) and, at
+# their peak, pip's downloads and unpacked wheels in TMPDIR, each with a margin (their sizes
+# are in benchmarks/RESULTS.md). On one filesystem, both.
 VENV_NEEDS_GB=6
 UNPACK_NEEDS_GB=5
 

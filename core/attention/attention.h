@@ -118,14 +118,13 @@ struct AttentionOptions {
   AttentionBackend backend = AttentionBackend::Auto;
   // Auto switches to the memory-efficient path for inference when T_q * T_k exceeds this.
   int64_t efficient_threshold = 1024 * 1024;
-  // Auto trains with the fused CPU kernel from this many queries on. Measured with `extrap bench
-  // train` (2026-11-23, 2-core AMD EPYC, fp32, d_head 32 and 64): below it the per-head products
-  // are too small for a BLAS call each and the reference's batched ones win (L 64: 0.95x),
-  // at 128 the two are level, from 256 on the kernel is ahead (1.10x to 1.2x).
+  // Auto trains with the fused CPU kernel from this many queries on: below it the per-head
+  // products are too small for a BLAS call each and the reference's batched ones win; from here
+  // on the kernel is level or ahead (the crossover is in benchmarks/RESULTS.md).
   int64_t fused_cpu_min_length = 128;
   // The same for bfloat16 inputs (train.precision bf16) on a CPU with AVX512_BF16, where the
-  // kernel's products run in bfloat16 (core/kernels/bf16_gemm.h). Measured the same way in bf16 (L 32
-  // level with the reference, L 64 1.09x; benchmarks/RESULTS.md).
+  // kernel's products run in bfloat16 (core/kernels/bf16_gemm.h) and pay off at shorter lengths
+  // than the float32 BLAS calls (benchmarks/RESULTS.md).
   int64_t fused_cpu_bf16_min_length = 64;
 };
 

@@ -18,8 +18,8 @@
 #ifndef _OPENMP
 // at::parallel_for is a header template: it runs in parallel only where the file that uses it
 // is compiled with OpenMP, as LibTorch itself is. Without it the query blocks below run
-// one at a time and every tile operation forks LibTorch's threads instead: 6-7x slower on a
-// shared 2-core machine.
+// one at a time and every tile operation forks LibTorch's threads instead, which costs far
+// more than it gains, most of all on a shared machine.
 #warning "core/attention/efficient_attention.cpp is compiled without OpenMP; link extrap with OpenMP::OpenMP_CXX"
 #endif
 
@@ -125,8 +125,8 @@ void attend_query_block(const Problem& p, int64_t q0, int64_t q1, torch::Tensor&
     auto rescale = (running_max - shift).exp_();  // 0 for rows that had nothing
     // Probabilities, unnormalised. Scores more than kNegligible below the row's maximum become
     // exact zeros: they weigh less than e^-64 (1.6e-28) of the maximum, far below fp32
-    // rounding, and would otherwise be denormal numbers, which made the probabilities x values
-    // product 5x slower (ALiBi tiles far from the diagonal, measured 2026-11-21).
+    // rounding, and would otherwise be denormal numbers, on which the probabilities x values
+    // product runs several times slower (ALiBi tiles far from the diagonal are full of them).
     torch::threshold_(scores.sub_(shift), kNegligible, -kInf).exp_();
     running_sum.mul_(rescale).add_(scores.sum(-1, /*keepdim=*/true));
     accumulator.mul_(rescale).baddbmm_(scores, p.v.narrow(1, k0, cols));
@@ -237,16 +237,11 @@ torch::Tensor attend_query_blocks(const Problem& p) {
   const int64_t tile_floats =
       groups * blocks.query_block * std::max(blocks.query_block, blocks.key_block);
   const int64_t num_query_blocks = (p.tq + blocks.query_block - 1) / blocks.query_block;
-  // Parallel over query blocks, each tile operation on one thread. Measured 2026-11-21 on the
-  // shared 2-core VM (T 4096, B 1, H 8, D 64, causal ALiBi, 256 x 512 tiles, OpenBLAS's
-  // default kernels, best of 3 calls in three rounds, one core busy with another job):
-  //   2 threads, query blocks in parallel (this code)          684-834 ms
-  //   2 threads, one block at a time, ATen operations threaded  4548-5088 ms
-  //   1 thread                                                  602-769 ms
-  // and earlier, one block at a time with threaded operations: 576-593 ms with OpenBLAS on
-  // one thread, 870-4041 ms with OpenBLAS's own threads as well (its default). Each thread
-  // takes the next block until none is left, the costliest first (a causal block's cost grows
-  // with its index), so that a thread slowed by other work on the machine takes fewer blocks.
+  // Parallel over query blocks, each tile operation on one thread: a tile's operations are too
+  // small to gain from threads of their own, and forking threads for each of them costs far
+  // more than it saves, most of all when another job holds a core. Each thread takes the next
+  // block until none is left, the costliest first (a causal block's cost grows with its index),
+  // so that a thread slowed by other work on the machine takes fewer blocks.
   std::atomic<int64_t> next_block{0};
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
     torch::NoGradGuard worker_no_grad;  // a dense bias may come from learned tables

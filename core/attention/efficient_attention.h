@@ -12,23 +12,10 @@
 namespace extrap {
 
 // Rows (queries) and columns (keys) of one score tile; the diagonal tile is
-// query_block x query_block. Chosen by measurement on 2026-11-21 on the 2-core development VM
-// (Xeon @ 2.1 GHz with AVX-512, LibTorch 1.13.1, OpenBLAS 0.3.21), B 1, H 8, D 64, causal
-// ALiBi, one thread, process CPU time in ms (the machine was shared with other jobs; minimum
-// of 2 to 5 runs). "default": the generic kernels OpenBLAS picks on this VM's CPU; "skx":
-// OPENBLAS_CORETYPE=SkylakeX, 2-4x faster matrix products.
-//
-//   query x key     T 4096 default   T 4096 skx   T 16384 default   T 16384 skx
-//     64 x  512          717            287           12600             5485
-//    128 x  256          629            269           11781             5097
-//    128 x  512          595            281           10461             5004
-//    256 x  256          584            281            9793             5223
-//    256 x  512          605            288            9570             5216
-//    256 x 1024          603            289           10523             4875
-//    512 x  512          824            324           11173             5306
-//
-// 256 x 512 is best at 16k with the default kernels and within 7% of the best elsewhere.
-// Score tiles are then (B*H) x 256 x 512 floats: 4 MB per thread for 8 heads.
+// query_block x query_block. A tile is large enough that its products amortise their calls
+// and small enough that a thread's scores stay small: (B*H) x 256 x 512 floats, 4 MB per thread
+// for 8 heads. Of the tile shapes compared (benchmarks/RESULTS.md), 256 x 512 is the fastest at
+// long windows and close to the fastest at shorter ones.
 struct EfficientAttentionBlocks {
   int64_t query_block = 256;
   int64_t key_block = 512;

@@ -316,9 +316,8 @@ void backward_kernel(const Problem& p, const Operand& q, const Operand& k, const
 
 // Queries a block in the bfloat16 kernels. A causal block sees the keys up to its last row, so
 // the masked half of its diagonal square is multiplied for nothing: at T = 64 one 64-row block
-// computes 4,096 scores a head for 2,080 seen, four 16-row blocks 2,560. Measured on
-// configs/train_quick.yaml bf16: about 1% (benchmarks/RESULTS.md, part 6); d_model 256 at
-// T = 256 unchanged. The float32 path keeps 64 rows (a BLAS call per product).
+// computes 4,096 scores a head for 2,080 seen, four 16-row blocks 2,560. The float32 path
+// keeps 64 rows: each of its products is a BLAS call, so fewer, larger products suit it.
 int64_t bf16_query_block(const Problem& p) { return p.causal ? 16 : kQueryBlock; }
 
 // Under train.precision bf16 on a CPU with AVX512_BF16: the same algorithm with the products in

@@ -5,10 +5,9 @@
 // only as such blocks are freed) with a fresh mmap, and hands free memory at the heap's top
 // back to the system once it passes the trim threshold (twice the mmap threshold). Either way
 // the next step's tensors land on new pages, which the kernel faults in and zeroes one 4 KiB
-// page at a time: measured in `extrap bench train` (2026-11-24, AMD EPYC, 2 cores, bf16),
-// 540,000 page faults in 30 quick steps and 0.9 s of system time, 20-30% of the step. With
-// a fixed 64 MiB mmap threshold and a 512 MiB trim threshold the step reuses the heap's pages
-// (85,000 faults, most of them the first step's) for 4% more peak memory.
+// page at a time, a large share of a small model's step. With a fixed 64 MiB mmap threshold
+// and a 512 MiB trim threshold the step reuses the heap's pages (most of the faults left are
+// the first step's), for a little more peak memory (benchmarks/RESULTS.md, part 3).
 //
 // The setting is the process's: the CLI applies it at start. A user's own allocator setting
 // wins: GLIBC_TUNABLES naming a glibc.malloc threshold, MALLOC_MMAP_THRESHOLD_ or

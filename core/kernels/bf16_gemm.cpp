@@ -150,8 +150,7 @@ namespace {
 
 // Packing from bfloat16 sources: the values are copied as they are, in loops without
 // conversions or branches, so that GCC vectorises them (the pair interleave) or at least moves
-// whole 32-bit pairs. On configs/train_quick.yaml bf16 this took pack_a from 2.2% to 1.7% of
-// the step's CPU samples, within the wall time's noise (benchmarks/RESULTS.md, part 6).
+// whole 32-bit pairs.
 uint16_t* bits(c10::BFloat16* x) { return reinterpret_cast<uint16_t*>(x); }
 const uint16_t* bits(const c10::BFloat16* x) { return reinterpret_cast<const uint16_t*>(x); }
 

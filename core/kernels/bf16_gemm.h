@@ -3,11 +3,11 @@
 // AVX512_BF16: C = alpha A B (+ C), A (M x K) and B (K x N).
 //
 // Why not the BLAS: LibTorch's exported BLAS (MKL) has no fast bfloat16 product on AMD CPUs
-// (its cblas_gemm_bf16bf16f32 ran at the rate of its sgemm_, 80-150 GFLOP/s on one core for
-// the attention's 64 x 64 x 32 to 256 x 256 x 32 shapes, measured 2026-11-23 on a 2-core AMD
-// EPYC with AVX512_BF16), and oneDNN's, which LibTorch uses for its bfloat16 products, is
-// reachable only through ATen operators whose output is bfloat16 (the scores must stay float32:
-// they carry the position bias). The kernel here is VDPBF16PS on packed operands.
+// (its cblas_gemm_bf16bf16f32 runs no faster than its float32 sgemm_ on the attention's
+// 64 x 64 x 32 to 256 x 256 x 32 shapes; benchmarks/RESULTS.md, part 2), and oneDNN's, which
+// LibTorch uses for its bfloat16 products, is reachable only through ATen operators whose
+// output is bfloat16 (the scores must stay float32: they carry the position bias). The kernel
+// here is VDPBF16PS on packed operands.
 //
 // Operands are packed first: A into rows of K values rounded up to an even count (zero
 // padding), B into pairs of rows (B[2p][j], B[2p+1][j]) side by side, the layout VDPBF16PS

@@ -1,18 +1,17 @@
 // Linear layers on the CPU through oneDNN's matrix products, float32 and under bf16 autocast.
 //
 // LibTorch runs a float32 linear on the CPU through MKL's sgemm, and MKL takes its AVX2 path on
-// AMD CPUs whatever they support: measured 2026-11-24 on the 2-core AMD EPYC VM (AVX-512), the
-// model's products ran at 195-205 GFLOP/s through MKL and 420-470 through oneDNN (which LibTorch
-// carries and which picks its kernels by the CPU's features), with the same float32 rounding
-// (errors against float64 of 4e-7 to 9e-7 of the largest output, both). PyTorch offers oneDNN
-// for float32 products only with allow_tf32/bf16-style reduced precision; here it is exact
-// float32 arithmetic in another order.
+// AMD CPUs whatever they support, where oneDNN (which LibTorch carries) picks its kernels by
+// the CPU's features: on an AMD CPU with AVX-512 the model's products run much faster through
+// oneDNN, with float32 rounding errors of the same size (benchmarks/RESULTS.md, part 3).
+// PyTorch offers oneDNN for float32 products only with allow_tf32/bf16-style reduced
+// precision; here it is exact float32 arithmetic in another order.
 //
 // linear() is torch::linear with the forward product and the input gradient (x W^T + b and
 // g W) through oneDNN, and the weight gradient g^T x through oneDNN with the smaller of its two
-// sizes as the output's rows (1.3-1.8x MKL; 4096-deep products with a 128 x 128 output are
-// level, so those stay with MKL). Expected on the float32 training step, whose products are
-// about three quarters of it: about 1.5x.
+// sizes as the output's rows, the layout oneDNN runs well; a deep product with a square
+// output gains nothing there, so those stay with MKL. The float32 training step is mostly
+// matrix products, so it moves with them.
 //
 // It takes float32 CPU tensors outside autocast, where oneDNN is compiled in, keeps float32
 // arithmetic (ONEDNN_DEFAULT_FPMATH_MODE unset or STRICT) and is not switched off
@@ -20,9 +19,8 @@
 //
 // Under the CPU's bf16 autocast, on a CPU with AVX512_BF16 or AMX, it runs the same operator in
 // bfloat16 with the casts autocast would make (x, the weight and the bias to bfloat16, the
-// output bfloat16). What it saves against autocast's addmm (measured 2026-11-24, 2-core AMD
-// EPYC, configs/train_quick.yaml in bf16): the bias is added in the product's epilogue instead of
-// being copied into the output first (0.07-0.13 ms a product), the weight and bias are cast
+// output bfloat16). What it saves against autocast's addmm: the bias is added in the product's
+// epilogue instead of being copied into the output first, the weight and bias are cast
 // inside the product and their gradients come back in float32 from it (no cast nodes), the bias
 // gradient is summed in float32 straight from the bfloat16 gradient (LibTorch's sum with a
 // float32 dtype copies it first), and the weight gradient avoids the operator's copy of g^T.

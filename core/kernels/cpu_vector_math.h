@@ -1,9 +1,9 @@
 // Element-wise float32 helpers (and bfloat16 conversions) for the CPU kernels (core/attention/fused_cpu_attention.cpp,
 // core/kernels/fused_cpu_loss.cpp): loops written so that GCC vectorises them, compiled for AVX-512,
 // AVX2 and the x86-64 baseline and picked at load time (target_clones); the ATen vector types
-// would be compiled for the baseline only in extrap's files. Measured on configs/train_quick.yaml
-// (2026-11-23, 2-core AMD EPYC): with scalar expf calls the attention kernel was 8% slower than
-// the reference path; see benchmarks/RESULTS.md for what this gave.
+// would be compiled for the baseline only in extrap's files. exp has its own vectorisable form
+// here (exp_float) because scalar expf calls would keep the softmax loops scalar, and the exps
+// are much of the attention kernel's element-wise work.
 #pragma once
 
 #include <c10/util/BFloat16.h>

@@ -1,12 +1,10 @@
 // The training loss on the CPU in one pass over the logits each way: the summed cross-entropy
 // of (N, V) logits, float32 or bfloat16, and its gradient.
 //
-// What it replaces, measured with `extrap bench train --profile` on configs/train_quick.yaml
-// under train.precision bf16 (2026-11-23, 2-core AMD EPYC): LibTorch's cross_entropy is
-// log_softmax (a (N, V) float32 tensor kept for the backward) and nll_loss; under autocast
-// the bfloat16 logits are first copied to float32, and the backward fills a zero (N, V)
-// gradient, scatters into it, runs log_softmax's backward and casts the result back: about
-// 4.3 ms of a 61 ms step in five passes over memory.
+// What it stands in for: LibTorch's cross_entropy is log_softmax (a (N, V) float32 tensor kept
+// for the backward) and nll_loss; under autocast the bfloat16 logits are first copied to
+// float32, and the backward fills a zero (N, V) gradient, scatters into it, runs log_softmax's
+// backward and casts the result back: five passes over memory.
 //
 // Here the forward keeps each row's log-sum-exp (N floats) and the backward writes the
 // gradient g (softmax(x) - onehot(target)) straight into the logits' dtype: the float32

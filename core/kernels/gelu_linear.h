@@ -1,17 +1,14 @@
 // The feed-forward block's second half, linear(gelu(a), W, b), on the CPU with GELU's backward
 // folded into a matrix product.
 //
-// Measured first (2026-11-24, 2-core AMD EPYC VM with AVX512_BF16, configs/train_quick.yaml
-// under train.precision bf16, ONEDNN_VERBOSE=profile_exec over 20 steps): GELU's backward ran
-// as its own oneDNN pass at 0.85 ms a layer and its forward at 0.34 ms, 3.6 ms of a 39 ms
-// step, more than the 4096 x 128 x 512 product beside it (0.65 ms). The backward pass reads a
-// (saved since the forward, out of cache by then) and dG, evaluating erf and exp again.
+// Unfused, GELU's backward is a oneDNN pass of its own, costlier than the matrix product
+// beside it (benchmarks/RESULTS.md, part 4): it reads a (saved since the forward, out of cache
+// by then) and dG, evaluating erf and exp again.
 //
 // Here the forward's one pass over a writes both gelu(a) and its slope gelu'(a) (the erf and
 // the exp that GELU's value needs give its slope too, for a few more operations), and the
 // backward's dA = (dY W) o gelu'(a) is one oneDNN product with the multiply in its epilogue
-// (mkldnn::_linear_pointwise.binary): the separate GELU backward pass is gone. Expected: about
-// 0.6 ms a layer, 2 ms of the quick bf16 step.
+// (mkldnn::_linear_pointwise.binary), so there is no separate GELU backward pass.
 //
 // Numbers: GELU is the exact (erf) form, erf by Abramowitz and Stegun 7.1.26 (absolute error
 // below 1.5e-7, the formula of ATen's vectorised erf), evaluated in float32. Under bf16

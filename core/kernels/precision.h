@@ -12,8 +12,8 @@
 // where the CPU has AVX512_BF16 (core/attention/fused_cpu_attention.h).
 // The backward pass follows the forward's dtypes; it needs no guard.
 //
-// Measured (benchmarks/RESULTS.md): on a CPU with AVX512_BF16 the matrix products run about
-// 4.5x faster in bf16; on one without it they are emulated and slower than fp32.
+// bf16 pays off on a CPU with AVX512_BF16, whose matrix products run natively in bfloat16; on
+// one without it they are emulated and slower than fp32 (figures in benchmarks/RESULTS.md).
 #pragma once
 
 #include "core/base/yaml_options.h"

@@ -9,9 +9,6 @@
 // Here, when the three gradients already are the (B, T, 3, H, Dh) slices of one buffer (the
 // fused CPU attention writes them so when q, k and v are such slices: packed_heads()), the
 // buffer itself is the gradient; otherwise each gradient is copied into its slot once.
-//
-// Measured (2026-11-24, 2-core AMD EPYC, configs/train_quick.yaml in bf16): LibTorch's bfloat16
-// copy kernels took 3.4% of the step's CPU samples before; see benchmarks/RESULTS.md, part 5.
 #pragma once
 
 #include <torch/torch.h>

@@ -1,14 +1,12 @@
 // The residual add and the LayerNorm after it, h = x + y and u = layer_norm(h), in one pass
 // over the rows on the CPU, forward and backward.
 //
-// Measured first (2026-11-24, 2-core AMD EPYC VM, configs/train_quick.yaml under bf16, perf
-// over 400 steps): LayerNorm's forward and backward, the residual adds and the float32 <->
-// bfloat16 casts around them took about 7% of the step's CPU time (3 ms of 40), each a
-// separate pass over (B, T, d_model) with its own operator call and autograd node. Here the
-// forward reads x and y once and writes h and u (u already in the dtype of the product that
-// takes it, for the feed-forward LayerNorm under bf16 autocast); the backward reads dh, du and
-// h once and writes dx and dy (dy in the dtype of y), with LayerNorm's weight and bias
-// gradients summed alongside. Expected: 1-2 ms of the quick bf16 step.
+// Unfused, LayerNorm's forward and backward, the residual adds and the float32 <-> bfloat16
+// casts around them are each a separate pass over (B, T, d_model) with its own operator call
+// and autograd node. Here the forward reads x and y once and writes h and u (u already in the
+// dtype of the product that takes it, for the feed-forward LayerNorm under bf16 autocast); the
+// backward reads dh, du and h once and writes dx and dy (dy in the dtype of y), with
+// LayerNorm's weight and bias gradients summed alongside.
 //
 // Numbers: float32 throughout, the mean and variance of each row in two passes (mean, then the
 // centred squares): LibTorch's layer_norm to float32 rounding, not bit for bit. y in bfloat16

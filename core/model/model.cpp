@@ -14,10 +14,9 @@ namespace {
 
 // ATen's linear, not the C++ frontend's Linear::forward: for (B, T, D) inputs the frontend
 // runs matmul and then adds the bias in a separate pass, where ATen folds B and T into one
-// addmm with the bias in the product. Same numbers; measured in `extrap bench train --profile`
-// (configs/train_quick.yaml): the separate bias adds took 1 ms of a 150 ms fp32 step and 7 ms
-// of a 77 ms bf16 step (LibTorch's bf16 broadcast add is slow on the CPU). In float32 on the
-// CPU the products run through oneDNN (core/kernels/cpu_linear.h).
+// addmm with the bias in the product: the same numbers without a pass of its own for the bias,
+// which under bf16 would be LibTorch's bfloat16 broadcast add, slow on the CPU. In float32 on
+// the CPU the products run through oneDNN (core/kernels/cpu_linear.h).
 torch::Tensor linear(const torch::nn::Linear& layer, const torch::Tensor& x) {
   return extrap::linear(x, layer->weight, layer->bias);
 }
