@@ -144,8 +144,7 @@ int64_t row_end(int64_t i, int64_t n, RowBias rb) { return padded_keys(rb.right_
 // so that GCC vectorises it: with d = j - i, the bias is (-left) d left of the diagonal and
 // right d right of it (the same products as left (i - j) and right (j - i)), and an unseen key
 // gets a wall of -inf added instead.
-EXTRAP_ISA_CLONES
-float bias_and_max(float* row, int64_t i, int64_t n, int64_t end, RowBias rb) {
+EXTRAP_ISA_KERNEL(float, bias_and_max, (float* row, int64_t i, int64_t n, int64_t end, RowBias rb), (row, i, n, end, rb)) {
   const float left = rb.left_open ? -rb.left : 0.0f, right = rb.right_open ? rb.right : 0.0f;
   const float left_wall = rb.left_open ? 0.0f : -kInf, right_wall = rb.right_open ? 0.0f : -kInf;
   const float past_keys = float(n - i);  // d at the first padding key
@@ -168,8 +167,7 @@ float bias_and_max(float* row, int64_t i, int64_t n, int64_t end, RowBias rb) {
 
 // row[j] <- exp(row[j] - shift) for j < end (0 where bias_and_max masked it), 0 for
 // end <= j < n; returns the sum.
-EXTRAP_ISA_CLONES
-float exp_row(float* row, int64_t n, int64_t end, float shift) {
+EXTRAP_ISA_KERNEL(float, exp_row, (float* row, int64_t n, int64_t end, float shift), (row, n, end, shift)) {
   float sum[kLanes] = {};  // lane by lane across the groups, as bias_and_max's maximum
   for (int64_t j0 = 0; j0 < end; j0 += kLanes) {
     float* group = row + j0;
@@ -185,21 +183,18 @@ float exp_row(float* row, int64_t n, int64_t end, float shift) {
   return total;
 }
 
-EXTRAP_ISA_CLONES
-void scale_row(float* row, int64_t n, float factor) {
+EXTRAP_ISA_KERNEL(void, scale_row, (float* row, int64_t n, float factor), (row, n, factor)) {
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) row[j] *= factor;
 }
 
 // dS = P (dP - delta), in place in dP.
-EXTRAP_ISA_CLONES
-void softmax_backward_row(float* dp, const float* prob, int64_t n, float delta) {
+EXTRAP_ISA_KERNEL(void, softmax_backward_row, (float* dp, const float* prob, int64_t n, float delta), (dp, prob, n, delta)) {
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) dp[j] = prob[j] * (dp[j] - delta);
 }
 
-EXTRAP_ISA_CLONES
-float dot(const float* a, const float* b, int64_t n) {
+EXTRAP_ISA_KERNEL(float, dot, (const float* a, const float* b, int64_t n), (a, b, n)) {
   float sum = 0;
 #pragma omp simd reduction(+ : sum)
   for (int64_t j = 0; j < n; ++j) sum += a[j] * b[j];

@@ -120,7 +120,8 @@ EXTRAP_AVX512_BF16 void pair16(const float* row0, const float* row1, c10::BFloat
 
 bool cpu_supports() {
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
+  return cpu_isa() == CpuIsa::avx512 && __builtin_cpu_supports("avx512bf16") &&
+         __builtin_cpu_supports("avx512bw");
 }
 
 #endif  // EXTRAP_BF16_KERNEL
@@ -128,7 +129,7 @@ bool cpu_supports() {
 }  // namespace
 
 // Whether this CPU runs the AVX512_BF16 code (the products and the fast packing paths),
-// whether or not the kernel is switched off.
+// whether or not the kernel is switched off: not when cpu_isa() is capped below AVX-512.
 bool supported() {
 #ifdef EXTRAP_BF16_KERNEL
   static const bool yes = cpu_supports();
@@ -155,8 +156,7 @@ uint16_t* bits(c10::BFloat16* x) { return reinterpret_cast<uint16_t*>(x); }
 const uint16_t* bits(const c10::BFloat16* x) { return reinterpret_cast<const uint16_t*>(x); }
 
 // out[2j] = first[j], out[2j + 1] = second[j] (0 without a second row), j < n.
-EXTRAP_ISA_CLONES
-void interleave_pair(const uint16_t* first, const uint16_t* second, uint16_t* out, int64_t n) {
+EXTRAP_ISA_KERNEL(void, interleave_pair, (const uint16_t* first, const uint16_t* second, uint16_t* out, int64_t n), (first, second, out, n)) {
   if (second) {
 #pragma omp simd
     for (int64_t j = 0; j < n; ++j) {

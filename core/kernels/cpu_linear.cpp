@@ -37,8 +37,7 @@ const c10::OperatorHandle* onednn_operator(bool binary = false) {
 // g to float32 (a copy of g), or sum in bfloat16 and round the result.
 constexpr int64_t kSumRows = 64;
 
-EXTRAP_ISA_CLONES
-void add_bf16_row(const c10::BFloat16* row, float* sums, int64_t m) {
+EXTRAP_ISA_KERNEL(void, add_bf16_row, (const c10::BFloat16* row, float* sums, int64_t m), (row, sums, m)) {
 #pragma omp simd
   for (int64_t j = 0; j < m; ++j) sums[j] += float(row[j]);
 }

@@ -1,20 +1,18 @@
 // Element-wise float32 helpers (and bfloat16 conversions) for the CPU kernels (core/attention/fused_cpu_attention.cpp,
 // core/kernels/fused_cpu_loss.cpp): loops written so that GCC vectorises them, compiled for AVX-512,
-// AVX2 and the x86-64 baseline and picked at load time (target_clones); the ATen vector types
-// would be compiled for the baseline only in extrap's files. exp has its own vectorisable form
+// AVX2 and the x86-64 baseline and picked by cpu_isa() (EXTRAP_ISA_KERNEL, core/runtime/cpu_isa.h,
+// which ATEN_CPU_CAPABILITY caps); the ATen vector types would be compiled for the baseline only
+// in extrap's files. exp has its own vectorisable form
 // here (exp_float) because scalar expf calls would keep the softmax loops scalar, and the exps
 // are much of the attention kernel's element-wise work.
 #pragma once
+
+#include "core/runtime/cpu_isa.h"
 
 #include <c10/util/BFloat16.h>
 
 #include <cstdint>
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define EXTRAP_ISA_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define EXTRAP_ISA_CLONES
-#endif
 
 namespace extrap {
 
@@ -59,16 +57,14 @@ inline float from_bf16_bits(uint16_t b) {
 
 // bfloat16 <-> float32 for kernels that take bfloat16 (train.precision bf16) and compute in
 // float32; narrowing rounds to nearest even, as LibTorch's casts do.
-EXTRAP_ISA_CLONES
-inline void widen(const c10::BFloat16* from, float* to, int64_t n) {
+EXTRAP_ISA_KERNEL(void, widen, (const c10::BFloat16* from, float* to, int64_t n), (from, to, n)) {
   for (int64_t j = 0; j < n; ++j) to[j] = float(from[j]);
 }
 
 // `rows` rows of n values, `from` contiguous, `to` rows to_stride apart: one call a block, as the
 // attention stores its 32-value head rows (a call a row cost more than the rounding). Stored as
 // the bits: GCC does not vectorise a loop of c10::BFloat16 constructions.
-EXTRAP_ISA_CLONES
-inline void narrow_rows(const float* from, int64_t rows, int64_t n, c10::BFloat16* to, int64_t to_stride) {
+EXTRAP_ISA_KERNEL(void, narrow_rows, (const float* from, int64_t rows, int64_t n, c10::BFloat16* to, int64_t to_stride), (from, rows, n, to, to_stride)) {
   for (int64_t r = 0; r < rows; ++r) {
     auto* bits = reinterpret_cast<uint16_t*>(to + r * to_stride);
     const float* row = from + r * n;

@@ -13,8 +13,7 @@ namespace {
 
 constexpr int64_t kGrain = 16384;  // elements a task; smaller parameters run on one thread
 
-EXTRAP_ISA_CLONES
-double squared_sum(const float* g, int64_t n) {
+EXTRAP_ISA_KERNEL(double, squared_sum, (const float* g, int64_t n), (g, n)) {
   double sum = 0;
 #pragma omp simd reduction(+ : sum)
   for (int64_t i = 0; i < n; ++i) sum += double(g[i]) * double(g[i]);
@@ -31,8 +30,7 @@ struct Update {
 // AdamW's update of one stretch, in the order of torch::optim::AdamW::step: p *= decay;
 // m = m beta1 + (1 - beta1) g; v = v beta2 + (1 - beta2) g g; p -= step_size m / (sqrt(v) /
 // sqrt(bc2) + eps).
-EXTRAP_ISA_CLONES
-void update(float* p, const float* grad, float* m, float* v, int64_t n, Update u) {
+EXTRAP_ISA_KERNEL(void, update, (float* p, const float* grad, float* m, float* v, int64_t n, Update u), (p, grad, m, v, n, u)) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const float g = grad[i] * u.scale;

@@ -13,8 +13,7 @@ namespace {
 
 constexpr int64_t kRowsPerTask = 64;
 
-EXTRAP_ISA_CLONES
-float row_max(const float* x, int64_t n) {
+EXTRAP_ISA_KERNEL(float, row_max, (const float* x, int64_t n), (x, n)) {
   float max = x[0];
 #pragma omp simd reduction(max : max)
   for (int64_t j = 0; j < n; ++j) max = x[j] > max ? x[j] : max;
@@ -31,8 +30,7 @@ struct ExpSum {
   double total() const { return double(at_max) + double(rest); }
 };
 
-EXTRAP_ISA_CLONES
-ExpSum row_exp_sum(const float* x, int64_t n, float shift) {
+EXTRAP_ISA_KERNEL(ExpSum, row_exp_sum, (const float* x, int64_t n, float shift), (x, n, shift)) {
   float at_max = 0, rest = 0;
 #pragma omp simd reduction(+ : at_max, rest)
   for (int64_t j = 0; j < n; ++j) {
@@ -45,8 +43,7 @@ ExpSum row_exp_sum(const float* x, int64_t n, float shift) {
 }
 
 // out = scale * exp(x - lse), the softmax of the row times the incoming gradient.
-EXTRAP_ISA_CLONES
-void row_softmax_scaled(const float* x, int64_t n, float lse, float scale, float* out) {
+EXTRAP_ISA_KERNEL(void, row_softmax_scaled, (const float* x, int64_t n, float lse, float scale, float* out), (x, n, lse, scale, out)) {
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) out[j] = scale * exp_float(x[j] - lse);
 }

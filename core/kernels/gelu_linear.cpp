@@ -31,14 +31,12 @@ inline void gelu_and_slope(float x, float& value, float& slope) {
   slope = cdf + x * e * 0.39894228040143268f;
 }
 
-EXTRAP_ISA_CLONES
-void gelu_with_slope_float(const float* x, float* value, float* slope, int64_t n) {
+EXTRAP_ISA_KERNEL(void, gelu_with_slope_float, (const float* x, float* value, float* slope, int64_t n), (x, value, slope, n)) {
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) gelu_and_slope(x[j], value[j], slope[j]);
 }
 
-EXTRAP_ISA_CLONES
-void gelu_with_slope_bf16(const uint16_t* x, uint16_t* value, uint16_t* slope, int64_t n) {
+EXTRAP_ISA_KERNEL(void, gelu_with_slope_bf16, (const uint16_t* x, uint16_t* value, uint16_t* slope, int64_t n), (x, value, slope, n)) {
   constexpr int64_t kChunk = 256;  // widened, evaluated and narrowed in separate loops: each vectorises
   float xs[kChunk], vs[kChunk], ss[kChunk];
   for (int64_t begin = 0; begin < n; begin += kChunk) {

@@ -1,5 +1,7 @@
 #include "core/kernels/precision.h"
 
+#include "core/runtime/cpu_isa.h"
+
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
@@ -41,6 +43,8 @@ bool cpu_autocast_bf16() {
 }
 
 bool cpu_has_fast_bf16() {
+  // Capped below AVX-512 (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA), no bf16 instruction is run.
+  if (cpu_isa() != CpuIsa::avx512) return false;
   std::ifstream in("/proc/cpuinfo");
   std::string line;
   while (std::getline(in, line)) {

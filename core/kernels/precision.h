@@ -65,7 +65,7 @@ class Float32Region {
 bool cpu_autocast_bf16();
 
 // Whether matrix products run in bf16 on this machine's CPU at hardware speed (AVX512_BF16 or
-// AMX), as oneDNN reports it.
+// AMX) and cpu_isa() is not capped below AVX-512.
 bool cpu_has_fast_bf16();
 
 }  // namespace extrap

@@ -23,8 +23,7 @@ struct RowOf {
   const uint16_t* b = nullptr;
 };
 
-EXTRAP_ISA_CLONES
-void add_rows(const float* x, RowOf y, float* h, int64_t n) {
+EXTRAP_ISA_KERNEL(void, add_rows, (const float* x, RowOf y, float* h, int64_t n), (x, y, h, n)) {
   if (y.f) {
 #pragma omp simd
     for (int64_t j = 0; j < n; ++j) h[j] = x[j] + y.f[j];
@@ -35,9 +34,7 @@ void add_rows(const float* x, RowOf y, float* h, int64_t n) {
 }
 
 // Row h (D values) -> its mean and 1 / sqrt(variance + eps), and u = (h - mean) rstd gamma + beta.
-EXTRAP_ISA_CLONES
-void normalise_row(const float* h, const float* gamma, const float* beta, float eps, int64_t D, float* u,
-                   float& mean_out, float& rstd_out) {
+EXTRAP_ISA_KERNEL(void, normalise_row, (const float* h, const float* gamma, const float* beta, float eps, int64_t D, float* u, float& mean_out, float& rstd_out), (h, gamma, beta, eps, D, u, mean_out, rstd_out)) {
   float sum = 0;
 #pragma omp simd reduction(+ : sum)
   for (int64_t j = 0; j < D; ++j) sum += h[j];
@@ -55,9 +52,7 @@ void normalise_row(const float* h, const float* gamma, const float* beta, float 
 // One row of LayerNorm's backward with the residual's gradient added: from du (float32), h,
 // mean and rstd, dx = dh + rstd (g - mean(g) - xhat mean(g xhat)), g = du gamma, xhat = (h -
 // mean) rstd; dgamma += du xhat, dbeta += du. `xhat` is D floats of scratch.
-EXTRAP_ISA_CLONES
-void backward_row(const float* du, const float* h, float mean, float rstd, const float* dh, const float* gamma,
-                  int64_t D, float* dx, float* dgamma, float* dbeta, float* xhat) {
+EXTRAP_ISA_KERNEL(void, backward_row, (const float* du, const float* h, float mean, float rstd, const float* dh, const float* gamma, int64_t D, float* dx, float* dgamma, float* dbeta, float* xhat), (du, h, mean, rstd, dh, gamma, D, dx, dgamma, dbeta, xhat)) {
   float sum_g = 0, sum_gx = 0;
 #pragma omp simd reduction(+ : sum_g, sum_gx)
   for (int64_t j = 0; j < D; ++j) {

@@ -1,6 +1,7 @@
 #include "core/runtime/sysinfo.h"
 
 #include "core/base/allocator.h"
+#include "core/runtime/cpu_isa.h"
 #include "core/runtime/distributed.h"
 
 #include "core/base/version.h"
@@ -130,6 +131,7 @@ RuntimeInfo runtime_info() {
                 : "oneDNN" + onednn.substr(v, onednn.find(' ', v + 1) - v);
   info.cpu_capability = config_line(config, "CPU capability usage: ");
   if (info.cpu_capability.empty()) info.cpu_capability = "unknown";
+  info.kernel_isa = cpu_isa_name(cpu_isa());
   info.threads = at::get_num_threads();
   info.allocator = allocator_summary();
   return info;
@@ -151,7 +153,8 @@ std::string describe_runtime(const RuntimeInfo& info) {
       << "fused attention kernels: " << (info.fused_kernels ? "compiled in" : "not compiled in") << "\n"
       << "blas: " << info.blas << "\n"
       << "onednn: " << info.onednn << "\n"
-      << "cpu capability: " << info.cpu_capability << "\n"
+      << "cpu capability: " << info.cpu_capability << " (extrap's kernels: " << info.kernel_isa
+      << "; ATEN_CPU_CAPABILITY=avx2 caps both)\n"
       << "threads: " << info.threads << "\n"
       << "malloc: " << info.allocator << "\n";
   return out.str();
@@ -167,7 +170,7 @@ std::string runtime_summary(const RuntimeInfo& info) {
                                 std::to_string(info.cuda_devices) + " device(s)"
                           : std::string("no CUDA"))
       << (info.fused_kernels ? ", fused kernels" : "") << ", BLAS " << info.blas << ", "
-      << info.onednn << ", " << info.cpu_capability << ", " << info.threads << " threads, malloc (" << info.allocator << ")";
+      << info.onednn << ", " << info.cpu_capability << " (extrap " << info.kernel_isa << "), " << info.threads << " threads, malloc (" << info.allocator << ")";
   return out.str();
 }
 

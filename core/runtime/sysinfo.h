@@ -30,6 +30,7 @@ struct RuntimeInfo {
   std::string blas;              // e.g. "mkl (MKL 2024.2)"
   std::string onednn;            // e.g. "oneDNN v3.13.3", "none"
   std::string cpu_capability;    // the vector ISA LibTorch's CPU kernels use, e.g. AVX512
+  std::string kernel_isa;        // the one extrap's own CPU kernels use (cpu_isa.h), e.g. avx512
   int threads = 0;               // LibTorch intra-op threads
   std::string allocator;         // malloc's settings (core/base/allocator.h)
 };

@@ -45,7 +45,7 @@ const c10::BFloat16* data_of<c10::BFloat16>(const torch::Tensor& t) {
 
 }  // namespace
 
-TEST_CASE("bf16 products equal a float64 product of the same bfloat16 values", "[attention][fused_cpu][bf16]") {
+TEST_CASE("bf16 products equal a float64 product of the same bfloat16 values", "[attention][fused_cpu][bf16][avx512_bf16]") {
   if (!bf16_gemm::available()) {
     testing::skip_test("this CPU has no AVX512_BF16: the bfloat16 attention products are not used here");
     return;
@@ -93,7 +93,7 @@ TEST_CASE("bf16 products equal a float64 product of the same bfloat16 values", "
   }
 }
 
-TEST_CASE("bf16 products of a prefix: the first rows and columns of packed operands", "[attention][fused_cpu][bf16]") {
+TEST_CASE("bf16 products of a prefix: the first rows and columns of packed operands", "[attention][fused_cpu][bf16][avx512_bf16]") {
   if (!bf16_gemm::available()) {
     testing::skip_test("this CPU has no AVX512_BF16: the bfloat16 attention products are not used here");
     return;
@@ -133,7 +133,7 @@ TEST_CASE("bf16 products of a prefix: the first rows and columns of packed opera
   REQUIRE((c.to(torch::kFloat64) - expected).abs().max().item<double>() < 1e-4);
 }
 
-TEST_CASE("EXTRAP_BF16_ATTENTION_KERNEL: 0 switches the bf16 products off, 1 on, anything else is refused by value", "[attention][fused_cpu][bf16]") {
+TEST_CASE("EXTRAP_BF16_ATTENTION_KERNEL: 0 switches the bf16 products off, 1 on, anything else is refused by value", "[attention][fused_cpu][bf16][avx512_bf16]") {
   if (!bf16_gemm::supported()) {
     testing::skip_test("this CPU has no AVX512_BF16: the switch has nothing to switch");
     return;

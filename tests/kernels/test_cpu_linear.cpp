@@ -82,7 +82,7 @@ TEST_CASE("linear leaves float64, and bf16 autocast without fast bfloat16 produc
   }
 }
 
-TEST_CASE("linear under bf16 autocast: bfloat16's accuracy, as LibTorch's autocast path has it", "[linear]") {
+TEST_CASE("linear under bf16 autocast: bfloat16's accuracy, as LibTorch's autocast path has it", "[linear][avx512_bf16]") {
   if (!cpu_has_fast_bf16()) {
     skip_test("this CPU has no AVX512_BF16 or AMX: linear leaves bf16 autocast to LibTorch");
     return;

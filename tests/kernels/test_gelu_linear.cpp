@@ -85,7 +85,7 @@ TEST_CASE("gelu_linear in float32: output and gradients equal float64's to float
   }
 }
 
-TEST_CASE("gelu_linear under bf16 autocast: bfloat16's accuracy, as LibTorch's autocast path has it", "[gelu]") {
+TEST_CASE("gelu_linear under bf16 autocast: bfloat16's accuracy, as LibTorch's autocast path has it", "[gelu][avx512_bf16]") {
   if (!bf16_gemm::supported()) {
     skip_test("this CPU has no AVX512_BF16: the bfloat16 path is not taken");
     return;
