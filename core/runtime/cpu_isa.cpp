@@ -8,7 +8,7 @@ namespace extrap {
 
 namespace {
 
-CpuIsa decide_cpu_isa() {
+CpuIsa choose() {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
   // "AVX512", "AVX2", or "NO AVX" / "DEFAULT": ATen's choice, after ATEN_CPU_CAPABILITY.
   const std::string aten = at::get_cpu_capability();
@@ -21,10 +21,18 @@ CpuIsa decide_cpu_isa() {
 
 }  // namespace
 
-CpuIsa cpu_isa() {
-  static const CpuIsa isa = decide_cpu_isa();
+namespace detail {
+
+std::atomic<int> cpu_isa_decided{-1};
+
+CpuIsa decide_cpu_isa() {
+  // Threads that race here all compute the same answer.
+  static const CpuIsa isa = choose();
+  cpu_isa_decided.store(int(isa), std::memory_order_relaxed);
   return isa;
 }
+
+}  // namespace detail
 
 const char* cpu_isa_name(CpuIsa isa) {
   switch (isa) {

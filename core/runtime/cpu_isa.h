@@ -9,12 +9,24 @@
 // test and time what an AVX2-only one runs. (GCC's target_clones would pick by the CPU alone.)
 #pragma once
 
+#include <atomic>
+
 namespace extrap {
 
 enum class CpuIsa { baseline = 0, avx2 = 1, avx512 = 2 };
 
+namespace detail {
+// -1 until decided; then the CpuIsa. A kernel calls cpu_isa() once a row, so the decided
+// value is one relaxed load (a plain load on x86), not a call.
+extern std::atomic<int> cpu_isa_decided;
+CpuIsa decide_cpu_isa();
+}  // namespace detail
+
 // Decided once, at the first call, from ATen's capability and the CPU's features.
-CpuIsa cpu_isa();
+inline CpuIsa cpu_isa() {
+  const int decided = detail::cpu_isa_decided.load(std::memory_order_relaxed);
+  return decided >= 0 ? CpuIsa(decided) : detail::decide_cpu_isa();
+}
 // "avx512", "avx2", "baseline".
 const char* cpu_isa_name(CpuIsa isa);
 
