@@ -124,18 +124,6 @@ void OptionReader::in_range(const std::string& key, double value, double low, do
                 ends.substr(1) + ", got " + number_text(value));
 }
 
-void OptionReader::each_at_least(const std::string& key, const std::vector<int64_t>& values,
-                                 int64_t minimum) const {
-  for (int64_t value : values) at_least(key, value, minimum);
-}
-
-void OptionReader::distinct(const std::string& key, const std::vector<int64_t>& values) const {
-  if (!decoding()) return;
-  std::set<int64_t> seen;
-  for (int64_t value : values)
-    if (!seen.insert(value).second) fail(key, std::to_string(value) + " is listed twice");
-}
-
 OptionReader OptionReader::section(const std::string& key, const std::string& help) const {
   note(key, "{}", help, Affects::model);
   if (documenting()) state_->docs.back().section = true;  // its keys carry their own marks

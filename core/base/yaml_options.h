@@ -109,15 +109,14 @@ class OptionReader {
   std::string locate(const std::string& key) const;
   [[noreturn]] void fail(const std::string& key, const std::string& message) const;
 
-  // The shared range and uniqueness checks on decoded values. Each fails at `key` with the
+  // The shared range checks on decoded values (lists of evaluation lengths have theirs in
+  // check_eval_lengths, core/model/config.h). Each fails at `key` with the
   // value in the message, and does nothing unless decoding (defaults are not re-checked).
   //   at_least:      "must be at least M, got V" ("must not be negative" for M = 0); `note`
   //                  goes before ", got", e.g. " (0: all cores)"
   //   above:         "must be greater than B, got V" ("must be positive" for B = 0)
   //   in_range:      "must be in [low, high), got V"; `ends` says which ends belong: "[)",
   //                  "(]", "[]" or "()"
-  //   each_at_least: at_least for every element of a list
-  //   distinct:      "V is listed twice"
   template <class T>
   void at_least(const std::string& key, T value, typename std::common_type<T>::type minimum,
                 const std::string& note = "") const;
@@ -125,9 +124,6 @@ class OptionReader {
              const std::string& note = "") const;
   void in_range(const std::string& key, double value, double low, double high,
                 const std::string& ends = "[)") const;
-  void each_at_least(const std::string& key, const std::vector<int64_t>& values,
-                     int64_t minimum) const;
-  void distinct(const std::string& key, const std::vector<int64_t>& values) const;
 
  private:
   enum class Mode { Read, Document, Write };

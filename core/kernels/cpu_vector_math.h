@@ -1,10 +1,10 @@
 // Element-wise float32 helpers (and bfloat16 conversions) for the CPU kernels (core/attention/fused_cpu_attention.cpp,
 // core/kernels/fused_cpu_loss.cpp): loops written so that GCC vectorises them, compiled for AVX-512,
-// AVX2 and the x86-64 baseline and picked by cpu_isa() (EXTRAP_ISA_KERNEL, core/runtime/cpu_isa.h,
-// which ATEN_CPU_CAPABILITY caps); the ATen vector types would be compiled for the baseline only
-// in extrap's files. exp has its own vectorisable form
-// here (exp_float) because scalar expf calls would keep the softmax loops scalar, and the exps
-// are much of the attention kernel's element-wise work.
+// AVX2 and the x86-64 baseline and picked by cpu_isa() (EXTRAP_ISA_KERNEL,
+// core/runtime/cpu_isa.h, which ATEN_CPU_CAPABILITY caps); the ATen vector types would be
+// compiled for the baseline only in extrap's files. exp has its own vectorisable form here
+// (exp_float) because scalar expf calls would keep the softmax loops scalar, and the exps are
+// much of the attention kernel's element-wise work.
 #pragma once
 
 #include "core/runtime/cpu_isa.h"

@@ -1,4 +1,4 @@
-// The options reader's shared range and uniqueness checks: each names the key and the value,
+// The options reader's shared range checks: each names the key and the value,
 // refuses NaN, and does nothing while documenting or writing.
 #include "core/base/yaml_options.h"
 
@@ -70,21 +70,12 @@ TEST_CASE("options: above and in_range include or exclude their ends as asked", 
   CHECK_THROWS_AS(refusal("x: 0", [](auto& r) { r.in_range("x", 0.5, 0, 1, "[["); }), std::logic_error);
 }
 
-TEST_CASE("options: each_at_least and distinct name the first offending element", "[config]") {
-  CHECK(refusal("l: [4, 0, -1]", [](auto& r) { r.each_at_least("l", {4, 0, -1}, 1); }) ==
-        "opts.yaml:1: key 'sec.l': must be at least 1, got 0");
-  CHECK(refusal("l: [4, 8, 4, 8]", [](auto& r) { r.distinct("l", {4, 8, 4, 8}); }) ==
-        "opts.yaml:1: key 'sec.l': 4 is listed twice");
-  CHECK(refusal("l: [4, 8]", [](auto& r) { r.distinct("l", {4, 8}); }).empty());
-}
-
 TEST_CASE("options: the checks are silent while documenting or writing", "[config]") {
   const OptionReader documenter = OptionReader::documenter("sec");
   CHECK_NOTHROW(documenter.at_least("n", int64_t{0}, 1));
   CHECK_NOTHROW(documenter.above("x", 0.0, 0));
   CHECK_NOTHROW(documenter.in_range("x", 2.0, 0, 1));
-  CHECK_NOTHROW(documenter.distinct("l", {1, 1}));
   YAML::Node out;
   const OptionReader writer = OptionReader::writer(out);
-  CHECK_NOTHROW(writer.each_at_least("l", {0}, 1));
+  CHECK_NOTHROW(writer.at_least("n", int64_t{0}, 1));
 }
