@@ -1,14 +1,12 @@
 // The attention dispatcher and the reference implementation.
 #include "core/attention/attention.h"
 
+#include "core/attention/cuda_attention.h"
 #include "core/attention/efficient_attention.h"
 #include "core/attention/fused_cpu_attention.h"
 #include "core/base/yaml_options.h"
 #include "core/kernels/bf16_gemm.h"
 #include "core/kernels/precision.h"
-#ifdef EXTRAP_WITH_CUDA
-#include "core/attention/cuda/fused_attention.h"
-#endif
 
 #include <cmath>
 #include <limits>
@@ -265,20 +263,19 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
       return attention_efficient(q, k, v, bias, options);
     case AttentionBackend::Fused:
       if (fused_cpu_takes(q, k, v, bias, options)) return fused_cpu_attention(q, k, v, bias, options);
-#ifdef EXTRAP_WITH_CUDA
+      TORCH_CHECK(q.is_cuda(),
+                  "attention: the fused CPU kernel does not take this call (see fused_cpu_takes in "
+                  "core/attention/fused_cpu_attention.h); the reference and efficient backends do");
+      TORCH_CHECK(cuda_attention(), "attention: the fused CUDA backend is not loaded (libextrap_cuda.so, "
+                  "core/runtime/cuda_support.h)");
       TORCH_CHECK(!(options.training && options.dropout > 0),
                   "attention: the fused CUDA backend has no attention dropout (dropout ",
                   options.dropout, ")");
-      return fused_attention(q, k, v, bias, options.causal);
-#else
-      TORCH_CHECK(false, "attention: the fused CUDA backend is not built into this binary");
-#endif
+      return cuda_attention()->attention(q, k, v, bias, options.causal);
     case AttentionBackend::Auto: {
-#ifdef EXTRAP_WITH_CUDA
-      if (q.is_cuda() && !(options.training && options.dropout > 0) &&
-          fused_attention_unsupported_reason(q, k, v, bias, options.causal).empty())
-        return fused_attention(q, k, v, bias, options.causal);
-#endif
+      if (q.is_cuda() && cuda_attention() && !(options.training && options.dropout > 0) &&
+          cuda_attention()->unsupported_reason(q, k, v, bias, options.causal).empty())
+        return cuda_attention()->attention(q, k, v, bias, options.causal);
       // Training on the CPU: the fused kernel where it takes the call (core/attention/fused_cpu_attention.h).
       if (fused_cpu_takes(q, k, v, bias, options)) return fused_cpu_attention(q, k, v, bias, options);
       const bool inference = !options.training && !torch::GradMode::is_enabled();

@@ -1,15 +1,13 @@
 #include "core/runtime/distributed.h"
 
 #include "core/base/yaml_options.h"
+#include "core/runtime/cuda_support.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <c10/util/Logging.h>
-#ifdef EXTRAP_HAVE_NCCL
-#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
-#endif
 
 #include <atomic>
 #include <chrono>
@@ -128,6 +126,8 @@ struct ProcessGroup::State {
 
 namespace {
 
+NcclBackendFactory nccl_factory = nullptr;
+
 c10::intrusive_ptr<c10d::TCPStore> connect_store(const LaunchEnvironment& env, bool server,
                                                   milliseconds timeout) {
   c10d::TCPStoreOptions options;
@@ -202,19 +202,15 @@ ProcessGroup::ProcessGroup(const LaunchEnvironment& env, torch::Device device)
   auto backend_store = c10::make_intrusive<c10d::PrefixStore>(env.key_prefix + "backend/", tcp);
   try {
     if (device.is_cuda()) {
-#ifdef EXTRAP_HAVE_NCCL
+      if (!nccl_factory)
+        throw ConfigError("train.device is cuda in a data-parallel launch, but NCCL is not loaded: " +
+                          (cuda_unavailable_reason().empty()
+                               ? std::string("this build's CUDA half has no NCCL (nccl.h was not found)")
+                               : cuda_unavailable_reason()));
       // Slurm's --gpus-per-task may show each rank only its own device.
       const int devices = std::max<int>(1, int(torch::cuda::device_count()));
       device_ = torch::Device(torch::kCUDA, c10::DeviceIndex(env.local_rank % devices));
-      auto options = c10d::ProcessGroupNCCL::Options::create();
-      options->timeout = timeout;
-      state_->backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(backend_store, env.rank,
-                                                                     env.world_size, options);
-#else
-      throw ConfigError(
-          "train.device is cuda in a data-parallel launch, but this extrap was built without "
-          "NCCL (c10d's ProcessGroupNCCL): build against a CUDA LibTorch with nccl.h available");
-#endif
+      state_->backend = nccl_factory(backend_store, env.rank, env.world_size, timeout);
     } else {
       auto options = c10d::ProcessGroupGloo::Options::create(timeout);
       options->devices.push_back(gloo_device(env));
@@ -447,5 +443,7 @@ void broadcast_parameters(ProcessGroup& group, torch::nn::Module& module) {
   for (const auto& b : module.buffers()) tensors.push_back(b);
   group.broadcast(tensors, "the broadcast of rank 0's parameters");
 }
+
+void register_nccl_backend(NcclBackendFactory factory) { nccl_factory = factory; }
 
 }  // namespace extrap

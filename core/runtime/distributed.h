@@ -1,6 +1,6 @@
 // Data-parallel runs on PyTorch's distributed engine (c10d): one process per rank, a TCPStore
-// for rendezvous and checks, ProcessGroupGloo on CPUs and ProcessGroupNCCL on GPUs (where the
-// build has it).
+// for rendezvous and checks, ProcessGroupGloo on CPUs and ProcessGroupNCCL on GPUs (from
+// libextrap_cuda.so, where the build has it: core/runtime/cuda_support.h).
 //
 // A process is a rank when its launcher says so:
 //   torchrun   RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT. Under torchrun's agent
@@ -25,11 +25,17 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+namespace c10d {
+class Backend;
+class Store;
+}  // namespace c10d
 
 namespace extrap {
 
@@ -120,6 +126,13 @@ class ProcessGroup {
   std::shared_ptr<State> state_;  // shared with the heartbeat thread
   int64_t sequence_ = 0;  // numbers check_same / share keys: every rank calls them in order
 };
+
+// The NCCL backend is built into libextrap_cuda.so (core/runtime/nccl_backend.cpp), which
+// registers its factory here when it loads; a CUDA launch without it is refused.
+using NcclBackendFactory = c10::intrusive_ptr<c10d::Backend> (*)(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
+    std::chrono::milliseconds timeout);
+void register_nccl_backend(NcclBackendFactory factory);
 
 // The one-line message of an error (LibTorch's without its backtrace).
 std::string failure_message(const std::exception& error);

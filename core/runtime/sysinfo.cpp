@@ -2,6 +2,7 @@
 
 #include "core/base/allocator.h"
 #include "core/runtime/cpu_isa.h"
+#include "core/runtime/cuda_support.h"
 #include "core/runtime/distributed.h"
 
 #include "core/base/version.h"
@@ -106,16 +107,14 @@ RuntimeInfo runtime_info() {
   info.extrap_version = extrap_version();
   info.git_commit = extrap_git_commit();
   info.libtorch_version = TORCH_VERSION;
+  info.cuda_support = describe_cuda_support();
+  info.cuda_loaded = load_cuda_support().state == CudaSupport::State::loaded;
   const auto& cuda = at::detail::getCUDAHooks();
-  info.cuda_built = cuda.isBuilt();
-  if (info.cuda_built) {
+  if (info.cuda_loaded && cuda.isBuilt()) {
     const long version = cuda.versionCUDART();  // e.g. 13020
     info.cuda_version = std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
     info.cuda_devices = cuda.getNumGPUs();
   }
-#ifdef EXTRAP_WITH_CUDA
-  info.fused_kernels = true;
-#endif
   const std::string config = at::show_config();
   info.libtorch_loaded = build_setting(config, "TORCH_VERSION");
   const std::string blas = build_setting(config, "BLAS_INFO");
@@ -146,11 +145,11 @@ std::string describe_runtime(const RuntimeInfo& info) {
               : " (but the loaded library reports " + info.libtorch_loaded + ")")
       << "\n"
       << "cuda: "
-      << (info.cuda_built ? "compiled in (CUDA " + info.cuda_version + "), " +
-                                std::to_string(info.cuda_devices) + " device(s) visible"
-                          : std::string("not compiled in"))
+      << (info.cuda_loaded ? "CUDA " + info.cuda_version + ", " + std::to_string(info.cuda_devices) +
+                                 " device(s) visible, with extrap's fused attention and NCCL; " +
+                                 info.cuda_support
+                           : info.cuda_support)
       << "\n"
-      << "fused attention kernels: " << (info.fused_kernels ? "compiled in" : "not compiled in") << "\n"
       << "blas: " << info.blas << "\n"
       << "onednn: " << info.onednn << "\n"
       << "cpu capability: " << info.cpu_capability << " (extrap's kernels: " << info.kernel_isa
@@ -166,10 +165,10 @@ std::string runtime_summary(const RuntimeInfo& info) {
       << info.libtorch_version
       << (info.libtorch_loaded == info.libtorch_version ? "" : " (loaded " + info.libtorch_loaded + ")")
       << ", "
-      << (info.cuda_built ? "CUDA " + info.cuda_version + " with " +
-                                std::to_string(info.cuda_devices) + " device(s)"
-                          : std::string("no CUDA"))
-      << (info.fused_kernels ? ", fused kernels" : "") << ", BLAS " << info.blas << ", "
+      << (info.cuda_loaded ? "CUDA " + info.cuda_version + " with " +
+                                 std::to_string(info.cuda_devices) + " device(s)"
+                           : std::string("CUDA not loaded"))
+      << ", BLAS " << info.blas << ", "
       << info.onednn << ", " << info.cpu_capability << " (extrap " << info.kernel_isa << "), " << info.threads << " threads, malloc (" << info.allocator << ")";
   return out.str();
 }

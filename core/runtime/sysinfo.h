@@ -23,9 +23,9 @@ struct RuntimeInfo {
   std::string git_commit;        // of the source tree at build time
   std::string libtorch_version;  // TORCH_VERSION of the headers built against, e.g. 2.15.0
   std::string libtorch_loaded;   // the version the loaded libtorch_cpu reports (should be the same)
-  bool cuda_built = false;       // LibTorch's CUDA library is loaded (a CUDA build of LibTorch)
+  bool cuda_loaded = false;      // extrap's CUDA half and LibTorch's are loaded (cuda_support.h)
+  std::string cuda_support;      // describe_cuda_support(): loaded from where, or why not
   std::string cuda_version;      // the CUDA runtime LibTorch uses, e.g. 13.2; "" without CUDA
-  bool fused_kernels = false;    // extrap's fused CUDA attention is compiled in
   int cuda_devices = 0;          // CUDA devices visible now
   std::string blas;              // e.g. "mkl (MKL 2024.2)"
   std::string onednn;            // e.g. "oneDNN v3.13.3", "none"

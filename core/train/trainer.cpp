@@ -8,6 +8,7 @@
 #include "core/kernels/fused_cpu_loss.h"
 #include "core/kernels/precision.h"
 #include "core/model/memory_estimate.h"
+#include "core/runtime/cuda_support.h"
 #include "core/runtime/progress.h"
 #include "core/runtime/sysinfo.h"
 
@@ -75,8 +76,8 @@ Trainer::Trainer(Config config, const Corpus& corpus)
     : config_(std::move(config)),
       corpus_(corpus),
       device_(torch_device(config_.train.device)) {
-  if (device_.is_cuda() && !torch::cuda::is_available())
-    throw ConfigError(config_.source + ": train.device is cuda but no CUDA device is available");
+  if (device_.is_cuda() && !cuda_unavailable_reason().empty())
+    throw ConfigError(config_.source + ": train.device is cuda but " + cuda_unavailable_reason());
   group_ = ProcessGroup::get(device_);
   if (group_) {
     device_ = group_->device();

@@ -13,12 +13,14 @@
 #include "experiments/bench/bench_fused_attention.h"
 
 #include "core/attention/attention.h"
-#include "core/attention/cuda/fused_attention.h"
+#include "core/attention/cuda_attention.h"
+#include "core/runtime/cuda_support.h"
 #include "core/runtime/sysinfo.h"
 #include "positions/alibi_slopes.h"
 
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
 #include <boost/program_options.hpp>
 #include <cuda_runtime_api.h>
 #include <torch/version.h>
@@ -90,8 +92,8 @@ struct Timing {
 // One untimed call for the memory peak, `warmup` calls, then `repeats` calls each between
 // two CUDA events on the current stream; the median of their times.
 Timing time_call(const std::function<void()>& call, int warmup, int repeats) {
-  const auto device = static_cast<c10::DeviceIndex>(at::cuda::current_device());
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
+  const auto device = static_cast<c10::DeviceIndex>(c10::cuda::current_device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   check_cuda(cudaDeviceSynchronize(), "synchronize");
   c10::cuda::CUDACachingAllocator::resetPeakStats(device);
   call();
@@ -210,7 +212,7 @@ struct ResultsLog {
 // Names the device, stamps the date and opens --out for appending (creating its folder).
 ResultsLog open_results(const std::string& out_path) {
   cudaDeviceProp properties{};
-  check_cuda(cudaGetDeviceProperties(&properties, at::cuda::current_device()), "device properties");
+  check_cuda(cudaGetDeviceProperties(&properties, c10::cuda::current_device()), "device properties");
   const std::string device_name = properties.name;
   const std::string date = iso_time_now();
   const auto parent = std::filesystem::path(out_path).parent_path();
@@ -237,11 +239,11 @@ AttentionFn attention_fn(const std::string& impl, bool causal, const AttentionBi
   if (impl == "fused-alibi") {
     const auto layout = causal ? FusedAlibiLayout::Causal : FusedAlibiLayout::Symmetric;
     fn = [layout, causal](const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c) {
-      return fused_attention_alibi(a, b, c, layout, causal);
+      return cuda_attention()->alibi(a, b, c, layout, causal);
     };
   } else if (impl == "fused-none") {
     fn = [causal](const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c) {
-      return fused_attention(a, b, c, AttentionBias::none(), causal);
+      return cuda_attention()->attention(a, b, c, AttentionBias::none(), causal);
     };
   } else if (impl == "reference") {
     AttentionOptions attention_options;
@@ -375,8 +377,8 @@ int bench_attention_cuda(const std::vector<std::string>& args) {
   CudaBenchOptions o;
   if (!parse_cuda_bench_options(args, o)) return 0;
   if (o.device != "cuda") throw std::invalid_argument("--device must be cuda here, got '" + o.device + "'");
-  if (!torch::cuda::is_available()) {
-    std::cerr << "extrap bench attention: no CUDA device\n";
+  if (!cuda_unavailable_reason().empty() || !cuda_attention()) {
+    std::cerr << "extrap bench attention: no CUDA here: " << cuda_unavailable_reason() << "\n";
     return 1;
   }
   const CudaBenchPlan plan = plan_from_options(o);

@@ -1,4 +1,5 @@
 // extrap: the command-line front end. `extrap COMMAND [args]`; `extrap COMMAND --help`.
+#include "core/attention/cuda_attention.h"
 #include "core/base/allocator.h"
 #include "core/base/yaml_options.h"
 #include "core/kernels/bf16_gemm.h"
@@ -6,6 +7,7 @@
 #include "core/kernels/fused_adamw.h"
 #include "core/kernels/gelu_linear.h"
 #include "core/kernels/residual_norm.h"
+#include "core/runtime/cuda_support.h"
 #include "core/runtime/distributed.h"
 #include "core/runtime/sysinfo.h"
 #include "experiments/cli/commands.h"
@@ -95,6 +97,8 @@ int main(int argc, char** argv) {
   const std::string name = argv[1];
   try {
     extrap::tune_allocator();  // before the first tensor: training reuses the heap's pages
+    // Before anything asks LibTorch about CUDA: it decides once per process.
+    extrap::load_cuda_support();
     // The on/off switches, so that a bad value is this command's error, not a failed step.
     extrap::onednn_linear_switched_on();
     extrap::fused_adamw_switched_on();
@@ -111,6 +115,10 @@ int main(int argc, char** argv) {
   }
   if (name == "--version" || name == "version") {
     std::cout << extrap::describe_runtime(extrap::runtime_info());
+    if (extrap::load_cuda_support().state == extrap::CudaSupport::State::loaded)
+      std::cout << "fused cuda attention: "
+                << (extrap::cuda_attention() ? "registered" : "missing (libextrap_cuda.so did not register it)")
+                << "\n";
     return 0;
   }
   const auto found = commands().find(name);

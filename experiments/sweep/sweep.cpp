@@ -19,6 +19,7 @@
 #include <sstream>
 
 #include "core/base/fault.h"
+#include "core/runtime/cuda_support.h"
 #include "core/runtime/distributed.h"
 #include "core/runtime/progress.h"
 #include "core/runtime/sysinfo.h"
@@ -392,9 +393,9 @@ SweepOutcome run_sweep(const SweepSpec& spec, const SweepOptions& options) {
       points.push_back(&p);
   outcome.points = int64_t(points.size());
   for (const auto* p : points)
-    if (p->config.train.device == Device::cuda && !torch::cuda::is_available())
-      throw ConfigError(spec.source + ": point " + p->id +
-                        " trains on cuda but no CUDA device is available");
+    if (p->config.train.device == Device::cuda && !cuda_unavailable_reason().empty())
+      throw ConfigError(spec.source + ": point " + p->id + " trains on cuda but " +
+                        cuda_unavailable_reason());
 
   if (ProcessGroup::environment()) {
     if ((options.jobs > 0 ? options.jobs : spec.jobs) > 1)

@@ -389,4 +389,14 @@ std::pair<torch::Tensor, torch::Tensor> fused_alibi_geometric_slopes(FusedAlibiL
   return {left, right};
 }
 
+namespace {
+
+// Runs when libextrap_cuda.so loads (core/runtime/cuda_support.h).
+const bool registered = [] {
+  register_cuda_attention({&fused_attention_unsupported_reason, &fused_attention, &fused_attention_alibi});
+  return true;
+}();
+
+}  // namespace
+
 }  // namespace extrap

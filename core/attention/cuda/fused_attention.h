@@ -1,5 +1,6 @@
 // The fused CUDA attention as a LibTorch autograd function (built only with a CUDA-enabled
-// LibTorch; EXTRAP_WITH_CUDA is then defined for everything linking extrap).
+// LibTorch, into libextrap_cuda.so; the rest of extrap reaches it through
+// core/attention/cuda_attention.h, where it registers these functions when it loads).
 //
 // fused_attention() takes the same bias *description* as every other backend and hands the
 // kernels slopes, never an N x N tensor:
@@ -14,11 +15,12 @@
 // fused_attention_alibi() is the paper's ALiBi with the geometric slopes computed inside the
 // kernel from the head index: no slope tensor at all. (Deciding that automatically from an
 // AttentionBias would mean comparing device slopes on the host every call; position methods
-// that want it can call it directly.)
+// that want it call cuda_attention()->alibi.)
 #pragma once
 
 #include "core/attention/attention.h"
 #include "core/attention/cuda/flash_params.h"
+#include "core/attention/cuda_attention.h"
 
 #include <torch/torch.h>
 
@@ -26,9 +28,6 @@
 #include <utility>
 
 namespace extrap {
-
-// Fixed ALiBi layouts with in-kernel slopes (REFERENCE.md, "Bias variants").
-enum class FusedAlibiLayout { Causal, Symmetric, Nonsymmetric };
 
 // "" if fused_attention() can run this call, else why not (dtype, head dim, device, bias).
 std::string fused_attention_unsupported_reason(const torch::Tensor& q, const torch::Tensor& k,
