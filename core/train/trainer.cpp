@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <mutex>
 #include <optional>
 #include <random>
 
@@ -49,6 +50,19 @@ std::vector<torch::optim::OptimizerParamGroup> parameter_groups(const Transforme
   groups.emplace_back(decay, options(c.weight_decay));
   groups.emplace_back(no_decay, options(0.0));
   return groups;
+}
+
+
+// bf16 products without AVX512_BF16 or AMX are emulated by oneDNN: a run that asked for bf16 to
+// be fast is told, once a process, what it costs and what to do instead.
+void warn_emulated_bf16() {
+  static std::once_flag once;
+  if (cpu_has_fast_bf16()) return;
+  std::call_once(once, [] {
+    std::cerr << "extrap: warning: train.precision bf16 on a CPU without AVX512_BF16 or AMX (or "
+                 "capped below AVX-512) emulates its bf16 products: about 18x slower than fp32 on an "
+                 "AVX2-only EPYC (benchmarks/RESULTS.md); train.precision: fp32 is faster here\n";
+  });
 }
 
 }  // namespace
@@ -293,6 +307,7 @@ void Trainer::resume(RunState& state) {
 void Trainer::prepare_training(RunState& state) {
   const TrainConfig& c = config_.train;
   if (!state.leader) quiet = true;
+  if (state.leader && c.precision == Precision::bf16 && device_.is_cpu()) warn_emulated_bf16();
   if (state.leader) {
     write_file_atomic(fs::path(c.out_dir) / "config.yaml", YAML::Dump(config_.to_yaml()) + "\n");
     state.manifest.fingerprint = state.run_dir->fingerprint().hash;

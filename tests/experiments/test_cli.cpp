@@ -284,6 +284,33 @@ TEST_CASE("bench train and bench attention run on tiny shapes and report what th
   }
 }
 
+TEST_CASE("train.precision bf16 on a CPU without bf16 hardware warns once with its cost", "[cli]") {
+  SweepDir d;
+  write_text(d.root / "train.yaml", kTrainFile);
+  const std::vector<std::string> args = {"train", "--config", "train.yaml", "--no-eval",
+                                         "--set", "train.steps=2", "--set", "train.precision=bf16"};
+  const std::string warning = "extrap: warning: train.precision bf16 on a CPU without AVX512_BF16 or AMX";
+  std::string out;
+  {
+    // Capped to AVX2 (core/runtime/cpu_isa.h), every CPU is one without bf16 hardware.
+    setenv("ATEN_CPU_CAPABILITY", "avx2", 1);
+    struct Unset {
+      ~Unset() { unsetenv("ATEN_CPU_CAPABILITY"); }
+    } unset;
+    REQUIRE(run_cli(d, args, &out) == 0);
+  }
+  const auto first = out.find(warning);
+  REQUIRE(first != std::string::npos);
+  CHECK_THAT(out, Catch::Contains("about 18x slower than fp32") &&
+                      Catch::Contains("train.precision: fp32 is faster here"));
+  CHECK(out.find(warning, first + 1) == std::string::npos);
+  // fp32 never warns.
+  REQUIRE(run_cli(d, {"train", "--config", "train.yaml", "--no-eval", "--set", "train.steps=2",
+                      "--set", "train.out_dir=runs/fp32"},
+                  &out) == 0);
+  CHECK(out.find(warning) == std::string::npos);
+}
+
 TEST_CASE("every shipped config in configs/ loads and validates", "[cli]") {
   size_t files = 0;
   for (const auto& entry : fs::directory_iterator(fs::path(EXTRAP_SOURCE_DIR) / "configs")) {
