@@ -88,7 +88,9 @@ int evaluate_all(TransformerLM& model, const Corpus& corpus, const Config& confi
         if (rows)
           rows->push_back({{"length", r.length}, {"stride", r.stride}, {"status", "ok"},
                            {"rope_scaling", variant.empty() ? "none" : variant},
-                           {"rope_factor", spec.rope_scaling.factor},
+                           {"rope_factor", kind == RopeScalingKind::none
+                                               ? nlohmann::json()  // no scaling: no factor
+                                               : nlohmann::json(spec.rope_scaling.factor)},
                            {"nll_sum", r.nll_sum}, {"scored_tokens", r.scored_tokens},
                            {"perplexity", r.perplexity},
                            {"bits_per_byte", std::isfinite(r.bits_per_byte) ? nlohmann::json(r.bits_per_byte) : nlohmann::json()},

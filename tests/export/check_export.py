@@ -64,6 +64,8 @@ def check(model_path, eval_path, tokens_path, logits_path):
             fail(f"{eval_path}: extrap failed at length {row['length']}: {row['error']}")
         got = extrap_model.evaluate(model, tokens, row["length"], row["stride"])
         where = f"{model_path} ({model.metadata['position']}) L={row['length']} S={row['stride']}"
+        if row["rope_scaling"] == "none" and row["rope_factor"] is not None:
+            fail(f"{where}: rope_factor {row['rope_factor']!r} for an evaluation without RoPE scaling")
         if got["scored_tokens"] != row["scored_tokens"]:
             fail(f"{where}: scored {got['scored_tokens']} tokens, extrap {row['scored_tokens']}")
         for key in ("nll_sum", "perplexity"):
