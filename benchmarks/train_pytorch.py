@@ -85,7 +85,11 @@ class LM(nn.Module):
         self.mask = None
 
     def attention_mask(self, T):
-        """The (H, T, T) ALiBi bias, -inf above the diagonal when causal; None without one."""
+        """The (1, H, T, T) ALiBi bias, -inf above the diagonal when causal; None without one.
+
+        Four dimensions, not three: given an (H, T, T) mask, PyTorch's CPU SDPA takes its math
+        path (torch._fused_sdp_choice 0); given (1, H, T, T), its flash kernel (1), which is
+        faster forward and backward."""
         if self.position != "alibi":
             return None
         if T != self.mask_length:
@@ -94,7 +98,7 @@ class LM(nn.Module):
             bias = -self.slopes.view(-1, 1, 1) * (i - j).abs()
             if self.causal:
                 bias = bias.masked_fill(j > i, float("-inf"))
-            self.mask, self.mask_length = bias, T
+            self.mask, self.mask_length = bias.unsqueeze(0), T
         return self.mask
 
     def forward(self, tokens):

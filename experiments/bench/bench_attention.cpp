@@ -138,7 +138,7 @@ void print_header(const AttentionBenchOptions& o, const AttentionBias& bias, boo
               bias.describe().c_str(), used_threads);
   std::printf("paths: reference = extrap's materialised scores and bias; efficient = extrap's blockwise "
               "path (%lld x %lld tiles);\n"
-              "       sdpa-bias = PyTorch's scaled_dot_product_attention with the (H, T, T) bias "
+              "       sdpa-bias = PyTorch's scaled_dot_product_attention with the (1, H, T, T) bias "
               "materialised as its mask, built before timing (its size: bias MB);\n"
               "       sdpa-none = scaled_dot_product_attention without a bias (%s), the no-bias ceiling\n",
               (long long)o.blocks.query_block, (long long)o.blocks.key_block,
@@ -173,7 +173,9 @@ PathRuns measure_paths(const AttentionBenchOptions& o, const torch::Tensor& q, c
       [&] { runs.efficient_out = attention_efficient(q, k, v, bias, attention_options, o.blocks); }, o.repeats);
   // PyTorch's CPU kernel for a float mask works blockwise too: the mask is its extra memory.
   if (!bias.is_none() && runs.bias_bytes * 2 <= o.budget_gb * 1e9) {
-    const auto mask = materialize_bias(bias, o.heads, t, t, causal);  // (H, T, T), -inf where masked
+    // (1, H, T, T), -inf where masked: with four dimensions PyTorch's CPU SDPA takes its flash
+    // kernel; given (H, T, T) it would take its slower math path.
+    const auto mask = materialize_bias(bias, o.heads, t, t, causal).unsqueeze(0);
     runs.sdpa_bias = bench::measure_call(
         [&] { runs.sdpa_bias_out = at::scaled_dot_product_attention(q, k, v, mask); }, o.repeats);
   }
