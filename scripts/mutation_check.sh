@@ -111,6 +111,9 @@ core/data/token_cache.cpp | if (header.source_bytes != key.source_bytes || heade
 experiments/sweep/sweep_spec.cpp | for (auto m : retrieval.length_multiples) instance_sizes.insert(m * point.config.train.seq_len); | for (auto m : retrieval.length_multiples) instance_sizes.insert(m * spec.base_config.train.seq_len); | retrieval instance lengths from the base config's training length, not the grid point's
 core/train/trainer.cpp | (loss / double(c.accumulation)).backward(); | if (a == 0) (loss / double(c.accumulation)).backward(); | only the first micro-batch of an accumulated step reaches the gradient
 core/eval/retrieval_eval.cpp | const TaskInstance& instance = trials[first + size_t(b)].instance; | const TaskInstance& instance = trials[size_t(b)].instance; | every retrieval batch is fed the first batch's instances
+core/attention/fused_cpu_attention.cpp | const int64_t block = turn % 2 == 0 ? turn / 2 : blocks - 1 - turn / 2; | const int64_t block = turn % 2 == 0 ? turn / 2 : blocks - 2 - turn / 2; | the inference kernel computes one query block twice and never the last
+core/runtime/cuda_support.cpp | if (mode == "0") return {State::switched_off, "EXTRAP_LOAD_CUDA=0"}; | if (mode == "x") return {State::switched_off, "EXTRAP_LOAD_CUDA=0"}; | EXTRAP_LOAD_CUDA=0 does not keep CUDA out
+core/attention/fused_cpu_attention.cpp | reach + coefficient * float(distance) < -kNegligible; } | reach + coefficient * float(distance) < kNegligible; } | the inference kernel skips key tiles of a linear bias that are not negligible
 EOF
 )
 

@@ -278,9 +278,15 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
         return cuda_attention()->attention(q, k, v, bias, options.causal);
       // Training on the CPU: the fused kernel where it takes the call (core/attention/fused_cpu_attention.h).
       if (fused_cpu_takes(q, k, v, bias, options)) return fused_cpu_attention(q, k, v, bias, options);
+      // Long evaluations on the CPU: the fused kernel's forward where it takes the bias (no
+      // T x T tensor either, and faster), else the memory-efficient path.
       const bool inference = !options.training && !torch::GradMode::is_enabled();
-      if (inference && q.device().is_cpu() && q.size(2) * k.size(2) > options.efficient_threshold)
+      if (inference && q.device().is_cpu() && q.size(2) * k.size(2) > options.efficient_threshold) {
+        if (q.scalar_type() == torch::kFloat32 &&
+            fused_cpu_attention_unsupported_reason(q, k, v, bias, options).empty())
+          return fused_cpu_attention(q, k, v, bias, options);
         return attention_efficient(q, k, v, bias, options);
+      }
       return attention_reference(q, k, v, bias, options);
     }
   }

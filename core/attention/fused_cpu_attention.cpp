@@ -273,6 +273,115 @@ void forward_kernel(const Problem& p, const Operand& q, const Operand& k, const 
   });
 }
 
+// Inference (no gradient, float32): the forward alone, as FlashAttention computes it. Each task
+// is one (batch, head, block of 64 queries): long evaluations run one window at a time (B = 1),
+// and B x H tasks would leave cores idle. A causal block costs in proportion to its index, so
+// tasks alternate between a head's first and last blocks, and the equal ranges
+// at::parallel_for hands the threads carry about equal work. A task walks the keys it sees in
+// tiles of kKeyTile with an online softmax, so that its scores stay in cache at any length;
+// nothing is kept for a backward pass.
+//
+// A linear bias makes far keys negligible, and a tile of them is skipped when that is certain:
+// for query i and key j, score(i, j) <= scale |q_i| |k_j| + bias(i, j), and the row's maximum
+// is at least its diagonal's score, >= -scale |q_i| |k_i| (bias 0, always seen). When the
+// first bound minus the second is below -kNegligible for every pair of the block and the
+// tile, each of the tile's probabilities is below e^-64 of the row's largest: summed over a
+// billion keys, under float32's resolution. The result is the same number, to rounding.
+constexpr int64_t kKeyTile = 256;
+constexpr float kNegligible = 64.0f;
+
+// |k_t| of every key row of every (batch, head), for the bound above: (B * H, T).
+std::vector<float> key_norms(const Problem& p, const Operand& k) {
+  const int64_t T = p.length, D = p.dim;
+  std::vector<float> norms(size_t(p.batch * p.heads * T));
+  at::parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> unused;
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const Rows kr = k.rows(bh / p.heads, bh % p.heads, T, D, unused);
+      for (int64_t t = 0; t < T; ++t)
+        norms[size_t(bh * T + t)] = std::sqrt(dot(kr.data + t * kr.stride, kr.data + t * kr.stride, D));
+    }
+  });
+  return norms;
+}
+
+// What a task needs to decide whether a tile of keys is negligible (see above).
+struct NegligibleBound {
+  float reach;          // scale * max |q_i| * (max |k| of the tile + max |k_i| of the block's own keys)
+  float coefficient;    // the bias per unit of distance on the tile's side (-slope), or 0
+  int64_t distance;     // the nearest distance between the block's queries and the tile's keys
+  bool negligible() const { return coefficient < 0.0f && reach + coefficient * float(distance) < -kNegligible; }
+};
+
+// The online softmax's step for one row of a tile: adds the bias and masks, folds the tile into
+// the row's running maximum and sum, and leaves the tile's weights exp(score - new maximum) in
+// place (0 for keys the row does not see). Returns the factor the row's output so far is to be
+// scaled by (1 when the row saw nothing new).
+float online_softmax_row(float* row, int64_t relative_i, int64_t keys, RowBias rb, float& max, float& sum) {
+  const int64_t end = padded_keys(rb.right_open ? keys : std::clamp<int64_t>(relative_i + 1, 0, keys));
+  const float tile_max = end > 0 ? bias_and_max(row, relative_i, keys, end, rb) : -kInf;
+  const float new_max = std::max(max, tile_max);
+  if (new_max == -kInf) {  // nothing seen yet: no weights, no rescaling
+    exp_row(row, keys, 0, 0.0f);
+    return 1.0f;
+  }
+  const float factor = std::exp(max - new_max);
+  sum = sum * factor + exp_row(row, keys, end, new_max);
+  max = new_max;
+  return factor;
+}
+
+void forward_inference_kernel(const Problem& p, const Operand& q, const Operand& k, const Operand& v,
+                              const Destination& out) {
+  const int64_t T = p.length, D = p.dim, H = p.heads, blocks = (T + kQueryBlock - 1) / kQueryBlock;
+  const std::vector<float> norms = p.bias.empty() ? std::vector<float>() : key_norms(p, k);
+  at::parallel_for(0, p.batch * H * blocks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(size_t(std::min(kQueryBlock, T) * padded_keys(std::min(kKeyTile, T)))), unused;
+    float max[kQueryBlock], sum[kQueryBlock], factor[kQueryBlock];
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t bh = task / blocks, turn = task % blocks;
+      const int64_t block = turn % 2 == 0 ? turn / 2 : blocks - 1 - turn / 2;
+      const int64_t b = bh / H, h = bh % H, i0 = block * kQueryBlock;
+      const Rows qr = q.rows(b, h, T, D, unused), kr = k.rows(b, h, T, D, unused), vr = v.rows(b, h, T, D, unused);
+      const Rows o = out.rows(b, h, unused);
+      const int64_t m = std::min(kQueryBlock, T - i0), n = visible_keys(p, i0, m);
+      const RowBias rb = row_bias(p, h);
+      float q_reach = 0, own_keys = 0;  // scale * max |q_i| and max |k_i| over the block
+      if (!norms.empty())
+        for (int64_t r = 0; r < m; ++r) {
+          const float* qi = qr.data + (i0 + r) * qr.stride;
+          q_reach = std::max(q_reach, p.scale * std::sqrt(dot(qi, qi, D)));
+          own_keys = std::max(own_keys, norms[size_t(bh * T + i0 + r)]);
+        }
+      std::fill(max, max + m, -kInf);
+      std::fill(sum, sum + m, 0.0f);
+      float* acc = o.data + i0 * o.stride;  // the output rows, accumulated unnormalised
+      bool first = true;
+      for (int64_t k0 = 0; k0 < n; k0 += kKeyTile) {
+        const int64_t w = std::min(kKeyTile, n - k0), ws = padded_keys(w);
+        if (!norms.empty() && (k0 + w <= i0 || k0 >= i0 + m)) {
+          const bool left = k0 + w <= i0;
+          const float* tile_norms = norms.data() + bh * T + k0;
+          const NegligibleBound bound{q_reach * (*std::max_element(tile_norms, tile_norms + w) + own_keys),
+                                      left ? rb.left : rb.right, left ? i0 - (k0 + w - 1) : k0 - (i0 + m - 1)};
+          if (bound.negligible()) continue;
+        }
+        gemm(false, true, m, w, D, p.scale, qr.data + i0 * qr.stride, qr.stride, kr.data + k0 * kr.stride,
+             kr.stride, 0.0f, scores.data(), ws);
+        for (int64_t r = 0; r < m; ++r)
+          factor[r] = online_softmax_row(scores.data() + r * ws, i0 + r - k0, w, rb, max[r], sum[r]);
+        if (!first)
+          for (int64_t r = 0; r < m; ++r)
+            if (factor[r] != 1.0f) scale_row(acc + r * o.stride, D, factor[r]);
+        gemm(false, false, m, D, w, 1.0f, scores.data(), ws, vr.data + k0 * vr.stride, vr.stride,
+             first ? 0.0f : 1.0f, acc, o.stride);
+        first = false;
+      }
+      for (int64_t r = 0; r < m; ++r) scale_row(acc + r * o.stride, D, 1.0f / sum[r]);
+    }
+  });
+}
+
 void backward_kernel(const Problem& p, const Operand& q, const Operand& k, const Operand& v, const float* lse,
                      const Operand& dout, const Destination& dq, const Destination& dk, const Destination& dv) {
   const int64_t T = p.length, D = p.dim, H = p.heads;
@@ -496,6 +605,14 @@ torch::Tensor fused_cpu_attention(const torch::Tensor& q, const torch::Tensor& k
   const std::string reason = fused_cpu_attention_unsupported_reason(q, k, v, bias, options);
   TORCH_CHECK(reason.empty(), "attention: the fused CPU kernel does not take this call (", reason, ")");
   const Problem problem = make_problem(q, bias, options.causal);
+  const bool wants_gradient =
+      torch::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  if (!wants_gradient && q.scalar_type() == torch::kFloat32) {
+    auto out = torch::empty({problem.batch, problem.length, problem.heads, problem.dim}, q.options())
+                   .permute({0, 2, 1, 3});
+    forward_inference_kernel(problem, Operand(q), Operand(k), Operand(v), Destination(out));
+    return out;
+  }
   return FusedCpuAttentionFunction::apply(q, k, v, &problem);
 }
 

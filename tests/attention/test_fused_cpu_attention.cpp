@@ -97,6 +97,62 @@ TEST_CASE("fused CPU attention: outputs and q, k, v gradients equal the float64 
   }
 }
 
+TEST_CASE("fused CPU attention for inference: equal to the float64 reference, whatever the thread count",
+          "[attention][fused_cpu]") {
+  if (!kernel_available()) return;
+  torch::manual_seed(12);
+  const int64_t B = 2, H = 4, D = 16;
+  const int threads = at::get_num_threads();
+  torch::NoGradGuard no_grad;
+  // 1 to 5 query blocks of 64, odd and even block counts (tasks alternate first and last blocks),
+  // and two key tiles of 256 at 300.
+  for (int64_t T : {1, 63, 130, 192, 300}) {
+    for (bool causal : {true, false}) {
+      for (const auto& [name, bias] : biases()) {
+        INFO("T " << T << (causal ? ", causal, " : ", bidirectional, ") << name);
+        const auto parts = torch::randn({B, T, 3, H, D}).permute({2, 0, 3, 1, 4}).unbind(0);
+        AttentionOptions options;
+        options.causal = causal;
+        const auto expected = attention_reference(parts[0].to(torch::kFloat64), parts[1].to(torch::kFloat64),
+                                                  parts[2].to(torch::kFloat64), bias, options);
+        torch::Tensor first;
+        for (int n : {1, 3}) {
+          at::set_num_threads(n);
+          const auto y = fused_cpu_attention(parts[0], parts[1], parts[2], bias, options);
+          REQUIRE(y.sizes() == parts[0].sizes());
+          REQUIRE(y.transpose(1, 2).is_contiguous());
+          CHECK(max_relative_difference(y, expected) < 1e-5);
+          // Every row is one task's work, whoever runs it: the same bits on any thread count.
+          if (first.defined()) CHECK(torch::equal(y, first));
+          first = y;
+        }
+        at::set_num_threads(threads);
+      }
+    }
+  }
+  // Past a few key tiles of 256, where far tiles of a linear bias are skipped as negligible: the
+  // reference's numbers still, for keys left and right of every block.
+  for (bool causal : {true, false}) {
+    for (const auto& [name, bias] : biases()) {
+      INFO("T 1100" << (causal ? ", causal, " : ", bidirectional, ") << name);
+      const auto parts = torch::randn({1, 1100, 3, H, D}).permute({2, 0, 3, 1, 4}).unbind(0);
+      AttentionOptions options;
+      options.causal = causal;
+      const auto expected = attention_reference(parts[0].to(torch::kFloat64), parts[1].to(torch::kFloat64),
+                                                parts[2].to(torch::kFloat64), bias, options);
+      CHECK(max_relative_difference(fused_cpu_attention(parts[0], parts[1], parts[2], bias, options), expected) <
+            1e-5);
+    }
+  }
+  // attention() sends long CPU evaluations here: past the efficient threshold, the same result.
+  AttentionOptions options;
+  options.efficient_threshold = 64 * 64;
+  const auto parts = torch::randn({1, 150, 3, H, D}).permute({2, 0, 3, 1, 4}).unbind(0);
+  const auto bias = biases()[1].second;
+  CHECK(torch::equal(attention(parts[0], parts[1], parts[2], bias, options),
+                     fused_cpu_attention(parts[0], parts[1], parts[2], bias, options)));
+}
+
 TEST_CASE("fused CPU attention: what it does not take goes to the reference, named", "[attention][fused_cpu]") {
   const auto q = torch::randn({1, 4, 16, 8}), k = torch::randn({1, 4, 16, 8}), v = torch::randn({1, 4, 16, 8});
   const auto slopes = torch::tensor({0.5f, 0.25f, 0.125f, 0.0625f});
