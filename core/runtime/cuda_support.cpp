@@ -63,7 +63,7 @@ CudaSupport open_library() {
 
 CudaSupport decide() {
   const char* variable = std::getenv("EXTRAP_LOAD_CUDA");
-  const std::string mode = variable ? variable : "auto";
+  const std::string mode = variable && *variable ? variable : "auto";  // set but empty: unset
   if (mode != "auto" && mode != "0" && mode != "1")
     throw ConfigError("environment variable EXTRAP_LOAD_CUDA=" + mode +
                       ": expected auto (load where there is an NVIDIA driver), 0 or 1");

@@ -8,7 +8,7 @@
 // the generators asks), and keeps the answer. So the CUDA half is loaded, or not, before any
 // other work: every executable calls load_cuda_support() first thing in main(). Whether it
 // loads (EXTRAP_LOAD_CUDA):
-//   unset or "auto": where this machine has an NVIDIA driver (/dev/nvidiactl, /dev/dxg under
+//   unset, empty or "auto": where this machine has an NVIDIA driver (/dev/nvidiactl, /dev/dxg under
 //       WSL or /proc/driver/nvidia) and CUDA_VISIBLE_DEVICES does not hide every device;
 //   "1": always (an error, with the loader's reason, if it cannot);
 //   "0": never (CPU only, on a machine with GPUs too).
