@@ -3,6 +3,7 @@
 #include "core/base/environment.h"
 #include "core/kernels/cpu_vector_math.h"
 #include "core/kernels/precision.h"
+#include "core/runtime/cpu_isa.h"
 
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
@@ -142,7 +143,7 @@ bool onednn_linear_switched_on() {
   static const bool on =
       environment_switch("EXTRAP_ONEDNN_LINEAR",
                          "linear layers as LibTorch runs them: MKL in float32, autocast in bfloat16",
-                         "through oneDNN, the default");
+                         "through oneDNN where extrap's kernels run AVX-512, the default");
   return on;
 }
 
@@ -168,7 +169,9 @@ bool onednn_bf16_linear_takes(const torch::Tensor& x, const torch::Tensor& weigh
 }
 
 bool onednn_linear_takes(const torch::Tensor& x, const torch::Tensor& weight) {
-  return onednn_linear_switched_on() && onednn_keeps_float32() && x.device().is_cpu() &&
+  // On AVX2 paths (an AVX2-only CPU, or capped: core/runtime/cpu_isa.h) MKL's float32 products
+  // run the model faster than oneDNN's (benchmarks/RESULTS.md, "Per capability").
+  return onednn_linear_switched_on() && cpu_isa() == CpuIsa::avx512 && onednn_keeps_float32() && x.device().is_cpu() &&
          x.scalar_type() == torch::kFloat32 && weight.scalar_type() == torch::kFloat32 &&
          weight.device().is_cpu() && !at::autocast::is_autocast_enabled(at::kCPU) &&
          onednn_operator() != nullptr && x.numel() > 0;

@@ -14,8 +14,10 @@
 // matrix products, so it moves with them.
 //
 // It takes float32 CPU tensors outside autocast, where oneDNN is compiled in, keeps float32
-// arithmetic (ONEDNN_DEFAULT_FPMATH_MODE unset or STRICT) and is not switched off
-// (EXTRAP_ONEDNN_LINEAR=0, for A/B runs).
+// arithmetic (ONEDNN_DEFAULT_FPMATH_MODE unset or STRICT), extrap's kernels run AVX-512
+// (core/runtime/cpu_isa.h: on AVX2 paths, an AVX2-only CPU or a capped one, oneDNN's float32
+// products are slower than MKL's, which LibTorch's linear then runs) and it is not switched
+// off (EXTRAP_ONEDNN_LINEAR=0, for A/B runs).
 //
 // Under the CPU's bf16 autocast, on a CPU with AVX512_BF16 or AMX, it runs the same operator in
 // bfloat16 with the casts autocast would make (x, the weight and the bias to bfloat16, the
