@@ -96,6 +96,11 @@ std::string cuda_unavailable_reason() {
   return "";
 }
 
+void require_cuda(const std::string& what) {
+  const std::string why_not = cuda_unavailable_reason();
+  if (!why_not.empty()) throw ConfigError(what + " but " + why_not);
+}
+
 std::string describe_cuda_support() {
   const CudaSupport& support = load_cuda_support();
   if (support.state != State::loaded) return "not loaded: " + support.detail;

@@ -30,6 +30,9 @@ const CudaSupport& load_cuda_support();
 
 // "" when CUDA devices can be used, else why not, to follow "train.device is cuda but ...".
 std::string cuda_unavailable_reason();
+// Throws ConfigError "`what` but <why not>" unless CUDA devices can be used, e.g. for
+// what = "run.yaml: train.device is cuda".
+void require_cuda(const std::string& what);
 
 // The whole state in one line, for `extrap --version` (e.g. "not loaded: no NVIDIA driver on
 // this machine (EXTRAP_LOAD_CUDA=1 loads it anyway)").

@@ -202,11 +202,12 @@ ProcessGroup::ProcessGroup(const LaunchEnvironment& env, torch::Device device)
   auto backend_store = c10::make_intrusive<c10d::PrefixStore>(env.key_prefix + "backend/", tcp);
   try {
     if (device.is_cuda()) {
-      if (!nccl_factory)
+      if (!nccl_factory) {
+        const std::string why_not = cuda_unavailable_reason();
         throw ConfigError("train.device is cuda in a data-parallel launch, but NCCL is not loaded: " +
-                          (cuda_unavailable_reason().empty()
-                               ? std::string("this build's CUDA half has no NCCL (nccl.h was not found)")
-                               : cuda_unavailable_reason()));
+                          (why_not.empty() ? "this build's CUDA half has no NCCL (nccl.h was not found)"
+                                           : why_not));
+      }
       // Slurm's --gpus-per-task may show each rank only its own device.
       const int devices = std::max<int>(1, int(torch::cuda::device_count()));
       device_ = torch::Device(torch::kCUDA, c10::DeviceIndex(env.local_rank % devices));

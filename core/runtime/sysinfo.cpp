@@ -109,8 +109,8 @@ RuntimeInfo runtime_info() {
   info.libtorch_version = TORCH_VERSION;
   info.cuda_support = describe_cuda_support();
   info.cuda_loaded = load_cuda_support().state == CudaSupport::State::loaded;
-  const auto& cuda = at::detail::getCUDAHooks();
-  if (info.cuda_loaded && cuda.isBuilt()) {
+  if (info.cuda_loaded) {  // LibTorch's CUDA hooks are then the real ones (cuda_support.cpp checks)
+    const auto& cuda = at::detail::getCUDAHooks();
     const long version = cuda.versionCUDART();  // e.g. 13020
     info.cuda_version = std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
     info.cuda_devices = cuda.getNumGPUs();
@@ -146,8 +146,7 @@ std::string describe_runtime(const RuntimeInfo& info) {
       << "\n"
       << "cuda: "
       << (info.cuda_loaded ? "CUDA " + info.cuda_version + ", " + std::to_string(info.cuda_devices) +
-                                 " device(s) visible, with extrap's fused attention and NCCL; " +
-                                 info.cuda_support
+                                 " device(s) visible; " + info.cuda_support
                            : info.cuda_support)
       << "\n"
       << "blas: " << info.blas << "\n"

@@ -52,7 +52,6 @@ std::vector<torch::optim::OptimizerParamGroup> parameter_groups(const Transforme
   return groups;
 }
 
-
 // bf16 products without AVX512_BF16 or AMX are emulated by oneDNN: a run that asked for bf16 to
 // be fast is told, once a process, what it costs and what to do instead.
 void warn_emulated_bf16() {
@@ -90,8 +89,7 @@ Trainer::Trainer(Config config, const Corpus& corpus)
     : config_(std::move(config)),
       corpus_(corpus),
       device_(torch_device(config_.train.device)) {
-  if (device_.is_cuda() && !cuda_unavailable_reason().empty())
-    throw ConfigError(config_.source + ": train.device is cuda but " + cuda_unavailable_reason());
+  if (device_.is_cuda()) require_cuda(config_.source + ": train.device is cuda");
   group_ = ProcessGroup::get(device_);
   if (group_) {
     device_ = group_->device();

@@ -377,8 +377,10 @@ int bench_attention_cuda(const std::vector<std::string>& args) {
   CudaBenchOptions o;
   if (!parse_cuda_bench_options(args, o)) return 0;
   if (o.device != "cuda") throw std::invalid_argument("--device must be cuda here, got '" + o.device + "'");
-  if (!cuda_unavailable_reason().empty() || !cuda_attention()) {
-    std::cerr << "extrap bench attention: no CUDA here: " << cuda_unavailable_reason() << "\n";
+  const std::string why_not = cuda_unavailable_reason();
+  if (!why_not.empty() || !cuda_attention()) {
+    std::cerr << "extrap bench attention: no CUDA here: "
+              << (why_not.empty() ? "libextrap_cuda.so registered no fused attention" : why_not) << "\n";
     return 1;
   }
   const CudaBenchPlan plan = plan_from_options(o);

@@ -137,8 +137,7 @@ int bench_train(const Args& args) {
   const TrainConfig& t = config.train;
   const int threads = configure_threads(t.threads);
   torch::Device device = torch_device(t.device);
-  if (device.is_cuda() && !cuda_unavailable_reason().empty())
-    throw ConfigError(config.source + ": train.device is cuda but " + cuda_unavailable_reason());
+  if (device.is_cuda()) require_cuda(config.source + ": train.device is cuda");
   // Data parallel (--nproc N or a launcher): each rank takes 1/N of the same global batch and
   // the gradients are summed across ranks after backward, as `extrap train` does.
   ProcessGroup* ranks = ProcessGroup::get(device);

@@ -393,9 +393,8 @@ SweepOutcome run_sweep(const SweepSpec& spec, const SweepOptions& options) {
       points.push_back(&p);
   outcome.points = int64_t(points.size());
   for (const auto* p : points)
-    if (p->config.train.device == Device::cuda && !cuda_unavailable_reason().empty())
-      throw ConfigError(spec.source + ": point " + p->id + " trains on cuda but " +
-                        cuda_unavailable_reason());
+    if (p->config.train.device == Device::cuda)
+      require_cuda(spec.source + ": point " + p->id + " trains on cuda");
 
   if (ProcessGroup::environment()) {
     if ((options.jobs > 0 ? options.jobs : spec.jobs) > 1)

@@ -293,10 +293,7 @@ TEST_CASE("train.precision bf16 on a CPU without bf16 hardware warns once with i
   std::string out;
   {
     // Capped to AVX2 (core/runtime/cpu_isa.h), every CPU is one without bf16 hardware.
-    setenv("ATEN_CPU_CAPABILITY", "avx2", 1);
-    struct Unset {
-      ~Unset() { unsetenv("ATEN_CPU_CAPABILITY"); }
-    } unset;
+    const ScopedVariable capped("ATEN_CPU_CAPABILITY", "avx2");
     REQUIRE(run_cli(d, args, &out) == 0);
   }
   const auto first = out.find(warning);

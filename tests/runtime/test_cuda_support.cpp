@@ -7,11 +7,12 @@
 
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 #include <string>
 
 namespace fs = std::filesystem;
+using extrap::testing::read_text;
+using extrap::testing::ScopedVariable;
 using extrap::testing::SweepDir;
 
 namespace {
@@ -28,19 +29,6 @@ bool nvidia_driver_here() {
          fs::exists("/proc/driver/nvidia/version");
 }
 
-std::string read_all(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-struct WithVariable {
-  WithVariable(const char* name, const char* value) : name(name) { setenv(name, value, 1); }
-  ~WithVariable() { unsetenv(name); }
-  const char* name;
-};
-
 }  // namespace
 
 CATCH_REGISTER_LISTENER(LoadCudaSupportFirst)
@@ -50,7 +38,7 @@ TEST_CASE("a process on a machine without an NVIDIA driver maps no part of LibTo
   if (nvidia_driver_here()) return extrap::testing::skip_test("this machine has an NVIDIA driver");
   REQUIRE(std::getenv("EXTRAP_LOAD_CUDA") == nullptr);
   CHECK(extrap::load_cuda_support().state == extrap::CudaSupport::State::no_driver);
-  const std::string maps = read_all("/proc/self/maps");
+  const std::string maps = read_text("/proc/self/maps");
   for (const char* library : {"libtorch_cuda", "libextrap_cuda", "libcudnn", "libcublas", "libnccl"}) {
     INFO(library);
     CHECK(maps.find(library) == std::string::npos);
@@ -81,10 +69,10 @@ TEST_CASE("EXTRAP_LOAD_CUDA: 1 loads extrap's CUDA half anywhere, 0 never, anyth
     REQUIRE(std::system((std::string(EXTRAP_PYTHON) + " -c 'import torch; print(torch.version.cuda)' > " +
                          py_out.string())
                             .c_str()) == 0);
-    std::istringstream version(read_all(py_out));
+    std::istringstream version(read_text(py_out));
     std::string cuda_version;
     version >> cuda_version;
-    WithVariable load("EXTRAP_LOAD_CUDA", "1");
+    const ScopedVariable load("EXTRAP_LOAD_CUDA", "1");
     REQUIRE(run_cli(d, {"--version"}, &out) == 0);
     CHECK_THAT(out, Catch::Contains("\ncuda: CUDA " + cuda_version + ", "));
     CHECK_THAT(out, Catch::Contains("libextrap_cuda.so)\n"));
@@ -92,12 +80,12 @@ TEST_CASE("EXTRAP_LOAD_CUDA: 1 loads extrap's CUDA half anywhere, 0 never, anyth
     CHECK_THAT(out, Catch::Contains("\nfused cuda attention: registered\n"));
   }
   {
-    WithVariable never("EXTRAP_LOAD_CUDA", "0");
+    const ScopedVariable never("EXTRAP_LOAD_CUDA", "0");
     REQUIRE(run_cli(d, {"--version"}, &out) == 0);
     CHECK_THAT(out, Catch::Contains("\ncuda: not loaded: EXTRAP_LOAD_CUDA=0\n"));
   }
   {
-    WithVariable bad("EXTRAP_LOAD_CUDA", "yes");
+    const ScopedVariable bad("EXTRAP_LOAD_CUDA", "yes");
     REQUIRE(run_cli(d, {"positions"}, &out) == 2);
     CHECK_THAT(out, Catch::Contains("environment variable EXTRAP_LOAD_CUDA=yes: expected auto"));
   }

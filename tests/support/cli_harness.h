@@ -120,24 +120,20 @@ inline std::vector<std::string> one_step_bench(const std::vector<std::string>& o
 
 // An on/off switch in the environment (core/base/environment.h), through the CLI: `args` exit 0
 // with NAME=0 and with NAME=1, printing `off_shows` and `on_shows` respectively (when not
-// empty), and NAME=`bad` exits 2 printing `message`. NAME is unset after.
+// empty), and NAME=`bad` exits 2 printing `message`. NAME is as it was after.
 inline void require_environment_switch(const TempDir& d, const std::string& name,
                                        const std::vector<std::string>& args, const std::string& bad,
                                        const std::string& message, const std::string& off_shows = "",
                                        const std::string& on_shows = "") {
-  struct Unset {
-    ~Unset() { unsetenv(variable.c_str()); }
-    std::string variable;
-  } unset{name};
   for (const char* good : {"0", "1"}) {
     INFO(name << "=" << good);
-    setenv(name.c_str(), good, 1);
+    const ScopedVariable variable(name, good);
     std::string printed;
     REQUIRE(run_cli(d, args, &printed) == 0);
     const std::string& shows = std::string(good) == "0" ? off_shows : on_shows;
     if (!shows.empty()) REQUIRE_THAT(printed, Catch::Contains(shows));
   }
-  setenv(name.c_str(), bad.c_str(), 1);
+  const ScopedVariable variable(name, bad);
   std::string out;
   REQUIRE(run_cli(d, args, &out) == 2);
   REQUIRE_THAT(out, Catch::Contains(message));

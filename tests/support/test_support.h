@@ -12,10 +12,12 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <optional>
 #include <random>
 #include <string>
 
@@ -58,6 +60,23 @@ inline std::string read_text(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
+
+// The environment variable `name` is `value` for the object's lifetime (the CLI runs the tests
+// spawn inherit it), then what it was before, or unset.
+struct ScopedVariable {
+  ScopedVariable(std::string name, const std::string& value) : name(std::move(name)) {
+    if (const char* old = std::getenv(this->name.c_str())) previous = old;
+    setenv(this->name.c_str(), value.c_str(), 1);
+  }
+  ~ScopedVariable() {
+    if (previous) setenv(name.c_str(), previous->c_str(), 1);
+    else unsetenv(name.c_str());
+  }
+  ScopedVariable(const ScopedVariable&) = delete;
+  ScopedVariable& operator=(const ScopedVariable&) = delete;
+  std::string name;
+  std::optional<std::string> previous;
+};
 
 // English prose (a few paragraphs, repeated with variation) as a byte-level corpus.
 inline Corpus tiny_byte_corpus(int repeats = 40) {
