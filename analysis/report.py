@@ -34,6 +34,7 @@ numpy and matplotlib: the project's environment (.venv, made by scripts/setup.sh
 """
 import argparse
 import collections
+import errno
 import math
 import os
 import sys
@@ -536,8 +537,18 @@ def retrieval_section(out_dir, train_length, methods, retrieval, failures, notes
     return md
 
 
+class ReadError(Exception):
+    """The results file could not be read (the original error is args[0])."""
+
+
 def write_report(results_path, out_dir):
-    header, points, runs = load(results_path)
+    try:
+        header, points, runs = load(results_path)
+    except (OSError, KeyError) as e:
+        raise ReadError(e)
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise NotADirectoryError(errno.ENOTDIR, "is a file, not a directory (report.md and its "
+                                 "plots go in a directory)", out_dir)
     os.makedirs(out_dir, exist_ok=True)
     labels = method_labels(runs)
     # Method order: as the grid lists them (by the first run's point index).
@@ -700,8 +711,12 @@ def main():
     args = parser.parse_args()
     try:
         path = write_report(args.results, args.out)
-    except (OSError, KeyError) as e:
-        print("report: cannot read %s: %s" % (args.results, e), file=sys.stderr)
+    except ReadError as e:
+        print("report: cannot read %s: %s" % (args.results, e.args[0]), file=sys.stderr)
+        return 1
+    except OSError as e:
+        print("report: cannot write %s: %s" % (e.filename or args.out, e.strerror or e),
+              file=sys.stderr)
         return 1
     print("report: " + path)
     return 0

@@ -114,6 +114,9 @@ core/eval/retrieval_eval.cpp | const TaskInstance& instance = trials[first + siz
 core/attention/fused_cpu_attention.cpp | const int64_t block = turn % 2 == 0 ? turn / 2 : blocks - 1 - turn / 2; | const int64_t block = turn % 2 == 0 ? turn / 2 : blocks - 2 - turn / 2; | the inference kernel computes one query block twice and never the last
 core/runtime/cuda_support.cpp | if (mode == "0") return {State::switched_off, "EXTRAP_LOAD_CUDA=0"}; | if (mode == "x") return {State::switched_off, "EXTRAP_LOAD_CUDA=0"}; | EXTRAP_LOAD_CUDA=0 does not keep CUDA out
 core/attention/fused_cpu_attention.cpp | reach + coefficient * float(distance) < -kNegligible; } | reach + coefficient * float(distance) < kNegligible; } | the inference kernel skips key tiles of a linear bias that are not negligible
+core/train/trainer.cpp | state.loss_sum = checkpoint->state.pending_loss_sum; | state.loss_sum = 0; | a resumed run's first log point forgets the steps before the checkpoint
+core/run/metrics_log.cpp | if (line_step < 0 || line_step > step || line_step <= previous) break; | if (line_step < 0) break; | a resumed run keeps the metrics lines written after its checkpoint
+core/model/memory_estimate.cpp | return add(add(parameters, gradients), add(optimizer, activations)); | return parameters + gradients + optimizer + activations; | the memory estimate wraps negative for an absurd model and accepts it
 EOF
 )
 

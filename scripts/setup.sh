@@ -121,7 +121,7 @@ step_python() {
     rm -rf "$VENV"
     exit 1
   }
-  "$VENV/bin/python" -c 'import torch, numpy, h5py, matplotlib, safetensors, yaml'
+  "$VENV/bin/python" -c 'import torch, numpy, h5py, matplotlib, safetensors, yaml, tensorboard'
   echo "$stamp" >"$VENV/.extrap-stamp"
 }
 

@@ -29,19 +29,25 @@ void throw_write_error(const std::string& path, int error) {
   throw ConfigError(path + ": cannot write: " + write_error_reason(error));
 }
 
-void write_file_durable(const fs::path& path, std::string_view bytes) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw_write_error(path.string(), errno);
+int write_all(int fd, std::string_view bytes) {
   size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int error = n < 0 ? errno : ENOSPC;
+    if (n <= 0) return n < 0 ? errno : ENOSPC;
+    done += size_t(n);
+  }
+  return 0;
+}
+
+void write_file_durable(const fs::path& path, std::initializer_list<std::string_view> parts) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw_write_error(path.string(), errno);
+  for (std::string_view bytes : parts) {
+    if (const int error = write_all(fd, bytes)) {
       ::close(fd);
       throw_write_error(path.string(), error);
     }
-    done += size_t(n);
   }
   if (::fsync(fd) != 0) {
     const int error = errno;
@@ -49,6 +55,10 @@ void write_file_durable(const fs::path& path, std::string_view bytes) {
     throw_write_error(path.string(), error);
   }
   if (::close(fd) != 0) throw_write_error(path.string(), errno);
+}
+
+void write_file_durable(const fs::path& path, std::string_view bytes) {
+  write_file_durable(path, {bytes});
 }
 
 void fsync_directory(const fs::path& directory) {
@@ -73,11 +83,12 @@ void publish_file(const fs::path& tmp, const fs::path& path) {
   fsync_directory(fs::absolute(path).parent_path());
 }
 
-void write_file_atomic(const fs::path& path, std::string_view bytes, const fs::path& tmp_name) {
+void write_file_atomic(const fs::path& path, std::initializer_list<std::string_view> parts,
+                       const fs::path& tmp_name) {
   const fs::path tmp =
       tmp_name.empty() ? fs::path(path.string() + ".tmp." + std::to_string(::getpid())) : tmp_name;
   try {
-    write_file_durable(tmp, bytes);
+    write_file_durable(tmp, parts);
   } catch (const ConfigError& e) {
     std::error_code ignored;
     fs::remove(tmp, ignored);
@@ -91,6 +102,10 @@ void write_file_atomic(const fs::path& path, std::string_view bytes, const fs::p
     fs::remove(tmp, ignored);
     throw;
   }
+}
+
+void write_file_atomic(const fs::path& path, std::string_view bytes, const fs::path& tmp_name) {
+  write_file_atomic(path, {bytes}, tmp_name);
 }
 
 std::string read_file(const fs::path& path) {

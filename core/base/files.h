@@ -3,6 +3,7 @@
 #pragma once
 
 #include <filesystem>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 
@@ -14,12 +15,22 @@ namespace extrap {
 // The reason for an errno value from a write, in words.
 std::string write_error_reason(int error);
 
-// Writes `bytes` to `path` (created or truncated) and fsyncs it.
+// Writes all of `bytes` to the open file `fd`: 0, or the errno value of the write that failed
+// (ENOSPC for one that wrote nothing).
+int write_all(int fd, std::string_view bytes);
+
+// Writes `bytes` (or `parts`, one after the other) to `path` (created or truncated) and fsyncs it.
 void write_file_durable(const std::filesystem::path& path, std::string_view bytes);
-// Writes `bytes` to a temporary file beside `path`, fsyncs it, renames it over `path` and
-// fsyncs the directory: readers see the old file or the new one, never a part.
-// `tmp`: the temporary file's name (default PATH.tmp.<pid>).
+void write_file_durable(const std::filesystem::path& path,
+                        std::initializer_list<std::string_view> parts);
+// Writes `bytes` (or `parts`) to a temporary file beside `path`, fsyncs it, renames it over
+// `path` and fsyncs the directory: readers see the old file or the new one, never a part.
+// `tmp`: the temporary file's name (default PATH.tmp.<pid>). A failed write is a ConfigError
+// "TMP: cannot write: REASON (PATH is unchanged)", and the temporary file is removed.
 void write_file_atomic(const std::filesystem::path& path, std::string_view bytes,
+                       const std::filesystem::path& tmp = {});
+void write_file_atomic(const std::filesystem::path& path,
+                       std::initializer_list<std::string_view> parts,
                        const std::filesystem::path& tmp = {});
 void fsync_directory(const std::filesystem::path& directory);
 // Makes `tmp` durable and moves it over `path` in one step (rename, then fsync the directory).

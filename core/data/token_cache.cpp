@@ -1,6 +1,7 @@
 #include "core/data/token_cache.h"
 
 #include "core/base/errors.h"
+#include "core/base/files.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -10,7 +11,6 @@
 #include <cstddef>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <random>
 
@@ -157,23 +157,12 @@ void write_cache(const std::string& path, const CacheKey& key, const void* paylo
   std::random_device entropy;
   const std::string temporary =
       path + ".tmp." + std::to_string(::getpid()) + "." + hex64(entropy()).substr(8);
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(&header), sizeof(header));
-    out.write(static_cast<const char*>(payload), static_cast<std::streamsize>(payload_bytes));
-    out.close();
-    if (!out) {
-      std::error_code ignored;
-      std::filesystem::remove(temporary, ignored);
-      throw ConfigError("cannot write cache file '" + temporary + "'");
-    }
-  }
-  std::error_code error;
-  std::filesystem::rename(temporary, path, error);
-  if (error) {
-    std::filesystem::remove(temporary, error);
-    throw ConfigError("cannot move cache file into place at '" + path + "': " + error.message());
-  }
+  // Durable before it is renamed into place; a failed write names the file and the reason (a
+  // full disk is "no space left on device") and leaves no temporary file.
+  write_file_atomic(path,
+                    {std::string_view(reinterpret_cast<const char*>(&header), sizeof(header)),
+                     std::string_view(static_cast<const char*>(payload), size_t(payload_bytes))},
+                    temporary);
 }
 
 CacheFile open_or_build_cache(const std::string& path, const CacheKey& key,

@@ -14,16 +14,16 @@ namespace extrap {
 
 namespace {
 
-// a * b with saturation, so that absurd configs give a huge estimate rather than overflow.
+// Saturating arithmetic: an absurd config gives kHuge (8 EiB), never a wrapped negative estimate.
+constexpr int64_t kHuge = std::numeric_limits<int64_t>::max();
 int64_t mul(int64_t a, int64_t b) {
+  int64_t r = 0;
   if (a <= 0 || b <= 0) return 0;
-  if (a > std::numeric_limits<int64_t>::max() / b) return std::numeric_limits<int64_t>::max() / 4;
-  return a * b;
+  return __builtin_mul_overflow(a, b, &r) ? kHuge : r;
 }
 int64_t add(int64_t a, int64_t b) {
-  if (a > std::numeric_limits<int64_t>::max() / 2 || b > std::numeric_limits<int64_t>::max() / 2)
-    return std::numeric_limits<int64_t>::max() / 2;
-  return a + b;
+  int64_t r = 0;
+  return __builtin_add_overflow(a, b, &r) ? kHuge : r;
 }
 
 int64_t meminfo_bytes(const std::string& field) {
@@ -61,12 +61,18 @@ int64_t process_virtual_bytes() {
 }  // namespace
 
 std::string format_bytes(int64_t bytes) {
+  if (bytes >= kHuge) return "more than 8 EiB";
   char text[32];
   const double b = double(bytes);
-  if (b >= 1024.0 * 1024 * 1024 * 1024) std::snprintf(text, sizeof text, "%.1f TiB", b / (1024.0 * 1024 * 1024 * 1024));
+  if (b >= 1024.0 * 1024 * 1024 * 1024 * 1024) std::snprintf(text, sizeof text, "%.1f PiB", b / (1024.0 * 1024 * 1024 * 1024 * 1024));
+  else if (b >= 1024.0 * 1024 * 1024 * 1024) std::snprintf(text, sizeof text, "%.1f TiB", b / (1024.0 * 1024 * 1024 * 1024));
   else if (b >= 1024.0 * 1024 * 1024) std::snprintf(text, sizeof text, "%.1f GiB", b / (1024.0 * 1024 * 1024));
   else std::snprintf(text, sizeof text, "%.0f MiB", b / (1024.0 * 1024));
   return text;
+}
+
+int64_t MemoryEstimate::total() const {
+  return add(add(parameters, gradients), add(optimizer, activations));
 }
 
 std::string MemoryEstimate::parts() const {
@@ -77,7 +83,7 @@ std::string MemoryEstimate::parts() const {
 int64_t parameter_count_estimate(const Config& c, int64_t vocab_size) {
   const ModelConfig& m = c.model;
   const int64_t d = m.d_model, f = m.d_ffn;
-  const int64_t per_layer = add(add(mul(4 * d, d), mul(2 * d, f)), 9 * d + f);
+  const int64_t per_layer = add(add(mul(mul(4, d), d), mul(mul(2, d), f)), add(mul(9, d), f));
   int64_t total = add(mul(vocab_size, d), mul(m.layers, per_layer));
   if (!m.tie_embeddings) total = add(total, mul(vocab_size, d));
   return total;
@@ -110,9 +116,9 @@ MemoryEstimate estimate_training_memory(const Config& c, int64_t vocab_size) {
   const int64_t pairs = mul(t.seq_len, t.seq_len);
   const int64_t scores = mul(mul(micro, m.heads), pairs);
   const int64_t per_layer =
-      add(add(mul(tokens, add(10 * m.d_model, 2 * m.d_ffn)), mul(scores, 2)),
+      add(add(mul(tokens, add(mul(10, m.d_model), mul(2, m.d_ffn))), mul(scores, 2)),
           add(saturating(double(scores) * method_scores), saturating(double(pairs) * method_pairs)));
-  const int64_t values = add(mul(m.layers, per_layer), add(mul(tokens, 3 * m.d_model), mul(mul(tokens, vocab_size), 2)));
+  const int64_t values = add(mul(m.layers, per_layer), add(mul(tokens, mul(3, m.d_model)), mul(mul(tokens, vocab_size), 2)));
   e.activations = mul(values, 4);
   return e;
 }
@@ -134,16 +140,22 @@ int64_t available_memory_bytes() {
 void check_memory(int64_t bytes, const std::string& what, const std::string& advice) {
   const int64_t available = available_memory_bytes();
   if (available < 0 || bytes <= available) return;
-  throw ConfigError(what + " needs about " + format_bytes(bytes) + " of memory, and " +
+  throw ConfigError(what + " needs " + (bytes >= kHuge ? "" : "about ") + format_bytes(bytes) + " of memory, and " +
                     format_bytes(available) + " is available; " + advice);
 }
 
 void check_training_memory(const Config& c, int64_t vocab_size) {
   if (c.train.device != Device::cpu) return;  // GPU memory is not estimated here
   const MemoryEstimate e = estimate_training_memory(c, vocab_size);
-  check_memory(e.total(), c.source + ": training this config (" + e.parts() + ")",
-               "lower model.d_model, model.d_ffn, model.layers or train.batch_tokens, or raise "
-               "train.accumulation");
+  const int64_t state = add(add(e.parameters, e.gradients), e.optimizer);
+  const std::string n = std::to_string(c.model.d_model), f = std::to_string(c.model.d_ffn),
+                    l = std::to_string(c.model.layers), b = std::to_string(c.train.batch_tokens);
+  // Name the keys behind the larger part, with their values.
+  const std::string advice =
+      state >= e.activations
+          ? "lower model.d_model (" + n + "), model.d_ffn (" + f + ") or model.layers (" + l + ")"
+          : "lower train.batch_tokens (" + b + ") or train.seq_len, or raise train.accumulation";
+  check_memory(e.total(), c.source + ": training this config (" + e.parts() + ")", advice);
 }
 
 }  // namespace extrap

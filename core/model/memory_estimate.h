@@ -22,7 +22,7 @@ struct MemoryEstimate {
   int64_t gradients = 0;
   int64_t optimizer = 0;    // AdamW moments
   int64_t activations = 0;  // kept for backward, one micro-batch
-  int64_t total() const { return parameters + gradients + optimizer + activations; }
+  int64_t total() const;  // saturating: never wraps negative
   std::string parts() const;  // "weights 1.1 GiB, gradients ..., AdamW state ..., activations ..."
 };
 

@@ -227,6 +227,15 @@ PositionContext position_context(const ModelConfig& config) {
   return context;
 }
 
+void check_position_method(const Config& config) {
+  for (const auto& plugin : config.plugins) PositionRegistry::instance().load_plugin(plugin);
+  const PositionInfo& info = PositionRegistry::instance().get(config.position_name);
+  const unsigned mode = config.model.causal() ? kCausal : kBidirectional;
+  if (!(info.modes & mode)) return;
+  PositionRegistry::instance().create(config.position_name, position_context(config.model),
+                                      OptionReader(config.position, config.source, "position"));
+}
+
 TransformerLM build_model(const Config& config, int64_t vocab_size) {
   for (const auto& plugin : config.plugins) PositionRegistry::instance().load_plugin(plugin);
   return TransformerLM(config.model, vocab_size, config.position_name, config.position, config.source);

@@ -153,4 +153,9 @@ TransformerLM build_model(const Config& config, int64_t vocab_size);
 // What a model built from `config` tells its position method: layers, heads, sizes, mode.
 PositionContext position_context(const ModelConfig& config);
 
+// Builds the config's position method alone, so that an unknown name or a bad option fails
+// before a corpus is read or a model built (ConfigError naming the key). A method that does
+// not support the objective's attention mode is left to build_model (a sweep records it).
+void check_position_method(const Config& config);
+
 }  // namespace extrap

@@ -423,21 +423,42 @@ ResultsStore ResultsStore::open(const std::string& path) {
   return store;
 }
 
+namespace {
+
+// The bytes of an in-memory (core driver) HDF5 file, as they would be on disk.
+std::vector<char> file_image(H5::H5File& file, const std::string& path) {
+  const ssize_t size = H5Fget_file_image(file.getId(), nullptr, 0);
+  if (size <= 0) throw std::runtime_error(path + ": HDF5 gave no file image");
+  std::vector<char> image(static_cast<size_t>(size));
+  if (H5Fget_file_image(file.getId(), image.data(), image.size()) != size)
+    throw std::runtime_error(path + ": HDF5 file image changed size");
+  return image;
+}
+
+}  // namespace
+
 ResultsStore ResultsStore::open_or_create(const std::string& path, const SweepHeader& header) {
   const fs::path tmp = path + ".tmp";
   fs::remove(tmp);  // a writer killed mid-change; the file itself is whole
   if (!fs::exists(path)) {
     if (fs::path(path).has_parent_path()) fs::create_directories(fs::path(path).parent_path());
+    // Made in memory and written as commit() writes a change: HDF5 never writes to disk, so
+    // a full disk is an ordinary write error naming the file.
+    std::vector<char> image;
     try {
-      H5::H5File file(tmp.string(), H5F_ACC_TRUNC);
+      H5::FileAccPropList access;
+      access.setCore(1 << 16, false);
+      H5::H5File file(tmp.string(), H5F_ACC_TRUNC, H5::FileCreatPropList::DEFAULT, access);
       write_header(file, header);
       file.createGroup("runs");
       create_rows(file, "summary", summary_type());
+      file.flush(H5F_SCOPE_GLOBAL);
+      image = file_image(file, path);
       file.close();
     } catch (const H5::Exception& e) {
-      rethrow_hdf5(tmp.string(), e);
+      rethrow_hdf5(path, e);
     }
-    publish_file(tmp, path);
+    write_file_atomic(path, std::string_view(image.data(), image.size()), tmp);
   }
   return open(path);
 }
@@ -544,11 +565,7 @@ void ResultsStore::commit(const std::function<void(H5::H5File&)>& change) {
     H5::H5File file(path_, H5F_ACC_RDWR, H5::FileCreatPropList::DEFAULT, access);
     change(file);
     file.flush(H5F_SCOPE_GLOBAL);
-    const ssize_t size = H5Fget_file_image(file.getId(), nullptr, 0);
-    if (size <= 0) throw std::runtime_error(path_ + ": HDF5 gave no file image");
-    image.resize(size_t(size));
-    if (H5Fget_file_image(file.getId(), image.data(), image.size()) != size)
-      throw std::runtime_error(path_ + ": HDF5 file image changed size");
+    image = file_image(file, path_);
     file.close();
   } catch (const H5::Exception& e) {
     rethrow_hdf5(path_, e);

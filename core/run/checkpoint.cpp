@@ -91,6 +91,10 @@ VerifiedCheckpoint verify(const fs::path& dir) {
     c.state.world_size = state.value("world_size", int64_t(1));  // absent before 0.5
     c.state.train_curve = curve_from(state.at("train_curve"));
     c.state.valid_curve = curve_from(state.at("valid_curve"));
+    // Checkpoints of 0.11 and before saved no pending loss (their next log point averages
+    // only the steps after the resumption, as they always did).
+    c.state.pending_loss_sum = state.value("pending_loss_sum", 0.0);
+    c.state.pending_loss_count = state.value("pending_loss_count", int64_t(0));
   } catch (const json::exception& e) {
     throw ConfigError(dir.string() + ": the manifest or state.json lacks a field (" + e.what() +
                       "): the checkpoint is damaged");
@@ -133,7 +137,9 @@ void save_checkpoint(const fs::path& run_dir, const Config& config,
             {"seconds", state.seconds},
             {"world_size", state.world_size},
             {"train_curve", curve_json(state.train_curve)},
-            {"valid_curve", curve_json(state.valid_curve)}};
+            {"valid_curve", curve_json(state.valid_curve)},
+            {"pending_loss_sum", state.pending_loss_sum},
+            {"pending_loss_count", state.pending_loss_count}};
   files.emplace_back("state.json", s.dump(1) + "\n");
   files.emplace_back("config.yaml", YAML::Dump(config.to_yaml()) + "\n");
 

@@ -38,6 +38,10 @@ struct CheckpointState {
   int64_t world_size = 1;  // data-parallel ranks that trained it (core/runtime/distributed.h)
   std::vector<CurvePoint> train_curve;
   std::vector<CurvePoint> valid_curve;
+  // Training loss summed over the steps since the last log point, and their count: a log
+  // point after a resumption averages the same steps as it would have without one.
+  double pending_loss_sum = 0;
+  int64_t pending_loss_count = 0;
 };
 
 struct CheckpointManifest {

@@ -15,24 +15,14 @@ RunFingerprint run_fingerprint(const Config& config, const Corpus& corpus) {
   return f;
 }
 
-RunDirectory::RunDirectory(const Config& config, const Corpus& corpus, RunStart start)
-    : path_(config.train.out_dir) {
-  std::error_code error;
-  fs::create_directories(path_, error);
-  if (error) throw ConfigError(path_.string() + ": cannot create the run directory: " + error.message());
-  lock_ = std::make_unique<FileLock>(path_ / "lock", path_.string(), "trained",
-                                     "wait for it to finish or use another train.out_dir");
-  fingerprint_ = run_fingerprint(config, corpus);
+// The refusals that only read RUN: a trained run without --resume or --overwrite, another run's
+// fingerprint, a checkpoint without one. Run before RUN is created and again under its lock.
+void RunDirectory::check_existing(RunStart start) const {
   const fs::path identity = path_ / "fingerprint.yaml";
-
-  if (start == RunStart::overwrite) {
-    for (const char* name : {"checkpoint", "checkpoint.old", "checkpoint.tmp", "fingerprint.yaml"})
-      fs::remove_all(path_ / name, error);
-  } else if (start == RunStart::fresh && has_checkpoint(path_)) {
+  if (start == RunStart::fresh && has_checkpoint(path_))
     throw ConfigError(path_.string() +
                       " already holds a trained run (a checkpoint); --resume continues it, "
                       "--overwrite replaces it, or choose another train.out_dir");
-  }
   if (fs::exists(identity)) {
     const YAML::Node recorded = load_yaml_file(identity.string());
     if (const auto d = first_difference(recorded, fingerprint_.node))
@@ -45,15 +35,42 @@ RunDirectory::RunDirectory(const Config& config, const Corpus& corpus, RunStart 
                       " holds a checkpoint but no fingerprint.yaml (written by an extrap older "
                       "than 0.2, or damaged): its identity cannot be checked; train again with "
                       "--overwrite or use another run directory");
-  } else {
-    write_file_atomic(identity, YAML::Dump(fingerprint_.node) + "\n");
   }
-  if (start == RunStart::resume) {
-    checkpoint_ = find_checkpoint(path_);
-    if (checkpoint_ && checkpoint_->manifest.fingerprint != fingerprint_.hash)
-      throw ConfigError(checkpoint_->dir.string() + " was written by another run (fingerprint " +
-                        checkpoint_->manifest.fingerprint + ", " + identity.string() + " says " +
-                        fingerprint_.hash + ")");
+}
+
+RunDirectory::RunDirectory(const Config& config, const Corpus& corpus, RunStart start)
+    : path_(config.train.out_dir), fingerprint_(run_fingerprint(config, corpus)) {
+  // A refused run leaves nothing behind: the checks come before RUN is made, and a directory
+  // this process made is removed again if a refusal comes later.
+  if (start != RunStart::overwrite) check_existing(start);
+  std::error_code error;
+  const bool created = fs::create_directories(path_, error);
+  if (error) throw ConfigError(path_.string() + ": cannot create the run directory: " + error.message());
+  try {
+    lock_ = std::make_unique<FileLock>(path_ / "lock", path_.string(), "trained",
+                                       "wait for it to finish or use another train.out_dir");
+    const fs::path identity = path_ / "fingerprint.yaml";
+    if (start == RunStart::overwrite) {
+      for (const char* name : {"checkpoint", "checkpoint.old", "checkpoint.tmp", "fingerprint.yaml",
+                               "metrics.jsonl", "eval.json"})
+        fs::remove_all(path_ / name, error);
+    } else {
+      check_existing(start);  // again, now that no other process can change RUN
+    }
+    if (!fs::exists(identity)) write_file_atomic(identity, YAML::Dump(fingerprint_.node) + "\n");
+    if (start == RunStart::resume) {
+      checkpoint_ = find_checkpoint(path_);
+      if (checkpoint_ && checkpoint_->manifest.fingerprint != fingerprint_.hash)
+        throw ConfigError(checkpoint_->dir.string() + " was written by another run (fingerprint " +
+                          checkpoint_->manifest.fingerprint + ", " + identity.string() + " says " +
+                          fingerprint_.hash + ")");
+    }
+  } catch (...) {
+    if (created) {
+      lock_.reset();
+      fs::remove_all(path_, error);
+    }
+    throw;
   }
 }
 

@@ -4,12 +4,17 @@
 //                          position method with its options) and the corpus identity
 //                          (tokenizer, vocabulary hash, training tokens' count and hash)
 //   RUN/config.yaml        the resolved config (for people; the fingerprint is what counts)
-//   RUN/lock               held while a process trains in RUN
+//   RUN/lock               held while a process trains in RUN (the file stays, with the last
+//                          holder's pid)
 //   RUN/checkpoint/        core/run/checkpoint.h
+//   RUN/metrics.jsonl      the training log, a line per log or validation point (core/run/metrics_log.h)
+//   RUN/eval.json          `extrap train`'s evaluation after training (removed when training
+//                          changes the model again)
 //
 // Training into RUN is refused when RUN's fingerprint differs from the new run's (naming the
 // first differing key), when another process holds the lock (naming its pid), and, unless
-// resuming or overwriting, when RUN already holds a checkpoint.
+// resuming or overwriting, when RUN already holds a checkpoint. A refusal leaves no trace: a run
+// directory that did not exist before is not left behind.
 #pragma once
 
 #include "core/base/files.h"
@@ -46,6 +51,8 @@ class RunDirectory {
   std::optional<VerifiedCheckpoint>& checkpoint() { return checkpoint_; }
 
  private:
+  void check_existing(RunStart start) const;
+
   std::filesystem::path path_;
   std::unique_ptr<FileLock> lock_;
   RunFingerprint fingerprint_;

@@ -110,6 +110,11 @@ Trainer::Trainer(Config config, const Corpus& corpus)
                         std::to_string(config_.train.seq_len) + " gives " +
                         std::to_string(config_.train.seq_len + 1) + " (inputs and the last target)");
   }
+  // Refused here, before the run directory is touched, rather than at the first batch.
+  if ((corpus.train.size() - 1) / config_.train.seq_len < 1 && !(tasks_ && config_.task_fraction >= 1))
+    throw ConfigError(config_.source + ": the training split has " +
+                      std::to_string(corpus.train.size()) + " tokens: too few for train.seq_len " +
+                      std::to_string(config_.train.seq_len));
   model_->to(device_);
   if (group_) {
     const int64_t micro = micro_batch_sequences(config_.train);
@@ -227,6 +232,8 @@ struct Trainer::RunState {
   int64_t tokens_done = 0;
   double loss_sum = 0;  // training loss since the last log point
   int64_t loss_count = 0;
+  std::optional<MetricsLog> metrics;  // RUN/metrics.jsonl (rank 0)
+  nlohmann::ordered_json record;      // this step's metrics line, while it is being filled
 
   // The checkpoint to continue from: rank 0's run directory's, or the one another rank read.
   std::optional<VerifiedCheckpoint>& checkpoint() { return leader ? run_dir->checkpoint() : checkpoint_read; }
@@ -243,6 +250,7 @@ TrainSummary Trainer::run(RunStart start) {
     log_progress(state, lr);
     if (state.step == c.steps || (c.validate_every > 0 && state.step % c.validate_every == 0))
       validate_and_log(state);
+    write_metrics(state);
     state.summary.seconds = state.trained_seconds;
     if (state.step == c.steps || (c.checkpoint_every > 0 && state.step % c.checkpoint_every == 0))
       save_run(state);
@@ -297,6 +305,8 @@ void Trainer::resume(RunState& state) {
   summary.seconds = checkpoint->state.seconds;
   summary.train_curve = checkpoint->state.train_curve;
   summary.valid_curve = checkpoint->state.valid_curve;
+  state.loss_sum = checkpoint->state.pending_loss_sum;
+  state.loss_count = checkpoint->state.pending_loss_count;
   summary.resumed_from = state.step;
   if (!quiet && state.leader) std::cerr << "resuming " << c.out_dir << " from step " << state.step << "\n";
 }
@@ -309,6 +319,10 @@ void Trainer::prepare_training(RunState& state) {
   if (state.leader) {
     write_file_atomic(fs::path(c.out_dir) / "config.yaml", YAML::Dump(config_.to_yaml()) + "\n");
     state.manifest.fingerprint = state.run_dir->fingerprint().hash;
+    state.metrics.emplace(state.run_dir->path() / "metrics.jsonl", state.step);
+    // The evaluation `extrap train` saved describes the model as it was: it goes once the
+    // model changes.
+    if (state.step < c.steps) fs::remove(state.run_dir->path() / "eval.json");
   }
   state.manifest.vocabulary = hex64(corpus_.vocabulary_hash());
   state.micro = micro_batch_sequences(c);
@@ -337,13 +351,25 @@ double Trainer::train_step(RunState& state) {
   state.tokens_done += state.tokens_per_step;
   state.loss_sum += step_loss;
   ++state.loss_count;
-  if (!std::isfinite(step_loss))
-    throw std::runtime_error("training diverged at step " + std::to_string(step) + " (loss " +
-                             std::to_string(step_loss) +
-                             "); nothing of this step was saved; lower train.lr");
+  check_divergence(step, "loss", step_loss);
   state.summary.tokens_per_second =
       (state.tokens_before + double(state.tokens_done)) / std::max(state.trained_seconds, 1e-9);
   return lr;
+}
+
+// A loss that is not finite, or above twice a uniform guess's (ln V): no model that learns
+// gets there (an untrained one scores about ln V, a healthy run's first steps at most about
+// 1.2 ln V); it takes weights blown up by too high a learning rate.
+void Trainer::check_divergence(int64_t step, const char* what, double loss) const {
+  const double uniform = std::log(double(corpus_.vocab_size));
+  if (std::isfinite(loss) && loss <= 2 * uniform) return;
+  char text[320];
+  std::snprintf(text, sizeof text,
+                "training diverged at step %lld (%s %.6g nats a token, above 2 ln V = %.2f; a "
+                "uniform guess over %lld tokens scores %.2f); nothing of this step was saved; "
+                "lower train.lr",
+                (long long)step, what, loss, 2 * uniform, (long long)corpus_.vocab_size, uniform);
+  throw std::runtime_error(text);
 }
 
 // Forward and backward on this rank's share of the step's micro-batches; returns the batch's loss.
@@ -399,6 +425,8 @@ void Trainer::log_progress(RunState& state, double lr) {
     summary.train_curve.push_back({step, progress.loss});
     state.loss_sum = 0;
     state.loss_count = 0;
+    state.record["loss"] = progress.loss;
+    state.record["lr"] = lr;
   }
   if (on_progress) {
     on_progress(progress);
@@ -422,7 +450,16 @@ void Trainer::log_progress(RunState& state, double lr) {
 void Trainer::validate_and_log(RunState& state) {
   const int64_t step = state.step;
   const double valid = validate();
+  check_divergence(step, "validation loss", valid);
   state.summary.valid_curve.push_back({step, valid});
+  state.record["valid_loss"] = valid;
+  state.record["valid_perplexity"] = std::exp(valid);
+  const auto logged = model_->position().log_values();
+  if (!logged.empty()) {
+    nlohmann::ordered_json values = nlohmann::ordered_json::object();
+    for (const auto& [name, value] : logged) values[name] = value;
+    state.record["position"] = values;
+  }
   if (!quiet) {
     char text[96];
     std::snprintf(text, sizeof text, "step %lld valid loss %.4f ppl %.2f", (long long)step, valid,
@@ -435,6 +472,19 @@ void Trainer::validate_and_log(RunState& state) {
     state.display->line(line);
   }
   model_->train();
+}
+
+// The step's line of RUN/metrics.jsonl, when it was a log or validation point (rank 0 writes).
+void Trainer::write_metrics(RunState& state) {
+  if (state.record.empty()) return;
+  nlohmann::ordered_json line = {{"step", state.step}};
+  line.update(state.record);
+  state.record = nlohmann::ordered_json::object();
+  line["tokens"] = state.step * state.tokens_per_step;
+  line["tokens_per_second"] = state.summary.tokens_per_second;
+  line["seconds"] = state.trained_seconds;
+  line["time"] = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  if (state.metrics) state.metrics->append(line);
 }
 
 // A checkpoint of the run at its current step (rank 0 only writes the run directory).
@@ -452,6 +502,8 @@ void Trainer::save_run(RunState& state) {
   saved.world_size = state.world;
   saved.train_curve = summary.train_curve;
   saved.valid_curve = summary.valid_curve;
+  saved.pending_loss_sum = state.loss_sum;
+  saved.pending_loss_count = state.loss_count;
   save_checkpoint(state.run_dir->path(), config_, state.manifest, saved, model_, optimizer_.get());
   fault_point("checkpoint", state.run_dir->path().string() + " step " + std::to_string(step));
 }

@@ -27,6 +27,7 @@
 #include "core/model/config.h"
 #include "core/model/model.h"
 #include "core/run/checkpoint.h"
+#include "core/run/metrics_log.h"
 #include "core/run/run_dir.h"
 #include "core/runtime/distributed.h"
 
@@ -77,8 +78,9 @@ class Trainer {
 
   // Trains to config.train.steps in the run directory config.train.out_dir (core/run/run_dir.h):
   // `resume` continues from its checkpoint when there is one; a run directory of another
-  // config, a damaged checkpoint or a held lock is a ConfigError. A non-finite training loss
-  // stops the run with an error naming the step (nothing of it is saved).
+  // config, a damaged checkpoint or a held lock is a ConfigError. A training or validation
+  // loss that is not finite or exceeds 2 ln V (twice a uniform guess's) stops the run with an
+  // error naming the step (nothing of it is saved).
   TrainSummary run(RunStart start);
 
   TransformerLM& model() { return model_; }
@@ -112,6 +114,8 @@ class Trainer {
   double forward_backward(RunState& state);
   void log_progress(RunState& state, double lr);
   void validate_and_log(RunState& state);
+  void write_metrics(RunState& state);
+  void check_divergence(int64_t step, const char* what, double loss) const;
   void save_run(RunState& state);
   TrainSummary finish(RunState& state);
 

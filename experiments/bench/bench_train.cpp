@@ -45,7 +45,8 @@ bool parse_train_bench_options(const Args& args, TrainBenchOptions& o) {
       ("vocab", po::value(&o.vocab), "vocabulary size of the random tokens (257: byte level)")
       ("profile", po::value(&o.profile), "then profile N more steps and print the operators by self time");
   po::variables_map vm;
-  return parse(args, "extrap bench train --config FILE [--steps N] [--set key=value ...]", options, vm);
+  return parse(args, "extrap bench train --config FILE [--steps N] [--set key=value ...]\n"
+               "       [--nproc N: N local data-parallel ranks]", options, vm);
 }
 
 // Runs `warmup` untimed steps, then times `steps` steps (waiting for the GPU after each); the

@@ -7,9 +7,13 @@ namespace po = boost::program_options;
 namespace extrap::cli {
 
 bool parse(const Args& args, const std::string& usage_line, po::options_description& options,
-           po::variables_map& values, const po::positional_options_description* positional) {
+           po::variables_map& values, const po::positional_options_description* positional,
+           const po::options_description* hidden) {
   options.add_options()("help,h", "show this help");
-  auto parser = po::command_line_parser(args).options(options);
+  po::options_description all;
+  all.add(options);
+  if (hidden) all.add(*hidden);
+  auto parser = po::command_line_parser(args).options(all);
   if (positional) parser.positional(*positional);
   po::store(parser.run(), values);
   if (values.count("help")) {

@@ -3,6 +3,7 @@
 #include "core/model/config.h"
 #include "core/train/trainer.h"
 #include "experiments/cli/commands.h"
+#include "experiments/sweep/sweep_spec.h"
 #include "positions/alibi_slopes.h"
 #include "positions/position.h"
 
@@ -178,11 +179,29 @@ int inspect(const Args& args) {
 
 int config_keys(const Args& args) {
   po::options_description options("extrap keys");
+  options.add_options()("sweep", "list the keys of a sweep file instead (grid, eval, output, ...)");
   po::variables_map vm;
-  if (!parse(args, "extrap keys", options, vm)) return 0;
-  for (const auto& doc : config_documentation())
-    std::printf("%-28s %-14s %s\n", doc.key.c_str(), doc.default_value.c_str(), doc.help.c_str());
-  std::printf("\nposition options depend on the method: see `extrap positions`.\n");
+  if (!parse(args, "extrap keys [--sweep]", options, vm)) return 0;
+  const bool sweep = vm.count("sweep") > 0;
+  // The mark says what a change of the key changes: the trained model (its run fingerprint),
+  // the recorded evaluation, or nothing either records (sections carry none).
+  // (A sweep file's keys have no mark: its base and grid values carry the configs' own.)
+  if (sweep) {
+    std::printf("%-32s %-14s %s\n", "key", "default", "meaning");
+    for (const auto& doc : sweep_documentation())
+      std::printf("%-32s %-14s %s\n", doc.key.c_str(), doc.default_value.c_str(), doc.help.c_str());
+  } else {
+    std::printf("%-32s %-14s %-10s %s\n", "key", "default", "affects", "meaning");
+    for (const auto& doc : config_documentation())
+      std::printf("%-32s %-14s %-10s %s\n", doc.key.c_str(), doc.default_value.c_str(),
+                  doc.section ? "" : to_string(doc.affects), doc.help.c_str());
+  }
+  if (sweep)
+    std::printf("\nbase holds an `extrap train` config (`extrap keys` lists its keys); grid.KEY "
+                "takes any of them.\n");
+  else
+    std::printf("\nposition options depend on the method: see `extrap positions`; a sweep "
+                "file's keys: `extrap keys --sweep`.\n");
   return 0;
 }
 

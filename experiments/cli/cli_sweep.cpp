@@ -1,12 +1,18 @@
 // `extrap sweep`, `extrap merge` and `extrap report`.
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <csignal>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <map>
+#include <optional>
 #include <sstream>
 
+#include "core/results/results_store.h"
 #include "core/runtime/distributed.h"
 #include "experiments/cli/commands.h"
 #include "experiments/sweep/sweep.h"
@@ -32,18 +38,71 @@ void on_interrupt(int signal_number) {
   std::raise(signal_number);
 }
 
-void list_points(const SweepSpec& spec, const Shard& shard, const std::string& output) {
+// Whether another process holds RUN's lock (is training there now).
+bool being_trained(const fs::path& run_dir) {
+  const int fd = ::open((run_dir / "lock").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  ::close(fd);
+  return held;
+}
+
+// A point's state from the results file: pending | running | training (interrupted) | trained |
+// complete | failed, with its evaluations recorded (failed ones counted).
+std::string point_status(const SweepPoint& point, const ResultsStore* store) {
+  const RunRecord* run = store ? store->run(point.id) : nullptr;
+  size_t recorded = 0, failed = 0;
+  if (store)
+    for (const auto& e : point.evals)
+      if (const PointRecord* p = store->point(point.id, e.mode, e.length)) {
+        ++recorded;
+        failed += !p->ok();
+      }
+  std::string state = run ? run->status.substr(0, run->status.find(':')) : "pending";
+  if (being_trained(point.config.train.out_dir)) state = "running";
+  else if (state == "training") state = "interrupted";
+  if (state == "complete" && recorded < point.evals.size()) state = "to evaluate";
+  std::string text = state + ", " + std::to_string(recorded) + "/" + std::to_string(point.evals.size()) +
+                     " evals";
+  if (failed > 0) text += " (" + std::to_string(failed) + " failed)";
+  return text;
+}
+
+// --list and --status: the grid points with their state in the results file (when it is this
+// sweep's); --list adds each point's grid values and evaluations.
+void list_points(const SweepSpec& spec, const Shard& shard, const std::string& output, bool details) {
   const auto points = expand_grid(spec);
   int64_t mine = 0;
   for (const auto& p : points) mine += shard.contains(p.index);
+  std::optional<ResultsStore> store;
+  std::string note;
+  if (fs::exists(output)) {
+    store.emplace(ResultsStore::open(output));
+    if (store->header().spec_hash != spec.hash()) {
+      note = " (" + output + " holds another sweep: states not shown)";
+      store.reset();
+    }
+  } else {
+    note = " (no results yet)";
+  }
   std::cout << "sweep " << spec.name << " (spec hash " << spec.hash() << "): " << mine << " of "
-            << points.size() << " points -> " << output << ", runs in " << spec.run_root << "/\n";
+            << points.size() << " points -> " << output << ", runs in " << spec.run_root << "/" << note
+            << "\n";
+  std::map<std::string, int64_t> counts;
   for (const auto& p : points) {
     if (!shard.contains(p.index)) continue;
-    std::cout << p.id << "  " << p.grid_yaml() << "  evals:";
-    for (const auto& e : p.evals) std::cout << " " << e.length << "/" << e.mode;
+    const std::string status = point_status(p, store ? &*store : nullptr);
+    ++counts[status.substr(0, status.find(','))];
+    std::cout << p.id << "  [" << status << "]";
+    if (details) {
+      std::cout << "  " << p.grid_yaml() << "  evals:";
+      for (const auto& e : p.evals) std::cout << " " << e.length << "/" << e.mode;
+    }
     std::cout << "\n";
   }
+  std::cout << "points:";
+  for (const auto& [state, n] : counts) std::cout << " " << n << " " << state;
+  std::cout << "\n";
 }
 
 }  // namespace
@@ -63,7 +122,9 @@ int sweep(const Args& args) {
       ("shard", po::value(&shard_text), "run only points with index % N == I, into their own file: I/N")
       ("jobs,j", po::value(&jobs),
        "grid points to run at once, each in its own process (default: the file's jobs, else 1)")
-      ("list", "print the grid points and their evaluations, run nothing")
+      ("list", "print the grid points, their state, values and evaluations; run nothing")
+      ("status", "print each grid point's state (pending, running, interrupted, trained, "
+       "complete, failed) and evaluations recorded; run nothing")
       ("slurm", "write a Slurm array job (a shard a task) and a merge job instead of running")
       ("tasks", po::value(&slurm.tasks), "--slurm: array tasks (default: one per grid point)")
       ("ranks", po::value(&slurm.ranks), "--slurm: data-parallel ranks per point (default 1)")
@@ -71,18 +132,20 @@ int sweep(const Args& args) {
       ("cpus-per-rank", po::value(&slurm.cpus_per_rank), "--slurm: CPU cores per rank (default 1)")
       ("partition", po::value(&slurm.partition), "--slurm: the partition")
       ("time", po::value(&slurm.time), "--slurm: each array task's time limit (e.g. 24:00:00)")
-      ("quiet", "no progress output")
-      ("worker", po::value(&worker), "(internal) a worker of a parallel sweep, running point K/N")
-      ("points", po::value(&points_text), "(internal) run only these point indices: I,J,...")
-      ("known", po::value(&known), "(internal) results file whose points count as done");
+      ("quiet", "no progress output");
+  po::options_description internal("internal");  // a parallel sweep's workers; not in --help
+  internal.add_options()
+      ("worker", po::value(&worker), "a worker of a parallel sweep, running point K/N")
+      ("points", po::value(&points_text), "run only these point indices: I,J,...")
+      ("known", po::value(&known), "results file whose points count as done");
   po::positional_options_description positional;
   positional.add("file", 1);
   po::variables_map vm;
   const char* usage =
-      "extrap sweep FILE.yaml [--set key=value ...] [--out OUT.h5] [--shard I/N] [--jobs N] [--list]\n"
+      "extrap sweep FILE.yaml [--set key=value ...] [--out OUT.h5] [--shard I/N] [--jobs N] [--list | --status]\n"
       "       [--nproc N: each point on N local data-parallel ranks]\n"
       "       [--slurm [--tasks N] [--ranks R] [--gpus-per-rank G] [--partition P] [--time T]]";
-  if (!parse(args, usage, options, vm, &positional)) return 0;
+  if (!parse(args, usage, options, vm, &positional, &internal)) return 0;
   const SweepSpec spec = load_sweep(path, overrides);
   SweepOptions run_options;
   if (!shard_text.empty()) run_options.shard = parse_shard(shard_text);
@@ -101,8 +164,8 @@ int sweep(const Args& args) {
   }
   if (vm.count("jobs") && jobs < 1)
     throw ConfigError("--jobs " + std::to_string(jobs) + ": must be at least 1");
-  if (vm.count("list")) {
-    list_points(spec, run_options.shard, sweep_output(spec, run_options));
+  if (vm.count("list") || vm.count("status")) {
+    list_points(spec, run_options.shard, sweep_output(spec, run_options), vm.count("list") > 0);
     return 0;
   }
   for (const char* name : {"tasks", "ranks", "gpus-per-rank", "cpus-per-rank", "partition", "time"})
@@ -126,7 +189,7 @@ int sweep(const Args& args) {
   if (outcome.failed > 0)
     std::cerr << ", " << outcome.failed << " of them failed (reasons in the file)";
   std::cerr << "\nresults: " << outcome.output << "   (extrap report " << outcome.output
-            << " --out reports/" << spec.name << ")\n";
+            << " --out reports/" << fs::path(outcome.output).stem().string() << ")\n";
   return 0;
 }
 
@@ -166,6 +229,9 @@ int report(const Args& args) {
   const std::string script = std::string(EXTRAP_SOURCE_DIR) + "/analysis/report.py";
   if (!fs::exists(script)) throw ConfigError("report script not found: " + script);
   if (!fs::exists(results)) throw ConfigError(results + ": no such results file");
+  if (fs::exists(out_dir) && !fs::is_directory(out_dir))
+    throw ConfigError("--out " + out_dir + ": is a file, not a directory (report.md and its plots "
+                      "go in a directory)");
   std::vector<std::string> argv_text = {python, script, results, "--out", out_dir};
   std::vector<char*> argv;
   for (auto& a : argv_text) argv.push_back(a.data());

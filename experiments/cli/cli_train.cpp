@@ -12,8 +12,10 @@
 #include <cstdio>
 #include <set>
 #include <iostream>
+#include <limits>
 
 namespace po = boost::program_options;
+namespace fs = std::filesystem;
 
 namespace extrap::cli {
 
@@ -38,10 +40,24 @@ std::string rope_column(const RopeScaling& scaling) {
   return text;
 }
 
+// A number of the table, or `none` in its place (a perplexity past a double's range; bits per
+// byte of a corpus that is not byte-level).
+std::string cell(double value, int width, int decimals, const char* none) {
+  char text[48];
+  if (std::isfinite(value)) std::snprintf(text, sizeof text, "%*.*f", width, decimals, value);
+  else std::snprintf(text, sizeof text, "%*s", width, none);
+  return text;
+}
+
 void print_eval_row(const EvalResult& r, const std::string& rope) {
-  std::printf("%-10lld %-8lld %10lld %14.3f %12.4f %10.4f %8.2f%s\n", (long long)r.length,
-              (long long)r.stride, (long long)r.scored_tokens, r.nll_sum, r.perplexity,
-              r.bits_per_byte, r.seconds, rope.c_str());
+  std::printf("%-10lld %-8lld %10lld %14.3f %s %s %8.2f%s\n", (long long)r.length,
+              (long long)r.stride, (long long)r.scored_tokens, r.nll_sum,
+              cell(r.perplexity, 12, 4, "overflow").c_str(), cell(r.bits_per_byte, 10, 4, "-").c_str(),
+              r.seconds, rope.c_str());
+  if (!std::isfinite(r.perplexity))
+    std::printf("%-10lld perplexity overflows a double: mean NLL %.1f nats a token > %.1f\n",
+                (long long)r.length, r.nll_sum / double(r.scored_tokens),
+                std::log(std::numeric_limits<double>::max()));
   std::fflush(stdout);
 }
 
@@ -59,24 +75,34 @@ nlohmann::json bins_json(const std::vector<PositionBin>& bins) {
 int evaluate_all(TransformerLM& model, const Corpus& corpus, const Config& config,
                  torch::Device device, bool non_overlapping, nlohmann::json* rows = nullptr,
                  const std::vector<RopeScalingKind>& variants = {RopeScalingKind::none},
-                 double rope_factor = 0) {
+                 double rope_factor = 0, const char* limit_source = "eval.max_tokens") {
   const TokenStream& stream = corpus.split(config.eval.split);
   const int64_t limit = config.eval.max_tokens > 0 ? std::min(config.eval.max_tokens, stream.size())
                                                    : stream.size();
   if (limit < stream.size())
     std::cout << "scoring the first " << limit << " of " << stream.size() << " tokens of the "
-              << enum_name(config.eval.split) << " split (eval.max_tokens)\n";
+              << enum_name(config.eval.split) << " split (" << limit_source << ")\n";
   else
     std::cout << "scoring all " << limit << " tokens of the " << enum_name(config.eval.split)
               << " split\n";
   const bool scaled = variants != std::vector<RopeScalingKind>{RopeScalingKind::none};
   print_eval_header(scaled);
+  if (!corpus.byte_level())
+    std::cout << "(bpb: bits per byte are given for byte-level corpora only, data.tokenizer: byte; "
+              << enum_name(corpus.tokenizer) << " tokens do not say how many bytes they cover)\n";
   int failures = 0;
   for (int64_t length : config.eval.lengths) {
     // A stride of L or more scores whole windows: the non-overlapping case.
     std::set<int64_t> strides;
     if (non_overlapping) strides.insert(0);
-    for (int64_t s : config.eval.strides) strides.insert(s < length ? s : 0);
+    for (int64_t s : config.eval.strides) {
+      // Windows further apart than they are long would leave tokens unscored: such a stride
+      // scores non-overlapping windows, and says so.
+      if (s > length)
+        std::printf("%-10lld stride %lld is longer than the length: scored non-overlapping\n",
+                    (long long)length, (long long)s);
+      strides.insert(s < length ? s : 0);
+    }
     for (int64_t stride : strides) for (RopeScalingKind kind : variants) {
       std::string failure;
       EvalSpec spec = eval_spec_for(config, length, stride);
@@ -92,7 +118,10 @@ int evaluate_all(TransformerLM& model, const Corpus& corpus, const Config& confi
                                                ? nlohmann::json()  // no scaling: no factor
                                                : nlohmann::json(spec.rope_scaling.factor)},
                            {"nll_sum", r.nll_sum}, {"scored_tokens", r.scored_tokens},
-                           {"perplexity", r.perplexity},
+                           {"mean_nll", r.nll_sum / double(r.scored_tokens)},
+                           // null when exp(mean NLL) is past a double's range
+                           {"perplexity", std::isfinite(r.perplexity) ? nlohmann::json(r.perplexity)
+                                                                      : nlohmann::json()},
                            {"bits_per_byte", std::isfinite(r.bits_per_byte) ? nlohmann::json(r.bits_per_byte) : nlohmann::json()},
                            {"windows", r.windows}, {"seconds", r.seconds},
                            {"by_position", bins_json(r.by_position)}});
@@ -118,25 +147,54 @@ int evaluate_all(TransformerLM& model, const Corpus& corpus, const Config& confi
   return failures;
 }
 
+nlohmann::json curve_points(const std::vector<CurvePoint>& curve) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& p : curve) out.push_back({p.step, p.loss});
+  return out;
+}
+
+// What `train --json` writes before the evaluation: the run and how its training went.
+nlohmann::json summary_json(const Config& config, const TrainSummary& summary) {
+  return {{"run", config.train.out_dir},
+          {"position", config.position_name},
+          {"parameters", summary.num_parameters},
+          {"steps", summary.steps},
+          {"resumed_from", summary.resumed_from},
+          {"tokens", summary.steps * micro_batch_sequences(config.train) * config.train.accumulation *
+                         config.train.seq_len},
+          {"tokens_per_second", summary.tokens_per_second},
+          {"seconds", summary.seconds},
+          {"peak_memory_bytes", summary.peak_memory_bytes},
+          {"train_curve", curve_points(summary.train_curve)},
+          {"valid_curve", curve_points(summary.valid_curve)},
+          {"metrics", (fs::path(config.train.out_dir) / "metrics.jsonl").string()},
+          {"evaluation", nullptr}};
+}
+
 }  // namespace
 
 int train(const Args& args) {
   po::options_description options("extrap train");
   std::string config_path;
   std::vector<std::string> overrides, plugins;
+  std::string json_path;
   options.add_options()
       ("config,c", po::value(&config_path)->required(), "YAML config file")
       ("set", po::value(&overrides)->composing(), "override a key: --set train.steps=100 (repeatable)")
       ("plugin", po::value(&plugins)->composing(), "position-method plugin .so to load (repeatable)")
       ("resume", "continue from the run directory's checkpoint if there is one")
       ("overwrite", "replace the run directory's checkpoint (without this, a trained run is kept)")
-      ("no-eval", "skip the evaluation at eval.lengths after training");
+      ("no-eval", "skip the evaluation at eval.lengths after training")
+      ("json", po::value(&json_path),
+       "also write the run's summary and evaluation to this JSON file (full precision)");
   po::variables_map vm;
-  if (!parse(args, "extrap train --config FILE [--set key=value ...] [--resume]", options, vm)) return 0;
+  if (!parse(args, "extrap train --config FILE [--set key=value ...] [--resume | --overwrite] [--json FILE]\n"
+               "       [--nproc N: N local data-parallel ranks]", options, vm)) return 0;
 
   for (const auto& p : plugins) PositionRegistry::instance().load_plugin(p);
   Config config = load_config(config_path, overrides);
   for (const auto& p : plugins) config.plugins.push_back(p);
+  check_position_method(config);  // before the corpus is read
   const int threads = configure_threads(config.train.threads);
   Corpus corpus = load_corpus(config.data);
   // Data parallel: rank 0 speaks for all (the others print only their errors).
@@ -154,15 +212,30 @@ int train(const Args& args) {
                                                                    : RunStart::fresh);
   info << "trained " << summary.steps << " steps at " << int64_t(summary.tokens_per_second)
             << " tokens/s, peak memory " << summary.peak_memory_bytes / (1 << 20) << " MiB\n";
+  nlohmann::json document = summary_json(config, summary);
+  int failures = 0;
   if (!vm.count("no-eval")) {
     std::cout << "evaluation on " << enum_name(config.eval.split) << " (trained at L = "
               << config.train.seq_len << "):\n";
-    const int failures =
-        evaluate_all(trainer.model(), corpus, config, torch_device(config.train.device), true);
-    if (failures > 0) {
-      if (ProcessGroup::leader()) std::cerr << "extrap train: " << failures << " evaluation(s) failed (reasons above)\n";
-      return 1;
-    }
+    nlohmann::json rows = nlohmann::json::array();
+    failures = evaluate_all(trainer.model(), corpus, config, torch_device(config.train.device),
+                            true, &rows);
+    nlohmann::json evaluation = {{"checkpoint", config.train.out_dir},
+                                 {"position", config.position_name},
+                                 {"step", summary.steps},
+                                 {"split", enum_name(config.eval.split)},
+                                 {"max_tokens", config.eval.max_tokens},
+                                 {"results", rows}};
+    if (ProcessGroup::leader())
+      write_file_atomic(fs::path(config.train.out_dir) / "eval.json", evaluation.dump(1) + "\n");
+    document["evaluation"] = std::move(evaluation);
+  }
+  if (!json_path.empty() && ProcessGroup::leader())
+    write_file_atomic(json_path, document.dump(1) + "\n");
+  if (failures > 0) {
+    if (ProcessGroup::leader())
+      std::cerr << "extrap train: " << failures << " evaluation(s) failed (reasons above)\n";
+    return 1;
   }
   return 0;
 }
@@ -188,8 +261,9 @@ bool parse_eval_options(const Args& args, EvalOptions& opt) {
       ("checkpoint", po::value(&opt.run_dir)->required(), "run directory written by extrap train")
       ("length,L", po::value(&opt.lengths)->multitoken()->required(), "evaluation length(s)")
       ("stride,S", po::value(&opt.strides)->multitoken(),
-       "sliding-window stride(s), each at least 1 (a stride >= L is non-overlapping); omit for "
-       "non-overlapping")
+       "sliding-window stride(s), each at least 1; at a length it is not below, the windows do "
+       "not overlap (a line says so: a stride past every length asks for non-overlapping "
+       "windows beside the sliding ones); omit for non-overlapping only")
       ("split", po::value(&opt.split), "valid | test | train")
       ("max-tokens", po::value(&opt.max_tokens), "score the first N tokens only (default: the whole split)")
       ("batch-tokens", po::value(&opt.batch_tokens), "tokens per forward pass")
@@ -210,7 +284,8 @@ bool parse_eval_options(const Args& args, EvalOptions& opt) {
       ("json", po::value(&opt.json_path),
        "also write the results to this JSON file (full precision; failures with their reason)");
   return parse(args, "extrap eval --checkpoint DIR --length L [--stride S] [--split valid|test] "
-               "[--rope-scaling yarn --rope-factor 4]", options, opt.vm);
+               "[--rope-scaling yarn --rope-factor 4]\n"
+               "       [--nproc N: N local data-parallel ranks]", options, opt.vm);
 }
 
 // Checking the options against each other before anything is loaded (sets the retrieval task).
@@ -327,7 +402,7 @@ int eval(const Args& args) {
                                    : rope_variant_label(variants.front(), given_factor);
   } else {
     failures = evaluate_all(run.model, corpus, config, torch::kCPU, opt.strides.empty(), &rows,
-                            variants, given_factor);
+                            variants, given_factor, "--max-tokens");
     document["split"] = enum_name(which);
     document["max_tokens"] = config.eval.max_tokens;
   }

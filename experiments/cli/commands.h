@@ -55,11 +55,13 @@ int evaluate_retrieval_all(TransformerLM& model, const Corpus& corpus, Retrieval
                            const std::vector<int64_t>& lengths, int64_t train_length,
                            RopeScalingKind rope, double rope_factor, nlohmann::json* rows);
 
-// Parses `args` against `options` (+ positional names). Returns false after printing help
-// when --help was given. Unknown options and missing values throw with a clear message.
+// Parses `args` against `options` (+ positional names, + `hidden` options that --help does
+// not show). Returns false after printing help when --help was given. Unknown options and
+// missing values throw with a clear message.
 bool parse(const Args& args, const std::string& usage_line,
            boost::program_options::options_description& options,
            boost::program_options::variables_map& values,
-           const boost::program_options::positional_options_description* positional = nullptr);
+           const boost::program_options::positional_options_description* positional = nullptr,
+           const boost::program_options::options_description* hidden = nullptr);
 
 }  // namespace extrap::cli

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cinttypes>
+#include <limits>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -169,6 +170,14 @@ void run_points(const SweepSpec& spec, const std::vector<const SweepPoint*>& poi
         const RetrievalCell total = retrieval_totals(p.retrieval);
         std::snprintf(text, sizeof text, "L=%" PRId64 " %s: %" PRId64 "/%" PRId64 " correct (%.1f s)",
                       e.length, e.mode.c_str(), total.correct, total.trials, p.seconds);
+        display.line(text);
+      } else if (p.ok() && !std::isfinite(p.perplexity)) {
+        // exp(mean NLL) past a double's range: the NLL is the number (the file keeps it).
+        std::snprintf(text, sizeof text,
+                      "L=%" PRId64 " %s: perplexity overflows a double (mean NLL %.1f nats a "
+                      "token > %.1f) (%.1f s)",
+                      e.length, e.mode.c_str(), p.nll_sum / double(p.scored_tokens),
+                      std::log(std::numeric_limits<double>::max()), p.seconds);
         display.line(text);
       } else if (p.ok()) {
         std::snprintf(text, sizeof text, "L=%" PRId64 " %s: perplexity %.4f (%.1f s)", e.length,

@@ -63,17 +63,6 @@ std::string value_label(const std::string& key, const YAML::Node& value, size_t 
   return label;
 }
 
-// Builds the position method once, so that a typo in its options fails before anything runs.
-// A method that does not support the objective's attention mode is left to fail (and be
-// recorded) when its point runs.
-void check_position(const Config& config) {
-  const PositionInfo& info = PositionRegistry::instance().get(config.position_name);
-  const unsigned mode = config.model.causal() ? kCausal : kBidirectional;
-  if (!(info.modes & mode)) return;
-  PositionRegistry::instance().create(config.position_name, position_context(config.model),
-                                      OptionReader(config.position, config.source, "position"));
-}
-
 }  // namespace
 
 // --- the spec ------------------------------------------------------------------------------
@@ -330,6 +319,7 @@ void read_eval(const OptionReader& root, SweepSpec& spec) {
          "RoPE scaling factor s (default: each evaluation length / train.seq_len)");
   read_retrieval(e, spec.eval.retrieval);
   e.finish();
+  if (!e.decoding()) return;  // listing the keys
   read_rope_variants(e, rope_names, spec.eval);
   check_eval_plan(e, spec);
 }
@@ -343,7 +333,32 @@ void read_output(const OptionReader& root, SweepSpec& spec) {
   o.finish();
 }
 
+// The keys of a sweep file, read (or, from a documenter, listed) in order.
+void read_sweep_keys(const OptionReader& root, YAML::Node& doc, SweepSpec& spec) {
+  root.read("name", spec.name, "sweep name (default: the file's name)");
+  root.accept("base", "the base config: a full `extrap train` config, or the path of one");
+  root.accept("grid", "dotted config keys -> lists of values; every combination is a run "
+                      "(grid.position: a list of methods, each a name or {name: ..., options})");
+  if (root.decoding()) {
+    read_base(root, doc, spec);
+    read_grid(root, doc, root.source(), spec);
+  }
+  read_eval(root, spec);
+  root.read("jobs", spec.jobs,
+            "grid points run at once, each in its own process (not part of the spec)");
+  root.at_least("jobs", spec.jobs, 1);
+  read_output(root, spec);
+}
+
 }  // namespace
+
+std::vector<OptionDoc> sweep_documentation() {
+  SweepSpec spec;
+  const OptionReader root = OptionReader::documenter();
+  YAML::Node none;
+  read_sweep_keys(root, none, spec);
+  return root.docs();
+}
 
 SweepSpec load_sweep(const std::string& path, const std::vector<std::string>& overrides) {
   YAML::Node doc = load_yaml_file(path);
@@ -357,17 +372,8 @@ SweepSpec load_sweep(const std::string& path, const std::vector<std::string>& ov
 
   OptionReader root(doc, path);
   spec.name = fs::path(path).stem().string();
-  root.read("name", spec.name, "sweep name (default: the file's name)");
-  root.accept("base", "the base config: a full `extrap train` config, or the path of one");
-  root.accept("grid", "dotted config keys -> lists of values; every combination is a run");
-  read_base(root, doc, spec);
-  read_grid(root, doc, path, spec);
-  read_eval(root, spec);
-  root.read("jobs", spec.jobs,
-            "grid points run at once, each in its own process (not part of the spec)");
-  root.at_least("jobs", spec.jobs, 1);
+  read_sweep_keys(root, doc, spec);
   spec.overrides = overrides;
-  read_output(root, spec);
   root.finish();
   if (spec.output.empty()) spec.output = "results/" + spec.name + ".h5";
   if (spec.run_root.empty()) spec.run_root = "runs/" + spec.name;
@@ -407,7 +413,7 @@ std::vector<SweepPoint> expand_grid(const SweepSpec& spec) {
 
     point.config = config_from_yaml(root, spec.source + " (grid point " + point.id + ")");
     point.config.train.out_dir = (fs::path(spec.run_root) / point.id).string();
-    check_position(point.config);
+    check_position_method(point.config);  // a typo in its options fails before anything runs
 
     std::set<int64_t> lengths(spec.eval.lengths.begin(), spec.eval.lengths.end());
     for (auto m : spec.eval.length_multiples) lengths.insert(m * point.config.train.seq_len);
@@ -428,6 +434,10 @@ std::vector<SweepPoint> expand_grid(const SweepSpec& spec) {
       for (int64_t stride : strides)
         if (stride < length) add(length, stride);
     }
+    if (point.evals.empty())
+      throw ConfigError(spec.source + ": eval: grid point " + point.id +
+                        " has nothing to evaluate: eval.nonoverlapping is false and no stride is "
+                        "below any of its evaluation lengths (a stride is used at lengths above it)");
     const SweepRetrieval& retrieval = spec.eval.retrieval;
     if (retrieval.task != RetrievalTask::none && point.config.model.causal()) {
       any_causal = true;

@@ -129,6 +129,10 @@ struct SweepPoint {
 // "eval.length_multiples=[1,2]"). Unknown keys are errors naming file, line and key.
 SweepSpec load_sweep(const std::string& path, const std::vector<std::string>& overrides);
 
+// The keys of a sweep file (name, base, grid, eval.*, jobs, output.*) with their defaults
+// and help, for `extrap keys --sweep`.
+std::vector<OptionDoc> sweep_documentation();
+
 // Every grid point in order, each config decoded strictly and its position method checked.
 std::vector<SweepPoint> expand_grid(const SweepSpec& spec);
 

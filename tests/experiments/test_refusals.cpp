@@ -16,14 +16,6 @@ using namespace extrap::testing;
 
 namespace {
 
-// One line: the message, no C++ backtrace ("Exception raised from", frames "#0 ").
-void require_one_line_error(const std::string& out, const std::string& expected) {
-  INFO(out);
-  CHECK(out.find(expected) != std::string::npos);
-  CHECK(out.find("Exception raised from") == std::string::npos);
-  CHECK(out.find("frame #") == std::string::npos);
-}
-
 const char* const kTrainFile = R"(data: {path: corpus, tokenizer: byte, cache_dir: cache}
 model: {layers: 1, d_model: 32, heads: 2, d_ffn: 64, dropout: 0.0}
 position: alibi

@@ -270,7 +270,7 @@ TEST_CASE("RoPE-scaling variants: listed for rotary points only, equal to none u
   list.insert(list.end(), variants.begin(), variants.end());
   REQUIRE(run_cli(d, list, &out) == 0);
   CHECK(hash(out) != plain_hash);
-  CHECK(out.find("00-alibi-seed1  {position: {name: alibi}, train.seed: 1}  evals: "
+  CHECK(out.find("00-alibi-seed1  [pending, 0/2 evals]  {position: {name: alibi}, train.seed: 1}  evals: "
                  "16/nonoverlapping 32/nonoverlapping\n") != std::string::npos);
   CHECK(out.find("evals: 16/nonoverlapping 16/nonoverlapping+linear 16/nonoverlapping+yarn "
                  "32/nonoverlapping 32/nonoverlapping+linear 32/nonoverlapping+yarn\n") !=

@@ -62,6 +62,14 @@ struct SweepDir : TempDir {
   }
 };
 
+// One line: the message, no C++ backtrace ("Exception raised from", frames "#0 ").
+inline void require_one_line_error(const std::string& out, const std::string& expected) {
+  INFO(out);
+  CHECK(out.find(expected) != std::string::npos);
+  CHECK(out.find("Exception raised from") == std::string::npos);
+  CHECK(out.find("frame #") == std::string::npos);
+}
+
 // The CLI as a child process in `dir`, stdout and stderr to `log`.
 // `file_size_limit` > 0: RLIMIT_FSIZE in bytes for the child (a disk that fills up).
 // `env`: extra NAME=VALUE variables for the child.

@@ -1,0 +1,50 @@
+// RUN/metrics.jsonl: the run's log, one JSON object per line, for plotting tools and
+// analysis/metrics_to_tensorboard.py.
+//
+//   {"step": 20, "loss": 4.61, "lr": 0.003, "tokens": 5120, "tokens_per_second": 18400.5,
+//    "seconds": 0.28, "time": 1764072000.1}
+//   {"step": 40, ..., "valid_loss": 4.35, "valid_perplexity": 77.5, "position": {"slope_0": 0.5}}
+//
+// A line for every log point and validation point, in step order: "loss" is the mean
+// training loss since the previous log point (present at log points), "valid_loss" and the
+// position method's logged values at validation points; "tokens" counts training tokens
+// seen, "seconds" training time (validation excluded), "time" the Unix time of the line.
+//
+// Each line is appended with one write and made durable (fdatasync) before training goes on.
+// Opening the log for a run that continues from a checkpoint at step S keeps exactly the
+// whole lines of steps up to S and cuts the rest (lines written after that checkpoint, a torn
+// last line), so after kill -9 and --resume each step is there once, as in an uninterrupted
+// run. Only the lines' timing fields (tokens_per_second, seconds, time) can differ.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <vector>
+
+namespace extrap {
+
+class MetricsLog {
+ public:
+  // Opens (creates) `path` for a run continuing from `step` (0: from the start).
+  MetricsLog(const std::filesystem::path& path, int64_t step);
+  ~MetricsLog();
+  MetricsLog(const MetricsLog&) = delete;
+  MetricsLog& operator=(const MetricsLog&) = delete;
+
+  // Appends `record` (an object with an integer "step") as one durable line; a write that
+  // fails is a ConfigError naming the file and the reason (the lines before stay whole).
+  void append(const nlohmann::ordered_json& record);
+
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+  int fd_ = -1;
+};
+
+// The lines of a metrics log, parsed; a line that is not a JSON object with an integer "step"
+// is a ConfigError naming the file and the line number.
+std::vector<nlohmann::json> read_metrics(const std::filesystem::path& path);
+
+}  // namespace extrap

@@ -1,0 +1,224 @@
+// What a run directory keeps besides its checkpoint: RUN/metrics.jsonl (a line per log and
+// validation point, whole and each step once after kill -9 and --resume), RUN/eval.json and
+// `train --json` (the evaluation after training), and the TensorBoard conversion of the log.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "core/eval/evaluator.h"
+#include "core/run/metrics_log.h"
+#include "tests/support/cli_harness.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using namespace extrap;
+using namespace extrap::testing;
+
+namespace {
+
+// Log points every 5 steps, validation every 10, checkpoints every 3: a resumption from a
+// checkpoint lands between log points, where the loss of the steps since the last one counts.
+const char* const kLoggedRun = R"(data: {path: corpus, tokenizer: byte, cache_dir: cache}
+model: {layers: 1, d_model: 32, heads: 2, d_ffn: 64, dropout: 0.0}
+position: kerple_log
+train: {seq_len: 16, batch_tokens: 256, steps: 20, lr: 0.003, warmup: 2, validate_every: 10,
+        validate_tokens: 512, checkpoint_every: 3, log_every: 5, threads: 1, out_dir: runs/a}
+eval: {lengths: [16, 32], max_tokens: 512}
+)";
+
+// A metrics line without what depends on the clock.
+json without_timing(json record) {
+  for (const char* key : {"tokens_per_second", "seconds", "time"}) {
+    REQUIRE(record.contains(key));
+    record.erase(key);
+  }
+  return record;
+}
+
+std::vector<json> timeless_metrics(const fs::path& path) {
+  std::vector<json> lines;
+  for (const json& record : read_metrics(path)) lines.push_back(without_timing(record));
+  return lines;
+}
+
+json read_json(const fs::path& path) { return json::parse(read_text(path)); }
+
+}  // namespace
+
+TEST_CASE("train writes metrics.jsonl, eval.json and --json, and they agree with the run",
+          "[cli][run_logs]") {
+  SweepDir d;
+  write_text(d.root / "train.yaml", kLoggedRun);
+  REQUIRE(run_cli(d, {"train", "--config", "train.yaml", "--json", "train.json"}) == 0);
+
+  auto [corpus, run] = load_cli_run(d, "runs/a");
+  // A line at each log point (5, 10, 15, 20), validation at 10 and 20.
+  const auto lines = read_metrics(d.root / "runs/a/metrics.jsonl");
+  REQUIRE(lines.size() == 4);
+  const json summary = read_json(d.root / "train.json");
+  const json& train_curve = summary.at("train_curve");
+  const json& valid_curve = summary.at("valid_curve");
+  REQUIRE(train_curve.size() == 4);
+  REQUIRE(valid_curve.size() == 2);
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const json& line = lines[i];
+    const int64_t step = 5 * int64_t(i + 1);
+    INFO("line " << i + 1);
+    CHECK(line.at("step") == step);
+    CHECK(line.at("tokens") == step * 256);  // 16 sequences of 16 tokens a step
+    CHECK(line.at("loss").get<double>() == train_curve[i][1].get<double>());
+    CHECK(line.at("lr").get<double>() == learning_rate(run.config.train, step));
+    CHECK(line.at("tokens_per_second").get<double>() > 0);
+    const bool validated = step % 10 == 0;
+    CHECK(line.contains("valid_loss") == validated);
+    // kerple_log logs its learned parameters at validation points.
+    CHECK(line.contains("position") == validated);
+    if (validated) {
+      CHECK(line.at("valid_loss").get<double>() == valid_curve[step / 10 - 1][1].get<double>());
+      CHECK(line.at("valid_perplexity").get<double>() ==
+            Approx(std::exp(line.at("valid_loss").get<double>())).epsilon(1e-12));
+      CHECK(!line.at("position").empty());
+    }
+  }
+
+  // The last validation loss is the checkpoint's validation, evaluated here in-process.
+  EvalSpec spec;
+  spec.length = 16;
+  spec.max_tokens = 512;
+  const auto r = evaluate(run.model, corpus, corpus.valid, spec);
+  CHECK(lines.back().at("valid_loss").get<double>() ==
+        Approx(r.nll_sum / double(r.scored_tokens)).epsilon(1e-9));
+
+  // RUN/eval.json is the evaluation --json holds: each length once, non-overlapping.
+  const json evaluation = read_json(d.root / "runs/a/eval.json");
+  CHECK(summary.at("evaluation") == evaluation);
+  CHECK(evaluation.at("step") == 20);
+  const json& rows = evaluation.at("results");
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[0].at("length") == 16);
+  CHECK(rows[1].at("length") == 32);
+  CHECK(rows[0].at("status") == "ok");
+  // At L = 16 the evaluation is the validation's windows: the same tokens, the same loss.
+  CHECK(rows[0].at("nll_sum").get<double>() == Approx(r.nll_sum).epsilon(1e-9));
+  CHECK(summary.at("steps") == 20);
+  CHECK(summary.at("tokens") == 20 * 256);
+  CHECK(summary.at("parameters").get<int64_t>() == run.model->num_parameters());
+
+  // --no-eval keeps no evaluation; training the model again removes the stale eval.json.
+  REQUIRE(run_cli(d, {"train", "--config", "train.yaml", "--overwrite", "--no-eval", "--json",
+                      "again.json"}) == 0);
+  CHECK(!fs::exists(d.root / "runs/a/eval.json"));
+  CHECK(read_json(d.root / "again.json").at("evaluation").is_null());
+  CHECK(timeless_metrics(d.root / "runs/a/metrics.jsonl").size() == 4);  // not 8
+}
+
+TEST_CASE("metrics.jsonl after two kill -9s and resumptions is the uninterrupted run's",
+          "[cli][run_logs]") {
+  SweepDir d;
+  write_text(d.root / "train.yaml", kLoggedRun);
+  REQUIRE(run_cli(d, {"train", "--config", "train.yaml", "--no-eval"}) == 0);
+  const std::vector<std::string> b = {"train", "--config", "train.yaml", "--no-eval", "--set",
+                                      "train.out_dir=runs/b"};
+  std::vector<std::string> b_resume = b;
+  b_resume.push_back("--resume");
+
+  // Killed after step 7 (its last checkpoint is step 6, its last line step 5), then resumed and
+  // killed after step 13 (checkpoint 12, line 10), when line 10 and more were written.
+  kill_at(d, b, "step@ step 7 rank:1");
+  CHECK(timeless_metrics(d.root / "runs/b/metrics.jsonl").size() == 1);
+  kill_at(d, b_resume, "step@ step 13 rank:1");
+  // A line torn by the kill (as a crash in the middle of a write would leave it) is cut too.
+  {
+    std::ofstream torn(d.root / "runs/b/metrics.jsonl", std::ios::app);
+    torn << "{\"step\":14,\"loss\":4.2";
+  }
+  REQUIRE(run_cli(d, b_resume) == 0);
+
+  const auto a = timeless_metrics(d.root / "runs/a/metrics.jsonl");
+  const auto resumed = timeless_metrics(d.root / "runs/b/metrics.jsonl");
+  REQUIRE(a.size() == 4);
+  REQUIRE(resumed.size() == a.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO("line " << i + 1);
+    CHECK(resumed[i] == a[i]);  // losses bit for bit: the same steps averaged
+  }
+  // The curves the checkpoint keeps (the report's) are the uninterrupted run's too.
+  const VerifiedCheckpoint ca = require_checkpoint(d.root / "runs/a");
+  const VerifiedCheckpoint cb = require_checkpoint(d.root / "runs/b");
+  REQUIRE(ca.state.train_curve.size() == cb.state.train_curve.size());
+  for (size_t i = 0; i < ca.state.train_curve.size(); ++i) {
+    CHECK(ca.state.train_curve[i].step == cb.state.train_curve[i].step);
+    CHECK(ca.state.train_curve[i].loss == cb.state.train_curve[i].loss);
+  }
+  REQUIRE(ca.state.valid_curve.size() == cb.state.valid_curve.size());
+  for (size_t i = 0; i < ca.state.valid_curve.size(); ++i)
+    CHECK(ca.state.valid_curve[i].loss == cb.state.valid_curve[i].loss);
+}
+
+TEST_CASE("a metrics log keeps the whole lines up to the step it continues from",
+          "[run_logs]") {
+  TempDir d("metrics");
+  const fs::path path = d.root / "metrics.jsonl";
+  {
+    MetricsLog log(path, 0);
+    for (int step : {5, 10, 15}) log.append({{"step", step}, {"loss", 1.0 / step}});
+  }
+  CHECK(read_metrics(path).size() == 3);
+  // Continuing from step 12: lines 5 and 10 stay, 15 goes; new lines follow.
+  {
+    MetricsLog log(path, 12);
+    log.append({{"step", 15}, {"loss", 0.5}});
+  }
+  auto lines = read_metrics(path);
+  REQUIRE(lines.size() == 3);
+  CHECK(lines[1].at("step") == 10);
+  CHECK(lines[2].at("loss") == 0.5);
+  // A torn line, or one out of order, ends what is kept; step 0 starts afresh.
+  write_text(path, read_text(path) + "{\"step\": 20, \"lo");
+  { MetricsLog log(path, 100); }
+  CHECK(read_metrics(path).size() == 3);
+  write_text(path, "{\"step\": 5}\n{\"step\": 3}\n{\"step\": 10}\n");
+  { MetricsLog log(path, 100); }
+  CHECK(read_metrics(path).size() == 1);
+  { MetricsLog log(path, 0); }
+  CHECK(read_text(path).empty());
+  // A reader names the file and line of a line that is not a record.
+  write_text(path, "{\"step\": 5}\n[1, 2]\n");
+  CHECK_THROWS_WITH(read_metrics(path),
+                    Catch::Contains("metrics.jsonl: line 2 is not a metrics record"));
+}
+
+TEST_CASE("metrics_to_tensorboard.py writes the log as TensorBoard reads it back", "[cli][run_logs]") {
+  SweepDir d;
+  write_text(d.root / "train.yaml", kLoggedRun);
+  REQUIRE(run_cli(d, {"train", "--config", "train.yaml", "--no-eval"}) == 0);
+  write_text(d.root / "check.py", R"(import json, sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+lines = [json.loads(l) for l in open("runs/a/metrics.jsonl")]
+acc = EventAccumulator("tb/a"); acc.Reload()
+tags = set(acc.Tags()["scalars"])
+expect = {"train/loss": "loss", "train/lr": "lr", "valid/loss": "valid_loss",
+          "train/tokens": "tokens", "valid/perplexity": "valid_perplexity"}
+for tag, key in expect.items():
+    want = [(l["step"], l[key]) for l in lines if key in l]
+    got = [(e.step, e.value) for e in acc.Scalars(tag)]
+    assert [s for s, _ in got] == [s for s, _ in want], (tag, got, want)
+    for (_, g), (_, w) in zip(got, want):
+        assert abs(g - w) <= 1e-6 * max(1.0, abs(w)), (tag, g, w)
+positions = sorted(t for t in tags if t.startswith("position/"))
+assert positions, tags
+print("checked", len(expect) + len(positions), "scalars")
+)");
+  const std::string script = std::string(EXTRAP_SOURCE_DIR) + "/analysis/metrics_to_tensorboard.py";
+  std::string out;
+  REQUIRE(run_python(d, script + " runs/a --out tb", &out) == 0);
+  REQUIRE(run_python(d, "check.py", &out) == 0);
+  CHECK_THAT(out, Catch::Contains("checked"));
+  // Converting again replaces the run's events instead of adding a second curve.
+  REQUIRE(run_python(d, script + " runs --out tb", &out) == 0);
+  REQUIRE(run_python(d, "check.py", &out) == 0);
+  // A directory without logs is refused by name.
+  fs::create_directories(d.root / "empty");
+  CHECK(run_python(d, script + " empty --out tb", &out) == 1);
+  CHECK_THAT(out, Catch::Contains("empty: holds no metrics.jsonl"));
+}
