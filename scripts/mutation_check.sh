@@ -117,6 +117,9 @@ core/attention/fused_cpu_attention.cpp | reach + coefficient * float(distance) <
 core/train/trainer.cpp | state.loss_sum = checkpoint->state.pending_loss_sum; | state.loss_sum = 0; | a resumed run's first log point forgets the steps before the checkpoint
 core/run/metrics_log.cpp | if (line_step < 0 || line_step > step || line_step <= previous) break; | if (line_step < 0) break; | a resumed run keeps the metrics lines written after its checkpoint
 core/model/memory_estimate.cpp | return add(add(parameters, gradients), add(optimizer, activations)); | return parameters + gradients + optimizer + activations; | the memory estimate wraps negative for an absurd model and accepts it
+experiments/sweep/sweep.cpp | if (run.point_index == found->second->index) continue; | continue; | a grown sweep leaves recorded runs at their old places in the grid
+experiments/sweep/sweep_spec.cpp | out["base"] = spec["base"]; | ; | a sweep with another base config counts as the same sweep grown
+experiments/sweep/point_runner.cpp | out.reused = summary.resumed_from == summary.steps; | out.reused = false; | a finished checkpoint loaded to evaluate counts as trained now
 EOF
 )
 

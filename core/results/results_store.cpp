@@ -597,4 +597,17 @@ void ResultsStore::write(const std::vector<RunRecord>& runs,
   }
 }
 
+void ResultsStore::grow(const SweepHeader& header, const std::vector<RunRecord>& runs) {
+  commit([&](H5::H5File& file) {
+    set_attribute(file, "sweep_spec", header.sweep_spec);
+    set_attribute(file, "spec_hash", header.spec_hash);
+    set_attribute(file, "sweep_file", header.sweep_file);
+    for (const auto& r : runs) write_run(file, r);
+  });
+  header_.sweep_spec = header.sweep_spec;
+  header_.spec_hash = header.spec_hash;
+  header_.sweep_file = header.sweep_file;
+  for (const auto& r : runs) runs_[r.run_id] = r;
+}
+
 }  // namespace extrap

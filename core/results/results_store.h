@@ -163,6 +163,10 @@ class ResultsStore {
   void write(const std::vector<RunRecord>& runs, const std::vector<PointRecord>& points);
   void put_run(const RunRecord& run) { write({run}, {}); }
   void append_point(const PointRecord& point) { write({}, {point}); }
+  // One atomic change for a sweep that grew (experiments/sweep/sweep.h): the header's spec,
+  // spec hash and sweep file become `header`'s (its shard and creation time stay), and `runs`
+  // (recorded runs with a new point_index) are rewritten.
+  void grow(const SweepHeader& header, const std::vector<RunRecord>& runs);
 
  private:
   explicit ResultsStore(std::string path) : path_(std::move(path)) {}

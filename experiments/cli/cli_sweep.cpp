@@ -71,16 +71,21 @@ std::string point_status(const SweepPoint& point, const ResultsStore* store) {
 // --list and --status: the grid points with their state in the results file (when it is this
 // sweep's); --list adds each point's grid values and evaluations.
 void list_points(const SweepSpec& spec, const Shard& shard, const std::string& output, bool details) {
-  const auto points = expand_grid(spec);
+  auto points = expand_grid(spec);
   int64_t mine = 0;
   for (const auto& p : points) mine += shard.contains(p.index);
   std::optional<ResultsStore> store;
   std::string note;
   if (fs::exists(output)) {
     store.emplace(ResultsStore::open(output));
-    if (store->header().spec_hash != spec.hash()) {
+    if (!sweep_growth_difference(store->header(), output, spec.header(""), spec.source).empty()) {
       note = " (" + output + " holds another sweep: states not shown)";
       store.reset();
+    } else {
+      adopt_recorded_runs(points, {&*store});
+      int64_t kept = int64_t(store->runs().size());
+      for (const auto& p : points) kept -= store->run(p.id) != nullptr;
+      if (kept > 0) note = " (" + std::to_string(kept) + " recorded point(s) no longer in the grid kept)";
     }
   } else {
     note = " (no results yet)";
@@ -184,8 +189,9 @@ int sweep(const Args& args) {
   const SweepOutcome outcome = run_sweep(spec, run_options);
   if (!worker.empty() || !ProcessGroup::leader()) return 0;  // rank 0 speaks for all
   std::cerr << "sweep " << spec.name << ": " << outcome.points << " points (" << outcome.skipped
-            << " already complete, " << outcome.trained << " trained now), " << outcome.evaluated
-            << " evaluations recorded now";
+            << " already complete, " << outcome.trained << " trained now";
+  if (outcome.reused > 0) std::cerr << ", " << outcome.reused << " from finished checkpoints";
+  std::cerr << "), " << outcome.evaluated << " evaluations recorded now";
   if (outcome.failed > 0)
     std::cerr << ", " << outcome.failed << " of them failed (reasons in the file)";
   std::cerr << "\nresults: " << outcome.output << "   (extrap report " << outcome.output

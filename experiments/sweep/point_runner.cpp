@@ -78,6 +78,7 @@ TrainedPoint train_point(const SweepPoint& point, const Corpus& corpus, RunRecor
   out.trainer->quiet = quiet;
   try {
     const TrainSummary summary = out.trainer->run(RunStart::resume);
+    out.reused = summary.resumed_from == summary.steps;
     char text[160];
     std::snprintf(
         text, sizeof text, "trained %" PRId64 " steps%s: valid loss %.4f, %.0f tok/s", summary.steps,

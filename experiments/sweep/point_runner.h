@@ -24,6 +24,7 @@ PointRecord new_point_record(const RunRecord& run, const EvalPoint& e);
 struct TrainedPoint {
   std::unique_ptr<Trainer> trainer;  // null when training failed
   std::string failure;               // why, one line
+  bool reused = false;               // its checkpoint was already at the last step: nothing trained
 };
 // Trains the point to its steps (resuming its checkpoint), updating `record` (curves,
 // throughput, status "trained") when this process trained it.

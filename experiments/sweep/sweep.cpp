@@ -91,7 +91,7 @@ void follow_points(const SweepSpec& spec, const std::vector<const SweepPoint*>& 
     RunRecord record = new_run_record(*point);
     TrainedPoint trained = train_point(*point, corpus, record, silent, true);
     if (!trained.trainer) continue;
-    ++outcome.trained;
+    ++(trained.reused ? outcome.reused : outcome.trained);
     std::stringstream indices(plan);
     for (std::string index; std::getline(indices, index, ',');) {
       if (index.empty()) continue;
@@ -156,7 +156,7 @@ void run_points(const SweepSpec& spec, const std::vector<const SweepPoint*>& poi
       display.finish_run();
       continue;
     }
-    ++outcome.trained;
+    ++(trained.reused ? outcome.reused : outcome.trained);
     if (record.status == "trained") store.put_run(record);
 
     // Evaluate every pending point; each is on disk before the next starts.
@@ -259,7 +259,7 @@ void absorb_part(ResultsStore& store, const std::string& output, const fs::path&
     ResultsLock part_lock(part.string());
     const ResultsStore source = ResultsStore::open(part.string());
     const std::string difference =
-        describe_difference(store.header(), output, source.header(), part.string());
+        sweep_growth_difference(store.header(), output, source.header(), part.string());
     if (!difference.empty())
       throw ConfigError(part.string() + " is a part of a different sweep (" + difference +
                         "); remove it");
@@ -268,6 +268,35 @@ void absorb_part(ResultsStore& store, const std::string& output, const fs::path&
     fs::remove(part);
   }
   fs::remove(part.string() + ".lock");
+}
+
+// A sweep grown (or shrunk) since its results file was written: the file takes the current
+// spec, and recorded runs whose place in the grid moved take the new one, in one change.
+void grow_results(ResultsStore& store, const SweepHeader& header,
+                  const std::vector<SweepPoint>& points, bool progress) {
+  if (store.header().spec_hash == header.spec_hash) return;
+  std::map<std::string, const SweepPoint*> by_id;
+  for (const auto& p : points) by_id[p.id] = &p;
+  std::vector<RunRecord> moved;
+  int64_t recorded = 0;
+  for (const auto& [id, run] : store.runs()) {
+    const auto found = by_id.find(id);
+    if (found == by_id.end()) continue;
+    ++recorded;
+    if (run.point_index == found->second->index) continue;
+    moved.push_back(run);
+    moved.back().point_index = found->second->index;
+  }
+  const int64_t kept = int64_t(store.runs().size()) - recorded;
+  store.grow(header, moved);
+  if (progress)
+    std::fprintf(stderr,
+                 "%s: the sweep changed (%lld of its %zu points recorded before%s); its results "
+                 "file takes the new spec\n",
+                 store.path().c_str(), (long long)recorded, points.size(),
+                 kept > 0 ? (", " + std::to_string(kept) + " recorded point(s) no longer in the "
+                             "grid kept").c_str()
+                          : "");
 }
 
 // Merges the part files that an interrupted parallel sweep left beside `output`.
@@ -330,6 +359,10 @@ void run_parallel(const SweepSpec& spec, const std::vector<const SweepPoint*>& p
     if (!done.complete(*p)) pending.push_back(p);
   outcome.skipped = int64_t(points.size() - pending.size());
   const size_t points_before = store.points().size();
+  std::set<std::string> trained_before;  // pending points whose run was trained already
+  for (const auto* p : pending)
+    if (const RunRecord* r = done.run(p->id); r && (r->status == "trained" || r->status == "complete"))
+      trained_before.insert(p->id);
   // Tokenise (and cache) each corpus once here, not in every worker at the same time.
   std::set<std::string> loaded;
   for (const auto* p : pending)
@@ -373,7 +406,8 @@ void run_parallel(const SweepSpec& spec, const std::vector<const SweepPoint*>& p
                        .c_str());
   }
   const DoneSet after{store, nullptr};
-  for (const auto* p : pending) outcome.trained += after.run(p->id) != nullptr;
+  for (const auto* p : pending)
+    if (after.run(p->id)) ++(trained_before.count(p->id) ? outcome.reused : outcome.trained);
   for (size_t i = points_before; i < store.points().size(); ++i) {
     ++outcome.evaluated;
     outcome.failed += !store.points()[i].ok();
@@ -394,7 +428,7 @@ SweepOutcome run_sweep(const SweepSpec& spec, const SweepOptions& options) {
   SweepOutcome outcome;
   const bool worker = !options.worker.empty();
   outcome.output = worker ? options.output : sweep_output(spec, options);
-  const std::vector<SweepPoint> all = expand_grid(spec);
+  std::vector<SweepPoint> all = expand_grid(spec);
   const std::set<int64_t> chosen(options.points.begin(), options.points.end());
   std::vector<const SweepPoint*> points;
   for (const auto& p : all)
@@ -412,6 +446,12 @@ SweepOutcome run_sweep(const SweepSpec& spec, const SweepOptions& options) {
                         " and data-parallel ranks do not combine: each point already runs on "
                         "every rank (set jobs: 1 or --jobs 1)");
     if (!ProcessGroup::leader()) {
+      // The run directories rank 0 adopts from the results file (on a filesystem every rank
+      // reads, as the run directories are).
+      if (fs::exists(outcome.output)) {
+        const ResultsStore recorded = ResultsStore::open(outcome.output);
+        adopt_recorded_runs(all, {&recorded});
+      }
       follow_points(spec, points, outcome);
       return outcome;
     }
@@ -420,10 +460,15 @@ SweepOutcome run_sweep(const SweepSpec& spec, const SweepOptions& options) {
   const SweepHeader header = spec.header(worker ? "part" : options.shard.text());
   ResultsStore store = ResultsStore::open_or_create(outcome.output, header);
   const std::string difference =
-      describe_difference(store.header(), outcome.output, header, spec.source);
+      sweep_growth_difference(store.header(), outcome.output, header, spec.source);
   if (!difference.empty())
     throw ConfigError(outcome.output + " holds the results of a different sweep (" + difference +
                       "). Use another --out, or delete " + outcome.output + " to start over.");
+  std::optional<ResultsStore> known;
+  if (!options.known.empty() && fs::exists(options.known))
+    known.emplace(ResultsStore::open(options.known));
+  adopt_recorded_runs(all, {&store, known ? &*known : nullptr});
+  if (!worker) grow_results(store, header, all, options.progress);
 
   const int64_t jobs = options.jobs > 0 ? options.jobs : spec.jobs;
   if (!worker && jobs > 1) {
@@ -431,9 +476,6 @@ SweepOutcome run_sweep(const SweepSpec& spec, const SweepOptions& options) {
     return outcome;
   }
   if (!worker) absorb_parts(store, outcome.output);  // left by an interrupted parallel sweep
-  std::optional<ResultsStore> known;
-  if (!options.known.empty() && fs::exists(options.known))
-    known.emplace(ResultsStore::open(options.known));
   run_points(spec, points, store, known ? &*known : nullptr, options, outcome);
   return outcome;
 }
@@ -486,6 +528,25 @@ MergeOutcome merge_results(const std::string& output, const std::vector<std::str
   MergeOutcome outcome;
   for (const auto& source : sources) absorb(store, source, outcome);
   return outcome;
+}
+
+// The recorded run of each grid point, by the point's identity (its grid values): a point keeps
+// the run id and run directory it was recorded under (those of extrap 0.11 were numbered by
+// place in the grid), so growing a sweep never trains a recorded point again.
+void adopt_recorded_runs(std::vector<SweepPoint>& points,
+                         const std::vector<const ResultsStore*>& files) {
+  std::map<std::string, const RunRecord*> recorded;
+  for (const ResultsStore* file : files)
+    if (file)
+      for (const auto& [id, run] : file->runs()) recorded.emplace(grid_point_key(run.grid_point), &run);
+  for (auto& point : points) {
+    const auto found = recorded.find(point.key);
+    if (found == recorded.end() || found->second->run_id == point.id) continue;
+    point.id = found->second->run_id;
+    const YAML::Node config = YAML::Load(found->second->config);
+    if (config["train"] && config["train"]["out_dir"])
+      point.config.train.out_dir = config["train"]["out_dir"].Scalar();
+  }
 }
 
 }  // namespace extrap

@@ -35,10 +35,17 @@ struct SweepOutcome {
   int64_t points = 0;     // grid points in this shard
   int64_t skipped = 0;    // already complete in the results file
   int64_t trained = 0;    // trained or resumed now
+  int64_t reused = 0;     // evaluated now from a checkpoint already trained to its last step
   int64_t evaluated = 0;  // evaluation points recorded now (failed ones included)
   int64_t failed = 0;     // evaluation points recorded as failed now
   std::string output;
 };
+
+// Gives each point the run id and run directory its grid values were recorded under in `files`
+// (null entries skipped): growing a sweep never trains a recorded point again, and the
+// numbered ids of extrap 0.11's files stay theirs.
+void adopt_recorded_runs(std::vector<SweepPoint>& points,
+                         const std::vector<const ResultsStore*>& files);
 
 // Runs (or continues) a sweep: locks the output, refuses a file of a different sweep, then
 // runs every point of the shard not complete in the file. Points that cannot give a right

@@ -4,6 +4,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <set>
 
 #include "core/base/files.h"
@@ -37,16 +38,21 @@ bool grid_key_known(const std::string& key) {
   return key == "position" || key.rfind("position.", 0) == 0 || config_leaf_keys().count(key) > 0;
 }
 
-// A short label of a grid value for run ids: "alibi", "L64", "seed1", "layers3".
-std::string value_label(const std::string& key, const YAML::Node& value, size_t index) {
+// A short label of a grid value for run ids: "alibi", "L64", "seed1", "layers3". `lossless`
+// is cleared when the label does not tell the value apart from others of its axis (a method
+// with options, a list, characters replaced).
+std::string value_label(const std::string& key, const YAML::Node& value, bool& lossless) {
   const std::string last = key.substr(key.rfind('.') == std::string::npos ? 0 : key.rfind('.') + 1);
   std::string text;
-  if (value.IsScalar())
+  if (value.IsScalar()) {
     text = value.Scalar();
-  else if (value.IsMap() && value["name"] && value["name"].IsScalar())
+  } else if (value.IsMap() && value["name"] && value["name"].IsScalar()) {
     text = value["name"].Scalar();
-  else
-    text = "v" + std::to_string(index);
+    lossless = lossless && value.size() == 1;
+  } else {
+    text = "v";
+    lossless = false;
+  }
   std::string label;
   if (key == "position.name" || key == "position")
     label = text;
@@ -57,10 +63,28 @@ std::string value_label(const std::string& key, const YAML::Node& value, size_t 
   else
     label = last + text;
   for (char& c : label)
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '.' && c != '+' &&
-        c != '-')
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '.' && c != '+') {
       c = '_';
+      lossless = false;
+    }
   return label;
+}
+
+// A YAML value as text with map keys sorted at every level: equal values, equal text.
+std::string sorted_text(const YAML::Node& node) {
+  if (node.IsMap()) {
+    std::map<std::string, std::string> entries;
+    for (const auto& entry : node) entries[entry.first.Scalar()] = sorted_text(entry.second);
+    std::string text = "{";
+    for (const auto& [key, value] : entries) text += key + ": " + value + ", ";
+    return text + "}";
+  }
+  if (node.IsSequence()) {
+    std::string text = "[";
+    for (const auto& item : node) text += sorted_text(item) + ", ";
+    return text + "]";
+  }
+  return node.IsScalar() ? "'" + node.Scalar() + "'" : "~";
 }
 
 }  // namespace
@@ -132,6 +156,22 @@ SweepHeader SweepSpec::header(const std::string& shard) const {
   h.shard = shard;
   h.created = iso_time_now();
   return h;
+}
+
+std::string grid_point_key(const std::vector<std::pair<std::string, YAML::Node>>& values) {
+  std::map<std::string, std::string> sorted;
+  for (const auto& [key, value] : values) sorted[key] = sorted_text(value);
+  std::string text;
+  for (const auto& [key, value] : sorted) text += key + "=" + value + "\n";
+  return hex64(content_hash(text));
+}
+
+std::string grid_point_key(const std::string& grid_yaml) {
+  const YAML::Node map = YAML::Load(grid_yaml);
+  std::vector<std::pair<std::string, YAML::Node>> values;
+  if (map.IsMap())
+    for (const auto& entry : map) values.emplace_back(entry.first.Scalar(), entry.second);
+  return grid_point_key(values);
 }
 
 std::string SweepPoint::grid_yaml() const {
@@ -383,9 +423,9 @@ SweepSpec load_sweep(const std::string& path, const std::vector<std::string>& ov
 std::vector<SweepPoint> expand_grid(const SweepSpec& spec) {
   int64_t total = 1;
   for (const auto& axis : spec.grid) total *= int64_t(axis.values.size());
-  const int width = std::max<int>(2, int(std::to_string(std::max<int64_t>(total - 1, 0)).size()));
 
   std::vector<SweepPoint> points;
+  std::set<std::string> ids;
   bool any_scalable = false;
   bool any_causal = false;
   for (int64_t index = 0; index < total; ++index) {
@@ -400,16 +440,22 @@ std::vector<SweepPoint> expand_grid(const SweepSpec& spec) {
     }
     YAML::Node root = spec.fresh_base();  // not a YAML::Clone: errors keep their file lines
     std::string labels;
+    bool lossless = true;
     for (size_t a = 0; a < spec.grid.size(); ++a) {
       const YAML::Node& value = spec.grid[a].values[digit[a]];
       point.values.push_back({spec.grid[a].key, value});
       apply_override(root, spec.grid[a].key + "=" + yaml_to_string(value));
-      labels += '-';
-      labels += value_label(spec.grid[a].key, value, digit[a]);
+      labels += (labels.empty() ? "" : "-") + value_label(spec.grid[a].key, value, lossless);
     }
-    std::string number = std::to_string(index);
-    number.insert(0, size_t(std::max<int>(0, width - int(number.size()))), '0');
-    point.id = number + (labels.empty() ? "-" + spec.base_config.position_name : labels);
+    // The id names the point by its grid values, not its place in the grid, so that values
+    // added to an axis later leave every other point's id (and run directory) as it was.
+    point.key = grid_point_key(point.values);
+    if (labels.empty()) labels = spec.base_config.position_name;
+    if (!lossless || labels.size() > 100) labels = labels.substr(0, 100) + "-h" + point.key.substr(0, 8);
+    point.id = labels;
+    if (!ids.insert(point.id).second)
+      throw ConfigError(spec.source + ": two grid points would have the run id " + point.id +
+                        "; give the values distinct names");
 
     point.config = config_from_yaml(root, spec.source + " (grid point " + point.id + ")");
     point.config.train.out_dir = (fs::path(spec.run_root) / point.id).string();
@@ -517,6 +563,51 @@ std::string describe_difference(const SweepHeader& first, const std::string& fir
     // an unreadable stored spec: the hashes alone say it
   }
   return text;
+}
+
+namespace {
+
+// What must stay for a sweep to grow: the spec without its grid values and the lists a sweep
+// may grow (sweep_growth_difference).
+YAML::Node growth_identity(const std::string& sweep_spec) {
+  YAML::Node spec = YAML::Load(sweep_spec);
+  YAML::Node out(YAML::NodeType::Map);
+  out["name"] = spec["name"];
+  // The grid keys before the base: a new axis takes its key out of the base, and the grid is
+  // what changed.
+  std::set<std::string> keys;
+  if (spec["grid"] && spec["grid"].IsMap())
+    for (const auto& axis : spec["grid"]) keys.insert(axis.first.Scalar());
+  YAML::Node grid_keys(YAML::NodeType::Sequence);
+  for (const auto& key : keys) grid_keys.push_back(key);
+  out["grid keys"] = grid_keys;
+  out["base"] = spec["base"];
+  YAML::Node eval(YAML::NodeType::Map);
+  if (const YAML::Node e = spec["eval"]) {
+    if (e["rope_factor"]) eval["rope_factor"] = e["rope_factor"];
+    if (const YAML::Node r = e["retrieval"])
+      for (const char* key : {"task", "depths", "samples", "seed"}) eval["retrieval"][key] = r[key];
+  }
+  out["eval"] = eval;
+  return out;
+}
+
+}  // namespace
+
+std::string sweep_growth_difference(const SweepHeader& recorded, const std::string& recorded_label,
+                                    const SweepHeader& current, const std::string& current_label) {
+  if (recorded.spec_hash == current.spec_hash) return "";
+  try {
+    const auto d = first_difference(growth_identity(recorded.sweep_spec),
+                                    growth_identity(current.sweep_spec));
+    if (!d) return "";
+    return "first difference at '" + d->key + "': " + d->first + " in " + recorded_label + ", " +
+           d->second + " in " + current_label +
+           " (a sweep grows by the values of its grid axes and its evaluation lengths and modes; "
+           "its base config, grid keys and retrieval settings stay)";
+  } catch (const YAML::Exception&) {
+    return describe_difference(recorded, recorded_label, current, current_label);
+  }
 }
 
 }  // namespace extrap

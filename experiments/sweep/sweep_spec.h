@@ -26,7 +26,9 @@
 //
 // Invariants:
 //  - Grid order is the nested loop over the grid keys in file order, the last key varying
-//    fastest; a point's index and id depend only on the spec.
+//    fastest. A point's identity is its grid values (SweepPoint::key), not its index: values
+//    added to an axis, or evaluation lengths and modes added, grow a sweep into the same
+//    results file (sweep_growth_difference) and leave the recorded points as they are.
 //  - A point's evaluations are (length ascending; per length non-overlapping first, then each
 //    stride ascending; per window mode each RoPE variant in the order listed), then its
 //    retrieval lengths ascending (each under every RoPE variant), mode "retrieval_<task>". A
@@ -115,14 +117,23 @@ struct EvalPoint {
 };
 
 struct SweepPoint {
-  int64_t index = 0;
-  std::string id;                                          // e.g. "03-alibi-L64-seed1"
+  int64_t index = 0;   // place in the grid (shards, workers); not part of its identity
+  std::string key;     // the point's identity: grid_point_key(values)
+  std::string id;      // e.g. "alibi-L64-seed1"; "learned-seed1-h3f2a9c01" when the labels
+                       // lose information (a method with options); a results file of extrap
+                       // 0.11 keeps its "03-alibi-L64-seed1" (adopt_recorded_runs)
   std::vector<std::pair<std::string, YAML::Node>> values;  // grid key -> value
   Config config;                                           // train.out_dir = RUN_ROOT/id
   std::vector<EvalPoint> evals;
 
   std::string grid_yaml() const;  // the grid values as a YAML map (flow style)
 };
+
+// A point's identity: a hash of its grid values (map keys sorted at every level), whatever the
+// axes' order or the values' places in them; from the values, or from a run's recorded
+// grid_point (RunRecord::grid_point).
+std::string grid_point_key(const std::vector<std::pair<std::string, YAML::Node>>& values);
+std::string grid_point_key(const std::string& grid_yaml);
 
 // Loads a sweep file and applies --set overrides: "grid.KEY=[values]" sets a grid axis (KEY
 // is the dotted config key), anything else edits the sweep document ("base.train.steps=10",
@@ -154,5 +165,12 @@ std::string shard_output(const std::string& output, const Shard& shard);
 // results/quick.h5, [a, c] in configs/quick.yaml").
 std::string describe_difference(const SweepHeader& first, const std::string& first_label,
                                 const SweepHeader& second, const std::string& second_label);
+
+// Whether a results file of sweep `recorded` can take the points of sweep `current`: "" when it
+// can, else what differs. A sweep may grow or shrink the values of its grid axes and its
+// evaluation lengths, strides, non-overlapping windows and RoPE variants; its name, base
+// config, set of grid keys, RoPE factor and retrieval task, depths, samples and seed must stay.
+std::string sweep_growth_difference(const SweepHeader& recorded, const std::string& recorded_label,
+                                    const SweepHeader& current, const std::string& current_label);
 
 }  // namespace extrap

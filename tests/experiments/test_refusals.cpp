@@ -73,7 +73,7 @@ TEST_CASE("a run directory has an identity: other configs, a second writer and o
   // from the first's models.
   REQUIRE(run_cli(d, {"sweep", "tiny.yaml", "--quiet", "--set", "base.train.steps=10"}, &out) == 0);
   CHECK(run_cli(d, {"sweep", "tiny.yaml", "--quiet", "--out", "results/other.h5"}, &out) == 2);
-  require_one_line_error(out, "runs/tiny/00-alibi-seed1 belongs to another run: first difference at "
+  require_one_line_error(out, "runs/tiny/alibi-seed1 belongs to another run: first difference at "
                               "'config.train.steps': 10 in");
   CHECK((!fs::exists(d.root / "results/other.h5") ||
          ResultsStore::open((d.root / "results/other.h5").string()).points().empty()));
@@ -256,7 +256,7 @@ TEST_CASE("a full disk names the file and keeps every earlier result, and merges
   std::ofstream(d.root / "corpus/train.txt", std::ios::app) << "More text, another model.\n";
   REQUIRE(run_cli(d, with(one, "b"), &out) == 0);
   CHECK(run_cli(d, {"merge", "results/m.h5", "results/a.h5", "results/b.h5"}, &out) == 2);
-  require_one_line_error(out, "point (00-alibi-seed1, nonoverlapping, L=16) differs between "
+  require_one_line_error(out, "point (alibi-seed1, nonoverlapping, L=16) differs between "
                               "results/a.h5 and results/b.h5");
   CHECK(out.find("nothing merged") != std::string::npos);
   CHECK(!fs::exists(d.root / "results/m.h5"));

@@ -80,8 +80,13 @@ TEST_CASE("sweep grid expansion: nested-loop order and count with overrides and 
   std::string out;
   REQUIRE(run_cli(d, {"sweep", "tiny.yaml", "--list"}, &out) == 0);
   // Nested loops over the grid keys in file order, the last key fastest.
-  const std::vector<std::string> ids = {"00-alibi-seed1", "01-alibi-seed2", "02-learned-seed1",
-                                        "03-learned-seed2"};
+  // Ids name points by their grid values; `learned` with an option gets a hash of them.
+  const std::vector<std::string> ids = sweep_ids(d);
+  REQUIRE(ids.size() == 4);
+  CHECK(ids[0] == "alibi-seed1");
+  CHECK(ids[1] == "alibi-seed2");
+  CHECK_THAT(ids[2], Catch::Matches("learned-seed1-h[0-9a-f]{8}"));
+  CHECK_THAT(ids[3], Catch::Matches("learned-seed2-h[0-9a-f]{8}"));
   size_t at = 0;
   for (const auto& id : ids) {
     const auto found = out.find("\n" + id + "  ", at);
@@ -99,16 +104,16 @@ TEST_CASE("sweep grid expansion: nested-loop order and count with overrides and 
                    "grid.model.layers=[1,2]", "--set", "eval.lengths=[20]"},
                   &out) == 0);
   CHECK(out.find("12 of 12 points") != std::string::npos);
-  CHECK(out.find("\n00-alibi-seed1-layers1  ") != std::string::npos);
-  CHECK(out.find("\n01-alibi-seed1-layers2  ") != std::string::npos);
-  CHECK(out.find("\n11-learned-seed3-layers2  ") != std::string::npos);
+  CHECK(out.find("\nalibi-seed1-layers1  ") != std::string::npos);
+  CHECK(out.find("\nalibi-seed1-layers2  ") != std::string::npos);
+  CHECK(out.find("\nlearned-seed3-layers2-h") != std::string::npos);
   CHECK(out.find("evals: 16/nonoverlapping 16/sliding_8 20/nonoverlapping 20/sliding_8 32/") !=
         std::string::npos);
 
   // Shards: index % N == I.
   REQUIRE(run_cli(d, {"sweep", "tiny.yaml", "--list", "--shard", "1/3"}, &out) == 0);
   CHECK(out.find("1 of 4 points") != std::string::npos);
-  CHECK(out.find("\n01-alibi-seed2  ") != std::string::npos);
+  CHECK(out.find("\nalibi-seed2  ") != std::string::npos);
 
   // Unknown keys name the file, the line and the key.
   CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "grid.train.sq_len=[8]"}, &out) == 2);
@@ -223,12 +228,12 @@ print("schema ok")
 
   // One row against an in-process evaluation of its run's checkpoint.
   {
-    auto [corpus, run] = load_cli_run(d, "runs/tiny/00-alibi-seed1");
+    auto [corpus, run] = load_cli_run(d, "runs/tiny/alibi-seed1");
     REQUIRE(run.config.eval.split == extrap::Split::valid);
     const auto r = extrap::evaluate(run.model, corpus, corpus.valid, extrap::eval_spec_for(run.config, 32, 8));
     const PointRecord* row = nullptr;
     for (const auto& p : store.points())
-      if (p.run_id == "00-alibi-seed1" && p.mode == "sliding_8" && p.eval_length == 32) row = &p;
+      if (p.run_id == "alibi-seed1" && p.mode == "sliding_8" && p.eval_length == 32) row = &p;
     REQUIRE(row != nullptr);
     CHECK(row->scored_tokens == r.scored_tokens);
     CHECK(row->nll_sum == Approx(r.nll_sum).epsilon(1e-9));
@@ -270,7 +275,7 @@ TEST_CASE("RoPE-scaling variants: listed for rotary points only, equal to none u
   list.insert(list.end(), variants.begin(), variants.end());
   REQUIRE(run_cli(d, list, &out) == 0);
   CHECK(hash(out) != plain_hash);
-  CHECK(out.find("00-alibi-seed1  [pending, 0/2 evals]  {position: {name: alibi}, train.seed: 1}  evals: "
+  CHECK(out.find("alibi-seed1  [pending, 0/2 evals]  {position: {name: alibi}, train.seed: 1}  evals: "
                  "16/nonoverlapping 32/nonoverlapping\n") != std::string::npos);
   CHECK(out.find("evals: 16/nonoverlapping 16/nonoverlapping+linear 16/nonoverlapping+yarn "
                  "32/nonoverlapping 32/nonoverlapping+linear 32/nonoverlapping+yarn\n") !=
@@ -301,7 +306,7 @@ TEST_CASE("RoPE-scaling variants: listed for rotary points only, equal to none u
   const ResultsStore store = ResultsStore::open((d.root / "results/tiny.h5").string());
   CHECK(store.points().size() == 2 + 6);
   const auto nll = [&](const std::string& mode, int64_t length) {
-    const PointRecord* p = store.point("01-rotary-seed1", mode, length);
+    const PointRecord* p = store.point("rotary-seed1", mode, length);
     REQUIRE(p != nullptr);
     REQUIRE(p->ok());
     return p->nll_sum;
@@ -338,14 +343,14 @@ TEST_CASE("sweep killed with kill -9 at chosen moments continues to the uninterr
 
   // 1. Right after the first point is in the results file.
   auto stops = kill_at(d, {"sweep", "tiny.yaml"}, "point:1");
-  CHECK(stops[0].detail == "00-alibi-seed1 nonoverlapping 16");
+  CHECK(stops[0].detail == "alibi-seed1 nonoverlapping 16");
   CHECK(points_now() == 1);
 
   // 2. In the middle of training a later run: run 00 is trained (its three other points need
   // no checkpoint), run 01 has saved its third checkpoint (step 15 of 40), none of its points
   // is recorded.
   stops = kill_at(d, {"sweep", "tiny.yaml"}, "checkpoint:3");
-  CHECK_THAT(stops[0].detail, Catch::EndsWith("runs/tiny/01-alibi-seed2 step 15"));
+  CHECK_THAT(stops[0].detail, Catch::EndsWith("runs/tiny/alibi-seed2 step 15"));
   CHECK(points_now() == 4);
 
   // 3. Between writing the results file's new contents and publishing them (the first write
@@ -376,7 +381,7 @@ TEST_CASE("sweep killed with kill -9 at chosen moments continues to the uninterr
   }
   std::set<std::string> runs;
   for (const auto& s : stops) runs.insert(fs::path(s.detail.substr(0, s.detail.find(" step "))).filename().string());
-  CHECK(runs == std::set<std::string>{"02-learned-seed1", "03-learned-seed2"});
+  CHECK(runs == std::set<std::string>{sweep_ids(d)[2], sweep_ids(d)[3]});
   for (const auto& s : stops) CHECK_THAT(s.detail, Catch::EndsWith(" step 10"));
 
   std::string out;

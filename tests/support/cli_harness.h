@@ -4,6 +4,7 @@
 
 #include "core/run/checkpoint.h"
 #include "core/train/trainer.h"
+#include "experiments/sweep/sweep_spec.h"
 #include "tests/support/test_support.h"
 
 #include <fcntl.h>
@@ -181,6 +182,17 @@ inline CliRun load_cli_run(const TempDir& d, const std::string& run_dir) {
   loaded.corpus = load_corpus(checkpoint.config.data);
   loaded.run = load_run(checkpoint, loaded.corpus);
   return loaded;
+}
+
+// The run ids of the points of the sweep file `file` in `d` (with --set `overrides`), in grid
+// order: ids name points by their grid values ("alibi-seed1"; "learned-seed1-h<8 hex>" for a
+// method with options).
+inline std::vector<std::string> sweep_ids(const TempDir& d, const std::string& file = "tiny.yaml",
+                                          const std::vector<std::string>& overrides = {}) {
+  const InDirectory in_directory(d);
+  std::vector<std::string> ids;
+  for (const auto& point : expand_grid(load_sweep(file, overrides))) ids.push_back(point.id);
+  return ids;
 }
 
 // A stop announced by the fault hook (core/base/fault.h): "PID MOMENT N DETAIL".

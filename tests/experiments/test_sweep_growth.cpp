@@ -1,0 +1,159 @@
+// Sweeps that grow: a point is its grid values, so adding seeds, methods, evaluation lengths or
+// modes to a finished sweep trains and evaluates only what is new, into the same results file,
+// which then equals the file of the final sweep run at once (numbers bit for bit); shrinking
+// keeps what was recorded; kill -9 while growing loses nothing; other changes are refused.
+#include <catch2/catch.hpp>
+#include <filesystem>
+
+#include "core/results/results_store.h"
+#include "tests/support/cli_harness.h"
+
+namespace fs = std::filesystem;
+using namespace extrap;
+using namespace extrap::testing;
+
+namespace {
+
+std::vector<std::string> sweep_with(const std::vector<std::string>& overrides) {
+  std::vector<std::string> args = {"sweep", "tiny.yaml", "--quiet"};
+  for (const auto& o : overrides) {
+    args.push_back("--set");
+    args.push_back(o);
+  }
+  return args;
+}
+
+// Two results files hold the same sweep: header spec, runs (grid values, place, status,
+// curves) and points (every number bit for bit); times, machines and row order aside.
+void require_same_results(const fs::path& a_path, const fs::path& b_path) {
+  const ResultsStore a = ResultsStore::open(a_path.string());
+  const ResultsStore b = ResultsStore::open(b_path.string());
+  CHECK(a.header().spec_hash == b.header().spec_hash);
+  CHECK(a.header().sweep_spec == b.header().sweep_spec);
+  REQUIRE(a.runs().size() == b.runs().size());
+  for (const auto& [id, run] : a.runs()) {
+    INFO("run " << id);
+    const RunRecord* other = b.run(id);
+    REQUIRE(other != nullptr);
+    CHECK(run.grid_point == other->grid_point);
+    CHECK(run.point_index == other->point_index);
+    CHECK(run.status == other->status);
+    CHECK(run.config == other->config);
+    REQUIRE(run.train_loss.size() == other->train_loss.size());
+    for (size_t i = 0; i < run.train_loss.size(); ++i)
+      CHECK(run.train_loss[i].loss == other->train_loss[i].loss);
+    REQUIRE(run.valid_loss.size() == other->valid_loss.size());
+    for (size_t i = 0; i < run.valid_loss.size(); ++i)
+      CHECK(run.valid_loss[i].loss == other->valid_loss[i].loss);
+  }
+  REQUIRE(a.points().size() == b.points().size());
+  for (const auto& p : a.points()) {
+    INFO("point " << p.run_id << " " << p.mode << " " << p.eval_length);
+    const PointRecord* q = b.point(p.run_id, p.mode, p.eval_length);
+    REQUIRE(q != nullptr);
+    CHECK(p.status == q->status);
+    CHECK(p.scored_tokens == q->scored_tokens);
+    CHECK(p.stride == q->stride);
+    CHECK(p.nll_sum == q->nll_sum);
+    CHECK(p.perplexity == q->perplexity);
+    REQUIRE(p.by_position.size() == q->by_position.size());
+    for (size_t i = 0; i < p.by_position.size(); ++i)
+      CHECK(p.by_position[i].nll_sum == q->by_position[i].nll_sum);
+  }
+}
+
+const std::vector<std::string> kOneAlibi = {"grid.position=[{name: alibi}]", "grid.train.seed=[1]",
+                                            "eval.length_multiples=[1]", "eval.strides=[]"};
+
+}  // namespace
+
+TEST_CASE("growing a sweep runs only the new points and evaluations, and equals the sweep run "
+          "at once",
+          "[sweep][growth]") {
+  SweepDir d;
+  std::string out;
+  REQUIRE(run_cli(d, sweep_with(kOneAlibi), &out) == 0);
+  CHECK_THAT(out, Catch::Contains("1 points (0 already complete, 1 trained now), 1 evaluations"));
+  const std::string manifest = read_text(d.root / "runs/tiny/alibi-seed1/checkpoint/manifest.json");
+
+  // A seed.
+  std::vector<std::string> grown = kOneAlibi;
+  grown[1] = "grid.train.seed=[1, 2]";
+  REQUIRE(run_cli(d, sweep_with(grown), &out) == 0);
+  CHECK_THAT(out, Catch::Contains("2 points (1 already complete, 1 trained now), 1 evaluations"));
+  // A method, first on its axis: the recorded points keep their ids and take their new places.
+  grown[0] = "grid.position=[{name: rotary}, {name: alibi}]";
+  REQUIRE(run_cli(d, sweep_with(grown), &out) == 0);
+  CHECK_THAT(out, Catch::Contains("4 points (2 already complete, 2 trained now), 2 evaluations"));
+  // An evaluation length: every run evaluated again from its finished checkpoint, none trained.
+  grown[2] = "eval.length_multiples=[1, 2]";
+  REQUIRE(run_cli(d, sweep_with(grown), &out) == 0);
+  CHECK_THAT(out, Catch::Contains("4 points (0 already complete, 0 trained now, 4 from finished "
+                                  "checkpoints), 4 evaluations"));
+  // A mode (sliding windows of stride 8).
+  grown[3] = "eval.strides=[8]";
+  REQUIRE(run_cli(d, sweep_with(grown), &out) == 0);
+  CHECK_THAT(out, Catch::Contains("4 points (0 already complete, 0 trained now, 4 from finished "
+                                  "checkpoints), 8 evaluations"));
+  // Nothing more to do.
+  REQUIRE(run_cli(d, sweep_with(grown), &out) == 0);
+  CHECK_THAT(out, Catch::Contains("4 points (4 already complete, 0 trained now), 0 evaluations"));
+
+  // The first run was never trained again, and no other run directory was made.
+  CHECK(read_text(d.root / "runs/tiny/alibi-seed1/checkpoint/manifest.json") == manifest);
+  std::set<std::string> dirs;
+  for (const auto& e : fs::directory_iterator(d.root / "runs/tiny")) dirs.insert(e.path().filename().string());
+  CHECK(dirs == std::set<std::string>{"alibi-seed1", "alibi-seed2", "rotary-seed1", "rotary-seed2"});
+
+  // The same sweep run at once, elsewhere: the same file.
+  SweepDir fresh;
+  REQUIRE(run_cli(fresh, sweep_with(grown), &out) == 0);
+  CHECK_THAT(out, Catch::Contains("4 points (0 already complete, 4 trained now), 16 evaluations"));
+  require_same_results(d.root / "results/tiny.h5", fresh.root / "results/tiny.h5");
+}
+
+TEST_CASE("a shrunk sweep keeps its recorded points, kill -9 while growing loses nothing, and "
+          "other changes are refused",
+          "[sweep][growth]") {
+  SweepDir d;
+  std::string out;
+  std::vector<std::string> two = kOneAlibi;
+  two[1] = "grid.train.seed=[1, 2]";
+  REQUIRE(run_cli(d, sweep_with(two), &out) == 0);
+  const fs::path results = d.root / "results/tiny.h5";
+  const size_t recorded = ResultsStore::open(results.string()).points().size();
+
+  // Fewer seeds: nothing runs, nothing recorded goes; --status says what is kept.
+  REQUIRE(run_cli(d, sweep_with(kOneAlibi), &out) == 0);
+  CHECK_THAT(out, Catch::Contains("1 points (1 already complete, 0 trained now), 0 evaluations"));
+  CHECK(ResultsStore::open(results.string()).points().size() == recorded);
+  std::vector<std::string> status = sweep_with(kOneAlibi);
+  status.push_back("--status");
+  REQUIRE(run_cli(d, status, &out) == 0);
+  CHECK_THAT(out, Catch::Contains("(1 recorded point(s) no longer in the grid kept)"));
+  CHECK_THAT(out, Catch::Contains("\nalibi-seed1  [complete, 1/1 evals]"));
+
+  // Three seeds, killed right after the first new point is recorded, then run again.
+  std::vector<std::string> three = kOneAlibi;
+  three[1] = "grid.train.seed=[1, 2, 3]";
+  const auto stops = kill_at(d, sweep_with(three), "point:1");
+  CHECK(stops[0].detail == "alibi-seed3 nonoverlapping 16");
+  REQUIRE(run_cli(d, sweep_with(three), &out) == 0);
+  CHECK_THAT(out, Catch::Contains("3 points (3 already complete, 0 trained now), 0 evaluations"));
+  SweepDir fresh;
+  REQUIRE(run_cli(fresh, sweep_with(three), &out) == 0);
+  require_same_results(results, fresh.root / "results/tiny.h5");
+
+  // What is not growth: a base key, a new grid axis, another retrieval setting.
+  const std::string before = read_text(results);
+  std::vector<std::string> other = three;
+  other.push_back("base.train.lr=0.001");
+  CHECK(run_cli(d, sweep_with(other), &out) == 2);
+  require_one_line_error(out, "holds the results of a different sweep (first difference at "
+                              "'base.train.lr'");
+  other = three;
+  other.push_back("grid.model.layers=[1, 2]");
+  CHECK(run_cli(d, sweep_with(other), &out) == 2);
+  require_one_line_error(out, "first difference at 'grid keys");
+  CHECK(read_text(results) == before);
+}
