@@ -519,8 +519,15 @@ class ExtrapModel(nn.Module):
         return self.logits(self.hidden(tokens, offset))
 
     # -- tokenisation
+    def pretokenised(self):
+        """Whether the model was trained on ids made elsewhere (data.tokenizer: ids)."""
+        return self.metadata["data"].get("tokenizer", "byte") == "ids"
+
     def encode(self, text):
         """Token ids of text (str, or bytes for a byte-level model)."""
+        if self.pretokenised():
+            raise ValueError("the model was trained on pre-tokenised ids (data.tokenizer: ids): "
+                             "tokenise with the tokenizer that made them and pass the ids")
         if self.vocabulary is None:  # byte level: id = byte value
             return list(text.encode("utf-8") if isinstance(text, str) else bytes(text))
         if self._word_ids is None:
@@ -536,7 +543,10 @@ class ExtrapModel(nn.Module):
                 for i in [self._word_ids.get(w, unk) for w in line.split()] + [eos]]
 
     def decode(self, ids):
-        """Text of ids: bytes decoded as UTF-8, or words joined by spaces with <eos> a newline."""
+        """Text of ids: bytes decoded as UTF-8, or words joined by spaces with <eos> a newline
+        (pre-tokenised models: the ids in decimal, joined by spaces)."""
+        if self.pretokenised():
+            return " ".join(str(int(i)) for i in ids)
         if self.vocabulary is None:
             return b"".join(bytes([i]) if i < 256 else b"<mask>" for i in map(int, ids)).decode(
                 "utf-8", errors="replace")
@@ -685,7 +695,16 @@ def main(argv=None):
             raise ValueError("lengths, strides and --batch-windows must be positive")
         use_package = {"auto": None, "package": True, "fallback": False}[args.reader]
         model = load(args.model, getattr(torch, args.dtype), args.device, use_package)
-        if model.vocabulary is None:
+        if model.pretokenised():  # a split as extrap reads it: .npy, or raw .bin
+            import numpy as np  # only here: the reader itself needs PyTorch alone
+            import yaml
+            config = yaml.safe_load(model.metadata["config"]) if "config" in model.metadata else {}
+            dtype = ((config or {}).get("data") or {}).get("ids_dtype", "uint16")
+            if args.tokens_file.endswith(".npy"):
+                tokens = [int(i) for i in np.load(args.tokens_file)]
+            else:
+                tokens = [int(i) for i in np.fromfile(args.tokens_file, dtype=dtype)]
+        elif model.vocabulary is None:
             with open(args.tokens_file, "rb") as f:
                 tokens = model.encode(f.read())
         else:

@@ -120,6 +120,7 @@ core/model/memory_estimate.cpp | return add(add(parameters, gradients), add(opti
 experiments/sweep/sweep.cpp | if (run.point_index == found->second->index) continue; | continue; | a grown sweep leaves recorded runs at their old places in the grid
 experiments/sweep/sweep_spec.cpp | out["base"] = spec["base"]; | ; | a sweep with another base config counts as the same sweep grown
 experiments/sweep/point_runner.cpp | out.reused = summary.resumed_from == summary.steps; | out.reused = false; | a finished checkpoint loaded to evaluate counts as trained now
+core/data/corpus.cpp | if (value < 0 || value >= vocab_size) | if (value < 0 || value > vocab_size) | a pre-tokenised id equal to data.vocab_size is taken (it is <mask>)
 EOF
 )
 

@@ -8,8 +8,10 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 
 namespace fs = std::filesystem;
@@ -97,6 +99,129 @@ std::array<SplitSource, 3> read_single_file(const fs::path& file,
   return splits;
 }
 
+
+// --- pre-tokenised splits (tokenizer ids) --------------------------------------------------
+
+// A split's ids as the file holds them: element size, signedness and where the data starts.
+struct IdsLayout {
+  size_t item = 2;
+  bool is_signed = false;
+  size_t offset = 0;
+  int64_t count = 0;
+};
+
+// The layout of a .npy file (NumPy's format, versions 1 to 3): a one-dimensional, C-order
+// array of little-endian integers. Anything else is refused naming the file.
+IdsLayout npy_layout(const std::string& where, const std::string& bytes) {
+  const auto refuse = [&](const std::string& why) -> IdsLayout {
+    throw ConfigError(where + ": " + why);
+  };
+  if (bytes.size() < 10 || bytes.compare(0, 6, "\x93NUMPY") != 0)
+    return refuse("not a .npy file (no \\x93NUMPY magic)");
+  const int major = static_cast<unsigned char>(bytes[6]);
+  size_t header_bytes = 0, start = 0;
+  if (major == 1) {
+    header_bytes = size_t(static_cast<unsigned char>(bytes[8])) |
+                   size_t(static_cast<unsigned char>(bytes[9])) << 8;
+    start = 10;
+  } else if (major == 2 || major == 3) {
+    if (bytes.size() < 12) return refuse("truncated .npy header");
+    for (int i = 0; i < 4; ++i) header_bytes |= size_t(static_cast<unsigned char>(bytes[8 + i])) << (8 * i);
+    start = 12;
+  } else {
+    return refuse(".npy format version " + std::to_string(major) + " is not known (1 to 3 are)");
+  }
+  if (start + header_bytes > bytes.size()) return refuse("truncated .npy header");
+  const std::string header = bytes.substr(start, header_bytes);
+  const auto field = [&](const std::string& name) {
+    const size_t at = header.find("'" + name + "'");
+    if (at == std::string::npos) refuse(".npy header has no '" + name + "'");
+    const size_t colon = header.find(':', at);
+    size_t begin = header.find_first_not_of(" ", colon + 1);
+    size_t end = header[begin] == '(' ? header.find(')', begin) + 1
+                 : header[begin] == '\'' ? header.find('\'', begin + 1) + 1
+                                         : header.find_first_of(",}", begin);
+    return header.substr(begin, end - begin);
+  };
+  IdsLayout layout;
+  const std::string descr = field("descr");
+  static const std::map<std::string, std::pair<size_t, bool>> kTypes = {
+      {"'|u1'", {1, false}}, {"'<u2'", {2, false}}, {"'<u4'", {4, false}}, {"'<u8'", {8, false}},
+      {"'|i1'", {1, true}},  {"'<i2'", {2, true}},  {"'<i4'", {4, true}},  {"'<i8'", {8, true}}};
+  const auto type = kTypes.find(descr);
+  if (type == kTypes.end())
+    return refuse("dtype " + descr + " is not an integer type extrap reads (uint8 to uint64 or "
+                  "int8 to int64, little-endian)");
+  layout.item = type->second.first;
+  layout.is_signed = type->second.second;
+  if (field("fortran_order") != "False") return refuse("a Fortran-order array; save it in C order");
+  const std::string shape = field("shape");  // "(N,)"
+  char* end = nullptr;
+  const long long n = std::strtoll(shape.c_str() + 1, &end, 10);
+  if (shape.size() < 3 || shape[0] != '(' || end == shape.c_str() + 1 || std::string(end) != ",)")
+    return refuse("shape " + shape + ": the ids must be one-dimensional, as (N,)");
+  layout.count = n;
+  layout.offset = start + header_bytes;
+  const size_t data = bytes.size() - layout.offset;
+  if (data != size_t(n) * layout.item)
+    return refuse("holds " + std::to_string(data) + " bytes of data, its header says " +
+                  std::to_string(n) + " ids of " + std::to_string(layout.item) +
+                  " bytes: the file is truncated or damaged");
+  return layout;
+}
+
+// The ids of one split, checked against the vocabulary, as int32.
+std::vector<int32_t> decode_ids(const std::string& where, const std::string& bytes,
+                                const IdsLayout& layout, int64_t vocab_size) {
+  if (layout.count == 0) throw ConfigError(where + ": holds no token ids (an empty split)");
+  std::vector<int32_t> ids(static_cast<size_t>(layout.count));
+  const auto* data = reinterpret_cast<const unsigned char*>(bytes.data() + layout.offset);
+  for (int64_t i = 0; i < layout.count; ++i) {
+    uint64_t raw = 0;
+    for (size_t b = 0; b < layout.item; ++b) raw |= uint64_t(data[i * layout.item + b]) << (8 * b);
+    int64_t value = int64_t(raw);
+    if (layout.is_signed && layout.item < 8 && (raw >> (8 * layout.item - 1)) & 1)
+      value = int64_t(raw) - (int64_t(1) << (8 * layout.item));
+    if (value < 0 || value >= vocab_size)
+      throw ConfigError(where + ": id " + std::to_string(value) + " at position " +
+                        std::to_string(i) + " is outside the vocabulary (data.vocab_size " +
+                        std::to_string(vocab_size) + ")");
+    ids[size_t(i)] = int32_t(value);
+  }
+  return ids;
+}
+
+// The three pre-tokenised splits of a directory: SPLIT.bin or SPLIT.npy (not both).
+std::array<SplitSource, 3> read_ids_directory(const fs::path& dir) {
+  std::array<SplitSource, 3> splits;
+  for (size_t i = 0; i < kSplitNames.size(); ++i) {
+    const fs::path bin = dir / (std::string(kSplitNames[i]) + ".bin");
+    const fs::path npy = dir / (std::string(kSplitNames[i]) + ".npy");
+    if (fs::exists(bin) && fs::exists(npy))
+      throw ConfigError("corpus directory '" + dir.string() + "' has both " + bin.filename().string() +
+                        " and " + npy.filename().string() + ": keep one");
+    const fs::path* found = fs::exists(bin) ? &bin : fs::exists(npy) ? &npy : nullptr;
+    if (!found)
+      throw ConfigError("corpus directory '" + dir.string() + "' has no " + kSplitNames[i] +
+                        " split: expected '" + bin.string() + "' or '" + npy.string() +
+                        "' (data.tokenizer: ids)");
+    splits[i] = {found->string(), read_text(*found)};
+  }
+  return splits;
+}
+
+// The layout of a split file: .npy by its header, .bin by data.ids_dtype.
+IdsLayout ids_layout(const SplitSource& split, IdsType dtype) {
+  if (fs::path(split.where).extension() == ".npy") return npy_layout(split.where, split.text);
+  IdsLayout layout;
+  layout.item = size_t(dtype);
+  if (split.text.size() % layout.item != 0)
+    throw ConfigError(split.where + ": " + std::to_string(split.text.size()) + " bytes is not a whole "
+                      "number of " + enum_name(dtype) + " ids (" + std::to_string(layout.item) +
+                      " bytes each): the file is truncated, or data.ids_dtype is not its type");
+  layout.count = int64_t(split.text.size() / layout.item);
+  return layout;
+}
 
 // A cache directory per (corpus location, tokenizer, split fractions), named for people.
 fs::path corpus_cache_dir(const CorpusOptions& options, const fs::path& source,
@@ -207,6 +332,7 @@ std::string Corpus::token_text(int32_t id) const {
   TORCH_CHECK(id >= 0 && id < vocab_size, "token id ", id, " is outside the vocabulary of ",
               vocab_size);
   if (byte_level()) return id == mask_token ? "<mask>" : std::string(1, static_cast<char>(id));
+  if (tokenizer == Tokenizer::ids) return id == mask_token ? "<mask>" : std::to_string(id);
   return vocabulary[id];
 }
 
@@ -216,8 +342,13 @@ Corpus load_corpus(const CorpusOptions& options) {
     throw ConfigError("corpus path '" + options.path + "' does not exist");
   }
   const bool directory = fs::is_directory(source);
+  const bool ids = options.tokenizer == Tokenizer::ids;
+  if (ids && !directory)
+    throw ConfigError("corpus path '" + options.path + "' is a file; data.tokenizer ids reads a "
+                      "directory of {train,valid,test}.bin or .npy");
   const std::array<SplitSource, 3> splits =
-      directory ? read_directory(source) : read_single_file(source, options.split_fractions);
+      ids ? read_ids_directory(source)
+          : directory ? read_directory(source) : read_single_file(source, options.split_fractions);
   if (splits[0].text.empty()) {
     throw ConfigError("the training split " + splits[0].where + " is empty");
   }
@@ -248,6 +379,25 @@ Corpus load_corpus(const CorpusOptions& options) {
       const CacheFile file = open_or_build_cache(
           path, key, [&] { write_tokens(path, key, byte_tokens(splits[i].text)); });
       *streams[i] = token_stream(file, static_cast<int64_t>(splits[i].text.size()));
+    }
+    return corpus;
+  }
+
+  if (ids) {
+    // The given ids, then <mask>; the cache holds them as int32, checked once when made.
+    corpus.vocab_size = options.vocab_size + 1;
+    corpus.mask_token = static_cast<int32_t>(options.vocab_size);
+    const uint64_t vocab_hash = content_hash("ids " + std::to_string(options.vocab_size) + " " +
+                                             enum_name(options.ids_dtype));
+    for (size_t i = 0; i < 3; ++i) {
+      const std::string path = cache_path(std::string(kSplitNames[i]) + ".tokens");
+      const CacheKey key = split_key(Tokenizer::ids, vocab_hash, splits[i]);
+      const CacheFile file = open_or_build_cache(path, key, [&] {
+        const IdsLayout layout = ids_layout(splits[i], options.ids_dtype);
+        write_tokens(path, key, decode_ids(splits[i].where, splits[i].text, layout, options.vocab_size));
+      });
+      if (file.count == 0) throw ConfigError(splits[i].where + ": holds no token ids (an empty split)");
+      *streams[i] = token_stream(file, 0);  // no text behind the ids: no bytes to count
     }
     return corpus;
   }

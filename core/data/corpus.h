@@ -1,14 +1,18 @@
 // Corpora: tokenisation, splits and the on-disk token cache.
 //
-// Two tokenisers (core/data/tokenizer.h has the exact rules):
+// Three tokenisers (core/data/tokenizer.h has the rules of the first two):
 //  - word: WikiText format, as fairseq preprocesses it. Whitespace-separated tokens, an
 //    end-of-sentence token "<eos>" after every line (blank lines included), vocabulary from
 //    the training split only (sorted by descending count, ties by first appearance), unknown
 //    words mapped to "<unk>". Each split is one continuous stream (fairseq
 //    --sample-break-mode none).
 //  - byte: the UTF-8 bytes of any text file; ids 0..255 are the bytes.
+//  - ids: token ids made elsewhere (a BPE or unigram tokenizer, say): {train,valid,test}.bin,
+//    raw little-endian uint16 or uint32 (data.ids_dtype; nanoGPT's format), or .npy arrays of
+//    one dimension and an integer dtype, each id below data.vocab_size.
 // Special tokens: word level has <eos>, <unk>, <mask> (ids 0, 1, 2 in that order, then the
-// words); byte level has <mask> = 256. vocab_size counts them.
+// words); byte level has <mask> = 256; ids has <mask> = data.vocab_size, after the given ids.
+// vocab_size counts them.
 //
 // A corpus directory holds wiki.{train,valid,test}.tokens or {train,valid,test}.txt. A single
 // file is split into contiguous train/valid/test byte ranges by split_fractions, each cut moved
@@ -31,11 +35,19 @@
 namespace extrap {
 
 // The values are part of the token cache's format (core/data/token_cache.h).
-enum class Tokenizer : uint32_t { byte = 1, word = 2 };
+enum class Tokenizer : uint32_t { byte = 1, word = 2, ids = 3 };
 template <>
 struct EnumNames<Tokenizer> {
-  static constexpr std::array<std::pair<const char*, Tokenizer>, 2> table{
-      {{"byte", Tokenizer::byte}, {"word", Tokenizer::word}}};
+  static constexpr std::array<std::pair<const char*, Tokenizer>, 3> table{
+      {{"byte", Tokenizer::byte}, {"word", Tokenizer::word}, {"ids", Tokenizer::ids}}};
+};
+
+// The element type of a pre-tokenised .bin split (data.ids_dtype).
+enum class IdsType : uint32_t { uint16 = 2, uint32 = 4 };
+template <>
+struct EnumNames<IdsType> {
+  static constexpr std::array<std::pair<const char*, IdsType>, 2> table{
+      {{"uint16", IdsType::uint16}, {"uint32", IdsType::uint32}}};
 };
 
 enum class Split { train, valid, test };
@@ -50,6 +62,8 @@ struct CorpusOptions {
   Tokenizer tokenizer = Tokenizer::byte;
   std::string cache_dir = ".cache/extrap";
   std::vector<double> split_fractions = {0.9, 0.05, 0.05};  // single-file corpora only
+  int64_t vocab_size = 0;                 // ids: every id is below it (required)
+  IdsType ids_dtype = IdsType::uint16;    // ids: the element type of .bin splits
 };
 
 // What loading did with a cache file.
@@ -98,12 +112,16 @@ struct Corpus {
   int32_t mask_token = -1;
   int32_t eos_token = -1;               // word level only
   int32_t unk_token = -1;               // word level only
-  std::vector<std::string> vocabulary;  // word level: id -> word; byte level: empty
+  std::vector<std::string> vocabulary;  // word level: id -> word; byte level and ids: empty
   TokenStream train, valid, test;
   std::string cache_dir;                // where this corpus's cache files live
   CacheStatus vocabulary_cache = CacheStatus::not_cached;  // word level: the vocabulary file
 
   bool byte_level() const { return tokenizer == Tokenizer::byte; }
+  bool word_level() const { return tokenizer == Tokenizer::word; }
+  // Whether the corpus has text behind its ids (byte and word level): retrieval tasks, prompts
+  // as text and bits per byte need it.
+  bool has_text() const { return tokenizer != Tokenizer::ids; }
   const TokenStream& split(Split which) const;
   // A hash of the tokenizer and the vocabulary (id -> token): a model is only meaningful with
   // the vocabulary it was trained on.
@@ -111,8 +129,9 @@ struct Corpus {
   // What a trained model depends on: tokenizer, vocabulary hash, the training tokens' count
   // and hash (part of a run's fingerprint).
   YAML::Node identity() const;
-  // Human-readable form of a token (for samples and debugging): the word, "<mask>", or for byte
-  // level the raw byte, so that concatenating a byte sequence's texts gives back its UTF-8.
+  // Human-readable form of a token (for samples and debugging): the word, "<mask>", for byte
+  // level the raw byte, so that concatenating a byte sequence's texts gives back its UTF-8, and
+  // for ids the id in decimal.
   std::string token_text(int32_t id) const;
 };
 

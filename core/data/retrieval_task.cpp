@@ -89,6 +89,10 @@ uint64_t task_seed(std::initializer_list<uint64_t> values) {
 TaskGenerator::TaskGenerator(RetrievalTask task, const Corpus& corpus)
     : task_(task), corpus_(corpus) {
   if (task == RetrievalTask::none) throw ConfigError("retrieval task 'none' generates nothing");
+  if (!corpus.has_text())
+    throw ConfigError("retrieval task " + enum_name(task) + " writes text, and corpus '" + corpus.name +
+                      "' is pre-tokenised (data.tokenizer: ids): its ids have no words to write "
+                      "the task with");
   if (!corpus.byte_level()) {
     // The ids of every word the task can write, found in one pass over the vocabulary.
     std::string all = "0123456789 ";

@@ -148,7 +148,7 @@ ExportSummary export_run(const fs::path& run_dir, const fs::path& out, const Exp
   summary.file = out;
   summary.step = run.step;
   summary.tensors = tensors.size();
-  if (!corpus.byte_level()) {
+  if (corpus.word_level()) {
     std::string words = vocabulary_json(corpus);
     if (words.size() <= options.inline_vocabulary_bytes) {
       metadata["vocabulary"] = std::move(words);

@@ -16,12 +16,29 @@ void read_data_section(const OptionReader& root, Config& c) {
   r.read("cache_dir", c.data.cache_dir, "where tokenised splits are cached", Affects::nothing);
   r.read("split_fractions", c.data.split_fractions,
          "train/valid/test fractions when data.path is a single file");
+  r.read("vocab_size", c.data.vocab_size,
+         "tokenizer ids: the vocabulary size (every id in the splits is below it; required)");
+  r.read("ids_dtype", c.data.ids_dtype,
+         "tokenizer ids: the element type of {train,valid,test}.bin (.npy files say their own)");
   r.read("task", c.task,
          "synthetic retrieval task mixed into the training data (core/data/retrieval_task.h)");
   r.read("task_fraction", c.task_fraction,
          "share of training sequences that are task instances (1: the task alone)");
   r.finish();
   if (root.decoding()) {
+    if (c.data.tokenizer == Tokenizer::ids && c.data.vocab_size < 1)
+      r.fail("vocab_size", "is required with tokenizer ids: give the vocabulary size of the ids "
+                           "(e.g. 50257 for GPT-2's BPE)");
+    // (Written configs hold the defaults: only a value other than the default is refused.)
+    if (c.data.tokenizer != Tokenizer::ids &&
+        (c.data.vocab_size != 0 || c.data.ids_dtype != IdsType::uint16))
+      r.fail(c.data.vocab_size != 0 ? "vocab_size" : "ids_dtype",
+             "is an option of tokenizer ids (pre-tokenised splits); tokenizer " +
+                 enum_name(c.data.tokenizer) + " has its own vocabulary");
+    r.at_least("vocab_size", c.data.vocab_size, 0);
+    if (c.data.vocab_size > (int64_t(1) << 31) - 2)
+      r.fail("vocab_size", "must be below 2^31 - 1 (ids are int32), got " +
+                               std::to_string(c.data.vocab_size));
     r.in_range("task_fraction", c.task_fraction, 0, 1, "[]");
     if (c.task != RetrievalTask::none && c.task_fraction == 0)
       r.fail("task_fraction", "is 0 while data.task is " + enum_name(c.task) +
@@ -273,6 +290,10 @@ YAML::Node keys_affecting(const Config& config, std::initializer_list<Affects> k
   if (config.task == RetrievalTask::none) {
     remove_key(out, "data.task");
     remove_key(out, "data.task_fraction");
+  }
+  if (config.data.tokenizer != Tokenizer::ids) {  // keys added in 0.12
+    remove_key(out, "data.vocab_size");
+    remove_key(out, "data.ids_dtype");
   }
   return out;
 }

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <sstream>
 
 namespace po = boost::program_options;
 
@@ -21,6 +22,25 @@ namespace {
 // (none after the last unless the text ends with a newline); unknown words become <unk>.
 std::vector<int32_t> encode_prompt(const Corpus& corpus, const std::string& text) {
   if (corpus.byte_level()) return byte_tokens(text);
+  if (!corpus.has_text()) {
+    // Pre-tokenised corpora: the prompt is the ids themselves, separated by spaces.
+    std::vector<int32_t> tokens;
+    std::istringstream words(text);
+    for (std::string word; words >> word;) {
+      size_t used = 0;
+      long long id = -1;
+      try {
+        id = std::stoll(word, &used);
+      } catch (const std::exception&) {
+      }
+      if (used != word.size() || id < 0 || id >= corpus.vocab_size - 1)
+        throw ConfigError("--prompt: '" + word + "' is not a token id below " +
+                          std::to_string(corpus.vocab_size - 1) + " (corpus '" + corpus.name +
+                          "' is pre-tokenised: give the prompt as ids separated by spaces)");
+      tokens.push_back(int32_t(id));
+    }
+    return tokens;
+  }
   WordVocabulary vocabulary(corpus.vocabulary);
   std::vector<int32_t> tokens = vocabulary.encode(text);
   if (!tokens.empty() && tokens.back() == kWordEos && (text.empty() || text.back() != '\n'))
@@ -32,6 +52,7 @@ std::vector<int32_t> encode_prompt(const Corpus& corpus, const std::string& text
 // before it (a newline for <eos>).
 std::string token_output(const Corpus& corpus, int32_t token) {
   if (corpus.byte_level()) return corpus.token_text(token);
+  if (!corpus.has_text()) return " " + corpus.token_text(token);
   if (token == corpus.eos_token) return "\n";
   std::string text(1, ' ');
   text += corpus.token_text(token);
