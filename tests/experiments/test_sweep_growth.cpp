@@ -157,3 +157,45 @@ TEST_CASE("a shrunk sweep keeps its recorded points, kill -9 while growing loses
   require_one_line_error(out, "first difference at 'grid keys");
   CHECK(read_text(results) == before);
 }
+
+TEST_CASE("a results file of extrap 0.11 (numbered run ids) grows without training its points "
+          "again",
+          "[sweep][growth]") {
+  SweepDir d;
+  std::string out;
+  REQUIRE(run_cli(d, sweep_with(kOneAlibi), &out) == 0);
+  // The same run as 0.11 recorded it: id and run directory numbered by place in the grid.
+  fs::rename(d.root / "runs/tiny/alibi-seed1", d.root / "runs/tiny/00-alibi-seed1");
+  {
+    const ResultsStore now = ResultsStore::open((d.root / "results/tiny.h5").string());
+    RunRecord run = *now.run("alibi-seed1");
+    run.run_id = "00-alibi-seed1";
+    const std::string dir = "runs/tiny/alibi-seed1";
+    REQUIRE(run.config.find(dir) != std::string::npos);
+    run.config.replace(run.config.find(dir), dir.size(), "runs/tiny/00-alibi-seed1");
+    std::vector<PointRecord> points = now.points();
+    for (auto& p : points) p.run_id = run.run_id;
+    ResultsStore old = ResultsStore::open_or_create((d.root / "results/old.h5").string(), now.header());
+    old.write({run}, points);
+  }
+  std::vector<std::string> grown = kOneAlibi;
+  grown[1] = "grid.train.seed=[1, 2]";
+  std::vector<std::string> args = sweep_with(grown);
+  args.insert(args.end(), {"--out", "results/old.h5"});
+  REQUIRE(run_cli(d, args, &out) == 0);
+  CHECK_THAT(out, Catch::Contains("2 points (1 already complete, 1 trained now), 1 evaluations"));
+  // A new length: the recorded point is evaluated from its numbered run directory.
+  grown[2] = "eval.length_multiples=[1, 2]";
+  args = sweep_with(grown);
+  args.insert(args.end(), {"--out", "results/old.h5"});
+  REQUIRE(run_cli(d, args, &out) == 0);
+  CHECK_THAT(out, Catch::Contains("2 points (0 already complete, 0 trained now, 2 from finished "
+                                  "checkpoints), 2 evaluations"));
+  std::set<std::string> dirs;
+  for (const auto& e : fs::directory_iterator(d.root / "runs/tiny")) dirs.insert(e.path().filename().string());
+  CHECK(dirs == std::set<std::string>{"00-alibi-seed1", "alibi-seed2"});
+  const ResultsStore old = ResultsStore::open((d.root / "results/old.h5").string());
+  CHECK(old.runs().size() == 2);
+  CHECK(old.point("00-alibi-seed1", "nonoverlapping", 32) != nullptr);
+  CHECK(old.point("alibi-seed2", "nonoverlapping", 32) != nullptr);
+}
