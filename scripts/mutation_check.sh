@@ -107,7 +107,7 @@ core/attention/fused_cpu_attention.cpp | for (int64_t l = 0; l < kLanes; ++l) to
 core/kernels/bf16_gemm.cpp | std::memcpy(row + 2 * j, bits(src + j * ld + k), 2 * sizeof(uint16_t)); | std::memcpy(row + 2 * j, bits(src + j * ld + k), sizeof(uint16_t)); | packing a transposed bfloat16 B drops the second row of each pair
 core/kernels/cpu_vector_math.h | auto* bits = reinterpret_cast<uint16_t*>(to + r * to_stride); | auto* bits = reinterpret_cast<uint16_t*>(to + r * n); | narrow_rows() writes its rows at their own width, not the destination's stride
 core/eval/evaluator.cpp | auto t = flat_targets.index_select(0, scored.narrow(0, c, len)); | auto t = flat_targets.index_select(0, scored.narrow(0, 0, len)); | every logit chunk of a batch scored against the first chunk's targets
-core/data/token_cache.cpp | if (header.source_bytes != key.source_bytes || header.source_hash != key.source_hash) { | if (header.source_bytes != key.source_bytes) { | the token cache trusts its source's size alone (a same-size edit reuses stale tokens)
+core/data/token_cache.cpp | header.source_bytes == key.source_bytes && header.source_hash == key.source_hash; | header.source_bytes == key.source_bytes; | the token cache trusts its source's size alone (a same-size edit reuses stale tokens)
 experiments/sweep/sweep_spec.cpp | for (auto m : retrieval.length_multiples) instance_sizes.insert(m * point.config.train.seq_len); | for (auto m : retrieval.length_multiples) instance_sizes.insert(m * spec.base_config.train.seq_len); | retrieval instance lengths from the base config's training length, not the grid point's
 core/train/trainer.cpp | (loss / double(c.accumulation)).backward(); | if (a == 0) (loss / double(c.accumulation)).backward(); | only the first micro-batch of an accumulated step reaches the gradient
 core/eval/retrieval_eval.cpp | const TaskInstance& instance = trials[first + size_t(b)].instance; | const TaskInstance& instance = trials[size_t(b)].instance; | every retrieval batch is fed the first batch's instances
@@ -115,12 +115,12 @@ core/attention/fused_cpu_attention.cpp | const int64_t block = turn % 2 == 0 ? t
 core/runtime/cuda_support.cpp | if (mode == "0") return {State::switched_off, "EXTRAP_LOAD_CUDA=0"}; | if (mode == "x") return {State::switched_off, "EXTRAP_LOAD_CUDA=0"}; | EXTRAP_LOAD_CUDA=0 does not keep CUDA out
 core/attention/fused_cpu_attention.cpp | reach + coefficient * float(distance) < -kNegligible; } | reach + coefficient * float(distance) < kNegligible; } | the inference kernel skips key tiles of a linear bias that are not negligible
 core/train/trainer.cpp | state.loss_sum = checkpoint->state.pending_loss_sum; | state.loss_sum = 0; | a resumed run's first log point forgets the steps before the checkpoint
-core/run/metrics_log.cpp | if (line_step < 0 || line_step > step || line_step <= previous) break; | if (line_step < 0) break; | a resumed run keeps the metrics lines written after its checkpoint
+core/run/metrics_log.cpp | if (line_step > step) break; | if (false) break; | a resumed run keeps the metrics lines written after its checkpoint
 core/model/memory_estimate.cpp | return add(add(parameters, gradients), add(optimizer, activations)); | return parameters + gradients + optimizer + activations; | the memory estimate wraps negative for an absurd model and accepts it
 experiments/sweep/sweep.cpp | if (run.point_index == found->second->index) continue; | continue; | a grown sweep leaves recorded runs at their old places in the grid
 experiments/sweep/sweep_spec.cpp | out["base"] = spec["base"]; | ; | a sweep with another base config counts as the same sweep grown
 experiments/sweep/point_runner.cpp | out.reused = summary.resumed_from == summary.steps; | out.reused = false; | a finished checkpoint loaded to evaluate counts as trained now
-core/data/corpus.cpp | if (value < 0 || value >= vocab_size) | if (value < 0 || value > vocab_size) | a pre-tokenised id equal to data.vocab_size is taken (it is <mask>)
+core/data/corpus.cpp | value >= vocab_size) | value > vocab_size) | a pre-tokenised id equal to data.vocab_size is taken (it is <mask>)
 EOF
 )
 
@@ -128,6 +128,13 @@ mapfile -t LINES <<<"$MUTATIONS"
 if [[ ${1:-} == --texts ]]; then
   bad=0
   for n in "${!LINES[@]}"; do
+    # Four fields: a '|' inside a text (C++'s ||) would cut it and test another edit.
+    IFS='|' read -r -a fields <<<"${LINES[$n]}"
+    if ((${#fields[@]} != 4)); then
+      echo "mutation $((n + 1)): ${#fields[@]} fields, not 4 (a '|' inside a text?): ${LINES[$n]}"
+      bad=1
+      continue
+    fi
     IFS='|' read -r file before after what <<<"${LINES[$n]}"
     file=$(echo "$file" | xargs); before=$(echo "$before" | sed 's/^ //; s/ $//')
     count=$(BEFORE="$before" "$PYTHON" -c 'import os, sys; print(open(sys.argv[1]).read().count(os.environ["BEFORE"]))' "$ROOT/$file")

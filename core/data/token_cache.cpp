@@ -109,7 +109,9 @@ std::optional<CacheFile> open_cache(const std::string& path, const CacheKey& key
       header.tokenizer != static_cast<uint32_t>(key.tokenizer)) {
     return stale("made for another tokenizer or kind of file");
   }
-  if (header.source_bytes != key.source_bytes || header.source_hash != key.source_hash) {
+  const bool same_source =
+      header.source_bytes == key.source_bytes && header.source_hash == key.source_hash;
+  if (!same_source) {
     return stale("source changed: " + std::to_string(header.source_bytes) + " bytes, hash " +
                  hex64(header.source_hash) + " -> " + std::to_string(key.source_bytes) +
                  " bytes, hash " + hex64(key.source_hash));

@@ -31,7 +31,8 @@ size_t kept_prefix(const std::string& text, int64_t step) {
     const size_t end = text.find('\n', kept);
     if (end == std::string::npos) break;  // a torn last line
     const int64_t line_step = record_step(std::string_view(text).substr(kept, end - kept));
-    if (line_step < 0 || line_step > step || line_step <= previous) break;
+    if (line_step < 0 || line_step <= previous) break;  // not a record, or out of order
+    if (line_step > step) break;                        // written after the checkpoint
     previous = line_step;
     kept = end + 1;
   }
