@@ -18,11 +18,6 @@ namespace {
 constexpr int kManifestFormat = 1;
 const char* const kArchives[] = {"model.pt", "optimizer.pt", "rng.pt"};
 
-json curve_json(const std::vector<CurvePoint>& curve) {
-  json out = json::array();
-  for (const auto& p : curve) out.push_back({p.step, p.loss});
-  return out;
-}
 
 std::vector<CurvePoint> curve_from(const json& j) {
   std::vector<CurvePoint> curve;
@@ -114,6 +109,12 @@ void load_archive(const fs::path& path, Load&& load) {
 }
 
 }  // namespace
+
+nlohmann::json curve_json(const std::vector<CurvePoint>& curve) {
+  json out = json::array();
+  for (const auto& p : curve) out.push_back({p.step, p.loss});
+  return out;
+}
 
 void save_checkpoint(const fs::path& run_dir, const Config& config,
                      const CheckpointManifest& manifest, const CheckpointState& state,

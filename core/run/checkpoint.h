@@ -17,6 +17,8 @@
 #include "core/model/config.h"
 #include "core/model/model.h"
 
+#include <nlohmann/json.hpp>
+
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -43,6 +45,9 @@ struct CheckpointState {
   double pending_loss_sum = 0;
   int64_t pending_loss_count = 0;
 };
+
+// A loss curve as JSON: [[step, loss], ...] (state.json, `train --json`).
+nlohmann::json curve_json(const std::vector<CurvePoint>& curve);
 
 struct CheckpointManifest {
   int64_t step = 0;

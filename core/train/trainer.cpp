@@ -147,10 +147,7 @@ torch::Tensor Trainer::next_batch(Cursor& cursor, int64_t sequences, int64_t fir
                                   torch::Tensor& targets) {
   const TrainConfig& c = config_.train;
   const TokenStream& train = corpus_.train;
-  const int64_t blocks = (train.size() - 1) / c.seq_len;
-  if (blocks < 1 && !(tasks_ && config_.task_fraction >= 1))
-    throw ConfigError("the training split has " + std::to_string(train.size()) +
-                      " tokens: too few for train.seq_len " + std::to_string(c.seq_len));
+  const int64_t blocks = (train.size() - 1) / c.seq_len;  // at least 1 (the constructor checks)
   auto inputs = torch::empty({sequences, c.seq_len}, torch::kLong);
   targets = torch::empty({sequences, c.seq_len}, torch::kLong);
   auto in = inputs.accessor<int64_t, 2>();

@@ -147,12 +147,6 @@ int evaluate_all(TransformerLM& model, const Corpus& corpus, const Config& confi
   return failures;
 }
 
-nlohmann::json curve_points(const std::vector<CurvePoint>& curve) {
-  nlohmann::json out = nlohmann::json::array();
-  for (const auto& p : curve) out.push_back({p.step, p.loss});
-  return out;
-}
-
 // What `train --json` writes before the evaluation: the run and how its training went.
 nlohmann::json summary_json(const Config& config, const TrainSummary& summary) {
   return {{"run", config.train.out_dir},
@@ -165,8 +159,8 @@ nlohmann::json summary_json(const Config& config, const TrainSummary& summary) {
           {"tokens_per_second", summary.tokens_per_second},
           {"seconds", summary.seconds},
           {"peak_memory_bytes", summary.peak_memory_bytes},
-          {"train_curve", curve_points(summary.train_curve)},
-          {"valid_curve", curve_points(summary.valid_curve)},
+          {"train_curve", curve_json(summary.train_curve)},
+          {"valid_curve", curve_json(summary.valid_curve)},
           {"metrics", (fs::path(config.train.out_dir) / "metrics.jsonl").string()},
           {"evaluation", nullptr}};
 }
