@@ -94,6 +94,11 @@ torch::Tensor materialize_bias_block(const AttentionBias& bias, int64_t num_head
                                      torch::TensorOptions options) {
   if (!options.has_dtype()) options = options.dtype(torch::kFloat32);
   const auto inf = std::numeric_limits<float>::infinity();
+  // Positions and distances in float32 at least (exact to 2^24), whatever the output type:
+  // bfloat16 holds integers exactly only to 256, so a bf16 bias built from bf16 positions
+  // would give tokens 257 and 258 apart the distance of 256 and 260. Rounded once at the end.
+  const auto out_dtype = options.dtype_opt().value();
+  options = options.dtype(out_dtype == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32);
   auto i = torch::arange(q0, q1, options).view({1, -1, 1});  // (1, Tq, 1)
   auto j = torch::arange(k0, k1, options).view({1, 1, -1});  // (1, 1, Tk)
   auto left = (j <= i);                                       // (1, Tq, Tk)
@@ -145,7 +150,7 @@ torch::Tensor materialize_bias_block(const AttentionBias& bias, int64_t num_head
     }
   }
   if (causal) out = out.masked_fill(left.logical_not(), -inf);
-  return out;
+  return out.to(out_dtype);
 }
 
 torch::Tensor materialize_bias(const AttentionBias& bias, int64_t num_heads, int64_t tq,

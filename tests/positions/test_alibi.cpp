@@ -72,6 +72,22 @@ TEST_CASE("causal ALiBi bias matrix on small cases", "[alibi]") {
   }
 }
 
+TEST_CASE("a bias materialised in bfloat16 is the exact bias rounded once, past position 256", "[alibi]") {
+  // bfloat16 holds integers exactly only to 256: positions must not be formed in it.
+  const int heads = 4, T = 600;  // slopes 2^-2 .. 2^-8: every product exact in float32
+  auto method = make("alibi_symmetric", heads, /*causal=*/false);
+  const auto bias = materialize_bias(method->bias(layer_window(0, T)), heads, T, T, /*causal=*/false,
+                                     torch::TensorOptions().dtype(torch::kBFloat16));
+  REQUIRE(bias.scalar_type() == torch::kBFloat16);
+  const auto got = bias.to(torch::kFloat32);
+  auto expected = torch::empty({heads, T, T}, torch::kFloat64);
+  auto e = expected.accessor<double, 3>();
+  for (int h = 0; h < heads; ++h)
+    for (int i = 0; i < T; ++i)
+      for (int j = 0; j < T; ++j) e[h][i][j] = -expected_slope(heads, h) * std::abs(i - j);
+  CHECK(torch::equal(got, expected.to(torch::kFloat32).to(torch::kBFloat16).to(torch::kFloat32)));
+}
+
 TEST_CASE("causal ALiBi is refused in bidirectional mode with a suggestion", "[alibi]") {
   try {
     make("alibi", 4, /*causal=*/false);
