@@ -68,8 +68,9 @@ cuda::TensorView view_of(const torch::Tensor& t) {
   return {t.data_ptr(), t.stride(0), t.stride(1), t.stride(2)};
 }
 
+// Absent slopes: undefined, or the empty placeholder apply_fused passes for them.
 torch::Tensor device_slopes(const torch::Tensor& slopes, torch::Device device) {
-  if (!slopes.defined()) return {};
+  if (!slopes.defined() || slopes.numel() == 0) return {};
   return slopes.detach().to(device, torch::kFloat32).contiguous();
 }
 
@@ -216,7 +217,12 @@ torch::Tensor apply_fused(const torch::Tensor& q, const torch::Tensor& k, const 
   const std::string problem = input_problem(q, k, v);
   TORCH_CHECK(problem.empty(), "fused attention: ", problem);
   TORCH_CHECK(plan.unsupported.empty(), "fused attention: ", plan.unsupported);
-  return FusedAttentionFunction::apply(q, k, v, slopes_left, slopes_right,
+  // Function::apply records the device of every tensor argument (PyTorch 2.11 fails on an
+  // undefined one: "tensor does not have a device"), so absent slopes travel as empty tensors.
+  const auto present = [](const torch::Tensor& slopes) {
+    return slopes.defined() ? slopes : torch::empty({0}, torch::kFloat32);
+  };
+  return FusedAttentionFunction::apply(q, k, v, present(slopes_left), present(slopes_right),
                                        static_cast<int64_t>(plan.flash.mode), causal,
                                        bits_of(plan.flash), plan.slope_grads);
 }
