@@ -249,6 +249,15 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
   if (Float32Region fp32(q.device().type()); fp32.was_autocast()) {
     if (q.scalar_type() == torch::kBFloat16 && fused_cpu_takes(q, k, v, bias, options))
       return fused_cpu_attention(q, k, v, bias, options);
+    // On a GPU the fused kernels take bfloat16 q, k and v and compute the scores, the bias and
+    // the softmax in float32 (as FlashAttention and SDPA do under autocast).
+    if (q.is_cuda() && cuda_attention() &&
+        (options.backend == AttentionBackend::Auto || options.backend == AttentionBackend::Fused) &&
+        !(options.training && options.dropout > 0) && q.size(2) == k.size(2)) {
+      const auto qb = q.to(torch::kBFloat16), kb = k.to(torch::kBFloat16), vb = v.to(torch::kBFloat16);
+      if (cuda_attention()->unsupported_reason(qb, kb, vb, bias, options.causal).empty())
+        return cuda_attention()->attention(qb, kb, vb, bias, options.causal);
+    }
     return attention(q.to(torch::kFloat32), k.to(torch::kFloat32), v.to(torch::kFloat32), bias, options);
   }
   // Fewer queries than keys (decoding with a KV cache): the queries are the last keys. Only
