@@ -295,12 +295,19 @@ void ProcessGroup::fail(const std::string& what, const std::string& error) {
 void ProcessGroup::each_tensor(std::vector<torch::Tensor>& tensors, const std::string& what,
                                bool reduce) {
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  // NCCL takes device tensors only: a CPU tensor (a step's loss, the failure flags, an
+  // evaluation's sums) goes through this rank's GPU and back.
+  std::vector<torch::Tensor> staged;
+  staged.reserve(tensors.size());
   try {
     for (auto& t : tensors) {
-      std::vector<at::Tensor> one{t};
+      staged.push_back(device_.is_cuda() && !t.is_cuda() ? t.to(device_) : t);
+      std::vector<at::Tensor> one{staged.back()};
       works.push_back(reduce ? state_->backend->allreduce(one) : state_->backend->broadcast(one));
     }
     for (auto& w : works) w->wait();
+    for (size_t i = 0; i < tensors.size(); ++i)
+      if (!staged[i].is_same(tensors[i])) tensors[i].copy_(staged[i]);
   } catch (const std::exception& e) {
     fail(what, error_text(e));
   }
