@@ -190,14 +190,26 @@ VerifiedCheckpoint require_checkpoint(const fs::path& run_dir) {
   return std::move(*found);
 }
 
+namespace {
+// The device of a module's or optimiser's first parameter (the CPU when it has none).
+torch::Device device_of(const std::vector<torch::Tensor>& parameters) {
+  return parameters.empty() ? torch::Device(torch::kCPU) : parameters.front().device();
+}
+}  // namespace
+
+// Checkpoints load onto the device the model is on now, not the one they were saved from: a
+// run trained on a GPU evaluates on a CPU and the other way round.
 void load_model(const VerifiedCheckpoint& c, TransformerLM& model) {
-  load_archive(c.dir / "model.pt", [&](const std::string& p) { torch::load(model, p); });
+  const torch::Device device = device_of(model->parameters());
+  load_archive(c.dir / "model.pt", [&](const std::string& p) { torch::load(model, p, device); });
 }
 
 void load_optimizer(const VerifiedCheckpoint& c, torch::optim::Optimizer& optimizer) {
   const fs::path path = c.dir / "optimizer.pt";
   if (!fs::exists(path)) throw ConfigError(path.string() + ": missing (needed to resume)");
-  load_archive(path, [&](const std::string& p) { torch::load(optimizer, p); });
+  const torch::Device device =
+      optimizer.param_groups().empty() ? torch::Device(torch::kCPU) : device_of(optimizer.param_groups().front().params());
+  load_archive(path, [&](const std::string& p) { torch::load(optimizer, p, device); });
 }
 
 void load_rng(const VerifiedCheckpoint& c) {

@@ -83,7 +83,8 @@ int task(const Args& args) {
 
 int evaluate_retrieval_all(TransformerLM& model, const Corpus& corpus, RetrievalSpec spec,
                            const std::vector<int64_t>& lengths, int64_t train_length,
-                           RopeScalingKind rope, double rope_factor, nlohmann::json* rows) {
+                           RopeScalingKind rope, double rope_factor, nlohmann::json* rows,
+                           torch::Device device) {
   check_retrieval_spec(spec);
   std::printf("%-10s", "length");
   for (double d : spec.depths) std::printf(" %8s", (number_text(d) + "%").c_str());
@@ -94,7 +95,7 @@ int evaluate_retrieval_all(TransformerLM& model, const Corpus& corpus, Retrieval
     std::string failure;
     try {
       spec.rope_scaling = rope_scaling_for(rope, rope_factor, train_length, length);
-      const RetrievalResult r = evaluate_retrieval(model, corpus, spec);
+      const RetrievalResult r = evaluate_retrieval(model, corpus, spec, device);
       std::printf("%-10lld", (long long)length);
       nlohmann::json cells = nlohmann::json::array();
       for (const auto& c : r.cells) {

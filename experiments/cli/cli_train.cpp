@@ -1,6 +1,7 @@
 // `extrap train` and `extrap eval`.
 #include "core/base/files.h"
 #include "core/eval/evaluator.h"
+#include "core/runtime/cuda_support.h"
 #include "core/runtime/sysinfo.h"
 #include "core/train/trainer.h"
 #include "experiments/cli/commands.h"
@@ -238,7 +239,7 @@ namespace {
 
 // What `extrap eval` was asked for, as given on the command line.
 struct EvalOptions {
-  std::string run_dir, split = "valid", attention, json_path;
+  std::string run_dir, split = "valid", attention, json_path, device;
   std::vector<int64_t> lengths, strides;
   std::vector<std::string> rope_names;
   double rope_factor = 0;
@@ -263,6 +264,7 @@ bool parse_eval_options(const Args& args, EvalOptions& opt) {
       ("batch-tokens", po::value(&opt.batch_tokens), "tokens per forward pass")
       ("attention", po::value(&opt.attention), "force an attention path: reference | efficient | auto")
       ("threads", po::value(&opt.threads), "CPU threads (default: all cores)")
+      ("device", po::value(&opt.device), "cpu | cuda (default: the device the run trained on)")
       ("rope-scaling", po::value(&opt.rope_names)->multitoken(),
        "RoPE scaling variant(s) for a rotary or xpos model: none linear ntk dynamic yarn llama3 "
        "(each evaluated in turn)")
@@ -374,6 +376,15 @@ int eval(const Args& args) {
   Corpus corpus = load_corpus(config.data);
   LoadedRun run = load_run(checkpoint, corpus);
   apply_eval_options(opt, which, variants, config, run);
+  // The device the run trained on unless --device names another; the checkpoint loads on the CPU.
+  const Device where = opt.device.empty() ? config.train.device : parse_enum<Device>(opt.device, "--device");
+  if (const std::string why_not = where == Device::cuda ? cuda_unavailable_reason() : "";
+      !why_not.empty())
+    throw ConfigError(opt.device.empty()
+                          ? opt.run_dir + " trained on cuda, but " + why_not + ": pass --device cpu to evaluate it here"
+                          : "--device cuda, but " + why_not);
+  const torch::Device device = torch_device(where);
+  run.model->to(device);
   std::cout << "run " << opt.run_dir << " (" << config.position_name << ", trained " << run.step
             << " steps at L = " << config.train.seq_len << "):\n";
   nlohmann::json rows = nlohmann::json::array();
@@ -387,7 +398,8 @@ int eval(const Args& args) {
     std::cout << "retrieval task " << opt.retrieval << ": " << retrieval_spec.samples
               << " instances per depth, seed " << retrieval_spec.seed << "\n";
     failures = evaluate_retrieval_all(run.model, corpus, retrieval_spec, opt.lengths,
-                                      config.train.seq_len, variants.front(), given_factor, &rows);
+                                      config.train.seq_len, variants.front(), given_factor, &rows,
+                                      device);
     document["retrieval"] = opt.retrieval;
     document["samples"] = retrieval_spec.samples;
     document["seed"] = retrieval_spec.seed;
@@ -395,7 +407,7 @@ int eval(const Args& args) {
                                    ? std::string("none")
                                    : rope_variant_label(variants.front(), given_factor);
   } else {
-    failures = evaluate_all(run.model, corpus, config, torch::kCPU, opt.strides.empty(), &rows,
+    failures = evaluate_all(run.model, corpus, config, device, opt.strides.empty(), &rows,
                             variants, given_factor, "--max-tokens");
     document["split"] = enum_name(which);
     document["max_tokens"] = config.eval.max_tokens;

@@ -50,10 +50,12 @@ int launch_local_ranks(int nproc, const std::string& command, const Args& args);
 
 // `extrap eval --retrieval`: one row of accuracy by depth per length (each with the RoPE
 // scaling `rope` at `rope_factor`, or the length's own factor); a failure prints its reason in
-// place of the row. Returns the number of failures; rows go to `rows` when given.
+// place of the row. Returns the number of failures; rows go to `rows` when given. The model
+// is on `device`.
 int evaluate_retrieval_all(TransformerLM& model, const Corpus& corpus, RetrievalSpec spec,
                            const std::vector<int64_t>& lengths, int64_t train_length,
-                           RopeScalingKind rope, double rope_factor, nlohmann::json* rows);
+                           RopeScalingKind rope, double rope_factor, nlohmann::json* rows,
+                           torch::Device device);
 
 // Parses `args` against `options` (+ positional names, + `hidden` options that --help does
 // not show). Returns false after printing help when --help was given. Unknown options and

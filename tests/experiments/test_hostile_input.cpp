@@ -162,6 +162,26 @@ TEST_CASE("eval: a stride longer than a length scores non-overlapping windows th
   // --max-tokens is credited to itself, not to the run's config.
   CHECK_THAT(out, Catch::Contains("scoring the first 500 of 2400 tokens of the valid split (--max-tokens)"));
 
+  // --device: the CPU explicitly gives the same numbers; a device this machine lacks, or one
+  // extrap does not know, is refused in one line.
+  std::string by_default, on_cpu;
+  REQUIRE(run_cli(d, {"eval", "--checkpoint", "runs/a", "-L", "16", "--max-tokens", "500"}, &by_default) == 0);
+  REQUIRE(run_cli(d, {"eval", "--checkpoint", "runs/a", "-L", "16", "--max-tokens", "500", "--device", "cpu"},
+                  &on_cpu) == 0);
+  const auto row = [](const std::string& text) {  // the row at L 16 without its seconds
+    const size_t at = text.find("\n16 ");
+    return at == std::string::npos ? std::string() : text.substr(at, text.find(" 0.", at) - at);
+  };
+  CHECK_FALSE(row(by_default).empty());
+  CHECK(row(on_cpu) == row(by_default));
+  if (!torch::cuda::is_available()) {
+    CHECK(run_cli(d, {"eval", "--checkpoint", "runs/a", "-L", "16", "--device", "cuda"}, &out) == 2);
+    require_one_line_error(out, "--device cuda, but ");
+  }
+  CHECK(run_cli(d, {"eval", "--checkpoint", "runs/a", "-L", "16", "--device", "tpu"}, &out) == 2);
+  require_one_line_error(out, "--device");
+  CHECK_THAT(out, Catch::Contains("tpu"));
+
   // A sweep whose points would evaluate nothing is refused.
   CHECK(run_cli(d, {"sweep", "tiny.yaml", "--set", "eval.nonoverlapping=false", "--set",
                     "eval.strides=[64]"},
