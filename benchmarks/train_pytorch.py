@@ -93,8 +93,8 @@ class LM(nn.Module):
         if self.position != "alibi":
             return None
         if T != self.mask_length:
-            i = torch.arange(T).view(T, 1)
-            j = torch.arange(T).view(1, T)
+            i = torch.arange(T, device=self.slopes.device).view(T, 1)
+            j = torch.arange(T, device=self.slopes.device).view(1, T)
             bias = -self.slopes.view(-1, 1, 1) * (i - j).abs()
             if self.causal:
                 bias = bias.masked_fill(j > i, float("-inf"))
@@ -105,8 +105,9 @@ class LM(nn.Module):
         T = tokens.shape[1]
         x = self.embedding(tokens) * math.sqrt(self.d)
         if self.position == "sinusoidal":
-            pos = torch.arange(T, dtype=torch.float64).unsqueeze(1)
-            inv = torch.exp(torch.arange(0, self.d // 2, dtype=torch.float64) * (-2 * math.log(10000.0) / self.d))
+            pos = torch.arange(T, dtype=torch.float64, device=x.device).unsqueeze(1)
+            inv = torch.exp(torch.arange(0, self.d // 2, dtype=torch.float64, device=x.device)
+                            * (-2 * math.log(10000.0) / self.d))
             x = x + torch.stack([(pos * inv).sin(), (pos * inv).cos()], -1).flatten(1).float()
         x = F.dropout(x, self.dropout, self.training)
         mask = self.attention_mask(T)
@@ -131,7 +132,7 @@ def load_config(path, overrides):
     if not model["tie_embeddings"]:
         raise SystemExit("train_pytorch.py implements tied embeddings only")
     train = dict(seq_len=256, batch_tokens=8192, accumulation=1, lr=1e-3, weight_decay=0.01, clip=1.0,
-                 threads=0, seed=1, precision="fp32")
+                 threads=0, seed=1, precision="fp32", device="cpu")
     train.update({k: v for k, v in cfg.get("train", {}).items() if k in train})
     position = cfg.get("position", "alibi")
     if isinstance(position, dict):
@@ -147,6 +148,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--vocab", type=int, default=257)
     ap.add_argument("--compile", action="store_true", help="run the model under torch.compile (Inductor)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                    help="default: the config's train.device (cpu when unset); on cuda each step is "
+                         "synchronised before its time is read and peak memory is the CUDA allocator's")
     ap.add_argument("--precision", choices=["fp32", "bf16"], default=None,
                     help="bf16: matrix products under torch.autocast (bfloat16), fp32 master weights; "
                          "default: the config's train.precision (fp32 when unset)")
@@ -160,7 +164,8 @@ def main():
     threads = t["threads"] or len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)
     torch.manual_seed(t["seed"])
-    model = LM(args.vocab, m, position)
+    device = torch.device(args.device or t["device"])
+    model = LM(args.vocab, m, position).to(device)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=t["lr"], weight_decay=t["weight_decay"], fused=True)
     forward = torch.compile(model) if args.compile else model
@@ -169,8 +174,8 @@ def main():
     def step():
         opt.zero_grad()
         for _ in range(t["accumulation"]):
-            tokens = torch.randint(0, args.vocab, (seqs, t["seq_len"] + 1))
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            tokens = torch.randint(0, args.vocab, (seqs, t["seq_len"] + 1), device=device)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
                 logits = forward(tokens[:, :-1])
             loss = F.cross_entropy(logits.reshape(-1, args.vocab), tokens[:, 1:].reshape(-1))
             (loss / t["accumulation"]).backward()
@@ -178,14 +183,22 @@ def main():
             nn.utils.clip_grad_norm_(model.parameters(), t["clip"])
         opt.step()
 
+    def synchronize():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
     start = time.perf_counter()
     for _ in range(max(args.warmup, 1)):
         step()
+    synchronize()
     warmup_seconds = time.perf_counter() - start
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     times = []
     for _ in range(args.steps):
         t0 = time.perf_counter()
         step()
+        synchronize()
         times.append(time.perf_counter() - t0)
     median = statistics.median(times)
     tokens = seqs * t["accumulation"] * t["seq_len"]
@@ -193,11 +206,17 @@ def main():
     mode = "compiled (Inductor)" if args.compile else "eager"
     print(f"pytorch {torch.__version__} {mode}: {params} parameters, position {position}, "
           f"{seqs} sequences x {t['seq_len']} tokens x {t['accumulation']} accumulation, {threads} threads, "
-          f"{precision}")
+          f"{precision}, device {device}" + (f" ({torch.cuda.get_device_name()})" if device.type == "cuda" else ""))
     print(f"warm-up: {max(args.warmup, 1)} steps in {warmup_seconds:.1f} s (compilation included)")
     print(f"step time: median {median:.4f} s (min {min(times):.4f}, max {max(times):.4f}) over {args.steps} steps")
     print(f"tokens/s: {tokens / median:.0f}")
     print(f"peak memory: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.1f} MiB")
+    if device.type == "cuda":
+        print(f"peak CUDA memory: {torch.cuda.max_memory_allocated() / 2**20:.1f} MiB")
+        # 6 x parameters a token (the tied embedding counted once) plus attention's two
+        # products, 12 x layers x T x d_model a token, halved when causal: as extrap counts.
+        per_token = 6 * params + 12 * m["layers"] * t["seq_len"] * m["d_model"] * 0.5
+        print(f"model FLOPs: {per_token:.3g} a token, {per_token * tokens / median / 1e12:.1f} TFLOP/s")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,10 @@
 // device memory of one attention call, forward and forward+backward, for
 //   fused-alibi  the fused kernels, ALiBi slopes computed in the kernel
 //   fused-none   the fused kernels, no bias (the cost of ALiBi is the difference)
+//   fused-learned the fused kernels with the slopes as a tensor that requires grad (learned
+//                slopes: per-head direction bits, and the backward also sums the slope gradients)
+//   sdpa         torch's scaled_dot_product_attention without a bias (is_causal when causal) on
+//                the backend LibTorch picks (flash on sm_80+): the no-bias ceiling
 //   sdpa-bias    torch's scaled_dot_product_attention with the ALiBi bias materialised as an
 //                (H, T, T) tensor (LibTorch >= 2.0 only)
 //   reference    attention_reference: matmul, materialised bias, softmax, matmul
@@ -133,7 +137,7 @@ using AttentionFn = std::function<torch::Tensor(const torch::Tensor&, const torc
 // The command line of `extrap bench attention --device cuda`.
 struct CudaBenchOptions {
   std::string device = "cuda", lengths_text = "512,1024,2048,4096,8192,16384";
-  std::string head_dims_text = "64,128", impls_text = "fused-alibi,fused-none,sdpa-bias,reference";
+  std::string head_dims_text = "64,128", impls_text = "fused-alibi,fused-none,fused-learned,sdpa,sdpa-bias,reference";
   std::string passes_text = "forward,forward+backward", dtype_name = "bf16";
   std::string out_path = "benchmarks/results/attention_cuda.jsonl";
   int64_t tokens = 16384, heads = 16;
@@ -191,7 +195,8 @@ CudaBenchPlan plan_from_options(const CudaBenchOptions& o) {
   plan.head_dims = split_ints(o.head_dims_text, "head-dims");
   plan.impls = split(o.impls_text);
   plan.passes = split(o.passes_text);
-  const std::set<std::string> known_impls{"fused-alibi", "fused-none", "sdpa-bias", "reference"};
+  const std::set<std::string> known_impls{"fused-alibi", "fused-none", "fused-learned", "sdpa",
+                                          "sdpa-bias", "reference"};
   for (const auto& impl : plan.impls)
     if (!known_impls.count(impl)) throw std::invalid_argument("unknown --impls entry '" + impl + "'");
   for (const auto& pass : plan.passes)
@@ -245,6 +250,20 @@ AttentionFn attention_fn(const std::string& impl, bool causal, const AttentionBi
     fn = [causal](const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c) {
       return cuda_attention()->attention(a, b, c, AttentionBias::none(), causal);
     };
+  } else if (impl == "fused-learned") {
+    // Slopes as a leaf that requires grad: the kernels take per-head bits and sum dslope.
+    const auto learned = alibi.slopes_left.detach().clone().requires_grad_(true);
+    const AttentionBias bias =
+        causal ? AttentionBias::linear_causal(learned) : AttentionBias::linear_symmetric(learned);
+    fn = [bias, causal](const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c) {
+      return cuda_attention()->attention(a, b, c, bias, causal);
+    };
+  } else if (impl == "sdpa") {
+#if TORCH_VERSION_MAJOR >= 2
+    fn = [causal](const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c) {
+      return at::scaled_dot_product_attention(a, b, c, {}, 0.0, causal);
+    };
+#endif
   } else if (impl == "reference") {
     AttentionOptions attention_options;
     attention_options.causal = causal;

@@ -16,6 +16,10 @@
 #include "experiments/bench/bench_util.h"
 #include "experiments/cli/commands.h"
 
+#ifdef EXTRAP_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -112,20 +116,25 @@ void print_step_paths(const Config& config, const torch::Device& device, const t
 // Model FLOPs utilisation: 6 x parameters a token (forward and backward products, the tied
 // embedding counted once, as the output projection), plus attention's q.k and p.v products,
 // 12 x layers x T x d_model a token, halved when causal; over the large-matrix-product rate
-// of this machine measured now, in the training precision. CPU only.
+// of this machine (the CPU, or the GPU the model is on) measured now, in the training precision.
 void print_model_flops(const Config& config, const TransformerLM& model, double tokens, double median,
-                       int threads) {
+                       int threads, const torch::Device& device) {
   const TrainConfig& t = config.train;
   const auto& m = config.model;
   const double attention = 12.0 * double(m.layers * t.seq_len * m.d_model) * (m.causal() ? 0.5 : 1.0);
   const double per_token = 6.0 * double(model->num_parameters()) + attention;
   const double achieved = per_token * tokens / median / 1e9;
   const auto dtype = t.precision == Precision::bf16 ? torch::kBFloat16 : torch::kFloat32;
-  const auto rate = bench::matrix_product_gflops(dtype);
+  const auto rate = bench::matrix_product_gflops(dtype, device);
   const double peak = rate.gflops;
+  const long long n = rate.size;
   std::printf("model FLOPs: %.3g a token, %.1f GFLOP/s\n", per_token, achieved);
-  std::printf("matrix-product rate: %.1f GFLOP/s (%s 1024 x 1024 x 1024 through %s, %d threads)\n", peak,
-              enum_name(t.precision).c_str(), rate.library.c_str(), threads);
+  if (device.is_cuda())
+    std::printf("matrix-product rate: %.1f GFLOP/s (%s %lld x %lld x %lld through %s)\n", peak,
+                enum_name(t.precision).c_str(), n, n, n, rate.library.c_str());
+  else
+    std::printf("matrix-product rate: %.1f GFLOP/s (%s %lld x %lld x %lld through %s, %d threads)\n", peak,
+                enum_name(t.precision).c_str(), n, n, n, rate.library.c_str(), threads);
   std::printf("MFU: %.2f\n", achieved / peak);
 }
 
@@ -177,7 +186,15 @@ int bench_train(const Args& args) {
   std::printf("step time: median %.4f s (min %.4f, max %.4f) over %lld steps\n", median, seconds.front(),
               seconds.back(), (long long)o.steps);
   std::printf("tokens/s: %.0f\npeak memory: %.1f MiB\n", tokens / median, peak_rss_bytes() / 1048576.0);
-  if (device.is_cpu()) print_model_flops(config, model, tokens, median, threads);
+#ifdef EXTRAP_WITH_CUDA
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
+    // Index 0 of the statistic arrays is the aggregate over all pools (StatType::AGGREGATE).
+    std::printf("peak CUDA memory: %.1f MiB (allocated; the caching allocator's peak)\n",
+                double(stats.allocated_bytes[0].peak) / 1048576.0);
+  }
+#endif
+  print_model_flops(config, model, tokens, median, threads, device);
   if (o.profile > 0) bench::print_operator_profile(step, o.profile, 40);
   return 0;
 }

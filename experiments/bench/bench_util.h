@@ -63,8 +63,10 @@ CallMeasurement measure_call(const std::function<void()>& call, int repeats);
 // The denominator of model FLOPs utilisation.
 struct MatrixProductRate {
   double gflops;
-  std::string library;  // "oneDNN" or "LibTorch's mm"
+  std::string library;  // "oneDNN", "LibTorch's mm" or "cuBLAS"
+  int64_t size = 1024;  // n of the n x n x n product
 };
-MatrixProductRate matrix_product_gflops(torch::Dtype dtype);
+// On a CUDA device: 8192 x 8192 x 8192 through LibTorch's mm (cuBLAS), on random data.
+MatrixProductRate matrix_product_gflops(torch::Dtype dtype, const torch::Device& device = torch::kCPU);
 
 }  // namespace extrap::bench
