@@ -7,10 +7,12 @@
 #
 #   bash scripts/gpu/run_on_device.sh [STAGE...]     (default: build test sanitize bench)
 #
-# One device command may run 10 minutes; a cold build takes a few. Two calls in a row fit:
-#   bash scripts/gpu/run_on_device.sh build test sanitize
+# One device command may run 10 minutes; a cold build takes 2-3. Carry .debs and data:
+#   bash scripts/gpu/run_on_device.sh build test smoke sanitize
 #   bash scripts/gpu/run_on_device.sh build bench
-# (the second finds build-gpu/ still there if the machine is still warm).
+#   bash scripts/gpu/run_on_device.sh build flow trainbench
+# A call that follows within the machine's warm window (30 s) finds build-gpu/ still there
+# and only relinks.
 #
 # Stages (each logs to $OUT/<stage>.log and prints a summary line; build is incremental, so
 # a later call on a still-warm machine only relinks):
@@ -18,9 +20,20 @@
 #             tests and benchmark; $OUT/device.txt gets the GPU, versions and the kernels'
 #             register / shared-memory / spill report
 #   test      extrap_cuda_tests (every [cuda] test)
+#   smoke     `extrap train` on CUDA (bf16, configs/train_quick.yaml, 200 steps, evaluation to
+#             16x L; needs data/pydoc: carry "data") -> $OUT/train_cuda.json
+#   flow      rotary trained on CUDA, eval with windows and YaRN, one NCCL rank, a small sweep
+#   trainbench  extrap bench train against benchmarks/train_pytorch.py (eager, compiled)
 #   sanitize  compute-sanitizer memcheck and racecheck on the [sanitize] subset
 #   bench     extrap bench attention --device cuda -> $OUT/attention_cuda.jsonl (copy it to
 #             benchmarks/results/ on the development machine)
+#   pybench   benchmarks/attention_pytorch.py (FlexAttention, SDPA per backend, SDPA with a
+#             bias) -> $OUT/attention_pytorch.jsonl
+# What fitted on an H100, 2026-11-25: "build test smoke sanitize" (cold build 125-155 s, all
+# of it 160 s); then "build test sanitize bench pybench" with PYBENCH_ARGS="--head-dims 128
+# --lengths 4096,16384" ran out of the 10 minutes inside pybench (FlexAttention compiles each
+# shape, and its learned-slopes backward took ~1 s a call); "build flow trainbench" with
+# TRAINBENCH_ROUNDS=1 took 320 s cold.
 # Extra arguments for the benchmark: BENCH_ARGS="--lengths 512,2048 --head-dims 128".
 # shellcheck disable=SC2317  # the stage_* functions are called by name
 set -uo pipefail
@@ -124,13 +137,95 @@ stage_test() {
 stage_sanitize() {
   local rc=0 tool
   for tool in memcheck racecheck; do
-    timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 99 \
+    timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 99 \
       "$BUILD/tests/extrap_cuda_tests" "[sanitize]" >"$OUT/$tool.log" 2>&1
     local r=$?
     echo "$tool: exit $r"
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race|hazard" "$OUT/$tool.log" | head -10
     ((r == 0)) || rc=1
   done
+  return "$rc"
+}
+
+stage_smoke() {
+  # The trainer on CUDA, end to end: bf16 autocast, the fused attention, evaluation to 16x L.
+  local log=$OUT/smoke.log
+  {
+    "$BUILD/extrap" --version
+    python3 -c 'import torch; from torch.nn.attention.flex_attention import flex_attention; print("flex_attention: importable, torch", torch.__version__)'
+    [[ -d data/pydoc ]] || { echo "no data/pydoc: carry data"; return 1; }
+    "$BUILD/extrap" train --config configs/train_quick.yaml --overwrite --json "$OUT/train_cuda.json" \
+      --set train.device=cuda --set train.precision=bf16 --set train.steps=200 \
+      --set train.out_dir="$BUILD/runs/smoke-alibi"
+  } >"$log" 2>&1
+  local rc=$?
+  tail -30 "$log"
+  return "$rc"
+}
+
+stage_flow() {
+  # The rest of a researcher's CUDA journey: a bias-free method (rotary) trained, evaluation
+  # with sliding windows and a RoPE scaling, one NCCL rank, and a small sweep to HDF5.
+  local log=$OUT/flow.log runs=$BUILD/runs
+  {
+    set -x
+    "$BUILD/extrap" train --config configs/train_quick.yaml --overwrite --no-eval \
+      --set train.device=cuda --set train.precision=bf16 --set train.steps=100 \
+      --set position.name=rotary --set train.out_dir="$runs/flow-rotary" &&
+    "$BUILD/extrap" eval --checkpoint "$runs/flow-rotary" --length 64 1024 --stride 32 \
+      --rope-scaling none yarn --max-tokens 32768 --json "$OUT/flow_eval.json" &&
+    "$BUILD/extrap" eval --checkpoint "$runs/smoke-alibi" --length 64 1024 4096 --stride 16 \
+      --max-tokens 65536 &&
+    "$BUILD/extrap" eval --checkpoint "$runs/smoke-alibi" --length 64 1024 --max-tokens 16384 \
+      --device cpu --json "$OUT/eval_on_cpu.json" &&
+    "$BUILD/extrap" eval --checkpoint "$runs/smoke-alibi" --length 64 1024 --max-tokens 16384 \
+      --json "$OUT/eval_on_cuda.json" &&
+    python3 - "$OUT/eval_on_cpu.json" "$OUT/eval_on_cuda.json" <<'PY' &&
+import json, sys
+cpu, gpu = (json.load(open(p))["results"] for p in sys.argv[1:])
+for a, b in zip(cpu, gpu):
+    print(f"L {a['length']}: mean NLL cpu {a['mean_nll']:.6f} cuda {b['mean_nll']:.6f} "
+          f"(difference {abs(a['mean_nll'] - b['mean_nll']) / a['mean_nll']:.2e} relative)")
+PY
+    "$BUILD/extrap" train --nproc 1 --config configs/train_quick.yaml --overwrite \
+      --set train.device=cuda --set train.precision=bf16 --set train.steps=100 \
+      --set train.out_dir="$runs/flow-nccl" &&
+    "$BUILD/extrap" sweep configs/quick.yaml --out "$runs/sweep.h5" --jobs 1 \
+      --set base.train.device=cuda --set base.train.precision=bf16 --set base.train.steps=100 \
+      --set output.run_root="$runs/sweep" &&
+    "$BUILD/extrap" report "$runs/sweep.h5" --out "$runs/report" --python "$(command -v python3)" &&
+    ls "$runs/report"
+  } >"$log" 2>&1
+  local rc=$?
+  set +x
+  grep -vE "^step [0-9]+/" "$log" | tail -60
+  return "$rc"
+}
+
+stage_trainbench() {
+  # `extrap bench train` on the GPU against benchmarks/train_pytorch.py (eager SDPA with the
+  # ALiBi mask, and torch.compile), bf16 autocast, alternating, on the quick shape and a
+  # GPT-2-small-sized one (12 layers, d 768, L 1024, 16k tokens a step, vocabulary 50304).
+  local log=$OUT/trainbench.log
+  local quick=(--config configs/train_quick.yaml --set train.device=cuda --set train.precision=bf16)
+  local gpt2=("${quick[@]}" --set model.layers=12 --set model.d_model=768 --set model.heads=12
+              --set model.d_ffn=3072 --set train.seq_len=1024 --set train.batch_tokens=16384)
+  {
+    for round in $(seq "${TRAINBENCH_ROUNDS:-2}"); do
+      for shape in quick gpt2; do
+        local args=("${quick[@]}") vocab=257
+        [[ $shape == gpt2 ]] && args=("${gpt2[@]}") && vocab=50304
+        echo "### round $round, $shape: extrap"
+        "$BUILD/extrap" bench train "${args[@]}" --steps 20 --warmup 5 --vocab "$vocab"
+        echo "### round $round, $shape: pytorch eager"
+        python3 benchmarks/train_pytorch.py "${args[@]}" --steps 20 --warmup 5 --vocab "$vocab"
+        echo "### round $round, $shape: pytorch compiled"
+        python3 benchmarks/train_pytorch.py "${args[@]}" --steps 20 --warmup 5 --vocab "$vocab" --compile
+      done
+    done
+  } >"$log" 2>&1
+  local rc=$?
+  grep -E "^###|^tokens/s|^peak|^model FLOPs|^matrix-product|^MFU|Error|error" "$log" | tail -80
   return "$rc"
 }
 
@@ -143,6 +238,18 @@ stage_bench() {
   return "$rc"
 }
 
+stage_pybench() {
+  # PyTorch's own attention on the same shapes (benchmarks/attention_pytorch.py): FlexAttention
+  # with an ALiBi score_mod (compiled), SDPA without a bias on each backend, SDPA with the
+  # materialised bias. Extra arguments: PYBENCH_ARGS="--head-dims 128 --lengths 4096".
+  # shellcheck disable=SC2086
+  PYTHONUNBUFFERED=1 python3 benchmarks/attention_pytorch.py --out "$OUT/attention_pytorch.jsonl" \
+    ${PYBENCH_ARGS:-} >"$OUT/pybench.log" 2>&1
+  local rc=$?
+  tail -80 "$OUT/pybench.log"
+  return "$rc"
+}
+
 setup_prefix || exit 1
 for stage in "${stages[@]}"; do
   start=$SECONDS
@@ -150,7 +257,7 @@ for stage in "${stages[@]}"; do
     "stage_$stage"
     rc=$?
   else
-    echo "unknown stage '$stage' (build, test, sanitize, bench)"
+    echo "unknown stage '$stage' (build, test, smoke, flow, trainbench, sanitize, bench, pybench)"
     rc=2
   fi
   summary "$stage: $([[ $rc == 0 ]] && echo ok || echo "FAILED ($rc)") in $((SECONDS - start)) s"
