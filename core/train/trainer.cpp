@@ -135,6 +135,10 @@ int64_t micro_batch_sequences(const TrainConfig& c) {
   return std::max<int64_t>(c.accumulation, c.batch_tokens / c.seq_len) / c.accumulation;
 }
 
+int64_t tokens_per_step(const TrainConfig& c) {
+  return micro_batch_sequences(c) * c.accumulation * c.seq_len;
+}
+
 bool Trainer::task_slot(int64_t slot) const {
   if (!tasks_) return false;
   const double fraction = config_.task_fraction;
@@ -327,7 +331,7 @@ void Trainer::prepare_training(RunState& state) {
   state.terminal = state.display->redraws();
   model_->train();
   state.trained_seconds = state.summary.seconds;
-  state.tokens_per_step = state.micro * c.accumulation * c.seq_len;
+  state.tokens_per_step = tokens_per_step(c);
   state.tokens_before = state.summary.tokens_per_second * state.summary.seconds;
 }
 

@@ -59,6 +59,9 @@ struct TrainSummary {
 
 // Sequences in one micro-batch (all ranks together): batch_tokens / seq_len over accumulation.
 int64_t micro_batch_sequences(const TrainConfig& config);
+// Tokens one optimiser step trains on (all ranks together): micro_batch_sequences x
+// accumulation x seq_len, at most batch_tokens (at least one sequence a micro-batch).
+int64_t tokens_per_step(const TrainConfig& config);
 
 // The learning rate at optimiser step `step` (1-based).
 double learning_rate(const TrainConfig& config, int64_t step);

@@ -155,8 +155,7 @@ nlohmann::json summary_json(const Config& config, const TrainSummary& summary) {
           {"parameters", summary.num_parameters},
           {"steps", summary.steps},
           {"resumed_from", summary.resumed_from},
-          {"tokens", summary.steps * micro_batch_sequences(config.train) * config.train.accumulation *
-                         config.train.seq_len},
+          {"tokens", summary.steps * tokens_per_step(config.train)},
           {"tokens_per_second", summary.tokens_per_second},
           {"seconds", summary.seconds},
           {"peak_memory_bytes", summary.peak_memory_bytes},

@@ -21,11 +21,6 @@ void reset_peak_memory() {
 
 }  // namespace
 
-int64_t tokens_per_step(const TrainConfig& t) {
-  const int64_t sequences = std::max<int64_t>(t.accumulation, t.batch_tokens / t.seq_len);
-  return sequences / t.accumulation * t.accumulation * t.seq_len;
-}
-
 RunRecord new_run_record(const SweepPoint& point) {
   RunRecord r;
   r.run_id = point.id;

@@ -15,9 +15,6 @@
 
 namespace extrap {
 
-// Tokens trained per optimiser step (as the trainer computes them).
-int64_t tokens_per_step(const TrainConfig& t);
-
 RunRecord new_run_record(const SweepPoint& point);
 PointRecord new_point_record(const RunRecord& run, const EvalPoint& e);
 
