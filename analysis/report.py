@@ -215,6 +215,11 @@ def markdown_table(header, rows):
 MARKERS = "osD^vP*Xh<>p"
 
 
+# Line styles cycle with a period prime to the colours' and markers', so that two methods
+# whose curves overlap still differ in pattern, not only in colour.
+LINESTYLES = ["-", (0, (5, 2)), (0, (1, 1.5)), (0, (6, 2, 1, 2)), (0, (3, 1, 1, 1, 1, 1)), (0, (8, 3))]
+
+
 def method_style(index):
     """(colour, marker) of the index-th method of a plot."""
     if index < 10:
@@ -222,6 +227,10 @@ def method_style(index):
     else:
         color = plt.get_cmap("tab20")(2 * ((index - 10) % 10) + 1)
     return color, MARKERS[index % len(MARKERS)]
+
+
+def method_linestyle(index):
+    return LINESTYLES[index % len(LINESTYLES)]
 
 
 def place_legend(ax, count):
@@ -319,6 +328,9 @@ def pooled_bins(bin_arrays):
 
 
 def plot_curves(path, train_length, methods, runs_by_method):
+    """Every point of every curve is drawn: the loss axis is logarithmic, so the first steps'
+    loss (ln V and more) does not squash the rest; each method has its own colour and line
+    pattern (training loss), and its validation losses are its markers."""
     fig, ax = plt.subplots(figsize=(6.4 if len(methods) <= 6 else 8.4, 4.2))
     for i, method in enumerate(methods):
         color, marker = method_style(i)
@@ -326,15 +338,22 @@ def plot_curves(path, train_length, methods, runs_by_method):
             train, valid = run["train_loss"], run["valid_loss"]
             label = method if j == 0 else None
             if len(train):
-                ax.plot(train[:, 0], train[:, 1], color=color, linewidth=1, alpha=0.8, label=label)
+                ax.plot(train[:, 0], train[:, 1], color=color, linewidth=1.2, alpha=0.85,
+                        linestyle=method_linestyle(i), label=label)
             if len(valid):
-                ax.plot(valid[:, 0], valid[:, 1], color=color, linestyle="--", marker=marker, markersize=3)
-    valid_losses = [float(v) for runs in runs_by_method.values() for r in runs for v in r["valid_loss"][:, 1]]
-    if valid_losses:  # the first steps' loss would squash the rest of the curves
-        ax.set_ylim(top=max(valid_losses) * 1.4)
+                ax.plot(valid[:, 0], valid[:, 1], color=color, linestyle="none", marker=marker,
+                        markersize=5, markerfacecolor="none", markeredgewidth=1.2)
+    losses = [float(v) for runs in runs_by_method.values() for r in runs
+              for curve in ("train_loss", "valid_loss") for v in r[curve][:, 1] if v > 0]
+    if losses:
+        ax.set_yscale("log")
+        ax.set_ylim(min(losses) / 1.05, max(losses) * 1.05)
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: "%g" % v))
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: "%g" % v))
+        ax.tick_params(axis="y", which="minor", labelsize=7)
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats per token)")
-    ax.set_title("training (solid) and validation (dashed) loss, L = %d" % train_length)
+    ax.set_title("training loss (lines) and validation loss (markers), L = %d" % train_length)
     ax.grid(True, alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         place_legend(ax, len(methods))
@@ -541,6 +560,72 @@ class ReadError(Exception):
     """The results file could not be read (the original error is args[0])."""
 
 
+def distinct_text(values, missing="?"):
+    """The distinct values, in order of first appearance, joined; `missing` for none."""
+    seen = [v for i, v in enumerate(values) if v not in values[:i]]
+    return " / ".join(str(v) for v in seen) if seen else missing
+
+
+def trained_section(runs, labels, methods):
+    """What was trained, from each run's resolved config (its `config` attribute) and the
+    attributes training recorded: the corpus, its tokenizer and vocabulary, the splits trained
+    and evaluated on, and by method the model's size and shape, the steps and tokens trained
+    on, the precision and the device; then the software the runs ran on."""
+    configs = {}
+    for run_id, run in runs.items():
+        try:
+            configs[run_id] = yaml.safe_load(run.get("config") or "") or {}
+        except yaml.YAMLError:
+            configs[run_id] = {}
+    section = ["## What was trained", ""]
+    corpora = []
+    for run_id, config in configs.items():
+        data = config.get("data") or {}
+        vocab = runs[run_id].get("vocab_size") or 0
+        text = "`%s`, %s tokens (vocabulary %s)" % (data.get("path", "?"), data.get("tokenizer", "?"),
+                                                  "{:,}".format(vocab) if vocab else "not recorded")
+        fractions = data.get("split_fractions")
+        if fractions:
+            text += ", split %s (train/valid/test)" % "/".join("%g" % float(f) for f in fractions)
+        corpora.append(text)
+    evaluation = []
+    for config in configs.values():
+        e = config.get("eval") or {}
+        limit = int(e.get("max_tokens") or 0)
+        evaluation.append("the %s split, %s" % (e.get("split", "valid"),
+                                                 "its first {:,} tokens".format(limit) if limit else "all of it"))
+    section.append("Corpus %s. Trained on its train split; evaluated on %s." %
+                   (distinct_text(corpora), distinct_text(evaluation)))
+    section.append("")
+    rows = []
+    for method in methods:
+        ids = [run_id for run_id in runs if labels.get(run_id) == method]
+        if not ids:
+            continue
+        model = [configs[i].get("model") or {} for i in ids]
+        train = [configs[i].get("train") or {} for i in ids]
+        shape = ["%s layer%s, d_model %s, %s heads, d_ffn %s" % (
+                     m.get("layers", "?"), "" if m.get("layers") == 1 else "s", m.get("d_model", "?"),
+                     m.get("heads", "?"), m.get("d_ffn", "?")) for m in model]
+        tokens = ["{:,}".format(runs[i]["train_tokens"]) if runs[i].get("train_tokens") else "not recorded"
+                  for i in ids]
+        rows.append([method, distinct_text(["{:,}".format(runs[i].get("num_parameters", 0)) for i in ids]),
+                     distinct_text(shape), distinct_text([m.get("objective", "causal_lm") for m in model]),
+                     distinct_text([t.get("steps", "?") for t in train]), distinct_text(tokens),
+                     distinct_text(["%s at L = %s" % ("{:,}".format(int(t["batch_tokens"]))
+                                                      if "batch_tokens" in t else "?",
+                                                      t.get("seq_len", "?")) for t in train]),
+                     distinct_text([t.get("precision", "fp32") for t in train]),
+                     distinct_text([t.get("device", "cpu") for t in train])])
+    section += [markdown_table(["method", "parameters", "model", "objective", "steps", "tokens trained on",
+                                "batch_tokens", "precision", "device"], rows), ""]
+    versions = distinct_text(["%s (commit %s)" % (r.get("extrap_version", "?"), r.get("git_commit", "?"))
+                              for r in runs.values()])
+    runtimes = distinct_text([r.get("runtime") for r in runs.values() if r.get("runtime")], "not recorded")
+    section += ["Trained by extrap %s. Runtime: %s." % (versions, runtimes), ""]
+    return section
+
+
 def write_report(results_path, out_dir):
     try:
         header, points, runs = load(results_path)
@@ -628,6 +713,7 @@ def write_report(results_path, out_dir):
     if machines:
         md.append("Machine: " + "; ".join(machines) + ".")
     md.append("")
+    md += trained_section(runs, labels, methods)
 
     train_lengths = sorted({k[0] for k in list(values) + list(failures) + list(retrieval)
                             + list(retrieval_failures)})

@@ -352,6 +352,8 @@ void write_run(H5::H5File& file, const RunRecord& r) {
   set_attribute(run, "tokens_per_second", r.tokens_per_second);
   set_attribute(run, "peak_memory_bytes", r.peak_memory_bytes);
   set_attribute(run, "num_parameters", r.num_parameters);
+  set_attribute(run, "train_tokens", r.train_tokens);
+  set_attribute(run, "vocab_size", r.vocab_size);
   set_attribute(run, "status", r.status);
   write_curve(run, "train_loss", r.train_loss);
   write_curve(run, "valid_loss", r.valid_loss);
@@ -375,6 +377,8 @@ RunRecord read_run(const H5::Group& run, const std::string& id) {
   r.tokens_per_second = double_attribute(run, "tokens_per_second");
   r.peak_memory_bytes = int_attribute(run, "peak_memory_bytes");
   r.num_parameters = int_attribute(run, "num_parameters");
+  r.train_tokens = int_attribute(run, "train_tokens");
+  r.vocab_size = int_attribute(run, "vocab_size");
   r.status = string_attribute(run, "status");
   r.train_loss = read_curve(run, "train_loss");
   r.valid_loss = read_curve(run, "valid_loss");

@@ -95,6 +95,8 @@ struct RunRecord {
   double tokens_per_second = NAN;
   int64_t peak_memory_bytes = 0;
   int64_t num_parameters = 0;
+  int64_t train_tokens = 0;  // tokens trained on: steps x tokens_per_step (0 in older files)
+  int64_t vocab_size = 0;    // the corpus's vocabulary, <mask> included (0 in older files)
   std::string status;  // training | trained | complete | failed: <reason>
   std::vector<CurvePoint> train_loss;
   std::vector<CurvePoint> valid_loss;

@@ -92,6 +92,8 @@ TrainedPoint train_point(const SweepPoint& point, const Corpus& corpus, RunRecor
       record.tokens_per_second = summary.tokens_per_second;
       record.peak_memory_bytes = summary.peak_memory_bytes;
       record.num_parameters = summary.num_parameters;
+      record.train_tokens = summary.steps * step_tokens;
+      record.vocab_size = corpus.vocab_size;
       record.train_loss = summary.train_curve;
       record.valid_loss = summary.valid_curve;
       record.status = "trained";

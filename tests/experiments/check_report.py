@@ -23,6 +23,7 @@ import tempfile
 import h5py
 import matplotlib
 import numpy as np
+import yaml
 
 matplotlib.use("Agg")
 import matplotlib.figure  # noqa: E402
@@ -70,6 +71,10 @@ def capture(fig, path, *args, **kwargs):
         "curves": {c.get_label(): c.lines[0].get_data() for c in ax.containers},
         "lines": collections.Counter(l.get_label() for l in ax.get_lines()
                                      if not l.get_label().startswith("_")),
+        "linestyles": {l.get_label(): l.get_linestyle() for l in ax.get_lines()
+                       if not l.get_label().startswith("_")},
+        "points": [xy for l in ax.get_lines() for xy in zip(*l.get_data())],
+        "ylim": ax.get_ylim(), "yscale": ax.get_yscale(),
     }
     return original(fig, path, *args, **kwargs)
 
@@ -192,6 +197,28 @@ def check_sweep_report(results, report_dir):
     curves = drawn["curves_L16.png"]
     assert curves["xlabel"] == "step" and curves["ylabel"] == "loss (nats per token)", curves
     assert curves["lines"] == collections.Counter({m: 1 for m in methods}), curves["lines"]
+    # Every point of every curve inside the axes (the first steps' loss is not cut off), and
+    # overlapping methods told apart by their line pattern, not only their colour.
+    low, high = curves["ylim"]
+    assert curves["yscale"] == "log" and curves["points"], curves["yscale"]
+    assert all(low <= y <= high for _, y in curves["points"]), (curves["ylim"], max(y for _, y in curves["points"]))
+    assert len(set(curves["linestyles"].values())) == len(methods), curves["linestyles"]
+
+    # --- what was trained: each method's row from its runs' attributes and configs ----------
+    trained = md.split("## What was trained", 1)[1].split("\n## ", 1)[0]
+    with h5py.File(results, "r") as f:
+        for m in methods:
+            group = [g for g in f["runs"].values() if g.attrs["position"] == m]
+            config = yaml.safe_load(group[0].attrs["config"])
+            row = next(line for line in trained.splitlines() if line.startswith("| %s |" % m))
+            cells = [c.strip() for c in row.strip("|").split("|")]
+            assert cells[1] == "{:,}".format(int(group[0].attrs["num_parameters"])), (m, cells)
+            assert cells[4] == str(config["train"]["steps"]), (m, cells)
+            assert cells[5] == "{:,}".format(int(group[0].attrs["train_tokens"])), (m, cells)
+            assert cells[7] == config["train"].get("precision", "fp32"), (m, cells)
+            corpus = "Corpus `%s`, %s tokens (vocabulary {:,})".format(int(group[0].attrs["vocab_size"])) % (
+                config["data"]["path"], config["data"]["tokenizer"])
+            assert corpus in trained, (corpus, trained)
     # The PNGs written by `extrap report` are real images of the size the report asks for.
     for name in [n for n in drawn if not n.startswith(("position_", "retrieval_"))]:
         with open(os.path.join(report_dir, name), "rb") as f:
@@ -319,13 +346,18 @@ def write_results(path, with_retrieval):
         for run_id, index, m, s in RUNS:
             g = runs.create_group(run_id)
             for key, value in {
-                    "config": "position:\n  name: %s" % m,
+                    "config": ("data: {path: corpus, tokenizer: byte, split_fractions: [0.9, 0.05, 0.05]}\n"
+                               "model: {layers: 2, d_model: 64, heads: 4, d_ffn: 256}\n"
+                               "position:\n  name: %s\n"
+                               "train: {seq_len: 16, batch_tokens: 4096, steps: 40, precision: bf16, device: cpu}\n"
+                               "eval: {split: test, max_tokens: 2048}" % m),
                     "grid_point": "{position: {name: %s}, train.seed: %d}" % (m, s),
                     "point_index": 2 * index + s - 1, "position": m, "train_length": L, "seed": s,
                     "extrap_version": "0.4.0", "git_commit": "synthetic", "machine": "synthetic machine",
                     "runtime": "synthetic", "start_time": "2026-01-01T00:00:00Z",
                     "end_time": "2026-01-01T00:01:00Z", "tokens_per_second": 20000.0 + 1000.0 * s,
-                    "peak_memory_bytes": 2**27, "num_parameters": 1000 + index, "status": "complete"}.items():
+                    "peak_memory_bytes": 2**27, "num_parameters": 1000 + index, "train_tokens": 163840,
+                    "vocab_size": 257, "status": "complete"}.items():
                 g.attrs[key] = value
             steps = np.array([10.0, 20.0, 30.0, 40.0])
             g["train_loss"] = np.stack([steps, 5.0 - 0.5 * steps / 10.0 - 0.1 * index], axis=1)

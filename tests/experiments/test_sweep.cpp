@@ -179,8 +179,11 @@ assert len(f["runs"]) == 4
 for run_id, g in f["runs"].items():
     for key in ["config", "grid_point", "position", "train_length", "seed", "extrap_version",
                 "git_commit", "machine", "runtime", "start_time", "end_time", "tokens_per_second",
-                "peak_memory_bytes", "num_parameters", "status"]:
+                "peak_memory_bytes", "num_parameters", "train_tokens", "vocab_size", "status"]:
         assert key in g.attrs, run_id + " attribute " + key
+    # 40 steps of 256 // 16 = 16 sequences of 16 tokens; bytes and <mask>.
+    assert g.attrs["train_tokens"] == 40 * 16 * 16, g.attrs["train_tokens"]
+    assert g.attrs["vocab_size"] == 257, g.attrs["vocab_size"]
     assert g.attrs["runtime"].startswith("extrap ") and ", LibTorch " in g.attrs["runtime"], g.attrs["runtime"]
     assert ", 1 threads, malloc (glibc" in g.attrs["runtime"], g.attrs["runtime"]  # train.threads of tiny.yaml
     assert g.attrs["train_length"] == 16 and g.attrs["status"] == "complete"
