@@ -165,6 +165,8 @@ def main():
     torch.set_num_threads(threads)
     torch.manual_seed(t["seed"])
     device = torch.device(args.device or t["device"])
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("train_pytorch.py: device cuda, but this PyTorch sees no CUDA device")
     model = LM(args.vocab, m, position).to(device)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=t["lr"], weight_decay=t["weight_decay"], fused=True)

@@ -135,7 +135,7 @@ void print_model_flops(const Config& config, const TransformerLM& model, double 
   else
     std::printf("matrix-product rate: %.1f GFLOP/s (%s %lld x %lld x %lld through %s, %d threads)\n", peak,
                 enum_name(t.precision).c_str(), n, n, n, rate.library.c_str(), threads);
-  std::printf("MFU: %.2f\n", achieved / peak);
+  std::printf("MFU: %.3f\n", achieved / peak);
 }
 
 }  // namespace
