@@ -122,6 +122,7 @@ experiments/sweep/sweep_spec.cpp | out["base"] = spec["base"]; | ; | a sweep wit
 experiments/sweep/point_runner.cpp | out.reused = summary.resumed_from == summary.steps; | out.reused = false; | a finished checkpoint loaded to evaluate counts as trained now
 core/data/corpus.cpp | value >= vocab_size) | value > vocab_size) | a pre-tokenised id equal to data.vocab_size is taken (it is <mask>)
 core/attention/attention.cpp | options = options.dtype(out_dtype == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32); | options = options.dtype(out_dtype); | a bfloat16 bias formed from bfloat16 positions (wrong past 256)
+core/eval/evaluator.cpp | position_bytes.index_add_(0, where, byte_counts.index_select(0, t).cpu()); | position_bytes.index_add_(0, where, torch::ones_like(where)); | bits per byte of pre-tokenised text count tokens, not the bytes behind them
 EOF
 )
 

@@ -170,18 +170,23 @@ IdsLayout npy_layout(const std::string& where, const std::string& bytes) {
   return layout;
 }
 
+// Element i of an integer array laid out as `layout` says, sign-extended where signed.
+int64_t integer_at(const std::string& bytes, const IdsLayout& layout, int64_t i) {
+  const auto* data = reinterpret_cast<const unsigned char*>(bytes.data() + layout.offset);
+  uint64_t raw = 0;
+  for (size_t b = 0; b < layout.item; ++b) raw |= uint64_t(data[i * layout.item + b]) << (8 * b);
+  if (layout.is_signed && layout.item < 8 && (raw >> (8 * layout.item - 1)) & 1)
+    return int64_t(raw) - (int64_t(1) << (8 * layout.item));
+  return int64_t(raw);
+}
+
 // The ids of one split, checked against the vocabulary, as int32.
 std::vector<int32_t> decode_ids(const std::string& where, const std::string& bytes,
                                 const IdsLayout& layout, int64_t vocab_size) {
   if (layout.count == 0) throw ConfigError(where + ": holds no token ids (an empty split)");
   std::vector<int32_t> ids(static_cast<size_t>(layout.count));
-  const auto* data = reinterpret_cast<const unsigned char*>(bytes.data() + layout.offset);
   for (int64_t i = 0; i < layout.count; ++i) {
-    uint64_t raw = 0;
-    for (size_t b = 0; b < layout.item; ++b) raw |= uint64_t(data[i * layout.item + b]) << (8 * b);
-    int64_t value = int64_t(raw);
-    if (layout.is_signed && layout.item < 8 && (raw >> (8 * layout.item - 1)) & 1)
-      value = int64_t(raw) - (int64_t(1) << (8 * layout.item));
+    const int64_t value = integer_at(bytes, layout, i);
     if (value < 0 || value >= vocab_size)
       throw ConfigError(where + ": id " + std::to_string(value) + " at position " +
                         std::to_string(i) + " is outside the vocabulary (data.vocab_size " +
@@ -208,6 +213,28 @@ std::array<SplitSource, 3> read_ids_directory(const fs::path& dir) {
     splits[i] = {found->string(), read_text(*found)};
   }
   return splits;
+}
+
+// data.token_bytes: one count of bytes of text per id (vocab_size of them, each >= 0), then 0
+// for <mask>. Anything else is refused naming the file and the key.
+std::vector<int64_t> read_token_bytes(const std::string& path, int64_t vocab_size) {
+  const std::string where = path + " (data.token_bytes)";
+  if (fs::path(path).extension() != ".npy")
+    throw ConfigError(where + ": expected a .npy file of one byte count per id (np.save)");
+  if (!fs::is_regular_file(path)) throw ConfigError(where + ": no such file");
+  const std::string bytes = read_text(path);
+  const IdsLayout layout = npy_layout(where, bytes);
+  if (layout.count != vocab_size)
+    throw ConfigError(where + ": holds " + std::to_string(layout.count) + " byte counts; data.vocab_size is " +
+                      std::to_string(vocab_size) + ": give one per id");
+  std::vector<int64_t> counts(static_cast<size_t>(vocab_size) + 1, 0);  // + <mask>: no text
+  for (int64_t i = 0; i < vocab_size; ++i) {
+    counts[size_t(i)] = integer_at(bytes, layout, i);
+    if (counts[size_t(i)] < 0)
+      throw ConfigError(where + ": id " + std::to_string(i) + " has " + std::to_string(counts[size_t(i)]) +
+                        " bytes; a count is at least 0");
+  }
+  return counts;
 }
 
 // The layout of a split file: .npy by its header, .bin by data.ids_dtype.
@@ -399,6 +426,7 @@ Corpus load_corpus(const CorpusOptions& options) {
       if (file.count == 0) throw ConfigError(splits[i].where + ": holds no token ids (an empty split)");
       *streams[i] = token_stream(file, 0);  // no text behind the ids: no bytes to count
     }
+    if (!options.token_bytes.empty()) corpus.token_bytes = read_token_bytes(options.token_bytes, options.vocab_size);
     return corpus;
   }
 

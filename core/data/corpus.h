@@ -64,6 +64,7 @@ struct CorpusOptions {
   std::vector<double> split_fractions = {0.9, 0.05, 0.05};  // single-file corpora only
   int64_t vocab_size = 0;                 // ids: every id is below it (required)
   IdsType ids_dtype = IdsType::uint16;    // ids: the element type of .bin splits
+  std::string token_bytes;                // ids: .npy of each id's length in bytes of text
 };
 
 // What loading did with a cache file.
@@ -113,6 +114,9 @@ struct Corpus {
   int32_t eos_token = -1;               // word level only
   int32_t unk_token = -1;               // word level only
   std::vector<std::string> vocabulary;  // word level: id -> word; byte level and ids: empty
+  // ids with data.token_bytes: the bytes of text behind each id (<mask>: 0), for exact bits
+  // per byte; empty otherwise.
+  std::vector<int64_t> token_bytes;
   TokenStream train, valid, test;
   std::string cache_dir;                // where this corpus's cache files live
   CacheStatus vocabulary_cache = CacheStatus::not_cached;  // word level: the vocabulary file
@@ -122,6 +126,9 @@ struct Corpus {
   // Whether the corpus has text behind its ids (byte and word level): retrieval tasks, prompts
   // as text and bits per byte need it.
   bool has_text() const { return tokenizer != Tokenizer::ids; }
+  // Whether the bytes of text behind the scored tokens are known (bits per byte): byte level,
+  // or ids with data.token_bytes.
+  bool counts_bytes() const { return byte_level() || !token_bytes.empty(); }
   const TokenStream& split(Split which) const;
   // A hash of the tokenizer and the vocabulary (id -> token): a model is only meaningful with
   // the vocabulary it was trained on.

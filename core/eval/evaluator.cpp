@@ -178,10 +178,12 @@ EvalBatch batch_inputs(const std::vector<EvalWindow>& group, size_t first, int64
   return {inputs, targets};
 }
 
-// Adds the NLL of a batch's scored targets to the sums by window position, in logit chunks.
+// Adds the NLL of a batch's scored targets to the sums by window position, in logit chunks;
+// with `byte_counts` (bytes of text per id, on `device`), their bytes too.
 void score_batch(TransformerLM& model, const torch::Tensor& inputs, const torch::Tensor& targets,
-                 int64_t size, torch::Device device, torch::Tensor& position_nll,
-                 torch::Tensor& position_tokens) {
+                 int64_t size, torch::Device device, const torch::Tensor& byte_counts,
+                 torch::Tensor& position_nll, torch::Tensor& position_tokens,
+                 torch::Tensor& position_bytes) {
   auto hidden = model->hidden(inputs.to(device));            // (b, T, D)
   auto flat_targets = targets.view({-1}).to(device);        // (b*T,)
   auto scored = flat_targets.ge(0).nonzero().squeeze(1);    // indices of scored positions
@@ -197,13 +199,14 @@ void score_batch(TransformerLM& model, const torch::Tensor& inputs, const torch:
     auto where = scored.narrow(0, c, len).remainder(size).cpu();  // window positions
     position_nll.index_add_(0, where, nll.to(torch::kFloat64).cpu());
     position_tokens.index_add_(0, where, torch::ones_like(where));
+    if (byte_counts.defined()) position_bytes.index_add_(0, where, byte_counts.index_select(0, t).cpu());
   }
 }
 
 // Totals, bins and perplexity from the per-position sums, refused if empty or not finite.
 void summarise_positions(const torch::Tensor& position_nll, const torch::Tensor& position_tokens,
-                         const EvalSpec& spec, int64_t n, bool causal, const Corpus& corpus,
-                         EvalResult& result) {
+                         const torch::Tensor& position_bytes, const EvalSpec& spec, int64_t n,
+                         bool causal, const Corpus& corpus, EvalResult& result) {
   result.scored_tokens = position_tokens.sum().item<int64_t>();
   // The totals and the bins come from the same per-token values.
   result.nll_sum = position_nll.sum().item<double>();
@@ -222,7 +225,14 @@ void summarise_positions(const torch::Tensor& position_nll, const torch::Tensor&
                       std::to_string(result.scored_tokens) + " tokens): the model produced " +
                       "non-finite logits");
   result.perplexity = std::exp(result.nll_sum / double(result.scored_tokens));
-  if (corpus.byte_level()) result.bits_per_byte = result.nll_sum / (std::log(2.0) * double(result.scored_tokens));
+  if (corpus.byte_level()) {
+    result.scored_bytes = result.scored_tokens;
+    result.bits_per_byte = result.nll_sum / (std::log(2.0) * double(result.scored_tokens));
+  } else if (corpus.counts_bytes()) {  // ids with data.token_bytes
+    result.scored_bytes = position_bytes.sum().item<int64_t>();
+    if (result.scored_bytes > 0)
+      result.bits_per_byte = result.nll_sum / (std::log(2.0) * double(result.scored_bytes));
+  }
 }
 }  // namespace
 
@@ -253,10 +263,14 @@ EvalResult evaluate(TransformerLM& model, const Corpus& corpus, const TokenStrea
   // Summed NLL and scored tokens by position in the window, in float64.
   auto position_nll = torch::zeros({spec.length}, torch::kFloat64);
   auto position_tokens = torch::zeros({spec.length}, torch::kLong);
+  auto position_bytes = torch::zeros({spec.length}, torch::kLong);  // ids with data.token_bytes
 
   // Data parallel: batch k (in this order) is rank k % world's; the sums are reduced below.
   ProcessGroup* ranks = ProcessGroup::get(device);
   if (ranks) device = ranks->device();
+  torch::Tensor byte_counts;  // (V,) bytes of text per id, on the model's device
+  if (!corpus.byte_level() && corpus.counts_bytes())
+    byte_counts = torch::tensor(corpus.token_bytes, torch::kLong).to(device);
   int64_t batch_number = -1;
   // With ranks, an error in one rank's batches (a length a method refuses, say) is agreed on
   // by all of them below, so that they fail alike instead of waiting for each other.
@@ -267,18 +281,18 @@ EvalResult evaluate(TransformerLM& model, const Corpus& corpus, const TokenStrea
         if (ranks && ++batch_number % ranks->size() != ranks->rank()) continue;
         const int64_t count = std::min<int64_t>(per_batch, int64_t(group.size() - first));
         const EvalBatch batch = batch_inputs(group, first, count, size, data, causal, spec, corpus);
-        score_batch(model, batch.inputs, batch.targets, size, device, position_nll,
-                    position_tokens);
+        score_batch(model, batch.inputs, batch.targets, size, device, byte_counts, position_nll,
+                    position_tokens, position_bytes);
       }
     }
   });
   if (ranks) {
-    std::vector<torch::Tensor> sums{position_nll, position_tokens};
+    std::vector<torch::Tensor> sums{position_nll, position_tokens, position_bytes};
     const std::string failure = ranks->all_reduce_agreeing(
         sums, local_failure, "the evaluation at length " + std::to_string(spec.length));
     if (!failure.empty()) throw EvalFailure(failure);
   }
-  summarise_positions(position_nll, position_tokens, spec, n, causal, corpus, result);
+  summarise_positions(position_nll, position_tokens, position_bytes, spec, n, causal, corpus, result);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
 }

@@ -65,7 +65,10 @@ struct EvalResult {
   double nll_sum = 0;             // natural log
   int64_t scored_tokens = 0;
   double perplexity = NAN;
-  double bits_per_byte = NAN;     // byte-level corpora only
+  // Bytes of text behind the scored tokens, and the NLL in bits per byte of them: byte-level
+  // corpora, and ids with data.token_bytes (Corpus::counts_bytes); 0 and NaN otherwise.
+  int64_t scored_bytes = 0;
+  double bits_per_byte = NAN;
   double seconds = 0;
   int64_t windows = 0;
   // Scored tokens by their position in the window (bins without scored tokens left out); the

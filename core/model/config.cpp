@@ -20,6 +20,9 @@ void read_data_section(const OptionReader& root, Config& c) {
          "tokenizer ids: the vocabulary size (every id in the splits is below it; required)");
   r.read("ids_dtype", c.data.ids_dtype,
          "tokenizer ids: the element type of {train,valid,test}.bin (.npy files say their own)");
+  r.read("token_bytes", c.data.token_bytes,
+         "tokenizer ids: a .npy of each id's length in bytes of text (vocab_size counts): bits per "
+         "byte, exact", Affects::evaluation);
   r.read("task", c.task,
          "synthetic retrieval task mixed into the training data (core/data/retrieval_task.h)");
   r.read("task_fraction", c.task_fraction,
@@ -31,8 +34,8 @@ void read_data_section(const OptionReader& root, Config& c) {
                            "(e.g. 50257 for GPT-2's BPE)");
     // (Written configs hold the defaults: only a value other than the default is refused.)
     if (c.data.tokenizer != Tokenizer::ids &&
-        (c.data.vocab_size != 0 || c.data.ids_dtype != IdsType::uint16))
-      r.fail(c.data.vocab_size != 0 ? "vocab_size" : "ids_dtype",
+        (c.data.vocab_size != 0 || c.data.ids_dtype != IdsType::uint16 || !c.data.token_bytes.empty()))
+      r.fail(c.data.vocab_size != 0 ? "vocab_size" : c.data.ids_dtype != IdsType::uint16 ? "ids_dtype" : "token_bytes",
              "is an option of tokenizer ids (pre-tokenised splits); tokenizer " +
                  enum_name(c.data.tokenizer) + " has its own vocabulary");
     r.at_least("vocab_size", c.data.vocab_size, 0);
@@ -295,6 +298,7 @@ YAML::Node keys_affecting(const Config& config, std::initializer_list<Affects> k
     remove_key(out, "data.vocab_size");
     remove_key(out, "data.ids_dtype");
   }
+  if (config.data.token_bytes.empty()) remove_key(out, "data.token_bytes");
   return out;
 }
 }  // namespace

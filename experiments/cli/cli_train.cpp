@@ -88,9 +88,10 @@ int evaluate_all(TransformerLM& model, const Corpus& corpus, const Config& confi
               << " split\n";
   const bool scaled = variants != std::vector<RopeScalingKind>{RopeScalingKind::none};
   print_eval_header(scaled);
-  if (!corpus.byte_level())
-    std::cout << "(bpb: bits per byte are given for byte-level corpora only, data.tokenizer: byte; "
-              << enum_name(corpus.tokenizer) << " tokens do not say how many bytes they cover)\n";
+  if (!corpus.counts_bytes())
+    std::cout << "(bpb: bits per byte need the bytes of text behind each token: byte-level corpora "
+                 "have them, and ids with data.token_bytes; "
+              << enum_name(corpus.tokenizer) << " tokens here do not say how many bytes they cover)\n";
   int failures = 0;
   for (int64_t length : config.eval.lengths) {
     // A stride of L or more scores whole windows: the non-overlapping case.
@@ -124,6 +125,7 @@ int evaluate_all(TransformerLM& model, const Corpus& corpus, const Config& confi
                            {"perplexity", std::isfinite(r.perplexity) ? nlohmann::json(r.perplexity)
                                                                       : nlohmann::json()},
                            {"bits_per_byte", std::isfinite(r.bits_per_byte) ? nlohmann::json(r.bits_per_byte) : nlohmann::json()},
+                           {"scored_bytes", r.scored_bytes},
                            {"windows", r.windows}, {"seconds", r.seconds},
                            {"by_position", bins_json(r.by_position)}});
       } catch (const DistributedError&) {

@@ -241,6 +241,7 @@ TEST_CASE("the small command-line items: keys' marks, sweep --status, --help, hi
   REQUIRE(run_cli(d, {"train", "-c", "t.yaml", "--set", "data.tokenizer=word", "--set",
                       "train.out_dir=runs/w"},
                   &out) == 0);
-  CHECK_THAT(out, Catch::Contains("(bpb: bits per byte are given for byte-level corpora only"));
+  CHECK_THAT(out, Catch::Contains("(bpb: bits per byte need the bytes of text behind each token"));
+  CHECK_THAT(out, Catch::Contains("word tokens here do not say how many bytes they cover"));
   CHECK(out.find("nan") == std::string::npos);
 }

@@ -2,7 +2,9 @@
 // raw .bin of uint16 or uint32): loaded with the right ids and vocabulary, trained and
 // evaluated through the CLI, and every bad file refused in one line naming it.
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "core/data/corpus.h"
 #include "core/data/retrieval_task.h"
@@ -33,6 +35,10 @@ for s, (name, n) in enumerate(sizes.items()):
     ids(s, n).astype(np.uint16).tofile(f"tok-bin/{name}.bin")
     ids(s, n).astype(np.uint32).tofile(f"tok-bin32-{name}.bin")
 np.save("two-d.npy", ids(0, 20).reshape(10, 2).astype(np.uint16))
+# data.token_bytes: id i stands for (i * 37) % 7 bytes of text (0 for some, as a control id).
+np.save("bytes.npy", ((np.arange(1000) * 37) % 7).astype(np.uint8))
+np.save("bytes-short.npy", np.ones(999, dtype=np.int32))
+negative = np.ones(1000, dtype=np.int16); negative[3] = -1; np.save("bytes-negative.npy", negative)
 np.save("floats.npy", ids(0, 20).astype(np.float32))
 print("written")
 )";
@@ -154,7 +160,7 @@ TEST_CASE("a pre-tokenised corpus trains and evaluates through the CLI, and its 
   REQUIRE(run_cli(d, {"train", "-c", "ids.yaml", "--json", "ids.json"}, &out) == 0);
   CHECK_THAT(out, Catch::Contains("corpus tok-bin (ids, vocabulary 1001)"));
   CHECK_THAT(out, Catch::Contains("scoring the first 1024 of 1500 tokens"));
-  CHECK_THAT(out, Catch::Contains("ids tokens do not say how many bytes they cover"));
+  CHECK_THAT(out, Catch::Contains("ids tokens here do not say how many bytes they cover"));
   CHECK(out.find("nan") == std::string::npos);
   // A uniform guess over 1001 tokens scores ln 1001 = 6.91; ten steps must stay below 2 ln V.
   CHECK_THAT(read_text(d.root / "ids.json"), Catch::Contains("\"status\": \"ok\""));
@@ -175,4 +181,49 @@ TEST_CASE("a pre-tokenised corpus trains and evaluates through the CLI, and its 
                     "data.task=passkey", "--set", "data.task_fraction=0.5"},
                 &out) == 2);
   require_one_line_error(out, "its ids have no words to write the task with");
+}
+
+TEST_CASE("data.token_bytes: bits per byte of pre-tokenised text, from the bytes behind each id",
+          "[cli][ids]") {
+  IdsDir d;
+  std::string out;
+  write_text(d.root / "ids.yaml", kIdsTrain);
+  REQUIRE(run_cli(d, {"train", "-c", "ids.yaml", "--set", "data.token_bytes=bytes.npy", "--set",
+                      "train.out_dir=runs/tb", "--json", "tb.json"},
+                  &out) == 0);
+  CHECK(out.find("do not say how many bytes") == std::string::npos);
+  // Written from the definition: the non-overlapping windows over the first 1024 ids of valid
+  // score targets 1 .. 1023, each standing for (id * 37) % 7 bytes.
+  int64_t bytes = 0;
+  for (int64_t i = 1; i < 1024; ++i) bytes += (id_at(1, i) * 37) % 7;
+  const auto document = nlohmann::json::parse(read_text(d.root / "tb.json"));
+  const auto& rows = document.at("evaluation").at("results");
+  REQUIRE(rows.size() == 2);
+  for (const auto& row : rows) {
+    INFO(row.dump());
+    REQUIRE(row.at("status") == "ok");
+    CHECK(row.at("scored_tokens").get<int64_t>() == 1023);
+    CHECK(row.at("scored_bytes").get<int64_t>() == bytes);
+    const double expected = row.at("nll_sum").get<double>() / (std::log(2.0) * double(bytes));
+    CHECK(std::abs(row.at("bits_per_byte").get<double>() - expected) <= 1e-12 * expected);
+  }
+
+  // The table must fit the vocabulary, hold counts, be a .npy, and belong to tokenizer ids.
+  CHECK(run_cli(d, {"train", "-c", "ids.yaml", "--set", "data.token_bytes=bytes-short.npy", "--set",
+                    "train.out_dir=runs/tb2"},
+                &out) == 2);
+  require_one_line_error(out, "bytes-short.npy (data.token_bytes): holds 999 byte counts; data.vocab_size is 1000");
+  CHECK(run_cli(d, {"train", "-c", "ids.yaml", "--set", "data.token_bytes=bytes-negative.npy", "--set",
+                    "train.out_dir=runs/tb2"},
+                &out) == 2);
+  require_one_line_error(out, "bytes-negative.npy (data.token_bytes): id 3 has -1 bytes");
+  CHECK(run_cli(d, {"train", "-c", "ids.yaml", "--set", "data.token_bytes=tok-bin/train.bin", "--set",
+                    "train.out_dir=runs/tb2"},
+                &out) == 2);
+  require_one_line_error(out, "expected a .npy file of one byte count per id");
+  CHECK(run_cli(d, {"train", "-c", "ids.yaml", "--set", "data.tokenizer=byte", "--set", "data.path=tok-bin",
+                    "--set", "data.vocab_size=0", "--set", "data.token_bytes=bytes.npy"},
+                &out) == 2);
+  require_one_line_error(out, "key 'data.token_bytes'");
+  CHECK_THAT(out, Catch::Contains("is an option of tokenizer ids"));
 }

@@ -244,10 +244,11 @@ TEST_CASE("config: each key's mark decides the run fingerprint and what a sweep 
   c.task_fraction = 0.5;
   // and so is train.precision (fp32; tests/kernels/test_precision.cpp)
   c.train.precision = Precision::bf16;
-  // and data.vocab_size and data.ids_dtype unless the tokenizer is ids
-  // (tests/experiments/test_pretokenised.cpp)
+  // and data.vocab_size and data.ids_dtype unless the tokenizer is ids, and data.token_bytes
+  // unless given (tests/experiments/test_pretokenised.cpp)
   c.data.tokenizer = Tokenizer::ids;
   c.data.vocab_size = 1000;
+  c.data.token_bytes = "bytes.npy";
   const YAML::Node model = c.model_keys();
   CHECK(model["train"]["steps"]);
   CHECK(model["train"]["lr"]);
