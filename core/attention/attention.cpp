@@ -237,6 +237,16 @@ bool fused_cpu_takes(const torch::Tensor& q, const torch::Tensor& k, const torch
 
 }  // namespace
 
+namespace {
+// Whether the fused CUDA kernels take this call: q on a GPU with extrap's CUDA half loaded, no
+// attention dropout while training, and inputs and a bias the kernels support.
+bool fused_cuda_takes(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                      const AttentionBias& bias, const AttentionOptions& options) {
+  return q.is_cuda() && cuda_attention() && !(options.training && options.dropout > 0) &&
+         cuda_attention()->unsupported_reason(q, k, v, bias, options.causal).empty();
+}
+}  // namespace
+
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const AttentionBias& bias, const AttentionOptions& options) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
@@ -251,11 +261,10 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
       return fused_cpu_attention(q, k, v, bias, options);
     // On a GPU the fused kernels take bfloat16 q, k and v and compute the scores, the bias and
     // the softmax in float32 (as FlashAttention and SDPA do under autocast).
-    if (q.is_cuda() && cuda_attention() &&
-        (options.backend == AttentionBackend::Auto || options.backend == AttentionBackend::Fused) &&
-        !(options.training && options.dropout > 0) && q.size(2) == k.size(2)) {
+    if (q.is_cuda() && q.size(2) == k.size(2) &&
+        (options.backend == AttentionBackend::Auto || options.backend == AttentionBackend::Fused)) {
       const auto qb = q.to(torch::kBFloat16), kb = k.to(torch::kBFloat16), vb = v.to(torch::kBFloat16);
-      if (cuda_attention()->unsupported_reason(qb, kb, vb, bias, options.causal).empty())
+      if (fused_cuda_takes(qb, kb, vb, bias, options))
         return cuda_attention()->attention(qb, kb, vb, bias, options.causal);
     }
     return attention(q.to(torch::kFloat32), k.to(torch::kFloat32), v.to(torch::kFloat32), bias, options);
@@ -287,8 +296,7 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
                   options.dropout, ")");
       return cuda_attention()->attention(q, k, v, bias, options.causal);
     case AttentionBackend::Auto: {
-      if (q.is_cuda() && cuda_attention() && !(options.training && options.dropout > 0) &&
-          cuda_attention()->unsupported_reason(q, k, v, bias, options.causal).empty())
+      if (fused_cuda_takes(q, k, v, bias, options))
         return cuda_attention()->attention(q, k, v, bias, options.causal);
       // Training on the CPU: the fused kernel where it takes the call (core/attention/fused_cpu_attention.h).
       if (fused_cpu_takes(q, k, v, bias, options)) return fused_cpu_attention(q, k, v, bias, options);
