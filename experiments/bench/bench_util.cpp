@@ -78,27 +78,17 @@ CallMeasurement measure_call(const std::function<void()>& call, int repeats) {
 
 MatrixProductRate matrix_product_gflops(torch::Dtype dtype, const torch::Device& device) {
   torch::NoGradGuard no_grad;
-  if (device.is_cuda()) {
-    // A size that fills the GPU; random data (zeros run faster than real data on some parts).
-    const int64_t n = 8192;
-    const auto options = torch::TensorOptions().dtype(dtype).device(device);
-    const auto a = torch::randn({n, n}, options), b = torch::randn({n, n}, options);
-    for (int i = 0; i < 3; ++i) torch::mm(a, b);
-    torch::cuda::synchronize();
-    std::vector<double> seconds;
-    for (int i = 0; i < 10; ++i) {
-      const auto t0 = std::chrono::steady_clock::now();
-      torch::mm(a, b);
-      torch::cuda::synchronize();
-      seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
-    return {2.0 * double(n) * double(n) * double(n) / median(seconds) / 1e9, "cuBLAS", n};
-  }
-  const int64_t n = 1024;
-  const auto a = torch::randn({n, n}).to(dtype), b = torch::randn({n, n}).to(dtype);
-  // Through the path training's linear layers take (core/kernels/cpu_linear.h): oneDNN for float32.
-  const bool onednn = onednn_linear_takes(a, b);
-  const auto product = [&] { return onednn ? extrap::linear(a, b, {}) : torch::mm(a, b); };
+  // On a GPU a size that fills it; random data either way (zeros run faster on some parts).
+  const int64_t n = device.is_cuda() ? 8192 : 1024;
+  const auto options = torch::TensorOptions().dtype(dtype).device(device);
+  const auto a = torch::randn({n, n}, options), b = torch::randn({n, n}, options);
+  // On the CPU through the path training's linear layers take (core/kernels/cpu_linear.h):
+  // oneDNN for float32.
+  const bool onednn = device.is_cpu() && onednn_linear_takes(a, b);
+  const auto product = [&] {
+    onednn ? extrap::linear(a, b, {}) : torch::mm(a, b);
+    if (device.is_cuda()) torch::cuda::synchronize();
+  };
   for (int i = 0; i < 3; ++i) product();
   std::vector<double> seconds;
   for (int i = 0; i < 10; ++i) {
@@ -106,7 +96,8 @@ MatrixProductRate matrix_product_gflops(torch::Dtype dtype, const torch::Device&
     product();
     seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  return {2.0 * double(n * n * n) / median(seconds) / 1e9, onednn ? "oneDNN" : "LibTorch's mm", n};
+  const char* library = device.is_cuda() ? "cuBLAS" : onednn ? "oneDNN" : "LibTorch's mm";
+  return {2.0 * double(n) * double(n) * double(n) / median(seconds) / 1e9, library, n};
 }
 
 }  // namespace extrap::bench
