@@ -228,7 +228,7 @@ void summarise_positions(const torch::Tensor& position_nll, const torch::Tensor&
   if (corpus.byte_level()) {
     result.scored_bytes = result.scored_tokens;
     result.bits_per_byte = result.nll_sum / (std::log(2.0) * double(result.scored_tokens));
-  } else if (corpus.counts_bytes()) {  // ids with data.token_bytes
+  } else if (!corpus.token_bytes.empty()) {  // ids with data.token_bytes
     result.scored_bytes = position_bytes.sum().item<int64_t>();
     if (result.scored_bytes > 0)
       result.bits_per_byte = result.nll_sum / (std::log(2.0) * double(result.scored_bytes));
@@ -269,7 +269,7 @@ EvalResult evaluate(TransformerLM& model, const Corpus& corpus, const TokenStrea
   ProcessGroup* ranks = ProcessGroup::get(device);
   if (ranks) device = ranks->device();
   torch::Tensor byte_counts;  // (V,) bytes of text per id, on the model's device
-  if (!corpus.byte_level() && corpus.counts_bytes())
+  if (!corpus.token_bytes.empty())
     byte_counts = torch::tensor(corpus.token_bytes, torch::kLong).to(device);
   int64_t batch_number = -1;
   // With ranks, an error in one rank's batches (a length a method refuses, say) is agreed on

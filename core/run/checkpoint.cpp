@@ -18,6 +18,10 @@ namespace {
 constexpr int kManifestFormat = 1;
 const char* const kArchives[] = {"model.pt", "optimizer.pt", "rng.pt"};
 
+// The device of a module's or optimiser's first parameter (the CPU when it has none).
+torch::Device device_of(const std::vector<torch::Tensor>& parameters) {
+  return parameters.empty() ? torch::Device(torch::kCPU) : parameters.front().device();
+}
 
 std::vector<CurvePoint> curve_from(const json& j) {
   std::vector<CurvePoint> curve;
@@ -189,13 +193,6 @@ VerifiedCheckpoint require_checkpoint(const fs::path& run_dir) {
                       (run_dir / "checkpoint").string() + ")");
   return std::move(*found);
 }
-
-namespace {
-// The device of a module's or optimiser's first parameter (the CPU when it has none).
-torch::Device device_of(const std::vector<torch::Tensor>& parameters) {
-  return parameters.empty() ? torch::Device(torch::kCPU) : parameters.front().device();
-}
-}  // namespace
 
 // Checkpoints load onto the device the model is on now, not the one they were saved from: a
 // run trained on a GPU evaluates on a CPU and the other way round.
