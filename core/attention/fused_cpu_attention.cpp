@@ -29,13 +29,27 @@ SgemmFn sgemm_function() {
   return fn;
 }
 
+// MKL's MKL_Set_Num_Threads_Local (mkl_set_num_threads_local in mkl_service.h; libtorch_cpu exports
+// it where MKL is its BLAS; the lower-case symbols are the Fortran interface), null elsewhere.
+using SetThreadsFn = int (*)(int);
+SetThreadsFn mkl_threads_local_function() {
+  static const SetThreadsFn fn = reinterpret_cast<SetThreadsFn>(dlsym(RTLD_DEFAULT, "MKL_Set_Num_Threads_Local"));
+  return fn;
+}
+
 // Row-major C (M x N) = alpha op(A) op(B) + beta C, op(A) M x K, op(B) K x N; lda, ldb, ldc
-// are row strides. Column-major BLAS computes C^T = op(B)^T op(A)^T.
+// are row strides. Column-major BLAS computes C^T = op(B)^T op(A)^T. Every call comes from a
+// task of a parallel loop and runs on that task's thread alone: MKL chooses its kernel by the
+// threads it may use even there (on AVX2 paths a 2-row product rounds differently with 1 and
+// with 3), and one thread keeps a block's numbers the same whatever the thread count.
 void gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   const char ta = transpose_a ? 'T' : 'N', tb = transpose_b ? 'T' : 'N';
   const int M = int(m), N = int(n), K = int(k), LDA = int(lda), LDB = int(ldb), LDC = int(ldc);
+  const SetThreadsFn set_threads = mkl_threads_local_function();
+  const int previous = set_threads ? set_threads(1) : 0;
   sgemm_function()(&tb, &ta, &N, &M, &K, &alpha, b, &LDB, a, &LDA, &beta, c, &LDC);
+  if (set_threads) set_threads(previous);
 }
 
 // The bias of head h as the kernel applies it: bias(i, j) = left * (i - j) for j < i,
