@@ -33,33 +33,26 @@ size_t whitespace_length(const unsigned char* p, const unsigned char* end) {
 // Calls on_word(word) for every word and on_line_end() at the end of every line, in text order.
 template <class OnWord, class OnLineEnd>
 void for_each_word(std::string_view text, OnWord&& on_word, OnLineEnd&& on_line_end) {
-  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
-  const auto* const end = p + text.size();
-  const unsigned char* word = nullptr;  // start of the word being read, if any
-  const auto finish_word = [&](const unsigned char* at) {
-    if (word) on_word(std::string_view(reinterpret_cast<const char*>(word), at - word));
-    word = nullptr;
-  };
-  while (p < end) {
-    const unsigned c = *p;
-    if (c == '\n' || c == '\r') {
-      finish_word(p);
-      on_line_end();
-      p += (c == '\r' && p + 1 < end && p[1] == '\n') ? 2 : 1;
-      continue;
+  for_each_line(text, [&](std::string_view line, size_t) {
+    const auto* p = reinterpret_cast<const unsigned char*>(line.data());
+    const auto* const end = p + line.size();
+    const unsigned char* word = nullptr;  // start of the word being read, if any
+    const auto finish_word = [&](const unsigned char* at) {
+      if (word) on_word(std::string_view(reinterpret_cast<const char*>(word), at - word));
+      word = nullptr;
+    };
+    while (p < end) {
+      if (const size_t space = whitespace_length(p, end)) {
+        finish_word(p);
+        p += space;
+        continue;
+      }
+      if (!word) word = p;
+      ++p;
     }
-    if (const size_t space = whitespace_length(p, end)) {
-      finish_word(p);
-      p += space;
-      continue;
-    }
-    if (!word) word = p;
-    ++p;
-  }
-  if (!text.empty() && text.back() != '\n' && text.back() != '\r') {
     finish_word(end);
     on_line_end();
-  }
+  });
 }
 
 // The special id a literal word stands for, or -1.

@@ -33,6 +33,24 @@ inline constexpr int64_t kByteVocabSize = 257;
 // The ids of a text's bytes (0..255).
 std::vector<int32_t> byte_tokens(std::string_view text);
 
+// Calls on_line(line, break_bytes) for every line of `text` in order, with universal newlines:
+// "\n", "\r\n" or a lone "\r" ends a line (break_bytes 1, 2, 1; the line excludes it). A final
+// line without a line break is a line too (break_bytes 0); an empty text has none.
+template <class OnLine>
+void for_each_line(std::string_view text, OnLine&& on_line) {
+  size_t begin = 0;
+  while (begin < text.size()) {
+    const size_t end = text.find_first_of("\r\n", begin);
+    if (end == std::string_view::npos) {
+      on_line(text.substr(begin), size_t(0));
+      return;
+    }
+    const size_t brk = (text[end] == '\r' && end + 1 < text.size() && text[end + 1] == '\n') ? 2 : 1;
+    on_line(text.substr(begin, end - begin), brk);
+    begin = end + brk;
+  }
+}
+
 // A word vocabulary: id -> word and word -> id. Not copyable (the lookup table holds views into
 // the word list); move it instead.
 class WordVocabulary {
