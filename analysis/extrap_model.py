@@ -23,7 +23,10 @@ API
       key is masked; fox needs h = blocks[layer].ln_attention(x) (B, T, D) and cope needs the
       layer's q and k (B, H, T, Dh): their bias is (B, H, T, T)
   model.metadata (JSON values decoded), model.vocabulary (word level: a list; else None),
+  model.pieces (sentencepiece: a sentencepiece.SentencePieceProcessor; else None),
   model.encode(text) -> ids, model.decode(ids) -> text
+  tokens_of_file(model, path) -> ids: a file's tokens as extrap reads it (its text, or for a
+      pre-tokenised model its .npy or raw .bin ids)
   evaluate(model, tokens, length, stride=0, batch_windows=64) -> {nll_sum, scored_tokens,
       perplexity, windows}; stride 0 or >= length: non-overlapping windows
   also: read_safetensors, alibi_slopes, t5_bucket, mask_decision, evaluation_windows
@@ -288,6 +291,7 @@ class ExtrapModel(nn.Module):
                 raise ValueError(f"t5_bias: {self.options['buckets']} buckets and max_distance "
                                  f"{self.options['max_distance']} leave no log-spaced buckets")
         self._word_ids = None
+        self.pieces = None  # sentencepiece: set by load() from the export's tokenizer model
 
     # -- position methods: input embeddings, q/k rotation, score bias
     def _absolute_positions(self, offset, T):  # (T, D) or None
@@ -528,16 +532,19 @@ class ExtrapModel(nn.Module):
         if self.pretokenised():
             raise ValueError("the model was trained on pre-tokenised ids (data.tokenizer: ids): "
                              "tokenise with the tokenizer that made them and pass the ids")
-        if self.vocabulary is None:  # byte level: id = byte value
+        if self.vocabulary is None and self.pieces is None:  # byte level: id = byte value
             return list(text.encode("utf-8") if isinstance(text, str) else bytes(text))
+        lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")  # universal newlines
+        if lines[-1] == "":  # an empty remainder after the final newline is not a line
+            lines.pop()
+        if self.pieces is not None:  # each line's pieces, then the model's end-of-sentence piece
+            eos = self.pieces.eos_id()
+            return [i for line in lines for i in self.pieces.encode(line) + [eos]]
         if self._word_ids is None:
             self._word_ids = {}
             for index, word in enumerate(self.vocabulary):
                 self._word_ids.setdefault(word, index)
             self._word_ids.update(WORD_SPECIALS)
-        lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")  # universal newlines
-        if lines[-1] == "":  # an empty remainder after the final newline is not a line
-            lines.pop()
         unk, eos = WORD_SPECIALS["<unk>"], WORD_SPECIALS["<eos>"]
         return [i for line in lines  # str.split(): runs of whitespace, none at the ends
                 for i in [self._word_ids.get(w, unk) for w in line.split()] + [eos]]
@@ -547,6 +554,15 @@ class ExtrapModel(nn.Module):
         (pre-tokenised models: the ids in decimal, joined by spaces)."""
         if self.pretokenised():
             return " ".join(str(int(i)) for i in ids)
+        if self.pieces is not None:  # lines at the end-of-sentence pieces; <mask> is no piece
+            lines, line, eos = [], [], self.pieces.eos_id()
+            for i in (int(i) for i in ids):
+                if i == eos:
+                    lines.append(self.pieces.decode(line) + "\n")
+                    line = []
+                elif i < self.pieces.get_piece_size():
+                    line.append(i)
+            return "".join(lines) + self.pieces.decode(line)
         if self.vocabulary is None:
             return b"".join(bytes([i]) if i < 256 else b"<mask>" for i in map(int, ids)).decode(
                 "utf-8", errors="replace")
@@ -577,12 +593,33 @@ def _vocabulary(path, metadata):
     return vocabulary
 
 
+def _pieces(path, metadata):
+    """A sentencepiece model's processor, from the export's side file; None for other models."""
+    if metadata["data"].get("tokenizer", "byte") != "sentencepiece":
+        return None
+    if "tokenizer_model_file" not in metadata:
+        raise ValueError("a sentencepiece model needs metadata 'tokenizer_model_file'")
+    side = os.path.join(os.path.dirname(os.path.abspath(path)), metadata["tokenizer_model_file"])
+    try:
+        import sentencepiece  # only here: other models need PyTorch alone
+    except ImportError:
+        raise ValueError("a sentencepiece model needs the sentencepiece package "
+                         "(pip install sentencepiece; the project's .venv has it)") from None
+    with open(side, "rb") as f:
+        pieces = sentencepiece.SentencePieceProcessor(model_proto=f.read())
+    if pieces.get_piece_size() + 1 != int(metadata["data"]["vocab_size"]):
+        raise ValueError(f"{side}: {pieces.get_piece_size()} pieces; the model's vocabulary is "
+                         f"{metadata['data']['vocab_size']} (the pieces and <mask>)")
+    return pieces
+
+
 def load(path, dtype=torch.float32, device="cpu", use_package=None):
     """The ExtrapModel stored in an extrap-safetensors/1 file, in eval mode, weights in dtype."""
     tensors, raw = read_safetensors(path, use_package)
     metadata = _metadata(raw)
     try:
         model = ExtrapModel(metadata, _vocabulary(path, metadata), dtype)
+        model.pieces = _pieces(path, metadata)
     except KeyError as e:
         raise ValueError(f"{path}: metadata lacks {e}") from None
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
@@ -670,6 +707,25 @@ def evaluate(model, tokens, length, stride=0, batch_windows=64):
             "perplexity": math.exp(nll_sum / count) if count else float("nan")}
 
 
+def tokens_of_file(model, path):
+    """A file's tokens as extrap reads it: text through the model's tokenizer (bytes as they
+    are at byte level), or for a pre-tokenised model its ids (.npy, or raw .bin of the config's
+    data.ids_dtype)."""
+    if model.pretokenised():
+        import numpy as np  # only here: the reader itself needs PyTorch alone
+        import yaml
+        config = yaml.safe_load(model.metadata["config"]) if "config" in model.metadata else {}
+        dtype = ((config or {}).get("data") or {}).get("ids_dtype", "uint16")
+        if path.endswith(".npy"):
+            return [int(i) for i in np.load(path)]
+        return [int(i) for i in np.fromfile(path, dtype=dtype)]
+    if model.vocabulary is None and model.pieces is None:
+        with open(path, "rb") as f:
+            return model.encode(f.read())
+    with open(path, encoding="utf-8", newline="") as f:
+        return model.encode(f.read())
+
+
 # ----------------------------------------------------------------------------- command line
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit status 2
@@ -695,21 +751,7 @@ def main(argv=None):
             raise ValueError("lengths, strides and --batch-windows must be positive")
         use_package = {"auto": None, "package": True, "fallback": False}[args.reader]
         model = load(args.model, getattr(torch, args.dtype), args.device, use_package)
-        if model.pretokenised():  # a split as extrap reads it: .npy, or raw .bin
-            import numpy as np  # only here: the reader itself needs PyTorch alone
-            import yaml
-            config = yaml.safe_load(model.metadata["config"]) if "config" in model.metadata else {}
-            dtype = ((config or {}).get("data") or {}).get("ids_dtype", "uint16")
-            if args.tokens_file.endswith(".npy"):
-                tokens = [int(i) for i in np.load(args.tokens_file)]
-            else:
-                tokens = [int(i) for i in np.fromfile(args.tokens_file, dtype=dtype)]
-        elif model.vocabulary is None:
-            with open(args.tokens_file, "rb") as f:
-                tokens = model.encode(f.read())
-        else:
-            with open(args.tokens_file, encoding="utf-8", newline="") as f:
-                tokens = model.encode(f.read())
+        tokens = tokens_of_file(model, args.tokens_file)
         if args.max_tokens is not None:
             tokens = tokens[:args.max_tokens]
         for length in args.length:  # every refusal before any output

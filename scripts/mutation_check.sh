@@ -33,7 +33,7 @@ positions/sinusoidal.cpp | torch::stack({angles.sin(), angles.cos()}, -1) | torc
 positions/learned.cpp | TORCH_CHECK(end <= options_.max_length, | TORCH_CHECK(end < options_.max_length, | learned positions refuse their own max_length
 core/eval/evaluator.cpp | windows.push_back({begin, next - begin, end - begin}); | windows.push_back({begin, next - begin, end - begin - 1}); | sliding window scores one target twice
 core/eval/evaluator.cpp | if (u < 0.8) { | if (u < 0.9) { | masked-LM corruption 90/0/10 instead of 80/10/10
-core/eval/evaluator.cpp | result.nll_sum / (std::log(2.0) * double(result.scored_tokens)) | result.nll_sum / (std::log(10.0) * double(result.scored_tokens)) | bits per byte in the wrong log base
+core/eval/evaluator.cpp | result.nll_sum / (std::log(2.0) * double(result.scored_bytes)) | result.nll_sum / (std::log(10.0) * double(result.scored_bytes)) | bits per byte in the wrong log base
 core/train/trainer.cpp | return c.lr * double(step) / double(c.warmup); | return c.lr * double(step + 1) / double(c.warmup); | warm-up off by one step
 core/base/files.cpp | if (::fsync(fd) != 0) { | if (false) { | durable write skips its fsync
 core/run/checkpoint.cpp | if (hex64(digest.hash) != entry.at("xxh3").get<std::string>()) | if (false) | checkpoint checksums not compared
@@ -122,7 +122,10 @@ experiments/sweep/sweep_spec.cpp | out["base"] = spec["base"]; | ; | a sweep wit
 experiments/sweep/point_runner.cpp | out.reused = summary.resumed_from == summary.steps; | out.reused = false; | a finished checkpoint loaded to evaluate counts as trained now
 core/data/corpus.cpp | value >= vocab_size) | value > vocab_size) | a pre-tokenised id equal to data.vocab_size is taken (it is <mask>)
 core/attention/attention.cpp | options = options.dtype(out_dtype == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32); | options = options.dtype(out_dtype); | a bfloat16 bias formed from bfloat16 positions (wrong past 256)
-core/eval/evaluator.cpp | position_bytes.index_add_(0, where, byte_counts.index_select(0, t).cpu()); | position_bytes.index_add_(0, where, torch::ones_like(where)); | bits per byte of pre-tokenised text count tokens, not the bytes behind them
+core/eval/evaluator.cpp | if (counts_bytes) by[b][p] = corpus.bytes_at(stream, target_at); | if (counts_bytes) by[b][p] = 1; | bits per byte of pre-tokenised or subword text count tokens, not the bytes behind them
+core/data/sentencepiece.cpp | const size_t start = out.ids.size() == first + 1 ? 0 : std::min<size_t>(piece.begin(), line.size); | const size_t start = std::min<size_t>(piece.begin(), line.size); | a line's leading whitespace credited to no token (bits per byte over fewer bytes than the text)
+core/data/sentencepiece.cpp | out.bytes.push_back(int32_t(line.break_bytes + (empty ? line.size : 0))); | out.bytes.push_back(int32_t(line.break_bytes)); | a whitespace-only line's bytes credited to no token
+core/data/corpus.cpp | if (options.tokenizer == Tokenizer::sentencepiece) identity += '\0' + hex64(model_hash); | ; | two SentencePiece models share one cache folder (each load rebuilds the other's splits)
 EOF
 )
 

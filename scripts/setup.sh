@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up extrap on Debian (bookworm) or a derivative, in four steps:
 #   deps    the Debian packages: compiler, CMake, and the C++ libraries that are not LibTorch
-#           (yaml-cpp, Boost.Program_options, HDF5 C++, Catch2, nlohmann-json, xxhash; gloo's
+#           (yaml-cpp, Boost.Program_options, HDF5 C++, Catch2, nlohmann-json, xxhash,
+#           SentencePiece; gloo's
 #           headers, which c10d's ProcessGroupGloo.hpp includes: LibTorch carries gloo itself), the
 #           Python 3.11 documentation (the default corpus' text), python3-venv where needed
 #   python  the project's virtual environment .venv/ (git-ignored) with requirements.txt: every
@@ -34,7 +35,7 @@ REQUIREMENTS=$ROOT/requirements.txt
 
 PACKAGES=(
   cmake g++ make libyaml-cpp-dev libboost-program-options-dev libhdf5-dev catch2
-  nlohmann-json3-dev libxxhash-dev libgloo-dev python3.11-doc
+  nlohmann-json3-dev libxxhash-dev libgloo-dev libsentencepiece-dev python3.11-doc
 )
 
 # Free space the python step needs, in GB: .venv (PyTorch with its CUDA libraries) and, at
@@ -121,7 +122,7 @@ step_python() {
     rm -rf "$VENV"
     exit 1
   }
-  "$VENV/bin/python" -c 'import torch, numpy, h5py, matplotlib, safetensors, yaml, tensorboard'
+  "$VENV/bin/python" -c 'import torch, numpy, h5py, matplotlib, safetensors, yaml, tensorboard, sentencepiece'
   echo "$stamp" >"$VENV/.extrap-stamp"
 }
 

@@ -2,6 +2,7 @@
 #include "core/data/corpus.h"
 
 #include "core/base/yaml_options.h"
+#include "core/data/sentencepiece.h"
 #include "core/data/token_cache.h"
 #include "core/data/tokenizer.h"
 
@@ -250,13 +251,15 @@ IdsLayout ids_layout(const SplitSource& split, IdsType dtype) {
   return layout;
 }
 
-// A cache directory per (corpus location, tokenizer, split fractions), named for people.
+// A cache directory per (corpus location, tokenizer, split fractions, tokenizer model), named
+// for people.
 fs::path corpus_cache_dir(const CorpusOptions& options, const fs::path& source,
-                          const std::string& name) {
+                          const std::string& name, uint64_t model_hash) {
   std::error_code error;
   fs::path location = fs::canonical(source, error);
   if (error) location = fs::absolute(source);
   std::string identity = location.string() + '\0' + enum_name(options.tokenizer);
+  if (options.tokenizer == Tokenizer::sentencepiece) identity += '\0' + hex64(model_hash);
   if (fs::is_regular_file(location)) {
     for (const double f : options.split_fractions) {
       char text[32];
@@ -281,6 +284,14 @@ CacheKey split_key(Tokenizer tokenizer, uint64_t vocab_hash, const SplitSource& 
 void write_tokens(const std::string& path, const CacheKey& key,
                   const std::vector<int32_t>& tokens) {
   write_cache(path, key, tokens.data(), tokens.size() * sizeof(int32_t), tokens.size());
+}
+
+// A tokens_with_bytes cache file: the ids, then the bytes of text behind each.
+void write_tokens_with_bytes(const std::string& path, const CacheKey& key,
+                             const SentencePieceModel::Encoded& encoded) {
+  std::vector<int32_t> payload(encoded.ids);
+  payload.insert(payload.end(), encoded.bytes.begin(), encoded.bytes.end());
+  write_cache(path, key, payload.data(), payload.size() * sizeof(int32_t), encoded.ids.size());
 }
 
 std::vector<std::string> parse_vocabulary(const CacheFile& file) {
@@ -360,10 +371,21 @@ std::string Corpus::token_text(int32_t id) const {
               vocab_size);
   if (byte_level()) return id == mask_token ? "<mask>" : std::string(1, static_cast<char>(id));
   if (tokenizer == Tokenizer::ids) return id == mask_token ? "<mask>" : std::to_string(id);
+  if (id == mask_token) return "<mask>";  // word level has it in its vocabulary too
   return vocabulary[id];
 }
 
-Corpus load_corpus(const CorpusOptions& options) {
+int64_t Corpus::bytes_at(const TokenStream& stream, int64_t position) const {
+  if (byte_level()) return 1;
+  if (stream.text_bytes()) return stream.text_bytes()[position];
+  if (!token_bytes.empty()) return token_bytes[size_t(stream.data()[position])];
+  return 0;
+}
+
+namespace {
+
+// The three splits as the options find them, the training split not empty.
+std::array<SplitSource, 3> read_splits(const CorpusOptions& options) {
   const fs::path source(options.path);
   if (options.path.empty() || !fs::exists(source)) {
     throw ConfigError("corpus path '" + options.path + "' does not exist");
@@ -373,19 +395,46 @@ Corpus load_corpus(const CorpusOptions& options) {
   if (ids && !directory)
     throw ConfigError("corpus path '" + options.path + "' is a file; data.tokenizer ids reads a "
                       "directory of {train,valid,test}.bin or .npy");
-  const std::array<SplitSource, 3> splits =
+  std::array<SplitSource, 3> splits =
       ids ? read_ids_directory(source)
           : directory ? read_directory(source) : read_single_file(source, options.split_fractions);
   if (splits[0].text.empty()) {
     throw ConfigError("the training split " + splits[0].where + " is empty");
   }
+  return splits;
+}
+
+}  // namespace
+
+TrainingText training_text(const CorpusOptions& options) {
+  if (options.tokenizer == Tokenizer::ids)
+    throw ConfigError("corpus '" + options.path + "' is pre-tokenised (data.tokenizer: ids): it has "
+                      "no text to train a tokenizer on");
+  SplitSource train = std::move(read_splits(options)[0]);
+  return {std::move(train.where), std::move(train.text)};
+}
+
+Corpus load_corpus(const CorpusOptions& options) {
+  const fs::path source(options.path);
+  const bool ids = options.tokenizer == Tokenizer::ids;
+  // The tokenizer model before the corpus's text: a wrong model is refused without reading it.
+  std::shared_ptr<const SentencePieceModel> pieces;
+  if (options.tokenizer == Tokenizer::sentencepiece) {
+    if (options.tokenizer_model.empty())
+      throw ConfigError("data.tokenizer sentencepiece needs data.tokenizer_model: a SentencePiece "
+                        ".model file (extrap tokenizer train makes one from the training split)");
+    pieces = std::make_shared<const SentencePieceModel>(SentencePieceModel::load(options.tokenizer_model));
+  }
+  const std::array<SplitSource, 3> splits = read_splits(options);
+  const bool directory = fs::is_directory(source);
 
   Corpus corpus;
   fs::path absolute = fs::absolute(source).lexically_normal();
   if (!absolute.has_filename()) absolute = absolute.parent_path();  // "dir/" names "dir"
   corpus.name = (directory ? absolute.filename() : absolute.stem()).string();
   corpus.tokenizer = options.tokenizer;
-  const fs::path cache_dir = corpus_cache_dir(options, source, corpus.name);
+  const uint64_t model_hash = pieces ? content_hash(pieces->bytes()) : 0;
+  const fs::path cache_dir = corpus_cache_dir(options, source, corpus.name, model_hash);
   corpus.cache_dir = cache_dir.string();
   std::error_code error;
   fs::create_directories(cache_dir, error);
@@ -427,6 +476,25 @@ Corpus load_corpus(const CorpusOptions& options) {
       *streams[i] = token_stream(file, 0);  // no text behind the ids: no bytes to count
     }
     if (!options.token_bytes.empty()) corpus.token_bytes = read_token_bytes(options.token_bytes, options.vocab_size);
+    return corpus;
+  }
+
+  if (pieces) {
+    // The model's pieces, then <mask>; each split's ids cached with the bytes behind them.
+    corpus.sentencepiece = pieces;
+    for (int32_t id = 0; id < pieces->size(); ++id) corpus.vocabulary.push_back(pieces->piece(id));
+    corpus.vocab_size = int64_t(pieces->size()) + 1;
+    corpus.mask_token = pieces->size();
+    corpus.eos_token = pieces->eos();
+    corpus.unk_token = pieces->unk();
+    for (size_t i = 0; i < 3; ++i) {
+      const std::string path = cache_path(std::string(kSplitNames[i]) + ".tokens");
+      CacheKey key = split_key(Tokenizer::sentencepiece, model_hash, splits[i]);
+      key.kind = CacheKind::tokens_with_bytes;
+      const CacheFile file = open_or_build_cache(
+          path, key, [&] { write_tokens_with_bytes(path, key, pieces->encode_lines(splits[i].text)); });
+      *streams[i] = token_stream(file, static_cast<int64_t>(splits[i].text.size()));
+    }
     return corpus;
   }
 

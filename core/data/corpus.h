@@ -1,6 +1,7 @@
 // Corpora: tokenisation, splits and the on-disk token cache.
 //
-// Three tokenisers (core/data/tokenizer.h has the rules of the first two):
+// Four tokenisers (core/data/tokenizer.h has the rules of the first two,
+// core/data/sentencepiece.h those of the last):
 //  - word: WikiText format, as fairseq preprocesses it. Whitespace-separated tokens, an
 //    end-of-sentence token "<eos>" after every line (blank lines included), vocabulary from
 //    the training split only (sorted by descending count, ties by first appearance), unknown
@@ -10,8 +11,12 @@
 //  - ids: token ids made elsewhere (a BPE or unigram tokenizer, say): {train,valid,test}.bin,
 //    raw little-endian uint16 or uint32 (data.ids_dtype; nanoGPT's format), or .npy arrays of
 //    one dimension and an integer dtype, each id below data.vocab_size.
+//  - sentencepiece: subword pieces of a trained SentencePiece model (data.tokenizer_model, a
+//    .model file; `extrap tokenizer train` makes one from the training split), each line's
+//    pieces then the model's end-of-sentence piece, with the bytes of text behind every token.
 // Special tokens: word level has <eos>, <unk>, <mask> (ids 0, 1, 2 in that order, then the
-// words); byte level has <mask> = 256; ids has <mask> = data.vocab_size, after the given ids.
+// words); byte level has <mask> = 256; ids has <mask> = data.vocab_size, after the given ids;
+// sentencepiece has the model's own (<unk>, <s>, </s>, ...) and <mask> after its pieces.
 // vocab_size counts them.
 //
 // A corpus directory holds wiki.{train,valid,test}.tokens or {train,valid,test}.txt. A single
@@ -35,11 +40,14 @@
 namespace extrap {
 
 // The values are part of the token cache's format (core/data/token_cache.h).
-enum class Tokenizer : uint32_t { byte = 1, word = 2, ids = 3 };
+enum class Tokenizer : uint32_t { byte = 1, word = 2, ids = 3, sentencepiece = 4 };
 template <>
 struct EnumNames<Tokenizer> {
-  static constexpr std::array<std::pair<const char*, Tokenizer>, 3> table{
-      {{"byte", Tokenizer::byte}, {"word", Tokenizer::word}, {"ids", Tokenizer::ids}}};
+  static constexpr std::array<std::pair<const char*, Tokenizer>, 4> table{
+      {{"byte", Tokenizer::byte},
+       {"word", Tokenizer::word},
+       {"ids", Tokenizer::ids},
+       {"sentencepiece", Tokenizer::sentencepiece}}};
 };
 
 // The element type of a pre-tokenised .bin split (data.ids_dtype).
@@ -65,6 +73,7 @@ struct CorpusOptions {
   int64_t vocab_size = 0;                 // ids: every id is below it (required)
   IdsType ids_dtype = IdsType::uint16;    // ids: the element type of .bin splits
   std::string token_bytes;                // ids: .npy of each id's length in bytes of text
+  std::string tokenizer_model;            // sentencepiece: the .model file (required)
 };
 
 // What loading did with a cache file.
@@ -78,6 +87,7 @@ enum class CacheStatus {
 const char* to_string(CacheStatus status);
 
 struct CacheFile;  // core/data/token_cache.h
+class SentencePieceModel;  // core/data/sentencepiece.h
 
 // A read-only stream of token ids, memory-mapped from the cache (or held in memory).
 class TokenStream {
@@ -93,6 +103,9 @@ class TokenStream {
   torch::Tensor slice(int64_t begin, int64_t length) const;
   // Number of UTF-8 bytes the stream's text had (for bits per byte).
   int64_t num_bytes() const { return num_bytes_; }
+  // The bytes of text behind each token (size() of them, summing to num_bytes()), where the
+  // tokenizer says (sentencepiece); null otherwise.
+  const int32_t* text_bytes() const { return text_bytes_; }
   CacheStatus cache_status() const { return cache_status_; }
   const std::string& cache_path() const { return cache_path_; }  // empty when in memory
 
@@ -100,6 +113,7 @@ class TokenStream {
   friend TokenStream token_stream(const CacheFile& file, int64_t num_bytes);  // token_cache.h
   std::shared_ptr<const void> mapping_;  // keeps the mmap (or the vector) alive
   const int32_t* data_ = nullptr;
+  const int32_t* text_bytes_ = nullptr;
   int64_t size_ = 0;
   int64_t num_bytes_ = 0;
   CacheStatus cache_status_ = CacheStatus::not_cached;
@@ -113,7 +127,10 @@ struct Corpus {
   int32_t mask_token = -1;
   int32_t eos_token = -1;               // word level only
   int32_t unk_token = -1;               // word level only
-  std::vector<std::string> vocabulary;  // word level: id -> word; byte level and ids: empty
+  // word level: id -> word; sentencepiece: id -> piece (<mask> is not one); byte level and ids:
+  // empty.
+  std::vector<std::string> vocabulary;
+  std::shared_ptr<const SentencePieceModel> sentencepiece;  // sentencepiece: the model
   // ids with data.token_bytes: the bytes of text behind each id (<mask>: 0), for exact bits
   // per byte; empty otherwise.
   std::vector<int64_t> token_bytes;
@@ -127,8 +144,13 @@ struct Corpus {
   // as text and bits per byte need it.
   bool has_text() const { return tokenizer != Tokenizer::ids; }
   // Whether the bytes of text behind the scored tokens are known (bits per byte): byte level,
-  // or ids with data.token_bytes.
-  bool counts_bytes() const { return byte_level() || !token_bytes.empty(); }
+  // sentencepiece, or ids with data.token_bytes.
+  bool counts_bytes() const {
+    return byte_level() || tokenizer == Tokenizer::sentencepiece || !token_bytes.empty();
+  }
+  // The bytes of text behind the token at `position` of `stream` (one of this corpus's
+  // splits); 0 where the corpus does not count bytes.
+  int64_t bytes_at(const TokenStream& stream, int64_t position) const;
   const TokenStream& split(Split which) const;
   // A hash of the tokenizer and the vocabulary (id -> token): a model is only meaningful with
   // the vocabulary it was trained on.
@@ -138,11 +160,19 @@ struct Corpus {
   YAML::Node identity() const;
   // Human-readable form of a token (for samples and debugging): the word, "<mask>", for byte
   // level the raw byte, so that concatenating a byte sequence's texts gives back its UTF-8, and
-  // for ids the id in decimal.
+  // for ids the id in decimal, for sentencepiece the piece.
   std::string token_text(int32_t id) const;
 };
 
 // Loads (and caches) a corpus. Errors name the path at fault and are ConfigError.
 Corpus load_corpus(const CorpusOptions& options);
+
+// The text of a corpus's training split as load_corpus finds it (a directory's train file, or
+// a single file's first part by split_fractions), and where it came from.
+struct TrainingText {
+  std::string where;
+  std::string text;
+};
+TrainingText training_text(const CorpusOptions& options);
 
 }  // namespace extrap

@@ -1,5 +1,6 @@
 #include "core/data/retrieval_task.h"
 
+#include "core/data/sentencepiece.h"
 #include "core/data/tokenizer.h"
 
 #include <algorithm>
@@ -60,10 +61,10 @@ std::string question_text(const std::string& name) {
   return "What is the " + name + " key? The " + name + " key is";
 }
 
-// The answer as written after "The pass key is": " 12345." at byte level ("12345." in word
-// form); the full stop ends the number, so a longer number is never a match.
-std::string answer_text(bool byte_level, int64_t key) {
-  std::string out = byte_level ? " " : "";
+// The answer as written after "The pass key is": " 12345." as text ("12345." in word form);
+// the full stop ends the number, so a longer number is never a match.
+std::string answer_text(bool as_text, int64_t key) {
+  std::string out = as_text ? " " : "";
   out += std::to_string(key);
   out += '.';
   return out;
@@ -93,7 +94,7 @@ TaskGenerator::TaskGenerator(RetrievalTask task, const Corpus& corpus)
     throw ConfigError("retrieval task " + enum_name(task) + " writes text, and corpus '" + corpus.name +
                       "' is pre-tokenised (data.tokenizer: ids): its ids have no words to write "
                       "the task with");
-  if (!corpus.byte_level()) {
+  if (corpus.word_level()) {
     // The ids of every word the task can write, found in one pass over the vocabulary.
     std::string all = "0123456789 ";
     for (const char* sentence : kFillerSentences) all += std::string(sentence) + " ";
@@ -112,10 +113,29 @@ TaskGenerator::TaskGenerator(RetrievalTask task, const Corpus& corpus)
     append(filler_, encode(std::string(sentence) + " "));
   }
   for (const auto& entry : word_ids_) encode(entry.first);  // refuses a missing word now
+  if (corpus.sentencepiece) {  // refuses a text the model can only write as <unk> now
+    std::vector<std::string> names(std::begin(kKeyNames), std::end(kKeyNames));
+    names.push_back(kPassName);
+    for (const auto& name : names) {
+      encode(key_text(name, 1234567890));
+      encode(question_text(name));
+    }
+  }
 }
 
 std::vector<int32_t> TaskGenerator::encode(const std::string& text) const {
   if (corpus_.byte_level()) return byte_tokens(text);
+  if (corpus_.sentencepiece) {
+    // Each piece of the task separately: SentencePiece splits at spaces, and a text's first
+    // piece carries its word boundary, so the pieces joined are the whole text's pieces.
+    std::vector<int32_t> ids = corpus_.sentencepiece->encode(text);
+    for (int32_t id : ids)
+      if (id == corpus_.unk_token)
+        throw ConfigError("retrieval task " + enum_name(task_) + ": the tokenizer model of corpus '" +
+                          corpus_.name + "' writes part of '" + text + "' as <unk>; use a model " +
+                          "that covers it (extrap tokenizer train keeps byte fallback on)");
+    return ids;
+  }
   std::vector<int32_t> ids;
   for (const auto& word : word_form(text)) {
     const auto found = word_ids_.find(word);
@@ -143,7 +163,7 @@ int64_t TaskGenerator::min_length() const {
     const int64_t sentences = int64_t(key_sentence(name, kPasskeyMax).size()) *
                               (task_ == RetrievalTask::multikey ? 1 + kMultikeyDistractors : 1);
     const int64_t question = int64_t(encode(question_text(name)).size());
-    const int64_t answer = int64_t(encode(answer_text(corpus_.byte_level(), kPasskeyMax)).size());
+    const int64_t answer = int64_t(encode(answer_text(!corpus_.word_level(), kPasskeyMax)).size());
     longest = std::max(longest, sentences + question + answer);
   }
   return longest;
@@ -166,7 +186,7 @@ TaskInstance TaskGenerator::make(int64_t length, double depth, uint64_t seed) co
   }
   const std::vector<int32_t> target = key_sentence(out.name, out.key);
   const std::vector<int32_t> question = encode(question_text(out.name));
-  out.answer = encode(answer_text(corpus_.byte_level(), out.key));
+  out.answer = encode(answer_text(!corpus_.word_level(), out.key));
   std::vector<int64_t> distractor_keys;  // in name order; out.distractor_keys is in text order
   std::vector<std::vector<int32_t>> distractors;
   for (const auto& name : others) {
@@ -238,6 +258,7 @@ TaskInstance TaskGenerator::make(int64_t length, double depth, uint64_t seed) co
 }
 
 std::string TaskGenerator::text(const std::vector<int32_t>& tokens) const {
+  if (corpus_.sentencepiece) return corpus_.sentencepiece->decode(tokens);
   std::string out;
   for (int32_t t : tokens) {
     if (!corpus_.byte_level() && !out.empty()) out += ' ';

@@ -23,7 +23,10 @@
 //   number ends: a model that continues with a longer number does not match.
 // Adapted to extrap's tokenizers: byte level is the UTF-8 text (the answer " 12345." with its
 // space); word level writes punctuation and each digit as words ("The pass key is 1 2 3 4 5 .",
-// the answer "1 2 3 4 5 ."), and refuses a corpus whose vocabulary lacks one of the task's words.
+// the answer "1 2 3 4 5 ."), and refuses a corpus whose vocabulary lacks one of the task's words;
+// sentencepiece encodes each sentence, the question and the answer (" 12345.") on its own
+// (pieces never cross a space, so they join into the whole text's pieces), and refuses a model
+// that writes any of them with <unk>.
 // The literature's one-line instruction before the filler ("There is an important info hidden
 // inside a lot of irrelevant text...") is left out: at byte level it alone fills a 128-token
 // window, and extrap's models learn the task from training on it (data.task).

@@ -121,7 +121,8 @@ std::optional<CacheFile> open_cache(const std::string& path, const CacheKey& key
     return corrupt("size " + std::to_string(file_bytes) + " bytes, header says " +
                    std::to_string(sizeof(CacheHeader) + header.payload_bytes));
   }
-  if (key.kind == CacheKind::tokens && header.payload_bytes != header.count * sizeof(int32_t)) {
+  const uint64_t arrays = key.kind == CacheKind::tokens ? 1 : key.kind == CacheKind::tokens_with_bytes ? 2 : 0;
+  if (arrays > 0 && header.payload_bytes != arrays * header.count * sizeof(int32_t)) {
     return corrupt("payload size does not match its token count");
   }
   const char* payload = static_cast<const char*>(mapping.get()) + sizeof(CacheHeader);
@@ -131,6 +132,7 @@ std::optional<CacheFile> open_cache(const std::string& path, const CacheKey& key
 
   CacheFile file;
   file.path = path;
+  file.kind = key.kind;
   file.mapping = std::move(mapping);
   file.payload = payload;
   file.payload_bytes = header.payload_bytes;
@@ -188,6 +190,7 @@ TokenStream token_stream(const CacheFile& file, int64_t num_bytes) {
   stream.mapping_ = file.mapping;
   stream.data_ = reinterpret_cast<const int32_t*>(file.payload);
   stream.size_ = static_cast<int64_t>(file.count);
+  if (file.kind == CacheKind::tokens_with_bytes) stream.text_bytes_ = stream.data_ + file.count;
   stream.num_bytes_ = num_bytes;
   stream.cache_status_ = file.status;
   stream.cache_path_ = file.path;

@@ -26,7 +26,9 @@
 namespace extrap {
 
 
-enum class CacheKind : uint32_t { tokens = 1, vocabulary = 2 };
+// tokens: int32 ids. vocabulary: words, each followed by '\n'. tokens_with_bytes: int32 ids, then
+// as many int32 counts of the bytes of text behind each (SentencePiece; TokenStream::text_bytes).
+enum class CacheKind : uint32_t { tokens = 1, vocabulary = 2, tokens_with_bytes = 3 };
 
 // What a cache file must have been made from to be reused.
 struct CacheKey {
@@ -40,6 +42,7 @@ struct CacheKey {
 // A validated cache file, memory-mapped read-only.
 struct CacheFile {
   std::string path;
+  CacheKind kind = CacheKind::tokens;
   std::shared_ptr<const void> mapping;  // unmaps when the last owner goes
   const char* payload = nullptr;
   uint64_t payload_bytes = 0;
@@ -64,7 +67,8 @@ void write_cache(const std::string& path, const CacheKey& key, const void* paylo
 CacheFile open_or_build_cache(const std::string& path, const CacheKey& key,
                               const std::function<void()>& build);
 
-// A stream over a mapped token cache whose source text had `num_bytes` bytes.
+// A stream over a mapped token cache whose source text had `num_bytes` bytes (with the bytes
+// behind each token where the file is tokens_with_bytes).
 TokenStream token_stream(const CacheFile& file, int64_t num_bytes);
 
 }  // namespace extrap

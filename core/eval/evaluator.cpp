@@ -148,44 +148,53 @@ EvaluationScope::~EvaluationScope() {
 namespace {
 // One batch's windows as model inputs and their targets.
 struct EvalBatch {
-  torch::Tensor inputs;   // (b, T)
-  torch::Tensor targets;  // (b, T), -1 where not scored
+  torch::Tensor inputs;        // (b, T)
+  torch::Tensor targets;       // (b, T), -1 where not scored
+  torch::Tensor target_bytes;  // (b, T), the bytes of text behind each scored target, else 0
 };
 
 // Inputs and targets of windows [first, first + count) of a group, each of `size` tokens.
 EvalBatch batch_inputs(const std::vector<EvalWindow>& group, size_t first, int64_t count,
-                       int64_t size, const int32_t* data, bool causal, const EvalSpec& spec,
+                       int64_t size, const TokenStream& stream, bool causal, const EvalSpec& spec,
                        const Corpus& corpus) {
+  const int32_t* data = stream.data();
   auto inputs = torch::empty({count, size}, torch::kLong);
   auto targets = torch::full({count, size}, int64_t(-1), torch::kLong);  // -1: not scored
+  auto target_bytes = torch::zeros({count, size}, torch::kLong);
   auto in = inputs.accessor<int64_t, 2>();
   auto tg = targets.accessor<int64_t, 2>();
+  auto by = target_bytes.accessor<int64_t, 2>();
+  const bool counts_bytes = corpus.counts_bytes();
   for (int64_t b = 0; b < count; ++b) {
     const EvalWindow& w = group[first + b];
     for (int64_t p = 0; p < size; ++p) {
       const int64_t pos = w.begin + p;
+      int64_t target_at = -1;  // the stream position of the scored target, if any
       if (causal) {
         in[b][p] = data[pos];
-        if (p >= w.score_from) tg[b][p] = data[pos + 1];
+        if (p >= w.score_from) target_at = pos + 1;
       } else {
         const auto d = mask_decision(pos, data[pos], spec.mask_prob, spec.mask_seed,
                                      corpus.mask_token, corpus.vocab_size);
         in[b][p] = d.input;
-        if (p >= w.score_from && d.selected) tg[b][p] = data[pos];
+        if (p >= w.score_from && d.selected) target_at = pos;
       }
+      if (target_at < 0) continue;
+      tg[b][p] = data[target_at];
+      if (counts_bytes) by[b][p] = corpus.bytes_at(stream, target_at);
     }
   }
-  return {inputs, targets};
+  return {inputs, targets, target_bytes};
 }
 
-// Adds the NLL of a batch's scored targets to the sums by window position, in logit chunks;
-// with `byte_counts` (bytes of text per id, on `device`), their bytes too.
-void score_batch(TransformerLM& model, const torch::Tensor& inputs, const torch::Tensor& targets,
-                 int64_t size, torch::Device device, const torch::Tensor& byte_counts,
+// Adds the NLL of a batch's scored targets, and the bytes of text behind them, to the sums by
+// window position, in logit chunks.
+void score_batch(TransformerLM& model, const EvalBatch& batch, int64_t size, torch::Device device,
                  torch::Tensor& position_nll, torch::Tensor& position_tokens,
                  torch::Tensor& position_bytes) {
-  auto hidden = model->hidden(inputs.to(device));            // (b, T, D)
-  auto flat_targets = targets.view({-1}).to(device);        // (b*T,)
+  auto hidden = model->hidden(batch.inputs.to(device));      // (b, T, D)
+  auto flat_targets = batch.targets.view({-1}).to(device);  // (b*T,)
+  auto flat_bytes = batch.target_bytes.view({-1});          // (b*T,), on the CPU
   auto scored = flat_targets.ge(0).nonzero().squeeze(1);    // indices of scored positions
   if (scored.numel() == 0) return;
   auto h = hidden.reshape({-1, hidden.size(-1)}).index_select(0, scored);  // (S, D)
@@ -196,10 +205,11 @@ void score_batch(TransformerLM& model, const torch::Tensor& inputs, const torch:
     auto t = flat_targets.index_select(0, scored.narrow(0, c, len));         // (len,)
     auto nll = torch::nn::functional::cross_entropy(
         logits, t, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
-    auto where = scored.narrow(0, c, len).remainder(size).cpu();  // window positions
+    const auto rows = scored.narrow(0, c, len).cpu();
+    auto where = rows.remainder(size);  // window positions
     position_nll.index_add_(0, where, nll.to(torch::kFloat64).cpu());
     position_tokens.index_add_(0, where, torch::ones_like(where));
-    if (byte_counts.defined()) position_bytes.index_add_(0, where, byte_counts.index_select(0, t).cpu());
+    position_bytes.index_add_(0, where, flat_bytes.index_select(0, rows));
   }
 }
 
@@ -225,10 +235,7 @@ void summarise_positions(const torch::Tensor& position_nll, const torch::Tensor&
                       std::to_string(result.scored_tokens) + " tokens): the model produced " +
                       "non-finite logits");
   result.perplexity = std::exp(result.nll_sum / double(result.scored_tokens));
-  if (corpus.byte_level()) {
-    result.scored_bytes = result.scored_tokens;
-    result.bits_per_byte = result.nll_sum / (std::log(2.0) * double(result.scored_tokens));
-  } else if (!corpus.token_bytes.empty()) {  // ids with data.token_bytes
+  if (corpus.counts_bytes()) {
     result.scored_bytes = position_bytes.sum().item<int64_t>();
     if (result.scored_bytes > 0)
       result.bits_per_byte = result.nll_sum / (std::log(2.0) * double(result.scored_bytes));
@@ -259,18 +266,14 @@ EvalResult evaluate(TransformerLM& model, const Corpus& corpus, const TokenStrea
   // Batch windows of equal size together.
   std::map<int64_t, std::vector<EvalWindow>> by_size;
   for (const auto& w : windows) by_size[w.size].push_back(w);
-  const int32_t* data = stream.data();
   // Summed NLL and scored tokens by position in the window, in float64.
   auto position_nll = torch::zeros({spec.length}, torch::kFloat64);
   auto position_tokens = torch::zeros({spec.length}, torch::kLong);
-  auto position_bytes = torch::zeros({spec.length}, torch::kLong);  // ids with data.token_bytes
+  auto position_bytes = torch::zeros({spec.length}, torch::kLong);  // where the corpus counts bytes
 
   // Data parallel: batch k (in this order) is rank k % world's; the sums are reduced below.
   ProcessGroup* ranks = ProcessGroup::get(device);
   if (ranks) device = ranks->device();
-  torch::Tensor byte_counts;  // (V,) bytes of text per id, on the model's device
-  if (!corpus.token_bytes.empty())
-    byte_counts = torch::tensor(corpus.token_bytes, torch::kLong).to(device);
   int64_t batch_number = -1;
   // With ranks, an error in one rank's batches (a length a method refuses, say) is agreed on
   // by all of them below, so that they fail alike instead of waiting for each other.
@@ -280,9 +283,8 @@ EvalResult evaluate(TransformerLM& model, const Corpus& corpus, const TokenStrea
       for (size_t first = 0; first < group.size(); first += per_batch) {
         if (ranks && ++batch_number % ranks->size() != ranks->rank()) continue;
         const int64_t count = std::min<int64_t>(per_batch, int64_t(group.size() - first));
-        const EvalBatch batch = batch_inputs(group, first, count, size, data, causal, spec, corpus);
-        score_batch(model, batch.inputs, batch.targets, size, device, byte_counts, position_nll,
-                    position_tokens, position_bytes);
+        const EvalBatch batch = batch_inputs(group, first, count, size, stream, causal, spec, corpus);
+        score_batch(model, batch, size, device, position_nll, position_tokens, position_bytes);
       }
     }
   });

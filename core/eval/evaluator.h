@@ -66,7 +66,8 @@ struct EvalResult {
   int64_t scored_tokens = 0;
   double perplexity = NAN;
   // Bytes of text behind the scored tokens, and the NLL in bits per byte of them: byte-level
-  // corpora, and ids with data.token_bytes (Corpus::counts_bytes); 0 and NaN otherwise.
+  // corpora, sentencepiece, and ids with data.token_bytes (Corpus::counts_bytes); 0 and NaN
+  // otherwise.
   int64_t scored_bytes = 0;
   double bits_per_byte = NAN;
   double seconds = 0;

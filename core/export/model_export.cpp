@@ -2,6 +2,7 @@
 
 #include "core/base/files.h"
 #include "core/base/version.h"
+#include "core/data/sentencepiece.h"
 #include "core/export/safetensors.h"
 #include "core/run/run_dir.h"
 
@@ -148,6 +149,11 @@ ExportSummary export_run(const fs::path& run_dir, const fs::path& out, const Exp
   summary.file = out;
   summary.step = run.step;
   summary.tensors = tensors.size();
+  if (corpus.sentencepiece) {  // the .model file itself, which Python's sentencepiece reads
+    summary.vocabulary_file = fs::path(out.string() + ".tokenizer.model");
+    write_file_atomic(summary.vocabulary_file, corpus.sentencepiece->bytes());
+    metadata["tokenizer_model_file"] = summary.vocabulary_file.filename().string();
+  }
   if (corpus.word_level()) {
     std::string words = vocabulary_json(corpus);
     if (words.size() <= options.inline_vocabulary_bytes) {

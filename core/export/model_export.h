@@ -19,6 +19,8 @@
 //   vocabulary (JSON) word level: the list id -> token; a vocabulary whose JSON exceeds the
 //                     inline limit goes to a side file FILE.vocab.json instead, named by
 //                     "vocabulary_file" (relative to the .safetensors file's directory)
+//   tokenizer_model_file  sentencepiece: the side file FILE.tokenizer.model, the SentencePiece
+//                     model the corpus was tokenised with (relative, as above)
 //   config            the resolved config as YAML; checkpoint (JSON): step, fingerprint,
 //                     vocabulary_hash
 #pragma once
@@ -39,7 +41,8 @@ struct ExportOptions {
 
 struct ExportSummary {
   std::filesystem::path file;
-  std::filesystem::path vocabulary_file;  // empty when inline or byte level
+  std::filesystem::path vocabulary_file;  // the side file: a large word vocabulary, or the
+                                          // SentencePiece model; empty when there is none
   size_t tensors = 0;
   size_t bytes = 0;
   int64_t step = 0;

@@ -23,6 +23,9 @@ void read_data_section(const OptionReader& root, Config& c) {
   r.read("token_bytes", c.data.token_bytes,
          "tokenizer ids: a .npy of each id's length in bytes of text (vocab_size counts): bits per "
          "byte, exact", Affects::evaluation);
+  r.read("tokenizer_model", c.data.tokenizer_model,
+         "tokenizer sentencepiece: the SentencePiece .model file (required; extrap tokenizer train "
+         "makes one)");
   r.read("task", c.task,
          "synthetic retrieval task mixed into the training data (core/data/retrieval_task.h)");
   r.read("task_fraction", c.task_fraction,
@@ -38,6 +41,15 @@ void read_data_section(const OptionReader& root, Config& c) {
       r.fail(c.data.vocab_size != 0 ? "vocab_size" : c.data.ids_dtype != IdsType::uint16 ? "ids_dtype" : "token_bytes",
              "is an option of tokenizer ids (pre-tokenised splits); tokenizer " +
                  enum_name(c.data.tokenizer) + " has its own vocabulary");
+    const bool pieces = c.data.tokenizer == Tokenizer::sentencepiece;
+    if (pieces && c.data.tokenizer_model.empty())
+      r.fail("tokenizer_model", "is required with tokenizer sentencepiece: give the .model file "
+                                "(extrap tokenizer train --data " +
+                                    (c.data.path.empty() ? std::string("DIR") : c.data.path) +
+                                    " --vocab-size N --out FILE.model makes one)");
+    if (!pieces && !c.data.tokenizer_model.empty())
+      r.fail("tokenizer_model", "is an option of tokenizer sentencepiece; tokenizer " +
+                                    enum_name(c.data.tokenizer) + " has its own vocabulary");
     r.at_least("vocab_size", c.data.vocab_size, 0);
     if (c.data.vocab_size > (int64_t(1) << 31) - 2)
       r.fail("vocab_size", "must be below 2^31 - 1 (ids are int32), got " +
@@ -299,6 +311,7 @@ YAML::Node keys_affecting(const Config& config, std::initializer_list<Affects> k
     remove_key(out, "data.ids_dtype");
   }
   if (config.data.token_bytes.empty()) remove_key(out, "data.token_bytes");
+  if (config.data.tokenizer_model.empty()) remove_key(out, "data.tokenizer_model");  // 0.12
   return out;
 }
 }  // namespace

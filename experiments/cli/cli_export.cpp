@@ -24,7 +24,8 @@ int export_model(const Args& args) {
   std::cout << "wrote " << summary.file.string() << ": " << summary.tensors << " tensors, "
             << summary.bytes << " bytes, step " << summary.step;
   if (!summary.vocabulary_file.empty())
-    std::cout << "; vocabulary in " << summary.vocabulary_file.string();
+    std::cout << "; " << (summary.vocabulary_file.extension() == ".model" ? "tokenizer" : "vocabulary")
+              << " in " << summary.vocabulary_file.string();
   std::cout << "\nload it in Python: analysis/extrap_model.py (docs/formats.md: Using the model from Python)\n";
   return 0;
 }

@@ -1,6 +1,7 @@
 // `extrap generate`: text from a trained causal model, with a per-layer KV cache; and
 // `extrap bench generate`: decode tokens/s with and without the cache.
 #include "core/base/files.h"
+#include "core/data/sentencepiece.h"
 #include "core/data/tokenizer.h"
 #include "core/eval/generate.h"
 #include "core/runtime/sysinfo.h"
@@ -18,10 +19,17 @@ namespace extrap::cli {
 
 namespace {
 
-// The prompt as the corpus's tokens. Word level: the words of each line, <eos> between lines
-// (none after the last unless the text ends with a newline); unknown words become <unk>.
+// The prompt as the corpus's tokens. Word level and sentencepiece: each line's words or pieces,
+// <eos> between lines (none after the last unless the text ends with a newline); unknown words
+// become <unk>.
 std::vector<int32_t> encode_prompt(const Corpus& corpus, const std::string& text) {
   if (corpus.byte_level()) return byte_tokens(text);
+  const bool ends_line = !text.empty() && (text.back() == '\n' || text.back() == '\r');
+  if (corpus.sentencepiece) {
+    std::vector<int32_t> tokens = corpus.sentencepiece->encode_lines(text).ids;
+    if (!tokens.empty() && !ends_line) tokens.pop_back();  // the last line's end-of-sentence
+    return tokens;
+  }
   if (!corpus.has_text()) {
     // Pre-tokenised corpora: the prompt is the ids themselves, separated by spaces.
     std::vector<int32_t> tokens;
@@ -43,15 +51,16 @@ std::vector<int32_t> encode_prompt(const Corpus& corpus, const std::string& text
   }
   WordVocabulary vocabulary(corpus.vocabulary);
   std::vector<int32_t> tokens = vocabulary.encode(text);
-  if (!tokens.empty() && tokens.back() == kWordEos && (text.empty() || text.back() != '\n'))
-    tokens.pop_back();
+  if (!tokens.empty() && tokens.back() == kWordEos && !ends_line) tokens.pop_back();
   return tokens;
 }
 
-// How a generated token is printed: its bytes, or a word-level token's word with a space
-// before it (a newline for <eos>).
+// How a generated token is printed: its bytes, a piece's text, or a word-level token's word
+// with a space before it (a newline for <eos>).
 std::string token_output(const Corpus& corpus, int32_t token) {
   if (corpus.byte_level()) return corpus.token_text(token);
+  if (corpus.sentencepiece)
+    return token == corpus.mask_token ? "<mask>" : corpus.sentencepiece->piece_text(token);
   if (!corpus.has_text()) return " " + corpus.token_text(token);
   if (token == corpus.eos_token) return "\n";
   std::string text(1, ' ');

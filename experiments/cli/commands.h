@@ -28,6 +28,7 @@ int bench_attention(const Args& args);
 int bench_generate(const Args& args);   // experiments/cli/cli_generate.cpp
 int generate(const Args& args);
 int task(const Args& args);    // experiments/cli/cli_retrieval.cpp
+int tokenizer(const Args& args);  // experiments/cli/cli_tokenizer.cpp
 int sweep(const Args& args);   // experiments/cli/cli_sweep.cpp
 int merge(const Args& args);
 int report(const Args& args);

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Downloads, on a machine with network access and Debian 12 package lists, the .deb files
 # that the GPU device machine lacks to build extrap (it has CUDA, CMake, a compiler and
-# PyTorch, but no network): yaml-cpp, Boost.Program_options, HDF5, Catch2, nlohmann-json and
-# xxhash, with the runtime libraries they load. They land in .debs/ (git-ignored), which a device call
+# PyTorch, but no network): yaml-cpp, Boost.Program_options, HDF5, Catch2, nlohmann-json,
+# xxhash and SentencePiece, with the runtime libraries they load. They land in .debs/ (git-ignored), which a device call
 # carries (carry: [".debs"]) and scripts/gpu/run_on_device.sh unpacks into a private prefix.
 #
 #   scripts/gpu/fetch_debs.sh            # everything
@@ -21,6 +21,7 @@ main=("${yaml[@]}"
       libhdf5-dev libhdf5-103-1 libhdf5-cpp-103-1 libhdf5-hl-100 libhdf5-hl-cpp-100
       libsz2 libaec0
       catch2 nlohmann-json3-dev libxxhash-dev libxxhash0
+      libsentencepiece-dev libsentencepiece0
       libgloo-dev)  # headers only: c10d's ProcessGroupGloo.hpp includes them
 # libhdf5-103-1's runtime dependencies beyond libc and libstdc++ (apt-cache depends --recurse).
 fallback=(libcurl4 libssl3 libbrotli1 libgssapi-krb5-2 libk5crypto3 libkrb5-3 libkrb5support0

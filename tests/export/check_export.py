@@ -48,12 +48,7 @@ def check(model_path, eval_path, tokens_path, logits_path):
     print(f"  {model_path}: logits within {difference.max().item():.1e} of extrap's")
     with open(eval_path) as f:
         expected = json.load(f)
-    if model.vocabulary is None:
-        with open(tokens_path, "rb") as f:
-            tokens = model.encode(f.read())
-    else:
-        with open(tokens_path, encoding="utf-8", newline="") as f:
-            tokens = model.encode(f.read())
+    tokens = extrap_model.tokens_of_file(model, tokens_path)
     if expected["max_tokens"] > 0:
         tokens = tokens[:expected["max_tokens"]]
     rows = expected["results"]

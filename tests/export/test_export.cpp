@@ -121,14 +121,21 @@ struct ExportDir : TempDir {
     }
   }
 
+  // The corpus directory a tokenizer's runs train on: bytes/, words/, or pieces/ (made by the
+  // test that uses it, with its SentencePiece model pieces.model).
+  static std::string corpus_of(const std::string& tokenizer) {
+    return tokenizer == "byte" ? "bytes" : tokenizer == "word" ? "words" : "pieces";
+  }
+
   // Trains a run named `name` (12 steps) and returns its directory, relative to root.
   std::string train(const std::string& name, const std::string& position, bool causal,
                     const std::string& tokenizer = "byte", const std::string& model_extra = "",
                     const std::string& top_extra = "") {
-    const std::string corpus = tokenizer == "byte" ? "bytes" : "words";
+    const std::string corpus = corpus_of(tokenizer);
     const std::string run = "runs/" + name;
+    const std::string model_file = tokenizer == "sentencepiece" ? ", tokenizer_model: pieces.model" : "";
     write_text(root / (name + ".yaml"),
-               "data: {path: " + corpus + ", tokenizer: " + tokenizer + ", cache_dir: cache}\n"
+               "data: {path: " + corpus + ", tokenizer: " + tokenizer + model_file + ", cache_dir: cache}\n"
                "model: {layers: 2, d_model: 32, heads: 4, d_ffn: 64, dropout: 0.0, objective: " +
                    std::string(causal ? "causal_lm" : "masked_lm") + model_extra + "}\n"
                "position: " + position + "\n"
@@ -173,8 +180,7 @@ Compared train_eval_export(ExportDir& d, const std::string& name, const std::str
   REQUIRE(code == 0);
   code = run_cli(d, {"export", "--checkpoint", run, "--out", name + ".safetensors"}, &out);
   REQUIRE(code == 0);
-  return {name + ".safetensors", name + ".eval.json",
-          std::string(tokenizer == "byte" ? "bytes" : "words") + "/valid.txt",
+  return {name + ".safetensors", name + ".eval.json", ExportDir::corpus_of(tokenizer) + "/valid.txt",
           write_logits(d, run, name)};
 }
 
@@ -328,6 +334,45 @@ TEST_CASE("export: Python's extrap_model.py reproduces extrap eval, causal metho
   models.push_back({"side.safetensors", "causal_words.eval.json", "words/valid.txt",
                     "causal_words.logits.safetensors"});
   check_in_python(d, models);
+}
+
+TEST_CASE("export: a sentencepiece model carries its tokenizer, and Python tokenises and scores as "
+          "extrap does",
+          "[export][python][sentencepiece]") {
+  ExportDir d;
+  fs::create_directories(d.root / "pieces");
+  write_text(d.root / "pieces" / "train.txt", synthetic_prose(30000, 1));
+  write_text(d.root / "pieces" / "valid.txt", synthetic_prose(3000, 2) + "\n  caf\xC3\xA9 \xE2\x82\xAC\r\nlast");
+  write_text(d.root / "pieces" / "test.txt", synthetic_prose(3000, 3));
+  std::string out;
+  REQUIRE(run_cli(d, {"tokenizer", "train", "--data", "pieces", "--vocab-size", "400", "--type", "bpe",
+                      "--out", "pieces.model"},
+                  &out) == 0);
+  std::vector<Compared> models{train_eval_export(d, "causal_pieces", "rotary", true, "sentencepiece"),
+                               train_eval_export(d, "masked_pieces", "alibi_symmetric", false, "sentencepiece")};
+  CHECK(read_safetensors_checked(d.root / "causal_pieces.safetensors").metadata.at("tokenizer_model_file") ==
+        "causal_pieces.safetensors.tokenizer.model");
+  CHECK(read_text(d.root / "causal_pieces.safetensors.tokenizer.model") == read_text(d.root / "pieces.model"));
+  check_in_python(d, models);
+
+  // Python's sentencepiece (PyPI) and extrap's (Debian's library) give the same ids, split by
+  // split.
+  write_text(d.root / "ids.py",
+             "import json, sys\nsys.path.insert(0, '" EXTRAP_SOURCE_DIR "/analysis')\n"
+             "import extrap_model as em\nm = em.load('causal_pieces.safetensors')\n"
+             "for split in ('train', 'valid', 'test'):\n"
+             "    ids = em.tokens_of_file(m, f'pieces/{split}.txt')\n"
+             "    print(json.dumps(ids))\n");
+  REQUIRE(run_python(d, "ids.py", &out) == 0);
+  std::istringstream lines(out);
+  const CliRun run = load_cli_run(d, "runs/causal_pieces");
+  for (const TokenStream* stream : {&run.corpus.train, &run.corpus.valid, &run.corpus.test}) {
+    std::string line;
+    REQUIRE(std::getline(lines, line));
+    const auto ids = json::parse(line).get<std::vector<int32_t>>();
+    REQUIRE(ids.size() == size_t(stream->size()));
+    CHECK(std::equal(ids.begin(), ids.end(), stream->data()));
+  }
 }
 
 TEST_CASE("export: Python's extrap_model.py reproduces extrap eval, masked-LM methods", "[export][python]") {

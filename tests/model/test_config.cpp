@@ -245,10 +245,12 @@ TEST_CASE("config: each key's mark decides the run fingerprint and what a sweep 
   // and so is train.precision (fp32; tests/kernels/test_precision.cpp)
   c.train.precision = Precision::bf16;
   // and data.vocab_size and data.ids_dtype unless the tokenizer is ids, and data.token_bytes
-  // unless given (tests/experiments/test_pretokenised.cpp)
+  // unless given (tests/experiments/test_pretokenised.cpp), and data.tokenizer_model unless given
   c.data.tokenizer = Tokenizer::ids;
   c.data.vocab_size = 1000;
   c.data.token_bytes = "bytes.npy";
+  CHECK(!c.model_keys()["data"]["tokenizer_model"]);  // the runs of 0.11 keep their fingerprints
+  c.data.tokenizer_model = "spm.model";
   const YAML::Node model = c.model_keys();
   CHECK(model["train"]["steps"]);
   CHECK(model["train"]["lr"]);

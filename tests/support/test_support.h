@@ -103,6 +103,37 @@ inline Corpus tiny_byte_corpus(int repeats = 40) {
   return c;
 }
 
+// Deterministic pseudo-English of about `bytes` bytes: sentences of words drawn by an LCG from a
+// fixed list, now and then a number, a line break after every few sentences. Enough variety to
+// train a subword tokenizer on.
+inline std::string synthetic_prose(size_t bytes, uint64_t seed) {
+  static const char* const kWords[] = {
+      "the", "model", "was", "trained", "on", "short", "inputs", "and", "evaluated", "at",
+      "longer", "lengths", "attention", "scores", "get", "a", "penalty", "linear", "in",
+      "distance", "while", "rotary", "embeddings", "degrade", "quickly", "beyond", "training",
+      "window", "perplexity", "stays", "flat", "for", "every", "head", "slope", "is", "fixed",
+      "geometric", "sequence", "researchers", "compare", "methods", "with", "one", "trainer",
+      "position", "bias", "kernel", "learned", "sinusoidal", "of", "to", "it", "we", "report"};
+  std::string out;
+  uint64_t state = seed;
+  const auto next = [&](uint64_t n) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return (state >> 33) % n;
+  };
+  while (out.size() < bytes) {
+    const uint64_t words = 4 + next(12);
+    for (uint64_t w = 0; w < words; ++w) {
+      std::string word = kWords[next(std::size(kWords))];
+      if (w == 0) word[0] = char(word[0] - 'a' + 'A');
+      out += word;
+      if (next(17) == 0) out += " " + std::to_string(next(2000));
+      out += w + 1 < words ? " " : ". ";
+    }
+    if (next(4) == 0) out.back() = '\n';
+  }
+  return out;
+}
+
 inline Config tiny_config(const std::string& position = "alibi") {
   Config c;
   c.model.layers = 2;
