@@ -126,6 +126,7 @@ core/eval/evaluator.cpp | if (counts_bytes) by[b][p] = corpus.bytes_at(stream, t
 core/data/sentencepiece.cpp | const size_t start = out.ids.size() == first + 1 ? 0 : std::min<size_t>(piece.begin(), line.size); | const size_t start = std::min<size_t>(piece.begin(), line.size); | a line's leading whitespace credited to no token (bits per byte over fewer bytes than the text)
 core/data/sentencepiece.cpp | out.bytes.push_back(int32_t(line.break_bytes + (empty ? line.size : 0))); | out.bytes.push_back(int32_t(line.break_bytes)); | a whitespace-only line's bytes credited to no token
 core/data/corpus.cpp | if (options.tokenizer == Tokenizer::sentencepiece) identity += '\0' + hex64(model_hash); | ; | two SentencePiece models share one cache folder (each load rebuilds the other's splits)
+experiments/sweep/sweep.cpp | moved.back().point_index = now->point_index; | moved.back().point_index = run.point_index; | a merged grown sweep leaves the earlier stage's runs at their old places in its grid
 EOF
 )
 

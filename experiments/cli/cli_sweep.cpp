@@ -216,6 +216,9 @@ int merge(const Args& args) {
             << " runs and " << outcome.points_added << " points added";
   if (outcome.points_already_present > 0)
     std::cerr << ", " << outcome.points_already_present << " points were already there";
+  if (outcome.took_spec)
+    std::cerr << "; the sweep changed since " << output << " was written (it grew or shrank), and "
+              << output << " now holds the shards' spec (its other runs kept)";
   std::cerr << "\n";
   return 0;
 }

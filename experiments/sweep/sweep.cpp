@@ -480,6 +480,19 @@ SweepOutcome run_sweep(const SweepSpec& spec, const SweepOptions& options) {
   return outcome;
 }
 
+namespace {
+
+// Refuses merging shards of sweep `shards` into a results file of another sweep (one that is
+// not the same sweep at another stage of its growth).
+void refuse_other_sweep(const SweepHeader& out, const std::string& output, const SweepHeader& shards,
+                        const std::string& shard_label) {
+  const std::string difference = sweep_growth_difference(out, output, shards, shard_label);
+  if (!difference.empty())
+    throw ConfigError(output + " holds the results of a different sweep (" + difference + ")");
+}
+
+}  // namespace
+
 MergeOutcome merge_results(const std::string& output, const std::vector<std::string>& inputs) {
   if (inputs.empty()) throw ConfigError("no input files");
   std::vector<ResultsStore> sources;
@@ -491,18 +504,23 @@ MergeOutcome merge_results(const std::string& output, const std::vector<std::str
   for (size_t i = 1; i < sources.size(); ++i) {
     const std::string difference =
         describe_difference(sources[0].header(), inputs[0], sources[i].header(), inputs[i]);
-    if (!difference.empty())
-      throw ConfigError(inputs[i] + " is not from the same sweep as " + inputs[0] + " (" +
-                        difference + "); only shards of one sweep can be merged");
+    if (difference.empty()) continue;
+    const bool stages = sweep_growth_difference(sources[0].header(), inputs[0], sources[i].header(),
+                                                inputs[i]).empty();
+    throw ConfigError(inputs[i] + " is not from the same sweep as " + inputs[0] + " (" + difference +
+                      (stages ? "); they hold one sweep before and after it grew: merge the "
+                                "earlier stage's shards first, then the later's"
+                              : "); only shards of one sweep can be merged"));
   }
 
   // Every point once across the inputs and the output: a point two files hold with different
-  // numbers is refused before anything is written.
+  // numbers is refused before anything is written (and an output of another sweep first).
   {
     std::map<std::tuple<std::string, std::string, int64_t>, std::pair<const PointRecord*, std::string>>
         seen;
     std::optional<ResultsStore> existing;
     if (fs::exists(output)) existing.emplace(ResultsStore::open(output));
+    if (existing) refuse_other_sweep(existing->header(), output, sources[0].header(), inputs[0]);
     std::vector<const ResultsStore*> all;
     if (existing) all.push_back(&*existing);
     for (const auto& source : sources) all.push_back(&source);
@@ -522,10 +540,24 @@ MergeOutcome merge_results(const std::string& output, const std::vector<std::str
   header.shard = "merged";
   header.created = iso_time_now();
   ResultsStore store = ResultsStore::open_or_create(output, header);
-  const std::string difference = describe_difference(store.header(), output, header, inputs[0]);
-  if (!difference.empty())
-    throw ConfigError(output + " holds the results of a different sweep (" + difference + ")");
+  refuse_other_sweep(store.header(), output, header, inputs[0]);
   MergeOutcome outcome;
+  if (store.header().spec_hash != header.spec_hash) {
+    // The sweep grew (or shrank) since OUT was written: OUT takes the shards' spec, and its runs
+    // take their places in the shards' grid (a run no shard holds keeps its own).
+    std::vector<RunRecord> moved;
+    for (const auto& [id, run] : store.runs())
+      for (const auto& source : sources)
+        if (const RunRecord* now = source.run(id)) {
+          if (now->point_index != run.point_index) {
+            moved.push_back(run);
+            moved.back().point_index = now->point_index;
+          }
+          break;
+        }
+    store.grow(header, moved);
+    outcome.took_spec = true;
+  }
   for (const auto& source : sources) absorb(store, source, outcome);
   return outcome;
 }

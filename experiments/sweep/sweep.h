@@ -57,11 +57,15 @@ std::string sweep_output(const SweepSpec& spec, const SweepOptions& options);
 
 // Merges results files of the same sweep into `output` (created if missing): every run and
 // every point once. Files of different sweeps are refused, naming the first difference; so
-// is a point that two files hold with different numbers, naming the point.
+// is a point that two files hold with different numbers, naming the point. The inputs are of
+// one spec; `output` may hold the sweep at another stage of its growth (values added to or
+// removed from its grid axes and evaluation lists): it then takes the inputs' spec, its runs
+// their places in the inputs' grid, and keeps the runs the inputs do not hold.
 struct MergeOutcome {
   int64_t runs_added = 0;
   int64_t points_added = 0;
   int64_t points_already_present = 0;
+  bool took_spec = false;  // OUT held an earlier (or later) stage of the sweep and took the shards'
 };
 MergeOutcome merge_results(const std::string& output, const std::vector<std::string>& inputs);
 

@@ -158,6 +158,54 @@ TEST_CASE("a shrunk sweep keeps its recorded points, kill -9 while growing loses
   CHECK(read_text(results) == before);
 }
 
+TEST_CASE("the shards of a grown sweep merge into the results of its earlier stage, which then "
+          "equal the grown sweep run at once",
+          "[sweep][growth]") {
+  SweepDir d;
+  std::string out;
+  const auto sharded = [](const std::vector<std::string>& overrides, const std::string& shard) {
+    std::vector<std::string> args = sweep_with(overrides);
+    args.insert(args.end(), {"--shard", shard});
+    return args;
+  };
+  // The first stage, two seeds, as two shards merged (as `--slurm`'s jobs do).
+  std::vector<std::string> first = kOneAlibi;
+  first[1] = "grid.train.seed=[1, 2]";
+  REQUIRE(run_cli(d, sharded(first, "0/2"), &out) == 0);
+  REQUIRE(run_cli(d, sharded(first, "1/2"), &out) == 0);
+  REQUIRE(run_cli(d, {"merge", "results/all.h5", "results/tiny.shard-0-of-2.h5",
+                      "results/tiny.shard-1-of-2.h5"},
+                  &out) == 0);
+  // The grown sweep (a method first on its axis, an evaluation length) in three shards.
+  std::vector<std::string> grown = first;
+  grown[0] = "grid.position=[{name: rotary}, {name: alibi}]";
+  grown[2] = "eval.length_multiples=[1, 2]";
+  for (const char* shard : {"0/3", "1/3", "2/3"}) REQUIRE(run_cli(d, sharded(grown, shard), &out) == 0);
+  const std::vector<std::string> stage2 = {"results/tiny.shard-0-of-3.h5", "results/tiny.shard-1-of-3.h5",
+                                           "results/tiny.shard-2-of-3.h5"};
+
+  // Shards of the two stages together are refused, saying what to do.
+  CHECK(run_cli(d, {"merge", "results/mixed.h5", "results/tiny.shard-0-of-2.h5", stage2[0]}, &out) == 2);
+  require_one_line_error(out, "they hold one sweep before and after it grew: merge the earlier "
+                              "stage's shards first, then the later's");
+  CHECK(!fs::exists(d.root / "results/mixed.h5"));
+  // The earlier stage's file takes the grown sweep's shards and spec.
+  std::vector<std::string> merge = {"merge", "results/all.h5"};
+  merge.insert(merge.end(), stage2.begin(), stage2.end());
+  REQUIRE(run_cli(d, merge, &out) == 0);
+  CHECK_THAT(out, Catch::Contains("results/all.h5 now holds the shards' spec"));
+  SweepDir fresh;
+  REQUIRE(run_cli(fresh, sweep_with(grown), &out) == 0);
+  require_same_results(d.root / "results/all.h5", fresh.root / "results/tiny.h5");
+  // Another sweep is still refused.
+  std::vector<std::string> other = kOneAlibi;
+  other.insert(other.end(), {"base.train.lr=0.001", "output.run_root=runs/lr", "output.path=results/lr.h5"});
+  REQUIRE(run_cli(d, sweep_with(other), &out) == 0);
+  CHECK(run_cli(d, {"merge", "results/all.h5", "results/lr.h5"}, &out) == 2);
+  require_one_line_error(out, "results/all.h5 holds the results of a different sweep (first difference "
+                              "at 'base.train.lr'");
+}
+
 TEST_CASE("a results file of extrap 0.11 (numbered run ids) grows without training its points "
           "again",
           "[sweep][growth]") {
