@@ -582,7 +582,10 @@ def trained_section(runs, labels, methods):
     for run_id, config in configs.items():
         data = config.get("data") or {}
         vocab = runs[run_id].get("vocab_size") or 0
-        text = "`%s`, %s tokens (vocabulary %s)" % (data.get("path", "?"), data.get("tokenizer", "?"),
+        tokenizer = data.get("tokenizer", "?")
+        if data.get("tokenizer_model"):
+            tokenizer += " (`%s`)" % data["tokenizer_model"]
+        text = "`%s`, %s tokens (vocabulary %s)" % (data.get("path", "?"), tokenizer,
                                                   "{:,}".format(vocab) if vocab else "not recorded")
         fractions = data.get("split_fractions")
         if fractions:
@@ -624,6 +627,37 @@ def trained_section(runs, labels, methods):
     runtimes = distinct_text([r.get("runtime") for r in runs.values() if r.get("runtime")], "not recorded")
     section += ["Trained by extrap %s. Runtime: %s." % (versions, runtimes), ""]
     return section
+
+
+def vocabularies(runs):
+    """The distinct tokenizations of the runs: (tokenizer, tokenizer model, vocabulary size)."""
+    found = []
+    for run in runs.values():
+        try:
+            data = (yaml.safe_load(run.get("config") or "") or {}).get("data") or {}
+        except yaml.YAMLError:
+            data = {}
+        key = (data.get("tokenizer", "byte"), data.get("tokenizer_model"), run.get("vocab_size") or 0)
+        if key not in found:
+            found.append(key)
+    return found
+
+
+def bits_per_byte_section(runs, train_length, mode, lengths, methods, bits):
+    """Where the runs tokenise the text differently, their perplexities are per token of
+    different vocabularies and do not compare: a table of bits per byte of the scored text,
+    which do."""
+    if len(vocabularies(runs)) < 2 or not any(bits.get((train_length, mode, l, m)) for l in lengths for m in methods):
+        return []
+    rows = [["%d" % l + (" (= L)" if l == train_length else "")]
+            + [cell(bits[(train_length, mode, l, m)]) if bits.get((train_length, mode, l, m)) else "" for m in methods]
+            for l in lengths]
+    return ["The runs tokenise the text differently (%s): their perplexities are per token of different "
+            "vocabularies. Bits per byte of the scored text compare them (empty: tokens that do not say "
+            "how many bytes they cover):" % "; ".join(
+                "%s%s, %s tokens" % (t, " `%s`" % model if model else "", "{:,}".format(v) if v else "?")
+                for t, model, v in vocabularies(runs)), "",
+            markdown_table(["eval length"] + methods, rows), ""]
 
 
 def write_report(results_path, out_dir):
@@ -669,6 +703,7 @@ def write_report(results_path, out_dir):
     # (train_length, window mode, eval_length, method) -> perplexities (over seeds), failures,
     # and the loss-by-position bins of each seed
     values = collections.defaultdict(list)
+    bits = collections.defaultdict(list)  # the same keys: bits per byte, where the tokens count bytes
     failures = collections.defaultdict(list)
     bins = collections.defaultdict(list)
     for p in text_points:
@@ -676,6 +711,8 @@ def write_report(results_path, out_dir):
         key = (p["train_length"], split_mode(p["mode"])[0], p["eval_length"], method)
         if p["status"] == "ok":
             values[key].append(p["perplexity"])
+            if isinstance(p.get("bits_per_byte"), float) and math.isfinite(p["bits_per_byte"]):
+                bits[key].append(p["bits_per_byte"])
             if "by_position" in p:
                 bins[key].append(p["by_position"])
         else:
@@ -749,6 +786,7 @@ def write_report(results_path, out_dir):
             if any(values.get((train_length, mode, train_length, m)) for m in present):
                 md += ["Perplexity relative to the perplexity at the training length:", "",
                        markdown_table(["eval length"] + present, ratio_rows), ""]
+            md += bits_per_byte_section(runs, train_length, mode, lengths, present, bits)
         md += by_position_section(out_dir, train_length, methods, bins)
         md += early_token_section(train_length, methods, values, modes)
         md += retrieval_section(out_dir, train_length, methods, retrieval, retrieval_failures, notes)

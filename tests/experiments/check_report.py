@@ -507,4 +507,37 @@ with tempfile.TemporaryDirectory() as work:
                         assert panel["texts"][(j, i)] == "failed", (label, panel["texts"])
     # The failed points of this file are all there: a whole cell, and one seed of two.
     assert "| learned | " in mixed_md and "| failed [" in mixed_md, mixed_md
+
+    # --- runs of different tokenizations: a bits-per-byte table, from /summary ---------------
+    # One vocabulary (the files above): no such table. Then learned's runs on a SentencePiece
+    # model of 1,001 tokens: after each perplexity table, one of bits per byte, each cell the
+    # mean ± sample standard deviation over seeds of the rows' bits_per_byte.
+    assert "tokenise the text differently" not in plain_md, plain_md
+    pieces_h5, pieces_dir = os.path.join(work, "pieces.h5"), os.path.join(work, "pieces")
+    write_results(pieces_h5, with_retrieval=False)
+    with h5py.File(pieces_h5, "r+") as f:
+        for run_id, _, m, _ in RUNS:
+            if m == "learned":
+                run = f["runs"][run_id]
+                run.attrs["config"] = run.attrs["config"].replace(
+                    "tokenizer: byte", "tokenizer: sentencepiece, tokenizer_model: spm1k.model")
+                run.attrs["vocab_size"] = 1001
+        rows = f["summary"][...]
+    pieces_md = render(pieces_h5, pieces_dir)
+    assert "sentencepiece (`spm1k.model`) tokens (vocabulary 1,001)" in pieces_md, pieces_md
+    for mode, title in (("nonoverlapping", "non-overlapping windows"), ("sliding_8", "sliding window, stride 8")):
+        part = pieces_md.split("\n### Perplexity, %s\n" % title)[1].split("\n### ")[0]
+        sentence = ("The runs tokenise the text differently (byte, 257 tokens; sentencepiece `spm1k.model`, "
+                    "1,001 tokens)")
+        assert sentence in part, part
+        table = part[part.index(sentence):].split("\n\n")[1].split("\n")
+        assert table[0] == "| eval length | alibi | learned |", table
+        for line, length in zip(table[2:], (16, 32)):
+            expected = ["%d" % length + (" (= L)" if length == L else "")]
+            for m in ("alibi", "learned"):
+                bits = [float(r["bits_per_byte"]) for r in rows if r["position"].decode() == m
+                        and r["mode"].decode() == mode and r["eval_length"] == length and r["status"] == b"ok"]
+                expected.append("" if not bits else fmt(statistics.mean(bits)) + (
+                    " ± " + fmt(statistics.stdev(bits)) if len(bits) > 1 else ""))
+            assert line == "| " + " | ".join(expected) + " |", (line, expected)
 print("report ok")
