@@ -447,6 +447,11 @@ def retrieval_title(mode):
     return task[len("retrieval_"):] + (" + " + variant if variant else "")
 
 
+def eval_length_label(l, train_length):
+    """An evaluation length as a table row names it: "64 (= L)" at the training length."""
+    return "%d" % l + (" (= L)" if l == train_length else "")
+
+
 def length_text(length, train_length):
     """An instance length with its multiple of the training length: "256 (2x)"."""
     return "%d (%gx)" % (length, length / train_length)
@@ -643,20 +648,20 @@ def vocabularies(runs):
     return found
 
 
-def bits_per_byte_section(runs, train_length, mode, lengths, methods, bits):
-    """Where the runs tokenise the text differently, their perplexities are per token of
-    different vocabularies and do not compare: a table of bits per byte of the scored text,
-    which do."""
-    if len(vocabularies(runs)) < 2 or not any(bits.get((train_length, mode, l, m)) for l in lengths for m in methods):
+def bits_per_byte_section(tokenizations, train_length, mode, lengths, methods, bits):
+    """Where the runs tokenise the text differently (`tokenizations`: vocabularies(runs)),
+    their perplexities are per token of different vocabularies and do not compare: a table of
+    bits per byte of the scored text, which do."""
+    if len(tokenizations) < 2 or not any(bits.get((train_length, mode, l, m)) for l in lengths for m in methods):
         return []
-    rows = [["%d" % l + (" (= L)" if l == train_length else "")]
+    rows = [[eval_length_label(l, train_length)]
             + [cell(bits[(train_length, mode, l, m)]) if bits.get((train_length, mode, l, m)) else "" for m in methods]
             for l in lengths]
     return ["The runs tokenise the text differently (%s): their perplexities are per token of different "
             "vocabularies. Bits per byte of the scored text compare them (empty: tokens that do not say "
             "how many bytes they cover):" % "; ".join(
                 "%s%s, %s tokens" % (t, " `%s`" % model if model else "", "{:,}".format(v) if v else "?")
-                for t, model, v in vocabularies(runs)), "",
+                for t, model, v in tokenizations), "",
             markdown_table(["eval length"] + methods, rows), ""]
 
 
@@ -752,6 +757,7 @@ def write_report(results_path, out_dir):
     md.append("")
     md += trained_section(runs, labels, methods)
 
+    tokenizations = vocabularies(runs)
     train_lengths = sorted({k[0] for k in list(values) + list(failures) + list(retrieval)
                             + list(retrieval_failures)})
     for train_length in train_lengths:
@@ -768,7 +774,7 @@ def write_report(results_path, out_dir):
             md += ["### Perplexity, %s" % mode_title(mode), "", "![perplexity, L = %d, %s](%s)" % (train_length, mode, image), ""]
             rows, ratio_rows = [], []
             for l in lengths:
-                row, ratio_row = ["%d" % l + (" (= L)" if l == train_length else "")], ["%d" % l]
+                row, ratio_row = [eval_length_label(l, train_length)], ["%d" % l]
                 for m in present:
                     v = values.get((train_length, mode, l, m))
                     f = failures.get((train_length, mode, l, m))
@@ -786,7 +792,7 @@ def write_report(results_path, out_dir):
             if any(values.get((train_length, mode, train_length, m)) for m in present):
                 md += ["Perplexity relative to the perplexity at the training length:", "",
                        markdown_table(["eval length"] + present, ratio_rows), ""]
-            md += bits_per_byte_section(runs, train_length, mode, lengths, present, bits)
+            md += bits_per_byte_section(tokenizations, train_length, mode, lengths, present, bits)
         md += by_position_section(out_dir, train_length, methods, bins)
         md += early_token_section(train_length, methods, values, modes)
         md += retrieval_section(out_dir, train_length, methods, retrieval, retrieval_failures, notes)
