@@ -94,12 +94,13 @@ TaskGenerator::TaskGenerator(RetrievalTask task, const Corpus& corpus)
     throw ConfigError("retrieval task " + enum_name(task) + " writes text, and corpus '" + corpus.name +
                       "' is pre-tokenised (data.tokenizer: ids): its ids have no words to write "
                       "the task with");
+  // Every name the task writes keys and questions with.
+  std::vector<std::string> names(std::begin(kKeyNames), std::end(kKeyNames));
+  names.push_back(kPassName);
   if (corpus.word_level()) {
     // The ids of every word the task can write, found in one pass over the vocabulary.
     std::string all = "0123456789 ";
     for (const char* sentence : kFillerSentences) all += std::string(sentence) + " ";
-    std::vector<std::string> names(std::begin(kKeyNames), std::end(kKeyNames));
-    names.push_back(kPassName);
     for (const auto& name : names)
       all += key_text(name, 1) + question_text(name) + " ";
     for (const auto& word : word_form(all)) word_ids_[word] = -1;
@@ -114,8 +115,6 @@ TaskGenerator::TaskGenerator(RetrievalTask task, const Corpus& corpus)
   }
   for (const auto& entry : word_ids_) encode(entry.first);  // refuses a missing word now
   if (corpus.sentencepiece) {  // refuses a text the model can only write as <unk> now
-    std::vector<std::string> names(std::begin(kKeyNames), std::end(kKeyNames));
-    names.push_back(kPassName);
     for (const auto& name : names) {
       encode(key_text(name, 1234567890));
       encode(question_text(name));

@@ -540,7 +540,7 @@ MergeOutcome merge_results(const std::string& output, const std::vector<std::str
   header.shard = "merged";
   header.created = iso_time_now();
   ResultsStore store = ResultsStore::open_or_create(output, header);
-  refuse_other_sweep(store.header(), output, header, inputs[0]);
+  refuse_other_sweep(store.header(), output, header, inputs[0]);  // again, now under the lock
   MergeOutcome outcome;
   if (store.header().spec_hash != header.spec_hash) {
     // The sweep grew (or shrank) since OUT was written: OUT takes the shards' spec, and its runs
