@@ -31,7 +31,8 @@ API
       perplexity, windows}; stride 0 or >= length: non-overlapping windows
   also: read_safetensors, alibi_slopes, t5_bucket, mask_decision, evaluation_windows
 
-Position methods: none, sinusoidal, learned, rotary, alibi, alibi_symmetric, alibi_nonsymmetric,
+Position methods: none, sinusoidal, learned, rotary, p_rope (rotary on the highest-frequency
+fraction of the pairs), alibi, alibi_symmetric, alibi_nonsymmetric,
 alibi_learned, t5_bias, kerple_log, kerple_power, sandwich, fire (score biases), xpos (a scaled
 rotary rotation; causal only), cope (a bias from q and the gated scores; causal only), fox (a
 bias from the layer's input through forget gates; causal only).
@@ -55,11 +56,12 @@ import torch.nn.functional as F
 from torch import nn
 
 FORMAT = "extrap-safetensors/1"
-POSITION_METHODS = ("none", "sinusoidal", "learned", "rotary", "alibi", "alibi_symmetric",
+POSITION_METHODS = ("none", "sinusoidal", "learned", "rotary", "p_rope", "alibi", "alibi_symmetric",
                     "alibi_nonsymmetric", "alibi_learned", "t5_bias", "kerple_log", "kerple_power",
                     "sandwich", "xpos", "fire", "cope", "fox")
 CAUSAL_ONLY = ("xpos", "cope", "fox")  # refused in a bidirectional (masked-LM) export
 POSITION_DEFAULTS = {"rotary": {"base": 10000.0, "fraction": 1.0}, "sinusoidal": {"base": 10000.0},
+                     "p_rope": {"base": 10000.0, "keep": 0.75},
                      "learned": {"max_length": 1024},
                      "alibi_learned": {"shared_across_layers": True},
                      "t5_bias": {"buckets": 32, "max_distance": 128, "shared_across_layers": True},
@@ -312,14 +314,18 @@ class ExtrapModel(nn.Module):
         return None
 
     def _rotary(self, offset, T):  # (cos, sin), each (T, d_rot/2), or None
-        if self.method != "rotary":
+        base = float(self.options.get("base", 10000.0))
+        if self.method == "rotary":  # the first d_rot dimensions, with frequencies over d_rot
+            d_rot = 2 * math.floor(float(self.options["fraction"]) * self.d_head / 2 + 1e-9)
+            theta = [base ** (-2.0 * i / d_rot) for i in range(d_rot // 2)]
+        elif self.method == "p_rope":  # rotary's frequencies over the head, the highest m kept
+            m = math.floor(float(self.options["keep"]) * (self.d_head // 2) + 1e-9)
+            theta = [base ** (-2.0 * i / self.d_head) for i in range(m)]
+        else:
             return None
-        d_rot = 2 * math.floor(float(self.options["fraction"]) * self.d_head / 2 + 1e-9)
-        if d_rot == 0:
+        if not theta:
             return None
-        base = float(self.options["base"])
-        theta = torch.tensor([base ** (-2.0 * i / d_rot) for i in range(d_rot // 2)],
-                             dtype=torch.float64)
+        theta = torch.tensor(theta, dtype=torch.float64)
         angle = torch.arange(offset, offset + T, dtype=torch.float64)[:, None] * theta
         w = self.embedding.weight
         return angle.cos().to(w.device, w.dtype), angle.sin().to(w.device, w.dtype)

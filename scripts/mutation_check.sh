@@ -127,6 +127,8 @@ core/data/sentencepiece.cpp | const size_t start = out.ids.size() == first + 1 ?
 core/data/sentencepiece.cpp | out.bytes.push_back(int32_t(line.break_bytes + (empty ? line.size : 0))); | out.bytes.push_back(int32_t(line.break_bytes)); | a whitespace-only line's bytes credited to no token
 core/data/corpus.cpp | if (options.tokenizer == Tokenizer::sentencepiece) identity += '\0' + hex64(model_hash); | ; | two SentencePiece models share one cache folder (each load rebuilds the other's splits)
 experiments/sweep/sweep.cpp | moved.back().point_index = now->point_index; | moved.back().point_index = run.point_index; | a merged grown sweep leaves the earlier stage's runs at their old places in its grid
+positions/p_rope.cpp | .narrow(0, 0, kept_); | .narrow(0, d_head_ / 2 - kept_, kept_); | p-RoPE keeps the lowest frequencies instead of the highest
+analysis/extrap_model.py | theta = [base ** (-2.0 * i / self.d_head) for i in range(m)] | theta = [base ** (-2.0 * i / (2 * m)) for i in range(m)] | Python's p-RoPE squeezes rotary's frequencies into the kept pairs (rotary's fraction)
 EOF
 )
 

@@ -132,7 +132,7 @@ TEST_CASE("positions, keys, --plugin and the plugins: key", "[cli]") {
   REQUIRE(run_cli(d, {"positions"}, &out) == 0);
   for (const char* name : {"none", "sinusoidal", "learned", "alibi", "rotary", "t5_bias",
                            "alibi_symmetric", "alibi_nonsymmetric", "alibi_learned", "kerple_log",
-                           "kerple_power", "sandwich", "xpos", "fire", "cope", "fox"}) {
+                           "kerple_power", "sandwich", "xpos", "fire", "cope", "fox", "p_rope"}) {
     INFO(name);
     CHECK(("\n" + out).find(std::string("\n") + name + "\n    ") != std::string::npos);
   }
@@ -227,7 +227,7 @@ TEST_CASE("inspect bias works for every method and mode, and shows a checkpoint'
             if (name == "fox") CHECK(v == Approx(-std::log(2.0) * distance).epsilon(1e-6));  // zero input: gates 1/2
             if (name == "cope" || name == "local_window") CHECK(v == 0);  // zero embeddings; window 64
             if (name == "fire") CHECK(std::abs(v) < 100);
-            if (name == "rotary" || name == "xpos") {
+            if (name == "rotary" || name == "xpos" || name == "p_rope") {
               // A fixed unit query and key: 1 on the diagonal, a function of i - j only.
               if (i == j) CHECK(v == Approx(1.0).epsilon(1e-6));
               if (i > 0 && j > 0) CHECK(v == Approx(blocks[h][i - 1][j - 1]).margin(1e-6));
