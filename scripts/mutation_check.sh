@@ -75,12 +75,12 @@ core/runtime/distributed.cpp | if (r != rank() && probe->add("beat/" + std::to_s
 core/attention/attention.cpp | if (Float32Region fp32(q.device().type()); fp32.was_autocast()) | if (Float32Region fp32(q.device().type()); false) | under train.precision bf16 the attention scores (and the bias) are bfloat16
 core/train/trainer.cpp | ComputePrecision region(precision, inputs.device().type()); | ComputePrecision region(Precision::fp32, inputs.device().type()); | train.precision bf16 silently trains in fp32
 core/model/config.cpp | if (config.train.precision == Precision::fp32) remove_key(out, "train.precision"); | ; | every earlier run directory changes identity (fp32 joins the fingerprint)
-core/attention/fused_cpu_attention.cpp | qr.stride, 1.0f, dkr.data, dkr.stride);  // dK += | qr.stride, 0.0f, dkr.data, dkr.stride);  // dK += | the fused CPU attention keeps only the last query block's key gradients
-core/attention/fused_cpu_attention.cpp | return {hb.left, hb.right, hb.left != -kInf, !p.causal && hb.right != -kInf}; | return {hb.left, hb.right, hb.left != -kInf, hb.right != -kInf}; | the fused CPU attention lets a causal symmetric bias see the future
+core/attention/fused_cpu_attention.cpp | qi, qr.stride, 1.0f, dkr.data + k0 * dkr.stride, | qi, qr.stride, 0.0f, dkr.data + k0 * dkr.stride, | the fused CPU attention keeps only the last query block's key gradients
+core/attention/fused_cpu_attention.cpp | last = p.causal | last = false | the fused CPU attention lets a causal symmetric bias see the future
 core/kernels/bf16_gemm.cpp | const __mmask16 mask = width >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << width) - 1); | const __mmask16 mask = __mmask16(0xFFFF); | the bf16 products write past the last column of C
 core/kernels/bf16_gemm.cpp | {0,  16, 1,  17, 2,  18, | {16, 0,  1,  17, 2,  18, | packing a float32 B swaps the first column's pair of rows
 core/attention/fused_cpu_attention.cpp | multiply(gt, pb, D, n, 1.0f, dvt.data(), T, true);  // dV^T += dO^T P | multiply(gt, pb, D, n, 1.0f, dvt.data(), T, false);  // dV^T += dO^T P | the bf16 attention keeps only the last query block's value gradients
-core/attention/fused_cpu_attention.cpp | softmax_backward_row(dp + r * stride, prob + r * stride, n, dot(prob + r * stride, dp + r * stride, n)); | softmax_backward_row(dp + r * stride, prob + r * stride, n, dot(prob + r * stride, prob + r * stride, n)); | the fused CPU attention's softmax backward shifts by rowsum(P P), not rowsum(P dP)
+core/attention/fused_cpu_attention.cpp | const float delta = dot(prob + r * stride, row, n); | const float delta = dot(prob + r * stride, prob + r * stride, n); | the fused CPU attention's softmax backward shifts by rowsum(P P), not rowsum(P dP)
 core/kernels/fused_cpu_loss.cpp | out[target[i]] -= g; | out[target[i]] -= 1.0f; | the fused loss's gradient at the target ignores the incoming scale (1 / tokens scored)
 core/kernels/fused_cpu_loss.cpp | std::fill(out, out + V, 0.0f); | std::fill(out, out + V, 1e-3f); | rows the loss ignores (masked LM's unmasked tokens) still get a gradient
 core/kernels/bf16_gemm.cpp | if (odd_depth && p == pairs - 1) bv[v] | if (false && odd_depth && p == pairs - 1) bv[v] | an odd-depth product lets the next row of B (NaN, inf) into C
@@ -101,8 +101,8 @@ core/attention/fused_cpu_attention.cpp | dk = dqkv.select(2, 1).permute({0, 2, 1
 core/kernels/cpu_linear.cpp | for (int64_t i = blk * kSumRows; i < std::min(N, (blk + 1) * kSumRows); ++i) | for (int64_t i = blk * kSumRows; i < std::min(N, (blk + 1) * kSumRows) - 1; ++i) | the bfloat16 bias gradient skips the last row of each block
 core/kernels/residual_norm.cpp | if (lowp) narrow(out, lowp + i * D, D); | if (lowp) narrow(hp + i * D, lowp + i * D, D); | the LayerNorm's bfloat16 copy rounds h instead of u
 core/kernels/residual_norm.cpp | if (du_low.defined()) du_low = du_low.to(torch::kBFloat16).contiguous(); | if (du_low.defined()) du_low = torch::Tensor(); | the bfloat16 copy's gradient dropped
-core/attention/fused_cpu_attention.cpp | d < past_keys ? right_wall : -kInf; | right_wall; | the fused CPU attention's softmax counts a row's padding past the last key
-core/attention/fused_cpu_attention.cpp | const float left_wall = rb.left_open ? 0.0f : -kInf | const float left_wall = 0.0f | the fused CPU attention lets a head that may not look left see the keys left of it
+core/attention/fused_cpu_attention.cpp | last = std::min(keys.last, k0 + n - 1) - i; | last = std::min(keys.last, k0 + n) - i; | the fused CPU attention's softmax counts a row's padding past the last key
+core/attention/fused_cpu_attention.cpp | const float wall = d < first | const float wall = d < first - 1.0f | the fused CPU attention lets a row see one key left of its window or chunk
 core/attention/fused_cpu_attention.cpp | for (int64_t l = 0; l < kLanes; ++l) total += sum[l]; | for (int64_t l = 1; l < kLanes; ++l) total += sum[l]; | the softmax's sum drops one lane of every group
 core/kernels/bf16_gemm.cpp | std::memcpy(row + 2 * j, bits(src + j * ld + k), 2 * sizeof(uint16_t)); | std::memcpy(row + 2 * j, bits(src + j * ld + k), sizeof(uint16_t)); | packing a transposed bfloat16 B drops the second row of each pair
 core/kernels/cpu_vector_math.h | auto* bits = reinterpret_cast<uint16_t*>(to + r * to_stride); | auto* bits = reinterpret_cast<uint16_t*>(to + r * n); | narrow_rows() writes its rows at their own width, not the destination's stride
@@ -129,6 +129,20 @@ core/data/corpus.cpp | if (options.tokenizer == Tokenizer::sentencepiece) identi
 experiments/sweep/sweep.cpp | moved.back().point_index = now->point_index; | moved.back().point_index = run.point_index; | a merged grown sweep leaves the earlier stage's runs at their old places in its grid
 positions/p_rope.cpp | .narrow(0, 0, kept_); | .narrow(0, d_head_ / 2 - kept_, kept_); | p-RoPE keeps the lowest frequencies instead of the highest
 analysis/extrap_model.py | theta = [base ** (-2.0 * i / self.d_head) for i in range(m)] | theta = [base ** (-2.0 * i / (2 * m)) for i in range(m)] | Python's p-RoPE squeezes rotary's frequencies into the kept pairs (rotary's fraction)
+core/attention/attention.cpp | probs = torch::softmax(torch::cat({scores, column}, -1), -1).narrow(-1, 0, scores.size(-1)); | probs = torch::softmax(scores, -1) + 0 * column.sum(); | the reference drops the sink from the softmax's denominator
+core/attention/efficient_attention.cpp | running_sum.fill_(1.0); | running_sum.fill_(0.0); | the efficient path keeps the sink's logit in the maximum but not its e^0 in the sum
+core/attention/attention.cpp | return (1 + left + right).expand({num_heads, tq}).contiguous(); | return (2 + left + right).expand({num_heads, tq}).contiguous(); | SSMax's n_i off by one (ln(n + 1))
+core/attention/attention.cpp | ((i - j).abs() >= window) | ((i - j).abs() > window) | the sliding window lets in one key too many
+core/attention/attention.cpp | const bool window_masks = window > 0 && nearest >= window; | const bool window_masks = window > 0 && nearest + 1 >= window; | the efficient path skips the tile holding a window's farthest key
+core/attention/attention.cpp | (i.div(chunk, "floor") != j.div(chunk, "floor")) | ((i + 1).div(chunk, "floor") != j.div(chunk, "floor")) | chunk boundaries of queries and keys one token apart
+core/attention/attention.cpp | .masked_fill(masked, -inf); | ; | SSMax at n_i = 1 (factor 0) unmasks every key of the row
+core/model/model.cpp | const auto factor = 1 + a * torch::log(torch::floor((p + 1) / double(options.extras().temperature_floor)) + 1); | const auto factor = 1 + a * torch::log(torch::floor(p / double(options.extras().temperature_floor)) + 1); | Llama 4's temperature floors p instead of p + 1
+core/model/model.cpp | auto g = torch::sigmoid(linear(gate, input)).view({B, T, H, -1}); | auto g = torch::sigmoid(linear(gate, input)).view({B, T, -1, H}).transpose(2, 3); | the element-wise gate's channels go to the wrong heads
+core/attention/fused_cpu_attention.cpp | if (!p.sink.empty()) sum += std::exp(p.sink[size_t(h)] - max); | ; | the fused kernel keeps the sink in the row's maximum but not in its sum
+core/attention/fused_cpu_attention.cpp | first = std::max(first, i - (p.window - 1)); | first = std::max(first, i - p.window); | the fused kernel's window lets in one key too many on the left
+core/attention/fused_cpu_attention.cpp | if (grads.sink) *grads.sink -= std::exp(p.sink[size_t(h)] - lse[i0 + r]) * delta; | if (grads.sink) *grads.sink += std::exp(p.sink[size_t(h)] - lse[i0 + r]) * delta; | the fused kernel's sink gradient has the wrong sign
+core/attention/fused_cpu_attention.cpp | sum += dz[j] * (raw[j] + (d < 0.0f ? left : right) * d); | sum += dz[j] * raw[j]; | the fused kernel's logit-scale gradient leaves out the bias
+core/attention/fused_cpu_attention.cpp | return {row_keys(p, h, i0).first, row_keys(p, h, i0 + m - 1).last + 1}; | return {row_keys(p, h, i0 + m - 1).first, row_keys(p, h, i0 + m - 1).last + 1}; | the fused kernel's block starts at its last row's first key (earlier rows lose keys)
 EOF
 )
 

@@ -73,18 +73,74 @@ AttentionBias AttentionBias::at_positions(const torch::Tensor& token_positions) 
   return b;
 }
 
+bool AttentionBias::masks_some(int64_t q0, int64_t q1, int64_t k0, int64_t k1) const {
+  if (q1 <= q0 || k1 <= k0) return false;
+  // The largest |i - j| of the tile, and whether it spans a chunk boundary.
+  const bool window_masks = window > 0 && std::max(q1 - 1 - k0, k1 - 1 - q0) >= window;
+  const bool chunk_masks =
+      chunk > 0 && (q0 / chunk != (q1 - 1) / chunk || k0 / chunk != (k1 - 1) / chunk || q0 / chunk != k0 / chunk);
+  return window_masks || chunk_masks;
+}
+
+bool AttentionBias::masks_all(int64_t q0, int64_t q1, int64_t k0, int64_t k1) const {
+  if (q1 <= q0 || k1 <= k0) return true;
+  // The smallest |i - j| of the tile (0 where the ranges overlap).
+  const int64_t nearest = k1 - 1 < q0 ? q0 - (k1 - 1) : k0 > q1 - 1 ? k0 - (q1 - 1) : 0;
+  const bool window_masks = window > 0 && nearest >= window;
+  const bool chunk_masks = chunk > 0 && ((k1 - 1) / chunk < q0 / chunk || k0 / chunk > (q1 - 1) / chunk);
+  return window_masks || chunk_masks;
+}
+
+torch::Tensor AttentionBias::option_mask(int64_t q0, int64_t q1, int64_t k0, int64_t k1,
+                                         torch::Device device) const {
+  const auto longs = torch::TensorOptions().dtype(torch::kLong).device(device);
+  auto i = torch::arange(q0, q1, longs).view({-1, 1}), j = torch::arange(k0, k1, longs).view({1, -1});
+  auto masked = torch::zeros({q1 - q0, k1 - k0}, longs.dtype(torch::kBool));
+  if (window > 0) masked = masked | ((i - j).abs() >= window);
+  if (chunk > 0) masked = masked | (i.div(chunk, "floor") != j.div(chunk, "floor"));
+  return masked;
+}
+
+torch::Tensor AttentionBias::visible_keys(int64_t num_heads, int64_t tq, int64_t tk, bool causal) const {
+  // Row i (key index) sees keys [first, last] around it: its chunk, its window, the causal half.
+  auto i = torch::arange(tk - tq, tk, torch::kLong);
+  auto first = torch::zeros_like(i), last = torch::full_like(i, tk - 1);
+  if (chunk > 0) {
+    first = i.div(chunk, "floor") * chunk;
+    last = torch::clamp_max(first + (chunk - 1), tk - 1);
+  }
+  if (window > 0) {
+    first = torch::maximum(first, i - (window - 1));
+    last = torch::minimum(last, i + (window - 1));
+  }
+  if (causal) last = i;
+  auto left = (i - first).to(torch::kFloat32).view({1, -1}), right = (last - i).to(torch::kFloat32).view({1, -1});
+  if (kind == Kind::Linear) {  // heads that may not look one way see only the diagonal there
+    TORCH_CHECK(look_left.size(0) == num_heads, "linear bias has ", look_left.size(0), " heads, not ", num_heads);
+    left = left * look_left.to(torch::kFloat32).view({-1, 1});
+    right = right * look_right.to(torch::kFloat32).view({-1, 1});
+  }
+  return (1 + left + right).expand({num_heads, tq}).contiguous();
+}
+
 std::string AttentionBias::describe() const {
+  std::string options;
+  if (sink.defined()) options += " + sink";
+  if (logit_scale.defined()) options += " + logit scale";
+  if (window > 0) options += " + window " + std::to_string(window);
+  if (chunk > 0) options += " + chunk " + std::to_string(chunk);
   switch (kind) {
-    case Kind::None: return "none";
-    case Kind::Dense: return "dense";
+    case Kind::None: return "none" + options;
+    case Kind::Dense: return "dense" + options;
     case Kind::Linear: {
       const bool left = look_left.any().item<bool>(), right = look_right.any().item<bool>();
       return "linear (" + std::to_string(slopes_left.size(0)) + " heads, " +
              (left && right ? "left+right" : left ? "left" : "right") +
-             (positions.defined() ? ", sampled positions" : "") + ")";
+             (positions.defined() ? ", sampled positions" : "") + ")" + options;
     }
-    case Kind::Cumulative: return "cumulative (F[i] - F[j] per batch and head)";
-    case Kind::Contextual: return "contextual (CoPE, " + std::to_string(position_embeddings.size(2)) + " positions)";
+    case Kind::Cumulative: return "cumulative (F[i] - F[j] per batch and head)" + options;
+    case Kind::Contextual:
+      return "contextual (CoPE, " + std::to_string(position_embeddings.size(2)) + " positions)" + options;
   }
   return "?";
 }
@@ -150,6 +206,7 @@ torch::Tensor materialize_bias_block(const AttentionBias& bias, int64_t num_head
     }
   }
   if (causal) out = out.masked_fill(left.logical_not(), -inf);
+  if (bias.masks_some(q0, q1, k0, k1)) out = out.masked_fill(bias.option_mask(q0, q1, k0, k1, out.device()), -inf);
   return out.to(out_dtype);
 }
 
@@ -185,13 +242,16 @@ torch::Tensor add_bias_(torch::Tensor& scores, const AttentionBias& bias, const 
                         bool causal) {
   const auto heads = scores.size(1), tq = scores.size(2), tk = scores.size(3);
   TORCH_CHECK(tq <= tk, "attention: ", tq, " queries for ", tk, " keys (queries are the last keys)");
-  const bool mask_only = bias.is_none() || bias.kind == AttentionBias::Kind::Contextual;
+  const bool mask_only = bias.kind == AttentionBias::Kind::None || bias.kind == AttentionBias::Kind::Contextual;
   if (mask_only) {
+    const auto inf = std::numeric_limits<float>::infinity();
     if (causal) {  // query row r is key tk - tq + r
       auto mask = torch::ones({tq, tk}, torch::TensorOptions().dtype(torch::kBool).device(scores.device()))
                       .triu(1 + tk - tq);
-      scores.masked_fill_(mask, -std::numeric_limits<float>::infinity());
+      scores.masked_fill_(mask, -inf);
     }
+    if (bias.masks_some(tk - tq, tk, 0, tk))  // before CoPE's gates, which count visible keys only
+      scores.masked_fill_(bias.option_mask(tk - tq, tk, 0, tk, scores.device()), -inf);
     if (bias.kind == AttentionBias::Kind::Contextual) {
       TORCH_CHECK(causal, "a contextual (CoPE) bias is defined for causal attention only");
       scores.add_(contextual_bias(scores, q, bias.position_embeddings));
@@ -213,7 +273,31 @@ torch::Tensor attention_reference(const torch::Tensor& q, const torch::Tensor& k
   // bias in place: matmul's backward needs only its inputs.
   auto scores = torch::matmul(q * (1.0 / std::sqrt(double(d))), k.transpose(-2, -1));  // (B, H, Tq, Tk)
   add_bias_(scores, bias, q, options.causal);
-  auto probs = torch::softmax(scores, -1);
+  torch::Tensor probs;
+  if (!bias.logit_scale.defined() && !bias.sink.defined()) {
+    probs = torch::softmax(scores, -1);
+  } else {
+    const auto heads = q.size(1), tq = q.size(2);
+    if (bias.logit_scale.defined()) {
+      TORCH_CHECK(bias.logit_scale.dim() == 2 && bias.logit_scale.size(0) == heads && bias.logit_scale.size(1) == tq,
+                  "attention: logit_scale must be (", heads, ", ", tq, "), got ", bias.logit_scale.sizes());
+      // Masked entries stay -inf whatever the factor's sign (SSMax's is 0 where n_i = 1), and give
+      // the factor's gradient 0, not -inf x 0 (hence zeros in the product, not a where() after it).
+      const auto inf = std::numeric_limits<float>::infinity();
+      const auto masked = scores == -inf;
+      scores = (scores.masked_fill(masked, 0) * bias.logit_scale.to(scores.scalar_type()).unsqueeze(-1))
+                   .masked_fill(masked, -inf);
+    }
+    if (bias.sink.defined()) {
+      TORCH_CHECK(bias.sink.dim() == 1 && bias.sink.size(0) == heads, "attention: sink must be (", heads, "), got ",
+                  bias.sink.sizes());
+      // One more column per row with the head's sink logit; its probability weights no value.
+      auto column = bias.sink.to(scores.scalar_type()).view({1, heads, 1, 1}).expand({scores.size(0), heads, tq, 1});
+      probs = torch::softmax(torch::cat({scores, column}, -1), -1).narrow(-1, 0, scores.size(-1));
+    } else {
+      probs = torch::softmax(scores, -1);
+    }
+  }
   if (options.training && options.dropout > 0) probs = torch::dropout(probs, options.dropout, true);
   return torch::matmul(probs, v);  // (B, H, Tq, D)
 }
@@ -242,7 +326,7 @@ namespace {
 // attention dropout while training, and inputs and a bias the kernels support.
 bool fused_cuda_takes(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                       const AttentionBias& bias, const AttentionOptions& options) {
-  return q.is_cuda() && cuda_attention() && !(options.training && options.dropout > 0) &&
+  return q.is_cuda() && cuda_attention() && !(options.training && options.dropout > 0) && !bias.has_options() &&
          cuda_attention()->unsupported_reason(q, k, v, bias, options.causal).empty();
 }
 }  // namespace
@@ -294,6 +378,8 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
       TORCH_CHECK(!(options.training && options.dropout > 0),
                   "attention: the fused CUDA backend has no attention dropout (dropout ",
                   options.dropout, ")");
+      TORCH_CHECK(!bias.has_options(), "attention: the fused CUDA backend takes no sink, logit scale, window or "
+                  "chunk yet (", bias.describe(), "); the reference backend does");
       return cuda_attention()->attention(q, k, v, bias, options.causal);
     case AttentionBackend::Auto: {
       if (fused_cuda_takes(q, k, v, bias, options))

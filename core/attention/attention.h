@@ -69,6 +69,24 @@ struct AttentionBias {
   // The gates see the scores before this bias is added. May require grad.
   torch::Tensor position_embeddings;
 
+  // What every kind combines with (the attention options of 2024-26, REFERENCE.md "The 2024-26
+  // wave"; the model sets them from the config's `attention` section). Defaults change nothing.
+  //
+  // Masks, on top of the kind's own and the causal one (a masked entry is -inf), by index:
+  //   window W > 0: j is visible to i only if |i - j| < W (causal: i - W < j <= i);
+  //   chunk C > 0:  j is visible to i only if floor(i / C) == floor(j / C).
+  // The diagonal is never masked by either, so no row is left without a key.
+  int64_t window = 0;
+  int64_t chunk = 0;
+  // logit_scale, optional: (H, Tq) factors c multiplying each row's logits, bias included:
+  // the row's softmax runs over c[h, i] * (q_i . k_j / sqrt(d) + bias_ij) (SSMax: c = s_h ln n_i,
+  // Nakanishi 2025). Rows are the call's queries (the last Tq keys). May require grad.
+  torch::Tensor logit_scale;
+  // sink, optional: (H,) logits s_h of one extra column per row that weights no value (a learned
+  // attention sink, gpt-oss): o_i = sum_j e^{z_ij} v_j / (e^{s_h} + sum_j e^{z_ij}), z the scaled
+  // logits. Not scaled by logit_scale. May require grad.
+  torch::Tensor sink;
+
   static AttentionBias none() { return {}; }
   static AttentionBias dense_blocks(DenseBlockFn fn);
   // Causal ALiBi: slopes only to the left; the right side is never reached.
@@ -86,10 +104,23 @@ struct AttentionBias {
   // A Linear bias evaluated at explicit token positions (T,); unchanged when undefined.
   AttentionBias at_positions(const torch::Tensor& positions) const;
 
-  bool is_none() const { return kind == Kind::None; }
+  // No bias and none of the options above: plain (causal) attention.
+  bool is_none() const { return kind == Kind::None && !has_options(); }
+  // Whether any of window, chunk, logit_scale or sink is set.
+  bool has_options() const { return window > 0 || chunk > 0 || logit_scale.defined() || sink.defined(); }
+  // Whether window or chunk masks entries of rows [q0, q1) x columns [k0, k1) (a tile wholly
+  // visible needs no mask), and whether they mask every entry (a tile no query sees).
+  bool masks_some(int64_t q0, int64_t q1, int64_t k0, int64_t k1) const;
+  bool masks_all(int64_t q0, int64_t q1, int64_t k0, int64_t k1) const;
+  // (q1 - q0, k1 - k0) bool, true where window or chunk masks the entry.
+  torch::Tensor option_mask(int64_t q0, int64_t q1, int64_t k0, int64_t k1,
+                            torch::Device device = torch::kCPU) const;
+  // n_i, the number of keys that query rows [tk - tq, tk) see under the masks (the kind's
+  // direction masks, causal, window, chunk): (H, Tq) float32. What SSMax's ln n_i counts.
+  torch::Tensor visible_keys(int64_t num_heads, int64_t tq, int64_t tk, bool causal) const;
   // Kinds that depend on the batch or on q and k, not on positions alone.
   bool depends_on_input() const { return kind == Kind::Cumulative || kind == Kind::Contextual; }
-  std::string describe() const;  // e.g. "linear (8 heads, left+right)"
+  std::string describe() const;  // e.g. "linear (8 heads, left+right)", "none + sink + window 64"
 };
 
 // Which implementation an attention call uses.
@@ -146,7 +177,8 @@ torch::Tensor attention_reference(const torch::Tensor& q, const torch::Tensor& k
 torch::Tensor add_bias_(torch::Tensor& scores, const AttentionBias& bias, const torch::Tensor& q,
                         bool causal);
 
-// The full (H, Tq, Tk) additive bias, masks included (-inf where attention is masked); for
+// The full (H, Tq, Tk) additive bias, masks included (-inf where attention is masked, window and
+// chunk too; the sink and the logit scale are not additive and are left out); for
 // Kind::Cumulative (B, H, Tq, Tk). Kind::Contextual depends on q and k: use add_bias_().
 // What `extrap inspect bias` prints; used by tests.
 torch::Tensor materialize_bias(const AttentionBias& bias, int64_t num_heads, int64_t tq,

@@ -54,6 +54,9 @@ struct Problem {
   torch::Tensor left_coefficient, right_coefficient;
   // Kind::Contextual: the (1 or H, D, npos) position embeddings, fp32.
   torch::Tensor position_embeddings;
+  // The bias's options (attention.h): sink (H,) and logit_scale (H, Tq), fp32, or undefined.
+  // The window and chunk masks are the bias's own (masks_all, masks_some, option_mask).
+  torch::Tensor sink, logit_scale;
 };
 
 enum class Side { Left, Diagonal, Right };
@@ -88,6 +91,14 @@ void attend_query_block(const Problem& p, int64_t q0, int64_t q1, torch::Tensor&
   auto running_max = torch::full({groups, rows, 1}, -kInf, q_tile.options());  // (G, bq, 1)
   auto running_sum = torch::zeros({groups, rows, 1}, q_tile.options());        // (G, bq, 1)
   auto accumulator = torch::zeros({groups, rows, p.d}, q_tile.options());      // (G, bq, D)
+  if (p.sink.defined()) {  // the sink's column first: a logit s_h, e^0 = 1 in the sum, no value
+    running_max = p.sink.view({1, p.heads, 1, 1}).expand({p.batch, p.heads, rows, 1}).reshape({groups, rows, 1});
+    running_sum.fill_(1.0);
+  }
+  torch::Tensor row_scale;  // (G, bq, 1): the rows' logit scale
+  if (p.logit_scale.defined())
+    row_scale = p.logit_scale.narrow(1, q0, rows).view({1, p.heads, rows, 1}).expand({p.batch, p.heads, rows, 1})
+                    .reshape({groups, rows, 1});
   // Kind::Contextual: z = q . E per query row (G, bq, npos), and each row's sum of the gates of
   // the keys visited so far. Keys are visited from the diagonal leftwards, so that sum is
   // what a tile's positions start from: p_ij = (gates of this tile at t >= j) + carry.
@@ -102,11 +113,16 @@ void attend_query_block(const Problem& p, int64_t q0, int64_t q1, torch::Tensor&
   }
 
   auto visit = [&](Side side, int64_t k0, int64_t k1) {
+    if (p.bias->masks_all(q0, q1, k0, k1)) return;  // outside every row's window or chunk
     const int64_t cols = k1 - k0;
     auto scores = score_buffer.narrow(0, 0, groups * rows * cols).view({groups, rows, cols});
     at::bmm_out(scores, q_tile, p.k.narrow(1, k0, cols).transpose(1, 2));  // (G, bq, bk)
     auto scores_bh = scores.view({p.batch, p.heads, rows, cols});
     add_tile_bias(p, scores_bh, side, q0, q1, k0, k1);
+    // Dense and cumulative tiles come from materialize_bias_block(), window and chunk included.
+    const bool own_masks = p.bias->kind != AttentionBias::Kind::Dense && p.bias->kind != AttentionBias::Kind::Cumulative;
+    if (own_masks && p.bias->masks_some(q0, q1, k0, k1))
+      scores.masked_fill_(p.bias->option_mask(q0, q1, k0, k1), -kInf);
     if (contextual) {  // the gates see the masked scores before the contextual bias
       auto gates = torch::sigmoid(scores);  // (G, bq, bk)
       auto positions = (gates.flip(-1).cumsum(-1).flip(-1) + gate_carry)
@@ -116,6 +132,10 @@ void attend_query_block(const Problem& p, int64_t q0, int64_t q1, torch::Tensor&
       auto w = positions - lower;
       scores.add_(z.gather(-1, lower.to(torch::kLong)).mul_(1 - w) +
                   z.gather(-1, positions.ceil().to(torch::kLong)).mul_(w));
+    }
+    if (row_scale.defined()) {  // masked entries stay -inf whatever the factor (0 where n_i = 1)
+      const auto masked = scores == -kInf;
+      scores.mul_(row_scale).masked_fill_(masked, -kInf);
     }
 
     // Online softmax. A row that has seen only masked keys so far keeps max -inf; it is
@@ -177,7 +197,9 @@ void check_efficient_inputs(const torch::Tensor& q, const torch::Tensor& k, cons
                                 bias.slopes_right.requires_grad())) ||
                     (bias.cumulative.defined() && bias.cumulative.requires_grad()) ||
                     (bias.position_embeddings.defined() &&
-                     bias.position_embeddings.requires_grad())),
+                     bias.position_embeddings.requires_grad()) ||
+                    (bias.sink.defined() && bias.sink.requires_grad()) ||
+                    (bias.logit_scale.defined() && bias.logit_scale.requires_grad())),
               "attention_efficient is inference only: an input requires grad (use the reference "
               "backend for training, or a torch::NoGradGuard)");
 }
@@ -204,6 +226,18 @@ Problem make_problem(const torch::Tensor& q, const torch::Tensor& k, const torch
   p.k = k.detach().to(torch::kFloat32).reshape({groups, p.tk, p.d}).contiguous();
   p.v = v.detach().to(torch::kFloat32).reshape({groups, p.tk, p.d}).contiguous();
   if (p.causal) p.any_right = false;
+  if (bias.sink.defined()) {
+    TORCH_CHECK(bias.sink.dim() == 1 && bias.sink.size(0) == p.heads, "attention_efficient: sink must be (",
+                p.heads, "), got ", bias.sink.sizes());
+    p.sink = bias.sink.detach().to(torch::kCPU, torch::kFloat32).contiguous();
+  }
+  if (bias.logit_scale.defined()) {
+    TORCH_CHECK(bias.logit_scale.dim() == 2 && bias.logit_scale.size(0) == p.heads &&
+                    bias.logit_scale.size(1) == p.tq,
+                "attention_efficient: logit_scale must be (", p.heads, ", ", p.tq, "), got ",
+                bias.logit_scale.sizes());
+    p.logit_scale = bias.logit_scale.detach().to(torch::kCPU, torch::kFloat32).contiguous();
+  }
   if (linear) {
     TORCH_CHECK(bias.slopes_left.size(0) == p.heads, "linear bias has ",
                 bias.slopes_left.size(0), " slopes for ", p.heads, " heads");
@@ -221,10 +255,14 @@ Problem make_problem(const torch::Tensor& q, const torch::Tensor& k, const torch
   }
   if (bias.kind == AttentionBias::Kind::Contextual)
     p.position_embeddings = bias.position_embeddings.detach().to(torch::kCPU, torch::kFloat32);
-  if (linear || ((bias.is_none() || bias.kind == AttentionBias::Kind::Contextual) && p.causal)) {
+  if (linear || ((bias.kind == AttentionBias::Kind::None || bias.kind == AttentionBias::Kind::Contextual) && p.causal)) {
+    // Without the window and chunk masks, which are not the same on every diagonal tile (a chunk
+    // boundary may cross it): visit() applies them tile by tile.
+    AttentionBias diagonal = linear ? bias : AttentionBias::none();
+    diagonal.window = diagonal.chunk = 0;
+    diagonal.sink = diagonal.logit_scale = torch::Tensor();
     const int64_t size = std::min(blocks.query_block, p.tq);
-    p.diagonal_bias = materialize_bias(linear ? bias : AttentionBias::none(), p.heads, size, size,
-                                       p.causal);  // (H, bq, bq)
+    p.diagonal_bias = materialize_bias(diagonal, p.heads, size, size, p.causal);  // (H, bq, bq)
   }
   return p;
 }

@@ -60,16 +60,50 @@ struct HeadBias {
 };
 
 struct Problem {
-  int64_t batch, heads, length, dim;
-  float scale;
-  bool causal;
+  int64_t batch = 0, heads = 0, length = 0, dim = 0;
+  float scale = 1;
+  bool causal = true;
   std::vector<HeadBias> bias;  // empty: no bias
+  // The bias's options (core/attention/attention.h): masks by index, each head's sink logit (empty:
+  // none), and the rows' logit factors c[h * T + i] (null: none; the caller keeps them alive).
+  int64_t window = 0, chunk = 0;
+  std::vector<float> sink;
+  const float* logit_scale = nullptr;
 
   // Sizes and scale from q (B, H, T, D); no bias yet.
   static Problem of(const torch::Tensor& q, bool causal) {
-    return {q.size(0), q.size(1), q.size(2), q.size(3), float(1.0 / std::sqrt(double(q.size(3)))), causal, {}};
+    Problem p;
+    p.batch = q.size(0), p.heads = q.size(1), p.length = q.size(2), p.dim = q.size(3);
+    p.scale = float(1.0 / std::sqrt(double(q.size(3))));
+    p.causal = causal;
+    return p;
   }
 };
+
+// The keys [first, last] that query i of head h sees: its bias's directions, the causal half,
+// the window and the chunk. Both ends are nondecreasing in i, so a block of rows sees the keys
+// from its first row's first to its last row's last.
+struct KeyRange {
+  int64_t first, last;
+};
+KeyRange row_keys(const Problem& p, int64_t h, int64_t i) {
+  const HeadBias hb = p.bias.empty() ? HeadBias{} : p.bias[size_t(h)];
+  int64_t first = hb.left == -kInf ? i : 0, last = p.causal || hb.right == -kInf ? i : p.length - 1;
+  if (p.window > 0) {
+    first = std::max(first, i - (p.window - 1));
+    last = std::min(last, i + (p.window - 1));
+  }
+  if (p.chunk > 0) {
+    first = std::max(first, i / p.chunk * p.chunk);
+    last = std::min(last, i / p.chunk * p.chunk + p.chunk - 1);
+  }
+  return {first, last};
+}
+
+// The keys [begin, end) that the block of rows [i0, i0 + m) of head h attends to.
+KeyRange block_keys(const Problem& p, int64_t h, int64_t i0, int64_t m) {
+  return {row_keys(p, h, i0).first, row_keys(p, h, i0 + m - 1).last + 1};
+}
 
 // The rows of one (batch, head) as float32: row t starts at data + t * stride.
 struct Rows {
@@ -135,11 +169,15 @@ struct Destination {
   }
 };
 
-// Row i of the scores (keys [0, n), the diagonal at i < n) with the head's bias added: the
-// keys left of i by left * (i - j) and right of it by right * (j - i), or masked.
+// A row of scores in a buffer whose column c holds key k0 + c, for the query at column i (which
+// may lie outside the buffer): the keys it sees are the columns [i + first, i + last], each with
+// the head's bias added (left of the diagonal left * (i - j), right of it right * (j - i)) and the
+// sum times the row's logit factor; the other columns are masked.
 struct RowBias {
-  float left, right;           // coefficients (-slope)
-  bool left_open, right_open;  // whether the row sees those keys at all
+  float left, right;   // coefficients (-slope); 0 on a side the row does not see
+  float first, last;   // the visible columns' offsets d = j - i, first <= last
+  float factor = 1;    // the row's logit scale (1: none)
+  int64_t begin, end;  // the columns the row's loops cover: whole groups of kLanes holding [first, last]
 };
 
 // The softmax's row loops run over whole groups of kLanes floats (one AVX-512 vector), so that
@@ -150,28 +188,24 @@ struct RowBias {
 constexpr int64_t kLanes = 16;
 int64_t padded_keys(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
 
-// The end of row i's work: its last visible key's group, rounded up to whole groups.
-int64_t row_end(int64_t i, int64_t n, RowBias rb) { return padded_keys(rb.right_open ? n : i + 1); }
 
 // row[j] <- score + bias for the keys row i sees, -inf for the rest, j < end (keys past n are
 // padding, unseen); returns the row's maximum. Written with selects on float comparisons only,
 // so that GCC vectorises it: with d = j - i, the bias is (-left) d left of the diagonal and
 // right d right of it (the same products as left (i - j) and right (j - i)), and an unseen key
 // gets a wall of -inf added instead.
-EXTRAP_ISA_KERNEL(float, bias_and_max, (float* row, int64_t i, int64_t n, int64_t end, RowBias rb), (row, i, n, end, rb)) {
-  const float left = rb.left_open ? -rb.left : 0.0f, right = rb.right_open ? rb.right : 0.0f;
-  const float left_wall = rb.left_open ? 0.0f : -kInf, right_wall = rb.right_open ? 0.0f : -kInf;
-  const float past_keys = float(n - i);  // d at the first padding key
+EXTRAP_ISA_KERNEL(float, bias_and_max, (float* row, int64_t i, RowBias rb), (row, i, rb)) {
+  const float left = -rb.left, right = rb.right, first = rb.first, last = rb.last, factor = rb.factor;
   float max[kLanes];  // lane by lane across the groups, so that no group ends in a horizontal step
   std::fill(max, max + kLanes, -kInf);
-  for (int64_t j0 = 0; j0 < end; j0 += kLanes) {
+  for (int64_t j0 = rb.begin; j0 < rb.end; j0 += kLanes) {
     float* group = row + j0;
     const float d0 = float(j0 - i);
 #pragma omp simd
     for (int64_t l = 0; l < kLanes; ++l) {
       const float d = d0 + float(l);
-      const float wall = d < 0.0f ? left_wall : d == 0.0f ? 0.0f : d < past_keys ? right_wall : -kInf;
-      const float s = group[l] + (d < 0.0f ? left : right) * d + wall;
+      const float wall = d < first || d > last ? -kInf : 0.0f;
+      const float s = (group[l] + (d < 0.0f ? left : right) * d) * factor + wall;
       group[l] = s;
       max[l] = s > max[l] ? s : max[l];
     }
@@ -179,11 +213,12 @@ EXTRAP_ISA_KERNEL(float, bias_and_max, (float* row, int64_t i, int64_t n, int64_
   return *std::max_element(max, max + kLanes);
 }
 
-// row[j] <- exp(row[j] - shift) for j < end (0 where bias_and_max masked it), 0 for
-// end <= j < n; returns the sum.
-EXTRAP_ISA_KERNEL(float, exp_row, (float* row, int64_t n, int64_t end, float shift), (row, n, end, shift)) {
+// row[j] <- exp(row[j] - shift) for begin <= j < end (0 where bias_and_max masked it), 0 for
+// the other j < n; returns the sum.
+EXTRAP_ISA_KERNEL(float, exp_row, (float* row, int64_t n, int64_t begin, int64_t end, float shift), (row, n, begin, end, shift)) {
   float sum[kLanes] = {};  // lane by lane across the groups, as bias_and_max's maximum
-  for (int64_t j0 = 0; j0 < end; j0 += kLanes) {
+  std::fill(row, row + std::min(begin, n), 0.0f);
+  for (int64_t j0 = begin; j0 < end; j0 += kLanes) {
     float* group = row + j0;
 #pragma omp simd
     for (int64_t l = 0; l < kLanes; ++l) {
@@ -215,54 +250,101 @@ EXTRAP_ISA_KERNEL(float, dot, (const float* a, const float* b, int64_t n), (a, b
   return sum;
 }
 
-// dS = P (dP - rowsum(P dP)) for m rows of n keys (rows `stride` apart), in place in dP.
-// rowsum(P dP) is the softmax backward's shift rowsum(dO o O) (O = P V, dP = dO V^T), so O is
-// not needed.
-void softmax_backward_block(float* dp, const float* prob, int64_t m, int64_t n, int64_t stride) {
-  for (int64_t r = 0; r < m; ++r)
-    softmax_backward_row(dp + r * stride, prob + r * stride, n, dot(prob + r * stride, dp + r * stride, n));
+// sum_j dz[j] (raw[j] + bias(j - i)) over columns [begin, end): the logit-scale gradient of a row
+// (softmax_backward_block), with the bias left * d left of the diagonal and right * d right of it
+// (d = j - i, as bias_and_max). dz is 0 wherever the row sees nothing, so no mask is needed.
+EXTRAP_ISA_KERNEL(float, biased_dot, (const float* dz, const float* raw, int64_t i, int64_t begin, int64_t end, float left, float right), (dz, raw, i, begin, end, left, right)) {
+  float sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = begin; j < end; ++j) {
+    const float d = float(j - i);
+    sum += dz[j] * (raw[j] + (d < 0.0f ? left : right) * d);
+  }
+  return sum;
 }
 
-RowBias row_bias(const Problem& p, int64_t h) {
+// Row i of head h in a buffer of n columns holding keys [k0, k0 + n): its bias, the columns it
+// sees and its logit factor. A row that sees none of them gets begin == end.
+RowBias row_bias(const Problem& p, int64_t h, int64_t i, int64_t k0, int64_t n) {
   const HeadBias hb = p.bias.empty() ? HeadBias{} : p.bias[size_t(h)];
-  return {hb.left, hb.right, hb.left != -kInf, !p.causal && hb.right != -kInf};
+  const KeyRange keys = row_keys(p, h, i);
+  const int64_t first = std::max(keys.first, k0) - i, last = std::min(keys.last, k0 + n - 1) - i;  // d = j - i
+  RowBias rb{first < 0 ? hb.left : 0.0f, last > 0 ? hb.right : 0.0f, float(first), float(last), 1.0f, 0, 0};
+  if (p.logit_scale) rb.factor = p.logit_scale[h * p.length + i];
+  if (first <= last) {
+    rb.begin = (i + first - k0) / kLanes * kLanes;  // column of the first visible key, its group
+    rb.end = padded_keys(i + last - k0 + 1);
+  }
+  return rb;
 }
 
-// Adds the bias and masks to row i of the scores (keys 0..n-1, padded_keys(n) floats), then
-// turns it into softmax probabilities in place; returns the row's log-sum-exp.
-float softmax_row(float* row, int64_t i, int64_t n, const Problem& p, int64_t h) {
-  const RowBias rb = row_bias(p, h);
-  const int64_t end = row_end(i, n, rb);
-  const float max = bias_and_max(row, i, n, end, rb);
-  const float sum = exp_row(row, n, end, max);
-  scale_row(row, std::min(end, n), 1.0f / sum);
+// Adds the bias and masks to a row of the scores (n columns, keys from k0) of query i, then turns
+// it into softmax probabilities in place, the head's sink taking its share; returns the row's
+// log-sum-exp (the sink's term included).
+float softmax_row(float* row, int64_t i, int64_t k0, int64_t n, const Problem& p, int64_t h) {
+  const RowBias rb = row_bias(p, h, i, k0, n);
+  float max = bias_and_max(row, i - k0, rb);
+  if (!p.sink.empty()) max = std::max(max, p.sink[size_t(h)]);
+  float sum = exp_row(row, n, rb.begin, rb.end, max);
+  if (!p.sink.empty()) sum += std::exp(p.sink[size_t(h)] - max);
+  scale_row(row + rb.begin, std::min(rb.end, n) - rb.begin, 1.0f / sum);
   return max + std::log(sum);
 }
 
-// Recomputes row i's probabilities from its scores and log-sum-exp (backward).
-void probabilities_row(float* row, int64_t i, int64_t n, const Problem& p, int64_t h, float lse) {
-  const RowBias rb = row_bias(p, h);
-  const int64_t end = row_end(i, n, rb);
-  bias_and_max(row, i, n, end, rb);
-  exp_row(row, n, end, lse);
+// Recomputes a row's probabilities from its scores and log-sum-exp (backward).
+void probabilities_row(float* row, int64_t i, int64_t k0, int64_t n, const Problem& p, int64_t h, float lse) {
+  const RowBias rb = row_bias(p, h, i, k0, n);
+  bias_and_max(row, i - k0, rb);
+  exp_row(row, n, rb.begin, rb.end, lse);
 }
 
-// softmax_row for the m rows (queries i0, i0 + 1, ...) of a block's scores, n keys each, rows
-// padded_keys(n) apart; their log-sum-exps into lse[i0 ...].
-void softmax_block(float* scores, int64_t i0, int64_t m, int64_t n, const Problem& p, int64_t h, float* lse) {
+// softmax_row for the m rows (queries i0, i0 + 1, ...) of a block's scores, n columns each (keys
+// from k0), rows padded_keys(n) apart; their log-sum-exps into lse[i0 ...].
+void softmax_block(float* scores, int64_t i0, int64_t m, int64_t k0, int64_t n, const Problem& p, int64_t h,
+                   float* lse) {
   const int64_t stride = padded_keys(n);
-  for (int64_t r = 0; r < m; ++r) lse[i0 + r] = softmax_row(scores + r * stride, i0 + r, n, p, h);
+  for (int64_t r = 0; r < m; ++r) lse[i0 + r] = softmax_row(scores + r * stride, i0 + r, k0, n, p, h);
 }
 
 // probabilities_row for the m rows of a block, from their saved log-sum-exps.
-void probabilities_block(float* scores, int64_t i0, int64_t m, int64_t n, const Problem& p, int64_t h,
+void probabilities_block(float* scores, int64_t i0, int64_t m, int64_t k0, int64_t n, const Problem& p, int64_t h,
                          const float* lse) {
   const int64_t stride = padded_keys(n);
-  for (int64_t r = 0; r < m; ++r) probabilities_row(scores + r * stride, i0 + r, n, p, h, lse[i0 + r]);
+  for (int64_t r = 0; r < m; ++r) probabilities_row(scores + r * stride, i0 + r, k0, n, p, h, lse[i0 + r]);
 }
 
-// Keys that block [i0, i0 + m) attends to: [0, n).
-int64_t visible_keys(const Problem& p, int64_t i0, int64_t m) { return p.causal ? i0 + m : p.length; }
+// Where the backward pass puts the gradients of the sink and the logit scale of one (batch, head):
+// d sink += sum_i -P_sink(i) delta_i, and dc[i] for each row (null: not wanted).
+struct OptionGradients {
+  float* sink = nullptr;   // one float
+  float* scale = nullptr;  // T floats
+};
+
+// The backward of the softmax for the m rows of a block (queries from i0, n columns of keys from
+// k0, rows `stride` apart), in place in dP: dZ = P (dP - delta), delta = rowsum(P dP), the
+// gradient of the logits z (rowsum(P dP) is the softmax backward's shift rowsum(dO o O), with O =
+// P V and dP = dO V^T, so O is not needed; the sink's column has no value, so dP is 0 there and it
+// adds nothing to delta). With a sink: d sink -= P_sink delta, P_sink = exp(sink - lse). With a
+// logit scale c (z = c x, x = the scores with their bias): dc_i = sum_j dZ_ij x_ij, from the rows'
+// scores and bias as they were before the softmax (`raw`, the block's q k^T / sqrt(d)), and the
+// gradient of x, c dZ, left in dP for the products that follow.
+void softmax_backward_block(float* dp, const float* prob, int64_t i0, int64_t m, int64_t k0, int64_t n,
+                            int64_t stride, const Problem& p, int64_t h, const float* lse, const float* raw,
+                            OptionGradients grads) {
+  for (int64_t r = 0; r < m; ++r) {
+    float* row = dp + r * stride;
+    const float delta = dot(prob + r * stride, row, n);
+    softmax_backward_row(row, prob + r * stride, n, delta);
+    if (grads.sink) *grads.sink -= std::exp(p.sink[size_t(h)] - lse[i0 + r]) * delta;
+    if (p.logit_scale) {
+      const int64_t i = i0 + r;
+      const RowBias rb = row_bias(p, h, i, k0, n);
+      if (grads.scale)
+        grads.scale[i] += biased_dot(row, raw + r * stride, i - k0, rb.begin, std::min(rb.end, n), -rb.left, rb.right);
+      scale_row(row, n, rb.factor);
+    }
+  }
+}
 
 void forward_kernel(const Problem& p, const Operand& q, const Operand& k, const Operand& v,
                     const Destination& out, float* lse) {
@@ -275,12 +357,14 @@ void forward_kernel(const Problem& p, const Operand& q, const Operand& k, const 
       const Rows o = out.rows(b, h, obuf);
       float* lb = lse + bh * T;
       for (int64_t i0 = 0; i0 < T; i0 += kQueryBlock) {
-        const int64_t m = std::min(kQueryBlock, T - i0), n = visible_keys(p, i0, m), ns = padded_keys(n);
-        gemm(false, true, m, n, D, p.scale, qr.data + i0 * qr.stride, qr.stride, kr.data, kr.stride, 0.0f,
-             scores.data(), ns);
-        softmax_block(scores.data(), i0, m, n, p, h, lb);
-        gemm(false, false, m, D, n, 1.0f, scores.data(), ns, vr.data, vr.stride, 0.0f, o.data + i0 * o.stride,
-             o.stride);
+        const int64_t m = std::min(kQueryBlock, T - i0);
+        const KeyRange keys = block_keys(p, h, i0, m);
+        const int64_t k0 = keys.first, n = keys.last - k0, ns = padded_keys(n);
+        gemm(false, true, m, n, D, p.scale, qr.data + i0 * qr.stride, qr.stride, kr.data + k0 * kr.stride, kr.stride,
+             0.0f, scores.data(), ns);
+        softmax_block(scores.data(), i0, m, k0, n, p, h, lb);
+        gemm(false, false, m, D, n, 1.0f, scores.data(), ns, vr.data + k0 * vr.stride, vr.stride, 0.0f,
+             o.data + i0 * o.stride, o.stride);
       }
       out.store(b, h, obuf);
     }
@@ -332,15 +416,14 @@ struct NegligibleBound {
 // place (0 for keys the row does not see). Returns the factor the row's output so far is to be
 // scaled by (1 when the row saw nothing new).
 float online_softmax_row(float* row, int64_t relative_i, int64_t keys, RowBias rb, float& max, float& sum) {
-  const int64_t end = padded_keys(rb.right_open ? keys : std::clamp<int64_t>(relative_i + 1, 0, keys));
-  const float tile_max = end > 0 ? bias_and_max(row, relative_i, keys, end, rb) : -kInf;
+  const float tile_max = rb.begin < rb.end ? bias_and_max(row, relative_i, rb) : -kInf;
   const float new_max = std::max(max, tile_max);
   if (new_max == -kInf) {  // nothing seen yet: no weights, no rescaling
-    exp_row(row, keys, 0, 0.0f);
+    exp_row(row, keys, 0, 0, 0.0f);
     return 1.0f;
   }
   const float factor = std::exp(max - new_max);
-  sum = sum * factor + exp_row(row, keys, end, new_max);
+  sum = sum * factor + exp_row(row, keys, rb.begin, rb.end, new_max);
   max = new_max;
   return factor;
 }
@@ -348,7 +431,8 @@ float online_softmax_row(float* row, int64_t relative_i, int64_t keys, RowBias r
 void forward_inference_kernel(const Problem& p, const Operand& q, const Operand& k, const Operand& v,
                               const Destination& out) {
   const int64_t T = p.length, D = p.dim, H = p.heads, blocks = (T + kQueryBlock - 1) / kQueryBlock;
-  const std::vector<float> norms = p.bias.empty() ? std::vector<float>() : key_norms(p, k);
+  // (No bound under a logit scale: a factor below 1, or not positive, would undo it.)
+  const std::vector<float> norms = p.bias.empty() || p.logit_scale ? std::vector<float>() : key_norms(p, k);
   at::parallel_for(0, p.batch * H * blocks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(size_t(std::min(kQueryBlock, T) * padded_keys(std::min(kKeyTile, T)))), unused;
     float max[kQueryBlock], sum[kQueryBlock], factor[kQueryBlock];
@@ -358,8 +442,9 @@ void forward_inference_kernel(const Problem& p, const Operand& q, const Operand&
       const int64_t b = bh / H, h = bh % H, i0 = block * kQueryBlock;
       const Rows qr = q.rows(b, h, T, D, unused), kr = k.rows(b, h, T, D, unused), vr = v.rows(b, h, T, D, unused);
       const Rows o = out.rows(b, h, unused);
-      const int64_t m = std::min(kQueryBlock, T - i0), n = visible_keys(p, i0, m);
-      const RowBias rb = row_bias(p, h);
+      const int64_t m = std::min(kQueryBlock, T - i0);
+      const KeyRange keys = block_keys(p, h, i0, m);
+      const HeadBias hb = p.bias.empty() ? HeadBias{} : p.bias[size_t(h)];
       float q_reach = 0, own_keys = 0;  // scale * max |q_i| and max |k_i| over the block
       if (!norms.empty())
         for (int64_t r = 0; r < m; ++r) {
@@ -367,23 +452,26 @@ void forward_inference_kernel(const Problem& p, const Operand& q, const Operand&
           q_reach = std::max(q_reach, p.scale * std::sqrt(dot(qi, qi, D)));
           own_keys = std::max(own_keys, norms[size_t(bh * T + i0 + r)]);
         }
-      std::fill(max, max + m, -kInf);
-      std::fill(sum, sum + m, 0.0f);
+      // A sink is a first column with the head's logit and no value: the running maximum starts
+      // at it, the running sum at its e^0.
+      std::fill(max, max + m, p.sink.empty() ? -kInf : p.sink[size_t(h)]);
+      std::fill(sum, sum + m, p.sink.empty() ? 0.0f : 1.0f);
       float* acc = o.data + i0 * o.stride;  // the output rows, accumulated unnormalised
       bool first = true;
-      for (int64_t k0 = 0; k0 < n; k0 += kKeyTile) {
-        const int64_t w = std::min(kKeyTile, n - k0), ws = padded_keys(w);
+      for (int64_t k0 = keys.first; k0 < keys.last; k0 += kKeyTile) {
+        const int64_t w = std::min(kKeyTile, keys.last - k0), ws = padded_keys(w);
         if (!norms.empty() && (k0 + w <= i0 || k0 >= i0 + m)) {
           const bool left = k0 + w <= i0;
           const float* tile_norms = norms.data() + bh * T + k0;
           const NegligibleBound bound{q_reach * (*std::max_element(tile_norms, tile_norms + w) + own_keys),
-                                      left ? rb.left : rb.right, left ? i0 - (k0 + w - 1) : k0 - (i0 + m - 1)};
+                                      left ? hb.left : hb.right, left ? i0 - (k0 + w - 1) : k0 - (i0 + m - 1)};
           if (bound.negligible()) continue;
         }
         gemm(false, true, m, w, D, p.scale, qr.data + i0 * qr.stride, qr.stride, kr.data + k0 * kr.stride,
              kr.stride, 0.0f, scores.data(), ws);
         for (int64_t r = 0; r < m; ++r)
-          factor[r] = online_softmax_row(scores.data() + r * ws, i0 + r - k0, w, rb, max[r], sum[r]);
+          factor[r] = online_softmax_row(scores.data() + r * ws, i0 + r - k0, w, row_bias(p, h, i0 + r, k0, w), max[r],
+                                         sum[r]);
         if (!first)
           for (int64_t r = 0; r < m; ++r)
             if (factor[r] != 1.0f) scale_row(acc + r * o.stride, D, factor[r]);
@@ -396,12 +484,24 @@ void forward_inference_kernel(const Problem& p, const Operand& q, const Operand&
   });
 }
 
+// The gradients of the bias's options, per (batch, head): `sink` B x H floats, `scale` B x H x T
+// (either null when not wanted), summed over the batch by the caller.
+struct OptionGradientBuffers {
+  float* sink = nullptr;
+  float* scale = nullptr;
+  OptionGradients of(int64_t bh, int64_t T) const {
+    return {sink ? sink + bh : nullptr, scale ? scale + bh * T : nullptr};
+  }
+};
+
 void backward_kernel(const Problem& p, const Operand& q, const Operand& k, const Operand& v, const float* lse,
-                     const Operand& dout, const Destination& dq, const Destination& dk, const Destination& dv) {
+                     const Operand& dout, const Destination& dq, const Destination& dk, const Destination& dv,
+                     OptionGradientBuffers option_grads) {
   const int64_t T = p.length, D = p.dim, H = p.heads;
   at::parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
     const int64_t block = std::min(kQueryBlock, T);
     std::vector<float> probs(size_t(block * padded_keys(T))), dscores(size_t(block * padded_keys(T)));
+    std::vector<float> raw(p.logit_scale ? probs.size() : 0);  // the scores before the softmax (logit scale)
     std::vector<float> qbuf, kbuf, vbuf, gbuf, dqbuf, dkbuf, dvbuf;
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, h = bh % H;
@@ -414,16 +514,23 @@ void backward_kernel(const Problem& p, const Operand& q, const Operand& k, const
         std::fill(dvr.data + t * dvr.stride, dvr.data + t * dvr.stride + D, 0.0f);
       }
       for (int64_t i0 = 0; i0 < T; i0 += kQueryBlock) {
-        const int64_t m = std::min(kQueryBlock, T - i0), n = visible_keys(p, i0, m), ns = padded_keys(n);
+        const int64_t m = std::min(kQueryBlock, T - i0);
+        const KeyRange keys = block_keys(p, h, i0, m);
+        const int64_t k0 = keys.first, n = keys.last - k0, ns = padded_keys(n);
         const float *qi = qr.data + i0 * qr.stride, *gi = go.data + i0 * go.stride;
-        gemm(false, true, m, n, D, p.scale, qi, qr.stride, kr.data, kr.stride, 0.0f, probs.data(), ns);
-        probabilities_block(probs.data(), i0, m, n, p, h, lb);
-        gemm(true, false, n, D, m, 1.0f, probs.data(), ns, gi, go.stride, 1.0f, dvr.data, dvr.stride);  // dV += P^T dO
-        gemm(false, true, m, n, D, 1.0f, gi, go.stride, vr.data, vr.stride, 0.0f, dscores.data(), ns);  // dP = dO V^T
-        softmax_backward_block(dscores.data(), probs.data(), m, n, ns);  // dS
-        gemm(false, false, m, D, n, p.scale, dscores.data(), ns, kr.data, kr.stride, 0.0f,
-             dqr.data + i0 * dqr.stride, dqr.stride);  // dQ
-        gemm(true, false, n, D, m, p.scale, dscores.data(), ns, qi, qr.stride, 1.0f, dkr.data, dkr.stride);  // dK +=
+        const float *kj = kr.data + k0 * kr.stride, *vj = vr.data + k0 * vr.stride;
+        gemm(false, true, m, n, D, p.scale, qi, qr.stride, kj, kr.stride, 0.0f, probs.data(), ns);
+        if (!raw.empty()) std::copy(probs.begin(), probs.begin() + m * ns, raw.begin());
+        probabilities_block(probs.data(), i0, m, k0, n, p, h, lb);
+        gemm(true, false, n, D, m, 1.0f, probs.data(), ns, gi, go.stride, 1.0f, dvr.data + k0 * dvr.stride,
+             dvr.stride);                                                                         // dV += P^T dO
+        gemm(false, true, m, n, D, 1.0f, gi, go.stride, vj, vr.stride, 0.0f, dscores.data(), ns);  // dP = dO V^T
+        softmax_backward_block(dscores.data(), probs.data(), i0, m, k0, n, ns, p, h, lb, raw.data(),
+                               option_grads.of(bh, T));  // dS
+        gemm(false, false, m, D, n, p.scale, dscores.data(), ns, kj, kr.stride, 0.0f, dqr.data + i0 * dqr.stride,
+             dqr.stride);  // dQ
+        gemm(true, false, n, D, m, p.scale, dscores.data(), ns, qi, qr.stride, 1.0f, dkr.data + k0 * dkr.stride,
+             dkr.stride);  // dK +=
       }
       dq.store(b, h, dqbuf);
       dk.store(b, h, dkbuf);
@@ -459,10 +566,12 @@ void forward_kernel_bf16(const Problem& p, const Operand& q, const Operand& k, c
       pack_b(vsrc, v.st, false, T, D, vb);  // B(t, d) = v[t][d]
       float* lb = lse + bh * T;
       for (int64_t i0 = 0; i0 < T; i0 += query_block) {
-        const int64_t m = std::min(query_block, T - i0), n = visible_keys(p, i0, m), ns = padded_keys(n);
+        // Keys from 0 (a product takes a prefix of a packed operand): a window's or chunk's
+        // earlier keys are masked in the rows, not left out of the products.
+        const int64_t m = std::min(query_block, T - i0), n = block_keys(p, h, i0, m).last, ns = padded_keys(n);
         pack_a(qb + i0 * q.st, q.st, false, m, D, qa);
         multiply(qa, kt, m, n, p.scale, scores.data(), ns, false);
-        softmax_block(scores.data(), i0, m, n, p, h, lb);
+        softmax_block(scores.data(), i0, m, 0, n, p, h, lb);
         pack_a(scores.data(), ns, false, m, n, pa);
         multiply(pa, vb, m, D, 1.0f, obuf.data(), D, false);
         out.store_rows(b, h, i0, m, obuf.data());
@@ -472,13 +581,15 @@ void forward_kernel_bf16(const Problem& p, const Operand& q, const Operand& k, c
 }
 
 void backward_kernel_bf16(const Problem& p, const Operand& q, const Operand& k, const Operand& v, const float* lse,
-                          const Operand& dout, const Destination& dq, const Destination& dk, const Destination& dv) {
+                          const Operand& dout, const Destination& dq, const Destination& dk, const Destination& dv,
+                          OptionGradientBuffers option_grads) {
   using namespace bf16_gemm;
   const int64_t T = p.length, D = p.dim, H = p.heads, query_block = bf16_query_block(p);
   at::parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
     const int64_t block = std::min(query_block, T);
     const size_t scores_size = size_t(block * padded_keys(T));
     std::vector<float> probs(scores_size), dscores(scores_size), dqbuf(size_t(block * D));
+    std::vector<float> raw(p.logit_scale ? scores_size : 0);  // the scores before the softmax (logit scale)
     std::vector<float> dkt(size_t(D * T)), dvt(size_t(D * T));
     PackedA qa, ga, qt, gt, sa;
     PackedB kt, vt, kb, pb, sb;
@@ -492,14 +603,16 @@ void backward_kernel_bf16(const Problem& p, const Operand& q, const Operand& k, 
       std::fill(dvt.begin(), dvt.end(), 0.0f);
       const float* lb = lse + bh * T;
       for (int64_t i0 = 0; i0 < T; i0 += query_block) {
-        const int64_t m = std::min(query_block, T - i0), n = visible_keys(p, i0, m), ns = padded_keys(n);
+        const int64_t m = std::min(query_block, T - i0), n = block_keys(p, h, i0, m).last, ns = padded_keys(n);
         const auto *qi = qsrc + i0 * q.st, *gi = gsrc + i0 * dout.st;
         pack_a(qi, q.st, false, m, D, qa);
         multiply(qa, kt, m, n, p.scale, probs.data(), ns, false);
-        probabilities_block(probs.data(), i0, m, n, p, h, lb);
+        if (!raw.empty()) std::copy(probs.begin(), probs.begin() + m * ns, raw.begin());
+        probabilities_block(probs.data(), i0, m, 0, n, p, h, lb);
         pack_a(gi, dout.st, false, m, D, ga);
         multiply(ga, vt, m, n, 1.0f, dscores.data(), ns, false);  // dP = dO v^T
-        softmax_backward_block(dscores.data(), probs.data(), m, n, ns);  // dS
+        softmax_backward_block(dscores.data(), probs.data(), i0, m, 0, n, ns, p, h, lb, raw.data(),
+                               option_grads.of(bh, T));  // dS
         pack_a(gi, dout.st, true, D, m, gt);  // dO^T
         pack_b(probs.data(), ns, false, m, n, pb);
         multiply(gt, pb, D, n, 1.0f, dvt.data(), T, true);  // dV^T += dO^T P
@@ -529,22 +642,38 @@ Problem make_problem(const torch::Tensor& q, const AttentionBias& bias, bool cau
     const bool *llp = look_left.data_ptr<bool>(), *lrp = look_right.data_ptr<bool>();
     for (int64_t h = 0; h < p.heads; ++h) p.bias.push_back({llp[h] ? -lp[h] : -kInf, lrp[h] ? -rp[h] : -kInf});
   }
+  p.window = bias.window;
+  p.chunk = bias.chunk;
+  if (bias.sink.defined()) {
+    const auto sink = bias.sink.detach().to(torch::kCPU, torch::kFloat32).contiguous();
+    p.sink.assign(sink.data_ptr<float>(), sink.data_ptr<float>() + sink.numel());
+  }
   return p;
+}
+
+// The logit scale as the kernels read it, (H, T) float32 contiguous; undefined without one.
+torch::Tensor kernel_logit_scale(const torch::Tensor& logit_scale) {
+  return logit_scale.defined() ? logit_scale.detach().to(torch::kCPU, torch::kFloat32).contiguous() : torch::Tensor();
 }
 
 class FusedCpuAttentionFunction : public torch::autograd::Function<FusedCpuAttentionFunction> {
  public:
+  // sink (H,) and logit_scale (H, T): the bias's, or empty tensors where it has none (autograd
+  // takes no undefined inputs); `problem` reads them already (make_problem, kernel_logit_scale).
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q,
-                               const torch::Tensor& k, const torch::Tensor& v, const Problem* problem) {
+                               const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& sink,
+                               const torch::Tensor& logit_scale, const Problem* problem) {
     const Problem& p = *problem;
     auto out = torch::empty({p.batch, p.length, p.heads, p.dim}, q.options()).permute({0, 2, 1, 3});
     auto lse = torch::empty({p.batch, p.heads, p.length}, q.options().dtype(torch::kFloat32));
     const bool bf16_products = q.scalar_type() == torch::kBFloat16 && bf16_gemm::available();
     (bf16_products ? forward_kernel_bf16 : forward_kernel)(p, Operand(q), Operand(k), Operand(v), Destination(out),
                                                            lse.data_ptr<float>());
-    ctx->save_for_backward({q, k, v, lse});
+    ctx->save_for_backward({q, k, v, lse, sink, logit_scale});
     ctx->saved_data["bf16_products"] = bf16_products;
     ctx->saved_data["causal"] = p.causal;
+    ctx->saved_data["window"] = p.window;
+    ctx->saved_data["chunk"] = p.chunk;
     std::vector<double> left, right;
     for (const auto& hb : p.bias) {
       left.push_back(hb.left);
@@ -559,9 +688,26 @@ class FusedCpuAttentionFunction : public torch::autograd::Function<FusedCpuAtten
                                                torch::autograd::tensor_list grads) {
     const auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &k = saved[1], &v = saved[2], &lse = saved[3];
+    const auto given = [](const torch::Tensor& x) { return x.numel() > 0 ? x : torch::Tensor(); };
+    const auto sink = given(saved[4]), logit_scale = given(saved[5]);
     Problem p = Problem::of(q, ctx->saved_data["causal"].toBool());
     const auto left = ctx->saved_data["left"].toDoubleVector(), right = ctx->saved_data["right"].toDoubleVector();
     for (size_t h = 0; h < left.size(); ++h) p.bias.push_back({float(left[h]), float(right[h])});
+    p.window = ctx->saved_data["window"].toInt();
+    p.chunk = ctx->saved_data["chunk"].toInt();
+    if (sink.defined()) {
+      const auto values = sink.detach().to(torch::kFloat32).contiguous();
+      p.sink.assign(values.data_ptr<float>(), values.data_ptr<float>() + values.numel());
+    }
+    const auto scale = kernel_logit_scale(logit_scale);
+    if (scale.defined()) p.logit_scale = scale.data_ptr<float>();
+    // The options' gradients per (batch, head), summed over the batch below.
+    const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
+    const bool sink_grad = sink.defined() && sink.requires_grad(), scale_grad = scale.defined() && logit_scale.requires_grad();
+    const auto dsink = sink_grad ? torch::zeros({p.batch, p.heads}, f32) : torch::Tensor();
+    const auto dscale = scale_grad ? torch::zeros({p.batch, p.heads, p.length}, f32) : torch::Tensor();
+    const OptionGradientBuffers option_grads{sink_grad ? dsink.data_ptr<float>() : nullptr,
+                                             scale_grad ? dscale.data_ptr<float>() : nullptr};
     auto dout = grads[0].to(q.scalar_type());
     if (dout.stride(3) != 1) dout = dout.contiguous();
     // dQ, dK and dV as (B, H, T, D) views: of one (B, T, 3, H, D) buffer when q, k and v are
@@ -582,8 +728,9 @@ class FusedCpuAttentionFunction : public torch::autograd::Function<FusedCpuAtten
     const bool bf16_products = ctx->saved_data["bf16_products"].toBool();
     (bf16_products ? backward_kernel_bf16 : backward_kernel)(p, Operand(q), Operand(k), Operand(v),
                                                              lse.data_ptr<float>(), Operand(dout), Destination(dq),
-                                                             Destination(dk), Destination(dv));
-    return {dq, dk, dv, torch::Tensor()};
+                                                             Destination(dk), Destination(dv), option_grads);
+    return {dq, dk, dv, sink_grad ? dsink.sum(0).to(sink.scalar_type()) : torch::Tensor(),
+            scale_grad ? dscale.sum(0).to(logit_scale.scalar_type()) : torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -606,6 +753,12 @@ std::string fused_cpu_attention_unsupported_reason(const torch::Tensor& q, const
   if (options.training && options.dropout > 0) return "attention dropout";
   if (bias.kind != AttentionBias::Kind::None && bias.kind != AttentionBias::Kind::Linear)
     return "bias kind " + bias.describe();
+  if (bias.sink.defined() && (bias.sink.dim() != 1 || bias.sink.size(0) != q.size(1)))
+    return "a sink of shape " + c10::str(bias.sink.sizes()) + " for " + std::to_string(q.size(1)) + " heads";
+  if (bias.logit_scale.defined() &&
+      (bias.logit_scale.dim() != 2 || bias.logit_scale.size(0) != q.size(1) || bias.logit_scale.size(1) != q.size(2)))
+    return "a logit scale of shape " + c10::str(bias.logit_scale.sizes()) + " for " + std::to_string(q.size(1)) +
+           " heads and " + std::to_string(q.size(2)) + " queries";
   if (bias.kind == AttentionBias::Kind::Linear) {
     if (bias.positions.defined()) return "sampled positions";
     if (bias.slopes_left.requires_grad() || bias.slopes_right.requires_grad()) return "learned slopes";
@@ -618,16 +771,20 @@ torch::Tensor fused_cpu_attention(const torch::Tensor& q, const torch::Tensor& k
                                   const AttentionBias& bias, const AttentionOptions& options) {
   const std::string reason = fused_cpu_attention_unsupported_reason(q, k, v, bias, options);
   TORCH_CHECK(reason.empty(), "attention: the fused CPU kernel does not take this call (", reason, ")");
-  const Problem problem = make_problem(q, bias, options.causal);
-  const bool wants_gradient =
-      torch::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  Problem problem = make_problem(q, bias, options.causal);
+  const auto scale = kernel_logit_scale(bias.logit_scale);  // kept alive for the kernels
+  if (scale.defined()) problem.logit_scale = scale.data_ptr<float>();
+  const auto needs = [](const torch::Tensor& x) { return x.defined() && x.requires_grad(); };
+  const bool wants_gradient = torch::GradMode::is_enabled() && (needs(q) || needs(k) || needs(v) ||
+                                                                needs(bias.sink) || needs(bias.logit_scale));
   if (!wants_gradient && q.scalar_type() == torch::kFloat32) {
     auto out = torch::empty({problem.batch, problem.length, problem.heads, problem.dim}, q.options())
                    .permute({0, 2, 1, 3});
     forward_inference_kernel(problem, Operand(q), Operand(k), Operand(v), Destination(out));
     return out;
   }
-  return FusedCpuAttentionFunction::apply(q, k, v, &problem);
+  const auto or_empty = [](const torch::Tensor& x) { return x.defined() ? x : torch::empty({0}); };
+  return FusedCpuAttentionFunction::apply(q, k, v, or_empty(bias.sink), or_empty(bias.logit_scale), &problem);
 }
 
 }  // namespace extrap

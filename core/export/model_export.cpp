@@ -115,6 +115,10 @@ ExportSummary export_run(const fs::path& run_dir, const fs::path& out, const Exp
   const Config& config = checkpoint.config;
   const Corpus corpus = load_corpus(config.data);
   LoadedRun run = load_run(checkpoint, corpus);  // loads the config's plugins, if any
+  if (config.model.attention_options.active())  // analysis/extrap_model.py does not compute them yet
+    throw ConfigError(checkpoint.dir.string() + ": export does not take the attention options yet (" +
+                      config.model.attention_options.describe() + "): analysis/extrap_model.py would compute "
+                      "other numbers");
 
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
   for (const auto& item : run.model->named_parameters()) tensors.emplace_back(item.key(), item.value());

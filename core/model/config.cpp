@@ -97,6 +97,34 @@ void read_model_section(const OptionReader& root, Config& c) {
   }
 }
 
+// The attention section: options on top of the position method, the same in every layer.
+void read_attention_section(const OptionReader& root, Config& c) {
+  auto r = root.section("attention", "attention options that combine with every position method (2024-26)");
+  auto& a = c.model.attention_options;
+  r.read("sink", a.sink, "a learned sink logit per head and layer: one more softmax column that weights no value");
+  r.read("ssmax", a.ssmax, "SSMax: each row's logits times s_h ln n_i (n_i keys seen), s learned per head and layer");
+  r.read("ssmax_init", a.ssmax_init, "SSMax: the initial s (0: 1 / ln(train.seq_len), plain softmax at n = L)");
+  r.read("temperature", a.temperature,
+         "Llama 4 attention temperature a: q at position p times 1 + a ln(floor((p + 1) / F) + 1) (0: off)");
+  r.read("temperature_floor", a.temperature_floor, "Llama 4 attention temperature: the floor scale F");
+  r.read("gate", a.gate, "gate on each head's output, sigmoid(x W_g) of the layer's input: per head or per channel");
+  r.read("window", a.window, "sliding window: query i sees keys j with |i - j| < W (0: full attention)");
+  r.read("chunk", a.chunk, "chunked attention: i and j in the same chunk of C tokens (0: off)");
+  r.finish();
+  if (root.decoding()) {
+    r.at_least("window", a.window, 0);
+    r.at_least("chunk", a.chunk, 0);
+    r.at_least("temperature_floor", a.temperature_floor, 1);
+    if (!(a.temperature >= 0) || !std::isfinite(a.temperature))
+      r.fail("temperature", "must be a finite number at least 0, got " + number_text(a.temperature));
+    if (!(a.ssmax_init >= 0) || !std::isfinite(a.ssmax_init))
+      r.fail("ssmax_init", "must be a finite number at least 0, got " + number_text(a.ssmax_init));
+    if (a.ssmax_init > 0 && !a.ssmax) r.fail("ssmax_init", "is set but attention.ssmax is false");
+    if (a.temperature_floor != AttentionConfig().temperature_floor && a.temperature == 0)
+      r.fail("temperature_floor", "is set but attention.temperature is 0 (off)");
+  }
+}
+
 // The position section is decoded by the method itself; only `name` is read here.
 void read_position_section(const OptionReader& root, Config& c) {
   root.accept("position", "the position method: {name: NAME, ...its options} (see `extrap positions`)");
@@ -203,6 +231,7 @@ void read_eval_section(const OptionReader& root, Config& c) {
 void read_config(const OptionReader& root, Config& c) {
   read_data_section(root, c);
   read_model_section(root, c);
+  read_attention_section(root, c);
   read_position_section(root, c);
   read_train_section(root, c);
   read_eval_section(root, c);
@@ -312,9 +341,33 @@ YAML::Node keys_affecting(const Config& config, std::initializer_list<Affects> k
   }
   if (config.data.token_bytes.empty()) remove_key(out, "data.token_bytes");
   if (config.data.tokenizer_model.empty()) remove_key(out, "data.tokenizer_model");  // 0.12
+  // The attention section (0.13): only the keys that differ from plain attention.
+  const AttentionConfig& a = config.model.attention_options, plain;
+  if (a.sink == plain.sink) remove_key(out, "attention.sink");
+  if (a.ssmax == plain.ssmax) remove_key(out, "attention.ssmax");
+  if (a.ssmax_init == plain.ssmax_init) remove_key(out, "attention.ssmax_init");
+  if (a.temperature == plain.temperature) remove_key(out, "attention.temperature");
+  if (a.temperature == plain.temperature || a.temperature_floor == plain.temperature_floor)
+    remove_key(out, "attention.temperature_floor");
+  if (a.gate == plain.gate) remove_key(out, "attention.gate");
+  if (a.window == plain.window) remove_key(out, "attention.window");
+  if (a.chunk == plain.chunk) remove_key(out, "attention.chunk");
+  if (out["attention"] && out["attention"].size() == 0) out.remove("attention");
   return out;
 }
 }  // namespace
+
+std::string AttentionConfig::describe() const {
+  std::string out;
+  const auto add = [&](const std::string& part) { out += (out.empty() ? "" : ", ") + part; };
+  if (sink) add("sink");
+  if (ssmax) add("ssmax");
+  if (temperature > 0) add("temperature " + number_text(temperature) + " / " + std::to_string(temperature_floor));
+  if (gate != AttentionGate::none) add(enum_name(gate) + " gate");
+  if (window > 0) add("window " + std::to_string(window));
+  if (chunk > 0) add("chunk " + std::to_string(chunk));
+  return out;
+}
 
 YAML::Node Config::model_keys() const { return keys_affecting(*this, {Affects::model}); }
 

@@ -49,6 +49,32 @@ inline torch::Device torch_device(Device device) {
   return device == Device::cuda ? torch::kCUDA : torch::kCPU;
 }
 
+// How each head's attention output is gated before the output projection (Qiu et al. 2025):
+// times sigmoid(x W_g) of the layer's normalised input x, one gate per head or per channel.
+enum class AttentionGate { none, headwise, elementwise };
+template <>
+struct EnumNames<AttentionGate> {
+  static constexpr std::array<std::pair<const char*, AttentionGate>, 3> table{
+      {{"none", AttentionGate::none}, {"headwise", AttentionGate::headwise}, {"elementwise", AttentionGate::elementwise}}};
+};
+
+// The config's `attention` section: options that combine with every position method
+// (REFERENCE.md, "The 2024-26 wave"). The defaults are plain softmax attention.
+struct AttentionConfig {
+  bool sink = false;        // a learned sink logit per head and layer (gpt-oss)
+  bool ssmax = false;       // SSMax: logits times s_h ln n_i, s learned per head and layer
+  double ssmax_init = 0;    // s's initial value; 0: 1 / ln(train.seq_len), plain softmax at n = L
+  double temperature = 0;   // Llama 4: q at position p times 1 + a ln(floor((p + 1) / F) + 1); a, 0: off
+  int64_t temperature_floor = 8192;  // F
+  AttentionGate gate = AttentionGate::none;
+  int64_t window = 0;       // sliding window of W tokens (0: full attention)
+  int64_t chunk = 0;        // chunked attention, C tokens a chunk (0: off)
+  bool active() const {
+    return sink || ssmax || temperature > 0 || gate != AttentionGate::none || window > 0 || chunk > 0;
+  }
+  std::string describe() const;  // "sink, window 64" ("" when none is set)
+};
+
 struct ModelConfig {
   int64_t layers = 4;
   int64_t d_model = 256;
@@ -61,6 +87,7 @@ struct ModelConfig {
   Objective objective = Objective::causal_lm;
   AttentionBackend attention = AttentionBackend::Auto;
   int64_t efficient_threshold = 1 << 20;  // Tq*Tk above which inference uses the efficient path
+  AttentionConfig attention_options;      // the `attention` section (every layer)
   bool causal() const { return objective == Objective::causal_lm; }
 };
 

@@ -83,7 +83,11 @@ std::string MemoryEstimate::parts() const {
 int64_t parameter_count_estimate(const Config& c, int64_t vocab_size) {
   const ModelConfig& m = c.model;
   const int64_t d = m.d_model, f = m.d_ffn;
-  const int64_t per_layer = add(add(mul(mul(4, d), d), mul(mul(2, d), f)), add(mul(9, d), f));
+  int64_t per_layer = add(add(mul(mul(4, d), d), mul(mul(2, d), f)), add(mul(9, d), f));
+  const AttentionConfig& a = m.attention_options;  // sink and SSMax (H,) each; the gate's projection
+  if (a.sink) per_layer = add(per_layer, m.heads);
+  if (a.ssmax) per_layer = add(per_layer, m.heads);
+  if (a.gate != AttentionGate::none) per_layer = add(per_layer, mul(d, a.gate == AttentionGate::headwise ? m.heads : d));
   int64_t total = add(mul(vocab_size, d), mul(m.layers, per_layer));
   if (!m.tie_embeddings) total = add(total, mul(vocab_size, d));
   return total;
@@ -113,6 +117,12 @@ MemoryEstimate estimate_training_memory(const Config& c, int64_t vocab_size) {
     method_scores = info.training_scores;
     method_pairs = info.training_pairs;
   }
+  // The reference path's own copies of the scores for the attention options (core/attention/attention.cpp):
+  // the sink's extra column (the widened scores and their softmax) and SSMax's scaled scores
+  // (the masked copy, the product, the refilled result and the mask).
+  const AttentionConfig& a = m.attention_options;
+  if (a.sink) method_scores += 2;
+  if (a.ssmax) method_scores += 3.25;
   const int64_t pairs = mul(t.seq_len, t.seq_len);
   const int64_t scores = mul(mul(micro, m.heads), pairs);
   const int64_t per_layer =

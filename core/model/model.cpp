@@ -30,6 +30,30 @@ SelfAttentionImpl::SelfAttentionImpl(SelfAttentionOptions options_) : options(st
 void SelfAttentionImpl::reset() {
   qkv = register_module("qkv", torch::nn::Linear(options.d_model(), 3 * options.d_model()));
   out = register_module("out", torch::nn::Linear(options.d_model(), options.d_model()));
+  const AttentionConfig& extras = options.extras();
+  const int64_t H = options.heads();
+  // gpt-oss draws its sinks from N(0, 0.02), the initialiser of its other weights.
+  if (extras.sink) sink = register_parameter("sink", torch::randn({H}) * 0.02);
+  if (extras.ssmax) {
+    TORCH_CHECK(extras.ssmax_init > 0, "attention.ssmax_init must be resolved (positive) when the model is built");
+    ssmax = register_parameter("ssmax", torch::full({H}, extras.ssmax_init));
+  }
+  if (extras.gate != AttentionGate::none) {
+    const int64_t width = extras.gate == AttentionGate::headwise ? H : options.d_model();
+    gate = register_module("gate", torch::nn::Linear(torch::nn::LinearOptions(options.d_model(), width).bias(false)));
+  }
+}
+
+AttentionBias SelfAttentionImpl::with_options(AttentionBias bias, const LayerInput& at, bool causal) const {
+  const AttentionConfig& extras = options.extras();
+  bias.window = extras.window;
+  bias.chunk = extras.chunk;
+  if (sink.defined()) bias.sink = sink;
+  if (ssmax.defined()) {  // c[h, i] = s_h ln n_i, n_i the keys row i sees (its masks' count)
+    const auto n = bias.visible_keys(options.heads(), at.length(), at.key_length(), causal);
+    bias.logit_scale = ssmax.view({-1, 1}) * n.log().to(ssmax.device());
+  }
+  return bias;
 }
 
 torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, PositionMethod& position,
@@ -39,9 +63,15 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, PositionMethod&
   const auto B = x.size(0), T = x.size(1), H = options.heads(), Dh = options.d_model() / H;
   // Views of the projection (core/kernels/qkv_heads.h): their gradients go back into its layout with
   // no copy where the fused attention writes them there, else with one.
-  auto [q, k, v] = split_heads(linear(qkv, projected.defined() ? projected : x), H);  // (B, H, T, Dh)
+  const auto& input = projected.defined() ? projected : x;
+  auto [q, k, v] = split_heads(linear(qkv, input), H);  // (B, H, T, Dh)
   LayerInput at{options.layer_index(), positions, x};
   position.rotate_qk(q, k, at);
+  if (const double a = options.extras().temperature; a > 0) {  // Llama 4: q at p times 1 + a ln(floor((p + 1) / F) + 1)
+    const auto p = positions.values(torch::TensorOptions().dtype(torch::kFloat64));
+    const auto factor = 1 + a * torch::log(torch::floor((p + 1) / double(options.extras().temperature_floor)) + 1);
+    q = q * factor.to(q.device(), q.scalar_type()).view({1, 1, T, 1});
+  }
   if (cache) {  // the new tokens' keys and values join the cached ones
     if (cache->keys.defined()) {
       k = torch::cat({cache->keys, k}, 2);
@@ -54,8 +84,14 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, PositionMethod&
   }
   AttentionOptions attn = attention_options;
   attn.dropout = options.attention_dropout();
-  auto y = attention(q, k, v, position.bias(at), attn);  // (B, H, T, Dh)
-  y = y.transpose(1, 2).reshape({B, T, H * Dh});
+  auto y = attention(q, k, v, with_options(position.bias(at), at, attention_options.causal), attn);  // (B, H, T, Dh)
+  if (gate) {  // each head's output times sigmoid(x W_g): (B, T, H, 1) head-wise, (B, T, H, Dh) element-wise
+    auto g = torch::sigmoid(linear(gate, input)).view({B, T, H, -1});
+    y = y.transpose(1, 2) * g.to(y.scalar_type());
+    y = y.reshape({B, T, H * Dh});
+  } else {
+    y = y.transpose(1, 2).reshape({B, T, H * Dh});
+  }
   y = linear(out, y);
   if (attention_options.training && options.dropout() > 0) y = torch::dropout(y, options.dropout(), true);
   return y;
@@ -70,7 +106,8 @@ void BlockImpl::reset() {
       "attention", SelfAttention(SelfAttentionOptions(options.d_model(), options.heads())
                                      .dropout(options.dropout())
                                      .attention_dropout(options.attention_dropout())
-                                     .layer_index(options.layer_index())));
+                                     .layer_index(options.layer_index())
+                                     .extras(options.extras())));
   ln_ffn = register_module("ln_ffn", torch::nn::LayerNorm(torch::nn::LayerNormOptions({options.d_model()})));
   ffn_in = register_module("ffn_in", torch::nn::Linear(options.d_model(), options.d_ffn()));
   ffn_out = register_module("ffn_out", torch::nn::Linear(options.d_ffn(), options.d_model()));
@@ -125,7 +162,8 @@ TransformerLMImpl::TransformerLMImpl(const ModelConfig& config, int64_t vocab_si
                                 .dropout(config.dropout)
                                 .attention_dropout(config.attention_dropout)
                                 .activation(config.activation)
-                                .layer_index(l)));
+                                .layer_index(l)
+                                .extras(config.attention_options)));
   }
   ln_final = register_module("ln_final", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.d_model})));
   if (!config.tie_embeddings)
@@ -238,7 +276,11 @@ void check_position_method(const Config& config) {
 
 TransformerLM build_model(const Config& config, int64_t vocab_size) {
   for (const auto& plugin : config.plugins) PositionRegistry::instance().load_plugin(plugin);
-  return TransformerLM(config.model, vocab_size, config.position_name, config.position, config.source);
+  ModelConfig model = config.model;
+  AttentionConfig& extras = model.attention_options;
+  if (extras.ssmax && extras.ssmax_init == 0)  // s ln L = 1: plain softmax for a row that sees L keys
+    extras.ssmax_init = 1.0 / std::log(double(std::max<int64_t>(config.train.seq_len, 2)));
+  return TransformerLM(model, vocab_size, config.position_name, config.position, config.source);
 }
 
 }  // namespace extrap

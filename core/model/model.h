@@ -24,6 +24,7 @@ struct SelfAttentionOptions {
   TORCH_ARG(double, dropout) = 0.0;            // on the output projection
   TORCH_ARG(double, attention_dropout) = 0.0;  // on attention probabilities
   TORCH_ARG(int64_t, layer_index) = 0;
+  TORCH_ARG(AttentionConfig, extras);  // sink, SSMax, temperature, gate, window, chunk
 };
 
 // The keys and values a causal model has computed, layer by layer, for generation. A forward
@@ -57,6 +58,13 @@ class SelfAttentionImpl : public torch::nn::Cloneable<SelfAttentionImpl> {
   SelfAttentionOptions options;
   torch::nn::Linear qkv = nullptr;  // D -> 3D
   torch::nn::Linear out = nullptr;  // D -> D
+  // The attention options' parameters, where set (extras): each head's sink logit (H,), SSMax's s
+  // (H,), and the gate's projection (D -> H head-wise, D -> D element-wise, no bias).
+  torch::Tensor sink, ssmax;
+  torch::nn::Linear gate = nullptr;
+
+  // What the attention options add to the position method's bias for queries at `at`.
+  AttentionBias with_options(AttentionBias bias, const LayerInput& at, bool causal) const;
 };
 TORCH_MODULE(SelfAttention);
 
@@ -70,6 +78,7 @@ struct BlockOptions {
   TORCH_ARG(double, attention_dropout) = 0.0;
   TORCH_ARG(Activation, activation) = Activation::gelu;
   TORCH_ARG(int64_t, layer_index) = 0;
+  TORCH_ARG(AttentionConfig, extras);
 };
 
 class BlockImpl : public torch::nn::Cloneable<BlockImpl> {

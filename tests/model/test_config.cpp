@@ -251,6 +251,9 @@ TEST_CASE("config: each key's mark decides the run fingerprint and what a sweep 
   c.data.token_bytes = "bytes.npy";
   CHECK(!c.model_keys()["data"]["tokenizer_model"]);  // the runs of 0.11 keep their fingerprints
   c.data.tokenizer_model = "spm.model";
+  // and the attention section's keys at their defaults (tests/attention/test_attention_options.cpp)
+  CHECK(!c.model_keys()["attention"]);  // the runs of 0.12 keep their fingerprints
+  c.model.attention_options = {true, true, 0.2, 0.1, 64, AttentionGate::headwise, 32, 16};
   const YAML::Node model = c.model_keys();
   CHECK(model["train"]["steps"]);
   CHECK(model["train"]["lr"]);
