@@ -65,7 +65,8 @@ TEST_CASE("every method and mode: the registry offers each built-in in the modes
   for (const auto& m : all) labels.push_back(m.label());
   for (const char* expected :
        {"none (causal)", "none (bidirectional)", "sinusoidal (causal)", "learned (causal)",
-        "rotary (causal)", "rotary (bidirectional)", "t5_bias (causal)", "t5_bias (bidirectional)",
+        "rotary (causal)", "rotary (bidirectional)", "p_rope (causal)", "p_rope (bidirectional)",
+        "t5_bias (causal)", "t5_bias (bidirectional)",
         "alibi (causal)", "alibi_symmetric (bidirectional)", "alibi_nonsymmetric (bidirectional)",
         "alibi_learned (causal)", "alibi_learned (bidirectional)", "kerple_log (causal)",
         "kerple_log (bidirectional)", "kerple_power (causal)", "kerple_power (bidirectional)",
