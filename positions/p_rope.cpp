@@ -43,12 +43,8 @@ class PRope : public PositionMethod {
                 " dimensions, got q ", q.sizes(), " and k ", k.sizes());
     const auto tables = tables_.get(at.positions, q.device(), q.scalar_type(), [&] {
       // The whole head's frequencies (scaled where an evaluation asks), the highest m kept.
-      const auto frequencies =
-          scaled_rotary_frequencies(d_head_, options_.base, tables_.scaling(), window_end(at.positions))
-              .narrow(0, 0, kept_);
-      auto [cos, sin] = rotary_angles(at.positions, frequencies);
-      const double factor = rope_attention_factor(tables_.scaling());
-      return std::vector<torch::Tensor>{cos * factor, sin * factor};  // (T, m) each
+      auto [cos, sin] = scaled_rotary_angles(at.positions, d_head_, options_.base, tables_.scaling(), kept_);
+      return std::vector<torch::Tensor>{cos, sin};  // (T, m) each
     });
     q = rotate_pairs(q, tables[0], tables[1], 2 * kept_);
     k = rotate_pairs(k, tables[0], tables[1], 2 * kept_);

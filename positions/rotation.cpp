@@ -115,9 +115,9 @@ std::pair<torch::Tensor, torch::Tensor> rotary_angles(const TokenPositions& posi
 
 std::pair<torch::Tensor, torch::Tensor> scaled_rotary_angles(const TokenPositions& positions,
                                                              int64_t rotated, double base,
-                                                             const RopeScaling& scaling) {
-  const auto frequencies =
-      scaled_rotary_frequencies(rotated, base, scaling, window_end(positions));
+                                                             const RopeScaling& scaling, int64_t pairs) {
+  auto frequencies = scaled_rotary_frequencies(rotated, base, scaling, window_end(positions));
+  if (pairs >= 0) frequencies = frequencies.narrow(0, 0, pairs);
   auto [cos, sin] = rotary_angles(positions, frequencies);
   const double factor = rope_attention_factor(scaling);  // 1 unless yarn
   return {cos * factor, sin * factor};

@@ -48,12 +48,13 @@ int64_t window_end(const TokenPositions& positions);
 // cos and sin of p * theta_i for the window's positions p: (T, rotated/2) each, float64 on
 // the CPU. scaled_rotary_angles: the same with the frequencies of `scaling`
 // (scaled_rotary_frequencies, at the window's end) and both tables multiplied by its
-// rope_attention_factor; RopeScaling{} gives rotary_angles with the unscaled frequencies.
+// rope_attention_factor; RopeScaling{} gives rotary_angles with the unscaled frequencies. With
+// `pairs` >= 0 only the first `pairs` frequencies, the highest (p_rope): (T, pairs) each.
 std::pair<torch::Tensor, torch::Tensor> rotary_angles(const TokenPositions& positions,
                                                       const torch::Tensor& frequencies);
 std::pair<torch::Tensor, torch::Tensor> scaled_rotary_angles(const TokenPositions& positions,
                                                              int64_t rotated, double base,
-                                                             const RopeScaling& scaling);
+                                                             const RopeScaling& scaling, int64_t pairs = -1);
 
 // The tables a rotation needs for one window (rotary: cos and sin; xpos: the same scaled for
 // the queries and for the keys). Every layer of a forward pass asks for the same ones, so the

@@ -127,7 +127,7 @@ core/data/sentencepiece.cpp | const size_t start = out.ids.size() == first + 1 ?
 core/data/sentencepiece.cpp | out.bytes.push_back(int32_t(line.break_bytes + (empty ? line.size : 0))); | out.bytes.push_back(int32_t(line.break_bytes)); | a whitespace-only line's bytes credited to no token
 core/data/corpus.cpp | if (options.tokenizer == Tokenizer::sentencepiece) identity += '\0' + hex64(model_hash); | ; | two SentencePiece models share one cache folder (each load rebuilds the other's splits)
 experiments/sweep/sweep.cpp | moved.back().point_index = now->point_index; | moved.back().point_index = run.point_index; | a merged grown sweep leaves the earlier stage's runs at their old places in its grid
-positions/p_rope.cpp | .narrow(0, 0, kept_); | .narrow(0, d_head_ / 2 - kept_, kept_); | p-RoPE keeps the lowest frequencies instead of the highest
+positions/rotation.cpp | if (pairs >= 0) frequencies = frequencies.narrow(0, 0, pairs); | if (pairs >= 0) frequencies = frequencies.narrow(0, frequencies.size(0) - pairs, pairs); | p-RoPE keeps the lowest frequencies instead of the highest
 analysis/extrap_model.py | theta = [base ** (-2.0 * i / self.d_head) for i in range(m)] | theta = [base ** (-2.0 * i / (2 * m)) for i in range(m)] | Python's p-RoPE squeezes rotary's frequencies into the kept pairs (rotary's fraction)
 core/attention/attention.cpp | probs = torch::softmax(torch::cat({scores, column}, -1), -1).narrow(-1, 0, scores.size(-1)); | probs = torch::softmax(scores, -1) + 0 * column.sum(); | the reference drops the sink from the softmax's denominator
 core/attention/efficient_attention.cpp | running_sum.fill_(1.0); | running_sum.fill_(0.0); | the efficient path keeps the sink's logit in the maximum but not its e^0 in the sum

@@ -70,6 +70,9 @@ struct Problem {
   std::vector<float> sink;
   const float* logit_scale = nullptr;
 
+  // Head h's bias (none: both sides open, no slope).
+  HeadBias head(int64_t h) const { return bias.empty() ? HeadBias{} : bias[size_t(h)]; }
+
   // Sizes and scale from q (B, H, T, D); no bias yet.
   static Problem of(const torch::Tensor& q, bool causal) {
     Problem p;
@@ -87,7 +90,7 @@ struct KeyRange {
   int64_t first, last;
 };
 KeyRange row_keys(const Problem& p, int64_t h, int64_t i) {
-  const HeadBias hb = p.bias.empty() ? HeadBias{} : p.bias[size_t(h)];
+  const HeadBias hb = p.head(h);
   int64_t first = hb.left == -kInf ? i : 0, last = p.causal || hb.right == -kInf ? i : p.length - 1;
   if (p.window > 0) {
     first = std::max(first, i - (p.window - 1));
@@ -266,7 +269,7 @@ EXTRAP_ISA_KERNEL(float, biased_dot, (const float* dz, const float* raw, int64_t
 // Row i of head h in a buffer of n columns holding keys [k0, k0 + n): its bias, the columns it
 // sees and its logit factor. A row that sees none of them gets begin == end.
 RowBias row_bias(const Problem& p, int64_t h, int64_t i, int64_t k0, int64_t n) {
-  const HeadBias hb = p.bias.empty() ? HeadBias{} : p.bias[size_t(h)];
+  const HeadBias hb = p.head(h);
   const KeyRange keys = row_keys(p, h, i);
   const int64_t first = std::max(keys.first, k0) - i, last = std::min(keys.last, k0 + n - 1) - i;  // d = j - i
   RowBias rb{first < 0 ? hb.left : 0.0f, last > 0 ? hb.right : 0.0f, float(first), float(last), 1.0f, 0, 0};
@@ -444,7 +447,7 @@ void forward_inference_kernel(const Problem& p, const Operand& q, const Operand&
       const Rows o = out.rows(b, h, unused);
       const int64_t m = std::min(kQueryBlock, T - i0);
       const KeyRange keys = block_keys(p, h, i0, m);
-      const HeadBias hb = p.bias.empty() ? HeadBias{} : p.bias[size_t(h)];
+      const HeadBias hb = p.head(h);
       float q_reach = 0, own_keys = 0;  // scale * max |q_i| and max |k_i| over the block
       if (!norms.empty())
         for (int64_t r = 0; r < m; ++r) {
@@ -629,6 +632,13 @@ void backward_kernel_bf16(const Problem& p, const Operand& q, const Operand& k, 
   });
 }
 
+// A sink's logits as the kernels read them (empty without one).
+std::vector<float> sink_values(const torch::Tensor& sink) {
+  if (!sink.defined()) return {};
+  const auto values = sink.detach().to(torch::kCPU, torch::kFloat32).contiguous();
+  return {values.data_ptr<float>(), values.data_ptr<float>() + values.numel()};
+}
+
 Problem make_problem(const torch::Tensor& q, const AttentionBias& bias, bool causal) {
   Problem p = Problem::of(q, causal);
   if (bias.kind == AttentionBias::Kind::Linear) {
@@ -644,10 +654,7 @@ Problem make_problem(const torch::Tensor& q, const AttentionBias& bias, bool cau
   }
   p.window = bias.window;
   p.chunk = bias.chunk;
-  if (bias.sink.defined()) {
-    const auto sink = bias.sink.detach().to(torch::kCPU, torch::kFloat32).contiguous();
-    p.sink.assign(sink.data_ptr<float>(), sink.data_ptr<float>() + sink.numel());
-  }
+  p.sink = sink_values(bias.sink);
   return p;
 }
 
@@ -695,10 +702,7 @@ class FusedCpuAttentionFunction : public torch::autograd::Function<FusedCpuAtten
     for (size_t h = 0; h < left.size(); ++h) p.bias.push_back({float(left[h]), float(right[h])});
     p.window = ctx->saved_data["window"].toInt();
     p.chunk = ctx->saved_data["chunk"].toInt();
-    if (sink.defined()) {
-      const auto values = sink.detach().to(torch::kFloat32).contiguous();
-      p.sink.assign(values.data_ptr<float>(), values.data_ptr<float>() + values.numel());
-    }
+    p.sink = sink_values(sink);
     const auto scale = kernel_logit_scale(logit_scale);
     if (scale.defined()) p.logit_scale = scale.data_ptr<float>();
     // The options' gradients per (batch, head), summed over the batch below.
