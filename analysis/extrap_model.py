@@ -37,6 +37,12 @@ alibi_learned, t5_bias, kerple_log, kerple_power, sandwich, fire (score biases),
 rotary rotation; causal only), cope (a bias from q and the gated scores; causal only), fox (a
 bias from the layer's input through forget gates; causal only).
 
+Attention options (metadata "attention", REFERENCE.md "The 2024-26 wave"), in every layer: a
+learned sink logit per head (blocks.L.attention.sink), SSMax's per-head s times ln n_i
+(blocks.L.attention.ssmax; n_i the keys row i sees), Llama 4's temperature on q, a head-wise or
+element-wise output gate sigmoid(h W_g^T) (blocks.L.attention.gate.weight), and sliding-window
+and chunk masks by index within the window.
+
 Command line (errors: one line on stderr, exit status 2):
     python analysis/extrap_model.py MODEL.safetensors --tokens-file FILE --length 16 48
         [--stride 8 ...] [--dtype float64] [--max-tokens N] [--json] [--reader fallback]
@@ -71,7 +77,11 @@ POSITION_DEFAULTS = {"rotary": {"base": 10000.0, "fraction": 1.0}, "sinusoidal":
                      "xpos": {"base": 10000.0, "scale_base": 512.0, "gamma": 0.4},
                      "fire": {"mlp_width": 32, "init_L": 512.0, "eps": 1e-6,
                               "shared_across_layers": False}}
-JSON_METADATA = ("position_options", "model", "data", "eval", "train", "vocabulary", "checkpoint")
+JSON_METADATA = ("position_options", "model", "data", "eval", "train", "vocabulary", "checkpoint",
+                 "attention")
+# The attention options (metadata "attention"; an export without the key has none of them).
+ATTENTION_DEFAULTS = {"sink": False, "ssmax": False, "temperature": 0.0, "temperature_floor": 8192,
+                      "gate": "none", "window": 0, "chunk": 0}
 WORD_SPECIALS = {"<eos>": 0, "<unk>": 1, "<mask>": 2}
 MASK64 = 0xFFFF_FFFF_FFFF_FFFF
 SLOPE_RTOL = 2.4e-7  # two float32 ulps: the stored slopes are the definition rounded to float32
@@ -214,6 +224,15 @@ def _metadata(raw):
                          + ", ".join(POSITION_METHODS))
     parsed["position_options"] = {**POSITION_DEFAULTS.get(parsed["position"], {}),
                                   **parsed.get("position_options", {})}
+    attention = parsed.get("attention", {})
+    unknown = sorted(set(attention) - set(ATTENTION_DEFAULTS))
+    if unknown:
+        raise ValueError(f"metadata 'attention' has unknown option(s) {', '.join(unknown)}; supported: "
+                         + ", ".join(ATTENTION_DEFAULTS))
+    parsed["attention"] = {**ATTENTION_DEFAULTS, **attention}
+    if parsed["attention"]["gate"] not in ("none", "headwise", "elementwise"):
+        raise ValueError(f"metadata 'attention': unknown gate {parsed['attention']['gate']!r}; "
+                         "supported: none, headwise, elementwise")
     return parsed
 
 
@@ -235,6 +254,7 @@ class ExtrapModel(nn.Module):
         self.act = F.relu if m.get("activation") == "relu" else F.gelu  # gelu: exact (erf)
         D, Fd, V, H = self.d_model, int(m["d_ffn"]), int(metadata["data"]["vocab_size"]), self.heads
         eps, kw = float(m.get("layer_norm_eps", 1e-5)), dict(device="meta", dtype=dtype)
+        self.attention_options = a = metadata.get("attention", ATTENTION_DEFAULTS)
         self.embedding = nn.Embedding(V, D, **kw)
         self.blocks = nn.ModuleList()
         for _ in range(self.layers):
@@ -244,6 +264,12 @@ class ExtrapModel(nn.Module):
             block.attention = nn.Module()
             block.attention.qkv = nn.Linear(D, 3 * D, **kw)  # out features [3][H][Dh]
             block.attention.out = nn.Linear(D, D, **kw)      # in features [H][Dh]
+            if a["sink"]:  # each head's sink logit
+                block.attention.register_parameter("sink", nn.Parameter(torch.empty(H, **kw)))
+            if a["ssmax"]:  # SSMax's s, per head
+                block.attention.register_parameter("ssmax", nn.Parameter(torch.empty(H, **kw)))
+            if a["gate"] != "none":  # sigmoid(h W_g^T): one gate per head, or per feature
+                block.attention.gate = nn.Linear(D, H if a["gate"] == "headwise" else D, bias=False, **kw)
             block.ffn_in, block.ffn_out = nn.Linear(D, Fd, **kw), nn.Linear(Fd, D, **kw)
             self.blocks.append(block)
         self.ln_final = nn.LayerNorm(D, eps, **kw)
@@ -494,12 +520,15 @@ class ExtrapModel(nn.Module):
         rotations = (rotary, rotary) if rotary is not None else self._xpos(offset, T)
         biases = {}  # layers that share a bias share one tensor
         attention = []
+        temperature, hidden_keys = self._temperature(offset, T), self._option_mask(T)
         for layer, block in enumerate(self.blocks):
             h = block.ln_attention(x)
             qkv = block.attention.qkv(h).view(B, T, 3, H, Dh)
             q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, T, Dh)
             if rotations is not None:  # queries and keys: xPos scales them differently
                 q, k = self._rotate(q, *rotations[0]), self._rotate(k, *rotations[1])
+            if temperature is not None:
+                q = q * temperature
             if self.method == "fox":  # (B, H, T, T): depends on this layer's input
                 bias = self.bias(layer, T, h=h)
             elif self.method == "cope":  # (B, H, T, T): depends on q and the scores
@@ -510,14 +539,56 @@ class ExtrapModel(nn.Module):
                     biases[row] = self.bias(layer, T)
                 bias = biases[row]
             scores = q @ k.transpose(-1, -2) / math.sqrt(Dh) + bias  # (B, H, T, T)
-            probs = scores.softmax(dim=-1)
+            if hidden_keys is not None:
+                scores = scores.masked_fill(hidden_keys, float("-inf"))
+            probs = self._attention_probabilities(block.attention, scores)
             if return_attention:
                 attention.append(probs)
-            context = (probs @ v).transpose(1, 2).reshape(B, T, H * Dh)  # head-major features
-            x = x + block.attention.out(context)
+            context = (probs @ v).transpose(1, 2)  # (B, T, H, Dh)
+            if self.attention_options["gate"] != "none":
+                context = context * torch.sigmoid(block.attention.gate(h)).view(B, T, H, -1)
+            x = x + block.attention.out(context.reshape(B, T, H * Dh))  # head-major features
             x = x + block.ffn_out(self.act(block.ffn_in(block.ln_ffn(x))))
         x = self.ln_final(x)
         return (x, attention) if return_attention else x
+
+    # -- the attention options (metadata "attention")
+    def _temperature(self, offset, T):  # Llama 4: q at p times 1 + a ln(floor((p + 1) / F) + 1)
+        a, F_ = float(self.attention_options["temperature"]), int(self.attention_options["temperature_floor"])
+        if a == 0:
+            return None
+        w = self.embedding.weight
+        p = torch.arange(offset, offset + T, dtype=torch.float64)
+        factor = 1 + a * torch.log(torch.floor((p + 1) / F_) + 1)
+        return factor.to(w.device, w.dtype).view(1, 1, T, 1)
+
+    def _option_mask(self, T):  # (T, T) True where the window or the chunk hides key j from query i
+        W, C = int(self.attention_options["window"]), int(self.attention_options["chunk"])
+        if W <= 0 and C <= 0:
+            return None
+        device = self.embedding.weight.device
+        i = torch.arange(T, device=device)[:, None]
+        j = torch.arange(T, device=device)[None, :]
+        hidden = torch.zeros(T, T, dtype=torch.bool, device=device)
+        if W > 0:
+            hidden = torch.logical_or(hidden, (i - j).abs() >= W)
+        if C > 0:
+            hidden = torch.logical_or(hidden, torch.div(i, C, rounding_mode="floor") != torch.div(j, C, rounding_mode="floor"))
+        return hidden
+
+    def _attention_probabilities(self, attention, scores):  # (B, H, T, T) masked scores -> probabilities
+        """SSMax multiplies each row's logits by s_h ln n_i, n_i the keys the row sees (its finite
+        scores); a sink adds one logit per head to each row's normaliser that weights no value."""
+        H = self.heads
+        if self.attention_options["ssmax"]:
+            seen = torch.isfinite(scores)
+            n = seen.sum(-1, keepdim=True).to(scores.dtype)  # (B, H, T, 1)
+            factor = attention.ssmax.view(1, H, 1, 1) * torch.log(n)
+            scores = torch.where(seen, scores * factor, torch.full_like(scores, float("-inf")))
+        if not self.attention_options["sink"]:
+            return scores.softmax(dim=-1)
+        sink = attention.sink.view(1, H, 1, 1).expand(*scores.shape[:-1], 1)
+        return torch.cat((scores, sink), dim=-1).softmax(dim=-1)[..., :-1]
 
     def logits(self, hidden):  # (..., D) -> (..., V)
         return hidden @ (self.embedding.weight if self.head is None else self.head.weight).T

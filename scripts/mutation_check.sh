@@ -143,6 +143,17 @@ core/attention/fused_cpu_attention.cpp | first = std::max(first, i - (p.window -
 core/attention/fused_cpu_attention.cpp | if (grads.sink) *grads.sink -= std::exp(p.sink[size_t(h)] - lse[i0 + r]) * delta; | if (grads.sink) *grads.sink += std::exp(p.sink[size_t(h)] - lse[i0 + r]) * delta; | the fused kernel's sink gradient has the wrong sign
 core/attention/fused_cpu_attention.cpp | sum += dz[j] * (raw[j] + (d < 0.0f ? left : right) * d); | sum += dz[j] * raw[j]; | the fused kernel's logit-scale gradient leaves out the bias
 core/attention/fused_cpu_attention.cpp | return {row_keys(p, h, i0).first, row_keys(p, h, i0 + m - 1).last + 1}; | return {row_keys(p, h, i0 + m - 1).first, row_keys(p, h, i0 + m - 1).last + 1}; | the fused kernel's block starts at its last row's first key (earlier rows lose keys)
+core/model/model.cpp | .layer_index(plan.layer_index[l]) | .layer_index(l) | a pattern's layer takes its depth for its number among its kind's layers (another layer's parameters)
+core/model/config.cpp | plan.layer_index.push_back(seen[k]++); | plan.layer_index.push_back(seen[k]); | every layer of a kind is numbered as its first
+core/model/config.cpp | const int64_t k = pattern_kind[l % period]; | const int64_t k = pattern_kind[(l + 1) % period]; | the layer pattern shifted by one layer
+core/model/model.cpp | forward_residual(x, delta, *positions_[plan_.layer_kind[l]], positions, | forward_residual(x, delta, *positions_[0], positions, | every layer takes the first kind's position method
+core/model/model.cpp | forward(x, *positions_[plan_.layer_kind[l]], positions, attention_options, | forward(x, *positions_.front(), positions, attention_options, | cached decoding takes the first kind's position method in every layer
+core/model/config.cpp | LayerKind kind{name, c.position_name, c.position, "position", c.model.attention_options}; | LayerKind kind{name, c.position_name, c.position, "position", AttentionConfig()}; | a layer kind drops the attention section's options
+core/model/model.cpp | if (method->set_rope_scaling(scaling)) scaled = true; | if (!scaled && method->set_rope_scaling(scaling)) scaled = true; | RoPE scaling stops at the first kind with rotary angles
+core/export/model_export.cpp | if (!config.layer_pattern.empty())  // analysis/extrap_model.py | if (false)  // analysis/extrap_model.py | export of a layer-pattern model is not refused
+core/model/memory_estimate.cpp | const AttentionConfig& a = plan.kinds[kind].attention; | const AttentionConfig& a = c.model.attention_options; | the estimate counts the attention section's options where a layer kind has its own
+analysis/extrap_model.py | factor = attention.ssmax.view(1, H, 1, 1) * torch.log(n) | factor = attention.ssmax.view(1, H, 1, 1) * torch.log(n + 1) | Python's SSMax counts one key more than the row sees
+analysis/extrap_model.py | hidden = torch.logical_or(hidden, (i - j).abs() >= W) | hidden = torch.logical_or(hidden, (i - j).abs() > W) | Python's sliding window lets one key more in
 EOF
 )
 

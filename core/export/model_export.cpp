@@ -61,6 +61,18 @@ json model_json(const ModelConfig& m) {
           {"layer_norm_eps", 1e-5}};  // torch::nn::LayerNorm's default, which the model uses
 }
 
+// The attention options every layer takes (their tensors: blocks.L.attention.sink, .ssmax and
+// .gate.weight).
+json attention_json(const AttentionConfig& a) {
+  return {{"sink", a.sink},
+          {"ssmax", a.ssmax},
+          {"temperature", a.temperature},
+          {"temperature_floor", a.temperature_floor},
+          {"gate", enum_name(a.gate)},
+          {"window", a.window},
+          {"chunk", a.chunk}};
+}
+
 json data_json(const Config& config, const Corpus& corpus) {
   return {{"path", config.data.path},
           {"name", corpus.name},
@@ -115,10 +127,9 @@ ExportSummary export_run(const fs::path& run_dir, const fs::path& out, const Exp
   const Config& config = checkpoint.config;
   const Corpus corpus = load_corpus(config.data);
   LoadedRun run = load_run(checkpoint, corpus);  // loads the config's plugins, if any
-  if (config.model.attention_options.active())  // analysis/extrap_model.py does not compute them yet
-    throw ConfigError(checkpoint.dir.string() + ": export does not take the attention options yet (" +
-                      config.model.attention_options.describe() + "): analysis/extrap_model.py would compute "
-                      "other numbers");
+  if (!config.layer_pattern.empty())  // analysis/extrap_model.py has one method for every layer
+    throw ConfigError(checkpoint.dir.string() + ": export does not take layer patterns yet (" + position_label(config) +
+                      "): analysis/extrap_model.py gives every layer one position method");
 
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
   for (const auto& item : run.model->named_parameters()) tensors.emplace_back(item.key(), item.value());
@@ -136,6 +147,7 @@ ExportSummary export_run(const fs::path& run_dir, const fs::path& out, const Exp
   metadata["position_options"] = resolved_position_options(config);
   metadata["position_tensors"] = position.tensors;
   metadata["model"] = model_json(config.model).dump();
+  metadata["attention"] = attention_json(config.model.attention_options).dump();
   metadata["data"] = data_json(config, corpus).dump();
   metadata["train"] = json{{"seq_len", config.train.seq_len},
                            {"mask_prob", config.train.mask_prob},

@@ -1,6 +1,8 @@
 #include "core/model/config.h"
 
 #include <cmath>
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <set>
 
@@ -97,10 +99,9 @@ void read_model_section(const OptionReader& root, Config& c) {
   }
 }
 
-// The attention section: options on top of the position method, the same in every layer.
-void read_attention_section(const OptionReader& root, Config& c) {
-  auto r = root.section("attention", "attention options that combine with every position method (2024-26)");
-  auto& a = c.model.attention_options;
+// The attention options' keys, in the `attention` section and in a layer kind's `attention`
+// (layers.kinds.NAME.attention), which starts from the section's values.
+void read_attention_keys(const OptionReader& r, AttentionConfig& a) {
   r.read("sink", a.sink, "a learned sink logit per head and layer: one more softmax column that weights no value");
   r.read("ssmax", a.ssmax, "SSMax: each row's logits times s_h ln n_i (n_i keys seen), s learned per head and layer");
   r.read("ssmax_init", a.ssmax_init, "SSMax: the initial s (0: 1 / ln(train.seq_len), plain softmax at n = L)");
@@ -111,18 +112,42 @@ void read_attention_section(const OptionReader& root, Config& c) {
   r.read("window", a.window, "sliding window: query i sees keys j with |i - j| < W (0: full attention)");
   r.read("chunk", a.chunk, "chunked attention: i and j in the same chunk of C tokens (0: off)");
   r.finish();
-  if (root.decoding()) {
-    r.at_least("window", a.window, 0);
-    r.at_least("chunk", a.chunk, 0);
-    r.at_least("temperature_floor", a.temperature_floor, 1);
-    if (!(a.temperature >= 0) || !std::isfinite(a.temperature))
-      r.fail("temperature", "must be a finite number at least 0, got " + number_text(a.temperature));
-    if (!(a.ssmax_init >= 0) || !std::isfinite(a.ssmax_init))
-      r.fail("ssmax_init", "must be a finite number at least 0, got " + number_text(a.ssmax_init));
-    if (a.ssmax_init > 0 && !a.ssmax) r.fail("ssmax_init", "is set but attention.ssmax is false");
-    if (a.temperature_floor != AttentionConfig().temperature_floor && a.temperature == 0)
-      r.fail("temperature_floor", "is set but attention.temperature is 0 (off)");
-  }
+  if (!r.decoding()) return;
+  r.at_least("window", a.window, 0);
+  r.at_least("chunk", a.chunk, 0);
+  r.at_least("temperature_floor", a.temperature_floor, 1);
+  if (!(a.temperature >= 0) || !std::isfinite(a.temperature))
+    r.fail("temperature", "must be a finite number at least 0, got " + number_text(a.temperature));
+  if (!(a.ssmax_init >= 0) || !std::isfinite(a.ssmax_init))
+    r.fail("ssmax_init", "must be a finite number at least 0, got " + number_text(a.ssmax_init));
+  // (A kind that turns SSMax or the temperature off keeps the section's ssmax_init or floor
+  // unused: only a key given here is refused.)
+  if (r.has("ssmax_init") && a.ssmax_init > 0 && !a.ssmax) r.fail("ssmax_init", "is set but ssmax is false");
+  if (r.has("temperature_floor") && a.temperature_floor != AttentionConfig().temperature_floor && a.temperature == 0)
+    r.fail("temperature_floor", "is set but the temperature is 0 (off)");
+  if (!a.ssmax) a.ssmax_init = AttentionConfig().ssmax_init;
+  if (a.temperature == 0) a.temperature_floor = AttentionConfig().temperature_floor;
+}
+
+// The attention section: options on top of the position method, in every layer (a layer
+// kind may change them).
+void read_attention_section(const OptionReader& root, Config& c) {
+  read_attention_keys(root.section("attention", "attention options that combine with every position method (2024-26)"),
+                      c.model.attention_options);
+}
+
+// The layers section: a pattern of layer kinds, each its own position method and attention
+// options (resolved by layer_plan).
+void read_layers_section(const OptionReader& root, Config& c) {
+  auto r = root.section("layers", "a pattern of layer kinds repeated over depth, each its own position method and "
+                                  "attention options (iRoPE, SWAN, RNoPE-SWA)");
+  r.read("pattern", c.layer_pattern,
+         "kind names, repeated over model.layers (which it must divide); a name that is not a kind is a position "
+         "method with the attention section as it is (empty: every layer is position + attention)");
+  r.accept("kinds", "NAME: {position: METHOD or {name: METHOD, ...options}, attention: {KEY: VALUE, ...}}; each "
+                    "omitted part is the top-level section's");
+  r.finish();
+  if (root.decoding() && root.has("layers")) c.layers.reset(root.node()["layers"]);
 }
 
 // The position section is decoded by the method itself; only `name` is read here.
@@ -233,6 +258,7 @@ void read_config(const OptionReader& root, Config& c) {
   read_model_section(root, c);
   read_attention_section(root, c);
   read_position_section(root, c);
+  read_layers_section(root, c);
   read_train_section(root, c);
   read_eval_section(root, c);
   root.read("plugins", c.plugins,
@@ -258,6 +284,7 @@ Config config_from_yaml(const YAML::Node& root, const std::string& source) {
         .fail("randomize_max", "is " + std::to_string(randomize_max) + ", below train.seq_len " +
                                    std::to_string(c.train.seq_len) +
                                    ": a training window needs that many distinct positions");
+  layer_plan(c);  // the layers section's own checks (its methods are checked when built)
   if (c.task != RetrievalTask::none && !c.model.causal())
     OptionReader(root, source).fail("data", "data.task " + enum_name(c.task) +
                                                 " needs model.objective causal_lm: retrieval is "
@@ -353,6 +380,7 @@ YAML::Node keys_affecting(const Config& config, std::initializer_list<Affects> k
   if (a.window == plain.window) remove_key(out, "attention.window");
   if (a.chunk == plain.chunk) remove_key(out, "attention.chunk");
   if (out["attention"] && out["attention"].size() == 0) out.remove("attention");
+  if (config.layer_pattern.empty()) out.remove("layers");  // the section came in 0.13
   return out;
 }
 }  // namespace
@@ -385,7 +413,102 @@ YAML::Node Config::to_yaml() const {
     for (const auto& entry : position)
       if (entry.first.Scalar() != "name") p[entry.first.Scalar()] = YAML::Clone(entry.second);
   out["position"] = p;
+  if (layers.IsMap() && layers["kinds"]) out["layers"]["kinds"] = YAML::Clone(layers["kinds"]);
   return out;
+}
+
+int64_t LayerPlan::layers_of(int64_t kind) const {
+  return std::count(layer_kind.begin(), layer_kind.end(), kind);
+}
+
+namespace {
+// A kind's name becomes part of its parameters' names (position_NAME.*).
+bool valid_kind_name(const std::string& name) {
+  if (name.empty()) return false;
+  for (char ch : name)
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '_') return false;
+  return true;
+}
+}  // namespace
+
+LayerPlan layer_plan(const Config& c) {
+  LayerPlan plan;
+  const int64_t depth = c.model.layers;
+  if (c.layer_pattern.empty()) {
+    const YAML::Node kinds = c.layers.IsMap() ? c.layers["kinds"] : YAML::Node();
+    if (kinds && !(kinds.IsMap() && kinds.size() == 0))
+      OptionReader(c.layers, c.source, "layers").fail("kinds", "is given but layers.pattern is empty: name the kinds in the order of the layers");
+    plan.kinds.push_back({"", c.position_name, c.position, "position", c.model.attention_options});
+    plan.layer_kind.assign(depth, 0);
+    for (int64_t l = 0; l < depth; ++l) plan.layer_index.push_back(l);
+    return plan;
+  }
+  const OptionReader layers(c.layers, c.source, "layers");
+  const int64_t period = int64_t(c.layer_pattern.size());
+  if (depth % period != 0)
+    layers.fail("pattern", "has " + std::to_string(period) + " entries and model.layers is " + std::to_string(depth) +
+                               ": the pattern repeats over depth, so the number of layers must be a multiple of it");
+  const YAML::Node kinds = c.layers["kinds"];
+  if (kinds && !kinds.IsNull() && !kinds.IsMap())
+    layers.fail("kinds", "expected a map of NAME: {position: ..., attention: {...}}, got '" + yaml_to_string(kinds) + "'");
+  const OptionReader kinds_reader(kinds && kinds.IsMap() ? kinds : YAML::Node(YAML::NodeType::Map), c.source, "layers.kinds");
+  std::vector<int64_t> pattern_kind;
+  for (const std::string& name : c.layer_pattern) {
+    if (!valid_kind_name(name))
+      layers.fail("pattern", "'" + name + "' is not a kind name (letters, digits and '_')");
+    int64_t k = 0;
+    while (k < int64_t(plan.kinds.size()) && plan.kinds[k].name != name) ++k;
+    pattern_kind.push_back(k);
+    if (k < int64_t(plan.kinds.size())) continue;
+    // (Each YAML::Node below is rebound with reset(): assigning to a node that shares the
+    // document's would overwrite the document's position section.)
+    LayerKind kind{name, c.position_name, c.position, "position", c.model.attention_options};
+    if (kinds_reader.has(name)) {
+      const std::string where = "layers.kinds." + name;
+      const YAML::Node node = kinds[name];
+      if (!node.IsMap())
+        kinds_reader.fail(name, "expected a map {position: ..., attention: {...}}, got '" + yaml_to_string(node) + "'");
+      const OptionReader r(node, c.source, where);
+      r.accept("position", "");
+      r.accept("attention", "");
+      r.finish();
+      if (r.has("position")) {
+        const YAML::Node p = node["position"];
+        kind.position_key = where + ".position";
+        if (p.IsScalar()) {
+          kind.position_name = p.Scalar();
+          kind.position.reset(YAML::Node(YAML::NodeType::Map));
+        } else if (p.IsMap() && p["name"] && p["name"].IsScalar()) {
+          kind.position_name = p["name"].Scalar();
+          kind.position.reset(p);
+        } else {
+          r.fail("position", "expected a method name or a map with 'name'");
+        }
+      }
+      if (r.has("attention")) {
+        if (!node["attention"].IsMap())
+          r.fail("attention", "expected a map of key: value, got '" + yaml_to_string(node["attention"]) + "'");
+        read_attention_keys(OptionReader(node["attention"], c.source, where + ".attention"), kind.attention);
+      }
+    } else {  // a position method's name: that method, with the attention section
+      kind.position_name = name;
+      kind.position.reset(YAML::Node(YAML::NodeType::Map));
+      kind.position_key = "layers.pattern";
+    }
+    plan.kinds.push_back(kind);
+  }
+  if (kinds && kinds.IsMap())
+    for (const auto& entry : kinds)
+      if (std::find(c.layer_pattern.begin(), c.layer_pattern.end(), entry.first.Scalar()) == c.layer_pattern.end())
+        kinds_reader.fail(entry.first.Scalar(), "is not used by layers.pattern (" + flow_text(c.layers["pattern"]) +
+                                                    "): use it or remove it");
+  std::vector<int64_t> seen(plan.kinds.size(), 0);
+  for (int64_t l = 0; l < depth; ++l) {
+    const int64_t k = pattern_kind[l % period];
+    plan.layer_kind.push_back(k);
+    plan.layer_index.push_back(seen[k]++);
+  }
+  return plan;
 }
 
 }  // namespace extrap

@@ -75,6 +75,28 @@ struct AttentionConfig {
   std::string describe() const;  // "sink, window 64" ("" when none is set)
 };
 
+// One kind of layer of a layer pattern (the `layers` section): the position method and the
+// attention options its layers take. Without a pattern every layer is one kind, named "",
+// made of the `position` and `attention` sections.
+struct LayerKind {
+  std::string name;            // its name in layers.pattern ("": no pattern)
+  std::string position_name;
+  YAML::Node position;         // the method's options ({name: ..., ...}), as written
+  std::string position_key;    // where they were read: "position" or "layers.kinds.NAME.position"
+  AttentionConfig attention;   // the `attention` section with the kind's own keys over it
+};
+
+// Each layer's kind. Kinds are listed in the order the pattern first uses them; a layer of a
+// kind is that kind's layer number layer_index[l] (0, 1, ... in depth order), so that a method
+// with per-layer parameters keeps one set per layer of its kind.
+struct LayerPlan {
+  std::vector<LayerKind> kinds;
+  std::vector<int64_t> layer_kind;   // model.layers entries: an index into kinds
+  std::vector<int64_t> layer_index;  // the layer's number among the layers of its kind
+  bool patterned() const { return !kinds.empty() && !kinds.front().name.empty(); }
+  int64_t layers_of(int64_t kind) const;
+};
+
 struct ModelConfig {
   int64_t layers = 4;
   int64_t d_model = 256;
@@ -135,6 +157,11 @@ struct Config {
   std::string position_name = "alibi";
   TrainConfig train;
   EvalConfig eval;
+  // The `layers` section: layers.pattern, kind names repeated over depth (empty: every layer
+  // is `position` with `attention`), and the document's `layers` node (layers.kinds as written,
+  // with its line numbers).
+  std::vector<std::string> layer_pattern;
+  YAML::Node layers = YAML::Node(YAML::NodeType::Map);
   std::vector<std::string> plugins;
   std::string source = "(defaults)";  // where it was read from
 
@@ -150,6 +177,13 @@ struct Config {
 // Decodes a config document. `source` names it in errors. Position options are checked
 // when the method is built (they belong to the method's own file).
 Config config_from_yaml(const YAML::Node& root, const std::string& source);
+
+// The layers of config's model, each with its position method and attention options: the
+// `layers` section resolved over `position` and `attention`. Refuses (ConfigError naming the
+// file, line and key) a pattern that does not divide model.layers, a kind that the pattern does
+// not use, and unknown keys in a kind. The position methods themselves are checked when built
+// (check_position_method, core/model/model.h).
+LayerPlan layer_plan(const Config& config);
 
 // Loads `path` (may be empty: defaults), applies --set overrides, decodes.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides);

@@ -83,12 +83,15 @@ std::string MemoryEstimate::parts() const {
 int64_t parameter_count_estimate(const Config& c, int64_t vocab_size) {
   const ModelConfig& m = c.model;
   const int64_t d = m.d_model, f = m.d_ffn;
-  int64_t per_layer = add(add(mul(mul(4, d), d), mul(mul(2, d), f)), add(mul(9, d), f));
-  const AttentionConfig& a = m.attention_options;  // sink and SSMax (H,) each; the gate's projection
-  if (a.sink) per_layer = add(per_layer, m.heads);
-  if (a.ssmax) per_layer = add(per_layer, m.heads);
-  if (a.gate != AttentionGate::none) per_layer = add(per_layer, mul(d, a.gate == AttentionGate::headwise ? m.heads : d));
+  const int64_t per_layer = add(add(mul(mul(4, d), d), mul(mul(2, d), f)), add(mul(9, d), f));
   int64_t total = add(mul(vocab_size, d), mul(m.layers, per_layer));
+  const LayerPlan plan = layer_plan(c);
+  for (int64_t kind : plan.layer_kind) {
+    const AttentionConfig& a = plan.kinds[kind].attention;  // sink and SSMax (H,) each; the gate's projection
+    if (a.sink) total = add(total, m.heads);
+    if (a.ssmax) total = add(total, m.heads);
+    if (a.gate != AttentionGate::none) total = add(total, mul(d, a.gate == AttentionGate::headwise ? m.heads : d));
+  }
   if (!m.tie_embeddings) total = add(total, mul(vocab_size, d));
   return total;
 }
@@ -110,25 +113,28 @@ MemoryEstimate estimate_training_memory(const Config& c, int64_t vocab_size) {
   const int64_t sequences = std::max<int64_t>(t.accumulation, t.batch_tokens / std::max<int64_t>(t.seq_len, 1));
   const int64_t micro = std::max<int64_t>(1, sequences / t.accumulation);
   const int64_t tokens = mul(micro, t.seq_len);
-  // A position method's own share (CoPE's gates, FIRE's MLP): PositionInfo's measured factors.
-  double method_scores = 0, method_pairs = 0;
-  if (PositionRegistry::instance().contains(c.position_name)) {
-    const PositionInfo& info = PositionRegistry::instance().get(c.position_name);
-    method_scores = info.training_scores;
-    method_pairs = info.training_pairs;
-  }
-  // The reference path's own copies of the scores for the attention options (core/attention/attention.cpp):
-  // the sink's extra column (the widened scores and their softmax) and SSMax's scaled scores
-  // (the masked copy, the product, the refilled result and the mask).
-  const AttentionConfig& a = m.attention_options;
-  if (a.sink) method_scores += 2;
-  if (a.ssmax) method_scores += 3.25;
   const int64_t pairs = mul(t.seq_len, t.seq_len);
   const int64_t scores = mul(mul(micro, m.heads), pairs);
-  const int64_t per_layer =
-      add(add(mul(tokens, add(mul(10, m.d_model), mul(2, m.d_ffn))), mul(scores, 2)),
-          add(saturating(double(scores) * method_scores), saturating(double(pairs) * method_pairs)));
-  const int64_t values = add(mul(m.layers, per_layer), add(mul(tokens, mul(3, m.d_model)), mul(mul(tokens, vocab_size), 2)));
+  const int64_t common = add(mul(tokens, add(mul(10, m.d_model), mul(2, m.d_ffn))), mul(scores, 2));
+  int64_t layers = 0;
+  const LayerPlan plan = layer_plan(c);
+  for (int64_t kind : plan.layer_kind) {
+    // A position method's own share (CoPE's gates, FIRE's MLP): PositionInfo's measured factors.
+    const LayerKind& k = plan.kinds[kind];
+    double method_scores = 0, method_pairs = 0;
+    if (PositionRegistry::instance().contains(k.position_name)) {
+      const PositionInfo& info = PositionRegistry::instance().get(k.position_name);
+      method_scores = info.training_scores;
+      method_pairs = info.training_pairs;
+    }
+    // The reference path's own copies of the scores for the attention options (core/attention/attention.cpp):
+    // the sink's extra column (the widened scores and their softmax) and SSMax's scaled scores
+    // (the masked copy, the product, the refilled result and the mask).
+    if (k.attention.sink) method_scores += 2;
+    if (k.attention.ssmax) method_scores += 3.25;
+    layers = add(layers, add(common, add(saturating(double(scores) * method_scores), saturating(double(pairs) * method_pairs))));
+  }
+  const int64_t values = add(layers, add(mul(tokens, mul(3, m.d_model)), mul(mul(tokens, vocab_size), 2)));
   e.activations = mul(values, 4);
   return e;
 }

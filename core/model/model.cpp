@@ -141,20 +141,42 @@ std::pair<torch::Tensor, torch::Tensor> BlockImpl::forward_residual(const torch:
   return {h, f};
 }
 
+namespace {
+// One kind, every layer: the position method with the model's attention options.
+LayerPlan single_kind(const ModelConfig& config, const std::string& position_name, const YAML::Node& position_options) {
+  LayerPlan plan;
+  plan.kinds.push_back({"", position_name, position_options, "position", config.attention_options});
+  plan.layer_kind.assign(config.layers, 0);
+  for (int64_t l = 0; l < config.layers; ++l) plan.layer_index.push_back(l);
+  return plan;
+}
+}  // namespace
+
 TransformerLMImpl::TransformerLMImpl(const ModelConfig& config, int64_t vocab_size,
                                      const std::string& position_name,
                                      const YAML::Node& position_options, const std::string& source)
+    : TransformerLMImpl(config, vocab_size, single_kind(config, position_name, position_options), source) {}
+
+TransformerLMImpl::TransformerLMImpl(const ModelConfig& config, int64_t vocab_size, const LayerPlan& plan,
+                                     const std::string& source)
     : config_(config), vocab_size_(vocab_size), backend_(config.attention),
-      position_name_(position_name) {
+      position_name_(plan.kinds.at(0).position_name), plan_(plan) {
+  TORCH_CHECK(int64_t(plan.layer_kind.size()) == config.layers && plan.layer_index.size() == plan.layer_kind.size(),
+              "the layer plan has ", plan.layer_kind.size(), " layers, the model ", config.layers);
   embedding = register_module("embedding", torch::nn::Embedding(vocab_size, config.d_model));
   // Scaled by sqrt(d_model) in forward(): initialise so that the scaled embedding has unit-ish
   // variance, as fairseq does (normal with std d_model^-0.5).
   torch::nn::init::normal_(embedding->weight, 0.0, std::pow(double(config.d_model), -0.5));
   embedding_dropout = register_module("embedding_dropout", torch::nn::Dropout(config.dropout));
 
-  position_ = PositionRegistry::instance().create(
-      position_name, position_context(config), OptionReader(position_options, source, "position"));
-  register_module("position", position_);
+  for (int64_t k = 0; k < int64_t(plan.kinds.size()); ++k) {
+    const LayerKind& kind = plan.kinds[k];
+    PositionContext context = position_context(config);
+    context.num_layers = plan.layers_of(k);
+    auto method = PositionRegistry::instance().create(kind.position_name, context,
+                                                      OptionReader(kind.position, source, kind.position_key));
+    positions_.push_back(register_module(kind.name.empty() ? "position" : "position_" + kind.name, method));
+  }
 
   blocks = register_module("blocks", torch::nn::ModuleList());
   for (int64_t l = 0; l < config.layers; ++l) {
@@ -162,8 +184,8 @@ TransformerLMImpl::TransformerLMImpl(const ModelConfig& config, int64_t vocab_si
                                 .dropout(config.dropout)
                                 .attention_dropout(config.attention_dropout)
                                 .activation(config.activation)
-                                .layer_index(l)
-                                .extras(config.attention_options)));
+                                .layer_index(plan.layer_index[l])
+                                .extras(plan.kinds[plan.layer_kind[l]].attention)));
   }
   ln_final = register_module("ln_final", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.d_model})));
   if (!config.tie_embeddings)
@@ -191,12 +213,12 @@ torch::Tensor TransformerLMImpl::hidden_as(const torch::Tensor& tokens, int64_t 
   auto x = embedding->forward(tokens) * std::sqrt(double(config_.d_model));  // (B, T, D)
   const int64_t length = tokens.size(1);
   auto positions = TokenPositions::window(length, offset);
-  if (const int64_t n = position_->randomize_max(); n > 0 && is_training()) {
+  if (const int64_t n = position().randomize_max(); n > 0 && is_training()) {
     TORCH_CHECK(length <= n, "position.randomize_max ", n, " is below the window of ", length,
                 " tokens");
     positions.sampled = std::get<0>(torch::randperm(n, torch::kLong).narrow(0, 0, length).sort());
   }
-  x = position_->embed(x, positions);
+  x = position().embed(x, positions);  // (a pattern's methods do not embed: check_position_method)
   x = embedding_dropout->forward(x);
   AttentionOptions attention_options;
   attention_options.causal = config_.causal();
@@ -205,16 +227,23 @@ torch::Tensor TransformerLMImpl::hidden_as(const torch::Tensor& tokens, int64_t 
   attention_options.efficient_threshold = config_.efficient_threshold;
   // Each block's last residual add is left to the next LayerNorm (core/kernels/residual_norm.h).
   torch::Tensor delta;
-  for (const auto& block : *blocks)
-    std::tie(x, delta) = block->as<Block>()->forward_residual(x, delta, *position_, positions, attention_options);
+  for (size_t l = 0; l < blocks->size(); ++l)
+    std::tie(x, delta) = blocks[l]->as<Block>()->forward_residual(x, delta, *positions_[plan_.layer_kind[l]], positions,
+                                                                  attention_options);
   return add_layer_norm(x, delta, ln_final, dtype).second;  // (B, T, D)
 }
 
 void TransformerLMImpl::set_rope_scaling(const RopeScaling& scaling) {
-  if (!position_->set_rope_scaling(scaling)) {
+  bool scaled = false;
+  for (auto& method : positions_)
+    if (method->set_rope_scaling(scaling)) scaled = true;
+  if (!scaled) {
     if (!scaling.active()) return;  // nothing to restore
-    throw ConfigError("RoPE scaling " + rope_scaling_name(scaling.kind) + ": position method '" +
-                      position_name_ + "' has no rotary angles to scale (rotary and xpos have)");
+    std::string names;
+    for (const auto& kind : plan_.kinds) names += (names.empty() ? "" : ", ") + kind.position_name;
+    throw ConfigError("RoPE scaling " + rope_scaling_name(scaling.kind) + ": position method" +
+                      (plan_.kinds.size() > 1 ? "s '" : " '") + names +
+                      "' " + (plan_.kinds.size() > 1 ? "have" : "has") + " no rotary angles to scale (rotary and xpos have)");
   }
   rope_scaling_ = scaling;
 }
@@ -236,14 +265,14 @@ torch::Tensor TransformerLMImpl::hidden(const torch::Tensor& tokens, KVCache& ca
   auto x = embedding->forward(tokens) * std::sqrt(double(config_.d_model));  // (B, T, D)
   auto positions = TokenPositions::window(length, cache.length);
   positions.centre = (cache.planned - 1) / 2;
-  x = position_->embed(x, positions);
+  x = position().embed(x, positions);
   AttentionOptions attention_options;
   attention_options.causal = true;
   attention_options.training = false;
   attention_options.backend = backend_;
   attention_options.efficient_threshold = config_.efficient_threshold;
   for (size_t l = 0; l < blocks->size(); ++l)
-    x = blocks[l]->as<Block>()->forward(x, *position_, positions, attention_options,
+    x = blocks[l]->as<Block>()->forward(x, *positions_[plan_.layer_kind[l]], positions, attention_options,
                                         &cache.layers[l]);
   cache.length += length;
   return ln_final->forward(x);  // (B, T, D)
@@ -265,22 +294,95 @@ PositionContext position_context(const ModelConfig& config) {
   return context;
 }
 
+namespace {
+// A kind's method exists, supports the plan, and (checked with `build`) decodes its options.
+// A pattern's methods act in their own layers only: one that adds to the token embeddings, or
+// draws the window's positions (randomize_max, one draw for the whole model), is refused.
+void check_kinds(const Config& config, const LayerPlan& plan, bool build) {
+  auto& registry = PositionRegistry::instance();
+  const unsigned mode = config.model.causal() ? kCausal : kBidirectional;
+  for (int64_t k = 0; k < int64_t(plan.kinds.size()); ++k) {
+    const LayerKind& kind = plan.kinds[k];
+    const OptionReader at(kind.position, config.source, kind.position_key);
+    if (plan.patterned() && !registry.contains(kind.position_name)) {
+      std::string known;
+      for (const auto& n : registry.names()) known += (known.empty() ? "" : ", ") + n;
+      if (kind.position_key == "layers.pattern")  // a pattern entry that names no kind
+        OptionReader(config.layers, config.source, "layers")
+            .fail("pattern", "'" + kind.name + "' is neither a kind of layers.kinds nor a position method (known: " + known + ")");
+      throw ConfigError(config.source + ": key '" + kind.position_key + "': unknown position method '" +
+                        kind.position_name + "' (known: " + known + ")");
+    }
+    const PositionInfo& info = registry.get(kind.position_name);
+    if (plan.patterned() && (info.hooks & kEmbed))
+      throw ConfigError(config.source + ": layers.pattern: kind '" + kind.name + "' uses position method '" + kind.position_name +
+                        "', which adds to the token embeddings once for the whole model; the methods of a layer pattern act "
+                        "in their own layers (rotary, alibi, none, ...)");
+    if (plan.patterned() && kind.position.IsMap() && kind.position["randomize_max"] &&
+        kind.position["randomize_max"].Scalar() != "0")
+      throw ConfigError(config.source + ": " + kind.position_key + ".randomize_max: randomised positions are drawn once for "
+                        "the whole model and are not supported with layers.pattern");
+    if (!build || !(info.modes & mode)) continue;
+    PositionContext context = position_context(config.model);
+    context.num_layers = plan.layers_of(k);
+    registry.create(kind.position_name, context, at);
+  }
+}
+
+// The plan build_model builds: SSMax's initial scale resolved in each kind.
+LayerPlan resolved_plan(const Config& config) {
+  LayerPlan plan = layer_plan(config);
+  for (auto& kind : plan.kinds) {
+    AttentionConfig& extras = kind.attention;
+    if (extras.ssmax && extras.ssmax_init == 0)  // s ln L = 1: plain softmax for a row that sees L keys
+      extras.ssmax_init = 1.0 / std::log(double(std::max<int64_t>(config.train.seq_len, 2)));
+  }
+  return plan;
+}
+}  // namespace
+
 void check_position_method(const Config& config) {
   for (const auto& plugin : config.plugins) PositionRegistry::instance().load_plugin(plugin);
-  const PositionInfo& info = PositionRegistry::instance().get(config.position_name);
-  const unsigned mode = config.model.causal() ? kCausal : kBidirectional;
-  if (!(info.modes & mode)) return;
-  PositionRegistry::instance().create(config.position_name, position_context(config.model),
-                                      OptionReader(config.position, config.source, "position"));
+  check_kinds(config, layer_plan(config), true);
 }
 
 TransformerLM build_model(const Config& config, int64_t vocab_size) {
   for (const auto& plugin : config.plugins) PositionRegistry::instance().load_plugin(plugin);
+  const LayerPlan plan = resolved_plan(config);
+  check_kinds(config, plan, false);  // the model builds (and so checks) each method
   ModelConfig model = config.model;
-  AttentionConfig& extras = model.attention_options;
-  if (extras.ssmax && extras.ssmax_init == 0)  // s ln L = 1: plain softmax for a row that sees L keys
-    extras.ssmax_init = 1.0 / std::log(double(std::max<int64_t>(config.train.seq_len, 2)));
-  return TransformerLM(model, vocab_size, config.position_name, config.position, config.source);
+  model.attention_options = plan.kinds.front().attention;
+  return TransformerLM(model, vocab_size, plan, config.source);
+}
+
+std::string position_label(const Config& config) {
+  const LayerPlan plan = layer_plan(config);
+  if (!plan.patterned()) return config.position_name;
+  const auto kind_text = [&](int64_t k) {
+    const LayerKind& kind = plan.kinds[k];
+    std::string text = kind.position_name;
+    const std::string options = kind.attention.describe();
+    return options.empty() ? text : text + " (" + options + ")";
+  };
+  std::string out;
+  const auto& pattern = config.layer_pattern;
+  for (size_t i = 0; i < pattern.size();) {
+    size_t j = i;
+    while (j < pattern.size() && pattern[j] == pattern[i]) ++j;
+    const int64_t k = plan.layer_kind[i];
+    out += (out.empty() ? "" : ", ") + kind_text(k) + (j - i > 1 ? " x" + std::to_string(j - i) : "");
+    i = j;
+  }
+  return out;
+}
+
+bool has_rotary_angles(const Config& config) {
+  for (const auto& plugin : config.plugins) PositionRegistry::instance().load_plugin(plugin);
+  for (const auto& kind : layer_plan(config).kinds)
+    if (PositionRegistry::instance().contains(kind.position_name) &&
+        PositionRegistry::instance().get(kind.position_name).rope_scaling)
+      return true;
+  return false;
 }
 
 }  // namespace extrap

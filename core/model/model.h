@@ -107,9 +107,14 @@ TORCH_MODULE(Block);
 
 class TransformerLMImpl : public torch::nn::Module {
  public:
-  // Builds the position method from config.position through the registry.
+  // Builds the position method from config.position through the registry: every layer that
+  // method with config.attention_options.
   TransformerLMImpl(const ModelConfig& config, int64_t vocab_size, const std::string& position_name,
                     const YAML::Node& position_options, const std::string& source);
+  // Each layer its kind's position method and attention options (config.attention_options
+  // unused). One method per kind, built for the layers of its kind: its parameters are
+  // "position.*" without a pattern and "position_KIND.*" with one.
+  TransformerLMImpl(const ModelConfig& config, int64_t vocab_size, const LayerPlan& plan, const std::string& source);
 
   // tokens: (B, T) int64 -> logits (B, T, V). `offset` is the absolute position of column 0.
   // In training with position.randomize_max = N the positions are instead a sorted random
@@ -124,14 +129,19 @@ class TransformerLMImpl : public torch::nn::Module {
   torch::Tensor hidden(const torch::Tensor& tokens, KVCache& cache);
   torch::Tensor logits(const torch::Tensor& hidden);
 
-  PositionMethod& position() { return *position_; }
+  // The position method of the model (of the first kind where layers follow a pattern), and
+  // of each kind of layer.
+  PositionMethod& position() { return *positions_.front(); }
+  PositionMethod& kind_position(int64_t kind) { return *positions_.at(kind); }
+  const LayerPlan& plan() const { return plan_; }
   const ModelConfig& config() const { return config_; }
   int64_t vocab_size() const { return vocab_size_; }
   int64_t num_parameters() const;
   // Backend used by the attention call (evaluation may force one).
   void set_attention_backend(AttentionBackend backend) { backend_ = backend; }
-  // Evaluation-time RoPE scaling for every later forward pass (none: the trained angles).
-  // Refuses (ConfigError, naming the method) a position method without rotary angles.
+  // Evaluation-time RoPE scaling for every later forward pass (none: the trained angles), in
+  // every layer whose method has rotary angles. Refuses (ConfigError, naming the method) a
+  // model with no such layer.
   void set_rope_scaling(const RopeScaling& scaling);
   const RopeScaling& rope_scaling() const { return rope_scaling_; }
   const std::string& position_name() const { return position_name_; }
@@ -141,10 +151,11 @@ class TransformerLMImpl : public torch::nn::Module {
   int64_t vocab_size_;
   AttentionBackend backend_;
   std::string position_name_;
+  LayerPlan plan_;
   RopeScaling rope_scaling_;
   torch::nn::Embedding embedding = nullptr;
   torch::nn::Dropout embedding_dropout = nullptr;
-  std::shared_ptr<PositionMethod> position_;
+  std::vector<std::shared_ptr<PositionMethod>> positions_;  // one per kind of layer (plan_.kinds)
   torch::nn::ModuleList blocks = nullptr;
   torch::nn::LayerNorm ln_final = nullptr;
   torch::nn::Linear head = nullptr;  // only when embeddings are not tied
@@ -155,14 +166,22 @@ class TransformerLMImpl : public torch::nn::Module {
 };
 TORCH_MODULE(TransformerLM);
 
-// Builds the model for a config and corpus vocabulary size; the position method's options
+// Builds the model for a config and corpus vocabulary size; the position methods' options
 // are decoded (and checked) here.
 TransformerLM build_model(const Config& config, int64_t vocab_size);
 
 // What a model built from `config` tells its position method: layers, heads, sizes, mode.
 PositionContext position_context(const ModelConfig& config);
 
-// Builds the config's position method alone, so that an unknown name or a bad option fails
+// A one-line name for the config's position methods: the method's name, or with a layer
+// pattern each kind's method and attention options over one period, e.g.
+// "rotary (window 128) x3, none".
+std::string position_label(const Config& config);
+
+// True when some layer's position method takes evaluation-time RoPE scaling.
+bool has_rotary_angles(const Config& config);
+
+// Builds the config's position methods alone, so that an unknown name or a bad option fails
 // before a corpus is read or a model built (ConfigError naming the key). A method that does
 // not support the objective's attention mode is left to build_model (a sweep records it).
 void check_position_method(const Config& config);

@@ -447,6 +447,17 @@ void Trainer::log_progress(RunState& state, double lr) {
   }
 }
 
+// The position methods' logged values; with a layer pattern each kind's under its name
+// ("local.slope0").
+std::vector<std::pair<std::string, double>> Trainer::position_log_values() {
+  const LayerPlan& plan = model_->plan();
+  std::vector<std::pair<std::string, double>> out;
+  for (int64_t k = 0; k < int64_t(plan.kinds.size()); ++k)
+    for (const auto& [name, value] : model_->kind_position(k).log_values())
+      out.emplace_back(plan.patterned() ? plan.kinds[k].name + "." + name : name, value);
+  return out;
+}
+
 // Validation: a point of the validation curve and its line; the model goes back to training.
 void Trainer::validate_and_log(RunState& state) {
   const int64_t step = state.step;
@@ -455,7 +466,7 @@ void Trainer::validate_and_log(RunState& state) {
   state.summary.valid_curve.push_back({step, valid});
   state.record["valid_loss"] = valid;
   state.record["valid_perplexity"] = std::exp(valid);
-  const auto logged = model_->position().log_values();
+  const auto logged = position_log_values();
   if (!logged.empty()) {
     nlohmann::ordered_json values = nlohmann::ordered_json::object();
     for (const auto& [name, value] : logged) values[name] = value;
@@ -466,7 +477,7 @@ void Trainer::validate_and_log(RunState& state) {
     std::snprintf(text, sizeof text, "step %lld valid loss %.4f ppl %.2f", (long long)step, valid,
                   std::exp(valid));
     std::string line = text;
-    for (const auto& [name, value] : model_->position().log_values()) {
+    for (const auto& [name, value] : logged) {
       std::snprintf(text, sizeof text, "  %s=%.5f", name.c_str(), value);
       line += text;
     }

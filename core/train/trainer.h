@@ -117,6 +117,7 @@ class Trainer {
   double forward_backward(RunState& state);
   void log_progress(RunState& state, double lr);
   void validate_and_log(RunState& state);
+  std::vector<std::pair<std::string, double>> position_log_values();
   void write_metrics(RunState& state);
   void check_divergence(int64_t step, const char* what, double loss) const;
   void save_run(RunState& state);

@@ -75,11 +75,11 @@ void print_setup(const Config& config, const TransformerLM& model, int64_t globa
   const TrainConfig& t = config.train;
   std::printf("machine: %s\ndate: %s\nruntime: %s\n", machine_description().c_str(), iso_time_now().c_str(),
               runtime_summary().c_str());
-  const std::string options = config.model.attention_options.describe();
+  const std::string options = config.layer_pattern.empty() ? config.model.attention_options.describe() : "";
   std::printf("model: %lld parameters, %lld layers, d_model %lld, heads %lld, position %s, attention %s%s\n",
               (long long)model->num_parameters(), (long long)config.model.layers,
               (long long)config.model.d_model, (long long)config.model.heads,
-              config.position_name.c_str(), enum_name(config.model.attention).c_str(),
+              position_label(config).c_str(), enum_name(config.model.attention).c_str(),
               options.empty() ? "" : (" (" + options + ")").c_str());
   std::printf("shape: %lld sequences x %lld tokens x %lld accumulation, %d threads, device %s, precision %s%s\n",
               (long long)global, (long long)t.seq_len, (long long)t.accumulation, threads, enum_name(t.device).c_str(),

@@ -151,7 +151,7 @@ int bench_generate(const Args& args) {
   std::printf("model: %lld parameters, %lld layers, d_model %lld, heads %lld, position %s; %d threads\n",
               (long long)model->num_parameters(), (long long)config.model.layers,
               (long long)config.model.d_model, (long long)config.model.heads,
-              config.position_name.c_str(), threads);
+              position_label(config).c_str(), threads);
   std::printf("decode: %lld prompt tokens, %lld new tokens (greedy)\n", (long long)prompt_tokens,
               (long long)new_tokens);
   std::vector<int32_t> outputs[2];

@@ -47,14 +47,14 @@ void print_matrix(const torch::Tensor& m) {
   }
 }
 
-// What the method adds to the (H, T, T) scores of layer 0. Methods that rotate q and k add no
+// What the method adds to the (H, T, T) scores of its layer `layer`. Methods that rotate q and k add no
 // bias; for them, show the scores of a fixed unit query and key at every pair of positions
 // so their relative pattern is still visible. A bias that depends on the layer input (fox) is
 // shown at a zero input, one that depends on q.k (cope) for that unit query and key.
 torch::Tensor score_pattern(PositionMethod& method, const PositionInfo& info, int64_t heads,
-                            int64_t d_head, int64_t length, bool causal) {
+                            int64_t d_head, int64_t length, bool causal, int64_t layer) {
   torch::NoGradGuard no_grad;
-  const LayerInput at = layer_window(0, length);
+  const LayerInput at = layer_window(layer, length);
   auto unit = torch::ones({1, heads, length, d_head}) / std::sqrt(double(d_head));
   auto q = unit.clone(), k = unit.clone();
   if (info.hooks & kRotateQK) method.rotate_qk(q, k, at);
@@ -126,7 +126,7 @@ int inspect(const Args& args) {
     return 0;
   }
   std::string name, checkpoint;
-  int64_t heads = 0, length = 0, d_head = 64;
+  int64_t heads = 0, length = 0, d_head = 64, layer = 0;
   std::vector<std::string> plugins, overrides;
   po::options_description options("extrap inspect bias");
   options.add_options()
@@ -137,6 +137,7 @@ int inspect(const Args& args) {
       ("head-dim", po::value(&d_head), "head size (for methods that rotate q and k)")
       ("set", po::value(&overrides)->composing(), "a method option: --set base=500 (repeatable)")
       ("checkpoint", po::value(&checkpoint), "show a trained run's learned values")
+      ("layer", po::value(&layer), "with --checkpoint: the layer to show (its own method where layers follow a pattern)")
       ("plugin", po::value(&plugins)->composing(), "load this plugin .so first (repeatable)");
   if (!parse(rest, "extrap inspect bias --position NAME --heads H --length T [--bidirectional]", options, vm))
     return 0;
@@ -149,15 +150,24 @@ int inspect(const Args& args) {
     const Config& config = verified.config;
     Corpus corpus = load_corpus(config.data);
     LoadedRun run = load_run(verified, corpus);
-    if (!name.empty() && name != config.position_name)
-      throw ConfigError("--position " + name + " does not match the checkpoint's method " + config.position_name);
-    name = config.position_name;
+    const LayerPlan& plan = run.model->plan();
+    if (layer < 0 || layer >= config.model.layers)
+      throw ConfigError("--layer " + std::to_string(layer) + ": the checkpoint's layers are 0 to " +
+                        std::to_string(config.model.layers - 1));
+    const int64_t kind = plan.layer_kind[layer];
+    const std::string& method_name = plan.kinds[kind].position_name;
+    if (!name.empty() && name != method_name)
+      throw ConfigError("--position " + name + " does not match the checkpoint's method " + method_name +
+                        (plan.patterned() ? " in layer " + std::to_string(layer) : ""));
+    name = method_name;
     heads = config.model.heads;
     d_head = config.model.d_model / heads;
     causal = config.model.causal();
-    method = std::shared_ptr<PositionMethod>(run.model.ptr(), &run.model->position());
+    method = std::shared_ptr<PositionMethod>(run.model.ptr(), &run.model->kind_position(kind));
+    layer = plan.layer_index[layer];  // the layer's number among its kind's
   } else {
     if (name.empty() || heads < 1) throw ConfigError("--position and --heads are required without --checkpoint");
+    if (layer != 0) throw ConfigError("--layer is for a checkpoint's layers: give --checkpoint RUN");
     YAML::Node options_node(YAML::NodeType::Map);
     for (const auto& o : overrides) apply_override(options_node, o);
     PositionContext context;
@@ -169,7 +179,7 @@ int inspect(const Args& args) {
   }
   const PositionInfo& info = registry.get(name);
   method->eval();
-  auto pattern = score_pattern(*method, info, heads, d_head, length, causal);  // (H, T, T)
+  auto pattern = score_pattern(*method, info, heads, d_head, length, causal, layer);  // (H, T, T)
   for (int64_t h = 0; h < heads; ++h) {
     std::printf("head %lld\n", (long long)h);
     print_matrix(pattern[h]);

@@ -153,7 +153,7 @@ int evaluate_all(TransformerLM& model, const Corpus& corpus, const Config& confi
 // What `train --json` writes before the evaluation: the run and how its training went.
 nlohmann::json summary_json(const Config& config, const TrainSummary& summary) {
   return {{"run", config.train.out_dir},
-          {"position", config.position_name},
+          {"position", position_label(config)},
           {"parameters", summary.num_parameters},
           {"steps", summary.steps},
           {"resumed_from", summary.resumed_from},
@@ -200,7 +200,7 @@ int train(const Args& args) {
             << corpus.valid.size() << " test " << corpus.test.size() << " tokens\n";
   Trainer trainer(config, corpus);
   info << "model: " << trainer.model()->num_parameters() << " parameters, position "
-            << config.position_name << ", " << threads << " threads -> " << config.train.out_dir << "\n";
+            << position_label(config) << ", " << threads << " threads -> " << config.train.out_dir << "\n";
   if (vm.count("resume") && vm.count("overwrite"))
     throw ConfigError("--resume and --overwrite contradict each other: choose one");
   const TrainSummary summary = trainer.run(vm.count("resume")      ? RunStart::resume
@@ -217,7 +217,7 @@ int train(const Args& args) {
     failures = evaluate_all(trainer.model(), corpus, config, torch_device(config.train.device),
                             true, &rows);
     nlohmann::json evaluation = {{"checkpoint", config.train.out_dir},
-                                 {"position", config.position_name},
+                                 {"position", position_label(config)},
                                  {"step", summary.steps},
                                  {"split", enum_name(config.eval.split)},
                                  {"max_tokens", config.eval.max_tokens},
@@ -335,9 +335,9 @@ std::vector<RopeScalingKind> rope_variants(const std::vector<std::string>& rope_
 void apply_eval_options(const EvalOptions& opt, Split which, const std::vector<RopeScalingKind>& variants,
                         Config& config, LoadedRun& run) {
   const bool scaled = variants != std::vector<RopeScalingKind>{RopeScalingKind::none};
-  if (scaled && !PositionRegistry::instance().get(config.position_name).rope_scaling)
+  if (scaled && !has_rotary_angles(config))
     throw ConfigError("--rope-scaling: run " + opt.run_dir + " uses position method '" +
-                      config.position_name + "', which has no rotary angles to scale (rotary and "
+                      position_label(config) + "', which has no rotary angles to scale (rotary and "
                       "xpos have)");
   if (!opt.attention.empty())
     run.model->set_attention_backend(parse_enum<AttentionBackend>(opt.attention, "--attention"));
@@ -386,11 +386,11 @@ int eval(const Args& args) {
                           : "--device cuda, but " + why_not);
   const torch::Device device = torch_device(where);
   run.model->to(device);
-  std::cout << "run " << opt.run_dir << " (" << config.position_name << ", trained " << run.step
+  std::cout << "run " << opt.run_dir << " (" << position_label(config) << ", trained " << run.step
             << " steps at L = " << config.train.seq_len << "):\n";
   nlohmann::json rows = nlohmann::json::array();
   nlohmann::json document = {
-      {"checkpoint", opt.run_dir}, {"position", config.position_name}, {"step", run.step}};
+      {"checkpoint", opt.run_dir}, {"position", position_label(config)}, {"step", run.step}};
   const double given_factor = opt.vm.count("rope-factor") ? opt.rope_factor : 0.0;
   int failures = 0;
   if (!opt.retrieval.empty()) {

@@ -27,7 +27,7 @@ RunRecord new_run_record(const SweepPoint& point) {
   r.config = YAML::Dump(point.config.to_yaml());
   r.grid_point = point.grid_yaml();
   r.point_index = point.index;
-  r.position = point.config.position_name;
+  r.position = position_label(point.config);
   r.train_length = point.config.train.seq_len;
   r.seed = point.config.train.seed;
   r.machine = machine_description();

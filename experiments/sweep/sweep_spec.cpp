@@ -35,7 +35,10 @@ const std::set<std::string>& config_leaf_keys() {
 }
 
 bool grid_key_known(const std::string& key) {
-  return key == "position" || key.rfind("position.", 0) == 0 || config_leaf_keys().count(key) > 0;
+  // The position section and the layers section's kinds are free-form below their keys; a
+  // whole `layers` section is one value too (a point per pattern, kinds and all).
+  return key == "position" || key.rfind("position.", 0) == 0 || key == "layers" || key.rfind("layers.kinds.", 0) == 0 ||
+         config_leaf_keys().count(key) > 0;
 }
 
 // A short label of a grid value for run ids: "alibi", "L64", "seed1", "layers3". `lossless`
@@ -49,12 +52,22 @@ std::string value_label(const std::string& key, const YAML::Node& value, bool& l
   } else if (value.IsMap() && value["name"] && value["name"].IsScalar()) {
     text = value["name"].Scalar();
     lossless = lossless && value.size() == 1;
+  } else if (key == "layers" && value.IsMap() && value["pattern"] && value["pattern"].IsSequence()) {
+    // The kinds' names over one period, repeats counted ("local3+global"): the names are the
+    // sweep author's, two patterns of the same names are refused as one run id.
+    const YAML::Node pattern = value["pattern"];
+    for (size_t i = 0; i < pattern.size();) {
+      size_t j = i;
+      while (j < pattern.size() && flow_text(pattern[j]) == flow_text(pattern[i])) ++j;
+      text += (text.empty() ? "" : "+") + flow_text(pattern[i]) + (j - i > 1 ? std::to_string(j - i) : "");
+      i = j;
+    }
   } else {
     text = "v";
     lossless = false;
   }
   std::string label;
-  if (key == "position.name" || key == "position")
+  if (key == "position.name" || key == "position" || key == "layers")
     label = text;
   else if (key == "train.seq_len")
     label = "L" + text;
@@ -450,6 +463,8 @@ std::vector<SweepPoint> expand_grid(const SweepSpec& spec) {
     // The id names the point by its grid values, not its place in the grid, so that values
     // added to an axis later leave every other point's id (and run directory) as it was.
     point.key = grid_point_key(point.values);
+    if (labels.empty() && !spec.base_config.layer_pattern.empty())
+      for (const auto& kind : spec.base_config.layer_pattern) labels += (labels.empty() ? "layers-" : "-") + kind;
     if (labels.empty()) labels = spec.base_config.position_name;
     if (!lossless || labels.size() > 100) labels = labels.substr(0, 100) + "-h" + point.key.substr(0, 8);
     point.id = labels;
@@ -464,7 +479,7 @@ std::vector<SweepPoint> expand_grid(const SweepSpec& spec) {
     std::set<int64_t> lengths(spec.eval.lengths.begin(), spec.eval.lengths.end());
     for (auto m : spec.eval.length_multiples) lengths.insert(m * point.config.train.seq_len);
     std::set<int64_t> strides(spec.eval.strides.begin(), spec.eval.strides.end());
-    const bool scalable = PositionRegistry::instance().get(point.config.position_name).rope_scaling;
+    const bool scalable = has_rotary_angles(point.config);
     const std::vector<RopeScalingKind> variants =
         scalable ? spec.eval.rope_scaling : std::vector<RopeScalingKind>{RopeScalingKind::none};
     any_scalable = any_scalable || scalable;

@@ -474,26 +474,7 @@ TEST_CASE("attention options in a model: causal, a KV cache equal to one forward
       model->eval();
       torch::NoGradGuard no_grad;
       for (auto& p : model->parameters()) p.add_(torch::randn_like(p) * 0.05);
-      const int64_t T = 40;
-      auto tokens = torch::randint(0, 256, {2, T}, torch::kLong);
-      const auto full = model->forward(tokens);
-      // Causal: changing token 25 leaves every earlier position's logits as they were.
-      auto changed = tokens.clone();
-      changed.select(1, 25).add_(1).remainder_(256);
-      const auto after = model->forward(changed);
-      CHECK(torch::equal(after.narrow(1, 0, 25), full.narrow(1, 0, 25)));
-      CHECK(!torch::allclose(after.narrow(1, 25, 1), full.narrow(1, 25, 1)));
-      // Decoded with a KV cache in uneven blocks: the same logits.
-      KVCache cache(T);
-      std::vector<torch::Tensor> logits;
-      int64_t at = 0;
-      for (int64_t size : {5, 1, 1, 9, 3, 21}) {
-        logits.push_back(model->logits(model->hidden(tokens.narrow(1, at, size), cache)));
-        at += size;
-      }
-      const auto decoded = torch::cat(logits, 1);
-      INFO("max |difference| " << (decoded - full).abs().max().item<double>());
-      CHECK(torch::allclose(decoded, full, 1e-5, 1e-5));
+      testing::check_causal_and_cached(model);
     }
   }
 }

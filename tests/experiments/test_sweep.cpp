@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "core/eval/evaluator.h"
+#include "core/model/model.h"
 #include "core/results/results_store.h"
 #include "tests/support/cli_harness.h"
 
@@ -128,6 +129,48 @@ TEST_CASE("sweep grid expansion: nested-loop order and count with overrides and 
   CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "grid.position.name=[alibii]"},
                 &out) == 2);
   CHECK(out.find("alibii") != std::string::npos);
+}
+
+TEST_CASE("sweep grid: one layers axis lists points of other methods, options and patterns", "[sweep][pattern]") {
+  SweepDir d;
+  std::string text = kSweepFile;
+  const std::string axis = "  position: [{name: alibi}, {name: learned, max_length: 24}]\n";
+  REQUIRE(text.find(axis) != std::string::npos);
+  text.replace(text.find(axis), axis.size(),
+               "  layers: [{pattern: [alibi]},\n"
+               "           {pattern: [rope_sink], kinds: {rope_sink: {position: rotary, attention: {sink: true}}}},\n"
+               "           {pattern: [swa, swa, nope], kinds: {swa: {position: rotary, attention: {window: 4}},\n"
+               "                                              nope: {position: none}}}]\n");
+  text.replace(text.find("layers: 1,"), 10, "layers: 3,");
+  std::ofstream(d.root / "layers.yaml") << text;
+  const InDirectory in_directory(d);
+  const auto points = extrap::expand_grid(extrap::load_sweep("layers.yaml", {}));
+  REQUIRE(points.size() == 6);
+  CHECK(points[0].id == "alibi-seed1");
+  CHECK(points[3].id == "rope_sink-seed2");
+  CHECK(points[4].id == "swa2+nope-seed1");
+  CHECK(extrap::position_label(points[0].config) == "alibi");
+  CHECK(extrap::position_label(points[2].config) == "rotary (sink)");
+  CHECK(extrap::position_label(points[4].config) == "rotary (window 4) x2, none");
+  // Patterns of the same kind names would share a run id: refused, naming it.
+  CHECK_THROWS_WITH(extrap::expand_grid(extrap::load_sweep(
+                        "layers.yaml", {"grid.layers=[{pattern: [a], kinds: {a: {position: alibi}}}, "
+                                        "{pattern: [a], kinds: {a: {position: rotary}}}]"})),
+                    Catch::Contains("two grid points would have the run id a-seed1"));
+  // A kind's key is a grid axis of its own; a typo in a kind fails before anything runs.
+  std::string kinds = kSweepFile;
+  kinds.replace(kinds.find(axis), axis.size(), "  layers.kinds.swa.attention.window: [2, 8]\n");
+  kinds.replace(kinds.find("  position: alibi\n"), 17,
+                "  position: rotary\n  layers: {pattern: [swa, nope], kinds: {swa: {attention: {window: 4}}, nope: "
+                "{position: none}}}\n");
+  kinds.replace(kinds.find("layers: 1,"), 10, "layers: 2,");
+  std::ofstream(d.root / "kinds.yaml") << kinds;
+  const auto windows = extrap::expand_grid(extrap::load_sweep("kinds.yaml", {}));
+  REQUIRE(windows.size() == 4);
+  CHECK(windows[0].id == "window2-seed1");
+  CHECK(extrap::position_label(windows[3].config) == "rotary (window 8), none");
+  CHECK_THROWS_WITH(extrap::expand_grid(extrap::load_sweep("kinds.yaml", {"grid.layers.kinds.swa.atention=[{}]"})),
+                    Catch::Contains("layers.kinds.swa.atention") && Catch::Contains("unknown key"));
 }
 
 TEST_CASE("sweep results file: the documented HDF5 schema as h5py reads it and a report from it",

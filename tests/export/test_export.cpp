@@ -171,8 +171,8 @@ std::string write_logits(const ExportDir& d, const std::string& run, const std::
 // Trains, evaluates (L = 16 and 40, non-overlapping and stride 8) and exports one model.
 Compared train_eval_export(ExportDir& d, const std::string& name, const std::string& position,
                            bool causal, const std::string& tokenizer = "byte",
-                           const std::string& model_extra = "") {
-  const std::string run = d.train(name, position, causal, tokenizer, model_extra);
+                           const std::string& model_extra = "", const std::string& top_extra = "") {
+  const std::string run = d.train(name, position, causal, tokenizer, model_extra, top_extra);
   std::string out;
   int code = run_cli(d, {"eval", "--checkpoint", run, "--length", "16", "40", "--stride", "8",
                          "1000", "--max-tokens", "1200", "--json", name + ".eval.json"}, &out);
@@ -390,15 +390,44 @@ TEST_CASE("export: Python's extrap_model.py reproduces extrap eval, masked-LM me
   check_in_python(d, models);
 }
 
-TEST_CASE("export: a model with attention options is refused in one line, naming them", "[export][options]") {
-  // analysis/extrap_model.py does not compute the attention section's options yet: an export of
-  // such a model would give other numbers in Python, so there is none.
+TEST_CASE("export: the attention options in Python equal extrap's, logits and every evaluation", "[export][options]") {
+  // analysis/extrap_model.py computes each option from its definition: a sink column in the
+  // softmax, SSMax's s_h ln n_i with n_i the row's finite scores, the temperature on q, the
+  // gate on each head's output, and the window and chunk masks by index.
   ExportDir d;
-  const std::string run = d.train("sink", "alibi", true, "byte", "", "attention: {sink: true, window: 8}\n");
+  std::vector<Compared> models;
+  models.push_back(train_eval_export(d, "options_causal", "alibi", true, "byte", "",
+                                     "attention: {sink: true, ssmax: true, window: 8, gate: headwise, "
+                                     "temperature: 0.3, temperature_floor: 4}\n"));
+  models.push_back(train_eval_export(d, "options_chunk", "rotary", true, "byte", "",
+                                     "attention: {chunk: 12, gate: elementwise, ssmax: true}\n"));
+  models.push_back(train_eval_export(d, "options_masked", "alibi_nonsymmetric", false, "byte", "",
+                                     "attention: {sink: true, ssmax: true, window: 6}\n"));
+  const SafetensorsFile file = read_safetensors_checked(d.root / "options_causal.safetensors");
+  CHECK(json::parse(file.metadata.at("attention")) ==
+        json{{"sink", true}, {"ssmax", true}, {"temperature", 0.3}, {"temperature_floor", 4},
+             {"gate", "headwise"}, {"window", 8}, {"chunk", 0}});
+  CHECK(file.tensors.at("blocks.1.attention.gate.weight").shape == std::vector<int64_t>{4, 32});
+  check_in_python(d, models);
+}
+
+TEST_CASE("export: a model with a layer pattern is refused in one line, naming it, and inspect bias shows each layer's method",
+          "[export][pattern]") {
+  // analysis/extrap_model.py gives every layer one position method.
+  ExportDir d;
+  const std::string run = d.train("pattern", "alibi", true, "byte", "", "layers: {pattern: [rotary, alibi]}\n");
   std::string out;
-  CHECK(run_cli(d, {"export", "--checkpoint", run, "--out", "sink.safetensors"}, &out) != 0);
-  require_one_line_error(out, "export does not take the attention options yet (sink, window 8)");
-  CHECK(!fs::exists(d.root / "sink.safetensors"));
+  CHECK(run_cli(d, {"export", "--checkpoint", run, "--out", "pattern.safetensors"}, &out) != 0);
+  require_one_line_error(out, "export does not take layer patterns yet (rotary, alibi)");
+  CHECK(!fs::exists(d.root / "pattern.safetensors"));
+  // Layer 1 is ALiBi's: -m_h (i - j), with m_0 = 1/4 for 4 heads.
+  CHECK(run_cli(d, {"inspect", "bias", "--checkpoint", run, "--layer", "1", "--length", "3"}, &out) == 0);
+  INFO(out);
+  CHECK(out.find("head 0\n0 -inf -inf\n-0.25 0 -inf\n-0.5 -0.25 0\n") != std::string::npos);
+  CHECK(run_cli(d, {"inspect", "bias", "--checkpoint", run, "--layer", "2", "--length", "3"}, &out) != 0);
+  require_one_line_error(out, "--layer 2: the checkpoint's layers are 0 to 1");
+  CHECK(run_cli(d, {"inspect", "bias", "--checkpoint", run, "--layer", "0", "--position", "alibi", "--length", "3"}, &out) != 0);
+  require_one_line_error(out, "--position alibi does not match the checkpoint's method rotary in layer 0");
 }
 
 TEST_CASE("export: a plugin's model exports, and Python refuses it by name", "[export][python]") {

@@ -254,6 +254,10 @@ TEST_CASE("config: each key's mark decides the run fingerprint and what a sweep 
   // and the attention section's keys at their defaults (tests/attention/test_attention_options.cpp)
   CHECK(!c.model_keys()["attention"]);  // the runs of 0.12 keep their fingerprints
   c.model.attention_options = {true, true, 0.2, 0.1, 64, AttentionGate::headwise, 32, 16};
+  // and the layers section without a pattern (tests/model/test_layer_pattern.cpp)
+  CHECK(!c.model_keys()["layers"]);  // the runs of 0.12 keep their fingerprints
+  c.layer_pattern = {"a", "none"};
+  c.layers = YAML::Load("{pattern: [a, none], kinds: {a: {position: rotary}}}");
   const YAML::Node model = c.model_keys();
   CHECK(model["train"]["steps"]);
   CHECK(model["train"]["lr"]);
