@@ -124,15 +124,36 @@ def position_options(grid):
     return {k: v for k, v in value.items() if k != "name"} if isinstance(value, dict) else {}
 
 
+def pattern_label(layers):
+    """A grid's `layers` value as the sweep names it in run ids: the kinds over one period,
+    repeats counted ("rope_swa3+nope")."""
+    pattern = layers.get("pattern", []) if isinstance(layers, dict) else []
+    parts, i = [], 0
+    while i < len(pattern):
+        j = i
+        while j < len(pattern) and pattern[j] == pattern[i]:
+            j += 1
+        parts.append("%s%s" % (pattern[i], j - i if j - i > 1 else ""))
+        i = j
+    return "+".join(parts) if parts else repr(layers)
+
+
 def method_labels(runs):
     """run_id -> the label its numbers are reported under: the position method, plus any grid
     value other than the training length and the seed, plus the method's options wherever two
     runs of the same method differ in them (e.g. "rotary" and "rotary (randomize_max=512)"), so
-    that only runs of one configuration are ever pooled as seeds."""
+    that only runs of one configuration are ever pooled as seeds. A run's position is the
+    label of its layer pattern where it has one ("rotary (window 8) x3, none"); a grid's
+    `layers` values (whole patterns, which name their methods' options only in the grid) add
+    the pattern's name wherever two runs of one label differ in them."""
     grids = {run_id: parse_grid_point(run.get("grid_point", "{}")) for run_id, run in runs.items()}
     options_by_method = collections.defaultdict(list)
     for run_id, run in runs.items():
         options_by_method[run.get("position", "?")].append(position_options(grids[run_id]))
+    layers_by_method = collections.defaultdict(set)
+    for run_id, run in runs.items():
+        if "layers" in grids[run_id]:
+            layers_by_method[run.get("position", "?")].add(repr(grids[run_id]["layers"]))
     varying = {}
     for method, options in options_by_method.items():
         keys = set().union(*options)
@@ -143,7 +164,10 @@ def method_labels(runs):
         options = position_options(grid)
         extra = ["%s=%s" % (k, options[k]) for k in varying[method] if k in options]
         for key, value in grid.items():
-            if key not in AXIS_KEYS:
+            if key == "layers":
+                if len(layers_by_method[method]) > 1:
+                    extra.append("layers=" + pattern_label(value))
+            elif key not in AXIS_KEYS:
                 extra.append("%s=%s" % (key.split(".")[-1], value))
         labels[run_id] = method + (" (" + ", ".join(extra) + ")" if extra else "")
     return labels
