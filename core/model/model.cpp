@@ -315,7 +315,7 @@ void check_kinds(const Config& config, const LayerPlan& plan, bool build) {
     }
     const PositionInfo& info = registry.get(kind.position_name);
     if (plan.patterned() && (info.hooks & kEmbed))
-      throw ConfigError(config.source + ": layers.pattern: kind '" + kind.name + "' uses position method '" + kind.position_name +
+      throw ConfigError(config.source + ": " + kind.position_key + ": kind '" + kind.name + "' uses position method '" + kind.position_name +
                         "', which adds to the token embeddings once for the whole model; the methods of a layer pattern act "
                         "in their own layers (rotary, alibi, none, ...)");
     if (plan.patterned() && kind.position.IsMap() && kind.position["randomize_max"] &&

@@ -119,6 +119,7 @@ TEST_CASE("layer pattern: bad patterns and kinds are refused in one line naming 
   refuses("layers: {pattern: [local, none], kinds: {local: {position: {name: rotary, base: -1}}}}",
           "layers.kinds.local.position.base", "");
   refuses("layers: {pattern: [sinusoidal, none]}", "layers.pattern", "token embeddings");
+  refuses("layers: {pattern: [a, none], kinds: {a: {position: learned}}}", "layers.kinds.a.position", "token embeddings");
   refuses("layers: {pattern: [local, none], kinds: {local: {position: {name: rotary, randomize_max: 400}}}}",
           "layers.kinds.local.position.randomize_max", "not supported with layers.pattern");
 }
