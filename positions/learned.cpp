@@ -18,9 +18,9 @@ struct LearnedOptions {
 class LearnedAbsolute : public PositionMethod {
  public:
   LearnedAbsolute(const PositionContext& context, LearnedOptions options) : options_(options) {
-    if (context.randomize_max > options.max_length)
-      throw ConfigError("learned positions: position.randomize_max " +
-                        std::to_string(context.randomize_max) + " exceeds max_length " +
+    if (context.sampling.range > options.max_length)
+      throw ConfigError("learned positions: " + context.sampling.key() + " " +
+                        std::to_string(context.sampling.range) + " exceeds max_length " +
                         std::to_string(options.max_length) + " (the table must hold every " +
                         "sampled position)");
     table_ = register_parameter(

@@ -26,6 +26,30 @@
 
 namespace extrap {
 
+// How training windows take their positions (training only; evaluation always uses
+// offset .. offset + T - 1). Set from the options every randomizable method accepts:
+//   position.randomize_max: N   a sorted random sample of T distinct positions from [0, N)
+//                               (Ruoss et al., 2023);
+//   position.pose_target: N     PoSE (Zhu et al., ICLR 2024): the window is cut at random into
+//                               pose_chunks chunks of consecutive positions; chunk 0 starts at 0,
+//                               chunk c > 0 after a random skip, skips non-decreasing, so that
+//                               every position stays below N.
+// One draw per forward pass, shared by the batch's rows and every layer, from LibTorch's
+// default generator (train.seed makes it reproducible).
+struct PositionSampling {
+  enum class Kind { contiguous, random, pose };
+  Kind kind = Kind::contiguous;
+  int64_t range = 0;   // every drawn position is below it (0 when contiguous)
+  int64_t chunks = 2;  // pose: the number of chunks
+
+  bool active() const { return kind != Kind::contiguous; }
+  // The config key that set it ("position.randomize_max", "position.pose_target"), for messages.
+  std::string key() const;
+  // (length,) int64 on the CPU, strictly increasing, below `range`. Refuses (c10::Error) a
+  // window longer than the range or, for pose, shorter than its chunks.
+  torch::Tensor draw(int64_t length) const;
+};
+
 // What the model tells a method when it is built.
 struct PositionContext {
   int64_t num_layers = 1;
@@ -33,13 +57,13 @@ struct PositionContext {
   int64_t d_model = 1;
   int64_t d_head = 1;
   bool causal = true;  // false: bidirectional (masked-LM) attention
-  // position.randomize_max (training only): 0, or N > 0 when training windows take sorted
-  // random positions from [0, N). Methods that keep tables check that N fits.
-  int64_t randomize_max = 0;
+  // How training windows take their positions; methods that keep tables check that
+  // sampling.range fits.
+  PositionSampling sampling;
 };
 
 // Where the tokens of a window sit: offset, offset + 1, ..., offset + T - 1, or, in training
-// with position.randomize_max, an explicit sorted sample (Ruoss et al., 2023).
+// with sampled positions (PositionSampling), an explicit strictly increasing sample.
 struct TokenPositions {
   int64_t offset = 0;
   int64_t length = 0;
@@ -133,17 +157,17 @@ class PositionMethod : public torch::nn::Module {
   // Values worth logging during training (e.g. learned slopes): name -> value.
   virtual std::vector<std::pair<std::string, double>> log_values() const { return {}; }
 
-  // position.randomize_max of the config it was built from (0: off); set by the registry.
-  int64_t randomize_max() const { return randomize_max_; }
+  // How the config it was built from samples training positions; set by the registry.
+  const PositionSampling& sampling() const { return sampling_; }
 
  private:
   friend class PositionRegistry;
-  int64_t randomize_max_ = 0;
+  PositionSampling sampling_;
 };
 
-// Reads the option every method accepts, position.randomize_max (0 = off), with its
-// documentation.
-void read_randomize_max(const OptionReader& options, int64_t& randomize_max);
+// Reads the options every method accepts, position.randomize_max, pose_target and
+// pose_chunks, with their documentation; refuses bad values and both kinds at once.
+PositionSampling read_sampling(const OptionReader& options);
 
 using PositionFactory = std::function<std::shared_ptr<PositionMethod>(
     const PositionContext& context, const OptionReader& options)>;
@@ -161,7 +185,7 @@ struct PositionInfo {
   unsigned modes = kCausal;               // Mode bits
   std::vector<OptionDoc> options;         // every key its YAML options accept
   // Honours sampled positions (TokenPositions::sampled) in its hooks, so that
-  // position.randomize_max may be used with it.
+  // position.randomize_max and position.pose_target may be used with it.
   bool randomizable = false;
   // Accepts evaluation-time RoPE scaling (PositionMethod::set_rope_scaling): rotary, xpos.
   bool rope_scaling = false;

@@ -74,14 +74,6 @@ torch::Tensor TokenPositions::values(torch::TensorOptions options) const {
   return torch::arange(offset, offset + length, options);
 }
 
-void read_randomize_max(const OptionReader& options, int64_t& randomize_max) {
-  options.read("randomize_max", randomize_max,
-               "training only: 0, or N to train on sorted random positions from [0, N) "
-               "(Ruoss et al., 2023); evaluation uses 0..T-1");
-  if (options.decoding() && randomize_max < 0)
-    options.fail("randomize_max", "must be 0 (off) or a positive number of positions");
-}
-
 std::string PositionRegistry::randomizable_names() const {
   std::string out;
   for (const auto& n : names())
@@ -113,14 +105,14 @@ std::shared_ptr<PositionMethod> PositionRegistry::create(const std::string& name
   }
   options.accept("name", "the method's name");  // the section's own key, read by the config
   PositionContext with_options = context;
-  read_randomize_max(options, with_options.randomize_max);
-  if (with_options.randomize_max != 0 && !info.randomizable)
-    options.fail("randomize_max",
+  with_options.sampling = read_sampling(options);
+  if (with_options.sampling.active() && !info.randomizable)
+    options.fail(with_options.sampling.key().substr(std::string("position.").size()),
                  "position method '" + name + "' does not take sampled positions (randomized "
-                 "positions apply to methods that use absolute positions: " +
+                 "positions and PoSE apply to methods that use absolute positions: " +
                  randomizable_names() + ")");
   auto method = info.factory(with_options, options);
-  method->randomize_max_ = with_options.randomize_max;
+  method->sampling_ = with_options.sampling;
   options.finish();
   return method;
 }

@@ -154,6 +154,9 @@ core/export/model_export.cpp | if (!config.layer_pattern.empty())  // analysis/e
 core/model/memory_estimate.cpp | const AttentionConfig& a = plan.kinds[kind].attention; | const AttentionConfig& a = c.model.attention_options; | the estimate counts the attention section's options where a layer kind has its own
 analysis/extrap_model.py | factor = attention.ssmax.view(1, H, 1, 1) * torch.log(n) | factor = attention.ssmax.view(1, H, 1, 1) * torch.log(n + 1) | Python's SSMax counts one key more than the row sees
 analysis/extrap_model.py | hidden = torch.logical_or(hidden, (i - j).abs() >= W) | hidden = torch.logical_or(hidden, (i - j).abs() > W) | Python's sliding window lets one key more in
+positions/sampling.cpp | positions.narrow(0, start[c], length - start[c]).add_(skip[c] - shifted); | positions.narrow(0, start[c], length - start[c]).add_(skip[c]); | PoSE adds each skip on top of the last instead of its rise over it
+positions/sampling.cpp | torch::randint(0, range - length + 1, {chunks - 1} | torch::randint(0, range - length + 2, {chunks - 1} | PoSE's last position can reach the target
+positions/sampling.cpp | narrow(0, 0, chunks - 1) + 1).sort()); | narrow(0, 0, chunks - 1)).sort()); | PoSE can cut before the first token (an empty first chunk)
 EOF
 )
 

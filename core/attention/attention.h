@@ -50,7 +50,7 @@ struct AttentionBias {
   torch::Tensor look_left;
   torch::Tensor look_right;
   // Kind::Linear only, optional: (T,) float positions of the window's tokens when they are not
-  // 0..T-1 (training with position.randomize_max); distances are then |positions[i] -
+  // 0..T-1 (training with sampled positions, PositionSampling); distances are then |positions[i] -
   // positions[j]|. Masks still go by index. Only the reference backend takes it.
   torch::Tensor positions;
 

@@ -274,16 +274,22 @@ Config config_from_yaml(const YAML::Node& root, const std::string& source) {
   Config c;
   c.source = source;
   read_config(OptionReader(root, source), c);
-  // position.randomize_max is decoded (and type-checked) by the position registry; here only
-  // its relation to the training length.
-  const YAML::Node n = c.position.IsMap() ? c.position["randomize_max"] : YAML::Node();
-  int64_t randomize_max = 0;
-  if (n && n.IsScalar() && YAML::convert<int64_t>::decode(n, randomize_max) && randomize_max > 0 &&
-      randomize_max < c.train.seq_len)
-    OptionReader(c.position, source, "position")
-        .fail("randomize_max", "is " + std::to_string(randomize_max) + ", below train.seq_len " +
-                                   std::to_string(c.train.seq_len) +
-                                   ": a training window needs that many distinct positions");
+  // position.randomize_max and pose_target are decoded (and type-checked) by the position
+  // registry; here only their relation to the training length.
+  const OptionReader position(c.position, source, "position");
+  for (const char* key : {"randomize_max", "pose_target"}) {
+    const YAML::Node n = c.position.IsMap() ? c.position[key] : YAML::Node();
+    int64_t range = 0;
+    if (n && n.IsScalar() && YAML::convert<int64_t>::decode(n, range) && range > 0 && range < c.train.seq_len)
+      position.fail(key, "is " + std::to_string(range) + ", below train.seq_len " + std::to_string(c.train.seq_len) +
+                             ": a training window needs that many distinct positions");
+  }
+  if (const YAML::Node n = c.position.IsMap() ? c.position["pose_chunks"] : YAML::Node()) {
+    int64_t chunks = 0;
+    if (n.IsScalar() && YAML::convert<int64_t>::decode(n, chunks) && chunks > c.train.seq_len)
+      position.fail("pose_chunks", "is " + std::to_string(chunks) + ", above train.seq_len " +
+                                       std::to_string(c.train.seq_len) + ": each chunk needs a token");
+  }
   layer_plan(c);  // the layers section's own checks (its methods are checked when built)
   if (c.task != RetrievalTask::none && !c.model.causal())
     OptionReader(root, source).fail("data", "data.task " + enum_name(c.task) +

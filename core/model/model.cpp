@@ -213,11 +213,8 @@ torch::Tensor TransformerLMImpl::hidden_as(const torch::Tensor& tokens, int64_t 
   auto x = embedding->forward(tokens) * std::sqrt(double(config_.d_model));  // (B, T, D)
   const int64_t length = tokens.size(1);
   auto positions = TokenPositions::window(length, offset);
-  if (const int64_t n = position().randomize_max(); n > 0 && is_training()) {
-    TORCH_CHECK(length <= n, "position.randomize_max ", n, " is below the window of ", length,
-                " tokens");
-    positions.sampled = std::get<0>(torch::randperm(n, torch::kLong).narrow(0, 0, length).sort());
-  }
+  if (const PositionSampling& sampling = position().sampling(); sampling.active() && is_training())
+    positions.sampled = sampling.draw(length);
   x = position().embed(x, positions);  // (a pattern's methods do not embed: check_position_method)
   x = embedding_dropout->forward(x);
   AttentionOptions attention_options;
@@ -297,7 +294,8 @@ PositionContext position_context(const ModelConfig& config) {
 namespace {
 // A kind's method exists, supports the plan, and (checked with `build`) decodes its options.
 // A pattern's methods act in their own layers only: one that adds to the token embeddings, or
-// draws the window's positions (randomize_max, one draw for the whole model), is refused.
+// draws the window's positions (randomize_max, pose_target: one draw for the whole model), is
+// refused.
 void check_kinds(const Config& config, const LayerPlan& plan, bool build) {
   auto& registry = PositionRegistry::instance();
   const unsigned mode = config.model.causal() ? kCausal : kBidirectional;
@@ -318,10 +316,10 @@ void check_kinds(const Config& config, const LayerPlan& plan, bool build) {
       throw ConfigError(config.source + ": " + kind.position_key + ": kind '" + kind.name + "' uses position method '" + kind.position_name +
                         "', which adds to the token embeddings once for the whole model; the methods of a layer pattern act "
                         "in their own layers (rotary, alibi, none, ...)");
-    if (plan.patterned() && kind.position.IsMap() && kind.position["randomize_max"] &&
-        kind.position["randomize_max"].Scalar() != "0")
-      throw ConfigError(config.source + ": " + kind.position_key + ".randomize_max: randomised positions are drawn once for "
-                        "the whole model and are not supported with layers.pattern");
+    for (const char* key : {"randomize_max", "pose_target"})
+      if (plan.patterned() && kind.position.IsMap() && kind.position[key] && kind.position[key].Scalar() != "0")
+        throw ConfigError(config.source + ": " + kind.position_key + "." + key + ": sampled training positions are drawn "
+                          "once for the whole model and are not supported with layers.pattern");
     if (!build || !(info.modes & mode)) continue;
     PositionContext context = position_context(config.model);
     context.num_layers = plan.layers_of(k);

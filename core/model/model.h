@@ -117,8 +117,9 @@ class TransformerLMImpl : public torch::nn::Module {
   TransformerLMImpl(const ModelConfig& config, int64_t vocab_size, const LayerPlan& plan, const std::string& source);
 
   // tokens: (B, T) int64 -> logits (B, T, V). `offset` is the absolute position of column 0.
-  // In training with position.randomize_max = N the positions are instead a sorted random
-  // sample from [0, N), drawn from LibTorch's default generator (saved with checkpoints).
+  // In training with sampled positions (position.randomize_max, position.pose_target:
+  // PositionSampling) they are instead drawn from LibTorch's default generator (saved with
+  // checkpoints).
   torch::Tensor forward(const torch::Tensor& tokens, int64_t offset = 0);
   // The two halves of forward(): final hidden states (B, T, D), and their logits (..., V).
   // Evaluation projects only the positions it scores.

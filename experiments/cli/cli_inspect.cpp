@@ -87,11 +87,11 @@ int positions(const Args& args) {
   for (const auto& p : plugins) registry.load_plugin(p);
   {
     auto documenter = OptionReader::documenter("position");
-    int64_t randomize_max = 0;
-    read_randomize_max(documenter, randomize_max);
-    const OptionDoc doc = documenter.docs().at(0);
-    std::cout << "every method marked 'randomized: yes' also takes\n    option randomize_max = "
-              << doc.default_value << "   " << doc.help << "\n\n";
+    read_sampling(documenter);
+    std::cout << "every method marked 'randomized: yes' also takes\n";
+    for (const OptionDoc& doc : documenter.docs())
+      std::cout << "    option " << doc.key.substr(doc.key.find('.') + 1) << " = " << doc.default_value << "   " << doc.help << "\n";
+    std::cout << "\n";
   }
   for (const auto& name : registry.names()) {
     const PositionInfo& info = registry.get(name);

@@ -531,7 +531,7 @@ TEST_CASE("attention options in a model: the gate and the temperature as defined
     const int64_t D = 16, H = 4, T = 11, Dh = D / H;
     torch::manual_seed(2);
     SelfAttention layer(SelfAttentionOptions(D, H).extras(extras));
-    auto none = PositionRegistry::instance().create("none", PositionContext{1, H, D, Dh, true, 0},
+    auto none = PositionRegistry::instance().create("none", PositionContext{1, H, D, Dh, true, {}},
                                                      OptionReader(YAML::Node(YAML::NodeType::Map), "test", "position"));
     torch::NoGradGuard no_grad;
     const auto x = torch::randn({1, T, D}, torch::kFloat64).to(torch::kFloat32);

@@ -409,7 +409,8 @@ TEST_CASE("randomized positions: a model samples in training only, refusals name
   config.position_name = "rotary";
   torch::manual_seed(7);
   auto model = build_model(config, 257);
-  CHECK(model->position().randomize_max() == 200);
+  CHECK(model->position().sampling().kind == PositionSampling::Kind::random);
+  CHECK(model->position().sampling().range == 200);
   const auto tokens = torch::randint(0, 256, {2, 16}, torch::kLong);
   {
     torch::NoGradGuard no_grad;
@@ -428,25 +429,14 @@ TEST_CASE("randomized positions: a model samples in training only, refusals name
     CHECK(torch::equal(twin->forward(tokens), c));
   }
 
-  const auto refused = [](const std::string& position, const std::string& extra = "") {
-    testing::TempDir dir("randomize");
-    testing::write_text(dir.root / "c.yaml", "position: " + position + "\ntrain: {seq_len: 64}\n" + extra);
-    try {
-      Config c = load_config((dir.root / "c.yaml").string(), {});
-      build_model(c, 257);
-    } catch (const ConfigError& e) {
-      return std::string(e.what());
-    }
-    return std::string("(accepted)");
-  };
-  CHECK_THAT(refused("{name: t5_bias, randomize_max: 500}"),
+  CHECK_THAT(testing::position_refusal("{name: t5_bias, randomize_max: 500}"),
              Catch::Contains("randomize_max") && Catch::Contains("t5_bias") && Catch::Contains("rotary"));
-  CHECK_THAT(refused("{name: rotary, randomize_max: -1}"), Catch::Contains("randomize_max"));
-  CHECK_THAT(refused("{name: rotary, randomize_max: 32}"),
+  CHECK_THAT(testing::position_refusal("{name: rotary, randomize_max: -1}"), Catch::Contains("randomize_max"));
+  CHECK_THAT(testing::position_refusal("{name: rotary, randomize_max: 32}"),
              Catch::Contains("randomize_max") && Catch::Contains("seq_len 64"));
-  CHECK_THAT(refused("{name: learned, max_length: 100, randomize_max: 500}"),
+  CHECK_THAT(testing::position_refusal("{name: learned, max_length: 100, randomize_max: 500}"),
              Catch::Contains("randomize_max 500") && Catch::Contains("max_length 100"));
-  CHECK(refused("{name: alibi, randomize_max: 500}") == "(accepted)");
+  CHECK(testing::position_refusal("{name: alibi, randomize_max: 500}") == "(accepted)");
 }
 
 TEST_CASE("the training-memory estimate counts CoPE's and FIRE's own tensors", "[positions][since-alibi]") {

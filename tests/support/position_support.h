@@ -4,7 +4,9 @@
 #include <catch2/catch.hpp>
 
 #include "core/attention/attention.h"
+#include "core/model/model.h"
 #include "positions/position.h"
+#include "tests/support/test_support.h"
 
 #include <memory>
 #include <string>
@@ -23,6 +25,20 @@ inline std::shared_ptr<PositionMethod> make_method(const std::string& name, int6
   context.causal = causal;
   return PositionRegistry::instance().create(name, context,
                                              OptionReader(YAML::Load(yaml), "test options"));
+}
+
+// What loading a config file with `position: POSITION` and train.seq_len 64 (then the YAML
+// lines `extra`) and building its model says: the ConfigError's message, or "(accepted)".
+inline std::string position_refusal(const std::string& position, const std::string& extra = "") {
+  TempDir dir("refusal");
+  write_text(dir.root / "c.yaml", "position: " + position + "\ntrain: {seq_len: 64}\n" + extra);
+  try {
+    Config c = load_config((dir.root / "c.yaml").string(), {});
+    build_model(c, 257);
+  } catch (const ConfigError& e) {
+    return std::string(e.what());
+  }
+  return std::string("(accepted)");
 }
 
 // The method's parameter `name` (the test fails if it has none of that name).

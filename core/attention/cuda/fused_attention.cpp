@@ -256,7 +256,7 @@ KernelBias plan_bias(const AttentionBias& bias, int64_t heads, bool causal, torc
       break;
   }
   if (bias.positions.defined()) {
-    kb.unsupported = "the kernels take no sampled positions (position.randomize_max)";
+    kb.unsupported = "the kernels take no sampled positions (position.randomize_max, position.pose_target)";
     return kb;
   }
   if (bias.slopes_left.size(0) != heads) {
