@@ -404,30 +404,9 @@ TEST_CASE("randomized positions: sampled positions reach every hook that uses th
 
 TEST_CASE("randomized positions: a model samples in training only, refusals name the key",
           "[positions][since-alibi][randomize]") {
-  Config config = testing::tiny_config("rotary");
-  config.position = YAML::Load("{name: rotary, randomize_max: 200}");
-  config.position_name = "rotary";
-  torch::manual_seed(7);
-  auto model = build_model(config, 257);
+  auto model = testing::check_samples_in_training_only("{name: rotary, randomize_max: 200}");
   CHECK(model->position().sampling().kind == PositionSampling::Kind::random);
   CHECK(model->position().sampling().range == 200);
-  const auto tokens = torch::randint(0, 256, {2, 16}, torch::kLong);
-  {
-    torch::NoGradGuard no_grad;
-    model->train();
-    const auto a = model->forward(tokens), b = model->forward(tokens);
-    model->eval();
-    const auto c = model->forward(tokens), e = model->forward(tokens);
-    CHECK_FALSE(torch::allclose(a, b));  // two samples of positions
-    CHECK(torch::equal(c, e));           // evaluation: positions 0..T-1
-    // The same weights without the option give the evaluation numbers exactly.
-    Config plain = config;
-    plain.position = YAML::Load("{name: rotary}");
-    torch::manual_seed(7);
-    auto twin = build_model(plain, 257);
-    twin->eval();
-    CHECK(torch::equal(twin->forward(tokens), c));
-  }
 
   CHECK_THAT(testing::position_refusal("{name: t5_bias, randomize_max: 500}"),
              Catch::Contains("randomize_max") && Catch::Contains("t5_bias") && Catch::Contains("rotary"));

@@ -109,32 +109,10 @@ TEST_CASE("randomized positions draw as before: a sorted sample without repeats"
 }
 
 TEST_CASE("PoSE: a model samples in training only, refusals name the key", "[positions][pose]") {
-  Config config = testing::tiny_config("rotary");
-  config.position = YAML::Load("{name: rotary, pose_target: 256, pose_chunks: 3}");
-  torch::manual_seed(7);
-  auto model = build_model(config, 257);
+  auto model = testing::check_samples_in_training_only("{name: rotary, pose_target: 256, pose_chunks: 3}");
   CHECK(model->position().sampling().kind == PositionSampling::Kind::pose);
   CHECK(model->position().sampling().range == 256);
   CHECK(model->position().sampling().chunks == 3);
-  const auto tokens = torch::randint(0, 256, {2, 16}, torch::kLong);
-  {
-    torch::NoGradGuard no_grad;
-    model->train();
-    const auto a = model->forward(tokens), b = model->forward(tokens);
-    model->eval();
-    const auto c = model->forward(tokens);
-    CHECK_FALSE(torch::allclose(a, b));  // two draws of positions
-    // The same weights without the option: evaluation is the plain model exactly, and in
-    // training (dropout 0 in tiny_config) the plain model differs from the PoSE draws.
-    Config plain = config;
-    plain.position = YAML::Load("{name: rotary}");
-    torch::manual_seed(7);
-    auto twin = build_model(plain, 257);
-    twin->eval();
-    CHECK(torch::equal(twin->forward(tokens), c));
-    twin->train();
-    CHECK_FALSE(torch::allclose(twin->forward(tokens), a));
-  }
 
   CHECK_THAT(testing::position_refusal("{name: t5_bias, pose_target: 500}"),
              Catch::Contains("pose_target") && Catch::Contains("t5_bias") && Catch::Contains("rotary"));

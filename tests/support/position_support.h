@@ -41,6 +41,33 @@ inline std::string position_refusal(const std::string& position, const std::stri
   return std::string("(accepted)");
 }
 
+// A tiny rotary model with `position` (sampled training positions) draws new positions at each
+// training forward pass, and evaluates exactly as the same weights without the option; in
+// training (dropout 0) the plain model differs from the draws. Returns the model.
+inline TransformerLM check_samples_in_training_only(const std::string& position) {
+  Config config = tiny_config("rotary");
+  config.position = YAML::Load(position);
+  torch::manual_seed(7);
+  auto model = build_model(config, 257);
+  const auto tokens = torch::randint(0, 256, {2, 16}, torch::kLong);
+  torch::NoGradGuard no_grad;
+  model->train();
+  const auto a = model->forward(tokens), b = model->forward(tokens);
+  model->eval();
+  const auto c = model->forward(tokens), e = model->forward(tokens);
+  CHECK_FALSE(torch::allclose(a, b));  // two draws of positions
+  CHECK(torch::equal(c, e));           // evaluation: positions 0..T-1
+  Config plain = config;
+  plain.position = YAML::Load("{name: rotary}");
+  torch::manual_seed(7);
+  auto twin = build_model(plain, 257);
+  twin->eval();
+  CHECK(torch::equal(twin->forward(tokens), c));
+  twin->train();
+  CHECK_FALSE(torch::allclose(twin->forward(tokens), a));
+  return model;
+}
+
 // The method's parameter `name` (the test fails if it has none of that name).
 inline torch::Tensor parameter(const PositionMethod& method, const std::string& name) {
   auto* found = method.named_parameters().find(name);
