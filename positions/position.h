@@ -189,6 +189,9 @@ struct PositionInfo {
   bool randomizable = false;
   // Accepts evaluation-time RoPE scaling (PositionMethod::set_rope_scaling): rotary, xpos.
   bool rope_scaling = false;
+  // Why only the reference attention path takes the method's bias (the memory-efficient and
+  // fused paths refuse it by name); "" when every path does.
+  std::string reference_only;
   // For the training-memory estimate (core/model/memory_estimate.cpp): what each layer's reference
   // attention keeps for backward beyond the scores and probabilities, in float tensors of
   // the scores' size (B x H x T x T) and of T x T floats. Measured, not derived: see the

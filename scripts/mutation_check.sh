@@ -157,6 +157,11 @@ analysis/extrap_model.py | hidden = torch.logical_or(hidden, (i - j).abs() >= W)
 positions/sampling.cpp | positions.narrow(0, start[c], length - start[c]).add_(skip[c] - shifted); | positions.narrow(0, start[c], length - start[c]).add_(skip[c]); | PoSE adds each skip on top of the last instead of its rise over it
 positions/sampling.cpp | torch::randint(0, range - length + 1, {chunks - 1} | torch::randint(0, range - length + 2, {chunks - 1} | PoSE's last position can reach the target
 positions/sampling.cpp | narrow(0, 0, chunks - 1) + 1).sort()); | narrow(0, 0, chunks - 1)).sort()); | PoSE can cut before the first token (an empty first chunk)
+positions/dape.cpp | torch::linear(x, w1.to(x.scalar_type()), b1.to(x.scalar_type())), 0.01); | torch::linear(x, w1.to(x.scalar_type()), b1.to(x.scalar_type())), 0.2); | DAPE's LeakyReLU has the wrong negative slope
+core/attention/attention.cpp | const auto finite_base = base.masked_fill(base.isinf(), 0); | const auto finite_base = base; | DAPE's MLP reads the base's masked entries as -inf
+core/attention/attention.cpp | scores = scores + base + mixed + materialize_bias_block( | scores = scores + mixed + materialize_bias_block( | DAPE's logits leave out the base bias B
+core/attention/attention.cpp | bias.kind != AttentionBias::Kind::ScoreMixing) {  // DAPE: the reference path only | true) {  // DAPE: the reference path only | Auto sends a long DAPE evaluation to the efficient path, which refuses it
+positions/dape.cpp | parts.push_back(f(scores.narrow(2, r, n), base.narrow(1, r, n))); | parts.push_back(f(scores.narrow(2, r, n), base.narrow(1, 0, n))); | DAPE's evaluation blocks read the first rows' base bias
 EOF
 )
 

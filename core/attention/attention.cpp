@@ -64,6 +64,14 @@ AttentionBias AttentionBias::contextual(torch::Tensor E) {
   return b;
 }
 
+AttentionBias AttentionBias::score_mixing(DenseBlockFn base, ScoreMixFn mix) {
+  AttentionBias b;
+  b.kind = Kind::ScoreMixing;
+  b.dense = std::move(base);
+  b.score_mix = std::move(mix);
+  return b;
+}
+
 AttentionBias AttentionBias::at_positions(const torch::Tensor& token_positions) const {
   if (!token_positions.defined()) return *this;
   TORCH_CHECK(kind == Kind::Linear, "only a linear bias can be evaluated at explicit positions, "
@@ -141,6 +149,7 @@ std::string AttentionBias::describe() const {
     case Kind::Cumulative: return "cumulative (F[i] - F[j] per batch and head)" + options;
     case Kind::Contextual:
       return "contextual (CoPE, " + std::to_string(position_embeddings.size(2)) + " positions)" + options;
+    case Kind::ScoreMixing: return "score mixing (DAPE: a base bias and an MLP over every head's scores)" + options;
   }
   return "?";
 }
@@ -162,6 +171,8 @@ torch::Tensor materialize_bias_block(const AttentionBias& bias, int64_t num_head
   switch (bias.kind) {
     case AttentionBias::Kind::Contextual:
       TORCH_CHECK(false, "a contextual (CoPE) bias depends on q and k: use add_bias_()");
+    case AttentionBias::Kind::ScoreMixing:
+      TORCH_CHECK(false, "a score-mixing (DAPE) bias depends on q and k: use add_bias_()");
     case AttentionBias::Kind::Cumulative: {  // causal only: materialize_bias() checks
       const auto& F = bias.cumulative;
       TORCH_CHECK(F.size(1) == num_heads && F.size(2) >= std::max(q1, k1), "cumulative bias: F ",
@@ -256,6 +267,20 @@ torch::Tensor add_bias_(torch::Tensor& scores, const AttentionBias& bias, const 
       TORCH_CHECK(causal, "a contextual (CoPE) bias is defined for causal attention only");
       scores.add_(contextual_bias(scores, q, bias.position_embeddings));
     }
+    return scores;
+  }
+  if (bias.kind == AttentionBias::Kind::ScoreMixing) {
+    // A and B' before any mask; the base's own masks come back with B, the others after.
+    const auto base = bias.dense(tk - tq, tk, 0, tk).to(scores.scalar_type());  // (H, Tq, Tk)
+    TORCH_CHECK(base.dim() == 3 && base.size(0) == heads && base.size(1) == tq && base.size(2) == tk,
+                "score-mixing bias: base expected (", heads, ", ", tq, ", ", tk, "), got ", base.sizes());
+    const auto finite_base = base.masked_fill(base.isinf(), 0);
+    auto mixed = bias.score_mix(scores, finite_base);
+    TORCH_CHECK(mixed.sizes() == scores.sizes(), "score-mixing bias: mix returned ", mixed.sizes(), " for scores ",
+                scores.sizes());
+    AttentionBias masks = bias;  // none, with the window and chunk
+    masks.kind = AttentionBias::Kind::None;
+    scores = scores + base + mixed + materialize_bias_block(masks, heads, tk - tq, tk, 0, tk, causal, scores.options());
     return scores;
   }
   // (H, Tq, Tk) broadcast over B, or (B, H, Tq, Tk) for a cumulative bias: the last tq rows.
@@ -389,7 +414,8 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
       // Long evaluations on the CPU: the fused kernel's forward where it takes the bias (no
       // T x T tensor either, and faster), else the memory-efficient path.
       const bool inference = !options.training && !torch::GradMode::is_enabled();
-      if (inference && q.device().is_cpu() && q.size(2) * k.size(2) > options.efficient_threshold) {
+      if (inference && q.device().is_cpu() && q.size(2) * k.size(2) > options.efficient_threshold &&
+          bias.kind != AttentionBias::Kind::ScoreMixing) {  // DAPE: the reference path only
         if (q.scalar_type() == torch::kFloat32 &&
             fused_cpu_attention_unsupported_reason(q, k, v, bias, options).empty())
           return fused_cpu_attention(q, k, v, bias, options);

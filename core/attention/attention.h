@@ -27,6 +27,7 @@ struct AttentionBias {
     Linear,      // ALiBi family: linear in |i - j| with per-head slopes and direction masks
     Cumulative,  // per batch and head: F[i] - F[j] from one vector F (forgetting gates)
     Contextual,  // CoPE: positions counted by sigmoid gates of the scores themselves
+    ScoreMixing, // DAPE: a base bias plus a function of every head's scores and that bias
   };
 
   // Kind::Dense: returns the (H, q_end - q_begin, k_end - k_begin) bias for the rows
@@ -69,6 +70,16 @@ struct AttentionBias {
   // The gates see the scores before this bias is added. May require grad.
   torch::Tensor position_embeddings;
 
+  // Kind::ScoreMixing (DAPE, Zheng et al., NeurIPS 2024). With A = the scaled scores
+  // q_i . k_j / sqrt(d) of all heads (B, H, Tq, Tk), before any mask, and B = the base bias
+  // `dense` (H, Tq, Tk) for the same rows and columns:
+  //   logits = A + B + mix(A, B'),  B' = B with its masked (-inf) entries 0,
+  // then the masks (the base's own, causal, window, chunk). mix returns (B, H, Tq, Tk) and mixes
+  // the heads at each (i, j); the whole score matrix is needed at once, so only the reference
+  // path takes this kind. May require grad.
+  using ScoreMixFn = std::function<torch::Tensor(const torch::Tensor& scores, const torch::Tensor& base)>;
+  ScoreMixFn score_mix;
+
   // What every kind combines with (the attention options of 2024-26, REFERENCE.md "The 2024-26
   // wave"; the model sets them from the config's `attention` section). Defaults change nothing.
   //
@@ -100,6 +111,8 @@ struct AttentionBias {
   static AttentionBias cumulative_sum(torch::Tensor F);
   // E: (1 or H, d_head, npos).
   static AttentionBias contextual(torch::Tensor E);
+  // base: the base bias's blocks (as dense_blocks); mix: as score_mix above.
+  static AttentionBias score_mixing(DenseBlockFn base, ScoreMixFn mix);
 
   // A Linear bias evaluated at explicit token positions (T,); unchanged when undefined.
   AttentionBias at_positions(const torch::Tensor& positions) const;
@@ -119,7 +132,9 @@ struct AttentionBias {
   // direction masks, causal, window, chunk): (H, Tq) float32. What SSMax's ln n_i counts.
   torch::Tensor visible_keys(int64_t num_heads, int64_t tq, int64_t tk, bool causal) const;
   // Kinds that depend on the batch or on q and k, not on positions alone.
-  bool depends_on_input() const { return kind == Kind::Cumulative || kind == Kind::Contextual; }
+  bool depends_on_input() const {
+    return kind == Kind::Cumulative || kind == Kind::Contextual || kind == Kind::ScoreMixing;
+  }
   std::string describe() const;  // e.g. "linear (8 heads, left+right)", "none + sink + window 64"
 };
 
@@ -179,7 +194,8 @@ torch::Tensor add_bias_(torch::Tensor& scores, const AttentionBias& bias, const 
 
 // The full (H, Tq, Tk) additive bias, masks included (-inf where attention is masked, window and
 // chunk too; the sink and the logit scale are not additive and are left out); for
-// Kind::Cumulative (B, H, Tq, Tk). Kind::Contextual depends on q and k: use add_bias_().
+// Kind::Cumulative (B, H, Tq, Tk). Kind::Contextual and Kind::ScoreMixing depend on q and k: use
+// add_bias_().
 // What `extrap inspect bias` prints; used by tests.
 torch::Tensor materialize_bias(const AttentionBias& bias, int64_t num_heads, int64_t tq,
                                int64_t tk, bool causal, torch::TensorOptions options = {});

@@ -186,6 +186,8 @@ void check_efficient_inputs(const torch::Tensor& q, const torch::Tensor& k, cons
               " x ", blocks.key_block);
   TORCH_CHECK(!(options.training && options.dropout > 0),
               "attention_efficient is inference only: it has no attention dropout");
+  TORCH_CHECK(bias.kind != AttentionBias::Kind::ScoreMixing, "attention_efficient: a ", bias.describe(),
+              " bias needs every head's whole score matrix at once; the reference backend takes it");
   const bool linear = bias.kind == AttentionBias::Kind::Linear;
   TORCH_CHECK(!(linear && bias.positions.defined()),
               "attention_efficient takes no sampled positions (a training-time option)");

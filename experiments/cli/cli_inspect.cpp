@@ -60,7 +60,7 @@ torch::Tensor score_pattern(PositionMethod& method, const PositionInfo& info, in
   if (info.hooks & kRotateQK) method.rotate_qk(q, k, at);
   const AttentionBias description = method.bias(at);
   torch::Tensor bias;
-  if (description.kind == AttentionBias::Kind::Contextual) {
+  if (description.kind == AttentionBias::Kind::Contextual || description.kind == AttentionBias::Kind::ScoreMixing) {
     auto scores = torch::matmul(q / std::sqrt(double(d_head)), k.transpose(-2, -1));  // (1, H, T, T)
     auto plain = scores.clone();
     bias = (add_bias_(scores, description, q, causal) - plain)[0];
@@ -99,6 +99,7 @@ int positions(const Args& args) {
               << "    modes: " << mode_names(info.modes)
               << "    randomized: " << (info.randomizable ? "yes" : "no");
     if (info.origin != "built-in") std::cout << "    from: " << info.origin;
+    if (!info.reference_only.empty()) std::cout << "\n    attention: the reference path only (" << info.reference_only << ")";
     std::cout << "\n";
     for (const auto& o : info.options)
       std::cout << "    option " << o.key << " = " << o.default_value << "   " << o.help << "\n";
