@@ -162,6 +162,10 @@ core/attention/attention.cpp | const auto finite_base = base.masked_fill(base.is
 core/attention/attention.cpp | scores = scores + base + mixed + materialize_bias_block( | scores = scores + mixed + materialize_bias_block( | DAPE's logits leave out the base bias B
 core/attention/attention.cpp | bias.kind != AttentionBias::Kind::ScoreMixing) {  // DAPE: the reference path only | true) {  // DAPE: the reference path only | Auto sends a long DAPE evaluation to the efficient path, which refuses it
 positions/dape.cpp | parts.push_back(f(scores.narrow(2, r, n), base.narrow(1, r, n))); | parts.push_back(f(scores.narrow(2, r, n), base.narrow(1, 0, n))); | DAPE's evaluation blocks read the first rows' base bias
+core/attention/stick_breaking.cpp | auto visible = bias.stick_breaking_diagonal ? j <= i : j < i; | auto visible = j <= i; | stick-breaking lets every query take its own key
+core/attention/stick_breaking.cpp | const auto log_stay = torch::log_sigmoid(-z) | const auto log_stay = torch::log_sigmoid(z) | stick-breaking multiplies by sigmoid(z) instead of 1 - sigmoid(z) for the nearer keys
+core/attention/stick_breaking.cpp | return torch::matmul(weights, vs) + remaining * v.narrow(2, first, n); | return torch::matmul(weights, vs); | stick-breaking drops the remaining mass on the query's own value
+core/attention/stick_breaking.cpp | parts.push_back(stick_breaking_rows(q, k, v, bias, options, r, | parts.push_back(stick_breaking_rows(q, k, v, bias, options, 0, | stick-breaking's row blocks all compute the first rows
 EOF
 )
 

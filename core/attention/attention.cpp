@@ -4,6 +4,7 @@
 #include "core/attention/cuda_attention.h"
 #include "core/attention/efficient_attention.h"
 #include "core/attention/fused_cpu_attention.h"
+#include "core/attention/stick_breaking.h"
 #include "core/base/yaml_options.h"
 #include "core/kernels/bf16_gemm.h"
 #include "core/kernels/precision.h"
@@ -69,6 +70,13 @@ AttentionBias AttentionBias::score_mixing(DenseBlockFn base, ScoreMixFn mix) {
   b.kind = Kind::ScoreMixing;
   b.dense = std::move(base);
   b.score_mix = std::move(mix);
+  return b;
+}
+
+AttentionBias AttentionBias::stick_breaking(bool diagonal) {
+  AttentionBias b;
+  b.kind = Kind::StickBreaking;
+  b.stick_breaking_diagonal = diagonal;
   return b;
 }
 
@@ -150,6 +158,8 @@ std::string AttentionBias::describe() const {
     case Kind::Contextual:
       return "contextual (CoPE, " + std::to_string(position_embeddings.size(2)) + " positions)" + options;
     case Kind::ScoreMixing: return "score mixing (DAPE: a base bias and an MLP over every head's scores)" + options;
+    case Kind::StickBreaking:
+      return std::string("stick-breaking (no softmax") + (stick_breaking_diagonal ? ", diagonal" : "") + ")" + options;
   }
   return "?";
 }
@@ -173,6 +183,8 @@ torch::Tensor materialize_bias_block(const AttentionBias& bias, int64_t num_head
       TORCH_CHECK(false, "a contextual (CoPE) bias depends on q and k: use add_bias_()");
     case AttentionBias::Kind::ScoreMixing:
       TORCH_CHECK(false, "a score-mixing (DAPE) bias depends on q and k: use add_bias_()");
+    case AttentionBias::Kind::StickBreaking:
+      TORCH_CHECK(false, "stick-breaking attention adds no bias: its weights replace the softmax");
     case AttentionBias::Kind::Cumulative: {  // causal only: materialize_bias() checks
       const auto& F = bias.cumulative;
       TORCH_CHECK(F.size(1) == num_heads && F.size(2) >= std::max(q1, k1), "cumulative bias: F ",
@@ -269,6 +281,8 @@ torch::Tensor add_bias_(torch::Tensor& scores, const AttentionBias& bias, const 
     }
     return scores;
   }
+  TORCH_CHECK(bias.kind != AttentionBias::Kind::StickBreaking,
+              "stick-breaking attention adds no bias: its weights replace the softmax");
   if (bias.kind == AttentionBias::Kind::ScoreMixing) {
     // A and B' before any mask; the base's own masks come back with B, the others after.
     const auto base = bias.dense(tk - tq, tk, 0, tk).to(scores.scalar_type());  // (H, Tq, Tk)
@@ -293,6 +307,7 @@ torch::Tensor add_bias_(torch::Tensor& scores, const AttentionBias& bias, const 
 torch::Tensor attention_reference(const torch::Tensor& q, const torch::Tensor& k,
                                   const torch::Tensor& v, const AttentionBias& bias,
                                   const AttentionOptions& options) {
+  if (bias.kind == AttentionBias::Kind::StickBreaking) return stick_breaking_attention(q, k, v, bias, options);
   const auto d = q.size(3);
   // Scale q rather than the scores (a (B, H, T, D) pass instead of (B, H, T, T)), and add the
   // bias in place: matmul's backward needs only its inputs.

@@ -28,6 +28,7 @@ struct AttentionBias {
     Cumulative,  // per batch and head: F[i] - F[j] from one vector F (forgetting gates)
     Contextual,  // CoPE: positions counted by sigmoid gates of the scores themselves
     ScoreMixing, // DAPE: a base bias plus a function of every head's scores and that bias
+    StickBreaking,  // not a bias: stick-breaking weights replace the softmax (core/attention/stick_breaking.h)
   };
 
   // Kind::Dense: returns the (H, q_end - q_begin, k_end - k_begin) bias for the rows
@@ -80,6 +81,10 @@ struct AttentionBias {
   using ScoreMixFn = std::function<torch::Tensor(const torch::Tensor& scores, const torch::Tensor& base)>;
   ScoreMixFn score_mix;
 
+  // Kind::StickBreaking, causal only: whether query i may attend to its own key (j <= i) besides
+  // the keys before it (j < i, the default of the authors' kernels).
+  bool stick_breaking_diagonal = false;
+
   // What every kind combines with (the attention options of 2024-26, REFERENCE.md "The 2024-26
   // wave"; the model sets them from the config's `attention` section). Defaults change nothing.
   //
@@ -113,6 +118,7 @@ struct AttentionBias {
   static AttentionBias contextual(torch::Tensor E);
   // base: the base bias's blocks (as dense_blocks); mix: as score_mix above.
   static AttentionBias score_mixing(DenseBlockFn base, ScoreMixFn mix);
+  static AttentionBias stick_breaking(bool diagonal);
 
   // A Linear bias evaluated at explicit token positions (T,); unchanged when undefined.
   AttentionBias at_positions(const torch::Tensor& positions) const;
@@ -133,7 +139,8 @@ struct AttentionBias {
   torch::Tensor visible_keys(int64_t num_heads, int64_t tq, int64_t tk, bool causal) const;
   // Kinds that depend on the batch or on q and k, not on positions alone.
   bool depends_on_input() const {
-    return kind == Kind::Cumulative || kind == Kind::Contextual || kind == Kind::ScoreMixing;
+    return kind == Kind::Cumulative || kind == Kind::Contextual || kind == Kind::ScoreMixing ||
+           kind == Kind::StickBreaking;
   }
   std::string describe() const;  // e.g. "linear (8 heads, left+right)", "none + sink + window 64"
 };

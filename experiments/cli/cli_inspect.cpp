@@ -1,4 +1,5 @@
 // `extrap positions`, `extrap inspect slopes|bias` and `extrap keys`: look inside without training.
+#include "core/attention/stick_breaking.h"
 #include "core/data/corpus.h"
 #include "core/model/config.h"
 #include "core/train/trainer.h"
@@ -60,6 +61,12 @@ torch::Tensor score_pattern(PositionMethod& method, const PositionInfo& info, in
   if (info.hooks & kRotateQK) method.rotate_qk(q, k, at);
   const AttentionBias description = method.bias(at);
   torch::Tensor bias;
+  if (description.kind == AttentionBias::Kind::StickBreaking) {
+    // Not a bias: log A, the log of each key's stick-breaking weight, for the unit query and key.
+    std::cerr << info.name << ": no bias; shown is log A_ij, the log of each key's stick-breaking weight, for a unit "
+                 "query and key\n";
+    return torch::log(stick_breaking_weights(q, k, description))[0];
+  }
   if (description.kind == AttentionBias::Kind::Contextual || description.kind == AttentionBias::Kind::ScoreMixing) {
     auto scores = torch::matmul(q / std::sqrt(double(d_head)), k.transpose(-2, -1));  // (1, H, T, T)
     auto plain = scores.clone();

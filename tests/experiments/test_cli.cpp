@@ -201,7 +201,8 @@ TEST_CASE("inspect bias works for every method and mode, and shows a checkpoint'
             INFO("head " << h << " (" << i << ", " << j << ") = " << v);
             // alibi_nonsymmetric: the first half of the heads looks left, the rest right.
             const bool hidden = (causal && j > i) ||
-                                (name == "alibi_nonsymmetric" && (h < heads / 2 ? j > i : j < i));
+                                (name == "alibi_nonsymmetric" && (h < heads / 2 ? j > i : j < i)) ||
+                                (name == "stick_breaking" && j == i);  // keys before the query only
             if (hidden) {
               CHECK(v == -INFINITY);
               continue;
@@ -209,6 +210,10 @@ TEST_CASE("inspect bias works for every method and mode, and shows a checkpoint'
             CHECK(std::isfinite(v));
             const double m = slopes[size_t(h)], distance = double(std::abs(i - j));
             if (name == "none" || name == "sinusoidal" || name == "learned") CHECK(v == 0);
+            if (name == "stick_breaking") {  // log A_ij for the unit query and key: every logit 1 / sqrt(d)
+              const double z = 1 / std::sqrt(64.0);  // inspect bias's default head size
+              CHECK(v == Approx(-std::log1p(std::exp(-z)) - double(i - 1 - j) * std::log1p(std::exp(z))).epsilon(1e-5));
+            }
             // alibi_learned starts at ALiBi's slopes, on both sides when bidirectional.
             if (name == "alibi" || name == "alibi_symmetric" || name == "alibi_learned")
               CHECK(v == Approx(-m * distance).epsilon(1e-6));

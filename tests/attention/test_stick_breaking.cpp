@@ -1,0 +1,131 @@
+// Stick-breaking attention (core/attention/stick_breaking.h) against its definition written here
+// as direct products in float64 (REFERENCE.md, "The 2024-26 wave"; the authors' reference model
+// adds the remaining mass times the query's own value):
+//   A_ij = sigmoid(z_ij) prod_{j < k < i, k visible} (1 - sigmoid(z_ik)),
+//   o_i = sum_j A_ij v_j + (1 - sum_j A_ij) v_i.
+// Then its gradients against the same products' autograd, the row-blocked evaluation, decoding
+// with fewer queries than keys, and the refusals.
+#include <catch2/catch.hpp>
+
+#include "core/attention/attention.h"
+#include "core/attention/stick_breaking.h"
+#include "tests/support/position_support.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+
+using namespace extrap;
+
+namespace {
+
+// The definition for query rows that are the last Tq of Tk keys; visible(i, j) for j < i (or
+// j <= i with the diagonal) decides which keys take part. Differentiable tensors, float64.
+torch::Tensor by_definition(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool diagonal,
+                            int64_t window = 0) {
+  const int64_t B = q.size(0), H = q.size(1), tq = q.size(2), tk = k.size(2), D = q.size(3);
+  std::vector<torch::Tensor> rows;
+  for (int64_t r = 0; r < tq; ++r) {
+    const int64_t i = tk - tq + r;
+    const auto visible = [&](int64_t j) { return (diagonal ? j <= i : j < i) && (window == 0 || i - j < window); };
+    auto z = torch::matmul(q.narrow(2, r, 1), k.transpose(-2, -1)).squeeze(2) / std::sqrt(double(D));  // (B, H, tk)
+    auto beta = torch::sigmoid(z);
+    auto out = torch::zeros({B, H, D}, q.options());
+    auto total = torch::zeros({B, H, 1}, q.options());
+    auto stay = torch::ones({B, H, 1}, q.options());  // prod over the visible keys between j and i
+    for (int64_t j = diagonal ? i : i - 1; j >= 0; --j) {
+      if (!visible(j)) continue;
+      const auto a = beta.narrow(2, j, 1) * stay;  // (B, H, 1)
+      out = out + a * v.select(2, j);
+      total = total + a;
+      stay = stay * (1 - beta.narrow(2, j, 1));
+    }
+    rows.push_back((out + (1 - total) * v.select(2, i)).unsqueeze(2));
+  }
+  return torch::cat(rows, 2);
+}
+
+AttentionOptions causal_options() {
+  AttentionOptions options;
+  options.causal = true;
+  return options;
+}
+
+}  // namespace
+
+TEST_CASE("stick-breaking: weights and remaining mass as defined, with and without the diagonal and a window",
+          "[attention][stick-breaking]") {
+  torch::manual_seed(31);
+  const auto options = torch::TensorOptions().dtype(torch::kFloat64);
+  const auto q = torch::randn({2, 3, 9, 4}, options) * 2, k = torch::randn({2, 3, 9, 4}, options),
+             v = torch::randn({2, 3, 9, 4}, options);
+  for (const bool diagonal : {false, true})
+    for (const int64_t window : {int64_t(0), int64_t(3)}) {
+      INFO("diagonal " << diagonal << ", window " << window);
+      auto bias = AttentionBias::stick_breaking(diagonal);
+      bias.window = window;
+      const auto actual = attention(q, k, v, bias, causal_options());
+      CHECK((actual - by_definition(q, k, v, diagonal, window)).abs().max().item<double>() < 1e-12);
+    }
+  // Logits far above 0: the nearest visible key takes the whole stick.
+  const auto large = torch::ones({1, 1, 5, 4}, options) * 30;
+  const auto values = torch::arange(5, options).view({1, 1, 5, 1}).expand({1, 1, 5, 4});
+  const auto out = attention(large, large, values, AttentionBias::stick_breaking(false), causal_options());
+  CHECK(out[0][0][0][0].item<double>() == 0);  // position 0 sees no key: its own value
+  for (int64_t i = 1; i < 5; ++i) CHECK(std::abs(out[0][0][i][0].item<double>() - double(i - 1)) < 1e-9);
+}
+
+TEST_CASE("stick-breaking: gradients equal the definition's, in float32 as in training", "[attention][stick-breaking]") {
+  torch::manual_seed(32);
+  auto q = torch::randn({1, 2, 8, 4}, torch::requires_grad()), k = torch::randn({1, 2, 8, 4}, torch::requires_grad()),
+       v = torch::randn({1, 2, 8, 4}, torch::requires_grad());
+  const auto target = torch::randn({1, 2, 8, 4});
+  (attention(q, k, v, AttentionBias::stick_breaking(false), causal_options()) * target).sum().backward();
+  const auto dq = q.grad().clone(), dk = k.grad().clone(), dv = v.grad().clone();
+  auto q64 = q.detach().to(torch::kFloat64).requires_grad_(), k64 = k.detach().to(torch::kFloat64).requires_grad_(),
+       v64 = v.detach().to(torch::kFloat64).requires_grad_();
+  (by_definition(q64, k64, v64, false) * target.to(torch::kFloat64)).sum().backward();
+  CHECK((dq.to(torch::kFloat64) - q64.grad()).abs().max().item<double>() < 1e-5);
+  CHECK((dk.to(torch::kFloat64) - k64.grad()).abs().max().item<double>() < 1e-5);
+  CHECK((dv.to(torch::kFloat64) - v64.grad()).abs().max().item<double>() < 1e-5);
+}
+
+TEST_CASE("stick-breaking: row blocks and cached decoding give the reference's numbers", "[attention][stick-breaking]") {
+  torch::manual_seed(33);
+  const auto q = torch::randn({2, 2, 11, 8}), k = torch::randn({2, 2, 11, 8}), v = torch::randn({2, 2, 11, 8});
+  const auto bias = AttentionBias::stick_breaking(false);
+  const auto reference = stick_breaking_attention(q, k, v, bias, causal_options());
+  torch::NoGradGuard no_grad;
+  for (const int64_t block : {1, 3, 4, 11, 64}) {
+    INFO("query block " << block);
+    CHECK((stick_breaking_attention_blocked(q, k, v, bias, causal_options(), block) - reference).abs().max().item<double>() <
+          1e-6);
+  }
+  // The last 4 queries against all 11 keys: the reference's last 4 rows.
+  const auto last = attention(q.narrow(2, 7, 4), k, v, bias, causal_options());
+  CHECK((last - reference.narrow(2, 7, 4)).abs().max().item<double>() < 1e-6);
+}
+
+TEST_CASE("stick-breaking: refusals name what is wrong", "[attention][stick-breaking]") {
+  const auto q = torch::randn({1, 2, 6, 4});
+  auto bias = AttentionBias::stick_breaking(false);
+  AttentionOptions options = causal_options();
+  options.causal = false;
+  CHECK_THROWS_WITH(attention(q, q, q, bias, options), Catch::Contains("causal attention only"));
+  options.causal = true;
+  options.backend = AttentionBackend::Fused;
+  CHECK_THROWS_WITH(attention(q, q, q, bias, options), Catch::Contains("fused CPU kernel"));
+  options.backend = AttentionBackend::Auto;
+  bias.sink = torch::zeros({2});
+  CHECK_THROWS_WITH(attention(q, q, q, bias, options), Catch::Contains("attention.sink"));
+  CHECK_THROWS_WITH(materialize_bias(AttentionBias::stick_breaking(false), 2, 6, 6, true),
+                    Catch::Contains("replace the softmax"));
+  const auto needs_grad = torch::randn({1, 2, 6, 4}, torch::requires_grad());
+  CHECK_THROWS_WITH(stick_breaking_attention_blocked(needs_grad, needs_grad, needs_grad, AttentionBias::stick_breaking(false),
+                                                     causal_options()),
+                    Catch::Contains("inference only"));
+  CHECK_THAT(testing::position_refusal("stick_breaking", "model: {objective: masked_lm}\n"),
+             Catch::Contains("stick_breaking") && Catch::Contains("bidirectional"));
+  CHECK_THAT(testing::position_refusal("{name: stick_breaking, attend_current: 3}"),
+             Catch::Contains("position.attend_current"));
+}
