@@ -281,8 +281,6 @@ torch::Tensor add_bias_(torch::Tensor& scores, const AttentionBias& bias, const 
     }
     return scores;
   }
-  TORCH_CHECK(bias.kind != AttentionBias::Kind::StickBreaking,
-              "stick-breaking attention adds no bias: its weights replace the softmax");
   if (bias.kind == AttentionBias::Kind::ScoreMixing) {
     // A and B' before any mask; the base's own masks come back with B, the others after.
     const auto base = bias.dense(tk - tq, tk, 0, tk).to(scores.scalar_type());  // (H, Tq, Tk)
