@@ -166,6 +166,15 @@ core/attention/stick_breaking.cpp | auto visible = bias.stick_breaking_diagonal 
 core/attention/stick_breaking.cpp | const auto log_stay = torch::log_sigmoid(-z) | const auto log_stay = torch::log_sigmoid(z) | stick-breaking multiplies by sigmoid(z) instead of 1 - sigmoid(z) for the nearer keys
 core/attention/stick_breaking.cpp | return torch::matmul(weights, vs) + remaining * v.narrow(2, first, n); | return torch::matmul(weights, vs); | stick-breaking drops the remaining mass on the query's own value
 core/attention/stick_breaking.cpp | parts.push_back(stick_breaking_rows(q, k, v, bias, options, r, | parts.push_back(stick_breaking_rows(q, k, v, bias, options, 0, | stick-breaking's row blocks all compute the first rows
+core/attention/householder.cpp | const auto k_hat = K - torch::matmul(U.transpose(-1, -2), beta_rows * W); | const auto k_hat = K; | PaTH's keys are not carried to the end of their block
+core/attention/householder.cpp | const auto u = Q - torch::matmul(reach, own(Y));   // q^ | const auto u = Q;   // q^ | PaTH's queries are not carried to the start of their block
+core/attention/householder.cpp | if (back + 1 < nb) carried = torch::matmul(carried, G.narrow(2, key_block, count)); | if (false) carried = torch::matmul(carried, G.narrow(2, key_block, count)); | PaTH skips the reflections of the blocks between query and key
+core/attention/householder.cpp | * Beta.unsqueeze(-2)).masked_fill(below.logical_not(), 0) + | * Beta.unsqueeze(-1)).masked_fill(below.logical_not(), 0) + | PaTH's within-block system weighs each reflection by the wrong beta
+core/attention/householder.cpp | rows.logit_scale = bias.logit_scale.narrow(1, r, n); | rows.logit_scale = bias.logit_scale.narrow(1, 0, n); | PaTH's row blocks read the first rows' logit scale
+core/attention/attention.cpp | ? householder_scores(scaled, k, bias.householder_w, bias.householder_beta) | ? torch::matmul(scaled, k.transpose(-2, -1)) | PaTH's reference path ignores the reflections
+positions/path.cpp | w = w * torch::rsqrt(w.pow(2).sum(-1, /*keepdim=*/true) + 1e-6); | w = w * torch::rsqrt(w.pow(2).sum(-1, /*keepdim=*/true) + 1e-2); | PaTH's w is normalised with the wrong epsilon
+positions/path.cpp | auto beta = 2 * torch::sigmoid( | auto beta = torch::sigmoid( | PaTH's beta lies in (0, 1), not (0, 2)
+positions/path.cpp | torch::constant_pad_nd(w.transpose(1, 2), {size - 1, 0}); | torch::constant_pad_nd(w.transpose(1, 2), {0, size - 1}); | PaTH's short convolution sees the next tokens
 EOF
 )
 

@@ -4,6 +4,7 @@
 #include "core/attention/cuda_attention.h"
 #include "core/attention/efficient_attention.h"
 #include "core/attention/fused_cpu_attention.h"
+#include "core/attention/householder.h"
 #include "core/attention/stick_breaking.h"
 #include "core/base/yaml_options.h"
 #include "core/kernels/bf16_gemm.h"
@@ -77,6 +78,19 @@ AttentionBias AttentionBias::stick_breaking(bool diagonal) {
   AttentionBias b;
   b.kind = Kind::StickBreaking;
   b.stick_breaking_diagonal = diagonal;
+  return b;
+}
+
+AttentionBias AttentionBias::householder(torch::Tensor w, torch::Tensor beta, torch::Tensor F) {
+  TORCH_CHECK(w.dim() == 4 && beta.dim() == 3 && beta.sizes() == w.sizes().slice(0, 3),
+              "householder bias: w must be (B, H, T, d) and beta (B, H, T), got ", w.sizes(), " and ", beta.sizes());
+  TORCH_CHECK(!F.defined() || F.sizes() == beta.sizes(), "householder bias: F must be ", beta.sizes(), ", got ",
+              F.sizes());
+  AttentionBias b;
+  b.kind = Kind::Householder;
+  b.householder_w = std::move(w);
+  b.householder_beta = std::move(beta);
+  b.cumulative = std::move(F);
   return b;
 }
 
@@ -160,6 +174,9 @@ std::string AttentionBias::describe() const {
     case Kind::ScoreMixing: return "score mixing (DAPE: a base bias and an MLP over every head's scores)" + options;
     case Kind::StickBreaking:
       return std::string("stick-breaking (no softmax") + (stick_breaking_diagonal ? ", diagonal" : "") + ")" + options;
+    case Kind::Householder:
+      return std::string("householder products (PaTH") + (cumulative.defined() ? ", with forget gates" : "") + ")" +
+             options;
   }
   return "?";
 }
@@ -185,6 +202,8 @@ torch::Tensor materialize_bias_block(const AttentionBias& bias, int64_t num_head
       TORCH_CHECK(false, "a score-mixing (DAPE) bias depends on q and k: use add_bias_()");
     case AttentionBias::Kind::StickBreaking:
       TORCH_CHECK(false, "stick-breaking attention adds no bias: its weights replace the softmax");
+    case AttentionBias::Kind::Householder:
+      TORCH_CHECK(false, "PaTH's Householder products replace q.k and add no bias: use add_bias_() on its scores");
     case AttentionBias::Kind::Cumulative: {  // causal only: materialize_bias() checks
       const auto& F = bias.cumulative;
       TORCH_CHECK(F.size(1) == num_heads && F.size(2) >= std::max(q1, k1), "cumulative bias: F ",
@@ -281,6 +300,13 @@ torch::Tensor add_bias_(torch::Tensor& scores, const AttentionBias& bias, const 
     }
     return scores;
   }
+  if (bias.kind == AttentionBias::Kind::Householder) {
+    // The scores already hold the products: the masks, and the forget gates' F_i - F_j if any.
+    TORCH_CHECK(causal, "PaTH's Householder products are defined for causal attention only");
+    AttentionBias rest = bias;
+    rest.kind = bias.cumulative.defined() ? AttentionBias::Kind::Cumulative : AttentionBias::Kind::None;
+    return add_bias_(scores, rest, q, causal);
+  }
   if (bias.kind == AttentionBias::Kind::ScoreMixing) {
     // A and B' before any mask; the base's own masks come back with B, the others after.
     const auto base = bias.dense(tk - tq, tk, 0, tk).to(scores.scalar_type());  // (H, Tq, Tk)
@@ -309,7 +335,10 @@ torch::Tensor attention_reference(const torch::Tensor& q, const torch::Tensor& k
   const auto d = q.size(3);
   // Scale q rather than the scores (a (B, H, T, D) pass instead of (B, H, T, T)), and add the
   // bias in place: matmul's backward needs only its inputs.
-  auto scores = torch::matmul(q * (1.0 / std::sqrt(double(d))), k.transpose(-2, -1));  // (B, H, Tq, Tk)
+  const auto scaled = q * (1.0 / std::sqrt(double(d)));
+  auto scores = bias.kind == AttentionBias::Kind::Householder  // PaTH: the products replace q.k
+                    ? householder_scores(scaled, k, bias.householder_w, bias.householder_beta)
+                    : torch::matmul(scaled, k.transpose(-2, -1));  // (B, H, Tq, Tk)
   add_bias_(scores, bias, q, options.causal);
   torch::Tensor probs;
   if (!bias.logit_scale.defined() && !bias.sink.defined()) {

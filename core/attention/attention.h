@@ -29,6 +29,7 @@ struct AttentionBias {
     Contextual,  // CoPE: positions counted by sigmoid gates of the scores themselves
     ScoreMixing, // DAPE: a base bias plus a function of every head's scores and that bias
     StickBreaking,  // not a bias: stick-breaking weights replace the softmax (core/attention/stick_breaking.h)
+    Householder,    // not a bias: PaTH's Householder products replace q.k (core/attention/householder.h)
   };
 
   // Kind::Dense: returns the (H, q_end - q_begin, k_end - k_begin) bias for the rows
@@ -85,6 +86,15 @@ struct AttentionBias {
   // the keys before it (j < i, the default of the authors' kernels).
   bool stick_breaking_diagonal = false;
 
+  // Kind::Householder (PaTH, Yang et al. 2025), causal only: the logits are
+  //   q_i^T (H_i H_{i-1} ... H_{j+1}) k_j / sqrt(d),   H_t = I - beta_t w_t w_t^T,
+  // in place of q_i . k_j / sqrt(d) (householder_scores()), with householder_w (B, H, Tk, d) and
+  // householder_beta (B, H, Tk) the reflections of the Tk key positions; `cumulative`, if defined,
+  // adds F_i - F_j on top (PaTH with FoX's forget gate). Then the masks and the options below as for
+  // any kind. May require grad.
+  torch::Tensor householder_w;
+  torch::Tensor householder_beta;
+
   // What every kind combines with (the attention options of 2024-26, REFERENCE.md "The 2024-26
   // wave"; the model sets them from the config's `attention` section). Defaults change nothing.
   //
@@ -119,6 +129,8 @@ struct AttentionBias {
   // base: the base bias's blocks (as dense_blocks); mix: as score_mix above.
   static AttentionBias score_mixing(DenseBlockFn base, ScoreMixFn mix);
   static AttentionBias stick_breaking(bool diagonal);
+  // w: (B, H, Tk, d), beta: (B, H, Tk); F: (B, H, Tk) or undefined.
+  static AttentionBias householder(torch::Tensor w, torch::Tensor beta, torch::Tensor F = {});
 
   // A Linear bias evaluated at explicit token positions (T,); unchanged when undefined.
   AttentionBias at_positions(const torch::Tensor& positions) const;
@@ -140,7 +152,7 @@ struct AttentionBias {
   // Kinds that depend on the batch or on q and k, not on positions alone.
   bool depends_on_input() const {
     return kind == Kind::Cumulative || kind == Kind::Contextual || kind == Kind::ScoreMixing ||
-           kind == Kind::StickBreaking;
+           kind == Kind::StickBreaking || kind == Kind::Householder;
   }
   std::string describe() const;  // e.g. "linear (8 heads, left+right)", "none + sink + window 64"
 };

@@ -130,7 +130,8 @@ ExportSummary export_run(const fs::path& run_dir, const fs::path& out, const Exp
   if (!config.layer_pattern.empty())  // analysis/extrap_model.py has one method for every layer
     throw ConfigError(checkpoint.dir.string() + ": export does not take layer patterns yet (" + position_label(config) +
                       "): analysis/extrap_model.py gives every layer one position method");
-  if (config.position_name == "dape" || config.position_name == "stick_breaking")
+  if (config.position_name == "dape" || config.position_name == "stick_breaking" ||
+      config.position_name == "path")
     throw ConfigError(checkpoint.dir.string() + ": export does not take position method '" + config.position_name +
                       "' yet: analysis/extrap_model.py does not compute it");
 

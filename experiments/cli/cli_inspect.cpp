@@ -1,4 +1,5 @@
 // `extrap positions`, `extrap inspect slopes|bias` and `extrap keys`: look inside without training.
+#include "core/attention/householder.h"
 #include "core/attention/stick_breaking.h"
 #include "core/data/corpus.h"
 #include "core/model/config.h"
@@ -67,7 +68,15 @@ torch::Tensor score_pattern(PositionMethod& method, const PositionInfo& info, in
                  "query and key\n";
     return torch::log(stick_breaking_weights(q, k, description))[0];
   }
-  if (description.kind == AttentionBias::Kind::Contextual || description.kind == AttentionBias::Kind::ScoreMixing) {
+  if (description.kind == AttentionBias::Kind::Householder) {
+    // Not a bias: the products' scores less the plain ones, at a zero input (every reflection the identity).
+    auto plain = torch::matmul(q / std::sqrt(double(d_head)), k.transpose(-2, -1));  // (1, H, T, T)
+    auto scores = householder_scores(q / std::sqrt(double(d_head)), k, description.householder_w,
+                                     description.householder_beta);
+    bias = (add_bias_(scores, description, q, causal) - plain)[0];
+    std::cerr << info.name << ": no bias; shown are q^T H_i ... H_{j+1} k - q^T k for a unit query and key at a zero "
+                 "layer input, where every reflection is the identity\n";
+  } else if (description.kind == AttentionBias::Kind::Contextual || description.kind == AttentionBias::Kind::ScoreMixing) {
     auto scores = torch::matmul(q / std::sqrt(double(d_head)), k.transpose(-2, -1));  // (1, H, T, T)
     auto plain = scores.clone();
     bias = (add_bias_(scores, description, q, causal) - plain)[0];

@@ -71,7 +71,7 @@ TEST_CASE("every method and mode: the registry offers each built-in in the modes
         "alibi_learned (causal)", "alibi_learned (bidirectional)", "kerple_log (causal)",
         "kerple_log (bidirectional)", "kerple_power (causal)", "kerple_power (bidirectional)",
         "sandwich (causal)", "sandwich (bidirectional)", "xpos (causal)", "fire (causal)",
-        "fire (bidirectional)", "cope (causal)", "fox (causal)", "dape (causal)", "dape (bidirectional)", "stick_breaking (causal)",
+        "fire (bidirectional)", "cope (causal)", "fox (causal)", "dape (causal)", "dape (bidirectional)", "stick_breaking (causal)", "path (causal)",
         "local_window (causal)",
         "local_window (bidirectional)"}) {
     INFO(expected);

@@ -251,6 +251,7 @@ KernelBias plan_bias(const AttentionBias& bias, int64_t heads, bool causal, torc
     case AttentionBias::Kind::Contextual:
     case AttentionBias::Kind::ScoreMixing:
     case AttentionBias::Kind::StickBreaking:
+    case AttentionBias::Kind::Householder:
       kb.unsupported = "the kernels take slope-described biases only (none or linear), got " +
                        bias.describe() + "; use the reference or efficient backend";
       return kb;
