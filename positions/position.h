@@ -103,21 +103,21 @@ struct LayerInput {
 
 // Evaluation-time scaling of rotary frequencies: a model trained with rotary angles at length
 // L evaluated at longer lengths without retraining (the formulas: positions/rotation.h).
-enum class RopeScalingKind { none, linear, ntk, dynamic, yarn, llama3 };
+enum class RopeScalingKind { none, linear, ntk, dynamic, yarn, yarn_paper, llama3 };
 
 struct RopeScaling {
   RopeScalingKind kind = RopeScalingKind::none;
   double factor = 1.0;          // s >= 1
   int64_t original_length = 0;  // L, the training length (yarn, dynamic, llama3)
-  double beta_slow = 1.0;       // yarn: components with L / wavelength below this interpolate
-  double beta_fast = 32.0;      // yarn: ... above this keep their frequency
+  double beta_slow = 1.0;       // yarn, yarn_paper: components with L / wavelength below this interpolate
+  double beta_fast = 32.0;      // yarn, yarn_paper: ... above this keep their frequency
   double low_freq_factor = 1.0;   // llama3: wavelengths above L / low_freq_factor interpolate
   double high_freq_factor = 4.0;  // llama3: ... below L / high_freq_factor keep their frequency
 
   bool active() const { return kind != RopeScalingKind::none; }
 };
 
-// "none", "linear", "ntk", "dynamic", "yarn", "llama3"; parse_rope_scaling refuses any other
+// "none", "linear", "ntk", "dynamic", "yarn", "yarn_paper", "llama3"; parse_rope_scaling refuses any other
 // name, naming `where` (a flag or key) and the known names.
 std::string rope_scaling_name(RopeScalingKind kind);
 RopeScalingKind parse_rope_scaling(const std::string& name, const std::string& where);
@@ -168,6 +168,8 @@ class PositionMethod : public torch::nn::Module {
 // Reads the options every method accepts, position.randomize_max, pose_target and
 // pose_chunks, with their documentation; refuses bad values and both kinds at once.
 PositionSampling read_sampling(const OptionReader& options);
+// The keys that turn sampling on, each a range of positions (for checks made outside a method).
+inline constexpr const char* kSampledPositionKeys[] = {"randomize_max", "pose_target"};
 
 using PositionFactory = std::function<std::shared_ptr<PositionMethod>(
     const PositionContext& context, const OptionReader& options)>;

@@ -13,6 +13,7 @@ std::string rope_scaling_name(RopeScalingKind kind) {
     case RopeScalingKind::ntk: return "ntk";
     case RopeScalingKind::dynamic: return "dynamic";
     case RopeScalingKind::yarn: return "yarn";
+    case RopeScalingKind::yarn_paper: return "yarn_paper";
     case RopeScalingKind::llama3: return "llama3";
   }
   return "?";
@@ -20,10 +21,11 @@ std::string rope_scaling_name(RopeScalingKind kind) {
 
 RopeScalingKind parse_rope_scaling(const std::string& name, const std::string& where) {
   for (auto kind : {RopeScalingKind::none, RopeScalingKind::linear, RopeScalingKind::ntk,
-                    RopeScalingKind::dynamic, RopeScalingKind::yarn, RopeScalingKind::llama3})
+                    RopeScalingKind::dynamic, RopeScalingKind::yarn, RopeScalingKind::yarn_paper,
+                    RopeScalingKind::llama3})
     if (rope_scaling_name(kind) == name) return kind;
   throw ConfigError((where.empty() ? "" : where + ": ") + "unknown RoPE scaling '" + name +
-                    "' (known: none, linear, ntk, dynamic, yarn, llama3)");
+                    "' (known: none, linear, ntk, dynamic, yarn, yarn_paper, llama3)");
 }
 
 std::vector<RopeScalingKind> parse_rope_variants(const std::vector<std::string>& names,
@@ -43,12 +45,12 @@ void check_rope_scaling(const RopeScaling& s) {
   if (!s.active()) return;
   if (!(std::isfinite(s.factor) && s.factor >= 1.0))
     throw ConfigError(what + ": factor " + number_text(s.factor) + " must be at least 1");
-  const bool needs_length = s.kind == RopeScalingKind::dynamic ||
-                            s.kind == RopeScalingKind::yarn || s.kind == RopeScalingKind::llama3;
+  const bool yarn = s.kind == RopeScalingKind::yarn || s.kind == RopeScalingKind::yarn_paper;
+  const bool needs_length = s.kind == RopeScalingKind::dynamic || yarn || s.kind == RopeScalingKind::llama3;
   if (needs_length && s.original_length < 1)
     throw ConfigError(what + " needs the training length (got " +
                       std::to_string(s.original_length) + ")");
-  if (s.kind == RopeScalingKind::yarn && !(s.beta_fast > s.beta_slow && s.beta_slow > 0))
+  if (yarn && !(s.beta_fast > s.beta_slow && s.beta_slow > 0))
     throw ConfigError(what + ": beta_fast " + number_text(s.beta_fast) +
                       " must exceed beta_slow " + number_text(s.beta_slow) + " > 0");
   if (s.kind == RopeScalingKind::llama3 &&
@@ -77,6 +79,18 @@ torch::Tensor scaled_rotary_frequencies(int64_t rotated, double base, const Rope
                                 base * std::pow(factor * l / L - (factor - 1.0), d / (d - 2.0)));
     }
     case RopeScalingKind::yarn: {
+      // Hugging Face's and the authors' code: a ramp over the pair index k between the rounded
+      // dimensions where L / wavelength crosses beta_fast and beta_slow.
+      const auto dimension = [&](double rotations) {
+        return d * std::log(L / (rotations * 2.0 * M_PI)) / (2.0 * std::log(base));
+      };
+      const double low = std::max(std::floor(dimension(s.beta_fast)), 0.0);
+      double high = std::min(std::ceil(dimension(s.beta_slow)), d - 1.0);
+      if (high == low) high += 0.001;
+      auto interpolated = ((torch::arange(0, rotated / 2, torch::kFloat64) - low) / (high - low)).clamp(0.0, 1.0);
+      return interpolated * theta / factor + (1.0 - interpolated) * theta;
+    }
+    case RopeScalingKind::yarn_paper: {
       auto ratio = theta * (L / (2.0 * M_PI));  // L / wavelength
       auto gamma = ((ratio - s.beta_slow) / (s.beta_fast - s.beta_slow)).clamp(0.0, 1.0);
       return (1.0 - gamma) * theta / factor + gamma * theta;
@@ -93,7 +107,8 @@ torch::Tensor scaled_rotary_frequencies(int64_t rotated, double base, const Rope
 }
 
 double rope_attention_factor(const RopeScaling& s) {
-  return s.kind == RopeScalingKind::yarn && s.factor > 1.0 ? 0.1 * std::log(s.factor) + 1.0 : 1.0;
+  const bool yarn = s.kind == RopeScalingKind::yarn || s.kind == RopeScalingKind::yarn_paper;
+  return yarn && s.factor > 1.0 ? 0.1 * std::log(s.factor) + 1.0 : 1.0;
 }
 
 torch::Tensor rotary_frequencies(int64_t rotated, double base) {

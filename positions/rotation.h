@@ -25,12 +25,16 @@ torch::Tensor rotary_frequencies(int64_t rotated, double base);
 //   ntk      theta_k from the base b * s^(d / (d - 2))
 //   dynamic  at a window ending at position l - 1 with l > L, theta_k from the base
 //            b * (s l / L - (s - 1))^(d / (d - 2)); unchanged while l <= L
-//   yarn     r_k = L theta_k / (2 pi), gamma_k = clamp((r_k - beta_slow) / (beta_fast -
-//            beta_slow), 0, 1), theta'_k = (1 - gamma_k) theta_k / s + gamma_k theta_k; and cos
-//            and sin are both multiplied by 0.1 ln s + 1 (rope_attention_factor), so the scores
-//            scale by its square. The ramp is the YaRN paper's, linear in r_k; Hugging Face's
-//            implementation instead ramps linearly over rounded dimension indices, which gives
-//            slightly different frequencies in the blended band.
+//   yarn     as Hugging Face transformers and the authors' code (jquesnelle/yarn), which every
+//            released YaRN checkpoint is used with: d(n) = d ln(L / (2 pi n)) / (2 ln base), low =
+//            max(floor(d(beta_fast)), 0), high = min(ceil(d(beta_slow)), d - 1) (+0.001 if equal),
+//            m_k = clamp((k - low) / (high - low), 0, 1), theta'_k = m_k theta_k / s + (1 - m_k)
+//            theta_k: a ramp linear over the pair index k;
+//   yarn_paper  the paper's formula: r_k = L theta_k / (2 pi), gamma_k = clamp((r_k - beta_slow)
+//            / (beta_fast - beta_slow), 0, 1), theta'_k = (1 - gamma_k) theta_k / s + gamma_k
+//            theta_k, a ramp linear in r_k. Up to 0.76 apart from yarn's blend at small L.
+//            Both multiply cos and sin by 0.1 ln s + 1 (rope_attention_factor), so the scores
+//            scale by its square.
 //   llama3   wavelength lambda_k = 2 pi / theta_k: above L / low_freq_factor theta_k / s, below
 //            L / high_freq_factor theta_k, between the blend (1 - m) theta_k / s + m theta_k with
 //            m = (L / lambda_k - low_freq_factor) / (high_freq_factor - low_freq_factor).
@@ -39,7 +43,7 @@ torch::Tensor rotary_frequencies(int64_t rotated, double base);
 torch::Tensor scaled_rotary_frequencies(int64_t rotated, double base, const RopeScaling& scaling,
                                         int64_t current_length);
 
-// The factor cos and sin are multiplied by: 0.1 ln s + 1 for yarn with s > 1, else 1.
+// The factor cos and sin are multiplied by: 0.1 ln s + 1 for yarn and yarn_paper with s > 1, else 1.
 double rope_attention_factor(const RopeScaling& scaling);
 
 // One past the last position of the window (the current length l of dynamic NTK).

@@ -175,6 +175,9 @@ core/attention/attention.cpp | ? householder_scores(scaled, k, bias.householder_
 positions/path.cpp | w = w * torch::rsqrt(w.pow(2).sum(-1, /*keepdim=*/true) + 1e-6); | w = w * torch::rsqrt(w.pow(2).sum(-1, /*keepdim=*/true) + 1e-2); | PaTH's w is normalised with the wrong epsilon
 positions/path.cpp | auto beta = 2 * torch::sigmoid( | auto beta = torch::sigmoid( | PaTH's beta lies in (0, 1), not (0, 2)
 positions/path.cpp | torch::constant_pad_nd(w.transpose(1, 2), {size - 1, 0}); | torch::constant_pad_nd(w.transpose(1, 2), {0, size - 1}); | PaTH's short convolution sees the next tokens
+positions/rotation.cpp | const double low = std::max(std::floor(dimension(s.beta_fast)), 0.0); | const double low = std::max(dimension(s.beta_fast), 0.0); | yarn does not round its correction range down as Hugging Face does
+positions/rotation.cpp | return interpolated * theta / factor + (1.0 - interpolated) * theta; | return (1.0 - interpolated) * theta / factor + interpolated * theta; | yarn's ramp interpolates the fast pairs and keeps the slow ones
+core/model/model.cpp | if (kind.attention.sink && method->bias(layer_window(0, 2)).kind | if (false && method->bias(layer_window(0, 2)).kind | a sink with stick_breaking passes the config checks and fails only at the first step
 EOF
 )
 

@@ -1,5 +1,7 @@
 #include "core/model/config.h"
 
+#include "positions/position.h"
+
 #include <cmath>
 #include <algorithm>
 #include <cctype>
@@ -277,7 +279,7 @@ Config config_from_yaml(const YAML::Node& root, const std::string& source) {
   // position.randomize_max and pose_target are decoded (and type-checked) by the position
   // registry; here only their relation to the training length.
   const OptionReader position(c.position, source, "position");
-  for (const char* key : {"randomize_max", "pose_target"}) {
+  for (const char* key : kSampledPositionKeys) {
     const YAML::Node n = c.position.IsMap() ? c.position[key] : YAML::Node();
     int64_t range = 0;
     if (n && n.IsScalar() && YAML::convert<int64_t>::decode(n, range) && range > 0 && range < c.train.seq_len)

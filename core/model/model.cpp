@@ -316,14 +316,19 @@ void check_kinds(const Config& config, const LayerPlan& plan, bool build) {
       throw ConfigError(config.source + ": " + kind.position_key + ": kind '" + kind.name + "' uses position method '" + kind.position_name +
                         "', which adds to the token embeddings once for the whole model; the methods of a layer pattern act "
                         "in their own layers (rotary, alibi, none, ...)");
-    for (const char* key : {"randomize_max", "pose_target"})
+    for (const char* key : kSampledPositionKeys)
       if (plan.patterned() && kind.position.IsMap() && kind.position[key] && kind.position[key].Scalar() != "0")
         throw ConfigError(config.source + ": " + kind.position_key + "." + key + ": sampled training positions are drawn "
                           "once for the whole model and are not supported with layers.pattern");
-    if (!build || !(info.modes & mode)) continue;
+    // Built here when asked, and with a sink, which a method without a softmax refuses.
+    if (!(build || kind.attention.sink) || !(info.modes & mode)) continue;
     PositionContext context = position_context(config.model);
     context.num_layers = plan.layers_of(k);
-    registry.create(kind.position_name, context, at);
+    const auto method = registry.create(kind.position_name, context, at);
+    if (kind.attention.sink && method->bias(layer_window(0, 2)).kind == AttentionBias::Kind::StickBreaking)
+      throw ConfigError(config.source + ": attention.sink: position method '" + kind.position_name + "'" +
+                        (kind.name.empty() ? "" : " (kind '" + kind.name + "')") +
+                        " has no softmax for a sink column to join; leave the sink out");
   }
 }
 

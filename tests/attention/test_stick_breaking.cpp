@@ -126,6 +126,8 @@ TEST_CASE("stick-breaking: refusals name what is wrong", "[attention][stick-brea
                     Catch::Contains("inference only"));
   CHECK_THAT(testing::position_refusal("stick_breaking", "model: {objective: masked_lm}\n"),
              Catch::Contains("stick_breaking") && Catch::Contains("bidirectional"));
+  CHECK_THAT(testing::position_refusal("stick_breaking", "attention: {sink: true}\n"),
+             Catch::Contains("attention.sink") && Catch::Contains("stick_breaking"));
   CHECK_THAT(testing::position_refusal("{name: stick_breaking, attend_current: 3}"),
              Catch::Contains("position.attend_current"));
 }

@@ -37,7 +37,14 @@ std::vector<double> expected_frequencies(const std::string& kind, int d, double 
     } else if (kind == "dynamic") {
       const double base = l > L ? b * std::pow(s * l / L - (s - 1), d / (d - 2.0)) : b;
       out.push_back(std::pow(base, -2.0 * k / d));
-    } else if (kind == "yarn") {
+    } else if (kind == "yarn") {  // Hugging Face's: a ramp over the pair index, rounded ends
+      const auto dim_of = [&](double n) { return d * std::log(L / (n * 2 * kPi)) / (2 * std::log(b)); };
+      const double low = std::max(0.0, std::floor(dim_of(32))), high0 = std::min(d - 1.0, std::ceil(dim_of(1)));
+      const double high = high0 == low ? high0 + 0.001 : high0;
+      const double ramp = std::min(1.0, std::max(0.0, (k - low) / (high - low)));
+      const double extrapolation = 1 - ramp;  // HF's inv_freq_extrapolation_factor
+      out.push_back(t / s * (1 - extrapolation) + t * extrapolation);
+    } else if (kind == "yarn_paper") {
       const double lambda = 2 * kPi / t, r = L / lambda, alpha = 1, beta = 32;
       const double gamma = r < alpha ? 0 : r > beta ? 1 : (r - alpha) / (beta - alpha);
       out.push_back((1 - gamma) * t / s + gamma * t);
@@ -85,7 +92,7 @@ TEST_CASE("scaled rotary frequencies equal the formulas, component by component"
       for (int64_t L : {16, 64, 512, 4096})
         for (auto kind : {RopeScalingKind::none, RopeScalingKind::linear, RopeScalingKind::ntk,
                           RopeScalingKind::dynamic, RopeScalingKind::yarn,
-                          RopeScalingKind::llama3})
+                          RopeScalingKind::yarn_paper, RopeScalingKind::llama3})
           for (int64_t l : {L / 2, L, 3 * L}) {
             const std::string name = rope_scaling_name(kind);
             INFO(name << " d " << d << " s " << s << " L " << L << " l " << l);
@@ -107,9 +114,11 @@ TEST_CASE("each scaling keeps the fast components and slows the slow ones as its
     return scaled_rotary_frequencies(64, 10000, scaling(kind, 4, 512), 2048)[k].item<double>();
   };
   REQUIRE(at(RopeScalingKind::yarn, 0) == theta[0]);
+  REQUIRE(at(RopeScalingKind::yarn_paper, 0) == theta[0]);
   REQUIRE(at(RopeScalingKind::llama3, 0) == theta[0]);
   REQUIRE(at(RopeScalingKind::ntk, 0) == theta[0]);
   REQUIRE(at(RopeScalingKind::yarn, 31) == Approx(theta[31] / 4).epsilon(1e-12));
+  REQUIRE(at(RopeScalingKind::yarn_paper, 31) == Approx(theta[31] / 4).epsilon(1e-12));
   REQUIRE(at(RopeScalingKind::llama3, 31) == Approx(theta[31] / 4).epsilon(1e-12));
   REQUIRE(at(RopeScalingKind::linear, 0) == Approx(theta[0] / 4).epsilon(1e-12));
   // NTK: base 10000 * 4^(64/62); the last component is theta_31 / 4^(62/64 * 64/62) = theta / 4.
@@ -118,10 +127,30 @@ TEST_CASE("each scaling keeps the fast components and slows the slow ones as its
   REQUIRE(at(RopeScalingKind::ntk, 16) > theta[16] / 4);
 }
 
+TEST_CASE("yarn (Hugging Face's ramp over the pair index) and yarn_paper (the paper's ramp in L / wavelength) "
+          "differ at short training lengths", "[rope]") {
+  // d = 16, L = 32, s = 4, base 10^4. Hugging Face: d(n) = 16 ln(32 / (2 pi n)) / (2 ln 10^4), so
+  // low = max(floor(d(32)), 0) = 0 and high = ceil(d(1)) = ceil(1.414) = 2: pair 0 keeps its
+  // frequency, pair 1 is half interpolated, pairs 2.. are divided by s. The paper: r_0 = 32 / (2 pi)
+  // = 5.09, gamma_0 = (r_0 - 1) / 31 = 0.132, so pair 0 is 86.8% interpolated.
+  const auto theta = plain_frequencies(16, 10000);
+  const auto hf = scaled_rotary_frequencies(16, 10000, scaling(RopeScalingKind::yarn, 4, 32), 128);
+  const auto paper = scaled_rotary_frequencies(16, 10000, scaling(RopeScalingKind::yarn_paper, 4, 32), 128);
+  REQUIRE(hf[0].item<double>() == theta[0]);
+  REQUIRE(hf[1].item<double>() == Approx(0.5 * theta[1] / 4 + 0.5 * theta[1]).epsilon(1e-12));
+  for (int k = 2; k < 8; ++k) REQUIRE(hf[k].item<double>() == Approx(theta[k] / 4).epsilon(1e-12));
+  const double gamma0 = (32 / (2 * kPi) - 1) / 31;
+  REQUIRE(paper[0].item<double>() == Approx((1 - gamma0) * theta[0] / 4 + gamma0 * theta[0]).epsilon(1e-12));
+  REQUIRE(gamma0 == Approx(0.132).margin(0.001));
+  REQUIRE(rope_scaling_name(parse_rope_scaling("yarn_paper", "test")) == "yarn_paper");
+}
+
 TEST_CASE("YaRN's attention factor is 0.1 ln s + 1, and only YaRN has one", "[rope]") {
   REQUIRE(rope_attention_factor(scaling(RopeScalingKind::yarn, 4, 64)) ==
           Approx(0.1 * std::log(4.0) + 1).epsilon(1e-15));
   REQUIRE(rope_attention_factor(scaling(RopeScalingKind::yarn, 1, 64)) == 1.0);
+  REQUIRE(rope_attention_factor(scaling(RopeScalingKind::yarn_paper, 4, 64)) ==
+          Approx(0.1 * std::log(4.0) + 1).epsilon(1e-15));
   for (auto kind : {RopeScalingKind::none, RopeScalingKind::linear, RopeScalingKind::ntk,
                     RopeScalingKind::dynamic, RopeScalingKind::llama3})
     REQUIRE(rope_attention_factor(scaling(kind, 4, 64)) == 1.0);
