@@ -35,7 +35,10 @@ Position methods: none, sinusoidal, learned, rotary, p_rope (rotary on the highe
 fraction of the pairs), alibi, alibi_symmetric, alibi_nonsymmetric,
 alibi_learned, t5_bias, kerple_log, kerple_power, sandwich, fire (score biases), xpos (a scaled
 rotary rotation; causal only), cope (a bias from q and the gated scores; causal only), fox (a
-bias from the layer's input through forget gates; causal only).
+bias from the layer's input through forget gates; causal only), path (PaTH: q_i^T H_i ... H_{j+1}
+k_j with Householder reflections H_t = I - beta_t w_t w_t^T from the layer's input; causal only),
+stick_breaking (no softmax: A_ij = sigmoid(z_ij) prod_{j<k<i} (1 - sigmoid(z_ik)), the remaining
+mass to the query's own value; causal only; model(..., return_attention=True) gives A).
 
 Attention options (metadata "attention", REFERENCE.md "The 2024-26 wave"), in every layer: a
 learned sink logit per head (blocks.L.attention.sink), SSMax's per-head s times ln n_i
@@ -64,8 +67,8 @@ from torch import nn
 FORMAT = "extrap-safetensors/1"
 POSITION_METHODS = ("none", "sinusoidal", "learned", "rotary", "p_rope", "alibi", "alibi_symmetric",
                     "alibi_nonsymmetric", "alibi_learned", "t5_bias", "kerple_log", "kerple_power",
-                    "sandwich", "xpos", "fire", "cope", "fox")
-CAUSAL_ONLY = ("xpos", "cope", "fox")  # refused in a bidirectional (masked-LM) export
+                    "sandwich", "xpos", "fire", "cope", "fox", "path", "stick_breaking")
+CAUSAL_ONLY = ("xpos", "cope", "fox", "path", "stick_breaking")  # refused in a bidirectional (masked-LM) export
 POSITION_DEFAULTS = {"rotary": {"base": 10000.0, "fraction": 1.0}, "sinusoidal": {"base": 10000.0},
                      "p_rope": {"base": 10000.0, "keep": 0.75},
                      "learned": {"max_length": 1024},
@@ -76,7 +79,9 @@ POSITION_DEFAULTS = {"rotary": {"base": 10000.0, "fraction": 1.0}, "sinusoidal":
                      "sandwich": {"base": 10000.0, "scale": 8.0},
                      "xpos": {"base": 10000.0, "scale_base": 512.0, "gamma": 0.4},
                      "fire": {"mlp_width": 32, "init_L": 512.0, "eps": 1e-6,
-                              "shared_across_layers": False}}
+                              "shared_across_layers": False},
+                     "path": {"rank": 32, "conv_size": 3, "forget_gate": False, "init_std": 0.02},
+                     "stick_breaking": {"attend_current": False}}
 JSON_METADATA = ("position_options", "model", "data", "eval", "train", "vocabulary", "checkpoint",
                  "attention")
 # The attention options (metadata "attention"; an export without the key has none of them).
@@ -306,6 +311,21 @@ class ExtrapModel(nn.Module):
             shapes = {"embeddings": (self.layers, E, self.d_head, int(self.options["npos"]))}
         elif self.method == "fox":
             shapes = {"gate_weight": (self.layers, H, D), "gate_bias": (self.layers, H)}
+        elif self.method == "path":
+            for key in ("rank", "conv_size", "forget_gate"):
+                if key not in self.options:
+                    raise ValueError(f"path: position_options lacks {key!r}")
+            Lr, rank, size, HD = self.layers, int(self.options["rank"]), int(self.options["conv_size"]), D
+            if rank < 0 or size < 0:
+                raise ValueError(f"path: rank {rank} and conv_size {size} must not be negative")
+            shapes = {"w_down": (Lr, rank, D), "w_up": (Lr, HD, rank)} if rank > 0 else {"w_proj": (Lr, HD, D)}
+            if size > 0:
+                shapes["w_conv"] = (Lr, HD, size)
+            shapes.update(beta_weight=(Lr, H, D), beta_bias=(Lr, H))
+            if self.options["forget_gate"]:
+                shapes.update(gate_weight=(Lr, H, D), gate_bias=(Lr, H))
+        elif self.method == "stick_breaking" and a["sink"]:
+            raise ValueError("stick_breaking has no softmax for a sink column to join; this export has a sink")
         for name, shape in shapes.items():
             self.position.register_parameter(name, nn.Parameter(torch.empty(shape, **kw)))
         if self.method in CAUSAL_ONLY and (not self.causal or m.get("objective") == "masked_lm"):
@@ -505,6 +525,56 @@ class ExtrapModel(nn.Module):
         future = torch.ones(T, T, dtype=torch.bool, device=h.device).triu(1)
         return bias.masked_fill(future, float("-inf")).to(h.dtype)
 
+    def _path_scores(self, layer, h, q, k):  # -> (B, H, T, T) scaled logits, -inf for j > i
+        """PaTH: w_t, beta_t from the layer input h (B, T, D); logit(i, j) = q_i^T H_i ... H_{j+1} k_j
+        / sqrt(Dh), H_t = I - beta_t w_t w_t^T, computed key by key from the nearest: u_i starts at
+        q_i for key i and is reflected by H_j after key j; plus F_i - F_j with forget gates."""
+        P, (B, T, _), H, Dh = self.position, h.shape, self.heads, self.d_head
+        dtype = torch.promote_types(h.dtype, torch.float32)
+        x = h.to(dtype)
+        if int(self.options["rank"]) > 0:
+            y = (x @ P.w_down[layer].to(dtype).T) @ P.w_up[layer].to(dtype).T  # (B, T, H Dh)
+        else:
+            y = x @ P.w_proj[layer].to(dtype).T
+        size = int(self.options["conv_size"])
+        if size > 0:  # causal depthwise: position t sees t - size + 1 .. t, zeros before the start
+            padded = F.pad(y.transpose(1, 2), (size - 1, 0))
+            y = F.silu(F.conv1d(padded, P.w_conv[layer].to(dtype).unsqueeze(1), groups=H * Dh)).transpose(1, 2)
+        w = y.reshape(B, T, H, Dh).transpose(1, 2)  # (B, H, T, Dh)
+        w = w / torch.sqrt((w * w).sum(-1, keepdim=True) + 1e-6)
+        beta = 2 * torch.sigmoid(x @ P.beta_weight[layer].to(dtype).T + P.beta_bias[layer].to(dtype)).transpose(1, 2)
+        q, k = q.to(dtype), k.to(dtype)
+        scores = torch.full((B, H, T, T), float("-inf"), dtype=dtype, device=h.device)
+        u = q.clone()
+        for j in range(T - 1, -1, -1):
+            rows = u[:, :, j:]  # queries i >= j, each carried through H_{j+1} .. H_i
+            scores[:, :, j:, j] = (rows * k[:, :, j:j + 1]).sum(-1)
+            wj = w[:, :, j:j + 1]
+            u[:, :, j:] = rows - beta[:, :, j, None, None] * (rows * wj).sum(-1, keepdim=True) * wj
+        scores = scores / math.sqrt(Dh)
+        if self.options["forget_gate"]:
+            log_f = F.logsigmoid(x @ P.gate_weight[layer].to(dtype).T + P.gate_bias[layer].to(dtype))  # (B, T, H)
+            cumulative = log_f.cumsum(1).transpose(1, 2)
+            scores = scores + cumulative[..., :, None] - cumulative[..., None, :]
+        return scores.to(q.dtype)
+
+    def _stick_breaking_weights(self, attention, q, k, hidden_keys):  # -> A (B, H, T, T)
+        """A_ij = sigmoid(z_ij) prod over the visible k, j < k < i, of (1 - sigmoid(z_ik)); visible:
+        j < i (j <= i with attend_current), not hidden by the window or the chunk. SSMax scales z
+        by s_h ln n_i, n_i the keys j <= i the masks leave."""
+        T = q.shape[2]
+        i = torch.arange(T, device=q.device)[:, None]
+        j = torch.arange(T, device=q.device)[None, :]
+        z = q @ k.transpose(-1, -2) / math.sqrt(self.d_head)
+        shown = j <= i if hidden_keys is None else (j <= i) & ~hidden_keys
+        visible = (j <= i if self.options.get("attend_current", False) else j < i) & shown
+        if self.attention_options["ssmax"]:
+            n = shown.sum(-1).to(z.dtype)  # (T,)
+            z = z * attention.ssmax.view(1, -1, 1, 1) * torch.log(n).view(1, 1, T, 1)
+        log_stay = F.logsigmoid(-z).masked_fill(~visible, 0.0)
+        after = log_stay.flip(-1).cumsum(-1).flip(-1) - log_stay  # sum over k > j
+        return torch.exp(F.logsigmoid(z) + after).masked_fill(~visible, 0.0)
+
     # -- forward
     def hidden(self, tokens, offset=0, return_attention=False):
         """The final LayerNorm's output (B, T, D) [, attention probabilities per layer]."""
@@ -529,22 +599,30 @@ class ExtrapModel(nn.Module):
                 q, k = self._rotate(q, *rotations[0]), self._rotate(k, *rotations[1])
             if temperature is not None:
                 q = q * temperature
-            if self.method == "fox":  # (B, H, T, T): depends on this layer's input
-                bias = self.bias(layer, T, h=h)
-            elif self.method == "cope":  # (B, H, T, T): depends on q and the scores
-                bias = self.bias(layer, T, q=q, k=k)
+            if self.method == "stick_breaking":  # no softmax: its own weights, the rest to v_i
+                probs = self._stick_breaking_weights(block.attention, q, k, hidden_keys)
+                out = probs @ v + (1 - probs.sum(-1, keepdim=True)) * v
             else:
-                row = self._bias_row(layer)
-                if row not in biases:
-                    biases[row] = self.bias(layer, T)
-                bias = biases[row]
-            scores = q @ k.transpose(-1, -2) / math.sqrt(Dh) + bias  # (B, H, T, T)
-            if hidden_keys is not None:
-                scores = scores.masked_fill(hidden_keys, float("-inf"))
-            probs = self._attention_probabilities(block.attention, scores)
+                if self.method == "path":  # (B, H, T, T): the products replace q.k, F_i - F_j with gates
+                    scores = self._path_scores(layer, h, q, k)
+                else:
+                    if self.method == "fox":  # (B, H, T, T): depends on this layer's input
+                        bias = self.bias(layer, T, h=h)
+                    elif self.method == "cope":  # (B, H, T, T): depends on q and the scores
+                        bias = self.bias(layer, T, q=q, k=k)
+                    else:
+                        row = self._bias_row(layer)
+                        if row not in biases:
+                            biases[row] = self.bias(layer, T)
+                        bias = biases[row]
+                    scores = q @ k.transpose(-1, -2) / math.sqrt(Dh) + bias  # (B, H, T, T)
+                if hidden_keys is not None:
+                    scores = scores.masked_fill(hidden_keys, float("-inf"))
+                probs = self._attention_probabilities(block.attention, scores)
+                out = probs @ v
             if return_attention:
                 attention.append(probs)
-            context = (probs @ v).transpose(1, 2)  # (B, T, H, Dh)
+            context = out.transpose(1, 2)  # (B, T, H, Dh)
             if self.attention_options["gate"] != "none":
                 context = context * torch.sigmoid(block.attention.gate(h)).view(B, T, H, -1)
             x = x + block.attention.out(context.reshape(B, T, H * Dh))  # head-major features

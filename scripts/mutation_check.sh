@@ -178,6 +178,8 @@ positions/path.cpp | torch::constant_pad_nd(w.transpose(1, 2), {size - 1, 0}); |
 positions/rotation.cpp | const double low = std::max(std::floor(dimension(s.beta_fast)), 0.0); | const double low = std::max(dimension(s.beta_fast), 0.0); | yarn does not round its correction range down as Hugging Face does
 positions/rotation.cpp | return interpolated * theta / factor + (1.0 - interpolated) * theta; | return (1.0 - interpolated) * theta / factor + interpolated * theta; | yarn's ramp interpolates the fast pairs and keeps the slow ones
 core/model/model.cpp | if (kind.attention.sink && method->bias(layer_window(0, 2)).kind | if (false && method->bias(layer_window(0, 2)).kind | a sink with stick_breaking passes the config checks and fails only at the first step
+analysis/extrap_model.py | after = log_stay.flip(-1).cumsum(-1).flip(-1) - log_stay  # sum over k > j | after = log_stay.flip(-1).cumsum(-1).flip(-1)  # sum over k > j | Python's stick-breaking weights count each key's own 1 - sigmoid
+analysis/extrap_model.py | u[:, :, j:] = rows - beta[:, :, j, None, None] * (rows * wj).sum(-1, keepdim=True) * wj | u[:, :, j:] = rows - (rows * wj).sum(-1, keepdim=True) * wj | Python's PaTH reflections ignore beta
 EOF
 )
 

@@ -130,10 +130,9 @@ ExportSummary export_run(const fs::path& run_dir, const fs::path& out, const Exp
   if (!config.layer_pattern.empty())  // analysis/extrap_model.py has one method for every layer
     throw ConfigError(checkpoint.dir.string() + ": export does not take layer patterns yet (" + position_label(config) +
                       "): analysis/extrap_model.py gives every layer one position method");
-  if (config.position_name == "dape" || config.position_name == "stick_breaking" ||
-      config.position_name == "path")
-    throw ConfigError(checkpoint.dir.string() + ": export does not take position method '" + config.position_name +
-                      "' yet: analysis/extrap_model.py does not compute it");
+  if (config.position_name == "dape")
+    throw ConfigError(checkpoint.dir.string() + ": export does not take position method 'dape' yet: "
+                      "analysis/extrap_model.py does not compute its score-mixing MLP");
 
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
   for (const auto& item : run.model->named_parameters()) tensors.emplace_back(item.key(), item.value());

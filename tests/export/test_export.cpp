@@ -314,7 +314,9 @@ TEST_CASE("export: Python's extrap_model.py reproduces extrap eval, causal metho
         "{name: alibi_learned, shared_across_layers: false}",
         "{name: t5_bias, buckets: 8, max_distance: 20, shared_across_layers: false}",
         "kerple_log", "{name: kerple_power, shared_across_layers: false}", "sandwich", "xpos",
-        "{name: fire, init_L: 8, mlp_width: 8}", "{name: cope, npos: 9}", "fox", "{name: p_rope, keep: 0.5}"}) {
+        "{name: fire, init_L: 8, mlp_width: 8}", "{name: cope, npos: 9}", "fox", "{name: p_rope, keep: 0.5}", "path",
+        "{name: path, rank: 0, conv_size: 2, forget_gate: true}", "stick_breaking",
+        "{name: stick_breaking, attend_current: true}"}) {
     const std::string name = "causal_" + std::to_string(models.size());
     models.push_back(train_eval_export(d, name, position, true));
   }
