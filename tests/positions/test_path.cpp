@@ -102,7 +102,7 @@ TEST_CASE("path: initialised as the reference, gradients reach every parameter, 
   CHECK(at_zero.householder_beta.sub(1).abs().max().item<double>() < 1e-7);
 }
 
-TEST_CASE("path: cached decoding keeps each key's projections; refusals", "[methods][path]") {
+TEST_CASE("path: cached decoding keeps each key's projections, and the refusals", "[methods][path]") {
   torch::manual_seed(8);
   auto method = make_method("path", 2, true, "{forget_gate: true}", 4, 1);
   {
