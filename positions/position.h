@@ -67,13 +67,23 @@ struct PositionContext {
 struct TokenPositions {
   int64_t offset = 0;
   int64_t length = 0;
-  torch::Tensor sampled;  // (T,) int64 on the CPU, strictly increasing; undefined: contiguous
+  torch::Tensor sampled;  // (T,) int64 on the CPU, strictly increasing (grouped(): non-decreasing); undefined: contiguous
   // Where position-dependent scales (xpos) are measured from when the window is one block of
   // a longer sequence run block by block with a KV cache: one position for the whole sequence,
   // so that cached keys and new queries agree. -1: the window's own middle.
   int64_t centre = -1;
 
+  // Self-Extend at evaluation (RopeScaling::neighbor_window, factor): keys at least this far from a
+  // query are seen at grouped positions (grouped()); 0: off. Set by the model, not by methods.
+  int64_t neighbor_window = 0;
+  int64_t group_size = 0;
+
   static TokenPositions window(int64_t length, int64_t offset = 0) { return {offset, length, {}}; }
+  // Self-Extend's grouped positions of the same tokens: for the queries floor(p / G) + W -
+  // floor(W / G), for the keys floor(p / G) (p each token's position, W the neighbour window, G
+  // the group size). Explicit (`sampled`), non-decreasing rather than strictly increasing; both
+  // sets share one `centre` (xpos).
+  TokenPositions grouped(bool queries) const;
   bool is_sampled() const { return sampled.defined(); }
   // The T positions as a tensor of `options`' dtype and device.
   torch::Tensor values(torch::TensorOptions options = {}) const;
@@ -103,7 +113,7 @@ struct LayerInput {
 
 // Evaluation-time scaling of rotary frequencies: a model trained with rotary angles at length
 // L evaluated at longer lengths without retraining (the formulas: positions/rotation.h).
-enum class RopeScalingKind { none, linear, ntk, dynamic, yarn, yarn_paper, llama3 };
+enum class RopeScalingKind { none, linear, ntk, dynamic, yarn, yarn_paper, llama3, self_extend };
 
 struct RopeScaling {
   RopeScalingKind kind = RopeScalingKind::none;
@@ -113,11 +123,15 @@ struct RopeScaling {
   double beta_fast = 32.0;      // yarn, yarn_paper: ... above this keep their frequency
   double low_freq_factor = 1.0;   // llama3: wavelengths above L / low_freq_factor interpolate
   double high_freq_factor = 4.0;  // llama3: ... below L / high_freq_factor keep their frequency
+  // self_extend (Jin et al., ICML 2024): frequencies unchanged; keys within `neighbor_window` of a
+  // query keep their positions, farther ones are seen at grouped positions (TokenPositions::
+  // grouped), group size `factor` (a whole number).
+  int64_t neighbor_window = 0;
 
   bool active() const { return kind != RopeScalingKind::none; }
 };
 
-// "none", "linear", "ntk", "dynamic", "yarn", "yarn_paper", "llama3"; parse_rope_scaling refuses any other
+// "none", "linear", "ntk", "dynamic", "yarn", "yarn_paper", "llama3", "self_extend"; parse_rope_scaling refuses any other
 // name, naming `where` (a flag or key) and the known names.
 std::string rope_scaling_name(RopeScalingKind kind);
 RopeScalingKind parse_rope_scaling(const std::string& name, const std::string& where);

@@ -74,6 +74,22 @@ torch::Tensor TokenPositions::values(torch::TensorOptions options) const {
   return torch::arange(offset, offset + length, options);
 }
 
+TokenPositions TokenPositions::grouped(bool queries) const {
+  TORCH_CHECK(group_size >= 1 && neighbor_window >= 1, "self-extend: group size ", group_size, " and neighbour window ",
+              neighbor_window, " must be at least 1");
+  const auto p = values(torch::TensorOptions().dtype(torch::kLong));
+  auto g = p.div(group_size, "floor");
+  if (queries) g = g + (neighbor_window - neighbor_window / group_size);
+  TokenPositions out = TokenPositions::window(length, offset);
+  out.sampled = g;
+  // One centre for both sets (xpos scales q and k from it, and the two must cancel): the
+  // middle of the grouped range, from the first key to the last query.
+  const int64_t shift = neighbor_window - neighbor_window / group_size;
+  out.centre = centre >= 0 ? centre
+                           : (p[0].item<int64_t>() / group_size + p[-1].item<int64_t>() / group_size + shift) / 2;
+  return out;
+}
+
 std::string PositionRegistry::randomizable_names() const {
   std::string out;
   for (const auto& n : names())

@@ -15,6 +15,7 @@ std::string rope_scaling_name(RopeScalingKind kind) {
     case RopeScalingKind::yarn: return "yarn";
     case RopeScalingKind::yarn_paper: return "yarn_paper";
     case RopeScalingKind::llama3: return "llama3";
+    case RopeScalingKind::self_extend: return "self_extend";
   }
   return "?";
 }
@@ -22,10 +23,10 @@ std::string rope_scaling_name(RopeScalingKind kind) {
 RopeScalingKind parse_rope_scaling(const std::string& name, const std::string& where) {
   for (auto kind : {RopeScalingKind::none, RopeScalingKind::linear, RopeScalingKind::ntk,
                     RopeScalingKind::dynamic, RopeScalingKind::yarn, RopeScalingKind::yarn_paper,
-                    RopeScalingKind::llama3})
+                    RopeScalingKind::llama3, RopeScalingKind::self_extend})
     if (rope_scaling_name(kind) == name) return kind;
   throw ConfigError((where.empty() ? "" : where + ": ") + "unknown RoPE scaling '" + name +
-                    "' (known: none, linear, ntk, dynamic, yarn, yarn_paper, llama3)");
+                    "' (known: none, linear, ntk, dynamic, yarn, yarn_paper, llama3, self_extend)");
 }
 
 std::vector<RopeScalingKind> parse_rope_variants(const std::vector<std::string>& names,
@@ -46,13 +47,21 @@ void check_rope_scaling(const RopeScaling& s) {
   if (!(std::isfinite(s.factor) && s.factor >= 1.0))
     throw ConfigError(what + ": factor " + number_text(s.factor) + " must be at least 1");
   const bool yarn = s.kind == RopeScalingKind::yarn || s.kind == RopeScalingKind::yarn_paper;
-  const bool needs_length = s.kind == RopeScalingKind::dynamic || yarn || s.kind == RopeScalingKind::llama3;
+  const bool needs_length = s.kind == RopeScalingKind::dynamic || yarn || s.kind == RopeScalingKind::llama3 ||
+                            s.kind == RopeScalingKind::self_extend;
   if (needs_length && s.original_length < 1)
     throw ConfigError(what + " needs the training length (got " +
                       std::to_string(s.original_length) + ")");
   if (yarn && !(s.beta_fast > s.beta_slow && s.beta_slow > 0))
     throw ConfigError(what + ": beta_fast " + number_text(s.beta_fast) +
                       " must exceed beta_slow " + number_text(s.beta_slow) + " > 0");
+  if (s.kind == RopeScalingKind::self_extend) {
+    if (s.factor != std::floor(s.factor))
+      throw ConfigError(what + ": the group size (factor) " + number_text(s.factor) + " must be a whole number");
+    if (s.neighbor_window < 1 || (s.original_length > 0 && s.neighbor_window >= s.original_length))
+      throw ConfigError(what + ": the neighbour window " + std::to_string(s.neighbor_window) +
+                        " must be at least 1 and below the training length " + std::to_string(s.original_length));
+  }
   if (s.kind == RopeScalingKind::llama3 &&
       !(s.high_freq_factor > s.low_freq_factor && s.low_freq_factor > 0))
     throw ConfigError(what + ": high_freq_factor " + number_text(s.high_freq_factor) +
@@ -66,6 +75,7 @@ torch::Tensor scaled_rotary_frequencies(int64_t rotated, double base, const Rope
   auto theta = rotary_frequencies(rotated, base);  // (d/2,)
   switch (s.kind) {
     case RopeScalingKind::none:
+    case RopeScalingKind::self_extend:  // positions change, not frequencies
       return theta;
     case RopeScalingKind::linear:
       return theta / factor;

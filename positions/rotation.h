@@ -38,6 +38,8 @@ torch::Tensor rotary_frequencies(int64_t rotated, double base);
 //   llama3   wavelength lambda_k = 2 pi / theta_k: above L / low_freq_factor theta_k / s, below
 //            L / high_freq_factor theta_k, between the blend (1 - m) theta_k / s + m theta_k with
 //            m = (L / lambda_k - low_freq_factor) / (high_freq_factor - low_freq_factor).
+//   self_extend  theta_k unchanged: Self-Extend moves positions, not frequencies (the model
+//            rotates q and k a second time at TokenPositions::grouped positions).
 // With d = 2 the only frequency is theta_0 = 1 whatever the base, so ntk and dynamic change
 // nothing. (rotated/2,) float64.
 torch::Tensor scaled_rotary_frequencies(int64_t rotated, double base, const RopeScaling& scaling,

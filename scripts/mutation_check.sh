@@ -170,7 +170,7 @@ core/attention/householder.cpp | const auto k_hat = K - torch::matmul(U.transpos
 core/attention/householder.cpp | const auto u = Q - torch::matmul(reach, own(Y));   // q^ | const auto u = Q;   // q^ | PaTH's queries are not carried to the start of their block
 core/attention/householder.cpp | if (back + 1 < nb) carried = torch::matmul(carried, G.narrow(2, key_block, count)); | if (false) carried = torch::matmul(carried, G.narrow(2, key_block, count)); | PaTH skips the reflections of the blocks between query and key
 core/attention/householder.cpp | * Beta.unsqueeze(-2)).masked_fill(below.logical_not(), 0) + | * Beta.unsqueeze(-1)).masked_fill(below.logical_not(), 0) + | PaTH's within-block system weighs each reflection by the wrong beta
-core/attention/householder.cpp | rows.logit_scale = bias.logit_scale.narrow(1, r, n); | rows.logit_scale = bias.logit_scale.narrow(1, 0, n); | PaTH's row blocks read the first rows' logit scale
+core/attention/attention.cpp | rows.logit_scale = bias.logit_scale.narrow(1, r, n); | rows.logit_scale = bias.logit_scale.narrow(1, 0, n); | PaTH's row blocks read the first rows' logit scale
 core/attention/attention.cpp | ? householder_scores(scaled, k, bias.householder_w, bias.householder_beta) | ? torch::matmul(scaled, k.transpose(-2, -1)) | PaTH's reference path ignores the reflections
 positions/path.cpp | w = w * torch::rsqrt(w.pow(2).sum(-1, /*keepdim=*/true) + 1e-6); | w = w * torch::rsqrt(w.pow(2).sum(-1, /*keepdim=*/true) + 1e-2); | PaTH's w is normalised with the wrong epsilon
 positions/path.cpp | auto beta = 2 * torch::sigmoid( | auto beta = torch::sigmoid( | PaTH's beta lies in (0, 1), not (0, 2)
@@ -180,6 +180,10 @@ positions/rotation.cpp | return interpolated * theta / factor + (1.0 - interpola
 core/model/model.cpp | if (kind.attention.sink && method->bias(layer_window(0, 2)).kind | if (false && method->bias(layer_window(0, 2)).kind | a sink with stick_breaking passes the config checks and fails only at the first step
 analysis/extrap_model.py | after = log_stay.flip(-1).cumsum(-1).flip(-1) - log_stay  # sum over k > j | after = log_stay.flip(-1).cumsum(-1).flip(-1)  # sum over k > j | Python's stick-breaking weights count each key's own 1 - sigmoid
 analysis/extrap_model.py | u[:, :, j:] = rows - beta[:, :, j, None, None] * (rows * wj).sum(-1, keepdim=True) * wj | u[:, :, j:] = rows - (rows * wj).sum(-1, keepdim=True) * wj | Python's PaTH reflections ignore beta
+core/attention/attention.cpp | bias.near_window;  // (Tq, Tk) | bias.near_window + 1;  // (Tq, Tk) | Self-Extend keeps one more distance at its trained position than its window says
+positions/registry.cpp | if (queries) g = g + (neighbor_window - neighbor_window / group_size); | if (queries) g = g + neighbor_window; | Self-Extend's grouped query positions leave out - floor(W / G)
+core/model/model.cpp | positions.grouped(/*queries=*/true), x}); | positions.grouped(/*queries=*/false), x}); | Self-Extend's far queries take the keys' grouped positions
+core/eval/evaluator.cpp | while (G < T && (T - 1) / G + W - W / G > L - 1) ++G; | while (G < T && (T - 1) / G + W - W / G > L) ++G; | Self-Extend's default group size lets a distance reach L
 EOF
 )
 

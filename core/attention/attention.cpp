@@ -156,6 +156,7 @@ torch::Tensor AttentionBias::visible_keys(int64_t num_heads, int64_t tq, int64_t
 std::string AttentionBias::describe() const {
   std::string options;
   if (sink.defined()) options += " + sink";
+  if (far_queries.defined()) options += " + self-extend " + std::to_string(near_window);
   if (logit_scale.defined()) options += " + logit scale";
   if (window > 0) options += " + window " + std::to_string(window);
   if (chunk > 0) options += " + chunk " + std::to_string(chunk);
@@ -339,6 +340,21 @@ torch::Tensor attention_reference(const torch::Tensor& q, const torch::Tensor& k
   auto scores = bias.kind == AttentionBias::Kind::Householder  // PaTH: the products replace q.k
                     ? householder_scores(scaled, k, bias.householder_w, bias.householder_beta)
                     : torch::matmul(scaled, k.transpose(-2, -1));  // (B, H, Tq, Tk)
+  if (bias.far_queries.defined()) {  // Self-Extend: keys at least near_window back, at grouped positions
+    TORCH_CHECK(bias.kind == AttentionBias::Kind::None || bias.kind == AttentionBias::Kind::Linear ||
+                    bias.kind == AttentionBias::Kind::Dense || bias.kind == AttentionBias::Kind::Cumulative,
+                "attention: Self-Extend regroups positions of q and k; a ", bias.describe(), " bias does not take it");
+    TORCH_CHECK(bias.near_window >= 1 && bias.far_queries.sizes() == q.sizes() && bias.far_keys.sizes() == k.sizes(),
+                "attention: Self-Extend's far queries ", bias.far_queries.sizes(), " and keys ", bias.far_keys.sizes(),
+                " for q ", q.sizes(), " and k ", k.sizes(), ", neighbour window ", bias.near_window);
+    const int64_t tq = q.size(2), tk = k.size(2);
+    const auto index = torch::TensorOptions().dtype(torch::kLong).device(q.device());
+    const auto far = (torch::arange(tk - tq, tk, index).view({-1, 1}) - torch::arange(0, tk, index).view({1, -1})) >=
+                     bias.near_window;  // (Tq, Tk)
+    scores = torch::where(far, torch::matmul(bias.far_queries.to(scaled.scalar_type()) * (1.0 / std::sqrt(double(d))),
+                                             bias.far_keys.to(scaled.scalar_type()).transpose(-2, -1)),
+                          scores);
+  }
   add_bias_(scores, bias, q, options.causal);
   torch::Tensor probs;
   if (!bias.logit_scale.defined() && !bias.sink.defined()) {
@@ -367,6 +383,35 @@ torch::Tensor attention_reference(const torch::Tensor& q, const torch::Tensor& k
   }
   if (options.training && options.dropout > 0) probs = torch::dropout(probs, options.dropout, true);
   return torch::matmul(probs, v);  // (B, H, Tq, D)
+}
+
+torch::Tensor attention_reference_blocked(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                          const AttentionBias& bias, const AttentionOptions& options,
+                                          int64_t query_block) {
+  TORCH_CHECK(query_block > 0, "attention in row blocks: query block ", query_block);
+  TORCH_CHECK(options.causal, "attention in row blocks: causal attention only (each block sees the keys before it)");
+  const auto needs_grad = [](const torch::Tensor& t) { return t.defined() && t.requires_grad(); };
+  TORCH_CHECK(!torch::GradMode::is_enabled() ||
+                  !(needs_grad(q) || needs_grad(k) || needs_grad(v) || needs_grad(bias.householder_w) ||
+                    needs_grad(bias.householder_beta) || needs_grad(bias.far_queries) || needs_grad(bias.far_keys)),
+              "attention in row blocks is inference only: an input requires grad (the reference backend trains)");
+  TORCH_CHECK(!(options.training && options.dropout > 0), "attention in row blocks has no dropout");
+  const int64_t tq = q.size(2), tk = k.size(2);
+  std::vector<torch::Tensor> parts;
+  for (int64_t r = 0; r < tq; r += query_block) {
+    const int64_t n = std::min(query_block, tq - r), keys = tk - tq + r + n;  // keys the rows can see
+    const auto prefix = [&](const torch::Tensor& t) { return t.defined() ? t.narrow(2, 0, keys) : t; };
+    AttentionBias rows = bias;
+    rows.householder_w = prefix(bias.householder_w);
+    rows.householder_beta = prefix(bias.householder_beta);
+    rows.cumulative = prefix(bias.cumulative);
+    rows.far_keys = prefix(bias.far_keys);
+    if (bias.far_queries.defined()) rows.far_queries = bias.far_queries.narrow(2, r, n);
+    if (bias.logit_scale.defined()) rows.logit_scale = bias.logit_scale.narrow(1, r, n);
+    parts.push_back(
+        attention_reference(q.narrow(2, r, n), k.narrow(2, 0, keys), v.narrow(2, 0, keys), rows, options));
+  }
+  return torch::cat(parts, 2);
 }
 
 namespace {

@@ -112,6 +112,13 @@ struct AttentionBias {
   // attention sink, gpt-oss): o_i = sum_j e^{z_ij} v_j / (e^{s_h} + sum_j e^{z_ij}), z the scaled
   // logits. Not scaled by logit_scale. May require grad.
   torch::Tensor sink;
+  // Self-Extend (Jin et al., ICML 2024), evaluation only: entries with i - j >= near_window take
+  // their q.k from far_queries (B, H, Tq, D) and far_keys (B, H, Tk, D) instead of q and k (the
+  // same tokens rotated at grouped positions, TokenPositions::grouped); the kind's bias and the
+  // masks apply as usual. Undefined: off.
+  torch::Tensor far_queries;
+  torch::Tensor far_keys;
+  int64_t near_window = 0;
 
   static AttentionBias none() { return {}; }
   static AttentionBias dense_blocks(DenseBlockFn fn);
@@ -137,8 +144,10 @@ struct AttentionBias {
 
   // No bias and none of the options above: plain (causal) attention.
   bool is_none() const { return kind == Kind::None && !has_options(); }
-  // Whether any of window, chunk, logit_scale or sink is set.
-  bool has_options() const { return window > 0 || chunk > 0 || logit_scale.defined() || sink.defined(); }
+  // Whether any of window, chunk, logit_scale, sink or the far queries and keys is set.
+  bool has_options() const {
+    return window > 0 || chunk > 0 || logit_scale.defined() || sink.defined() || far_queries.defined();
+  }
   // Whether window or chunk masks entries of rows [q0, q1) x columns [k0, k1) (a tile wholly
   // visible needs no mask), and whether they mask every entry (a tile no query sees).
   bool masks_some(int64_t q0, int64_t q1, int64_t k0, int64_t k1) const;
@@ -204,6 +213,15 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
 torch::Tensor attention_reference(const torch::Tensor& q, const torch::Tensor& k,
                                   const torch::Tensor& v, const AttentionBias& bias,
                                   const AttentionOptions& options);
+
+// attention_reference() a block of `query_block` query rows at a time, each against the keys it
+// can see (causal attention; the queries are the last Tq keys): memory (B, H, query_block, Tk)
+// instead of (B, H, Tq, Tk). Inference only (refuses grad mode with an input that requires
+// grad). What long evaluations use for the kinds the memory-efficient tiles do not take
+// (Householder) and for Self-Extend's far queries and keys.
+torch::Tensor attention_reference_blocked(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                          const AttentionBias& bias, const AttentionOptions& options,
+                                          int64_t query_block = 256);
 
 // Adds the bias (masks included) to scores = q.k / sqrt(d): (B, H, Tq, Tk), in place, the
 // queries being the last Tq keys; returns scores. Every kind; the reference path's own step, and what tests compare the others with.

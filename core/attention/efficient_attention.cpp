@@ -12,7 +12,6 @@
 //   * Key tiles that no head can see (above the diagonal when causal, or on a side that no
 //     head of a linear bias looks at) are never computed.
 #include "core/attention/efficient_attention.h"
-#include "core/attention/householder.h"
 #include "core/attention/stick_breaking.h"
 
 #include <ATen/Parallel.h>
@@ -304,8 +303,9 @@ torch::Tensor attention_efficient(const torch::Tensor& q, const torch::Tensor& k
                                   const EfficientAttentionBlocks& blocks) {
   if (bias.kind == AttentionBias::Kind::StickBreaking)  // no softmax to run online: its own row blocks
     return stick_breaking_attention_blocked(q, k, v, bias, options, blocks.query_block);
-  if (bias.kind == AttentionBias::Kind::Householder)  // PaTH: its scores come a block of rows at a time
-    return householder_attention_blocked(q, k, v, bias, options, blocks.query_block);
+  // PaTH's scores and Self-Extend's two sets of scores come a block of query rows at a time.
+  if (bias.kind == AttentionBias::Kind::Householder || bias.far_queries.defined())
+    return attention_reference_blocked(q, k, v, bias, options, blocks.query_block);
   check_efficient_inputs(q, k, v, bias, options, blocks);
   torch::NoGradGuard no_grad;
   const Problem p = make_problem(q, k, v, bias, options, blocks);

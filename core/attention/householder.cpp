@@ -94,30 +94,4 @@ torch::Tensor householder_scores(const torch::Tensor& q, const torch::Tensor& k,
   return torch::stack(rows, 2).view({B, heads, nq * C, nb * C}).narrow(2, lead, tq).narrow(3, 0, tk);
 }
 
-torch::Tensor householder_attention_blocked(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                            const AttentionBias& bias, const AttentionOptions& options,
-                                            int64_t query_block) {
-  TORCH_CHECK(bias.kind == AttentionBias::Kind::Householder, "householder attention got a ", bias.describe(), " bias");
-  TORCH_CHECK(query_block > 0, "householder attention: query block ", query_block);
-  TORCH_CHECK(!torch::GradMode::is_enabled() || !(q.requires_grad() || k.requires_grad() || v.requires_grad() ||
-                                                  bias.householder_w.requires_grad() ||
-                                                  bias.householder_beta.requires_grad()),
-              "householder attention in row blocks is inference only: an input requires grad (the reference "
-              "backend trains)");
-  TORCH_CHECK(!(options.training && options.dropout > 0), "householder attention in row blocks has no dropout");
-  const int64_t tq = q.size(2), tk = k.size(2);
-  std::vector<torch::Tensor> parts;
-  for (int64_t r = 0; r < tq; r += query_block) {
-    const int64_t n = std::min(query_block, tq - r), keys = tk - tq + r + n;  // keys the rows can see
-    AttentionBias rows = bias;
-    rows.householder_w = bias.householder_w.narrow(2, 0, keys);
-    rows.householder_beta = bias.householder_beta.narrow(2, 0, keys);
-    if (bias.cumulative.defined()) rows.cumulative = bias.cumulative.narrow(2, 0, keys);
-    if (bias.logit_scale.defined()) rows.logit_scale = bias.logit_scale.narrow(1, r, n);
-    parts.push_back(
-        attention_reference(q.narrow(2, r, n), k.narrow(2, 0, keys), v.narrow(2, 0, keys), rows, options));
-  }
-  return torch::cat(parts, 2);
-}
-
 }  // namespace extrap

@@ -26,12 +26,7 @@ namespace extrap {
 torch::Tensor householder_scores(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& w,
                                  const torch::Tensor& beta, int64_t block = 0);
 
-// attention_reference() takes a Kind::Householder bias with these scores in place of q.k; this
-// computes the same numbers `query_block` rows at a time, each against the keys it can see:
-// memory (B, H, query_block, Tk) instead of (B, H, Tq, Tk). Inference only (refuses grad mode
-// with an input that requires grad): what long evaluations use.
-torch::Tensor householder_attention_blocked(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                            const AttentionBias& bias, const AttentionOptions& options,
-                                            int64_t query_block = 256);
+// attention_reference() takes a Kind::Householder bias with these scores in place of q.k, and
+// attention_reference_blocked() a block of query rows at a time (long evaluations).
 
 }  // namespace extrap

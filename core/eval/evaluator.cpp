@@ -66,10 +66,19 @@ RopeScaling rope_scaling_for(RopeScalingKind kind, double factor, int64_t train_
   RopeScaling scaling;
   scaling.kind = kind;
   scaling.original_length = train_length;
-  if (factor > 0)
+  if (kind == RopeScalingKind::self_extend) {
+    // Neighbour window W = L / 2; group size G given, or the least that keeps every distance
+    // below L: floor((T - 1) / G) + W - floor(W / G) <= L - 1 (G = 1 up to L: the trained model).
+    scaling.neighbor_window = std::max<int64_t>(1, train_length / 2);
+    const int64_t W = scaling.neighbor_window, T = eval_length, L = train_length;
+    int64_t G = 1;
+    while (G < T && (T - 1) / G + W - W / G > L - 1) ++G;
+    scaling.factor = factor > 0 ? factor : double(G);
+  } else if (factor > 0) {
     scaling.factor = factor;
-  else if (kind != RopeScalingKind::dynamic && train_length > 0)
+  } else if (kind != RopeScalingKind::dynamic && train_length > 0) {
     scaling.factor = std::max(1.0, double(eval_length) / double(train_length));
+  }
   check_rope_scaling(scaling);
   return scaling;
 }

@@ -22,6 +22,9 @@ namespace extrap {
 // `factor` when given (> 0), else eval_length / train_length, never below 1 (so every variant
 // equals the trained rotation up to the training length). Dynamic NTK's factor defaults to 1
 // instead: its base already follows the current length l (b (l / L)^(d / (d - 2)) at s = 1).
+// Self-Extend: neighbour window W = L / 2 and group size G = `factor` when given, else the least
+// whole G that keeps every distance below L (floor((T - 1) / G) + W - floor(W / G) <= L - 1), so
+// 1 (the trained model) up to L.
 RopeScaling rope_scaling_for(RopeScalingKind kind, double factor, int64_t train_length,
                              int64_t eval_length);
 

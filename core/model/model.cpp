@@ -66,11 +66,21 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, PositionMethod&
   const auto& input = projected.defined() ? projected : x;
   auto [q, k, v] = split_heads(linear(qkv, input), H);  // (B, H, T, Dh)
   LayerInput at{options.layer_index(), positions, x};
+  torch::Tensor far_q, far_k;  // Self-Extend: the same q and k rotated at grouped positions
+  if (positions.group_size > 0) {
+    TORCH_CHECK(!cache, "Self-Extend is not supported with a KV cache");
+    far_q = q.clone();
+    far_k = k.clone();
+    auto unused_k = k.clone(), unused_q = q.clone();
+    position.rotate_qk(far_q, unused_k, LayerInput{options.layer_index(), positions.grouped(/*queries=*/true), x});
+    position.rotate_qk(unused_q, far_k, LayerInput{options.layer_index(), positions.grouped(/*queries=*/false), x});
+  }
   position.rotate_qk(q, k, at);
   if (const double a = options.extras().temperature; a > 0) {  // Llama 4: q at p times 1 + a ln(floor((p + 1) / F) + 1)
     const auto p = positions.values(torch::TensorOptions().dtype(torch::kFloat64));
     const auto factor = 1 + a * torch::log(torch::floor((p + 1) / double(options.extras().temperature_floor)) + 1);
     q = q * factor.to(q.device(), q.scalar_type()).view({1, 1, T, 1});
+    if (far_q.defined()) far_q = far_q * factor.to(q.device(), q.scalar_type()).view({1, 1, T, 1});
   }
   if (cache) {  // the new tokens' keys and values join the cached ones
     if (cache->keys.defined()) {
@@ -84,7 +94,13 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, PositionMethod&
   }
   AttentionOptions attn = attention_options;
   attn.dropout = options.attention_dropout();
-  auto y = attention(q, k, v, with_options(position.bias(at), at, attention_options.causal), attn);  // (B, H, T, Dh)
+  AttentionBias bias = with_options(position.bias(at), at, attention_options.causal);
+  if (far_q.defined()) {
+    bias.far_queries = far_q;
+    bias.far_keys = far_k;
+    bias.near_window = positions.neighbor_window;
+  }
+  auto y = attention(q, k, v, bias, attn);  // (B, H, T, Dh)
   if (gate) {  // each head's output times sigmoid(x W_g): (B, T, H, 1) head-wise, (B, T, H, Dh) element-wise
     auto g = torch::sigmoid(linear(gate, input)).view({B, T, H, -1});
     y = y.transpose(1, 2) * g.to(y.scalar_type());
@@ -215,6 +231,10 @@ torch::Tensor TransformerLMImpl::hidden_as(const torch::Tensor& tokens, int64_t 
   auto positions = TokenPositions::window(length, offset);
   if (const PositionSampling& sampling = position().sampling(); sampling.active() && is_training())
     positions.sampled = sampling.draw(length);
+  if (rope_scaling_.kind == RopeScalingKind::self_extend && rope_scaling_.factor > 1) {  // G = 1 changes nothing
+    positions.neighbor_window = rope_scaling_.neighbor_window;
+    positions.group_size = int64_t(rope_scaling_.factor);
+  }
   x = position().embed(x, positions);  // (a pattern's methods do not embed: check_position_method)
   x = embedding_dropout->forward(x);
   AttentionOptions attention_options;

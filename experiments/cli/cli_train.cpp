@@ -267,7 +267,7 @@ bool parse_eval_options(const Args& args, EvalOptions& opt) {
       ("threads", po::value(&opt.threads), "CPU threads (default: all cores)")
       ("device", po::value(&opt.device), "cpu | cuda (default: the device the run trained on)")
       ("rope-scaling", po::value(&opt.rope_names)->multitoken(),
-       "RoPE scaling variant(s) for a rotary or xpos model: none linear ntk dynamic yarn yarn_paper llama3 "
+       "RoPE scaling variant(s) for a rotary or xpos model: none linear ntk dynamic yarn yarn_paper llama3 self_extend "
        "(each evaluated in turn)")
       ("rope-factor", po::value(&opt.rope_factor),
        "RoPE scaling factor s >= 1 (default: each length / the training length; dynamic: 1)")

@@ -367,7 +367,7 @@ void read_eval(const OptionReader& root, SweepSpec& spec) {
   std::vector<std::string> rope_names;
   e.read("rope_scaling", rope_names,
          "RoPE-scaling variants for points whose method has rotary angles: none, linear, ntk, "
-         "dynamic, yarn (as Hugging Face), yarn_paper, llama3");
+         "dynamic, yarn (as Hugging Face), yarn_paper, llama3, self_extend");
   e.read("rope_factor", spec.eval.rope_factor,
          "RoPE scaling factor s (default: each evaluation length / train.seq_len)");
   read_retrieval(e, spec.eval.retrieval);

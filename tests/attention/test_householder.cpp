@@ -133,7 +133,7 @@ TEST_CASE("householder attention: forget gates, a window, a sink and a logit sca
   torch::NoGradGuard no_grad;
   for (const int64_t rows : {1, 4, 13, 100}) {
     INFO("query block " << rows);
-    CHECK((householder_attention_blocked(in.q, in.k, in.v, bias, causal_options(), rows) - expected)
+    CHECK((attention_reference_blocked(in.q, in.k, in.v, bias, causal_options(), rows) - expected)
               .abs()
               .max()
               .item<double>() < 1e-12);
@@ -155,7 +155,7 @@ TEST_CASE("householder attention: refusals name what is wrong", "[attention][pat
   CHECK_THROWS_WITH(materialize_bias(bias, 2, 6, 6, true), Catch::Contains("replace q.k"));
   CHECK_THROWS_WITH(AttentionBias::householder(in.w, in.beta.narrow(2, 0, 5)), Catch::Contains("beta"));
   const auto needs_grad = in.q.clone().requires_grad_();
-  CHECK_THROWS_WITH(householder_attention_blocked(needs_grad, in.k, in.v, bias, causal_options()),
+  CHECK_THROWS_WITH(attention_reference_blocked(needs_grad, in.k, in.v, bias, causal_options()),
                     Catch::Contains("inference only"));
   CHECK_THROWS_WITH(householder_scores(in.q, in.k, in.w.narrow(2, 0, 5), in.beta), Catch::Contains("do not match"));
 }

@@ -268,3 +268,110 @@ TEST_CASE("RoPE scaling refuses methods without rotary angles and factors below 
   REQUIRE_THROWS_WITH(scaled_rotary_frequencies(16, 10000, scaling(RopeScalingKind::yarn, 2, 0), 8),
                       Catch::Contains("needs the training length"));
 }
+
+namespace {
+
+// Rotary as the paper writes it, in float64: pairs (2i, 2i+1) turned by p theta_i, theta_i =
+// 10000^(-2i/d), each row at its own position p.
+torch::Tensor rotate_at(const torch::Tensor& x, const std::vector<double>& positions) {
+  auto out = x.to(torch::kFloat64).clone();
+  const int64_t d = x.size(-1);
+  for (int64_t t = 0; t < x.size(2); ++t)
+    for (int64_t i = 0; i < d / 2; ++i) {
+      const double angle = positions[size_t(t)] * std::pow(10000.0, -2.0 * double(i) / double(d));
+      const auto a = x.select(2, t).select(-1, 2 * i).to(torch::kFloat64), b = x.select(2, t).select(-1, 2 * i + 1).to(torch::kFloat64);
+      out.select(2, t).select(-1, 2 * i).copy_(a * std::cos(angle) - b * std::sin(angle));
+      out.select(2, t).select(-1, 2 * i + 1).copy_(a * std::sin(angle) + b * std::cos(angle));
+    }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("self_extend: keys within W of a query at their positions, farther ones at grouped positions "
+          "(Jin et al.), in a rotary attention layer", "[rope][self-extend]") {
+  // REFERENCE.md: relative distance i - j below the neighbour window W as trained; beyond it the
+  // query at floor(i / G) + W - floor(W / G) and the key at floor(j / G).
+  const int64_t T = 23, D = 32, H = 4, W = 4, G = 3;
+  torch::manual_seed(21);
+  PositionContext context;
+  context.num_heads = H;
+  context.d_head = D / H;
+  context.d_model = D;
+  const auto method =
+      PositionRegistry::instance().create("rotary", context, OptionReader(YAML::Load("{}"), "test", "position"));
+  SelfAttention attention(SelfAttentionOptions(D, H));
+  attention->eval();
+  torch::NoGradGuard no_grad;
+  const auto x = torch::randn({2, T, D});
+  TokenPositions positions = TokenPositions::window(T);
+  positions.neighbor_window = W;
+  positions.group_size = G;
+  AttentionOptions options;
+  options.causal = true;
+  for (const auto backend : {AttentionBackend::Reference, AttentionBackend::Efficient}) {
+    options.backend = backend;
+    const auto actual = attention->forward(x, *method, positions, options);
+    // By the definition, in float64 from the layer's own weights.
+    const auto qkv = torch::linear(x.to(torch::kFloat64), attention->qkv->weight.to(torch::kFloat64),
+                                   attention->qkv->bias.to(torch::kFloat64))
+                         .view({2, T, 3, H, D / H})
+                         .permute({2, 0, 3, 1, 4});  // (3, B, H, T, Dh)
+    std::vector<double> plain, grouped_q, grouped_k;
+    for (int64_t p = 0; p < T; ++p) {
+      plain.push_back(double(p));
+      grouped_q.push_back(double(p / G + W - W / G));
+      grouped_k.push_back(double(p / G));
+    }
+    const auto near = torch::matmul(rotate_at(qkv[0], plain), rotate_at(qkv[1], plain).transpose(-1, -2));
+    const auto far = torch::matmul(rotate_at(qkv[0], grouped_q), rotate_at(qkv[1], grouped_k).transpose(-1, -2));
+    const auto i = torch::arange(T).view({-1, 1}), j = torch::arange(T).view({1, -1});
+    auto scores = torch::where(i - j >= W, far, near) / std::sqrt(double(D / H));
+    scores = scores.masked_fill(j > i, -INFINITY);
+    const auto context_rows = torch::matmul(torch::softmax(scores, -1), qkv[2]).transpose(1, 2).reshape({2, T, D});
+    const auto expected = torch::linear(context_rows, attention->out->weight.to(torch::kFloat64),
+                                        attention->out->bias.to(torch::kFloat64));
+    INFO("backend " << enum_name(backend));
+    CHECK((actual.to(torch::kFloat64) - expected).abs().max().item<double>() < 1e-5);
+    // Without Self-Extend the layer differs (the far keys are seen at other distances).
+    CHECK_FALSE(torch::allclose(attention->forward(x, *method, TokenPositions::window(T), options), actual, 1e-4, 1e-4));
+  }
+}
+
+TEST_CASE("self_extend: the trained model up to L, a group size that keeps every distance below L past it, "
+          "refusals", "[rope][self-extend]") {
+  // L = 32, W = 16: G = 1 up to 32 tokens; at 128 tokens the least G with floor(127 / G) + 16 -
+  // floor(16 / G) <= 31 is 8 (G = 7 gives 18 + 16 - 2 = 32).
+  REQUIRE(rope_scaling_for(RopeScalingKind::self_extend, 0, 32, 32).factor == 1.0);
+  const RopeScaling at128 = rope_scaling_for(RopeScalingKind::self_extend, 0, 32, 128);
+  REQUIRE(at128.neighbor_window == 16);
+  REQUIRE(at128.factor == 8.0);
+  REQUIRE(rope_scaling_for(RopeScalingKind::self_extend, 5, 32, 128).factor == 5.0);
+  REQUIRE(rope_variant_label(RopeScalingKind::self_extend, 0) == "self_extend");
+
+  Config config = testing::tiny_config("rotary");
+  torch::manual_seed(12);
+  auto model = build_model(config, 257);
+  model->eval();
+  torch::NoGradGuard no_grad;
+  const auto tokens = torch::randint(0, 256, {2, 48}, torch::kLong);
+  const auto trained = model->forward(tokens);
+  model->set_rope_scaling(rope_scaling_for(RopeScalingKind::self_extend, 0, 16, 16));  // G = 1
+  REQUIRE(torch::equal(model->forward(tokens), trained));
+  model->set_rope_scaling(rope_scaling_for(RopeScalingKind::self_extend, 0, 16, 48));
+  const auto extended = model->forward(tokens);
+  REQUIRE_FALSE(torch::allclose(extended, trained, 1e-4, 1e-4));
+  // The first W = 8 rows see no key that far back: the trained model's rows.
+  REQUIRE(torch::allclose(extended.narrow(1, 0, 8), trained.narrow(1, 0, 8), 1e-5, 1e-5));
+  model->set_rope_scaling(RopeScaling{});
+  REQUIRE(torch::equal(model->forward(tokens), trained));
+
+  RopeScaling bad = rope_scaling_for(RopeScalingKind::self_extend, 0, 16, 48);
+  bad.factor = 2.5;
+  REQUIRE_THROWS_WITH(check_rope_scaling(bad), Catch::Contains("whole number"));
+  bad.factor = 2;
+  bad.neighbor_window = 16;
+  REQUIRE_THROWS_WITH(check_rope_scaling(bad), Catch::Contains("neighbour window"));
+  REQUIRE_THROWS_WITH(build_model(testing::tiny_config("alibi"), 257)->set_rope_scaling(at128),
+                      Catch::Contains("no rotary angles"));
+}
