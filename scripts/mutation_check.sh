@@ -63,7 +63,7 @@ positions/xpos.cpp | const double centre = positions.centre >= 0 | const double 
 positions/rotation.cpp | return (1.0 - gamma) * theta / factor + gamma * theta; | return (1.0 - gamma) * theta * factor + gamma * theta; | YaRN stretches instead of interpolating
 positions/rotation.cpp | return {cos * factor, sin * factor}; | return {cos * factor, sin}; | YaRN's attention factor on cos only
 core/eval/evaluator.cpp | bin.nll_sum = position_nll.slice(0, bin.begin, bin.end).sum().item<double>(); | bin.nll_sum = position_nll.slice(0, bin.begin, bin.end - 1).sum().item<double>(); | a loss-by-position bin leaves out its last position
-core/eval/retrieval_eval.cpp | correct = correct && top[row] == instance.answer[a]; | correct = top[row] == instance.answer[a]; | retrieval counts an answer right when its last token is
+core/eval/retrieval_eval.cpp | if (match != AnswerMatch::partial) return match == AnswerMatch::complete; | if (match != AnswerMatch::partial) return true; | retrieval counts an answer right that leaves every right answer
 core/eval/retrieval_eval.cpp | for (int64_t p = instance.prompt_length - 1; p < spec.length - 1; ++p) | for (int64_t p = instance.prompt_length; p < spec.length; ++p) | retrieval scores the answer one position late
 core/data/retrieval_task.cpp | if (std::abs(double(b) - wanted) < std::abs(double(at) - wanted)) at = b; | ; | the key sentence always goes first (depth ignored)
 core/data/retrieval_task.cpp |   out += '.'; |   ; | the answer loses its full stop (a longer number would match)
@@ -184,6 +184,12 @@ core/attention/attention.cpp | bias.near_window;  // (Tq, Tk) | bias.near_window
 positions/registry.cpp | if (queries) g = g + (neighbor_window - neighbor_window / group_size); | if (queries) g = g + neighbor_window; | Self-Extend's grouped query positions leave out - floor(W / G)
 core/model/model.cpp | positions.grouped(/*queries=*/true), x}); | positions.grouped(/*queries=*/false), x}); | Self-Extend's far queries take the keys' grouped positions
 core/eval/evaluator.cpp | while (G < T && (T - 1) / G + W - W / G > L - 1) ++G; | while (G < T && (T - 1) / G + W - W / G > L) ++G; | Self-Extend's default group size lets a distance reach L
+core/data/retrieval_task.cpp | const auto first = std::lower_bound(starts.begin(), starts.end(), placements.back().at); | const auto first = starts.begin(); | variable tracking's later assignments may come before the ones they copy
+core/data/retrieval_task.cpp |       if (used[n]) continue; |  | variable tracking accepts a name written twice
+core/data/retrieval_task.cpp |   return last(instance.answer_stop, at); |   return AnswerMatch::complete; | variable tracking ignores what follows the names
+core/eval/retrieval_eval.cpp |       sequence[size_t(instance.prompt_length) + g] = generated[g]; |       sequence[size_t(instance.prompt_length) + g] = instance.answer[g]; | decoding on past a departure reads the instance's own answer, not the tokens chosen
+core/data/retrieval_task.cpp |     const bool capitals = current.size() > 1 && |     const bool capitals = current.size() > 9 && | word level writes a variable's name as one word
+core/data/retrieval_task.cpp |     if (task == RetrievalTask::multikey) names.assign(std::begin(kKeyNames), std::end(kKeyNames)); |     names.assign(std::begin(kKeyNames), std::end(kKeyNames)); | passkey refuses a word vocabulary without multikey's names
 EOF
 )
 

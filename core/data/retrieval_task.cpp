@@ -30,12 +30,20 @@ struct TaskRandom {
 };
 
 // The words of `text` as the word tokenizer should see them: punctuation and every digit
-// its own word ("key is 123." -> "key", "is", "1", "2", "3", ".").
+// its own word ("key is 123." -> "key", "is", "1", "2", "3", "."), and a word of capital
+// letters alone (a variable's name) letter by letter ("QXL" -> "Q", "X", "L").
 std::vector<std::string> word_form(const std::string& text) {
   std::vector<std::string> words;
   std::string current;
   const auto flush = [&] {
-    if (!current.empty()) words.push_back(current);
+    const bool capitals = current.size() > 1 &&
+                          std::all_of(current.begin(), current.end(),
+                                      [](char c) { return c >= 'A' && c <= 'Z'; });
+    if (capitals) {
+      for (char c : current) words.push_back(std::string(1, c));
+    } else if (!current.empty()) {
+      words.push_back(current);
+    }
     current.clear();
   };
   for (char c : text) {
@@ -74,7 +82,51 @@ void append(std::vector<int32_t>& out, const std::vector<int32_t>& piece) {
   out.insert(out.end(), piece.begin(), piece.end());
 }
 
+// variable_tracking's texts: "QXLKZ = 12345. ", "BWMRT = QXLKZ. ", the question and the
+// answer's pieces (" QXLKZ", then "."; in word form the name letter by letter).
+std::string assignment_text(const std::string& name, const std::string& value) {
+  return name + " = " + value + ". ";
+}
+std::string variable_question_text(int64_t value) {
+  return "Which names hold " + std::to_string(value) + "? They are";
+}
+const char* const kAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZ";
+
 }  // namespace
+
+AnswerMatch match_answer(const TaskInstance& instance, const std::vector<int32_t>& generated) {
+  // Whether generated[from, from + count) is piece[0, count).
+  const auto begins = [&](const std::vector<int32_t>& piece, size_t from, size_t count) {
+    return count <= piece.size() &&
+           std::equal(piece.begin(), piece.begin() + long(count), generated.begin() + long(from));
+  };
+  // The tail from `at` against one last piece: the answer or the stop.
+  const auto last = [&](const std::vector<int32_t>& piece, size_t at) {
+    const size_t left = generated.size() - at;
+    if (!begins(piece, at, left)) return AnswerMatch::wrong;
+    return left == piece.size() ? AnswerMatch::complete : AnswerMatch::partial;
+  };
+  if (instance.answer_names.empty()) return last(instance.answer, 0);
+  // Names in any order, each once, then the stop. The names have equal lengths and differ, so
+  // no name's tokens begin another's: at most one name matches at each step.
+  std::vector<bool> used(instance.answer_names.size(), false);
+  size_t at = 0;
+  for (size_t found = 0; found < used.size(); ++found) {
+    const size_t left = generated.size() - at;
+    if (left == 0) return AnswerMatch::partial;
+    size_t match = used.size();
+    for (size_t n = 0; n < used.size() && match == used.size(); ++n) {
+      const auto& piece = instance.answer_names[n];
+      if (used[n]) continue;
+      if (left < piece.size() && begins(piece, at, left)) return AnswerMatch::partial;
+      if (left >= piece.size() && begins(piece, at, piece.size())) match = n;
+    }
+    if (match == used.size()) return AnswerMatch::wrong;
+    used[match] = true;
+    at += instance.answer_names[match].size();
+  }
+  return last(instance.answer_stop, at);
+}
 
 double task_unit(uint64_t seed) { return double(seed >> 11) * 0x1.0p-53; }
 
@@ -94,16 +146,24 @@ TaskGenerator::TaskGenerator(RetrievalTask task, const Corpus& corpus)
     throw ConfigError("retrieval task " + enum_name(task) + " writes text, and corpus '" + corpus.name +
                       "' is pre-tokenised (data.tokenizer: ids): its ids have no words to write "
                       "the task with");
-  // Every name the task writes keys and questions with.
-  std::vector<std::string> names(std::begin(kKeyNames), std::end(kKeyNames));
-  names.push_back(kPassName);
+  // Every text the task can write, with every digit and letter it can use: a word-level
+  // vocabulary must have each word, a SentencePiece model must write each without <unk>.
+  std::vector<std::string> texts(std::begin(kFillerSentences), std::end(kFillerSentences));
+  if (task == RetrievalTask::variable_tracking) {
+    texts.push_back(assignment_text(kAlphabet, "1234567890"));
+    texts.push_back(variable_question_text(1234567890));
+  } else {
+    std::vector<std::string> names{kPassName};
+    if (task == RetrievalTask::multikey) names.assign(std::begin(kKeyNames), std::end(kKeyNames));
+    for (const auto& name : names) {
+      texts.push_back(key_text(name, 1234567890));
+      texts.push_back(question_text(name));
+    }
+  }
   if (corpus.word_level()) {
     // The ids of every word the task can write, found in one pass over the vocabulary.
-    std::string all = "0123456789 ";
-    for (const char* sentence : kFillerSentences) all += std::string(sentence) + " ";
-    for (const auto& name : names)
-      all += key_text(name, 1) + question_text(name) + " ";
-    for (const auto& word : word_form(all)) word_ids_[word] = -1;
+    for (const auto& text : texts)
+      for (const auto& word : word_form(text)) word_ids_[word] = -1;
     for (size_t id = 0; id < corpus.vocabulary.size(); ++id) {
       const auto found = word_ids_.find(corpus.vocabulary[id]);
       if (found != word_ids_.end() && found->second < 0) found->second = int32_t(id);
@@ -114,12 +174,8 @@ TaskGenerator::TaskGenerator(RetrievalTask task, const Corpus& corpus)
     append(filler_, encode(std::string(sentence) + " "));
   }
   for (const auto& entry : word_ids_) encode(entry.first);  // refuses a missing word now
-  if (corpus.sentencepiece) {  // refuses a text the model can only write as <unk> now
-    for (const auto& name : names) {
-      encode(key_text(name, 1234567890));
-      encode(question_text(name));
-    }
-  }
+  if (corpus.sentencepiece)  // refuses a text the model can only write as <unk> now
+    for (const auto& text : texts) encode(text);
 }
 
 std::vector<int32_t> TaskGenerator::encode(const std::string& text) const {
@@ -154,6 +210,12 @@ std::vector<int32_t> TaskGenerator::key_sentence(const std::string& name, int64_
 }
 
 int64_t TaskGenerator::min_length() const {
+  if (task_ == RetrievalTask::variable_tracking) {
+    // Names and values have fixed lengths: any instance's key sentences, question and answer
+    // (at SentencePiece level, one instance's: another's pieces may number differently).
+    const TaskInstance sample = make_variable_tracking(-1, 0, 0);
+    return int64_t(sample.tokens.size());
+  }
   // The longest key (5 digits) and name; the question and answer follow from them.
   int64_t longest = 0;
   std::vector<std::string> names{kPassName};
@@ -168,9 +230,54 @@ int64_t TaskGenerator::min_length() const {
   return longest;
 }
 
+std::vector<int64_t> TaskGenerator::boundaries(int64_t filler) const {
+  const int64_t cycle = int64_t(filler_.size());
+  const int64_t offset = (cycle - filler % cycle) % cycle;
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < filler; ++i)
+    if (std::binary_search(filler_starts_.begin(), filler_starts_.end(), (offset + i) % cycle))
+      out.push_back(i);
+  out.push_back(filler);
+  return out;
+}
+
+int64_t TaskGenerator::nearest_boundary(const std::vector<int64_t>& boundaries, int64_t filler,
+                                        double depth, TaskInstance& out) {
+  // The boundary nearest depth * filler (the lower on a tie).
+  const double wanted = depth * double(filler);
+  int64_t at = boundaries[0];
+  for (int64_t b : boundaries)
+    if (std::abs(double(b) - wanted) < std::abs(double(at) - wanted)) at = b;
+  out.depth = filler > 0 ? double(at) / double(filler) : depth;
+  return at;
+}
+
+std::vector<int64_t> TaskGenerator::lay_out(int64_t filler, std::vector<Placement> placements,
+                                            const std::vector<std::vector<int32_t>>& sentences,
+                                            std::vector<int32_t>& tokens) const {
+  // The filler is the last `filler` tokens of the repeated cycle: it ends with a whole
+  // sentence, right before what follows it.
+  const int64_t cycle = int64_t(filler_.size());
+  const int64_t offset = (cycle - filler % cycle) % cycle;
+  std::stable_sort(placements.begin(), placements.end(),
+                   [](const Placement& a, const Placement& b) {
+                     return a.at != b.at ? a.at < b.at : a.order < b.order;
+                   });
+  std::vector<int64_t> begins(sentences.size(), 0);
+  int64_t written = 0;  // filler tokens written
+  for (const auto& placement : placements) {
+    for (; written < placement.at; ++written) tokens.push_back(filler_[(offset + written) % cycle]);
+    begins[placement.sentence] = int64_t(tokens.size());
+    append(tokens, sentences[placement.sentence]);
+  }
+  for (; written < filler; ++written) tokens.push_back(filler_[(offset + written) % cycle]);
+  return begins;
+}
+
 TaskInstance TaskGenerator::make(int64_t length, double depth, uint64_t seed) const {
   if (!(depth >= 0 && depth <= 1))
     throw ConfigError("retrieval depth " + number_text(depth) + ": must be in [0, 1]");
+  if (task_ == RetrievalTask::variable_tracking) return make_variable_tracking(length, depth, seed);
   TaskRandom random{seed};
   TaskInstance out;
   out.key = 1 + int64_t(random.below(kPasskeyMax));
@@ -183,76 +290,102 @@ TaskInstance TaskGenerator::make(int64_t length, double depth, uint64_t seed) co
     out.name = names[0];
     others.assign(names.begin() + 1, names.begin() + 1 + kMultikeyDistractors);
   }
-  const std::vector<int32_t> target = key_sentence(out.name, out.key);
+  // sentences[0] is the target's, then the distractors' in name order.
+  std::vector<std::vector<int32_t>> sentences{key_sentence(out.name, out.key)};
   const std::vector<int32_t> question = encode(question_text(out.name));
   out.answer = encode(answer_text(!corpus_.word_level(), out.key));
   std::vector<int64_t> distractor_keys;  // in name order; out.distractor_keys is in text order
-  std::vector<std::vector<int32_t>> distractors;
   for (const auto& name : others) {
     distractor_keys.push_back(1 + int64_t(random.below(kPasskeyMax)));
-    distractors.push_back(key_sentence(name, distractor_keys.back()));
+    sentences.push_back(key_sentence(name, distractor_keys.back()));
   }
 
-  int64_t fixed = int64_t(target.size() + question.size() + out.answer.size());
-  for (const auto& d : distractors) fixed += int64_t(d.size());
+  int64_t fixed = int64_t(question.size() + out.answer.size());
+  for (const auto& sentence : sentences) fixed += int64_t(sentence.size());
   const int64_t filler = length - fixed;
   if (filler < 0)
     throw ConfigError("retrieval task " + enum_name(task_) + ": an instance of " +
                       std::to_string(length) + " tokens is too short; it needs at least " +
                       std::to_string(min_length()) + " (the key sentences, question and answer)");
 
-  // The filler is the last `filler` tokens of the repeated cycle: it ends with a whole
-  // sentence. Key sentences go at sentence boundaries.
-  const int64_t cycle = int64_t(filler_.size());
-  const int64_t offset = (cycle - filler % cycle) % cycle;
-  // Sentence starts (the end included); the cut first sentence is not one, so a key never
-  // precedes it.
-  std::vector<int64_t> boundaries;
-  for (int64_t i = 0; i < filler; ++i)
-    if (std::binary_search(filler_starts_.begin(), filler_starts_.end(), (offset + i) % cycle))
-      boundaries.push_back(i);
-  boundaries.push_back(filler);
-  // The boundary nearest depth * filler (the lower on a tie).
-  const double wanted = depth * double(filler);
-  int64_t at = boundaries[0];
-  for (int64_t b : boundaries)
-    if (std::abs(double(b) - wanted) < std::abs(double(at) - wanted)) at = b;
-  out.depth = filler > 0 ? double(at) / double(filler) : depth;
-
-  // Insertions: (filler position, order, sentence index); -1 is the target.
-  struct Insert {
-    int64_t at;
-    uint64_t order;
-    int64_t which;
-  };
-  std::vector<Insert> inserts{{at, random.below(1u << 30), -1}};
-  for (size_t d = 0; d < distractors.size(); ++d)
-    inserts.push_back({boundaries[random.below(boundaries.size())], random.below(1u << 30),
-                       int64_t(d)});
-  std::sort(inserts.begin(), inserts.end(), [](const Insert& a, const Insert& b) {
-    return a.at != b.at ? a.at < b.at : a.order < b.order;
-  });
+  // Key sentences go at sentence boundaries (the cut first sentence's start is not one, so a
+  // key never precedes it): the target's nearest the depth, each distractor's at a uniform one.
+  const std::vector<int64_t> starts = boundaries(filler);
+  std::vector<Placement> placements{
+      {nearest_boundary(starts, filler, depth, out), random.below(1u << 30), 0}};
+  for (size_t d = 1; d < sentences.size(); ++d)
+    placements.push_back({starts[random.below(starts.size())], random.below(1u << 30), d});
 
   out.tokens.reserve(size_t(length));
-  int64_t written = 0;  // filler tokens written
-  for (const auto& insert : inserts) {
-    for (; written < insert.at; ++written) out.tokens.push_back(filler_[(offset + written) % cycle]);
-    const auto& sentence = insert.which < 0 ? target : distractors[size_t(insert.which)];
-    if (insert.which < 0) {
-      out.key_begin = int64_t(out.tokens.size());
-      out.key_end = out.key_begin + int64_t(sentence.size());
-    } else {
-      out.distractor_begins.push_back(int64_t(out.tokens.size()));
-      out.distractor_keys.push_back(distractor_keys[size_t(insert.which)]);
-    }
-    append(out.tokens, sentence);
+  const std::vector<int64_t> begins = lay_out(filler, placements, sentences, out.tokens);
+  out.key_begin = begins[0];
+  out.key_end = out.key_begin + int64_t(sentences[0].size());
+  std::vector<size_t> order;  // the distractors in text order
+  for (size_t d = 1; d < sentences.size(); ++d) order.push_back(d);
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return begins[a] < begins[b]; });
+  for (size_t d : order) {
+    out.distractor_begins.push_back(begins[d]);
+    out.distractor_keys.push_back(distractor_keys[d - 1]);
   }
-  for (; written < filler; ++written) out.tokens.push_back(filler_[(offset + written) % cycle]);
   append(out.tokens, question);
   out.prompt_length = int64_t(out.tokens.size());
   append(out.tokens, out.answer);
   TORCH_CHECK(int64_t(out.tokens.size()) == length, "retrieval instance has ", out.tokens.size(),
               " tokens, not ", length);
+  return out;
+}
+
+// length < 0: the instance without filler (min_length()).
+TaskInstance TaskGenerator::make_variable_tracking(int64_t length, double depth,
+                                                   uint64_t seed) const {
+  TaskRandom random{seed};
+  TaskInstance out;
+  const auto values = uint64_t(kVariableValueMax - kVariableValueMin + 1);
+  out.key = kVariableValueMin + int64_t(random.below(values));
+  while (int64_t(out.variables.size()) < kVariableHops + 1) {
+    std::string name;
+    for (int64_t c = 0; c < kVariableNameLength; ++c) name += kAlphabet[random.below(26)];
+    if (std::find(out.variables.begin(), out.variables.end(), name) == out.variables.end())
+      out.variables.push_back(name);
+  }
+  out.name = out.variables[0];
+  std::vector<std::vector<int32_t>> sentences;
+  for (size_t v = 0; v < out.variables.size(); ++v)
+    sentences.push_back(encode(assignment_text(
+        out.variables[v], v == 0 ? std::to_string(out.key) : out.variables[v - 1])));
+  const std::vector<int32_t> question = encode(variable_question_text(out.key));
+  for (const auto& name : out.variables) {
+    out.answer_names.push_back(encode(" " + name));
+    append(out.answer, out.answer_names.back());
+  }
+  out.answer_stop = encode(".");
+  append(out.answer, out.answer_stop);
+
+  int64_t fixed = int64_t(question.size() + out.answer.size());
+  for (const auto& sentence : sentences) fixed += int64_t(sentence.size());
+  const int64_t filler = length < 0 ? 0 : length - fixed;
+  if (filler < 0)
+    throw ConfigError("retrieval task variable_tracking: an instance of " + std::to_string(length) +
+                      " tokens is too short; it needs at least " + std::to_string(fixed) +
+                      " (the assignment sentences, question and answer)");
+  // The value's assignment nearest the depth, each later one at a uniform boundary at or after
+  // the one before; at one boundary they keep chain order.
+  const std::vector<int64_t> starts = boundaries(filler);
+  std::vector<Placement> placements{{nearest_boundary(starts, filler, depth, out), 0, 0}};
+  for (size_t v = 1; v < sentences.size(); ++v) {
+    const auto first = std::lower_bound(starts.begin(), starts.end(), placements.back().at);
+    const auto choices = uint64_t(starts.end() - first);
+    placements.push_back({*(first + long(random.below(choices))), uint64_t(v), v});
+  }
+  out.tokens.reserve(size_t(std::max<int64_t>(length, fixed)));
+  out.statement_begins = lay_out(filler, placements, sentences, out.tokens);
+  out.key_begin = out.statement_begins[0];
+  out.key_end = out.key_begin + int64_t(sentences[0].size());
+  append(out.tokens, question);
+  out.prompt_length = int64_t(out.tokens.size());
+  append(out.tokens, out.answer);
+  TORCH_CHECK(length < 0 || int64_t(out.tokens.size()) == length, "retrieval instance has ",
+              out.tokens.size(), " tokens, not ", length);
   return out;
 }
 

@@ -1,8 +1,9 @@
 // Synthetic retrieval tasks, generated offline and deterministically from a seed: the passkey
-// task of the literature (landmark attention, LongLoRA) and a multi-key variant with
-// distractors (RULER's multi-key needle in a haystack). No downloads, no randomness outside
-// the seed: the same (task, corpus tokenizer, length, depth, seed) gives the same tokens on
-// every machine (the generator is splitmix64, not a standard-library distribution).
+// task of the literature (landmark attention, LongLoRA), a multi-key variant with distractors
+// (RULER's multi-key needle in a haystack) and RULER's variable tracking. No downloads, no
+// randomness outside the seed: the same (task, corpus tokenizer, length, depth, seed) gives the
+// same tokens on every machine (the generator is splitmix64, not a standard-library
+// distribution).
 //
 // An instance is exactly `length` tokens: filler text, the key sentence at the chosen depth,
 // the question, then the answer (the last tokens):
@@ -21,18 +22,29 @@
 // - K is uniform in 1..50000.
 // - The answer is the number and its full stop (" 12345."), so the instance shows where the
 //   number ends: a model that continues with a longer number does not match.
+// - variable_tracking (RULER's "vt" with its defaults: one chain, four hops, names of five
+//   capital letters, a value uniform in 10000..99999): a chain of five assignment sentences
+//     QXLKZ = 12345. BWMRT = QXLKZ. HEPAV = BWMRT. JDUOC = HEPAV. YTNIS = JDUOC.
+//   in the filler, in chain order: the first (the value's, the "key sentence") at the boundary
+//   nearest the depth, each later one at a uniform boundary at or after the one before. Then
+//     Which names hold 12345? They are| QXLKZ BWMRT HEPAV JDUOC YTNIS.
+//   The answer names every variable that holds the value, in chain order here; scoring accepts
+//   them in any order (match_answer), as RULER's set-valued answer does. The five names are
+//   distinct. RULER's "VAR" before each name and its instruction are left out, so that an
+//   instance (138 bytes at the least) fits a 256-byte training window with filler around it.
 // Adapted to extrap's tokenizers: byte level is the UTF-8 text (the answer " 12345." with its
 // space); word level writes punctuation and each digit as words ("The pass key is 1 2 3 4 5 .",
-// the answer "1 2 3 4 5 ."), and refuses a corpus whose vocabulary lacks one of the task's words;
-// sentencepiece encodes each sentence, the question and the answer (" 12345.") on its own
-// (pieces never cross a space, so they join into the whole text's pieces), and refuses a model
-// that writes any of them with <unk>.
+// the answer "1 2 3 4 5 ."), and a variable's name letter by letter ("Q X L K Z"), and refuses a
+// corpus whose vocabulary lacks one of the task's words; sentencepiece encodes each sentence,
+// the question and the answer (" 12345."; each " NAME" and the stop, which so reads " .") on
+// its own (pieces never cross a space, so they join into the whole text's pieces), and refuses
+// a model that writes any of them with <unk>.
 // The literature's one-line instruction before the filler ("There is an important info hidden
 // inside a lot of irrelevant text...") is left out: at byte level it alone fills a 128-token
 // window, and extrap's models learn the task from training on it (data.task).
 //
 // Scoring (core/eval/retrieval_eval.h): greedy decoding after the question must give exactly the
-// answer's tokens.
+// answer's tokens, or for variable_tracking the answer's names in any order and the stop.
 #pragma once
 
 #include "core/base/yaml_options.h"
@@ -45,17 +57,21 @@
 
 namespace extrap {
 
-enum class RetrievalTask { none, passkey, multikey };
+enum class RetrievalTask { none, passkey, multikey, variable_tracking };
 template <>
 struct EnumNames<RetrievalTask> {
-  static constexpr std::array<std::pair<const char*, RetrievalTask>, 3> table{
+  static constexpr std::array<std::pair<const char*, RetrievalTask>, 4> table{
       {{"none", RetrievalTask::none},
        {"passkey", RetrievalTask::passkey},
-       {"multikey", RetrievalTask::multikey}}};
+       {"multikey", RetrievalTask::multikey},
+       {"variable_tracking", RetrievalTask::variable_tracking}}};
 };
 
 inline constexpr int64_t kPasskeyMax = 50000;     // K is uniform in 1..kPasskeyMax
 inline constexpr int64_t kMultikeyDistractors = 2;
+inline constexpr int64_t kVariableHops = 4;        // variable_tracking: assignments after the first
+inline constexpr int64_t kVariableNameLength = 5;  // capital letters per name
+inline constexpr int64_t kVariableValueMin = 10000, kVariableValueMax = 99999;
 
 struct TaskInstance {
   std::vector<int32_t> tokens;    // the whole instance: prompt then answer (`length` tokens)
@@ -68,7 +84,24 @@ struct TaskInstance {
   double depth = 0;               // where the key sentence went: filler tokens before it / all
   std::vector<int64_t> distractor_keys;    // multikey: the other keys, in text order
   std::vector<int64_t> distractor_begins;  // ... and where their sentences begin
+  // variable_tracking: the chain's names in assignment order (the first is assigned `key`;
+  // `name` is it too), where each assignment sentence begins, and the answer in pieces (each
+  // name's tokens, in chain order, then the stop's): the pieces joined are `answer`.
+  std::vector<std::string> variables;
+  std::vector<int64_t> statement_begins;
+  std::vector<std::vector<int32_t>> answer_names;
+  std::vector<int32_t> answer_stop;
 };
+
+// How a greedy continuation after the question stands against an instance's answer.
+enum class AnswerMatch {
+  wrong,     // no right answer begins with these tokens
+  partial,   // a proper prefix of a right answer
+  complete,  // a right answer
+};
+// The right answers: `answer` itself; for variable_tracking, the answer's names in any order
+// (each once), then the stop. Every right answer has answer.size() tokens.
+AnswerMatch match_answer(const TaskInstance& instance, const std::vector<int32_t>& generated);
 
 // Deterministic 64-bit mixing of values into one seed (splitmix64 finaliser chain).
 uint64_t task_seed(std::initializer_list<uint64_t> values);
@@ -93,6 +126,24 @@ class TaskGenerator {
  private:
   std::vector<int32_t> encode(const std::string& text) const;  // byte or word form of `text`
   std::vector<int32_t> key_sentence(const std::string& name, int64_t key) const;
+  TaskInstance make_variable_tracking(int64_t length, double depth, uint64_t seed) const;
+  // A sentence to insert into the filler: at filler position `at` (a sentence boundary),
+  // ordered by `order` among those at the same position.
+  struct Placement {
+    int64_t at;
+    uint64_t order;
+    size_t sentence;
+  };
+  // The sentence boundaries of a filler of `filler` tokens (the last `filler` tokens of the
+  // repeated cycle), its end included; the cut first sentence's start is not one.
+  std::vector<int64_t> boundaries(int64_t filler) const;
+  // The boundary nearest depth x filler (the lower on a tie); sets out.depth to where it is.
+  static int64_t nearest_boundary(const std::vector<int64_t>& boundaries, int64_t filler,
+                                  double depth, TaskInstance& out);
+  // Appends the filler with the placed sentences to `tokens`; returns where each sentence begins.
+  std::vector<int64_t> lay_out(int64_t filler, std::vector<Placement> placements,
+                               const std::vector<std::vector<int32_t>>& sentences,
+                               std::vector<int32_t>& tokens) const;
 
   RetrievalTask task_;
   const Corpus& corpus_;

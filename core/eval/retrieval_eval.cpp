@@ -11,6 +11,35 @@ uint64_t retrieval_instance_seed(int64_t seed, int64_t length, double depth, int
                     uint64_t(sample), 0x72657472u});
 }
 
+bool greedy_answer_is_right(const TaskInstance& instance, std::vector<int32_t> generated,
+                            const GreedyStep& step) {
+  const int64_t length = int64_t(instance.tokens.size());
+  for (;;) {
+    const AnswerMatch match = match_answer(instance, generated);
+    if (match != AnswerMatch::partial) return match == AnswerMatch::complete;
+    std::vector<int64_t> sequence(instance.tokens.begin(), instance.tokens.end());
+    for (size_t g = 0; g < generated.size(); ++g)
+      sequence[size_t(instance.prompt_length) + g] = generated[g];
+    const int64_t row = instance.prompt_length + int64_t(generated.size()) - 1;
+    // A right answer has answer.size() tokens, so an open one is shorter.
+    TORCH_CHECK(row < length - 1, "retrieval: an open answer as long as the instance's");
+    generated.push_back(step(sequence, row));
+  }
+}
+
+GreedyStep model_greedy_step(TransformerLM& model, int64_t banned, torch::Device device) {
+  return [&model, banned, device](const std::vector<int64_t>& sequence, int64_t row) {
+    torch::NoGradGuard no_grad;
+    auto inputs = torch::tensor(sequence, torch::kLong).view({1, -1}).to(device);
+    auto logits = model->logits(model->hidden(inputs).select(1, row)).to(torch::kFloat64).cpu();
+    if (!logits.isfinite().all().item<bool>())
+      throw EvalFailure("retrieval at length " + std::to_string(sequence.size()) +
+                        ": the model produced non-finite logits");
+    if (banned >= 0) logits.select(1, banned).fill_(-INFINITY);
+    return int32_t(logits.argmax(1).item<int64_t>());
+  };
+}
+
 RetrievalCell retrieval_totals(const std::vector<RetrievalCell>& cells) {
   RetrievalCell total;
   for (const auto& c : cells) {
@@ -74,6 +103,7 @@ RetrievalResult evaluate_retrieval(TransformerLM& model, const Corpus& corpus,
   check_window_memory(model->config(), std::min<int64_t>(per_batch, int64_t(trials.size())),
                       spec.length);
   const int64_t banned = corpus.byte_level() ? corpus.mask_token : -1;
+  const GreedyStep step = model_greedy_step(model, banned, device);
 
   for (size_t first = 0; first < trials.size(); first += size_t(per_batch)) {
     const int64_t count = std::min<int64_t>(per_batch, int64_t(trials.size() - first));
@@ -105,12 +135,16 @@ RetrievalResult evaluate_retrieval(TransformerLM& model, const Corpus& corpus,
       const Trial& trial = trials[first + size_t(b)];
       const TaskInstance& instance = trial.instance;
       RetrievalCell& cell = result.cells[trial.cell];
-      bool correct = true;
+      // Greedy decoding's choices while it follows the answer, then its first other choice
+      // (that row's most likely token).
+      std::vector<int32_t> generated;
       for (size_t a = 0; a < instance.answer.size(); ++a, ++row) {
-        correct = correct && top[row] == instance.answer[a];
+        if (generated.size() == a && (a == 0 || generated[a - 1] == instance.answer[a - 1]))
+          generated.push_back(int32_t(top[row]));
         cell.answer_nll -= lp[row][instance.answer[a]];
         ++cell.answer_tokens;
       }
+      const bool correct = greedy_answer_is_right(instance, std::move(generated), step);
       ++cell.trials;
       cell.correct += correct;
       result.correct_by_trial[first + size_t(b)] = correct;

@@ -1,12 +1,16 @@
 // Retrieval evaluation: exact-match accuracy of a causal model on generated task instances
 // (core/data/retrieval_task.h), by total length and by the depth of the key.
 //
-// An instance counts as correct when greedy decoding after the question gives exactly the
-// answer's tokens (the number and its full stop: core/data/retrieval_task.h). This is computed in one
-// forward pass over the instance's `length` tokens (prompt and answer): greedy decoding follows
-// the answer exactly when, at every answer position, the most likely token given the answer so
-// far is the answer's token. (The mask token of a byte vocabulary is never a candidate, as in
-// `extrap generate`.) The same pass gives the answer's NLL, a soft score.
+// An instance counts as correct when greedy decoding after the question gives a right answer:
+// exactly the answer's tokens (the number and its full stop: core/data/retrieval_task.h), or for
+// variable_tracking the answer's names in any order, then the stop (match_answer). This is
+// computed in one forward pass over the instance's `length` tokens (prompt and answer): greedy
+// decoding follows the answer exactly when, at every answer position, the most likely token
+// given the answer so far is the answer's token. Where it leaves the answer for another right
+// one (another of the names), decoding goes on from there, one pass per token
+// (greedy_answer_is_right). (The mask token of a byte vocabulary is never a candidate, as in
+// `extrap generate`.) The same pass gives the answer's NLL, a soft score (of the answer in its
+// own order).
 //
 // Instances depend only on (task, length, depth, sample, seed) and the tokenizer: every
 // method is scored on the same instances.
@@ -15,6 +19,7 @@
 #include "core/data/retrieval_task.h"
 #include "core/eval/evaluator.h"
 
+#include <functional>
 #include <vector>
 
 namespace extrap {
@@ -59,6 +64,25 @@ uint64_t retrieval_instance_seed(int64_t seed, int64_t length, double depth, int
 
 // Refuses (ConfigError) depths outside [0, 100] or repeated, samples below 1.
 void check_retrieval_spec(const RetrievalSpec& spec);
+
+// The most likely next token (never a banned one) of the model reading `sequence` (an
+// instance's `length` tokens), at position `row`.
+using GreedyStep = std::function<int32_t(const std::vector<int64_t>& sequence, int64_t row)>;
+
+// Whether greedy decoding after the question of `instance` gives a right answer, given its first
+// choices: the tokens it chose while they followed the instance's answer, then its first other
+// choice if there was one. While the choices are a proper prefix of a right answer
+// (match_answer: partial), it asks `step` for the next one, at row prompt_length + chosen - 1 of
+// the instance's tokens with the chosen tokens in place of the answer's first ones (the rest of
+// the answer pads the sequence to its length; a causal model's earlier rows do not see it), so
+// that every row is computed at the length, and under the RoPE scaling, of the batched pass.
+bool greedy_answer_is_right(const TaskInstance& instance, std::vector<int32_t> generated,
+                            const GreedyStep& step);
+
+// The model's greedy step: one pass over the sequence (as the model is: evaluation mode and
+// RoPE scaling are the caller's), row `row`'s most likely token other than `banned` (-1: none).
+// Non-finite logits are an EvalFailure. Holds a reference to `model`.
+GreedyStep model_greedy_step(TransformerLM& model, int64_t banned, torch::Device device);
 
 // Evaluates under NoGradGuard and eval mode (restored afterwards). A masked LM, a length below
 // the task's shortest instance or a non-finite logit is an EvalFailure.

@@ -36,7 +36,7 @@ int task(const Args& args) {
   int64_t length = 0, seed = 1;
   double depth = 50;
   options.add_options()
-      ("task", po::value(&task_name), "passkey | multikey")
+      ("task", po::value(&task_name), "passkey | multikey | variable_tracking")
       ("length", po::value(&length)->required(), "tokens in the instance (prompt and answer)")
       ("depth", po::value(&depth), "where the key goes, percent of the filler (default 50)")
       ("seed", po::value(&seed), "instance seed (default 1)")
@@ -44,11 +44,11 @@ int task(const Args& args) {
        "use this config's corpus and tokenizer (default: byte level, no corpus needed)")
       ("json", po::value(&json_path), "also write the tokens and offsets to this JSON file");
   po::variables_map vm;
-  if (!parse(args, "extrap task --length N [--task passkey|multikey] [--depth 50] [--seed 1]",
+  if (!parse(args, "extrap task --length N [--task passkey|multikey|variable_tracking] [--depth 50] [--seed 1]",
              options, vm))
     return 0;
   const RetrievalTask kind = parse_enum<RetrievalTask>(task_name, "--task");
-  if (kind == RetrievalTask::none) throw ConfigError("--task none: name a task (passkey, multikey)");
+  if (kind == RetrievalTask::none) throw ConfigError("--task none: name a task (passkey, multikey, variable_tracking)");
   if (!(depth >= 0 && depth <= 100))
     throw ConfigError("--depth " + number_text(depth) + ": must be a percentage in [0, 100]");
   const Corpus corpus = config_path.empty() ? byte_corpus() : load_corpus(load_config(config_path, {}).data);
@@ -58,8 +58,14 @@ int task(const Args& args) {
                                     instance.tokens.begin() + instance.prompt_length);
   std::cout << generator.text(prompt) << "\n";
   std::cerr << "answer '" << generator.text(instance.answer) << "' (" << instance.answer.size()
-            << " tokens); the " << instance.name << " key sentence is tokens ["
-            << instance.key_begin << ", " << instance.key_end << ") at depth "
+            << " tokens";
+  if (kind == RetrievalTask::variable_tracking)
+    std::cerr << "; its " << instance.variables.size() << " names in any order are right"
+              << "); the assignment of " << instance.key << " to " << instance.name
+              << " is tokens [";
+  else
+    std::cerr << "); the " << instance.name << " key sentence is tokens [";
+  std::cerr << instance.key_begin << ", " << instance.key_end << ") at depth "
             << number_text(instance.depth * 100) << "% of the filler\n";
   if (!json_path.empty()) {
     const nlohmann::json document = {{"task", task_name},
@@ -75,7 +81,9 @@ int task(const Args& args) {
                                      {"key_end", instance.key_end},
                                      {"depth", instance.depth},
                                      {"distractor_keys", instance.distractor_keys},
-                                     {"distractor_begins", instance.distractor_begins}};
+                                     {"distractor_begins", instance.distractor_begins},
+                                     {"variables", instance.variables},
+                                     {"statement_begins", instance.statement_begins}};
     write_file_atomic(json_path, document.dump(1) + "\n");
   }
   return 0;

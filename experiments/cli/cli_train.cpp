@@ -272,7 +272,7 @@ bool parse_eval_options(const Args& args, EvalOptions& opt) {
       ("rope-factor", po::value(&opt.rope_factor),
        "RoPE scaling factor s >= 1 (default: each length / the training length; dynamic: 1)")
       ("retrieval", po::value(&opt.retrieval),
-       "score a retrieval task instead of perplexity: passkey | multikey (exact match by "
+       "score a retrieval task instead of perplexity: passkey | multikey | variable_tracking (exact match by "
        "length and depth; core/eval/retrieval_eval.h)")
       ("depths", po::value(&opt.retrieval_spec.depths)->multitoken(),
        "retrieval: key depths in percent (default 0 25 50 75 100)")
@@ -295,7 +295,7 @@ void check_eval_options(EvalOptions& opt) {
   } else {
     opt.retrieval_spec.task = parse_enum<RetrievalTask>(opt.retrieval, "--retrieval");
     if (opt.retrieval_spec.task == RetrievalTask::none)
-      throw ConfigError("--retrieval none: name a task (passkey, multikey)");
+      throw ConfigError("--retrieval none: name a task (passkey, multikey, variable_tracking)");
     for (const char* name : {"stride", "split", "max-tokens"})
       if (vm.count(name))
         throw ConfigError(std::string("--") + name +

@@ -37,7 +37,7 @@ const std::map<std::string, Command>& commands() {
       {"eval", {"evaluate a trained run at any length (non-overlapping or sliding window)", eval}},
       {"generate", {"continue a prompt with a trained causal model (KV cache)", generate}},
       {"tokenizer", {"train a SentencePiece tokenizer on a corpus (`tokenizer train`), or show a text's pieces", tokenizer}},
-      {"task", {"print a retrieval-task instance (passkey, multikey) as the model sees it", task}},
+      {"task", {"print a retrieval-task instance (passkey, multikey, variable_tracking) as the model sees it", task}},
       {"export", {"write a trained model as safetensors for Python (analysis/extrap_model.py)", export_model}},
       {"positions", {"list the registered position methods, their options and hooks", positions}},
       {"inspect", {"print ALiBi slopes or any method's attention-score bias", inspect}},

@@ -294,7 +294,7 @@ void read_grid(const OptionReader& root, YAML::Node& doc, const std::string& pat
 // check_retrieval_spec accepts.
 void check_retrieval_plan(const OptionReader& r, const SweepRetrieval& retrieval) {
   if (retrieval.task == RetrievalTask::none)
-    r.fail("task", "is none: name the task (passkey, multikey) or drop eval.retrieval");
+    r.fail("task", "is none: name the task (passkey, multikey, variable_tracking) or drop eval.retrieval");
   if (retrieval.lengths.empty() && retrieval.length_multiples.empty())
     r.fail("length_multiples", "no instance lengths (lengths and length_multiples are both "
                                "empty)");

@@ -14,7 +14,7 @@
 //     rope_scaling: [none, yarn]    # RoPE-scaling variants for points of rotary/xpos models
 //     rope_factor: 4                # the factor s (default: each length / train.seq_len)
 //     retrieval:                    # exact-match retrieval (core/eval/retrieval_eval.h), causal points
-//       task: passkey               # passkey | multikey
+//       task: passkey               # passkey | multikey | variable_tracking
 //       length_multiples: [1, 2, 4] # instance lengths, multiples of train.seq_len (or lengths:)
 //       depths: [0, 25, 50, 75, 100]   # key depths, percent
 //       samples: 20                 # instances per (length, depth); the same for every point

@@ -230,6 +230,26 @@ TEST_CASE("a sentencepiece corpus loads with the bytes behind its tokens, is cac
                                  instance.tokens.begin() + instance.key_end);
   CHECK(passkey.text(key) == "The pass key is " + k + ". Remember it. " + k + " is the pass key.");
 
+  // Variable tracking in pieces: each assignment, the question and each name of the answer
+  // encoded on its own; the stop too, so it reads " ." after the last name.
+  const TaskGenerator tracking(RetrievalTask::variable_tracking, corpus);
+  const TaskInstance chain = tracking.make(400, 0.5, 9);
+  CHECK(chain.tokens.size() == 400);
+  const std::string chain_prompt =
+      tracking.text({chain.tokens.begin(), chain.tokens.begin() + chain.prompt_length});
+  CHECK_THAT(chain_prompt, Catch::Contains(chain.variables[0] + " = " + std::to_string(chain.key) + "."));
+  for (size_t v = 1; v < chain.variables.size(); ++v)
+    CHECK_THAT(chain_prompt, Catch::Contains(chain.variables[v] + " = " + chain.variables[v - 1] + "."));
+  CHECK_THAT(chain_prompt, Catch::EndsWith("Which names hold " + std::to_string(chain.key) + "? They are"));
+  std::string listed;
+  for (const auto& n : chain.variables) listed += (listed.empty() ? "" : " ") + n;
+  CHECK(tracking.text(chain.answer) == listed + " .");
+  std::vector<int32_t> reversed;
+  for (size_t n = chain.answer_names.size(); n-- > 0;)
+    reversed.insert(reversed.end(), chain.answer_names[n].begin(), chain.answer_names[n].end());
+  reversed.insert(reversed.end(), chain.answer_stop.begin(), chain.answer_stop.end());
+  CHECK(match_answer(chain, reversed) == AnswerMatch::complete);
+
   // A model that writes the task's digits as <unk> (no digits in its text, no byte fallback).
   std::string letters = texts[0];
   letters.erase(std::remove_if(letters.begin(), letters.end(), [](char c) { return c >= '0' && c <= '9'; }),

@@ -10,6 +10,7 @@
 #include "core/train/trainer.h"
 #include "experiments/sweep/sweep.h"
 #include "tests/support/cli_harness.h"
+#include "tests/support/retrieval_support.h"
 #include "tests/support/test_support.h"
 
 #include <catch2/catch.hpp>
@@ -19,39 +20,14 @@
 #include <set>
 
 using namespace extrap;
+using namespace extrap::testing;
 using testing::TempDir;
 
 namespace {
 
-const std::string kFiller =
-    "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ";
-const std::vector<size_t> kSentenceStarts{0, 20, 37, 56, 68};  // in kFiller
-
-Corpus byte_corpus() {
-  Corpus corpus;
-  corpus.name = "bytes";
-  corpus.tokenizer = Tokenizer::byte;
-  corpus.vocab_size = 257;
-  corpus.mask_token = 256;
-  return corpus;
-}
-
-std::string as_text(const std::vector<int32_t>& tokens, size_t begin, size_t end) {
-  std::string out;
-  for (size_t i = begin; i < end; ++i) out += char(tokens[i]);
-  return out;
-}
-
 std::string key_sentence(const std::string& name, int64_t key) {
   const std::string k = std::to_string(key);
   return "The " + name + " key is " + k + ". Remember it. " + k + " is the " + name + " key. ";
-}
-
-// The last n bytes of the filler repeated: what the instance's filler must be.
-std::string filler_tail(size_t n) {
-  std::string repeated;
-  while (repeated.size() < n) repeated += kFiller;
-  return repeated.substr(repeated.size() - n);
 }
 
 // `extrap sweep tiny.yaml [--list]` with the sweep's --set overrides.
@@ -66,7 +42,7 @@ std::vector<std::string> sweep_args(bool list, const std::vector<std::string>& s
 
 TEST_CASE("passkey instances: exact length, the key and answer where they say, filler rebuilt",
           "[retrieval]") {
-  const Corpus corpus = byte_corpus();
+  const Corpus corpus = task_byte_corpus();
   const TaskGenerator generator(RetrievalTask::passkey, corpus);
   REQUIRE(generator.min_length() == int64_t(key_sentence("pass", 50000).size() +
                                             std::string("What is the pass key? The pass key is").size() +
@@ -81,22 +57,18 @@ TEST_CASE("passkey instances: exact length, the key and answer where they say, f
         REQUIRE(t.key >= 1);
         REQUIRE(t.key <= 50000);
         const std::string answer = std::string(" ").append(std::to_string(t.key)).append(".");
-        REQUIRE(as_text(t.tokens, size_t(t.prompt_length), t.tokens.size()) == answer);
+        REQUIRE(bytes_text(t.tokens, size_t(t.prompt_length), t.tokens.size()) == answer);
         REQUIRE(t.answer == std::vector<int32_t>(t.tokens.begin() + t.prompt_length, t.tokens.end()));
-        REQUIRE(as_text(t.tokens, size_t(t.key_begin), size_t(t.key_end)) == key_sentence("pass", t.key));
+        REQUIRE(bytes_text(t.tokens, size_t(t.key_begin), size_t(t.key_end)) == key_sentence("pass", t.key));
         const size_t question_at = size_t(t.prompt_length) - question.size();
-        REQUIRE(as_text(t.tokens, question_at, size_t(t.prompt_length)) == question);
+        REQUIRE(bytes_text(t.tokens, question_at, size_t(t.prompt_length)) == question);
         // Without the key sentence, what precedes the question is the filler's tail.
-        const std::string filler = as_text(t.tokens, 0, size_t(t.key_begin)) +
-                                   as_text(t.tokens, size_t(t.key_end), question_at);
+        const std::string filler = bytes_text(t.tokens, 0, size_t(t.key_begin)) +
+                                   bytes_text(t.tokens, size_t(t.key_end), question_at);
         REQUIRE(filler == filler_tail(filler.size()));
         // The key sits at a sentence start (or the filler's end), the one nearest the depth.
         const size_t before = size_t(t.key_begin);
-        const size_t offset = (kFiller.size() - filler.size() % kFiller.size()) % kFiller.size();
-        const auto is_start = [&](size_t i) {
-          return i == filler.size() ||
-                 std::count(kSentenceStarts.begin(), kSentenceStarts.end(), (offset + i) % kFiller.size());
-        };
+        const auto is_start = [&](size_t i) { return filler_sentence_start(filler.size(), i); };
         REQUIRE(is_start(before));
         if (!filler.empty()) {
           REQUIRE(t.depth == Approx(double(before) / double(filler.size())));
@@ -123,7 +95,7 @@ TEST_CASE("passkey instances: exact length, the key and answer where they say, f
 
 TEST_CASE("multikey instances: two distractors with other names and keys, the target asked for",
           "[retrieval]") {
-  const Corpus corpus = byte_corpus();
+  const Corpus corpus = task_byte_corpus();
   const TaskGenerator generator(RetrievalTask::multikey, corpus);
   const std::regex sentence("The (\\w+) key is (\\d+)\\. Remember it\\. (\\d+) is the (\\w+) key\\. ");
   for (uint64_t seed = 1; seed <= 20; ++seed) {
@@ -131,10 +103,10 @@ TEST_CASE("multikey instances: two distractors with other names and keys, the ta
     REQUIRE(t.tokens.size() == 600);
     REQUIRE(t.distractor_keys.size() == 2);
     REQUIRE(t.distractor_begins.size() == 2);
-    const std::string prompt = as_text(t.tokens, 0, size_t(t.prompt_length));
+    const std::string prompt = bytes_text(t.tokens, 0, size_t(t.prompt_length));
     const std::string question = "What is the " + t.name + " key? The " + t.name + " key is";
     REQUIRE(prompt.substr(prompt.size() - question.size()) == question);
-    REQUIRE(as_text(t.tokens, size_t(t.key_begin), size_t(t.key_end)) == key_sentence(t.name, t.key));
+    REQUIRE(bytes_text(t.tokens, size_t(t.key_begin), size_t(t.key_end)) == key_sentence(t.name, t.key));
     // Every key sentence in the text: the target's once, and two others with other names.
     std::set<std::string> names;
     int sentences = 0;
@@ -244,17 +216,8 @@ TEST_CASE("a small model trained on passkey: accuracy by length, each verdict eq
           "decoding, refusals",
           "[retrieval][slow]") {
   auto corpus = testing::tiny_byte_corpus();
-  Config config = testing::tiny_config("alibi");
-  config.model.d_model = 64;
-  config.model.d_ffn = 256;
-  config.task = RetrievalTask::passkey;
-  config.task_fraction = 1;
-  config.train.seq_len = 102;  // the shortest instance (103 tokens): no filler
-  config.train.batch_tokens = 102 * 16;
-  config.train.steps = 1200;  // learned abruptly between 400 and 1200 steps
-  config.train.lr = 3e-3;
-  config.train.warmup = 20;
-  config.train.threads = 2;
+  // The shortest instance (103 tokens, no filler), learned abruptly between 400 and 1200 steps.
+  Config config = task_config(RetrievalTask::passkey, 102, 16, 1200);
   TempDir dir("task-train");
   config.train.out_dir = (dir.root / "run").string();
   Trainer trainer(config, corpus);
@@ -282,12 +245,8 @@ TEST_CASE("a small model trained on passkey: accuracy by length, each verdict eq
       for (int64_t s = 0; s < spec.samples; ++s, ++trial) {
         const TaskInstance t = generator.make(
             length, depth / 100.0, retrieval_instance_seed(spec.seed, length, depth, s));
-        GenerateOptions greedy;
-        greedy.temperature = 0;
-        greedy.max_new = int64_t(t.answer.size());
-        greedy.banned = {corpus.mask_token};
-        const auto out = generate(
-            model, std::vector<int32_t>(t.tokens.begin(), t.tokens.begin() + t.prompt_length), greedy);
+        const auto out = greedy_after(model, t.tokens, t.prompt_length, int64_t(t.answer.size()),
+                                      corpus.mask_token);
         const bool right = out == t.answer;
         REQUIRE(bool(r.correct_by_trial[trial]) == right);
         (right ? verdicts_correct : verdicts_wrong)++;
