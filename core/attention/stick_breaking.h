@@ -24,11 +24,7 @@ torch::Tensor stick_breaking_attention(const torch::Tensor& q, const torch::Tens
 // inspect bias` shows).
 torch::Tensor stick_breaking_weights(const torch::Tensor& q, const torch::Tensor& k, const AttentionBias& bias);
 
-// The same numbers computed `query_block` rows at a time, each against the keys it can see
-// only: memory (B, H, query_block, Tk) instead of (B, H, Tq, Tk). Inference only (refuses grad
-// mode with an input that requires grad): what long evaluations use.
-torch::Tensor stick_breaking_attention_blocked(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                               const AttentionBias& bias, const AttentionOptions& options,
-                                               int64_t query_block = 256);
+// Long evaluations compute it a block of query rows at a time, each against the keys it can see
+// only, through attention_reference_blocked() (core/attention/attention.h).
 
 }  // namespace extrap

@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include "core/attention/attention.h"
+#include "core/attention/efficient_attention.h"
 #include "core/attention/stick_breaking.h"
 #include "tests/support/position_support.h"
 
@@ -98,7 +99,9 @@ TEST_CASE("stick-breaking: row blocks and cached decoding give the reference's n
   torch::NoGradGuard no_grad;
   for (const int64_t block : {1, 3, 4, 11, 64}) {
     INFO("query block " << block);
-    CHECK((stick_breaking_attention_blocked(q, k, v, bias, causal_options(), block) - reference).abs().max().item<double>() <
+    CHECK((attention_reference_blocked(q, k, v, bias, causal_options(), block) - reference).abs().max().item<double>() <
+          1e-6);
+    CHECK((attention_efficient(q, k, v, bias, causal_options(), {block, 512}) - reference).abs().max().item<double>() <
           1e-6);
   }
   // The last 4 queries against all 11 keys: the reference's last 4 rows.
@@ -121,8 +124,8 @@ TEST_CASE("stick-breaking: refusals name what is wrong", "[attention][stick-brea
   CHECK_THROWS_WITH(materialize_bias(AttentionBias::stick_breaking(false), 2, 6, 6, true),
                     Catch::Contains("replace the softmax"));
   const auto needs_grad = torch::randn({1, 2, 6, 4}, torch::requires_grad());
-  CHECK_THROWS_WITH(stick_breaking_attention_blocked(needs_grad, needs_grad, needs_grad, AttentionBias::stick_breaking(false),
-                                                     causal_options()),
+  CHECK_THROWS_WITH(attention_reference_blocked(needs_grad, needs_grad, needs_grad, AttentionBias::stick_breaking(false),
+                                                causal_options()),
                     Catch::Contains("inference only"));
   CHECK_THAT(testing::position_refusal("stick_breaking", "model: {objective: masked_lm}\n"),
              Catch::Contains("stick_breaking") && Catch::Contains("bidirectional"));
