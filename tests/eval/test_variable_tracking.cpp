@@ -136,8 +136,8 @@ TEST_CASE("variable_tracking instances: five assignments in chain order, rebuilt
                           Catch::Contains("at least 138"));
 }
 
-TEST_CASE("variable_tracking answers: the names in any order, then the stop; greedy decoding "
-          "goes on past a departure to another name",
+TEST_CASE("variable_tracking answers: the names in any order, then the stop, and greedy "
+          "decoding goes on past a departure to another name",
           "[retrieval]") {
   const Corpus corpus = task_byte_corpus();
   const TaskGenerator generator(RetrievalTask::variable_tracking, corpus);
@@ -229,8 +229,8 @@ TEST_CASE("variable_tracking answers: the names in any order, then the stop; gre
   CHECK(match_answer(p, {p.answer[0], p.answer[1] == '9' ? '8' : '9'}) == AnswerMatch::wrong);
 }
 
-TEST_CASE("variable_tracking at word level: names letter by letter, a missing letter refused; "
-          "passkey needs only its own words",
+TEST_CASE("variable_tracking at word level: names letter by letter, a missing letter refused, "
+          "and passkey needs only its own words",
           "[retrieval]") {
   std::string words =
       "The grass is green . The sky is blue . The sun is yellow . Here we go . There and back "
