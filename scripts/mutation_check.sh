@@ -190,6 +190,12 @@ core/data/retrieval_task.cpp |   return last(instance.answer_stop, at); |   retu
 core/eval/retrieval_eval.cpp |       sequence[size_t(instance.prompt_length) + g] = generated[g]; |       sequence[size_t(instance.prompt_length) + g] = instance.answer[g]; | decoding on past a departure reads the instance's own answer, not the tokens chosen
 core/data/retrieval_task.cpp |     const bool capitals = current.size() > 1 && |     const bool capitals = current.size() > 9 && | word level writes a variable's name as one word
 core/data/retrieval_task.cpp |     if (task == RetrievalTask::multikey) names.assign(std::begin(kKeyNames), std::end(kKeyNames)); |     names.assign(std::begin(kKeyNames), std::end(kKeyNames)); | passkey refuses a word vocabulary without multikey's names
+core/eval/longppl.cpp | const auto candidate = long_eval.token_position.ge(k) | const auto candidate = long_eval.token_position.ge(k - 1) | LongPPL's candidates include targets with only K tokens of context
+core/eval/longppl.cpp | keys.key = candidate.logical_and(gain.gt(spec.alpha)) | keys.key = candidate.logical_and(gain.ge(spec.alpha)) | LongPPL takes a gain of exactly alpha as key
+core/eval/longppl.cpp | .logical_and(long_eval.token_nll.neg().gt(spec.beta)); | .logical_and(short_eval.token_nll.neg().gt(spec.beta)); | LongPPL's beta floor reads the short context's log-probability
+core/eval/evaluator.cpp | tokens->position.index_put_({stream_at}, where + 1); | tokens->position.index_put_({stream_at}, where); | the evaluator's token positions are one short
+core/eval/longppl.cpp |   spec.stride = 1; |   spec.stride = 2; | LongPPL's short context shares windows between targets
+core/eval/longppl.cpp | out.longppl = std::exp(out.nll_sum / double(out.key_tokens)); | out.longppl = std::exp(out.nll_sum / double(out.candidates)); | LongPPL averages over the candidates, not the key tokens
 EOF
 )
 

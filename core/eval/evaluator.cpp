@@ -160,6 +160,14 @@ struct EvalBatch {
   torch::Tensor inputs;        // (b, T)
   torch::Tensor targets;       // (b, T), -1 where not scored
   torch::Tensor target_bytes;  // (b, T), the bytes of text behind each scored target, else 0
+  torch::Tensor target_at;     // (b, T), the stream position of each scored target, else -1
+};
+
+// Each scored target's NLL and window position by its stream position (keep_token_nll).
+struct TokenSums {
+  torch::Tensor nll;       // (n,) float64
+  torch::Tensor position;  // (n,) int64, the window position + 1 (0: not scored), so that
+                           // ranks' tensors add up
 };
 
 // Inputs and targets of windows [first, first + count) of a group, each of `size` tokens.
@@ -170,7 +178,9 @@ EvalBatch batch_inputs(const std::vector<EvalWindow>& group, size_t first, int64
   auto inputs = torch::empty({count, size}, torch::kLong);
   auto targets = torch::full({count, size}, int64_t(-1), torch::kLong);  // -1: not scored
   auto target_bytes = torch::zeros({count, size}, torch::kLong);
+  auto target_stream = torch::full({count, size}, int64_t(-1), torch::kLong);
   auto in = inputs.accessor<int64_t, 2>();
+  auto at = target_stream.accessor<int64_t, 2>();
   auto tg = targets.accessor<int64_t, 2>();
   auto by = target_bytes.accessor<int64_t, 2>();
   const bool counts_bytes = corpus.counts_bytes();
@@ -190,17 +200,18 @@ EvalBatch batch_inputs(const std::vector<EvalWindow>& group, size_t first, int64
       }
       if (target_at < 0) continue;
       tg[b][p] = data[target_at];
+      at[b][p] = target_at;
       if (counts_bytes) by[b][p] = corpus.bytes_at(stream, target_at);
     }
   }
-  return {inputs, targets, target_bytes};
+  return {inputs, targets, target_bytes, target_stream};
 }
 
 // Adds the NLL of a batch's scored targets, and the bytes of text behind them, to the sums by
 // window position, in logit chunks.
 void score_batch(TransformerLM& model, const EvalBatch& batch, int64_t size, torch::Device device,
                  torch::Tensor& position_nll, torch::Tensor& position_tokens,
-                 torch::Tensor& position_bytes) {
+                 torch::Tensor& position_bytes, TokenSums* tokens) {
   auto hidden = model->hidden(batch.inputs.to(device));      // (b, T, D)
   auto flat_targets = batch.targets.view({-1}).to(device);  // (b*T,)
   auto flat_bytes = batch.target_bytes.view({-1});          // (b*T,), on the CPU
@@ -219,6 +230,11 @@ void score_batch(TransformerLM& model, const EvalBatch& batch, int64_t size, tor
     position_nll.index_add_(0, where, nll.to(torch::kFloat64).cpu());
     position_tokens.index_add_(0, where, torch::ones_like(where));
     position_bytes.index_add_(0, where, flat_bytes.index_select(0, rows));
+    if (tokens) {
+      const auto stream_at = batch.target_at.view({-1}).index_select(0, rows);
+      tokens->nll.index_put_({stream_at}, nll.to(torch::kFloat64).cpu());
+      tokens->position.index_put_({stream_at}, where + 1);
+    }
   }
 }
 
@@ -279,6 +295,9 @@ EvalResult evaluate(TransformerLM& model, const Corpus& corpus, const TokenStrea
   auto position_nll = torch::zeros({spec.length}, torch::kFloat64);
   auto position_tokens = torch::zeros({spec.length}, torch::kLong);
   auto position_bytes = torch::zeros({spec.length}, torch::kLong);  // where the corpus counts bytes
+  TokenSums token_sums;
+  if (spec.keep_token_nll)
+    token_sums = {torch::zeros({n}, torch::kFloat64), torch::zeros({n}, torch::kLong)};
 
   // Data parallel: batch k (in this order) is rank k % world's; the sums are reduced below.
   ProcessGroup* ranks = ProcessGroup::get(device);
@@ -293,17 +312,27 @@ EvalResult evaluate(TransformerLM& model, const Corpus& corpus, const TokenStrea
         if (ranks && ++batch_number % ranks->size() != ranks->rank()) continue;
         const int64_t count = std::min<int64_t>(per_batch, int64_t(group.size() - first));
         const EvalBatch batch = batch_inputs(group, first, count, size, stream, causal, spec, corpus);
-        score_batch(model, batch, size, device, position_nll, position_tokens, position_bytes);
+        score_batch(model, batch, size, device, position_nll, position_tokens, position_bytes,
+                    spec.keep_token_nll ? &token_sums : nullptr);
       }
     }
   });
   if (ranks) {
     std::vector<torch::Tensor> sums{position_nll, position_tokens, position_bytes};
+    if (spec.keep_token_nll) {
+      sums.push_back(token_sums.nll);
+      sums.push_back(token_sums.position);
+    }
     const std::string failure = ranks->all_reduce_agreeing(
         sums, local_failure, "the evaluation at length " + std::to_string(spec.length));
     if (!failure.empty()) throw EvalFailure(failure);
   }
   summarise_positions(position_nll, position_tokens, position_bytes, spec, n, causal, corpus, result);
+  if (spec.keep_token_nll) {
+    const auto scored = token_sums.position.gt(0);
+    result.token_nll = token_sums.nll.masked_fill(scored.logical_not(), NAN);
+    result.token_position = token_sums.position - 1;
+  }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
 }

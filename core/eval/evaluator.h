@@ -46,6 +46,8 @@ struct EvalSpec {
   int64_t mask_seed = 1234;
   // Evaluation-time RoPE scaling (rotary and xpos models; resolved: see rope_scaling_for).
   RopeScaling rope_scaling;
+  // Also return each target's NLL and window position (EvalResult::token_nll): LongPPL's input.
+  bool keep_token_nll = false;
 };
 
 // The mean NLL by position in the window: the scored tokens at window positions
@@ -78,6 +80,12 @@ struct EvalResult {
   // Scored tokens by their position in the window (bins without scored tokens left out); the
   // bins' nll_sum and scored_tokens add up to the totals above.
   std::vector<PositionBin> by_position;
+  // With spec.keep_token_nll, by the target's stream position (n entries, the evaluated prefix
+  // of the stream): its NLL (float64, NaN where not scored) and the window position that
+  // predicted it (int64, -1 where not scored). A causal target at window position p had p + 1
+  // tokens of context.
+  torch::Tensor token_nll;
+  torch::Tensor token_position;
 };
 
 // One forward window: inputs [begin, begin + size) of the stream; positions

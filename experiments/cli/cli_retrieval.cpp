@@ -100,8 +100,7 @@ int evaluate_retrieval_all(TransformerLM& model, const Corpus& corpus, Retrieval
   int failures = 0;
   for (int64_t length : lengths) {
     spec.length = length;
-    std::string failure;
-    try {
+    const std::string failure = failure_of([&] {
       spec.rope_scaling = rope_scaling_for(rope, rope_factor, train_length, length);
       const RetrievalResult r = evaluate_retrieval(model, corpus, spec, device);
       std::printf("%-10lld", (long long)length);
@@ -118,17 +117,10 @@ int evaluate_retrieval_all(TransformerLM& model, const Corpus& corpus, Retrieval
         rows->push_back({{"length", length}, {"status", "ok"}, {"accuracy", r.accuracy},
                          {"trials", r.trials}, {"correct", r.correct}, {"seconds", r.seconds},
                          {"cells", cells}});
-    } catch (const DistributedError&) {
-      throw;  // the job cannot go on
-    } catch (const c10::Error& e) {
-      failure = one_line(e.what_without_backtrace());
-    } catch (const std::exception& e) {
-      failure = one_line(e.what());
-    }
+    });
     if (!failure.empty()) {
       ++failures;
-      std::printf("%-10lld failed: %s\n", (long long)length, failure.c_str());
-      if (rows) rows->push_back({{"length", length}, {"status", "failed"}, {"error", failure}});
+      print_failed_length(length, failure, rows);
     }
     std::fflush(stdout);
   }

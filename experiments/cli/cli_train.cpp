@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <set>
 #include <iostream>
+#include <optional>
 #include <limits>
 
 namespace po = boost::program_options;
@@ -247,6 +248,9 @@ struct EvalOptions {
   int64_t max_tokens = 0, batch_tokens = 0, threads = 0;
   std::string retrieval;
   RetrievalSpec retrieval_spec;
+  bool longppl = false;
+  int64_t longppl_short = 0;
+  std::string longppl_reference;
   po::variables_map vm;  // which options were given
 };
 
@@ -278,6 +282,13 @@ bool parse_eval_options(const Args& args, EvalOptions& opt) {
        "retrieval: key depths in percent (default 0 25 50 75 100)")
       ("samples", po::value(&opt.retrieval_spec.samples), "retrieval: instances per depth (default 20)")
       ("seed", po::value(&opt.retrieval_spec.seed), "retrieval: instance seed (default 1)")
+      ("longppl", po::bool_switch(&opt.longppl),
+       "score LongPPL beside perplexity: the NLL over the key tokens only, those the long context "
+       "helps (core/eval/longppl.h)")
+      ("longppl-short", po::value(&opt.longppl_short),
+       "LongPPL: the short context K (default: the key-token model's training length)")
+      ("longppl-reference", po::value(&opt.longppl_reference),
+       "LongPPL: the run whose model selects the key tokens (default: each model itself)")
       ("json", po::value(&opt.json_path),
        "also write the results to this JSON file (full precision; failures with their reason)");
   return parse(args, "extrap eval --checkpoint DIR --length L [--stride S] [--split valid|test] "
@@ -303,6 +314,21 @@ void check_eval_options(EvalOptions& opt) {
     if (opt.rope_names.size() > 1)
       throw ConfigError("--retrieval takes one --rope-scaling variant at a time");
     check_retrieval_spec(opt.retrieval_spec);
+  }
+  if (!opt.longppl) {
+    for (const char* name : {"longppl-short", "longppl-reference"})
+      if (vm.count(name))
+        throw ConfigError(std::string("--") + name + " is a LongPPL option: add --longppl");
+  } else {
+    if (!opt.retrieval.empty()) throw ConfigError("--longppl and --retrieval: one at a time");
+    for (const char* name : {"stride", "rope-scaling"})
+      if (vm.count(name))
+        throw ConfigError(std::string("--") + name +
+                          " is not taken with --longppl (LongPPL reads non-overlapping windows of "
+                          "the trained model)");
+    if (vm.count("longppl-short") && opt.longppl_short < 1)
+      throw ConfigError("--longppl-short " + std::to_string(opt.longppl_short) +
+                        ": must be at least 1");
   }
   check_eval_lengths(opt.lengths, {}, opt.strides,
                      [](EvalLengthList list, int64_t value, EvalLengthProblem problem) {
@@ -363,6 +389,38 @@ int write_eval_results(const EvalOptions& opt, nlohmann::json& document, const n
   return 0;
 }
 
+// `extrap eval --longppl`: the key-token model (--longppl-reference, on the same data, or the
+// run itself), then LongPPL at each length.
+int evaluate_longppl(const EvalOptions& opt, LoadedRun& run, const Corpus& corpus,
+                     const Config& config, torch::Device device, nlohmann::json& rows,
+                     nlohmann::json& document) {
+  if (!config.model.causal())
+    throw ConfigError("--longppl: run " + opt.run_dir + " is a masked LM; LongPPL scores a causal "
+                      "model's next-token predictions");
+  LongPplSpec spec;
+  spec.short_length = opt.longppl_short > 0 ? opt.longppl_short : config.train.seq_len;
+  std::optional<LoadedRun> reference;
+  if (!opt.longppl_reference.empty()) {
+    const VerifiedCheckpoint checkpoint = require_checkpoint(opt.longppl_reference);
+    const Corpus other = load_corpus(checkpoint.config.data);
+    if (YAML::Dump(other.identity()) != YAML::Dump(corpus.identity()))
+      throw ConfigError("--longppl-reference " + opt.longppl_reference +
+                        " reads other data or tokens than " + opt.run_dir +
+                        ": key tokens are positions in one token stream");
+    if (!checkpoint.config.model.causal())
+      throw ConfigError("--longppl-reference " + opt.longppl_reference + " is a masked LM");
+    reference = load_run(checkpoint, corpus);
+    reference->model->to(device);
+    if (opt.longppl_short <= 0) spec.short_length = checkpoint.config.train.seq_len;
+  }
+  document["longppl_reference"] = opt.longppl_reference.empty() ? opt.run_dir : opt.longppl_reference;
+  document["longppl_short"] = spec.short_length;
+  document["split"] = enum_name(config.eval.split);
+  document["max_tokens"] = config.eval.max_tokens;
+  return evaluate_longppl_all(run.model, reference ? &reference->model : nullptr, corpus, config,
+                              spec, &rows, device);
+}
+
 }  // namespace
 
 int eval(const Args& args) {
@@ -407,6 +465,8 @@ int eval(const Args& args) {
     document["rope_scaling"] = variants.front() == RopeScalingKind::none
                                    ? std::string("none")
                                    : rope_variant_label(variants.front(), given_factor);
+  } else if (opt.longppl) {
+    failures = evaluate_longppl(opt, run, corpus, config, device, rows, document);
   } else {
     failures = evaluate_all(run.model, corpus, config, device, opt.strides.empty(), &rows,
                             variants, given_factor, "--max-tokens");

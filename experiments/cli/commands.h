@@ -3,12 +3,15 @@
 // thrown (ConfigError: exit 2 with the message; anything else: exit 1).
 #pragma once
 
+#include "core/eval/longppl.h"
+#include "core/runtime/distributed.h"
 #include "core/eval/retrieval_eval.h"
 #include "experiments/sweep/sweep.h"
 
 #include <boost/program_options.hpp>
 #include <nlohmann/json.hpp>
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -57,6 +60,35 @@ int evaluate_retrieval_all(TransformerLM& model, const Corpus& corpus, Retrieval
                            const std::vector<int64_t>& lengths, int64_t train_length,
                            RopeScalingKind rope, double rope_factor, nlohmann::json* rows,
                            torch::Device device);
+
+// Runs `work`: "" when it succeeds, else the one-line message of what it threw. A
+// DistributedError, after which the job cannot go on, propagates.
+template <class Work>
+std::string failure_of(Work&& work) {
+  try {
+    work();
+  } catch (const DistributedError&) {
+    throw;
+  } catch (const std::exception& error) {
+    return failure_message(error);
+  }
+  return "";
+}
+
+// A length's evaluation that failed: its line in place of the row, and its JSON row.
+inline void print_failed_length(int64_t length, const std::string& failure, nlohmann::json* rows) {
+  std::printf("%-10lld failed: %s\n", (long long)length, failure.c_str());
+  if (rows) rows->push_back({{"length", length}, {"status", "failed"}, {"error", failure}});
+}
+
+// `extrap eval --longppl`: LongPPL (core/eval/longppl.h) at each of config.eval.lengths, key
+// tokens selected by `reference` (the evaluated model itself when null) with the short context
+// `spec.short_length`; one row per length (perplexity, LongPPL, key tokens and candidates), a
+// failure's reason in place of its row. Returns the number of failures. Both models are on
+// `device`.
+int evaluate_longppl_all(TransformerLM& model, TransformerLM* reference, const Corpus& corpus,
+                         const Config& config, const LongPplSpec& spec, nlohmann::json* rows,
+                         torch::Device device);
 
 // Parses `args` against `options` (+ positional names, + `hidden` options that --help does
 // not show). Returns false after printing help when --help was given. Unknown options and

@@ -68,7 +68,7 @@ torch::Tensor dape_by_definition(const torch::Tensor& q, const torch::Tensor& k,
 
 }  // namespace
 
-TEST_CASE("dape: logits A + B + MLP([A; B]) as defined, over ALiBi and KERPLE bases", "[positions][dape]") {
+TEST_CASE("dape: logits A + B + MLP(A and B stacked) as defined, over ALiBi and KERPLE bases", "[positions][dape]") {
   const int64_t H = 2, T = 7, D = 4, layer = 1;
   torch::manual_seed(21);
   const auto q = torch::randn({1, H, T, D}), k = torch::randn({1, H, T, D}), v = torch::randn({1, H, T, D});
