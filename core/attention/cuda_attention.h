@@ -23,6 +23,8 @@ struct CudaAttention {
                              const AttentionBias& bias, bool causal);
   torch::Tensor (*alibi)(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                          FusedAlibiLayout layout, bool causal);
+  // The kernels' tile shapes in force (flash_dispatch.h), e.g. "fwd_rows=auto".
+  std::string (*kernel_shapes)();
 };
 
 void register_cuda_attention(const CudaAttention& entry);

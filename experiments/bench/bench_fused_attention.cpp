@@ -211,6 +211,7 @@ CudaBenchPlan plan_from_options(const CudaBenchOptions& o) {
 struct ResultsLog {
   std::string device_name;
   std::string date;
+  std::string kernel_shapes;  // extrap's fused kernels' tile shapes in force
   std::ofstream out;
 };
 
@@ -224,7 +225,7 @@ ResultsLog open_results(const std::string& out_path) {
   if (!parent.empty()) std::filesystem::create_directories(parent);
   std::ofstream out(out_path, std::ios::app);
   if (!out) throw std::runtime_error("cannot open " + out_path);
-  return ResultsLog{device_name, date, std::move(out)};
+  return ResultsLog{device_name, date, cuda_attention()->kernel_shapes(), std::move(out)};
 }
 
 // One shape the implementations run at: random inputs and the forward pass's FLOPs.
@@ -323,7 +324,7 @@ void report_measurement(ResultsLog& log, const CudaBenchOptions& o, const Shape&
   std::fflush(stdout);
   std::ofstream& out = log.out;
   out << "{\"device\": \"" << json_escape(log.device_name) << "\", \"date\": \"" << log.date
-      << "\", \"impl\": \"" << impl << "\", \"mode\": \"" << mode << "\", \"dtype\": \""
+      << "\", \"kernel_shapes\": \"" << log.kernel_shapes << "\", \"impl\": \"" << impl << "\", \"mode\": \"" << mode << "\", \"dtype\": \""
       << o.dtype_name << "\", \"head_dim\": " << head_dim << ", \"seq_len\": " << length
       << ", \"batch\": " << batch << ", \"heads\": " << o.heads << ", \"pass\": \"" << pass
       << "\", \"status\": \"" << json_escape(status) << "\", \"ms\": ";
@@ -405,8 +406,8 @@ int bench_attention_cuda(const std::vector<std::string>& args) {
   const CudaBenchPlan plan = plan_from_options(o);
   ResultsLog log = open_results(o.out_path);
 
-  std::printf("device: %s\ndate: %s\ntokens per batch %lld, H %lld, %s, median of %d calls after %d\n\n",
-              log.device_name.c_str(), log.date.c_str(), (long long)o.tokens, (long long)o.heads,
+  std::printf("device: %s\ndate: %s\nextrap kernels: %s\ntokens per batch %lld, H %lld, %s, median of %d calls after %d\n\n",
+              log.device_name.c_str(), log.date.c_str(), log.kernel_shapes.c_str(), (long long)o.tokens, (long long)o.heads,
               o.dtype_name.c_str(), o.repeats, o.warmup);
   std::printf("%-12s %-14s %4s %6s %-17s %10s %9s %10s\n", "impl", "mode", "D", "T", "pass", "ms",
               "TFLOP/s", "peak GB");

@@ -24,6 +24,10 @@
 #             16x L; needs data/pydoc: carry "data") -> $OUT/train_cuda.json
 #   flow      rotary trained on CUDA, eval with windows and YaRN, one NCCL rank, a small sweep
 #   trainbench  extrap bench train against benchmarks/train_pytorch.py (eager, compiled)
+#   testshapes  the reference test under each forward tile shape (EXTRAP_FLASH_FWD_ROWS;
+#             flash_dispatch.h)
+#   tune      extrap's fused kernels under each tile shape, alternating -> $OUT/tune.jsonl
+#   profile   Nsight Compute on one forward and one backward kernel -> $OUT/ncu_*.txt
 #   sanitize  compute-sanitizer memcheck and racecheck on the [sanitize] subset
 #   bench     extrap bench attention --device cuda -> $OUT/attention_cuda.jsonl (copy it to
 #             benchmarks/results/ on the development machine)
@@ -131,6 +135,80 @@ stage_test() {
   "$BUILD/tests/extrap_cuda_tests" "[cuda]" --durations yes >"$OUT/test.log" 2>&1
   local rc=$?
   tail -25 "$OUT/test.log"
+  return "$rc"
+}
+
+stage_testshapes() {
+  # The reference test under each forward tile shape (EXTRAP_FLASH_FWD_ROWS, flash_dispatch.h).
+  local rc=0 rows
+  for rows in 64 128; do
+    EXTRAP_FLASH_FWD_ROWS=$rows "$BUILD/tests/extrap_cuda_tests" \
+      "fused attention matches the reference: outputs and gradients" >"$OUT/test_rows_$rows.log" 2>&1
+    local r=$?
+    echo "fwd rows $rows: exit $r, $(grep -E "^test cases|All tests passed" "$OUT/test_rows_$rows.log" | tail -1)"
+    ((r == 0)) || rc=1
+  done
+  return "$rc"
+}
+
+stage_tune() {
+  # extrap's fused kernels under each forward tile shape, alternating, auto again at the end
+  # (its two runs give the noise): -> $OUT/tune.jsonl. TUNE_ARGS adds benchmark arguments.
+  local rc=0 rows
+  for rows in auto 64 128 auto; do
+    # shellcheck disable=SC2086
+    EXTRAP_FLASH_FWD_ROWS=$rows "$BUILD/extrap" bench attention --device cuda \
+      --impls fused-alibi,fused-none,fused-learned --head-dims 64,128 --lengths 4096,16384 \
+      --out "$OUT/tune.jsonl" ${TUNE_ARGS:-} >>"$OUT/tune.log" 2>&1 || rc=1
+  done
+  "$BUILD/extrap" bench attention --device cuda --impls sdpa --head-dims 64,128 \
+    --lengths 4096,16384 --out "$OUT/tune.jsonl" >>"$OUT/tune.log" 2>&1 || rc=1
+  python3 - "$OUT/tune.jsonl" <<'PY'
+import collections, json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+table = collections.defaultdict(list)
+for r in rows:
+    key = (r["impl"], r["mode"], r["head_dim"], r["seq_len"], r["pass"])
+    table[key].append((r.get("kernel_shapes", ""), r["ms"]))
+shapes = []
+for r in rows:
+    if r.get("kernel_shapes") not in shapes and r["impl"] != "sdpa":
+        shapes.append(r.get("kernel_shapes"))
+print("ms (median of 20) per kernel shape; sdpa = LibTorch SDPA without bias")
+print(f"{'impl':12} {'mode':13} {'D':>3} {'T':>5} {'pass':16} " + " ".join(f"{s:>26}" for s in shapes) + "   sdpa")
+sdpa = {(r["mode"], r["head_dim"], r["seq_len"], r["pass"]): r["ms"] for r in rows if r["impl"] == "sdpa"}
+for key, values in table.items():
+    if key[0] == "sdpa":
+        continue
+    cells = []
+    for s in shapes:
+        ms = [m for k, m in values if k == s]
+        cells.append(" / ".join(f"{m:.3f}" if m is not None else "-" for m in ms))
+    print(f"{key[0]:12} {key[1]:13} {key[2]:3} {key[3]:5} {key[4]:16} " + " ".join(f"{c:>26}" for c in cells)
+          + f"   {sdpa.get(key[1:], float('nan')):.3f}")
+PY
+  return "$rc"
+}
+
+stage_profile() {
+  # Nsight Compute on one forward and one backward kernel (fused-none, causal, D 128, T 4096):
+  # the detailed set, then the warp stall reasons -> $OUT/ncu_*.txt.
+  local ncu rc=0 pass kernel
+  ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  [[ -n $ncu ]] || { echo "no ncu"; return 1; }
+  for pass in forward forward+backward; do
+    kernel=flash_fwd_kernel
+    [[ $pass == forward+backward ]] && kernel=flash_bwd_kernel
+    local bench=("$BUILD/extrap" bench attention --device cuda --impls fused-none --head-dims 128
+                 --lengths 4096 --causal --passes "$pass" --warmup 2 --repeats 1 --out /tmp/ncu_bench.jsonl)
+    timeout 150 "$ncu" --clock-control none --set detailed --kernel-name "regex:$kernel" \
+      --launch-skip 2 --launch-count 1 "${bench[@]}" >"$OUT/ncu_$kernel.txt" 2>&1 || rc=1
+    timeout 100 "$ncu" --clock-control none --kernel-name "regex:$kernel" --launch-skip 2 --launch-count 1 \
+      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+      "${bench[@]}" >"$OUT/ncu_stalls_$kernel.txt" 2>&1 || rc=1
+    grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|Warp Cycles Per Issued|Shared Memory|Bank" "$OUT/ncu_$kernel.txt" | head -24
+    grep -E "stalled" "$OUT/ncu_stalls_$kernel.txt" | sort -k3 -n -r | head -8
+  done
   return "$rc"
 }
 
@@ -257,7 +335,7 @@ for stage in "${stages[@]}"; do
     "stage_$stage"
     rc=$?
   else
-    echo "unknown stage '$stage' (build, test, smoke, flow, trainbench, sanitize, bench, pybench)"
+    echo "unknown stage '$stage' (build, test, testshapes, tune, profile, smoke, flow, trainbench, sanitize, bench, pybench)"
     rc=2
   fi
   summary "$stage: $([[ $rc == 0 ]] && echo ok || echo "FAILED ($rc)") in $((SECONDS - start)) s"

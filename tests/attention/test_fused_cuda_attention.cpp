@@ -331,7 +331,7 @@ TEST_CASE("fused attention: small run for the sanitizers", "[cuda][sanitize]") {
   if (!have_cuda()) return;
   torch::manual_seed(3);
   for (const int64_t head_dim : {64, 128}) {
-    for (const int64_t length : {17, 100}) {
+    for (const int64_t length : {17, 100, 200}) {  // 200: two forward blocks, four query tiles
       for (const Case& c : make_cases(4)) {
         INFO(c.name << ", D " << head_dim << ", T " << length);
         const auto options = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);

@@ -102,24 +102,70 @@ __device__ inline HeadBias make_head_bias(const FlashBias& bias, int head, int n
   return hb;
 }
 
-// bias(i, j) * log2(e): -m_left (i - j) for j <= i, -m_right (j - i) for j > i.
+// bias(i, j) * log2(e) from the distance d = i - j, given as a float (exact: positions are
+// below 2^24): -m_left d for d >= 0, m_right d for d < 0.
 template <BiasMode kMode>
-__device__ __forceinline__ float bias_log2(const HeadBias& hb, int i, int j) {
+__device__ __forceinline__ float bias_log2(const HeadBias& hb, float distance) {
   if constexpr (kMode == BiasMode::None) {
     return 0.f;
   } else {
-    const float distance = static_cast<float>(i - j);  // exact below 2^24
     return distance >= 0.f ? -hb.slope_left_log2 * distance : hb.slope_right_log2 * distance;
   }
 }
 
-// The logit of one score in base 2: (q . k * scale + bias) * log2(e). The forward and the
-// backward pass call this same function, so the backward's recomputed probabilities match
-// the saved log-sum-exp.
-template <BiasMode kMode>
-__device__ __forceinline__ float logit_log2(float score, float scale_log2, const HeadBias& hb,
-                                            int i, int j) {
-  return fmaf(score, scale_log2, bias_log2<kMode>(hb, i, j));
+// The base-2 logits of one warp's 16 x (8 kNTiles) accumulator tile (mma.cuh layout), in
+// place: x = score * scale * log2(e) + bias(i, j) * log2(e). The forward pass's tiles have
+// queries as rows and keys as columns, the backward pass's (S^T) the other way round
+// (kRowsAreQueries). Element (nt, e) of lane (g, t) sits at row position row_pos[e / 2]
+// (tokens g and g + 8 of the tile) and column position col_pos0 + 8 nt + e % 2, col_pos0 the
+// lane's first column (tile start + 2t). Positions are floats holding integers, so every
+// distance is exact and one floating-point subtraction.
+//
+// Every score gets the same bias as bias_log2 computes, bit for bit; a tile that lies
+// wholly on one side of the diagonal (`side` +1: every key at or before its query, -1: at
+// or after) takes its slope once instead of choosing per score (0: it straddles). The
+// forward and the backward pass both call this, so their logits agree.
+template <BiasMode kMode, bool kRowsAreQueries, int kNTiles>
+__device__ __forceinline__ void tile_logits(float (&x)[kNTiles][4], const HeadBias& hb,
+                                            float scale_log2, const float (&row_pos)[2],
+                                            float col_pos0, int side) {
+  if constexpr (kMode == BiasMode::None) {
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[nt][e] *= scale_log2;
+  } else {
+    // d = i - j = sign (row - column), exact; rel[r] = row_pos[r] - col_pos0.
+    constexpr float kSign = kRowsAreQueries ? 1.f : -1.f;
+    const float rel[2] = {row_pos[0] - col_pos0, row_pos[1] - col_pos0};
+    if (side != 0) {
+      const float m = side > 0 ? -hb.slope_left_log2 : hb.slope_right_log2;
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float d = kSign * (rel[e / 2] - static_cast<float>(8 * nt + e % 2));
+          x[nt][e] = fmaf(x[nt][e], scale_log2, m * d);
+        }
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float d = kSign * (rel[e / 2] - static_cast<float>(8 * nt + e % 2));
+          x[nt][e] = fmaf(x[nt][e], scale_log2, bias_log2<kMode>(hb, d));
+        }
+    }
+  }
+}
+
+// Which side of the diagonal the tile of queries [q0, q1) and keys [k0, k1) lies on:
+// +1 when every key is at or before every query (j <= i), -1 when every key is at or after
+// (j >= i), 0 when it straddles.
+__device__ __forceinline__ int tile_side(int q0, int q1, int k0, int k1) {
+  if (k1 - 1 <= q0) return 1;
+  if (k0 >= q1 - 1) return -1;
+  return 0;
 }
 
 }  // namespace extrap::cuda

@@ -6,7 +6,8 @@
 # Sequential: it cannot see races, barriers, cp.async groups or atomics (run the CUDA tests
 # and compute-sanitizer for those). Keep it in step with the kernels when they change.
 #
-#   .venv/bin/python core/attention/cuda/emulate_kernels.py [T,T,...] [D,D,...]    (NumPy; minutes for T ~ 130)
+#   .venv/bin/python core/attention/cuda/emulate_kernels.py [T,T,...] [D,D,...] [M,M,...]
+#   (M: m-fragments a forward warp, 1 or 2, i.e. 64 or 128 query rows a block; NumPy; minutes for T ~ 130)
 import itertools
 import math
 import sys
@@ -94,10 +95,21 @@ class HB:
         s.sl2 = np.float32(np.float32(l) * np.float32(LOG2E)); s.sr2 = np.float32(np.float32(r) * np.float32(LOG2E))
         s.look_left = ll; s.look_right = lr and not causal
 
-def bias_log2(hb, i, j):
-    if hb.mode == 'None': return 0.0
-    dist = float(i - j)
-    return -hb.sl2 * dist if dist >= 0 else hb.sr2 * dist
+def tile_side(q0, q1, k0, k1):
+    if k1 - 1 <= q0: return 1
+    if k0 >= q1 - 1: return -1
+    return 0
+
+def tile_logit(hb, score, scale_log2, rel, c, sign, side):
+    """alibi.cuh tile_logits for one score: rel = row_pos - col_pos0 (float32), c = 8 nt + e % 2."""
+    if hb.mode == 'None': return np.float32(score * scale_log2)
+    d = np.float32(sign * np.float32(np.float32(rel) - np.float32(c)))
+    if side != 0:
+        m = -hb.sl2 if side > 0 else hb.sr2
+        b = np.float32(m * d)
+    else:
+        b = np.float32(-hb.sl2 * d) if d >= 0 else np.float32(hb.sr2 * d)
+    return np.float32(np.float32(score) * scale_log2 + b)
 
 def visible(hb, i, j, T):
     return j < T and (j == i or (hb.look_left if j < i else hb.look_right))
@@ -133,9 +145,10 @@ def store_accumulator(smem, stride, row0, acc, s0, s1):
             smem[(row0 + g + 8) * stride + col: (row0 + g + 8) * stride + col + 2] = rnd(acc[l, nt, 2:4] * s1[l])
 
 # ---- forward -------------------------------------------------------------------------
-def fwd(q, k, v, mode, bias, causal, scale):
+def fwd(q, k, v, mode, bias, causal, scale, MF=1):
     B, H, T, D = q.shape
-    BM = BN = 64; stride = D + 8
+    WR = 16 * MF; BM = 4 * WR; BN = 64 if MF * D <= 128 else 32; stride = D + 8
+    q_in_regs = MF * D <= 128
     o = np.full(q.shape, np.nan, np.float32); lse = np.full((B, H, T), np.nan, np.float32)
     KS, ST, OT = D // 16, BN // 8, D // 8
     nblocks = (T + BM - 1) // BM
@@ -151,33 +164,37 @@ def fwd(q, k, v, mode, bias, causal, scale):
                 scale_log2 = np.float32(scale * LOG2E)
                 load_tile(sQ, stride, q[b, h], row0, T, BM, D)
                 load_tile(sK, stride, k[b, h], n_first * BN, T, BN, D)
-                acc = np.zeros((4, 32, OT, 4)); qf = [None] * 4
-                rmax = np.full((4, 32, 2), -np.inf); rsum = np.zeros((4, 32, 2))
+                acc = np.zeros((4, MF, 32, OT, 4)); qf = [[None] * MF for _ in range(4)]
+                rmax = np.full((4, MF, 32, 2), -np.inf); rsum = np.zeros((4, MF, 32, 2))
                 for n_block in range(n_first, n_last + 1):
                     col0 = n_block * BN
                     load_tile(sV, stride, v[b, h], col0, T, BN, D)
                     s_all = []
-                    for w in range(4):
+                    for w, mf in itertools.product(range(4), range(MF)):
                         lane = LANES
-                        if n_block == n_first:
-                            qf[w] = [ldmatrix_x4(sQ, (16 * w + lane % 16) * stride + ks * 16 + (lane // 16) * 8) for ks in range(KS)]
+                        qaddr = lambda ks: (WR * w + 16 * mf + lane % 16) * stride + ks * 16 + (lane // 16) * 8
+                        if q_in_regs and n_block == n_first:
+                            qf[w][mf] = [ldmatrix_x4(sQ, qaddr(ks)) for ks in range(KS)]
                         s = np.zeros((32, ST, 4))
                         for ks in range(KS):
+                            qa = qf[w][mf][ks] if q_in_regs else ldmatrix_x4(sQ, qaddr(ks))
                             for np_ in range(ST // 2):
                                 kbr = ldmatrix_x4(sK, (np_ * 16 + lane % 8 + (lane // 16) * 8) * stride + ks * 16 + ((lane // 8) % 2) * 8)
-                                mma(s[:, 2 * np_], qf[w][ks], kbr[:, 0], kbr[:, 1])
-                                mma(s[:, 2 * np_ + 1], qf[w][ks], kbr[:, 2], kbr[:, 3])
-                        wr0 = row0 + 16 * w
+                                mma(s[:, 2 * np_], qa, kbr[:, 0], kbr[:, 1])
+                                mma(s[:, 2 * np_ + 1], qa, kbr[:, 2], kbr[:, 3])
+                        wr0 = row0 + WR * w + 16 * mf
+                        side = tile_side(wr0, wr0 + 16, col0, col0 + BN)
                         masked = tile_needs_mask(hb, wr0, wr0 + 16, col0, col0 + BN, T)
                         for l in range(32):
                             g, t = l // 4, l % 4
                             for nt in range(ST):
                                 for e in range(4):
                                     i = wr0 + g + 8 * (e // 2); j = col0 + nt * 8 + 2 * t + (e % 2)
-                                    s[l, nt, e] = s[l, nt, e] * scale_log2 + bias_log2(hb, i, j)
+                                    rel = np.float32(i) - np.float32(col0 + 2 * t)
+                                    s[l, nt, e] = tile_logit(hb, s[l, nt, e], scale_log2, rel, nt * 8 + (e % 2), 1, side)
                                     if masked and not visible(hb, i, j, T): s[l, nt, e] = -np.inf
                         # online softmax
-                        tmax = rmax[w].copy()
+                        tmax = rmax[w, mf].copy()
                         tmax[:, 0] = np.maximum(tmax[:, 0], np.max(s[:, :, 0:2], axis=(1, 2)))
                         tmax[:, 1] = np.maximum(tmax[:, 1], np.max(s[:, :, 2:4], axis=(1, 2)))
                         corr = np.zeros((32, 2)); base = np.zeros((32, 2))
@@ -185,37 +202,37 @@ def fwd(q, k, v, mode, bias, causal, scale):
                             tmax[:, r] = quad_reduce(tmax[:, r], np.maximum)
                             base[:, r] = np.where(tmax[:, r] == -np.inf, 0.0, tmax[:, r])
                             with np.errstate(invalid='ignore'):
-                                corr[:, r] = np.exp2(rmax[w][:, r] - base[:, r])
-                            rmax[w][:, r] = tmax[:, r]
+                                corr[:, r] = np.exp2(rmax[w, mf][:, r] - base[:, r])
+                            rmax[w, mf][:, r] = tmax[:, r]
                         tsum = np.zeros((32, 2))
                         for e in range(4):
                             s[:, :, e] = np.exp2(s[:, :, e] - base[:, e // 2][:, None])
                             tsum[:, e // 2] += s[:, :, e].sum(axis=1)
-                        rsum[w] = rsum[w] * corr + tsum
-                        acc[w][:, :, 0:2] *= corr[:, 0][:, None, None]
-                        acc[w][:, :, 2:4] *= corr[:, 1][:, None, None]
+                        rsum[w, mf] = rsum[w, mf] * corr + tsum
+                        acc[w, mf][:, :, 0:2] *= corr[:, 0][:, None, None]
+                        acc[w, mf][:, :, 2:4] *= corr[:, 1][:, None, None]
                         s_all.append(s)
                     # __syncthreads: every warp is done with sK (K of the next tile loads after P V here)
-                    for w in range(4):
-                        lane = LANES; s = s_all[w]
+                    for (w, mf), s in zip(itertools.product(range(4), range(MF)), s_all):
+                        lane = LANES
                         for kj in range(BN // 16):
                             pa = np.stack([pack(s[:, 2 * kj, 0], s[:, 2 * kj, 1]), pack(s[:, 2 * kj, 2], s[:, 2 * kj, 3]),
                                            pack(s[:, 2 * kj + 1, 0], s[:, 2 * kj + 1, 1]), pack(s[:, 2 * kj + 1, 2], s[:, 2 * kj + 1, 3])], axis=1)
                             for dp in range(D // 16):
                                 vb = ldmatrix_x4(sV, (kj * 16 + lane % 8 + ((lane // 8) % 2) * 8) * stride + dp * 16 + (lane // 16) * 8, trans=True)
-                                mma(acc[w][:, 2 * dp], pa, vb[:, 0], vb[:, 1])
-                                mma(acc[w][:, 2 * dp + 1], pa, vb[:, 2], vb[:, 3])
+                                mma(acc[w, mf][:, 2 * dp], pa, vb[:, 0], vb[:, 1])
+                                mma(acc[w, mf][:, 2 * dp + 1], pa, vb[:, 2], vb[:, 3])
                     if n_block < n_last:
                         load_tile(sK, stride, k[b, h], col0 + BN, T, BN, D)
                 # epilogue
-                for w in range(4):
+                for w, mf in itertools.product(range(4), range(MF)):
                     inv = np.zeros((32, 2)); rl = np.zeros((32, 2))
                     for r in range(2):
-                        sm = quad_reduce(rsum[w][:, r], np.add)
+                        sm = quad_reduce(rsum[w, mf][:, r], np.add)
                         inv[:, r] = np.where(sm > 0, 1.0 / np.where(sm > 0, sm, 1), 0.0)
-                        rl[:, r] = np.where(sm > 0, (rmax[w][:, r] + np.log2(np.where(sm > 0, sm, 1))) * LN2, -np.inf)
-                    store_accumulator(sQ, stride, 16 * w, acc[w], inv[:, 0], inv[:, 1])
-                    wr0 = row0 + 16 * w
+                        rl[:, r] = np.where(sm > 0, (rmax[w, mf][:, r] + np.log2(np.where(sm > 0, sm, 1))) * LN2, -np.inf)
+                    store_accumulator(sQ, stride, WR * w + 16 * mf, acc[w, mf], inv[:, 0], inv[:, 1])
+                    wr0 = row0 + WR * w + 16 * mf
                     for l in range(0, 32, 4):
                         g = l // 4
                         if wr0 + g < T: lse[b, h, wr0 + g] = rl[l, 0]
@@ -263,12 +280,14 @@ def bwd(q, k, v, o, lse, dout, mode, bias, causal, scale, want_slopes):
                                 qbr = ldmatrix_x4(sQ, (np_ * 16 + lane % 8 + (lane // 16) * 8) * stride + ks * 16 + ((lane // 8) % 2) * 8)
                                 mma(pt[:, 2 * np_], ka, qbr[:, 0], qbr[:, 1]); mma(pt[:, 2 * np_ + 1], ka, qbr[:, 2], qbr[:, 3])
                         masked = tile_needs_mask(hb, row0, row0 + BM, wc0, wc0 + 16, T)
+                        side = tile_side(row0, row0 + BM, wc0, wc0 + 16)
                         for l in range(32):
                             g, t = l // 4, l % 4
                             for nt in range(QT):
                                 for e in range(4):
                                     j = wc0 + g + 8 * (e // 2); qi = nt * 8 + 2 * t + (e % 2); i = row0 + qi
-                                    x = pt[l, nt, e] * scale_log2 + bias_log2(hb, i, j)
+                                    rel = np.float32(j) - np.float32(row0 + 2 * t)
+                                    x = tile_logit(hb, pt[l, nt, e], scale_log2, rel, nt * 8 + (e % 2), -1, side)
                                     pt[l, nt, e] = 0.0 if (masked and not visible(hb, i, j, T)) else np.exp2(x - sLse[qi])
                         for kj in range(BM // 16):
                             pa = np.stack([pack(pt[:, 2 * kj, 0], pt[:, 2 * kj, 1]), pack(pt[:, 2 * kj, 2], pt[:, 2 * kj, 3]),
@@ -361,11 +380,11 @@ def reference(q, k, v, dout, mode, bias, causal, scale):
     dsr = np.array([(ds[:, hh] * dist_right).sum() for hh in range(H)])
     return o, lse, dq, dk, dv, dsl, dsr
 
-def run(mode, bias, causal, B, H, T, D, seed):
+def run(mode, bias, causal, B, H, T, D, seed, MF=1):
     rng = np.random.default_rng(seed)
     q, k, v, dout = [rnd(rng.standard_normal((B, H, T, D))) for _ in range(4)]
     scale = np.float32(1 / math.sqrt(D))
-    o, lse = fwd(q, k, v, mode, bias, causal, scale)
+    o, lse = fwd(q, k, v, mode, bias, causal, scale, MF)
     ro, rlse, rdq, rdk, rdv, rdsl, rdsr = reference(q, k, v, dout, mode, bias, causal, scale)
     dq, dk, dv, dsl, dsr = bwd(q, k, v, o, lse, dout, mode, bias, causal, scale, mode == 'Linear')
     errs = {}
@@ -390,10 +409,11 @@ if __name__ == '__main__':
     ]
     Ts = [int(x) for x in sys.argv[1].split(',')] if len(sys.argv) > 1 else [1, 17, 70, 130]
     Ds = [int(x) for x in sys.argv[2].split(',')] if len(sys.argv) > 2 else [64]
+    MFs = [int(x) for x in sys.argv[3].split(',')] if len(sys.argv) > 3 else [1, 2]
     worst = 0
-    for (mode, bias, causal), T, D in itertools.product(configs, Ts, Ds):
-        e = run(mode, bias, causal, 1, H, T, D, seed=T * 7 + D)
+    for (mode, bias, causal), T, D, MF in itertools.product(configs, Ts, Ds, MFs):
+        e = run(mode, bias, causal, 1, H, T, D, seed=T * 7 + D, MF=MF)
         worst = max([worst] + [x if not math.isnan(x) else 1e9 for x in e.values()])
-        print(f"{mode:18s} causal={causal!s:5} T={T:4d} D={D:3d} " + " ".join(f"{k}={v:.1e}" for k, v in e.items()), flush=True)
+        print(f"{mode:18s} causal={causal!s:5} T={T:4d} D={D:3d} rows={64 * MF:3d} " + " ".join(f"{k}={v:.1e}" for k, v in e.items()), flush=True)
     print("worst error relative to the reference scale:", worst, "(fp16 operands: expect ~1e-3)")
     sys.exit(0 if worst < 5e-3 else 1)

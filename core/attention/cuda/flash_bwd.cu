@@ -5,7 +5,7 @@
 // Three kernels:
 //   1. delta_i = sum_d dO[i, d] * O[i, d]                              (flash_bwd_delta_kernel)
 //   2. per 64-key block: for every visible 64-query tile           (flash_bwd_kernel)
-//        S^T = K Q^T, P^T = 2^(logit - lse)        (recomputed, base 2, same logit_log2)
+//        S^T = K Q^T, P^T = 2^(logit - lse)        (recomputed, base 2, same tile_logits)
 //        dV += P^T dO
 //        dP^T = V dO^T, dS^T = P^T * (dP^T - delta)
 //        dK += dS^T Q
@@ -89,6 +89,26 @@ __global__ void __launch_bounds__(kAuxThreads) flash_bwd_convert_dq_kernel(const
   *reinterpret_cast<uint4*>(dq) = out;
 }
 
+// Stages query tile m_block's Q and dO (cp.async, one group) and its log-sum-exp (times
+// log2(e)) and delta (plain stores) into shared memory.
+template <int kBlockM, int kHeadDim, int kThreads, class Element>
+__device__ __forceinline__ void load_query_tile(const FlashBwdParams& p, Element* sQ, Element* sdO,
+                                                int stride, float* sLse, float* sDelta,
+                                                const Element* q, const Element* dout,
+                                                const float* lse, const float* delta, int row0,
+                                                int tid) {
+  const int seq_len = p.fwd.seq_len;
+  load_tile_async<kBlockM, kHeadDim, kThreads>(sQ, stride, q, p.fwd.q.row_stride, row0, seq_len, tid);
+  load_tile_async<kBlockM, kHeadDim, kThreads>(sdO, stride, dout, p.dout.row_stride, row0, seq_len, tid);
+  cp_async_commit();
+  if (tid < kBlockM) {
+    const int i = row0 + tid;
+    // Queries past T: +inf log-sum-exp makes their probabilities exactly 0.
+    sLse[tid] = i < seq_len ? lse[i] * kLog2e : INFINITY;
+    sDelta[tid] = i < seq_len ? delta[i] : 0.f;
+  }
+}
+
 template <class Element, int kHeadDim, BiasMode kMode>
 __global__ void __launch_bounds__(BwdTiles<Element, kHeadDim>::kThreads)
     flash_bwd_kernel(const FlashBwdParams p) {
@@ -150,18 +170,13 @@ __global__ void __launch_bounds__(BwdTiles<Element, kHeadDim>::kThreads)
     for (int e = 0; e < 4; ++e) acc_dk[nt][e] = acc_dv[nt][e] = 0.f;
   float dslope_left = 0.f, dslope_right = 0.f;  // this thread's share
 
+  // Key positions of this lane's rows of S^T (keys g and g + 8 of the warp), exact as floats.
+  const float key_pos[2] = {static_cast<float>(warp_col0 + g), static_cast<float>(warp_col0 + g + 8)};
+
   for (int m_block = m_first; m_block <= m_last; ++m_block) {
     const int row0 = m_block * kBlockM;
-    load_tile_async<kBlockM, kHeadDim, kThreads>(sQ, kStride, q, f.q.row_stride, row0, seq_len, tid);
-    load_tile_async<kBlockM, kHeadDim, kThreads>(sdO, kStride, dout, p.dout.row_stride, row0,
-                                                 seq_len, tid);
-    cp_async_commit();
-    if (tid < kBlockM) {
-      const int i = row0 + tid;
-      // Queries past T: +inf log-sum-exp makes their probabilities exactly 0.
-      sLse[tid] = i < seq_len ? lse[i] * kLog2e : INFINITY;
-      sDelta[tid] = i < seq_len ? delta[i] : 0.f;
-    }
+    load_query_tile<kBlockM, kHeadDim, kThreads>(p, sQ, sdO, kStride, sLse, sDelta, q, dout, lse, delta,
+                                                 row0, tid);
     cp_async_wait<0>();
     __syncthreads();
 
@@ -186,6 +201,8 @@ __global__ void __launch_bounds__(BwdTiles<Element, kHeadDim>::kThreads)
     }
 
     // P^T = 2^(logit - lse), 0 where invisible. Row of S^T = key j, column = query i.
+    tile_logits<kMode, false>(pt, hb, scale_log2, key_pos, static_cast<float>(row0 + 2 * t),
+                              tile_side(row0, row0 + kBlockM, warp_col0, warp_col0 + 16));
     const bool masked = tile_needs_mask(hb, row0, row0 + kBlockM, warp_col0, warp_col0 + 16, seq_len);
 #pragma unroll
     for (int nt = 0; nt < kQTiles; ++nt) {
@@ -194,8 +211,7 @@ __global__ void __launch_bounds__(BwdTiles<Element, kHeadDim>::kThreads)
         const int j = warp_col0 + g + 8 * (e / 2);
         const int qi = nt * 8 + 2 * t + (e % 2);
         const int i = row0 + qi;
-        const float x = logit_log2<kMode>(pt[nt][e], scale_log2, hb, i, j);
-        pt[nt][e] = (masked && !score_visible(hb, i, j, seq_len)) ? 0.f : exp2f(x - sLse[qi]);
+        pt[nt][e] = (masked && !score_visible(hb, i, j, seq_len)) ? 0.f : exp2f(pt[nt][e] - sLse[qi]);
       }
     }
 
@@ -237,6 +253,7 @@ __global__ void __launch_bounds__(BwdTiles<Element, kHeadDim>::kThreads)
     }
 
     // dS^T = P^T (dP^T - delta); the slope gradients are sums of dS times -distance.
+    const float query_pos0 = static_cast<float>(row0);
 #pragma unroll
     for (int nt = 0; nt < kQTiles; ++nt) {
 #pragma unroll
@@ -244,11 +261,12 @@ __global__ void __launch_bounds__(BwdTiles<Element, kHeadDim>::kThreads)
         const int qi = nt * 8 + 2 * t + (e % 2);
         ds[nt][e] = pt[nt][e] * (ds[nt][e] - sDelta[qi]);
         if constexpr (kMode == BiasMode::Linear) {
-          const int distance = row0 + qi - (warp_col0 + g + 8 * (e / 2));  // i - j
-          if (distance >= 0)
-            dslope_left -= ds[nt][e] * static_cast<float>(distance);
+          // i - j, exact as a float (no integer conversion per score).
+          const float distance = query_pos0 + static_cast<float>(qi) - key_pos[e / 2];
+          if (distance >= 0.f)
+            dslope_left -= ds[nt][e] * distance;
           else
-            dslope_right += ds[nt][e] * static_cast<float>(distance);
+            dslope_right += ds[nt][e] * distance;
         }
       }
     }

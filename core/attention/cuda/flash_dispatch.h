@@ -12,11 +12,20 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
 
 namespace extrap::cuda {
 
 // Whether the kernels are compiled for this input type and head dimension.
 bool flash_supports(ElementType dtype, int head_dim);
+
+// Query rows a forward block takes for this call: 64 (one m-fragment a warp) or 128 (two).
+// The environment variable EXTRAP_FLASH_FWD_ROWS (read once) sets it: "auto" (the default:
+// 64 where every head's work is triangular, i.e. causal, else 128), 64 or 128; any other
+// value is refused. For side-by-side measurement: every shape computes the same numbers.
+int flash_fwd_block_rows(const FlashFwdParams& params);
+// The setting in force: "auto", "64" or "128".
+std::string flash_fwd_rows_setting();
 
 // Writes o and lse.
 void flash_attention_forward(const FlashFwdParams& params, cudaStream_t stream);

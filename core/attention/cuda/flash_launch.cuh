@@ -12,11 +12,18 @@
 
 namespace extrap::cuda {
 
-// Forward: a block of 4 warps owns 64 query rows (16 per warp) and streams 64-key tiles.
-// Shared memory: Q, K and V tiles, rows padded to D + 8 elements (tile_io.cuh).
-template <class Element, int kHeadDim>
+// Forward: a block of 4 warps owns 64 kMFrags query rows (16 kMFrags per warp: kMFrags
+// m-fragments of 16 rows) and streams 64-key tiles. Shared memory: Q, K and V tiles, rows
+// padded to D + 8 elements (tile_io.cuh). Two m-fragments a warp halve the shared-memory
+// reads per tensor-core instruction (each K or V fragment loaded serves two); Q then stays
+// in registers only where it fits (D 64), else it is read from shared memory every k-step.
+template <class Element, int kHeadDim, int kMFrags>
 struct FwdTiles {
-  static constexpr int kBlockM = 64, kBlockN = 64, kWarps = 4, kThreads = 32 * kWarps;
+  static_assert(kMFrags == 1 || kMFrags == 2, "one or two m-fragments a warp");
+  static constexpr int kWarps = 4, kThreads = 32 * kWarps;
+  static constexpr int kWarpRows = 16 * kMFrags, kBlockM = kWarpRows * kWarps;
+  static constexpr int kBlockN = kMFrags * kHeadDim <= 128 ? 64 : 32;
+  static constexpr bool kQInRegisters = kMFrags * kHeadDim <= 128;
   static constexpr int kStride = kHeadDim + 8;
   static constexpr int kSmemBytes =
       (kBlockM + 2 * kBlockN) * kStride * static_cast<int>(sizeof(Element));
@@ -42,7 +49,7 @@ constexpr ElementType element_type_of<__nv_bfloat16>() { return ElementType::BFl
 template <>
 constexpr ElementType element_type_of<__half>() { return ElementType::Float16; }
 
-template <class Element, int kHeadDim, BiasMode kMode>
+template <class Element, int kHeadDim, BiasMode kMode, int kMFrags>
 void launch_flash_fwd(const FlashFwdParams& params, cudaStream_t stream);
 
 template <class Element, int kHeadDim, BiasMode kMode>

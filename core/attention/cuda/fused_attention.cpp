@@ -400,9 +400,12 @@ std::pair<torch::Tensor, torch::Tensor> fused_alibi_geometric_slopes(FusedAlibiL
 
 namespace {
 
+std::string kernel_shapes() { return "fwd_rows=" + cuda::flash_fwd_rows_setting(); }
+
 // Runs when libextrap_cuda.so loads (core/runtime/cuda_support.h).
 const bool registered = [] {
-  register_cuda_attention({&fused_attention_unsupported_reason, &fused_attention, &fused_attention_alibi});
+  register_cuda_attention({&fused_attention_unsupported_reason, &fused_attention, &fused_attention_alibi,
+                           &kernel_shapes});
   return true;
 }();
 
