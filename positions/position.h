@@ -77,6 +77,12 @@ struct TokenPositions {
   // query are seen at grouped positions (grouped()); 0: off. Set by the model, not by methods.
   int64_t neighbor_window = 0;
   int64_t group_size = 0;
+  // StreamingLLM at evaluation (TransformerLMImpl::set_streaming): each query sees the first
+  // `stream_sinks` tokens and the last stream_cache - stream_sinks, at cache slots; 0: off. Set
+  // by the model, not by methods: the attention layer runs each query's cache as a window of
+  // stream_cache tokens at positions 0 .. stream_cache - 1, so methods never see more.
+  int64_t stream_sinks = 0;
+  int64_t stream_cache = 0;
 
   static TokenPositions window(int64_t length, int64_t offset = 0) { return {offset, length, {}}; }
   // Self-Extend's grouped positions of the same tokens: for the queries floor(p / G) + W -

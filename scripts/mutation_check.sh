@@ -196,6 +196,12 @@ core/eval/longppl.cpp | .logical_and(long_eval.token_nll.neg().gt(spec.beta)); |
 core/eval/evaluator.cpp | tokens->position.index_put_({stream_at}, where + 1); | tokens->position.index_put_({stream_at}, where); | the evaluator's token positions are one short
 core/eval/longppl.cpp |   spec.stride = 1; |   spec.stride = 2; | LongPPL's short context shares windows between targets
 core/eval/longppl.cpp | out.longppl = std::exp(out.nll_sum / double(out.key_tokens)); | out.longppl = std::exp(out.nll_sum / double(out.candidates)); | LongPPL averages over the candidates, not the key tokens
+core/model/model.cpp | const auto recent = torch::arange(S - W + 1, 1, index_options) | const auto recent = torch::arange(S - W, 0, index_options) | StreamingLLM's recent keys end one token before the query
+core/model/model.cpp | parts.push_back(y.select(2, W - 1).view | parts.push_back(y.select(2, W - 2).view | StreamingLLM keeps the second-last row of each cache window
+core/model/model.cpp | slots.sampled = torch::arange(length, torch::kLong).clamp_max(streaming_.cache - 1); | slots.sampled = torch::arange(length, torch::kLong); | StreamingLLM embeds absolute positions at the text position, not the cache slot
+core/model/model.cpp | const auto sinks = torch::arange(S, index_options).unsqueeze(0); | const auto sinks = torch::arange(1, S + 1, index_options).unsqueeze(0); | StreamingLLM's sinks skip the stream's first token
+core/eval/evaluator.cpp |     model_->set_streaming(streaming_); |     (void)streaming_; | an evaluation leaves the model streaming
+core/eval/evaluator.cpp |     if (spec.stride > 0 && spec.stride < spec.length) |     if (spec.stride > spec.length) | StreamingLLM takes a sliding stride
 EOF
 )
 

@@ -115,6 +115,19 @@ void check_eval_length(const EvalSpec& spec, int64_t available, int64_t split_to
     throw EvalFailure("evaluation length must be at least 1, got " + std::to_string(spec.length));
   if (spec.stride < 0)
     throw EvalFailure("stride must be positive (or 0: non-overlapping), got " + std::to_string(spec.stride));
+  if (spec.streaming.active()) {
+    if (spec.stride > 0 && spec.stride < spec.length)
+      throw EvalFailure("StreamingLLM reads each window as one stream: a sliding stride (" +
+                        std::to_string(spec.stride) + ") has no meaning with it");
+    if (spec.rope_scaling.active())
+      throw EvalFailure("StreamingLLM keeps positions below its cache of " +
+                        std::to_string(spec.streaming.cache) + " tokens: a RoPE scaling (" +
+                        rope_scaling_name(spec.rope_scaling.kind) + ") has no meaning with it");
+    if (spec.streaming.sinks < 0 || spec.streaming.sinks >= spec.streaming.cache)
+      throw EvalFailure("StreamingLLM: " + std::to_string(spec.streaming.sinks) + " sinks in a cache of " +
+                        std::to_string(spec.streaming.cache) +
+                        " tokens (sinks must be at least 0 and fewer than the cache)");
+  }
   // A causal window of L inputs needs L + 1 tokens (the last is only a target).
   const int64_t needed = spec.length + (causal ? 1 : 0);
   if (available < needed) {
@@ -125,30 +138,42 @@ void check_eval_length(const EvalSpec& spec, int64_t available, int64_t split_to
   }
 }
 
-void check_window_memory(const ModelConfig& m, int64_t windows_per_batch, int64_t length) {
+void check_window_memory(const ModelConfig& m, int64_t windows_per_batch, int64_t length,
+                         int64_t attention_length) {
   // The reference attention path materialises (windows, heads, T, T) scores, probabilities and
   // bias per layer; refuse a batch that cannot fit rather than attempt the allocation.
+  const int64_t span = attention_length > 0 ? std::min(attention_length, length) : length;
   const bool reference =
       m.attention == AttentionBackend::Reference ||
-      (m.attention == AttentionBackend::Auto && length * length <= m.efficient_threshold);
+      (m.attention == AttentionBackend::Auto && span * span <= m.efficient_threshold);
   const double values =
       double(windows_per_batch) * double(length) * 8.0 * double(m.d_model) +
-      (reference ? 3.0 * double(windows_per_batch) * double(m.heads) * double(length) * double(length)
+      (reference ? 3.0 * double(windows_per_batch) * double(m.heads) * double(span) * double(span)
                  : 0.0);
   const double bytes = std::min(values * 4.0, 9.0e18);
   check_memory(int64_t(bytes), "evaluating at length " + std::to_string(length),
                "lower eval.batch_tokens (--batch-tokens) or use the efficient attention path");
 }
 
-EvaluationScope::EvaluationScope(TransformerLM& model, const RopeScaling& scaling)
-    : model_(model), scaling_(model->rope_scaling()), training_(model->is_training()) {
+EvaluationScope::EvaluationScope(TransformerLM& model, const RopeScaling& scaling,
+                                 const StreamingCache& streaming)
+    : model_(model), scaling_(model->rope_scaling()), streaming_(model->streaming()),
+      training_(model->is_training()) {
   model->eval();
   model->set_rope_scaling(scaling);
+  try {
+    model->set_streaming(streaming);
+  } catch (const std::invalid_argument& e) {
+    model->set_rope_scaling(scaling_);
+    if (training_) model->train();
+    throw EvalFailure(e.what());
+  }
 }
 
 EvaluationScope::~EvaluationScope() {
   try {
     model_->set_rope_scaling(scaling_);
+    model_->set_streaming(streaming_);
   } catch (...) {
   }
   if (training_) model_->train();
@@ -276,10 +301,11 @@ EvalResult evaluate(TransformerLM& model, const Corpus& corpus, const TokenStrea
   const int64_t n = spec.max_tokens > 0 ? std::min(spec.max_tokens, stream.size()) : stream.size();
   check_eval_length(spec, n, stream.size(), causal);
 
-  EvaluationScope scope(model, spec.rope_scaling);
+  EvaluationScope scope(model, spec.rope_scaling, spec.streaming);
 
   EvalResult result;
   result.length = spec.length;
+  result.streaming = spec.streaming;
   result.stride = (spec.stride <= 0 || spec.stride >= spec.length) ? spec.length : spec.stride;
   auto windows = plan_windows(n, spec.length, spec.stride, causal);
   result.windows = int64_t(windows.size());
@@ -287,7 +313,7 @@ EvalResult evaluate(TransformerLM& model, const Corpus& corpus, const TokenStrea
   check_window_memory(model->config(),
                       std::min<int64_t>(std::max<int64_t>(1, spec.batch_tokens / spec.length),
                                         int64_t(windows.size())),
-                      spec.length);
+                      spec.length, spec.streaming.active() ? spec.streaming.cache : -1);
   // Batch windows of equal size together.
   std::map<int64_t, std::vector<EvalWindow>> by_size;
   for (const auto& w : windows) by_size[w.size].push_back(w);

@@ -48,6 +48,10 @@ struct EvalSpec {
   RopeScaling rope_scaling;
   // Also return each target's NLL and window position (EvalResult::token_nll): LongPPL's input.
   bool keep_token_nll = false;
+  // StreamingLLM (core/model/model.h): each non-overlapping window is a stream read through a
+  // cache of streaming.cache tokens with streaming.sinks sinks. Refused with a stride, a RoPE
+  // scaling or a masked LM.
+  StreamingCache streaming;
 };
 
 // The mean NLL by position in the window: the scored tokens at window positions
@@ -86,6 +90,7 @@ struct EvalResult {
   // tokens of context.
   torch::Tensor token_nll;
   torch::Tensor token_position;
+  StreamingCache streaming;  // as evaluated (inactive: the plain evaluation)
 };
 
 // One forward window: inputs [begin, begin + size) of the stream; positions
@@ -125,13 +130,16 @@ EvalSpec eval_spec_for(const Config& config, int64_t length, int64_t stride = 0)
 
 // Refuses (ConfigError, core/model/memory_estimate.h) a batch of `windows` windows of `length` tokens
 // whose activations cannot fit in memory, rather than attempt the allocation.
-void check_window_memory(const ModelConfig& model, int64_t windows, int64_t length);
+// `attention_length`: the longest span one attention call covers (StreamingLLM: its cache);
+// -1: the window length.
+void check_window_memory(const ModelConfig& model, int64_t windows, int64_t length,
+                         int64_t attention_length = -1);
 
 // Eval mode and a RoPE scaling for one evaluation: the model's training flag and scaling are
 // restored when the scope ends, whatever happens.
 class EvaluationScope {
  public:
-  EvaluationScope(TransformerLM& model, const RopeScaling& scaling);
+  EvaluationScope(TransformerLM& model, const RopeScaling& scaling, const StreamingCache& streaming = {});
   ~EvaluationScope();
   EvaluationScope(const EvaluationScope&) = delete;
   EvaluationScope& operator=(const EvaluationScope&) = delete;
@@ -139,6 +147,7 @@ class EvaluationScope {
  private:
   TransformerLM& model_;
   RopeScaling scaling_;
+  StreamingCache streaming_;
   bool training_;
 };
 

@@ -7,6 +7,7 @@
 #include "core/kernels/residual_norm.h"
 
 #include <cmath>
+#include <stdexcept>
 
 namespace extrap {
 
@@ -65,6 +66,25 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, PositionMethod&
   // no copy where the fused attention writes them there, else with one.
   const auto& input = projected.defined() ? projected : x;
   auto [q, k, v] = split_heads(linear(qkv, input), H);  // (B, H, T, Dh)
+  auto y = positions.stream_cache > 0 ? attend_streaming(q, k, v, x, position, positions, attention_options)
+                                      : attend(q, k, v, x, position, positions, attention_options, cache);
+  if (gate) {  // each head's output times sigmoid(x W_g): (B, T, H, 1) head-wise, (B, T, H, Dh) element-wise
+    auto g = torch::sigmoid(linear(gate, input)).view({B, T, H, -1});
+    y = y.transpose(1, 2) * g.to(y.scalar_type());
+    y = y.reshape({B, T, H * Dh});
+  } else {
+    y = y.transpose(1, 2).reshape({B, T, H * Dh});
+  }
+  y = linear(out, y);
+  if (attention_options.training && options.dropout() > 0) y = torch::dropout(y, options.dropout(), true);
+  return y;
+}
+
+torch::Tensor SelfAttentionImpl::attend(torch::Tensor q, torch::Tensor k, torch::Tensor v,
+                                        const torch::Tensor& x, PositionMethod& position,
+                                        const TokenPositions& positions,
+                                        const AttentionOptions& attention_options, KVCache::Layer* cache) {
+  const auto T = q.size(2);
   LayerInput at{options.layer_index(), positions, x};
   torch::Tensor far_q, far_k;  // Self-Extend: the same q and k rotated at grouped positions
   if (positions.group_size > 0) {
@@ -100,17 +120,46 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, PositionMethod&
     bias.far_keys = far_k;
     bias.near_window = positions.neighbor_window;
   }
-  auto y = attention(q, k, v, bias, attn);  // (B, H, T, Dh)
-  if (gate) {  // each head's output times sigmoid(x W_g): (B, T, H, 1) head-wise, (B, T, H, Dh) element-wise
-    auto g = torch::sigmoid(linear(gate, input)).view({B, T, H, -1});
-    y = y.transpose(1, 2) * g.to(y.scalar_type());
-    y = y.reshape({B, T, H * Dh});
-  } else {
-    y = y.transpose(1, 2).reshape({B, T, H * Dh});
+  return attention(q, k, v, bias, attn);  // (B, H, T, Dh)
+}
+
+// Token t < W (the cache size) attends as in a plain causal pass over the first W tokens.
+// Token t >= W attends as the last query of a W-token window made of the sinks (tokens 0 ..
+// S - 1) and the last W - S tokens (t - W + S + 1 .. t), at positions 0 .. W - 1: its cache
+// at cache slots. The keys and values are the tokens' own, from their hidden states of the
+// layer below, each computed when that token was the query: what a KV cache holds. Every
+// method (biases, rotations, data-dependent positions) sees only these windows; only the last
+// row of each is kept.
+torch::Tensor SelfAttentionImpl::attend_streaming(const torch::Tensor& q, const torch::Tensor& k,
+                                                  const torch::Tensor& v, const torch::Tensor& x,
+                                                  PositionMethod& position, const TokenPositions& positions,
+                                                  const AttentionOptions& attention_options) {
+  TORCH_CHECK(attention_options.causal, "StreamingLLM evaluation needs a causal model");
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), Dh = q.size(3), D = x.size(2);
+  const int64_t W = positions.stream_cache, S = positions.stream_sinks;
+  TORCH_CHECK(S >= 0 && S < W, "StreamingLLM: ", S, " sinks in a cache of ", W, " tokens");
+  const auto index_options = torch::TensorOptions().dtype(torch::kLong).device(q.device());
+  // Copies (index_select), since a method may rotate q and k in place.
+  const auto head = torch::arange(std::min(T, W), index_options);
+  std::vector<torch::Tensor> parts{attend(q.index_select(2, head), k.index_select(2, head), v.index_select(2, head),
+                                          x.index_select(1, head), position, TokenPositions::window(head.size(0)),
+                                          attention_options, nullptr)};
+  // Windows per pass: about 2^24 scores (windows x B x H x W x W) and as many gathered inputs.
+  const int64_t per_pass = std::max<int64_t>(1, (int64_t(1) << 24) / (B * W * std::max(H * W, D)));
+  const auto sinks = torch::arange(S, index_options).unsqueeze(0);            // (1, S)
+  const auto recent = torch::arange(S - W + 1, 1, index_options).unsqueeze(0);  // (1, W - S): t + these
+  for (int64_t first = W; first < T; first += per_pass) {
+    const int64_t c = std::min(per_pass, T - first);
+    const auto t = torch::arange(first, first + c, index_options).unsqueeze(1);  // (c, 1)
+    const auto rows = torch::cat({sinks.expand({c, S}), t + recent}, 1).reshape({-1});  // (c W)
+    const auto gather = [&](const torch::Tensor& z) {  // (B, H, T, Dh) -> (B c, H, W, Dh)
+      return z.index_select(2, rows).view({B, H, c, W, Dh}).permute({0, 2, 1, 3, 4}).reshape({B * c, H, W, Dh});
+    };
+    const auto y = attend(gather(q), gather(k), gather(v), x.index_select(1, rows).view({B * c, W, D}),
+                          position, TokenPositions::window(W), attention_options, nullptr);  // (B c, H, W, Dh)
+    parts.push_back(y.select(2, W - 1).view({B, c, H, Dh}).permute({0, 2, 1, 3}));          // (B, H, c, Dh)
   }
-  y = linear(out, y);
-  if (attention_options.training && options.dropout() > 0) y = torch::dropout(y, options.dropout(), true);
-  return y;
+  return torch::cat(parts, 2);
 }
 
 BlockImpl::BlockImpl(BlockOptions options_) : options(std::move(options_)) { reset(); }
@@ -235,7 +284,18 @@ torch::Tensor TransformerLMImpl::hidden_as(const torch::Tensor& tokens, int64_t 
     positions.neighbor_window = rope_scaling_.neighbor_window;
     positions.group_size = int64_t(rope_scaling_.factor);
   }
-  x = position().embed(x, positions);  // (a pattern's methods do not embed: check_position_method)
+  if (streaming_.active()) {
+    TORCH_CHECK(!is_training(), "StreamingLLM is an evaluation: call model->eval()");
+    TORCH_CHECK(offset == 0, "StreamingLLM: each window is a stream from its first token (offset 0, got ", offset, ")");
+    // An absolute method embeds each token once, at its cache slot when it arrives.
+    auto slots = TokenPositions::window(length);
+    slots.sampled = torch::arange(length, torch::kLong).clamp_max(streaming_.cache - 1);
+    x = position().embed(x, slots);
+    positions.stream_sinks = streaming_.sinks;
+    positions.stream_cache = streaming_.cache;
+  } else {
+    x = position().embed(x, positions);  // (a pattern's methods do not embed: check_position_method)
+  }
   x = embedding_dropout->forward(x);
   AttentionOptions attention_options;
   attention_options.causal = config_.causal();
@@ -265,6 +325,18 @@ void TransformerLMImpl::set_rope_scaling(const RopeScaling& scaling) {
   rope_scaling_ = scaling;
 }
 
+void TransformerLMImpl::set_streaming(const StreamingCache& streaming) {
+  if (streaming.active()) {
+    if (!config_.causal())
+      throw std::invalid_argument("StreamingLLM evaluation needs a causal model; this one is a masked LM");
+    if (streaming.sinks < 0 || streaming.sinks >= streaming.cache)
+      throw std::invalid_argument("StreamingLLM: " + std::to_string(streaming.sinks) +
+                                  " sinks in a cache of " + std::to_string(streaming.cache) +
+                                  " tokens (sinks must be at least 0 and fewer than the cache)");
+  }
+  streaming_ = streaming;
+}
+
 torch::Tensor TransformerLMImpl::hidden(const torch::Tensor& tokens, KVCache& cache) {
   TORCH_CHECK(tokens.dim() == 2, "model input must be (B, T) token ids, got ", tokens.sizes());
   TORCH_CHECK(config_.causal(), "a KV cache needs a causal model; this one is a masked LM");
@@ -273,6 +345,7 @@ torch::Tensor TransformerLMImpl::hidden(const torch::Tensor& tokens, KVCache& ca
   TORCH_CHECK(!rope_scaling_.active(),
               "a KV cache with RoPE scaling is not supported (dynamic NTK would rotate cached "
               "keys with an older base)");
+  TORCH_CHECK(!streaming_.active(), "StreamingLLM evaluation and a KV cache: one at a time");
   const int64_t length = tokens.size(1);
   TORCH_CHECK(cache.length + length <= cache.planned, "the KV cache was planned for ",
               cache.planned, " tokens; ", cache.length, " are cached and ", length, " more came");

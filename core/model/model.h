@@ -43,6 +43,16 @@ struct KVCache {
   int64_t planned;
 };
 
+// StreamingLLM evaluation (Xiao et al., ICLR 2024; REFERENCE.md): a causal model reads a
+// stream through a KV cache of `cache` tokens, the first `sinks` tokens of the stream (attention
+// sinks) and the most recent cache - sinks; positions are cache slots (sinks 0 .. sinks - 1,
+// the recent tokens right after), so no position ever reaches `cache`. cache 0: off.
+struct StreamingCache {
+  int64_t sinks = 0;
+  int64_t cache = 0;
+  bool active() const { return cache > 0; }
+};
+
 class SelfAttentionImpl : public torch::nn::Cloneable<SelfAttentionImpl> {
  public:
   explicit SelfAttentionImpl(SelfAttentionOptions options);
@@ -65,6 +75,17 @@ class SelfAttentionImpl : public torch::nn::Cloneable<SelfAttentionImpl> {
 
   // What the attention options add to the position method's bias for queries at `at`.
   AttentionBias with_options(AttentionBias bias, const LayerInput& at, bool causal) const;
+
+ private:
+  // The attention of q, k, v (B, H, T, Dh) of tokens at `positions`, x their input (B, T, D):
+  // the method's rotation and bias, the attention options, the cache. (B, H, T, Dh).
+  torch::Tensor attend(torch::Tensor q, torch::Tensor k, torch::Tensor v, const torch::Tensor& x,
+                       PositionMethod& position, const TokenPositions& positions,
+                       const AttentionOptions& attention_options, KVCache::Layer* cache);
+  // attend() under StreamingLLM (positions.stream_cache > 0): each query over its cache.
+  torch::Tensor attend_streaming(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                 const torch::Tensor& x, PositionMethod& position,
+                                 const TokenPositions& positions, const AttentionOptions& attention_options);
 };
 TORCH_MODULE(SelfAttention);
 
@@ -145,6 +166,13 @@ class TransformerLMImpl : public torch::nn::Module {
   // model with no such layer.
   void set_rope_scaling(const RopeScaling& scaling);
   const RopeScaling& rope_scaling() const { return rope_scaling_; }
+  // StreamingLLM for every later forward pass (evaluation of a causal model, windows from
+  // offset 0; inactive: off). Each window is one stream: token t < cache attends as usual, token
+  // t >= cache to the sinks and the last cache - sinks tokens at cache slots, and an absolute
+  // method embeds token t at min(t, cache - 1). Throws std::invalid_argument for sinks < 0,
+  // sinks >= cache, or a masked LM.
+  void set_streaming(const StreamingCache& streaming);
+  const StreamingCache& streaming() const { return streaming_; }
   const std::string& position_name() const { return position_name_; }
 
  private:
@@ -154,6 +182,7 @@ class TransformerLMImpl : public torch::nn::Module {
   std::string position_name_;
   LayerPlan plan_;
   RopeScaling rope_scaling_;
+  StreamingCache streaming_;
   torch::nn::Embedding embedding = nullptr;
   torch::nn::Dropout embedding_dropout = nullptr;
   std::vector<std::shared_ptr<PositionMethod>> positions_;  // one per kind of layer (plan_.kinds)

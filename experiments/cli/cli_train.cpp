@@ -71,13 +71,15 @@ nlohmann::json bins_json(const std::vector<PositionBin>& bins) {
 
 // Every (length, stride) of the config's eval section: non-overlapping (when asked), then
 // each sliding stride shorter than the length, each under every RoPE variant asked for (factor
-// `rope_factor`, or 0: the length over train.seq_len). An evaluation that cannot give a right
-// number prints its reason in place of the row; returns how many did. Each row (or failure) is
-// also appended to `rows` when given, numbers at full precision, with the loss by position.
+// `rope_factor`, or 0: the length over train.seq_len), under StreamingLLM where `streaming` is
+// active. An evaluation that cannot give a right number prints its reason in place of the row;
+// returns how many did. Each row (or failure) is also appended to `rows` when given, numbers at
+// full precision, with the loss by position.
 int evaluate_all(TransformerLM& model, const Corpus& corpus, const Config& config,
                  torch::Device device, bool non_overlapping, nlohmann::json* rows = nullptr,
                  const std::vector<RopeScalingKind>& variants = {RopeScalingKind::none},
-                 double rope_factor = 0, const char* limit_source = "eval.max_tokens") {
+                 double rope_factor = 0, const char* limit_source = "eval.max_tokens",
+                 const StreamingCache& streaming = {}) {
   const TokenStream& stream = corpus.split(config.eval.split);
   const int64_t limit = config.eval.max_tokens > 0 ? std::min(config.eval.max_tokens, stream.size())
                                                    : stream.size();
@@ -88,6 +90,14 @@ int evaluate_all(TransformerLM& model, const Corpus& corpus, const Config& confi
     std::cout << "scoring all " << limit << " tokens of the " << enum_name(config.eval.split)
               << " split\n";
   const bool scaled = variants != std::vector<RopeScalingKind>{RopeScalingKind::none};
+  if (streaming.active())
+    std::cout << "StreamingLLM: each window one stream through a cache of " << streaming.cache
+              << " tokens, the first " << streaming.sinks << " of them sinks, positions cache slots\n";
+  // The StreamingLLM cache of a row, where there is one.
+  const auto with_streaming = [&](nlohmann::json row) {
+    if (streaming.active()) row["streaming"] = {{"sinks", streaming.sinks}, {"cache", streaming.cache}};
+    return row;
+  };
   print_eval_header(scaled);
   if (!corpus.counts_bytes())
     std::cout << "(bpb: bits per byte need the bytes of text behind each token: byte-level corpora "
@@ -109,13 +119,14 @@ int evaluate_all(TransformerLM& model, const Corpus& corpus, const Config& confi
     for (int64_t stride : strides) for (RopeScalingKind kind : variants) {
       std::string failure;
       EvalSpec spec = eval_spec_for(config, length, stride);
+      spec.streaming = streaming;
       const std::string variant = rope_variant_label(kind, rope_factor);
       try {
         spec.rope_scaling = rope_scaling_for(kind, rope_factor, config.train.seq_len, length);
         const EvalResult r = evaluate(model, corpus, stream, spec, device);
         print_eval_row(r, scaled ? rope_column(spec.rope_scaling) : "");
         if (rows)
-          rows->push_back({{"length", r.length}, {"stride", r.stride}, {"status", "ok"},
+          rows->push_back(with_streaming({{"length", r.length}, {"stride", r.stride}, {"status", "ok"},
                            {"rope_scaling", variant.empty() ? "none" : variant},
                            {"rope_factor", kind == RopeScalingKind::none
                                                ? nlohmann::json()  // no scaling: no factor
@@ -128,7 +139,7 @@ int evaluate_all(TransformerLM& model, const Corpus& corpus, const Config& confi
                            {"bits_per_byte", std::isfinite(r.bits_per_byte) ? nlohmann::json(r.bits_per_byte) : nlohmann::json()},
                            {"scored_bytes", r.scored_bytes},
                            {"windows", r.windows}, {"seconds", r.seconds},
-                           {"by_position", bins_json(r.by_position)}});
+                           {"by_position", bins_json(r.by_position)}}));
       } catch (const DistributedError&) {
         throw;  // the job cannot go on
       } catch (const c10::Error& e) {
@@ -139,9 +150,9 @@ int evaluate_all(TransformerLM& model, const Corpus& corpus, const Config& confi
       if (!failure.empty()) {
         ++failures;
         if (rows)
-          rows->push_back({{"length", length}, {"stride", stride > 0 ? stride : length},
-                           {"rope_scaling", variant.empty() ? "none" : variant},
-                           {"status", "failed"}, {"error", failure}});
+          rows->push_back(with_streaming({{"length", length}, {"stride", stride > 0 ? stride : length},
+                                          {"rope_scaling", variant.empty() ? "none" : variant},
+                                          {"status", "failed"}, {"error", failure}}));
         std::printf("%-10lld %-8lld failed: %s%s\n", (long long)length, (long long)stride,
                     failure.c_str(), scaled ? (" (" + rope_scaling_name(kind) + ")").c_str() : "");
         std::fflush(stdout);
@@ -251,6 +262,7 @@ struct EvalOptions {
   bool longppl = false;
   int64_t longppl_short = 0;
   std::string longppl_reference;
+  StreamingCache streaming{4, 0};  // --sinks, --streaming
   po::variables_map vm;  // which options were given
 };
 
@@ -289,10 +301,14 @@ bool parse_eval_options(const Args& args, EvalOptions& opt) {
        "LongPPL: the short context K (default: the key-token model's training length)")
       ("longppl-reference", po::value(&opt.longppl_reference),
        "LongPPL: the run whose model selects the key tokens (default: each model itself)")
+      ("streaming", po::value(&opt.streaming.cache),
+       "StreamingLLM: read each window as a stream through a KV cache of this many tokens, "
+       "--sinks of them the stream's first, at cache slots (core/model/model.h)")
+      ("sinks", po::value(&opt.streaming.sinks), "StreamingLLM: attention sinks kept in the cache (default 4)")
       ("json", po::value(&opt.json_path),
        "also write the results to this JSON file (full precision; failures with their reason)");
   return parse(args, "extrap eval --checkpoint DIR --length L [--stride S] [--split valid|test] "
-               "[--rope-scaling yarn --rope-factor 4]\n"
+               "[--rope-scaling yarn --rope-factor 4] [--streaming W [--sinks 4]]\n"
                "       [--nproc N: N local data-parallel ranks]", options, opt.vm);
 }
 
@@ -329,6 +345,22 @@ void check_eval_options(EvalOptions& opt) {
     if (vm.count("longppl-short") && opt.longppl_short < 1)
       throw ConfigError("--longppl-short " + std::to_string(opt.longppl_short) +
                         ": must be at least 1");
+  }
+  if (vm.count("sinks") && !vm.count("streaming"))
+    throw ConfigError("--sinks is a StreamingLLM option: add --streaming W");
+  if (vm.count("streaming")) {
+    if (opt.streaming.cache < 1)
+      throw ConfigError("--streaming " + std::to_string(opt.streaming.cache) + ": the cache must hold at least 1 token");
+    if (opt.streaming.sinks < 0 || opt.streaming.sinks >= opt.streaming.cache)
+      throw ConfigError("--sinks " + std::to_string(opt.streaming.sinks) + ": must be at least 0 and fewer than "
+                        "the cache (--streaming " + std::to_string(opt.streaming.cache) + ")");
+    if (!opt.retrieval.empty() || opt.longppl)
+      throw ConfigError("--streaming scores perplexity: not with --retrieval or --longppl");
+    for (const char* name : {"stride", "rope-scaling"})
+      if (vm.count(name))
+        throw ConfigError(std::string("--") + name +
+                          " is not taken with --streaming (each window is one stream, its positions "
+                          "cache slots below the cache size)");
   }
   check_eval_lengths(opt.lengths, {}, opt.strides,
                      [](EvalLengthList list, int64_t value, EvalLengthProblem problem) {
@@ -469,7 +501,9 @@ int eval(const Args& args) {
     failures = evaluate_longppl(opt, run, corpus, config, device, rows, document);
   } else {
     failures = evaluate_all(run.model, corpus, config, device, opt.strides.empty(), &rows,
-                            variants, given_factor, "--max-tokens");
+                            variants, given_factor, "--max-tokens", opt.streaming);
+    if (opt.streaming.active())
+      document["streaming"] = {{"sinks", opt.streaming.sinks}, {"cache", opt.streaming.cache}};
     document["split"] = enum_name(which);
     document["max_tokens"] = config.eval.max_tokens;
   }

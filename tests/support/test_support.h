@@ -179,6 +179,30 @@ inline Config tiny_config(const std::string& position = "alibi") {
   return c;
 }
 
+// Every registered position method that supports causal attention, by name (at least the 14
+// built-in ones, or the calling test fails).
+inline std::vector<std::string> causal_methods() {
+  std::vector<std::string> names;
+  for (const auto& name : PositionRegistry::instance().names())
+    if (PositionRegistry::instance().get(name).modes & kCausal) names.push_back(name);
+  REQUIRE(names.size() >= 14);
+  return names;
+}
+
+// The tiny model of a method (trained length 16, 2 layers, 4 heads; `layers` to change that)
+// in eval mode with every parameter moved off its initial value, so that zero-initialised
+// tables (CoPE's embeddings, learned slopes at their init) take part.
+inline TransformerLM perturbed_model(const std::string& method, int64_t layers = 2) {
+  Config config = tiny_config(method);
+  config.model.layers = layers;
+  torch::manual_seed(21);
+  auto model = build_model(config, 257);
+  model->eval();
+  torch::NoGradGuard no_grad;
+  for (auto& p : model->parameters()) p.add_(torch::randn_like(p) * 0.05);
+  return model;
+}
+
 // One micro-batch through the training loss (`tokens`: (B, T + 1), every target scored) and
 // back: the loss and every parameter's gradient, flattened into one vector.
 inline std::pair<double, torch::Tensor> loss_and_gradients(TransformerLM& model, const torch::Tensor& tokens,
