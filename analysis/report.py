@@ -184,13 +184,29 @@ def failure_reason(status):
     return status[len("failed: "):] if status.startswith("failed: ") else status
 
 
+def streaming_cache(mode):
+    """(sinks, cache) of a StreamingLLM mode "streaming_<sinks>_<cache>", else None."""
+    if not mode.startswith("streaming_"):
+        return None
+    sinks, cache = mode[len("streaming_"):].split("_")
+    return int(sinks), int(cache)
+
+
 def mode_order(mode):
-    return (0, 0) if mode == "nonoverlapping" else (1, int(mode.split("_", 1)[1]))
+    if mode == "nonoverlapping":
+        return (0, 0, 0)
+    streaming = streaming_cache(mode)
+    if streaming:
+        return (2, streaming[1], streaming[0])
+    return (1, int(mode.split("_", 1)[1]), 0)
 
 
 def mode_title(mode):
     if mode == "nonoverlapping":
         return "non-overlapping windows"
+    streaming = streaming_cache(mode)
+    if streaming:
+        return "StreamingLLM, a cache of %d tokens with %d sinks (each window one stream)" % (streaming[1], streaming[0])
     return "sliding window, stride %s" % mode.split("_", 1)[1]
 
 

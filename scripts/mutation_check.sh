@@ -202,6 +202,8 @@ core/model/model.cpp | slots.sampled = torch::arange(length, torch::kLong).clamp
 core/model/model.cpp | const auto sinks = torch::arange(S, index_options).unsqueeze(0); | const auto sinks = torch::arange(1, S + 1, index_options).unsqueeze(0); | StreamingLLM's sinks skip the stream's first token
 core/eval/evaluator.cpp |     model_->set_streaming(streaming_); |     (void)streaming_; | an evaluation leaves the model streaming
 core/eval/evaluator.cpp |     if (spec.stride > 0 && spec.stride < spec.length) |     if (spec.stride > spec.length) | StreamingLLM takes a sliding stride
+experiments/sweep/point_runner.cpp |     spec.streaming = e.streaming; |     (void)e.streaming; | a sweep's streaming mode evaluates without the cache
+experiments/sweep/sweep_spec.cpp |           if (cache < length) { |           if (cache <= length) { | a sweep lists StreamingLLM at a length its cache holds whole
 EOF
 )
 

@@ -412,6 +412,10 @@ std::string retrieval_mode_name(RetrievalTask task, const std::string& variant) 
 
 bool is_retrieval_mode(const std::string& mode) { return mode.rfind("retrieval_", 0) == 0; }
 
+std::string streaming_mode_name(int64_t sinks, int64_t cache) {
+  return "streaming_" + std::to_string(sinks) + "_" + std::to_string(cache);
+}
+
 // --- the lock ------------------------------------------------------------------------------
 
 ResultsLock::ResultsLock(const std::string& results_path)

@@ -10,7 +10,8 @@
 //                          start_time, end_time, tokens_per_second, peak_memory_bytes,
 //                          num_parameters, status; datasets train_loss, valid_loss (N, 2):
 //                          columns step, loss (mean cross-entropy, nats)
-//   /runs/<run_id>/eval/<mode>   mode = nonoverlapping | sliding_<stride>; 1-D extendable
+//   /runs/<run_id>/eval/<mode>   mode = nonoverlapping | sliding_<stride> |
+//                          streaming_<sinks>_<cache> (StreamingLLM); 1-D extendable
 //                          datasets length, perplexity, nll_sum, scored_tokens,
 //                          bits_per_byte, seconds (one row per finished point), and
 //                          failures: compound (length, reason), one row per failed point
@@ -108,7 +109,7 @@ struct PointRecord {
   std::string position;
   int64_t train_length = 0;
   int64_t seed = 0;
-  std::string mode;    // nonoverlapping | sliding_<stride>, then +<RoPE variant> if any
+  std::string mode;    // nonoverlapping | sliding_<stride> | streaming_<sinks>_<cache>, then +<RoPE variant> if any
   int64_t stride = 0;  // the scored tokens per window: eval_length when nonoverlapping
   int64_t eval_length = 0;
   double perplexity = NAN;
@@ -129,6 +130,8 @@ std::string eval_mode_name(int64_t length, int64_t stride, const std::string& va
 // The mode of a retrieval evaluation: "retrieval_passkey", "retrieval_multikey+yarn".
 std::string retrieval_mode_name(RetrievalTask task, const std::string& variant = "");
 bool is_retrieval_mode(const std::string& mode);
+// "streaming_<sinks>_<cache>": StreamingLLM through a cache of `cache` tokens, `sinks` of them sinks.
+std::string streaming_mode_name(int64_t sinks, int64_t cache);
 
 // An exclusive, non-blocking flock on PATH.lock, held for the object's lifetime (released by
 // the kernel when the process dies, kill -9 included). The holder's pid is written into the

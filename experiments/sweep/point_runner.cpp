@@ -135,6 +135,7 @@ PointRecord evaluate_point(Trainer& trainer, const Corpus& corpus, const SweepPo
     EvalSpec spec = eval_spec_for(config, e.length, e.stride);
     spec.rope_scaling =
         rope_scaling_for(e.rope_scaling, e.rope_factor, config.train.seq_len, e.length);
+    spec.streaming = e.streaming;
     const EvalResult r = evaluate(trainer.model(), corpus, corpus.split(config.eval.split), spec,
                                   torch_device(config.train.device));
     p.perplexity = r.perplexity;

@@ -132,6 +132,10 @@ YAML::Node SweepSpec::canonical() const {
     e["rope_scaling"] = variants;
   }
   if (eval.rope_factor > 0) e["rope_factor"] = eval.rope_factor;
+  if (!eval.streaming.empty()) {  // likewise
+    e["streaming"] = eval.streaming;
+    e["streaming_sinks"] = eval.streaming_sinks;
+  }
   if (eval.retrieval.task != RetrievalTask::none) {  // likewise
     YAML::Node r(YAML::NodeType::Map);
     r["task"] = enum_name(eval.retrieval.task);
@@ -371,10 +375,21 @@ void read_eval(const OptionReader& root, SweepSpec& spec) {
   e.read("rope_factor", spec.eval.rope_factor,
          "RoPE scaling factor s (default: each evaluation length / train.seq_len)");
   read_retrieval(e, spec.eval.retrieval);
+  e.read("streaming", spec.eval.streaming,
+         "StreamingLLM cache sizes W: each length above W is also read as streams through a "
+         "cache of W tokens at cache slots (causal points; docs/evaluation.md)");
+  e.read("streaming_sinks", spec.eval.streaming_sinks, "StreamingLLM: attention sinks kept in the cache");
   e.finish();
   if (!e.decoding()) return;  // listing the keys
   read_rope_variants(e, rope_names, spec.eval);
   check_eval_plan(e, spec);
+  if (e.has("streaming_sinks") && spec.eval.streaming.empty())
+    e.fail("streaming_sinks", "is set but eval.streaming lists no cache size");
+  e.at_least("streaming_sinks", spec.eval.streaming_sinks, 0);
+  for (const int64_t cache : spec.eval.streaming)
+    if (cache <= spec.eval.streaming_sinks)
+      e.fail("streaming", "cache size " + std::to_string(cache) + " must hold more than the " +
+                              std::to_string(spec.eval.streaming_sinks) + " sinks (eval.streaming_sinks)");
 }
 
 // Reads the output section: where results and runs go (defaults filled in by load_sweep).
@@ -494,6 +509,15 @@ std::vector<SweepPoint> expand_grid(const SweepSpec& spec) {
       if (spec.eval.nonoverlapping) add(length, 0);
       for (int64_t stride : strides)
         if (stride < length) add(length, stride);
+      // A cache that holds the whole window evicts nothing: the non-overlapping evaluation.
+      if (point.config.model.causal())
+        for (int64_t cache : std::set<int64_t>(spec.eval.streaming.begin(), spec.eval.streaming.end()))
+          if (cache < length) {
+            EvalPoint e{length, 0, streaming_mode_name(spec.eval.streaming_sinks, cache),
+                        RopeScalingKind::none, 0, false, RetrievalSpec{}};
+            e.streaming = {spec.eval.streaming_sinks, cache};
+            point.evals.push_back(e);
+          }
     }
     if (point.evals.empty())
       throw ConfigError(spec.source + ": eval: grid point " + point.id +

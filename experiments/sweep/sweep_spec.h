@@ -77,6 +77,10 @@ struct SweepEval {
   std::vector<RopeScalingKind> rope_scaling{RopeScalingKind::none};
   double rope_factor = 0;  // 0: each evaluation length / train.seq_len
   SweepRetrieval retrieval;
+  // StreamingLLM (core/model/model.h): cache sizes W; each length above W is also read as
+  // streams through that cache with `streaming_sinks` sinks (causal points).
+  std::vector<int64_t> streaming;
+  int64_t streaming_sinks = 4;
 };
 
 struct SweepSpec {
@@ -104,8 +108,9 @@ struct SweepSpec {
   SweepHeader header(const std::string& shard) const;
 };
 
-// One evaluation of a point: mode "nonoverlapping" (stride 0), "sliding_<stride>" or
-// "retrieval_<task>", then "+<variant>" for a RoPE-scaling variant.
+// One evaluation of a point: mode "nonoverlapping" (stride 0), "sliding_<stride>",
+// "streaming_<sinks>_<cache>" or "retrieval_<task>", then "+<variant>" for a RoPE-scaling
+// variant.
 struct EvalPoint {
   int64_t length = 0;
   int64_t stride = 0;
@@ -114,6 +119,7 @@ struct EvalPoint {
   double rope_factor = 0;  // 0: derived from the length
   bool retrieval = false;  // a retrieval evaluation: retrieval_spec holds its task and plan
   RetrievalSpec retrieval_spec;
+  StreamingCache streaming;  // active: a StreamingLLM evaluation (non-overlapping streams)
 };
 
 struct SweepPoint {

@@ -371,6 +371,57 @@ TEST_CASE("RoPE-scaling variants: listed for rotary points only, equal to none u
         std::string::npos);
 }
 
+TEST_CASE("StreamingLLM in sweeps: a mode per cache size at the lengths above it, the evaluator's "
+          "numbers, a report section, refusals",
+          "[sweep][streaming]") {
+  SweepDir d;
+  std::string out;
+  const std::vector<std::string> streaming = {"--set", "grid.position=[{name: alibi}, {name: rotary}]",
+                                              "--set", "grid.train.seed=[1]", "--set", "eval.strides=[]",
+                                              "--set", "eval.streaming=[8, 16]", "--set", "eval.streaming_sinks=2"};
+  std::vector<std::string> list = {"sweep", "tiny.yaml", "--list"};
+  list.insert(list.end(), streaming.begin(), streaming.end());
+  REQUIRE(run_cli(d, list, &out) == 0);
+  // A cache of 16 holds a 16-token window whole (the plain evaluation): only at 32.
+  CHECK(out.find("evals: 16/nonoverlapping 16/streaming_2_8 32/nonoverlapping 32/streaming_2_8 "
+                 "32/streaming_2_16\n") != std::string::npos);
+
+  // Refusals, naming the key.
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "eval.streaming=[4]", "--set",
+                    "eval.streaming_sinks=4"}, &out) == 2);
+  require_one_line_error(out, "cache size 4 must hold more than the 4 sinks");
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "eval.streaming_sinks=2"}, &out) == 2);
+  require_one_line_error(out, "eval.streaming lists no cache size");
+
+  std::vector<std::string> run = {"sweep", "tiny.yaml"};
+  run.insert(run.end(), streaming.begin(), streaming.end());
+  REQUIRE(run_cli(d, run, &out) == 0);
+  const ResultsStore store = ResultsStore::open((d.root / "results/tiny.h5").string());
+  CHECK(store.points().size() == 2 * 5);
+  for (const std::string id : {"alibi-seed1", "rotary-seed1"}) {
+    INFO(id);
+    auto loaded = load_cli_run(d, "runs/tiny/" + id);
+    for (const auto& [length, cache] : std::vector<std::pair<int64_t, int64_t>>{{16, 8}, {32, 8}, {32, 16}}) {
+      const PointRecord* p = store.point(id, extrap::streaming_mode_name(2, cache), length);
+      REQUIRE(p != nullptr);
+      REQUIRE(p->ok());
+      extrap::EvalSpec spec;
+      spec.length = length;
+      spec.max_tokens = 1024;
+      spec.streaming = {2, cache};
+      const extrap::EvalResult r = extrap::evaluate(loaded.run.model, loaded.corpus, loaded.corpus.valid, spec);
+      CHECK(p->nll_sum == Approx(r.nll_sum).epsilon(1e-9));
+      CHECK(p->scored_tokens == r.scored_tokens);
+      CHECK(p->nll_sum != Approx(store.point(id, "nonoverlapping", length)->nll_sum).epsilon(1e-6));
+    }
+  }
+  REQUIRE(run_cli(d, {"report", "results/tiny.h5", "--out", "report"}, &out) == 0);
+  const std::string md = read_text(d.root / "report/report.md");
+  INFO(md);
+  CHECK(md.find("### Perplexity, StreamingLLM, a cache of 8 tokens with 2 sinks") != std::string::npos);
+  CHECK(md.find("### Perplexity, StreamingLLM, a cache of 16 tokens with 2 sinks") != std::string::npos);
+}
+
 TEST_CASE("sweep killed with kill -9 at chosen moments continues to the uninterrupted results",
           "[sweep]") {
   SweepDir d;
