@@ -28,8 +28,13 @@ class LearnedAbsolute : public PositionMethod {
   }
 
   torch::Tensor embed(const torch::Tensor& x, const TokenPositions& positions) override {
-    if (positions.is_sampled())  // sorted: the last is the largest
+    if (positions.is_sampled()) {  // sorted: the last is the largest
+      const int64_t last = positions.sampled[-1].item<int64_t>();
+      TORCH_CHECK(last < options_.max_length, "learned positions: asked for positions up to ", last + 1,
+                  " but max_length is ", options_.max_length,
+                  " (learned absolute embeddings cannot extrapolate)");
       return x + table_.index_select(0, positions.sampled.to(table_.device())).unsqueeze(0);
+    }
     const int64_t end = positions.offset + x.size(1);
     TORCH_CHECK(end <= options_.max_length, "learned positions: asked for positions up to ", end,
                 " but max_length is ", options_.max_length,

@@ -231,6 +231,13 @@ TEST_CASE("StreamingLLM in the evaluator: the plain evaluation while the cache h
   auto bidirectional = build_model(masked, 257);
   spec.streaming = {4, 12};
   REQUIRE_THROWS_WITH(evaluate(bidirectional, corpus, corpus.valid, spec), Catch::Contains("needs a causal model"));
+  // A cache past a learned table's positions: the table's own refusal, not an indexing error.
+  Config learned = testing::tiny_config("learned");
+  learned.position = YAML::Load("{name: learned, max_length: 10}");
+  auto table = build_model(learned, 257);
+  spec.streaming = {4, 12};
+  REQUIRE_THROWS_WITH(evaluate(table, corpus, corpus.valid, spec),
+                      Catch::Contains("asked for positions up to 12 but max_length is 10"));
 }
 
 TEST_CASE("extrap eval --streaming: rows with their cache, refusals in one line", "[streaming][cli]") {
