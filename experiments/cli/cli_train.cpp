@@ -117,11 +117,10 @@ int evaluate_all(TransformerLM& model, const Corpus& corpus, const Config& confi
       strides.insert(s < length ? s : 0);
     }
     for (int64_t stride : strides) for (RopeScalingKind kind : variants) {
-      std::string failure;
       EvalSpec spec = eval_spec_for(config, length, stride);
       spec.streaming = streaming;
       const std::string variant = rope_variant_label(kind, rope_factor);
-      try {
+      const std::string failure = failure_of([&] {
         spec.rope_scaling = rope_scaling_for(kind, rope_factor, config.train.seq_len, length);
         const EvalResult r = evaluate(model, corpus, stream, spec, device);
         print_eval_row(r, scaled ? rope_column(spec.rope_scaling) : "");
@@ -140,13 +139,7 @@ int evaluate_all(TransformerLM& model, const Corpus& corpus, const Config& confi
                            {"scored_bytes", r.scored_bytes},
                            {"windows", r.windows}, {"seconds", r.seconds},
                            {"by_position", bins_json(r.by_position)}}));
-      } catch (const DistributedError&) {
-        throw;  // the job cannot go on
-      } catch (const c10::Error& e) {
-        failure = one_line(e.what_without_backtrace());
-      } catch (const std::exception& e) {
-        failure = e.what();
-      }
+      });
       if (!failure.empty()) {
         ++failures;
         if (rows)
