@@ -6,6 +6,8 @@
 Writes DIR/report.md and, next to it:
   ppl_L<train>_<mode>.png   perplexity against evaluation length, one line per method,
                             log-scale x, the training length marked by a vertical line
+  longppl_L<train>.png      (files with LongPPL) LongPPL against evaluation length, one line
+                            per method
   position_L<train>.png     loss against position in the window (non-overlapping windows),
                             one panel per evaluation length, one line per method
   curves_L<train>.png       training (solid) and validation (dashed) loss against step
@@ -16,7 +18,8 @@ Writes DIR/report.md and, next to it:
                             per method, colour scale 0 to 1, the accuracy written in each cell
 and in report.md: one table per (training length, mode) in the shape of the ALiBi paper's
 extrapolation tables (evaluation lengths as rows, methods as columns), the same as ratios to
-the perplexity at the training length, the loss at window positions below and past the
+the perplexity at the training length, LongPPL by evaluation length (with the number of key
+tokens and which model selected them), the loss at window positions below and past the
 training length, the early-token-curse table wherever both non-overlapping and sliding
 windows were evaluated, for each retrieval mode ("retrieval_<task>[+<variant>]") a section
 "Retrieval accuracy, <task>[ + <variant>]" with the heat map and a table of the accuracy over
@@ -29,7 +32,7 @@ own method, "<method> + <variant>". Retrieval points (their perplexity is the an
 not the text's) are only in the retrieval sections; a file without them has none.
 
 Reads only what the file documents (core/results/results_store.h): the /summary table, the
-/position_bins and /retrieval tables, and the /runs/<id> attributes and curves. Needs h5py,
+/position_bins, /retrieval and /longppl tables, and the /runs/<id> attributes and curves. Needs h5py,
 numpy and matplotlib: the project's environment (.venv, made by scripts/setup.sh) has them.
 """
 import argparse
@@ -95,6 +98,14 @@ def load(path):
         if "retrieval" in f:
             for index, group in rows_by_summary_row(f["retrieval"][...], len(points)):
                 points[index]["retrieval"] = group
+        # LongPPL of a non-overlapping point (short_length, candidates, key_tokens, key_nll_sum,
+        # status), one row a point; absent in files without LongPPL (extrap 0.11 and before).
+        if "longppl" in f:
+            for index, group in rows_by_summary_row(f["longppl"][...], len(points)):
+                if len(group) != 1:
+                    raise ReadError("/longppl has %d rows for row %d of /summary; a point has at most one"
+                                    % (len(group), index))
+                points[index]["longppl"] = {name: attribute(group[0][name]) for name in group.dtype.names}
     return header, points, runs
 
 
@@ -281,7 +292,7 @@ def place_legend(ax, count):
         ax.legend(fontsize=8)
 
 
-def plot_perplexity(path, train_length, mode, methods, series):
+def plot_perplexity(path, train_length, mode, methods, series, ylabel="perplexity", title=None):
     """series[method] = list of (eval_length, mean, spread)."""
     fig, ax = plt.subplots(figsize=(6.4 if len(methods) <= 6 else 8.4, 4.2))
     finite = []
@@ -310,8 +321,8 @@ def plot_perplexity(path, train_length, mode, methods, series):
     ax.annotate("training length", xy=(train_length, 0.02), xycoords=("data", "axes fraction"),
                 ha="left", va="bottom", fontsize=8, color="grey", xytext=(3, 0), textcoords="offset points")
     ax.set_xlabel("evaluation length (tokens)")
-    ax.set_ylabel("perplexity")
-    ax.set_title("trained at L = %d, %s" % (train_length, mode_title(mode)))
+    ax.set_ylabel(ylabel)
+    ax.set_title("trained at L = %d, %s" % (train_length, title or mode_title(mode)))
     ax.grid(True, which="both", alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         place_legend(ax, len(methods))
@@ -479,6 +490,70 @@ def early_token_section(train_length, methods, values, modes):
                    "", markdown_table(["method", "eval length", "change, non-overlapping", "change, sliding",
                                        "share removed by sliding"], rows), ""]
     return md
+
+
+def count_text(value):
+    """A count, or a mean of counts over seeds: "3", "2.5"."""
+    return "%d" % value if float(value).is_integer() else "%.1f" % value
+
+
+def longppl_selector(header):
+    """Which model selected the key tokens, from the sweep spec's eval.longppl."""
+    try:
+        spec = yaml.safe_load(header.get("sweep_spec", "")) or {}
+        settings = (spec.get("eval") or {}).get("longppl") or {}
+    except yaml.YAMLError:
+        settings = {}
+    reference = settings.get("reference") or ""
+    alpha, beta = settings.get("alpha", "2"), settings.get("beta", "-2")
+    who = "the run `%s` (the same tokens for every method)" % reference if reference else "each model itself"
+    return who, alpha, beta
+
+
+def longppl_section(out_dir, train_length, methods, longppl, failures, header, notes):
+    """LongPPL (Fang et al., ICLR 2025) of the non-overlapping points at this training length:
+    a table (eval lengths by methods: LongPPL with the key tokens in parentheses) and a plot.
+    longppl[(train_length, eval_length, method)] = each seed's /longppl row; failures likewise,
+    their reasons."""
+    keys = [k for k in list(longppl) + list(failures) if k[0] == train_length]
+    if not keys:
+        return []
+    lengths = sorted({k[1] for k in keys})
+    present = [m for m in methods if any(k[2] == m for k in keys)]
+    shorts = sorted({int(r["short_length"]) for k in keys for r in longppl.get(k, [])})
+    who, alpha, beta = longppl_selector(header)
+    series, rows = {}, []
+    for l in lengths:
+        row = [eval_length_label(l, train_length)]
+        for m in present:
+            records = longppl.get((train_length, l, m), [])
+            values = [math.exp(r["key_nll_sum"] / r["key_tokens"]) for r in records if r["key_tokens"] > 0]
+            keys_counted = [int(r["key_tokens"]) for r in records]
+            f = failures.get((train_length, l, m))
+            if values:
+                series.setdefault(m, []).append((l,) + mean_spread(values))
+                text = "%s (%s)" % (cell(values), count_text(np.mean(keys_counted)))
+                if len(values) < len(records):
+                    text += " %d of %d seeds without key tokens" % (len(records) - len(values), len(records))
+            elif records:
+                text = "no key token (of %s)" % count_text(np.mean([int(r["candidates"]) for r in records]))
+            else:
+                text = ""
+            if f:
+                text = (text + " " if text else "failed ") + notes.mark(f[0])
+            row.append(text)
+        rows.append(row)
+    image = "longppl_L%d.png" % train_length
+    plot_perplexity(os.path.join(out_dir, image), train_length, "nonoverlapping", present, series,
+                    ylabel="LongPPL", title="LongPPL over the key tokens")
+    return ["### LongPPL (non-overlapping windows)", "",
+            "Perplexity over the key tokens only (Fang et al., ICLR 2025): the targets whose "
+            "log-probability with the whole window beats the one with the last K = %s tokens by more "
+            "than alpha = %s nats and is above beta = %s. Key tokens selected by %s. Each cell: "
+            "LongPPL, then the number of key tokens (mean over seeds) in parentheses."
+            % (", ".join(str(k) for k in shorts) or "?", alpha, beta, who), "",
+            "![LongPPL, L = %d](%s)" % (train_length, image), "",
+            markdown_table(["eval length"] + present, rows), ""]
 
 
 def retrieval_title(mode):
@@ -762,6 +837,17 @@ def write_report(results_path, out_dir):
                 bins[key].append(p["by_position"])
         else:
             failures[key].append(failure_reason(p["status"]))
+    # (train_length, eval_length, method) -> each seed's /longppl row of its non-overlapping
+    # point, and the LongPPL failures' reasons
+    longppl = collections.defaultdict(list)
+    longppl_failures = collections.defaultdict(list)
+    for p in text_points:
+        if p["status"] == "ok" and "longppl" in p:
+            key = (p["train_length"], p["eval_length"], point_method(p)[0])
+            if p["longppl"]["status"] == "ok":
+                longppl[key].append(p["longppl"])
+            else:
+                longppl_failures[key].append(failure_reason(p["longppl"]["status"]))
     # (train_length, retrieval mode with its variant, eval_length, method) -> each seed's
     # /retrieval rows, and the failures' reasons
     retrieval = collections.defaultdict(list)
@@ -833,6 +919,7 @@ def write_report(results_path, out_dir):
                 md += ["Perplexity relative to the perplexity at the training length:", "",
                        markdown_table(["eval length"] + present, ratio_rows), ""]
             md += bits_per_byte_section(tokenizations, train_length, mode, lengths, present, bits)
+        md += longppl_section(out_dir, train_length, methods, longppl, longppl_failures, header, notes)
         md += by_position_section(out_dir, train_length, methods, bins)
         md += early_token_section(train_length, methods, values, modes)
         md += retrieval_section(out_dir, train_length, methods, retrieval, retrieval_failures, notes)

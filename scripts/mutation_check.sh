@@ -204,6 +204,11 @@ core/eval/evaluator.cpp |     model_->set_streaming(streaming_); |     (void)str
 core/eval/evaluator.cpp |     if (spec.stride > 0 && spec.stride < spec.length) |     if (spec.stride > spec.length) | StreamingLLM takes a sliding stride
 experiments/sweep/point_runner.cpp |     spec.streaming = e.streaming; |     (void)e.streaming; | a sweep's streaming mode evaluates without the cache
 experiments/sweep/sweep_spec.cpp |           if (cache < length) { |           if (cache <= length) { | a sweep lists StreamingLLM at a length its cache holds whole
+experiments/sweep/sweep_spec.cpp | e.longppl = scores_longppl && stride == 0 && length > short_length; | e.longppl = scores_longppl && stride == 0 && length >= short_length; | a sweep scores LongPPL at the training length (no target has more than K tokens of context)
+experiments/sweep/point_runner.cpp |     spec.alpha = settings_.alpha; |     (void)settings_.alpha; | a sweep's LongPPL ignores eval.longppl.alpha
+experiments/sweep/point_runner.cpp |     TransformerLM& selector = reference_ ? reference_->model : model; |     TransformerLM& selector = model; | a sweep's LongPPL ignores eval.longppl.reference (each model selects its own key tokens)
+experiments/sweep/sweep_spec.cpp |     if (!before["eval"]["longppl"]) after["eval"].remove("longppl"); |     (void)before; | a results file without LongPPL refuses to grow once LongPPL is on by default
+analysis/report.py |             values = [math.exp(r["key_nll_sum"] / r["key_tokens"]) for r in records if r["key_tokens"] > 0] |             values = [math.exp(r["key_nll_sum"] / r["candidates"]) for r in records if r["key_tokens"] > 0] | report's LongPPL averages over the candidates, not the key tokens
 EOF
 )
 

@@ -233,6 +233,28 @@ H5::CompType retrieval_type() {
   return type;
 }
 
+// A row of /longppl: LongPPL of the non-overlapping point in row `summary_row` of /summary.
+struct LongPplRow {
+  int64_t summary_row;
+  int64_t short_length;
+  int64_t candidates;
+  int64_t key_tokens;
+  double key_nll_sum;
+  const char* status;
+};
+
+H5::CompType longppl_type() {
+  const auto& i64 = H5::PredType::NATIVE_INT64;
+  H5::CompType type(sizeof(LongPplRow));
+  type.insertMember("summary_row", HOFFSET(LongPplRow, summary_row), i64);
+  type.insertMember("short_length", HOFFSET(LongPplRow, short_length), i64);
+  type.insertMember("candidates", HOFFSET(LongPplRow, candidates), i64);
+  type.insertMember("key_tokens", HOFFSET(LongPplRow, key_tokens), i64);
+  type.insertMember("key_nll_sum", HOFFSET(LongPplRow, key_nll_sum), H5::PredType::NATIVE_DOUBLE);
+  type.insertMember("status", HOFFSET(LongPplRow, status), string_type());
+  return type;
+}
+
 const char* const kEvalColumns[] = {"length",        "perplexity",    "nll_sum",
                                     "scored_tokens", "bits_per_byte", "seconds"};
 const char* const kRetrievalColumns[] = {"length", "accuracy", "correct", "trials", "seconds"};
@@ -277,6 +299,14 @@ void write_point(H5::H5File& file, const PointRecord& p) {
                       c.answer_tokens});
     H5::DataSet dataset = file.openDataSet("retrieval");
     append_rows(dataset, retrieval_type(), rows.data(), rows.size());
+  }
+  if (p.longppl) {
+    if (!file.nameExists("longppl")) create_rows(file, "longppl", longppl_type());
+    const LongPplRecord& l = *p.longppl;
+    const LongPplRow row{int64_t(summary_rows), l.short_length, l.candidates,
+                         l.key_tokens, l.key_nll_sum, l.status.c_str()};
+    H5::DataSet dataset = file.openDataSet("longppl");
+    append_rows(dataset, longppl_type(), &row, 1);
   }
 
   H5::Group group = eval_group(file.openGroup("runs").openGroup(p.run_id), p.mode);
@@ -324,6 +354,8 @@ std::map<int64_t, std::vector<Record>> read_by_summary_row(H5::H5File& file, con
   std::vector<Row> rows(count);
   if (count > 0) dataset.read(rows.data(), type);
   for (const auto& r : rows) out[r.summary_row].push_back(record(r));
+  // Variable-length strings (/longppl's status) were allocated by the read.
+  if (count > 0) H5::DataSet::vlenReclaim(rows.data(), type, dataset.getSpace());
   return out;
 }
 
@@ -331,6 +363,10 @@ PositionBin bin_record(const BinRow& r) { return {r.begin, r.end, r.nll_sum, r.s
 
 RetrievalCell retrieval_record(const RetrievalRow& r) {
   return {r.depth, r.trials, r.correct, r.answer_nll, r.answer_tokens};
+}
+
+LongPplRecord longppl_record(const LongPplRow& r) {
+  return {r.short_length, r.candidates, r.key_tokens, r.key_nll_sum, r.status};
 }
 
 void write_run(H5::H5File& file, const RunRecord& r) {
@@ -511,6 +547,7 @@ void ResultsStore::load() {
       const auto bins = read_by_summary_row(file, "position_bins", bin_type(), bin_record);
       const auto retrieval =
           read_by_summary_row(file, "retrieval", retrieval_type(), retrieval_record);
+      const auto longppl = read_by_summary_row(file, "longppl", longppl_type(), longppl_record);
       for (const auto& r : rows) {
         PointRecord p;
         p.run_id = r.run_id;
@@ -530,6 +567,14 @@ void ResultsStore::load() {
         if (found != bins.end()) p.by_position = found->second;
         const auto cells = retrieval.find(int64_t(points_.size()));
         if (cells != retrieval.end()) p.retrieval = cells->second;
+        const auto scored = longppl.find(int64_t(points_.size()));
+        if (scored != longppl.end()) {
+          if (scored->second.size() != 1)
+            throw ConfigError(path_ + ": /longppl has " + std::to_string(scored->second.size()) +
+                              " rows for row " + std::to_string(points_.size()) +
+                              " of /summary; a point has at most one");
+          p.longppl = scored->second.front();
+        }
         point_keys_[{p.run_id, p.mode, p.eval_length}] = points_.size();
         points_.push_back(std::move(p));
       }

@@ -36,6 +36,15 @@
 //                          bits_per_byte is NaN. Its eval group has the columns length,
 //                          accuracy, correct, trials, seconds (and failures). Absent in files
 //                          written before extrap 0.4.
+//   /longppl               compound, extendable: (summary_row, short_length, candidates,
+//                          key_tokens, key_nll_sum, status): LongPPL (core/eval/longppl.h) of
+//                          the non-overlapping point in row summary_row of /summary, at most
+//                          one row a point: K, the targets with more than K tokens of context,
+//                          the key tokens among them and the point's NLL summed over those;
+//                          LongPPL = exp(key_nll_sum / key_tokens) (none without key tokens).
+//                          status "ok" or "failed: <reason>" (the point's perplexity stands).
+//                          Which model selected the key tokens: the spec's eval.longppl.reference
+//                          ("": each point's own). Absent in files without LongPPL (extrap 0.11 and before).
 // /summary is the source of truth (every point, failed or not, in the order it finished);
 // the per-run eval groups are the same numbers arranged for plotting.
 //
@@ -103,6 +112,21 @@ struct RunRecord {
   std::vector<CurvePoint> valid_loss;
 };
 
+// LongPPL of a non-overlapping point: a row of /longppl.
+struct LongPplRecord {
+  int64_t short_length = 0;  // K
+  int64_t candidates = 0;    // targets with more than K tokens of context
+  int64_t key_tokens = 0;
+  double key_nll_sum = NAN;  // the point's NLL over its key tokens
+  std::string status = "ok";  // ok | failed: <reason>
+
+  bool ok() const { return status == "ok"; }
+  // exp(key_nll_sum / key_tokens); NaN without key tokens or when it failed.
+  double longppl() const {
+    return ok() && key_tokens > 0 ? std::exp(key_nll_sum / double(key_tokens)) : NAN;
+  }
+};
+
 // One evaluation point: a row of /summary.
 struct PointRecord {
   std::string run_id;
@@ -120,6 +144,7 @@ struct PointRecord {
   std::string status = "ok";  // ok | failed: <reason>
   std::vector<PositionBin> by_position;  // ok points (empty in files before extrap 0.3)
   std::vector<RetrievalCell> retrieval;  // ok retrieval points: accuracy by depth
+  std::optional<LongPplRecord> longppl;  // ok non-overlapping points a sweep scored LongPPL of
 
   bool ok() const { return status == "ok"; }
 };

@@ -93,6 +93,13 @@ void list_points(const SweepSpec& spec, const Shard& shard, const std::string& o
   std::cout << "sweep " << spec.name << " (spec hash " << spec.hash() << "): " << mine << " of "
             << points.size() << " points -> " << output << ", runs in " << spec.run_root << "/" << note
             << "\n";
+  if (const SweepLongPpl& l = spec.eval.longppl; l.enabled)
+    std::cout << "LongPPL in each non-overlapping evaluation of a causal point past K = "
+              << (l.short_length > 0 ? std::to_string(l.short_length)
+                                     : l.reference.empty() ? std::string("its train.seq_len")
+                                                           : std::to_string(l.reference_length))
+              << ", key tokens by " << (l.reference.empty() ? "each point's own model" : "the run " + l.reference)
+              << " (eval.longppl)\n";
   std::map<std::string, int64_t> counts;
   for (const auto& p : points) {
     if (!shard.contains(p.index)) continue;

@@ -4,8 +4,8 @@
 #pragma once
 
 #include "core/eval/longppl.h"
-#include "core/runtime/distributed.h"
 #include "core/eval/retrieval_eval.h"
+#include "core/runtime/failure.h"
 #include "experiments/sweep/sweep.h"
 
 #include <boost/program_options.hpp>
@@ -60,20 +60,6 @@ int evaluate_retrieval_all(TransformerLM& model, const Corpus& corpus, Retrieval
                            const std::vector<int64_t>& lengths, int64_t train_length,
                            RopeScalingKind rope, double rope_factor, nlohmann::json* rows,
                            torch::Device device);
-
-// Runs `work`: "" when it succeeds, else the one-line message of what it threw. A
-// DistributedError, after which the job cannot go on, propagates.
-template <class Work>
-std::string failure_of(Work&& work) {
-  try {
-    work();
-  } catch (const DistributedError&) {
-    throw;
-  } catch (const std::exception& error) {
-    return failure_message(error);
-  }
-  return "";
-}
 
 // A length's evaluation that failed: its line in place of the row, and its JSON row.
 inline void print_failed_length(int64_t length, const std::string& failure, nlohmann::json* rows) {

@@ -1,11 +1,15 @@
 #include "experiments/sweep/point_runner.h"
 
 #include "core/eval/evaluator.h"
+#include "core/eval/longppl.h"
 #include "core/eval/retrieval_eval.h"
+#include "core/run/checkpoint.h"
+#include "core/runtime/failure.h"
 #include "core/runtime/sysinfo.h"
 
 #include <cinttypes>
 #include <cmath>
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 
@@ -113,11 +117,77 @@ TrainedPoint train_point(const SweepPoint& point, const Corpus& corpus, RunRecor
   return out;
 }
 
+namespace {
+
+// `r` with its token NLLs cut to the first n targets of the stream (the short evaluation's).
+EvalResult first_targets(const EvalResult& r, int64_t n) {
+  EvalResult out = r;
+  if (r.token_nll.defined() && r.token_nll.size(0) > n) {
+    out.token_nll = r.token_nll.slice(0, 0, n);
+    out.token_position = r.token_position.slice(0, 0, n);
+  }
+  return out;
+}
+
+}  // namespace
+
+LongPplRecord LongPplCache::score(TransformerLM& model, const Corpus& corpus, const Config& config,
+                                  const EvalPoint& e, const EvalResult& evaluated) {
+  LongPplRecord out;
+  out.short_length = e.longppl_short;
+  const torch::Device device = torch_device(config.train.device);
+  const TokenStream& stream = corpus.split(config.eval.split);
+  const std::string failure = failure_of([&] {
+    if (!settings_.reference.empty() && !reference_) {
+      const VerifiedCheckpoint checkpoint = require_checkpoint(settings_.reference);
+      if (YAML::Dump(load_corpus(checkpoint.config.data).identity()) != YAML::Dump(corpus.identity()))
+        throw EvalFailure("eval.longppl.reference " + settings_.reference +
+                          " reads other data or tokens than this point: key tokens are positions "
+                          "in one token stream");
+      reference_ = load_run(checkpoint, corpus);
+      reference_->model->to(device);
+    }
+    TransformerLM& selector = reference_ ? reference_->model : model;
+    if (!short_eval_ && short_failure_.empty()) {
+      short_failure_ = failure_of([&] {
+        EvalSpec base = eval_spec_for(config, e.longppl_short);
+        if (settings_.max_tokens > 0)
+          base.max_tokens = base.max_tokens > 0 ? std::min(base.max_tokens, settings_.max_tokens)
+                                                : settings_.max_tokens;
+        short_eval_ = evaluate(selector, corpus, stream, short_context_spec(base, e.longppl_short), device);
+      });
+    }
+    if (!short_failure_.empty()) throw EvalFailure("short context evaluation: " + short_failure_);
+    const int64_t n = short_eval_->token_nll.size(0);
+    const EvalResult* selecting = &evaluated;
+    if (reference_) {
+      auto found = reference_long_.find(e.length);
+      if (found == reference_long_.end()) {
+        EvalSpec spec = eval_spec_for(config, e.length);  // the reference unscaled
+        spec.keep_token_nll = true;
+        found = reference_long_.emplace(e.length, evaluate(selector, corpus, stream, spec, device)).first;
+      }
+      selecting = &found->second;
+    }
+    LongPplSpec spec;
+    spec.short_length = e.longppl_short;
+    spec.alpha = settings_.alpha;
+    spec.beta = settings_.beta;
+    const KeyTokens keys = select_key_tokens(first_targets(*selecting, n), *short_eval_, spec);
+    const LongPplResult r = longppl(first_targets(evaluated, n), keys);
+    out.candidates = r.candidates;
+    out.key_tokens = r.key_tokens;
+    out.key_nll_sum = r.nll_sum;
+  });
+  if (!failure.empty()) out.status = "failed: " + failure;
+  return out;
+}
+
 PointRecord evaluate_point(Trainer& trainer, const Corpus& corpus, const SweepPoint& point,
-                           const RunRecord& record, const EvalPoint& e) {
+                           const RunRecord& record, const EvalPoint& e, LongPplCache& longppl) {
   const Config& config = point.config;
   PointRecord p = new_point_record(record, e);
-  try {
+  const std::string failure = failure_of([&] {
     if (e.retrieval) {
       RetrievalSpec spec = e.retrieval_spec;
       spec.rope_scaling =
@@ -130,12 +200,13 @@ PointRecord evaluate_point(Trainer& trainer, const Corpus& corpus, const SweepPo
       p.scored_tokens = total.answer_tokens;
       p.perplexity = std::exp(p.nll_sum / double(p.scored_tokens));
       p.seconds = r.seconds;
-      return p;
+      return;
     }
     EvalSpec spec = eval_spec_for(config, e.length, e.stride);
     spec.rope_scaling =
         rope_scaling_for(e.rope_scaling, e.rope_factor, config.train.seq_len, e.length);
     spec.streaming = e.streaming;
+    spec.keep_token_nll = e.longppl;
     const EvalResult r = evaluate(trainer.model(), corpus, corpus.split(config.eval.split), spec,
                                   torch_device(config.train.device));
     p.perplexity = r.perplexity;
@@ -144,12 +215,11 @@ PointRecord evaluate_point(Trainer& trainer, const Corpus& corpus, const SweepPo
     p.bits_per_byte = r.bits_per_byte;
     p.seconds = r.seconds;
     p.by_position = r.by_position;
-  } catch (const DistributedError&) {
-    throw;  // the job cannot go on
-  } catch (const c10::Error& ex) {
-    p.status = "failed: " + one_line(ex.what_without_backtrace());
-  } catch (const std::exception& ex) {
-    p.status = "failed: " + one_line(ex.what());
+    if (e.longppl) p.longppl = longppl.score(trainer.model(), corpus, config, e, r);
+  });
+  if (!failure.empty()) {
+    p = new_point_record(record, e);  // nothing half-filled
+    p.status = "failed: " + failure;
   }
   return p;
 }

@@ -6,11 +6,14 @@
 #pragma once
 
 #include "core/results/results_store.h"
+#include "core/run/run_dir.h"
 #include "core/train/trainer.h"
 #include "experiments/sweep/sweep_progress.h"
 #include "experiments/sweep/sweep_spec.h"
 
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace extrap {
@@ -28,8 +31,28 @@ struct TrainedPoint {
 TrainedPoint train_point(const SweepPoint& point, const Corpus& corpus, RunRecord& record,
                          SweepDisplay& display, bool quiet);
 
-// Evaluates a trained point at `e`: a finished row, or a failed one with the reason.
+// What one point's LongPPL scores share (EvalPoint::longppl): the key-token model (the point's
+// own, or the reference run's, loaded on first use), its short-context NLLs (one evaluation at
+// K, stride 1, for every length) and the reference's long NLLs by length.
+class LongPplCache {
+ public:
+  explicit LongPplCache(const SweepLongPpl& settings) : settings_(settings) {}
+  // The point's LongPPL from its non-overlapping evaluation `evaluated` (with token NLLs) at
+  // `e`; a failure (the reference reads other data, a non-finite NLL) is the record's status.
+  LongPplRecord score(TransformerLM& model, const Corpus& corpus, const Config& config,
+                      const EvalPoint& e, const EvalResult& evaluated);
+
+ private:
+  const SweepLongPpl& settings_;
+  std::optional<LoadedRun> reference_;
+  std::optional<EvalResult> short_eval_;
+  std::string short_failure_;  // the short evaluation's failure, once
+  std::map<int64_t, EvalResult> reference_long_;
+};
+
+// Evaluates a trained point at `e`: a finished row, or a failed one with the reason; with
+// e.longppl its LongPPL too (`longppl` holds what the point's lengths share).
 PointRecord evaluate_point(Trainer& trainer, const Corpus& corpus, const SweepPoint& point,
-                           const RunRecord& record, const EvalPoint& e);
+                           const RunRecord& record, const EvalPoint& e, LongPplCache& longppl);
 
 }  // namespace extrap

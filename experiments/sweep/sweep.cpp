@@ -73,6 +73,21 @@ std::string share_plan(const SweepPoint& point, const std::vector<EvalPoint>& pe
   return ranks->share("sweep point " + point.id, plan);
 }
 
+// ", LongPPL 3.64 over 3 key tokens" (or its failure) for a point that scored it.
+std::string longppl_text(const PointRecord& p) {
+  if (!p.longppl) return "";
+  const LongPplRecord& l = *p.longppl;
+  if (!l.ok()) return ", LongPPL " + l.status;
+  char text[112];
+  if (l.key_tokens == 0)
+    std::snprintf(text, sizeof text, ", LongPPL: no key token among %" PRId64 " candidates",
+                  l.candidates);
+  else
+    std::snprintf(text, sizeof text, ", LongPPL %.4f over %" PRId64 " key tokens", l.longppl(),
+                  l.key_tokens);
+  return text;
+}
+
 // A rank other than 0: trains and evaluates what rank 0's plan says, point by point, taking
 // part in every collective; rank 0 records the results.
 void follow_points(const SweepSpec& spec, const std::vector<const SweepPoint*>& points,
@@ -93,9 +108,11 @@ void follow_points(const SweepSpec& spec, const std::vector<const SweepPoint*>& 
     if (!trained.trainer) continue;
     ++(trained.reused ? outcome.reused : outcome.trained);
     std::stringstream indices(plan);
+    LongPplCache longppl(spec.eval.longppl);
     for (std::string index; std::getline(indices, index, ',');) {
       if (index.empty()) continue;
-      evaluate_point(*trained.trainer, corpus, *point, record, point->evals.at(std::stoul(index)));
+      evaluate_point(*trained.trainer, corpus, *point, record, point->evals.at(std::stoul(index)),
+                     longppl);
       ++outcome.evaluated;
     }
   }
@@ -160,8 +177,9 @@ void run_points(const SweepSpec& spec, const std::vector<const SweepPoint*>& poi
     if (record.status == "trained") store.put_run(record);
 
     // Evaluate every pending point; each is on disk before the next starts.
+    LongPplCache longppl(spec.eval.longppl);
     for (const auto& e : pending) {
-      const PointRecord p = evaluate_point(*trained.trainer, corpus, point, record, e);
+      const PointRecord p = evaluate_point(*trained.trainer, corpus, point, record, e, longppl);
       store.append_point(p);
       fault_point("point", p.run_id + " " + p.mode + " " + std::to_string(p.eval_length));
       ++outcome.evaluated;
@@ -182,7 +200,7 @@ void run_points(const SweepSpec& spec, const std::vector<const SweepPoint*>& poi
       } else if (p.ok()) {
         std::snprintf(text, sizeof text, "L=%" PRId64 " %s: perplexity %.4f (%.1f s)", e.length,
                       e.mode.c_str(), p.perplexity, p.seconds);
-        display.line(text);
+        display.line(text + longppl_text(p));
       } else {
         ++outcome.failed;
         display.line("L=" + std::to_string(e.length) + " " + e.mode + ": " + p.status);
@@ -205,6 +223,15 @@ bool same_numbers(const PointRecord& a, const PointRecord& b) {
         a.retrieval[i].correct != b.retrieval[i].correct ||
         a.retrieval[i].trials != b.retrieval[i].trials)
       return false;
+  if (a.longppl.has_value() != b.longppl.has_value()) return false;
+  if (a.longppl) {
+    const LongPplRecord &x = *a.longppl, &y = *b.longppl;
+    if (x.status != y.status || x.short_length != y.short_length || x.key_tokens != y.key_tokens ||
+        x.candidates != y.candidates)
+      return false;
+    if (x.ok() && std::abs(x.key_nll_sum - y.key_nll_sum) > 1e-9 * std::max(1.0, std::abs(x.key_nll_sum)))
+      return false;
+  }
   return std::abs(a.nll_sum - b.nll_sum) <= 1e-9 * std::max(1.0, std::abs(a.nll_sum));
 }
 

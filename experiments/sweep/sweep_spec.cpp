@@ -1,6 +1,7 @@
 #include "experiments/sweep/sweep_spec.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cinttypes>
 #include <cstdio>
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include "core/base/hashing.h"
 #include "core/eval/evaluator.h"
 #include "core/model/model.h"
+#include "core/run/checkpoint.h"
 #include "core/runtime/sysinfo.h"
 #include "positions/position.h"
 
@@ -100,6 +102,17 @@ std::string sorted_text(const YAML::Node& node) {
   return node.IsScalar() ? "'" + node.Scalar() + "'" : "~";
 }
 
+EvalPoint eval_point(int64_t length, int64_t stride, std::string mode, RopeScalingKind rope,
+                     double rope_factor) {
+  EvalPoint e;
+  e.length = length;
+  e.stride = stride;
+  e.mode = std::move(mode);
+  e.rope_scaling = rope;
+  e.rope_factor = rope_factor;
+  return e;
+}
+
 }  // namespace
 
 // --- the spec ------------------------------------------------------------------------------
@@ -135,6 +148,15 @@ YAML::Node SweepSpec::canonical() const {
   if (!eval.streaming.empty()) {  // likewise
     e["streaming"] = eval.streaming;
     e["streaming_sinks"] = eval.streaming_sinks;
+  }
+  if (eval.longppl.enabled) {  // absent when off: the hash of a sweep before LongPPL
+    YAML::Node l(YAML::NodeType::Map);
+    l["short_length"] = eval.longppl.short_length;
+    l["alpha"] = eval.longppl.alpha;
+    l["beta"] = eval.longppl.beta;
+    l["reference"] = eval.longppl.reference;
+    l["max_tokens"] = eval.longppl.max_tokens;
+    e["longppl"] = l;
   }
   if (eval.retrieval.task != RetrievalTask::none) {  // likewise
     YAML::Node r(YAML::NodeType::Map);
@@ -314,6 +336,41 @@ void check_retrieval_plan(const OptionReader& r, const SweepRetrieval& retrieval
   }
 }
 
+// Reads eval.longppl; a reference run is checked (a causal model with a checkpoint) and its
+// training length and data section kept for expand_grid.
+void read_longppl(const OptionReader& e, SweepLongPpl& longppl) {
+  auto r = e.section("longppl",
+                     "LongPPL (core/eval/longppl.h) beside perplexity in each non-overlapping "
+                     "evaluation of a causal point past K (docs/evaluation.md)");
+  r.read("enabled", longppl.enabled, "score LongPPL (the short evaluation reads K tokens a target)");
+  r.read("short_length", longppl.short_length,
+         "K, the short context (0: the key-token model's train.seq_len)");
+  r.read("alpha", longppl.alpha, "a key token's log-probability gain over the short context, nats");
+  r.read("beta", longppl.beta, "the floor on a key token's long log-probability, nats");
+  r.read("reference", longppl.reference,
+         "a run directory whose model selects the key tokens of every point (\"\": each point's own)");
+  r.read("max_tokens", longppl.max_tokens,
+         "key tokens among the targets of the first N tokens of the evaluated stream (0: all)");
+  r.finish();
+  if (!r.decoding()) return;
+  r.at_least("short_length", longppl.short_length, 0, " (0: the key-token model's train.seq_len)");
+  r.at_least("max_tokens", longppl.max_tokens, 0, " (0: all)");
+  for (const auto& [key, value] : {std::pair{"alpha", longppl.alpha}, {"beta", longppl.beta}})
+    if (!std::isfinite(value)) r.fail(key, "must be a finite number of nats, got " + number_text(value));
+  if (longppl.reference.empty()) return;
+  if (!longppl.enabled) r.fail("reference", "is set but eval.longppl.enabled is false");
+  VerifiedCheckpoint checkpoint;
+  try {
+    checkpoint = require_checkpoint(longppl.reference);
+  } catch (const ConfigError& error) {
+    r.fail("reference", one_line(error.what()));
+  }
+  if (!checkpoint.config.model.causal())
+    r.fail("reference", longppl.reference + " is a masked LM; LongPPL's key tokens need a causal model");
+  longppl.reference_length = checkpoint.config.train.seq_len;
+  longppl.reference_data = checkpoint.config.model_keys()["data"];  // the keys that change tokens
+}
+
 // Reads eval.retrieval, checked only when the file (or a --set) gives it.
 void read_retrieval(const OptionReader& e, SweepRetrieval& retrieval) {
   auto r = e.section("retrieval", "exact-match retrieval by length and depth (causal points)");
@@ -375,6 +432,7 @@ void read_eval(const OptionReader& root, SweepSpec& spec) {
   e.read("rope_factor", spec.eval.rope_factor,
          "RoPE scaling factor s (default: each evaluation length / train.seq_len)");
   read_retrieval(e, spec.eval.retrieval);
+  read_longppl(e, spec.eval.longppl);
   e.read("streaming", spec.eval.streaming,
          "StreamingLLM cache sizes W: each length above W is also read as streams through a "
          "cache of W tokens at cache slots (causal points; docs/evaluation.md)");
@@ -498,12 +556,23 @@ std::vector<SweepPoint> expand_grid(const SweepSpec& spec) {
     const std::vector<RopeScalingKind> variants =
         scalable ? spec.eval.rope_scaling : std::vector<RopeScalingKind>{RopeScalingKind::none};
     any_scalable = any_scalable || scalable;
+    const SweepLongPpl& longppl = spec.eval.longppl;
+    const int64_t short_length = longppl.short_for(point.config.train.seq_len);
+    const bool scores_longppl = longppl.enabled && point.config.model.causal();
+    if (scores_longppl && !longppl.reference.empty() &&
+        yaml_to_string(longppl.reference_data) != yaml_to_string(point.config.model_keys()["data"]))
+      throw ConfigError(spec.source + ": eval.longppl.reference " + longppl.reference +
+                        " reads other data than grid point " + point.id +
+                        " (its data section differs): key tokens are positions in one token stream");
     const auto add = [&](int64_t length, int64_t stride) {
-      for (auto kind : variants)
-        point.evals.push_back(
-            {length, stride,
-             eval_mode_name(length, stride, rope_variant_label(kind, spec.eval.rope_factor)), kind,
-             spec.eval.rope_factor, false, RetrievalSpec{}});
+      for (auto kind : variants) {
+        EvalPoint e = eval_point(length, stride,
+                                 eval_mode_name(length, stride, rope_variant_label(kind, spec.eval.rope_factor)),
+                                 kind, spec.eval.rope_factor);
+        e.longppl = scores_longppl && stride == 0 && length > short_length;
+        e.longppl_short = e.longppl ? short_length : 0;
+        point.evals.push_back(e);
+      }
     };
     for (int64_t length : lengths) {
       if (spec.eval.nonoverlapping) add(length, 0);
@@ -513,8 +582,8 @@ std::vector<SweepPoint> expand_grid(const SweepSpec& spec) {
       if (point.config.model.causal())
         for (int64_t cache : std::set<int64_t>(spec.eval.streaming.begin(), spec.eval.streaming.end()))
           if (cache < length) {
-            EvalPoint e{length, 0, streaming_mode_name(spec.eval.streaming_sinks, cache),
-                        RopeScalingKind::none, 0, false, RetrievalSpec{}};
+            EvalPoint e = eval_point(length, 0, streaming_mode_name(spec.eval.streaming_sinks, cache),
+                                     RopeScalingKind::none, 0);
             e.streaming = {spec.eval.streaming_sinks, cache};
             point.evals.push_back(e);
           }
@@ -530,10 +599,11 @@ std::vector<SweepPoint> expand_grid(const SweepSpec& spec) {
       for (auto m : retrieval.length_multiples) instance_sizes.insert(m * point.config.train.seq_len);
       for (int64_t length : instance_sizes)
         for (auto kind : variants) {
-          EvalPoint e{length, 0,
-                      retrieval_mode_name(retrieval.task,
-                                          rope_variant_label(kind, spec.eval.rope_factor)),
-                      kind, spec.eval.rope_factor, true, RetrievalSpec{}};
+          EvalPoint e = eval_point(length, 0,
+                                   retrieval_mode_name(retrieval.task,
+                                                       rope_variant_label(kind, spec.eval.rope_factor)),
+                                   kind, spec.eval.rope_factor);
+          e.retrieval = true;
           e.retrieval_spec.task = retrieval.task;
           e.retrieval_spec.length = length;
           e.retrieval_spec.depths = retrieval.depths;
@@ -626,6 +696,7 @@ YAML::Node growth_identity(const std::string& sweep_spec) {
     if (e["rope_factor"]) eval["rope_factor"] = e["rope_factor"];
     if (const YAML::Node r = e["retrieval"])
       for (const char* key : {"task", "depths", "samples", "seed"}) eval["retrieval"][key] = r[key];
+    if (e["longppl"]) eval["longppl"] = e["longppl"];
   }
   out["eval"] = eval;
   return out;
@@ -637,13 +708,17 @@ std::string sweep_growth_difference(const SweepHeader& recorded, const std::stri
                                     const SweepHeader& current, const std::string& current_label) {
   if (recorded.spec_hash == current.spec_hash) return "";
   try {
-    const auto d = first_difference(growth_identity(recorded.sweep_spec),
-                                    growth_identity(current.sweep_spec));
+    const YAML::Node before = growth_identity(recorded.sweep_spec);
+    YAML::Node after = growth_identity(current.sweep_spec);
+    // A file without LongPPL (extrap 0.11 and before, or eval.longppl.enabled false) takes it for
+    // the points still to come; once recorded, its settings stay.
+    if (!before["eval"]["longppl"]) after["eval"].remove("longppl");
+    const auto d = first_difference(before, after);
     if (!d) return "";
     return "first difference at '" + d->key + "': " + d->first + " in " + recorded_label + ", " +
            d->second + " in " + current_label +
            " (a sweep grows by the values of its grid axes and its evaluation lengths and modes; "
-           "its base config, grid keys and retrieval settings stay)";
+           "its base config, grid keys, retrieval and LongPPL settings stay)";
   } catch (const YAML::Exception&) {
     return describe_difference(recorded, recorded_label, current, current_label);
   }

@@ -13,6 +13,14 @@
 //     nonoverlapping: true
 //     rope_scaling: [none, yarn]    # RoPE-scaling variants for points of rotary/xpos models
 //     rope_factor: 4                # the factor s (default: each length / train.seq_len)
+//     longppl:                      # LongPPL (core/eval/longppl.h) beside perplexity, on by default:
+//       enabled: true               # each causal point's non-overlapping windows past K
+//       short_length: 0             # K; 0: the key-token model's train.seq_len
+//       alpha: 2                    # key: NLL_short - NLL_long > alpha ...
+//       beta: -2                    # ... and -NLL_long > beta
+//       reference: ""               # a run directory whose model selects every point's key
+//                                   # tokens; "": each point's own model
+//       max_tokens: 0               # key tokens among the first N targets (0: every scored one)
 //     retrieval:                    # exact-match retrieval (core/eval/retrieval_eval.h), causal points
 //       task: passkey               # passkey | multikey | variable_tracking
 //       length_multiples: [1, 2, 4] # instance lengths, multiples of train.seq_len (or lengths:)
@@ -69,6 +77,26 @@ struct SweepRetrieval {
   int64_t seed = 1;
 };
 
+// LongPPL in a sweep: key tokens selected by `reference` (or each point's own model) with a
+// short context of K tokens, scored in each non-overlapping evaluation of a causal point past K.
+struct SweepLongPpl {
+  bool enabled = true;
+  int64_t short_length = 0;  // K; 0: the selecting model's train.seq_len
+  double alpha = 2.0;
+  double beta = -2.0;
+  std::string reference;     // run directory; "": each point's own model
+  int64_t max_tokens = 0;    // targets among the first N tokens of the stream (0: all)
+  // Resolved at load (not part of the spec): the reference run's training length and data
+  // section (its keys that change the tokens).
+  int64_t reference_length = 0;
+  YAML::Node reference_data;
+
+  // K for a point trained at `train_length`.
+  int64_t short_for(int64_t train_length) const {
+    return short_length > 0 ? short_length : reference.empty() ? train_length : reference_length;
+  }
+};
+
 struct SweepEval {
   std::vector<int64_t> lengths;           // absolute
   std::vector<int64_t> length_multiples;  // of train.seq_len
@@ -81,6 +109,7 @@ struct SweepEval {
   // streams through that cache with `streaming_sinks` sinks (causal points).
   std::vector<int64_t> streaming;
   int64_t streaming_sinks = 4;
+  SweepLongPpl longppl;
 };
 
 struct SweepSpec {
@@ -120,6 +149,9 @@ struct EvalPoint {
   bool retrieval = false;  // a retrieval evaluation: retrieval_spec holds its task and plan
   RetrievalSpec retrieval_spec;
   StreamingCache streaming;  // active: a StreamingLLM evaluation (non-overlapping streams)
+  // LongPPL too (a non-overlapping evaluation of a causal point past K): with K and the rest.
+  bool longppl = false;
+  int64_t longppl_short = 0;
 };
 
 struct SweepPoint {

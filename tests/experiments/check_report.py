@@ -90,6 +90,58 @@ def render(results_path, out):
     return open(os.path.join(out, "report.md")).read()
 
 
+def check_longppl(results, md):
+    """The LongPPL section against the /longppl rows: which points have one (the ok
+    non-overlapping points past K), each cell, and the plot."""
+    f = h5py.File(results, "r")
+    if "longppl" not in f:
+        assert "### LongPPL" not in md
+        return
+    rows = f["summary"][...]
+    table = f["longppl"][...]
+    assert table.dtype.names == ("summary_row", "short_length", "candidates", "key_tokens",
+                                 "key_nll_sum", "status"), table.dtype.names
+    scored = collections.defaultdict(list)
+    for t in table:
+        r = rows[t["summary_row"]]
+        assert r["mode"] == b"nonoverlapping" and r["status"] == b"ok", r
+        assert int(r["eval_length"]) > int(t["short_length"]) == int(r["train_length"]), (r, t)
+        assert 0 <= t["key_tokens"] <= t["candidates"] < r["scored_tokens"], t
+        scored[(int(r["eval_length"]), r["position"].decode())].append(t)
+    # Every ok non-overlapping point past K has its row, exactly one.
+    for index, r in enumerate(rows):
+        if r["mode"] == b"nonoverlapping" and r["status"] == b"ok" and r["eval_length"] > r["train_length"]:
+            assert (table["summary_row"] == index).sum() == 1, index
+    section = md.split("### LongPPL (non-overlapping windows)\n")[1].split("\n### ")[0]
+    assert "last K = 16 tokens" in section and "selected by each model itself" in section, section
+    methods = [m for m in ("alibi", "learned") if any(k[1] == m for k in scored)]
+    assert "| eval length | %s |" % " | ".join(methods) in section, section
+    curves = drawn["longppl_L16.png"]["curves"]
+    assert drawn["longppl_L16.png"]["ylabel"] == "LongPPL"
+    for length in sorted({k[0] for k in scored}):
+        cells = []
+        for m in methods:
+            ts = scored.get((length, m), [])
+            values = [math.exp(t["key_nll_sum"] / t["key_tokens"]) for t in ts if t["key_tokens"] > 0]
+            keys = statistics.mean(int(t["key_tokens"]) for t in ts) if ts else 0
+            if values:
+                text = fmt(statistics.mean(values)) + (" ± " + fmt(statistics.stdev(values)) if len(values) > 1 else "")
+                text += " (%s)" % ("%d" % keys if float(keys).is_integer() else "%.1f" % keys)
+                if len(values) < len(ts):
+                    text += " %d of %d seeds without key tokens" % (len(ts) - len(values), len(ts))
+                x, y = curves[m]
+                assert length in list(x), (m, length, list(x))
+                assert abs(y[list(x).index(length)] - statistics.mean(values)) <= 1e-9 * statistics.mean(values)
+            elif ts:
+                candidates = statistics.mean(int(t["candidates"]) for t in ts)
+                text = "no key token (of %s)" % ("%d" % candidates if float(candidates).is_integer() else "%.1f" % candidates)
+            else:
+                text = ""
+            cells.append(text)
+        row = "| %d | %s |" % (length, " | ".join(cells))
+        assert row in section, (row, section)
+
+
 def check_sweep_report(results, report_dir):
     """The perplexity tables, curves, loss by position and early-token table of the report in
     report_dir against the results file (the figures from a report written again here)."""
@@ -141,8 +193,11 @@ def check_sweep_report(results, report_dir):
     # --- plots: what each figure draws -----------------------------------------------------
     with tempfile.TemporaryDirectory() as out:
         render(results, out)
-    assert sorted(n for n in drawn if not n.startswith("retrieval_")) == [
-        "curves_L16.png", "position_L16.png", "ppl_L16_nonoverlapping.png", "ppl_L16_sliding_8.png"], sorted(drawn)
+    has_longppl = "longppl" in h5py.File(results, "r")
+    assert sorted(n for n in drawn if not n.startswith("retrieval_")) == sorted(
+        ["curves_L16.png", "position_L16.png", "ppl_L16_nonoverlapping.png", "ppl_L16_sliding_8.png"]
+        + (["longppl_L16.png"] if has_longppl else [])), sorted(drawn)
+    check_longppl(results, md)
 
     # --- loss by position: each panel's curves from the HDF5 bins, the seeds' tokens pooled --
     f = h5py.File(results, "r")

@@ -422,6 +422,155 @@ TEST_CASE("StreamingLLM in sweeps: a mode per cache size at the lengths above it
   CHECK(md.find("### Perplexity, StreamingLLM, a cache of 16 tokens with 2 sinks") != std::string::npos);
 }
 
+namespace {
+
+// The key tokens that `selector`'s long (T) and short (K, each target with its own last K
+// tokens) NLLs pick, and `scored`'s NLL summed over them, written from the definition: a target
+// with more than K tokens of context (a candidate) whose NLL drops by more than alpha with the
+// whole window and whose log-probability is above beta.
+struct Keys {
+  int64_t candidates = 0, count = 0;
+  double nll_sum = 0;
+};
+Keys key_tokens_by_definition(const extrap::EvalResult& selector_long,
+                              const extrap::EvalResult& selector_short,
+                              const extrap::EvalResult& scored, int64_t k, double alpha, double beta) {
+  const auto long_nll = selector_long.token_nll.accessor<double, 1>();
+  const auto long_position = selector_long.token_position.accessor<int64_t, 1>();
+  const auto short_nll = selector_short.token_nll.accessor<double, 1>();
+  const auto short_position = selector_short.token_position.accessor<int64_t, 1>();
+  const auto nll = scored.token_nll.accessor<double, 1>();
+  Keys keys;
+  for (int64_t i = 0; i < long_nll.size(0); ++i) {
+    if (long_position[i] < k || short_position[i] != k - 1) continue;  // context K + 1 .. T
+    ++keys.candidates;
+    if (short_nll[i] - long_nll[i] > alpha && -long_nll[i] > beta) {
+      ++keys.count;
+      keys.nll_sum += nll[i];
+    }
+  }
+  return keys;
+}
+
+}  // namespace
+
+TEST_CASE("LongPPL in sweeps: each causal point's non-overlapping windows past K, the definition's "
+          "key tokens (its own or a reference run's), a report section, growth and refusals",
+          "[sweep][longppl]") {
+  SweepDir d;
+  std::string out;
+  // alpha 0 (any gain): the tiny models barely use the far context, but have key tokens then.
+  const std::vector<std::string> plan = {"--set", "grid.position=[{name: alibi}, {name: rotary}]",
+                                         "--set", "grid.train.seed=[1]", "--set", "eval.longppl.alpha=0",
+                                         "--set", "eval.longppl.beta=-10"};
+  std::vector<std::string> args = {"sweep", "tiny.yaml"};
+  args.insert(args.end(), plan.begin(), plan.end());
+  REQUIRE(run_cli(d, args, &out) == 0);
+  INFO(out);
+  CHECK(out.find("L=32 nonoverlapping: perplexity ") != std::string::npos);
+  CHECK(out.find(" key tokens") != std::string::npos);
+  const ResultsStore store = ResultsStore::open((d.root / "results/tiny.h5").string());
+  for (const auto& p : store.points())  // only non-overlapping windows past K = L = 16
+    CHECK(p.longppl.has_value() == (p.mode == "nonoverlapping" && p.eval_length == 32));
+
+  std::map<std::string, extrap::EvalResult> long_eval, short_eval;
+  std::map<std::string, CliRun> runs;
+  for (const std::string id : {"alibi-seed1", "rotary-seed1"}) {
+    runs.emplace(id, load_cli_run(d, "runs/tiny/" + id));
+    auto& run = runs.at(id);
+    extrap::EvalSpec spec = extrap::eval_spec_for(run.run.config, 32);
+    spec.keep_token_nll = true;
+    long_eval[id] = extrap::evaluate(run.run.model, run.corpus, run.corpus.valid, spec);
+    spec = extrap::eval_spec_for(run.run.config, 16, 1);
+    spec.keep_token_nll = true;
+    short_eval[id] = extrap::evaluate(run.run.model, run.corpus, run.corpus.valid, spec);
+  }
+  for (const std::string id : {"alibi-seed1", "rotary-seed1"}) {
+    INFO(id);
+    const PointRecord* p = store.point(id, "nonoverlapping", 32);
+    REQUIRE(p != nullptr);
+    REQUIRE(p->longppl.has_value());
+    REQUIRE(p->longppl->ok());
+    const Keys keys = key_tokens_by_definition(long_eval[id], short_eval[id], long_eval[id], 16, 0.0, -10);
+    REQUIRE(keys.count > 0);
+    CHECK(keys.count < keys.candidates);
+    CHECK(keys.candidates > 400);  // about half of the 1023 targets
+    CHECK(p->longppl->short_length == 16);
+    CHECK(p->longppl->candidates == keys.candidates);
+    CHECK(p->longppl->key_tokens == keys.count);
+    CHECK(p->longppl->key_nll_sum == Approx(keys.nll_sum).epsilon(1e-9));
+    CHECK(p->longppl->longppl() == Approx(std::exp(keys.nll_sum / double(keys.count))).epsilon(1e-9));
+  }
+
+  // The report: a LongPPL section whose every cell and curve check_report.py recomputes.
+  REQUIRE(run_cli(d, {"report", "results/tiny.h5", "--out", "report"}, &out) == 0);
+  const std::string md = read_text(d.root / "report/report.md");
+  CHECK(md.find("### LongPPL (non-overlapping windows)") != std::string::npos);
+  CHECK(md.find("](longppl_L16.png)") != std::string::npos);
+  std::string row = "| 32 |";
+  for (const std::string id : {"alibi-seed1", "rotary-seed1"}) {
+    const extrap::LongPplRecord& l = *store.point(id, "nonoverlapping", 32)->longppl;
+    char text[64];
+    std::snprintf(text, sizeof text, " %.2f (%lld) |", std::exp(l.key_nll_sum / double(l.key_tokens)),
+                  (long long)l.key_tokens);
+    row += text;
+  }
+  CHECK(md.find(row) != std::string::npos);
+
+  // One reference run selects every point's key tokens: rotary is scored on alibi's.
+  std::vector<std::string> referenced = args;
+  for (const char* set : {"output.path=results/ref.h5", "eval.longppl.reference=runs/tiny/alibi-seed1"})
+    referenced.insert(referenced.end(), {"--set", set});
+  REQUIRE(run_cli(d, referenced, &out) == 0);
+  const ResultsStore ref = ResultsStore::open((d.root / "results/ref.h5").string());
+  const Keys alibis = key_tokens_by_definition(long_eval["alibi-seed1"], short_eval["alibi-seed1"],
+                                               long_eval["rotary-seed1"], 16, 0.0, -10);
+  const PointRecord* rotary = ref.point("rotary-seed1", "nonoverlapping", 32);
+  REQUIRE(rotary != nullptr);
+  REQUIRE(rotary->longppl.has_value());
+  CHECK(rotary->longppl->key_tokens == alibis.count);
+  CHECK(rotary->longppl->key_nll_sum == Approx(alibis.nll_sum).epsilon(1e-9));
+  const Keys own = key_tokens_by_definition(long_eval["rotary-seed1"], short_eval["rotary-seed1"],
+                                            long_eval["rotary-seed1"], 16, 0.0, -10);
+  CHECK((own.count != alibis.count || own.nll_sum != Approx(alibis.nll_sum).epsilon(1e-9)));
+  CHECK(ref.point("alibi-seed1", "nonoverlapping", 32)->longppl->key_tokens == alibis.count);
+  REQUIRE(run_cli(d, {"report", "results/ref.h5", "--out", "report_ref"}, &out) == 0);
+  CHECK(read_text(d.root / "report_ref/report.md").find("selected by the run `runs/tiny/alibi-seed1`") !=
+        std::string::npos);
+
+  // Growth: a file without LongPPL takes it for the points still to come; recorded settings stay.
+  std::vector<std::string> off = {"sweep", "tiny.yaml", "--set", "grid.train.seed=[1]", "--set",
+                                  "output.path=results/grow.h5", "--set", "eval.longppl.enabled=false",
+                                  "--set", "eval.length_multiples=[1, 2]"};
+  REQUIRE(run_cli(d, off, &out) == 0);
+  std::vector<std::string> grown = {"sweep", "tiny.yaml", "--set", "grid.train.seed=[1]", "--set",
+                                    "output.path=results/grow.h5", "--set", "eval.length_multiples=[1, 2, 3]"};
+  REQUIRE(run_cli(d, grown, &out) == 0);
+  {
+    const ResultsStore grow = ResultsStore::open((d.root / "results/grow.h5").string());
+    CHECK_FALSE(grow.point("alibi-seed1", "nonoverlapping", 32)->longppl.has_value());
+    CHECK(grow.point("alibi-seed1", "nonoverlapping", 48)->longppl.has_value());
+  }
+  grown.insert(grown.end(), {"--set", "eval.longppl.short_length=8"});
+  CHECK(run_cli(d, grown, &out) == 2);
+  require_one_line_error(out, "first difference at 'eval.longppl.short_length': 0 in results/grow.h5, 8 in");
+
+  // Refusals, naming the key.
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "eval.longppl.reference=runs/none"}, &out) == 2);
+  require_one_line_error(out, "key 'eval.longppl.reference'");
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "eval.longppl.alpha=.inf"}, &out) == 2);
+  require_one_line_error(out, "key 'eval.longppl.alpha' (set on the command line or by a sweep's grid): "
+                              "must be a finite number of nats, got inf");
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "eval.longppl.short_length=-1"}, &out) == 2);
+  require_one_line_error(out, "key 'eval.longppl.short_length'");
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "eval.longppl.enabled=false", "--set",
+                    "eval.longppl.reference=runs/tiny/alibi-seed1"}, &out) == 2);
+  require_one_line_error(out, "is set but eval.longppl.enabled is false");
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "eval.longppl.reference=runs/tiny/alibi-seed1",
+                    "--set", "base.data.path=other_corpus"}, &out) == 2);
+  require_one_line_error(out, "eval.longppl.reference runs/tiny/alibi-seed1 reads other data than grid point");
+}
+
 TEST_CASE("sweep killed with kill -9 at chosen moments continues to the uninterrupted results",
           "[sweep]") {
   SweepDir d;
