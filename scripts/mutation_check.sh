@@ -56,8 +56,8 @@ positions/sandwich.cpp | double(d / 2);  | double(d);  | Sandwich subtracts d in
 positions/fire.cpp | torch::log1p(c * torch::maximum(i, threshold)) + eps; | torch::log1p(c * threshold) + eps; | FIRE normalises by psi(L) instead of psi(max(L, i))
 positions/kerple.cpp | r2_.data().clamp_(range2_.min, range2_.max); | ; | KERPLE's r2 no longer kept in range (power exponent above 2)
 positions/alibi.cpp | return AttentionBias::linear_causal(slopes_).at_positions(at.positions.sampled); | return AttentionBias::linear_causal(slopes_); | ALiBi ignores randomized training positions
-core/attention/attention.cpp | .triu(1 + tk - tq); | .triu(1); | a decode step's causal mask not shifted to the end of the keys (queries see no cached key)
-core/attention/attention.cpp | materialize_bias_block(bias, heads, tk - tq, tk, 0, tk, causal, scores.options())); | materialize_bias_block(bias, heads, 0, tq, 0, tk, causal, scores.options())); | a decode step gets the bias rows of the window's first tokens (the cached-ALiBi bug)
+core/attention/attention.cpp | .triu(1 + row0); | .triu(1); | a decode step's causal mask not shifted to the end of the keys (queries see no cached key)
+core/attention/attention.cpp | return probabilities(q, k, bias, options, k.size(2) - q.size(2)); | return probabilities(q, k, bias, options, 0); | a decode step gets the bias rows of the window's first tokens (the cached-ALiBi bug)
 positions/fox.cpp | F = torch::cat({*at.state, F + at.state->narrow(2, -1, 1)}, 2); | F = torch::cat({*at.state, F}, 2); | fox's gate sum restarts at every decode block
 positions/xpos.cpp | const double centre = positions.centre >= 0 | const double centre = positions.centre >= 1000000000 | xpos ignores the sequence's centre under a KV cache
 positions/rotation.cpp | return (1.0 - gamma) * theta / factor + gamma * theta; | return (1.0 - gamma) * theta * factor + gamma * theta; | YaRN stretches instead of interpolating
@@ -129,7 +129,7 @@ core/data/corpus.cpp | if (options.tokenizer == Tokenizer::sentencepiece) identi
 experiments/sweep/sweep.cpp | moved.back().point_index = now->point_index; | moved.back().point_index = run.point_index; | a merged grown sweep leaves the earlier stage's runs at their old places in its grid
 positions/rotation.cpp | if (pairs >= 0) frequencies = frequencies.narrow(0, 0, pairs); | if (pairs >= 0) frequencies = frequencies.narrow(0, frequencies.size(0) - pairs, pairs); | p-RoPE keeps the lowest frequencies instead of the highest
 analysis/extrap_model.py | theta = [base ** (-2.0 * i / self.d_head) for i in range(m)] | theta = [base ** (-2.0 * i / (2 * m)) for i in range(m)] | Python's p-RoPE squeezes rotary's frequencies into the kept pairs (rotary's fraction)
-core/attention/attention.cpp | probs = torch::softmax(torch::cat({scores, column}, -1), -1).narrow(-1, 0, scores.size(-1)); | probs = torch::softmax(scores, -1) + 0 * column.sum(); | the reference drops the sink from the softmax's denominator
+core/attention/attention.cpp | return torch::softmax(torch::cat({scores, column}, -1), -1).narrow(-1, 0, scores.size(-1)); | return torch::softmax(scores, -1) + 0 * column.sum(); | the reference drops the sink from the softmax's denominator
 core/attention/efficient_attention.cpp | running_sum.fill_(1.0); | running_sum.fill_(0.0); | the efficient path keeps the sink's logit in the maximum but not its e^0 in the sum
 core/attention/attention.cpp | return (1 + left + right).expand({num_heads, tq}).contiguous(); | return (2 + left + right).expand({num_heads, tq}).contiguous(); | SSMax's n_i off by one (ln(n + 1))
 core/attention/attention.cpp | ((i - j).abs() >= window) | ((i - j).abs() > window) | the sliding window lets in one key too many
@@ -209,6 +209,11 @@ experiments/sweep/point_runner.cpp |     spec.alpha = settings_.alpha; |     (vo
 experiments/sweep/point_runner.cpp |     TransformerLM& selector = reference_ ? reference_->model : model; |     TransformerLM& selector = model; | a sweep's LongPPL ignores eval.longppl.reference (each model selects its own key tokens)
 experiments/sweep/sweep_spec.cpp |     if (!before["eval"]["longppl"]) after["eval"].remove("longppl"); |     (void)before; | a results file without LongPPL refuses to grow once LongPPL is on by default
 analysis/report.py |             values = [math.exp(r["key_nll_sum"] / r["key_tokens"]) for r in records if r["key_tokens"] > 0] |             values = [math.exp(r["key_nll_sum"] / r["candidates"]) for r in records if r["key_tokens"] > 0] | report's LongPPL averages over the candidates, not the key tokens
+core/eval/attention_profile.cpp | distance = options.causal ? distance.clamp_min(0) : distance.abs(); | distance = distance.clamp_min(0); | the attention profile of a masked LM counts every key after the query at distance 0
+core/eval/attention_profile.cpp | torch::bucketize(distance, inner, /*out_int32=*/false, /*right=*/true) | torch::bucketize(distance, inner, /*out_int32=*/false, /*right=*/false) | the attention profile puts each power-of-two distance in the bin below
+core/eval/attention_profile.cpp |         mass.select(1, 0).add_(rest.sum({0, 2})); |         (void)rest; | the attention profile drops stick-breaking's rest of each row (the query's own value)
+core/eval/attention_profile.cpp |         sink.add_(rest.sum({0, 2})); |         (void)sink; | the attention profile records no sink share
+core/attention/attention.cpp |                            tk - tq + r)); |                            tk - tq)); | attention weights in row blocks placed as if every block were the first rows
 EOF
 )
 

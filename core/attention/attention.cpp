@@ -1,6 +1,7 @@
 // The attention dispatcher and the reference implementation.
 #include "core/attention/attention.h"
 
+#include "core/attention/attention_observer.h"
 #include "core/attention/cuda_attention.h"
 #include "core/attention/efficient_attention.h"
 #include "core/attention/fused_cpu_attention.h"
@@ -281,20 +282,26 @@ torch::Tensor contextual_bias(const torch::Tensor& masked_scores, const torch::T
 
 }  // namespace
 
-torch::Tensor add_bias_(torch::Tensor& scores, const AttentionBias& bias, const torch::Tensor& q,
-                        bool causal) {
+namespace {
+
+// add_bias_() for query rows at positions [row0, row0 + Tq) of the keys (add_bias_: the last Tq).
+torch::Tensor add_bias_rows_(torch::Tensor& scores, const AttentionBias& bias, const torch::Tensor& q,
+                             bool causal, int64_t row0) {
   const auto heads = scores.size(1), tq = scores.size(2), tk = scores.size(3);
-  TORCH_CHECK(tq <= tk, "attention: ", tq, " queries for ", tk, " keys (queries are the last keys)");
+  TORCH_CHECK(row0 >= 0 && row0 + tq <= tk, "attention: query rows ", row0, " to ", row0 + tq, " for ", tk, " keys");
+  TORCH_CHECK(row0 == tk - tq || !(bias.kind == AttentionBias::Kind::Householder ||
+                                   bias.kind == AttentionBias::Kind::ScoreMixing),
+              "attention: a ", bias.describe(), " bias takes the last rows of the keys only");
   const bool mask_only = bias.kind == AttentionBias::Kind::None || bias.kind == AttentionBias::Kind::Contextual;
   if (mask_only) {
     const auto inf = std::numeric_limits<float>::infinity();
-    if (causal) {  // query row r is key tk - tq + r
+    if (causal) {  // query row r is key row0 + r
       auto mask = torch::ones({tq, tk}, torch::TensorOptions().dtype(torch::kBool).device(scores.device()))
-                      .triu(1 + tk - tq);
+                      .triu(1 + row0);
       scores.masked_fill_(mask, -inf);
     }
-    if (bias.masks_some(tk - tq, tk, 0, tk))  // before CoPE's gates, which count visible keys only
-      scores.masked_fill_(bias.option_mask(tk - tq, tk, 0, tk, scores.device()), -inf);
+    if (bias.masks_some(row0, row0 + tq, 0, tk))  // before CoPE's gates, which count visible keys only
+      scores.masked_fill_(bias.option_mask(row0, row0 + tq, 0, tk, scores.device()), -inf);
     if (bias.kind == AttentionBias::Kind::Contextual) {
       TORCH_CHECK(causal, "a contextual (CoPE) bias is defined for causal attention only");
       scores.add_(contextual_bias(scores, q, bias.position_embeddings));
@@ -306,7 +313,7 @@ torch::Tensor add_bias_(torch::Tensor& scores, const AttentionBias& bias, const 
     TORCH_CHECK(causal, "PaTH's Householder products are defined for causal attention only");
     AttentionBias rest = bias;
     rest.kind = bias.cumulative.defined() ? AttentionBias::Kind::Cumulative : AttentionBias::Kind::None;
-    return add_bias_(scores, rest, q, causal);
+    return add_bias_rows_(scores, rest, q, causal, row0);
   }
   if (bias.kind == AttentionBias::Kind::ScoreMixing) {
     // A and B' before any mask; the base's own masks come back with B, the others after.
@@ -326,13 +333,28 @@ torch::Tensor add_bias_(torch::Tensor& scores, const AttentionBias& bias, const 
   TORCH_CHECK(causal || bias.kind != AttentionBias::Kind::Cumulative,
               "a cumulative (forgetting-gate) bias is defined for causal attention only");
   return scores.add_(
-      materialize_bias_block(bias, heads, tk - tq, tk, 0, tk, causal, scores.options()));
+      materialize_bias_block(bias, heads, row0, row0 + tq, 0, tk, causal, scores.options()));
 }
 
-torch::Tensor attention_reference(const torch::Tensor& q, const torch::Tensor& k,
-                                  const torch::Tensor& v, const AttentionBias& bias,
-                                  const AttentionOptions& options) {
-  if (bias.kind == AttentionBias::Kind::StickBreaking) return stick_breaking_attention(q, k, v, bias, options);
+}  // namespace
+
+torch::Tensor add_bias_(torch::Tensor& scores, const AttentionBias& bias, const torch::Tensor& q,
+                        bool causal) {
+  TORCH_CHECK(scores.size(2) <= scores.size(3), "attention: ", scores.size(2), " queries for ", scores.size(3),
+              " keys (queries are the last keys)");
+  return add_bias_rows_(scores, bias, q, causal, scores.size(3) - scores.size(2));
+}
+
+namespace {
+
+// attention_probabilities() of query rows at positions [row0, row0 + Tq) of the keys.
+torch::Tensor probabilities(const torch::Tensor& q, const torch::Tensor& k, const AttentionBias& bias,
+                            const AttentionOptions& options, int64_t row0) {
+  if (bias.kind == AttentionBias::Kind::StickBreaking) {
+    TORCH_CHECK(row0 == k.size(2) - q.size(2), "stick-breaking weights: the queries are the last keys");
+    TORCH_CHECK(options.causal, "stick-breaking attention is defined for causal attention only");
+    return stick_breaking_weights(q, k, bias);
+  }
   const auto d = q.size(3);
   // Scale q rather than the scores (a (B, H, T, D) pass instead of (B, H, T, T)), and add the
   // bias in place: matmul's backward needs only its inputs.
@@ -349,41 +371,66 @@ torch::Tensor attention_reference(const torch::Tensor& q, const torch::Tensor& k
                 " for q ", q.sizes(), " and k ", k.sizes(), ", neighbour window ", bias.near_window);
     const int64_t tq = q.size(2), tk = k.size(2);
     const auto index = torch::TensorOptions().dtype(torch::kLong).device(q.device());
-    const auto far = (torch::arange(tk - tq, tk, index).view({-1, 1}) - torch::arange(0, tk, index).view({1, -1})) >=
+    const auto far = (torch::arange(row0, row0 + tq, index).view({-1, 1}) - torch::arange(0, tk, index).view({1, -1})) >=
                      bias.near_window;  // (Tq, Tk)
     scores = torch::where(far, torch::matmul(bias.far_queries.to(scaled.scalar_type()) * (1.0 / std::sqrt(double(d))),
                                              bias.far_keys.to(scaled.scalar_type()).transpose(-2, -1)),
                           scores);
   }
-  add_bias_(scores, bias, q, options.causal);
-  torch::Tensor probs;
-  if (!bias.logit_scale.defined() && !bias.sink.defined()) {
-    probs = torch::softmax(scores, -1);
-  } else {
-    const auto heads = q.size(1), tq = q.size(2);
-    if (bias.logit_scale.defined()) {
-      TORCH_CHECK(bias.logit_scale.dim() == 2 && bias.logit_scale.size(0) == heads && bias.logit_scale.size(1) == tq,
-                  "attention: logit_scale must be (", heads, ", ", tq, "), got ", bias.logit_scale.sizes());
-      // Masked entries stay -inf whatever the factor's sign (SSMax's is 0 where n_i = 1), and give
-      // the factor's gradient 0, not -inf x 0 (hence zeros in the product, not a where() after it).
-      const auto inf = std::numeric_limits<float>::infinity();
-      const auto masked = scores == -inf;
-      scores = (scores.masked_fill(masked, 0) * bias.logit_scale.to(scores.scalar_type()).unsqueeze(-1))
-                   .masked_fill(masked, -inf);
-    }
-    if (bias.sink.defined()) {
-      TORCH_CHECK(bias.sink.dim() == 1 && bias.sink.size(0) == heads, "attention: sink must be (", heads, "), got ",
-                  bias.sink.sizes());
-      // One more column per row with the head's sink logit; its probability weights no value.
-      auto column = bias.sink.to(scores.scalar_type()).view({1, heads, 1, 1}).expand({scores.size(0), heads, tq, 1});
-      probs = torch::softmax(torch::cat({scores, column}, -1), -1).narrow(-1, 0, scores.size(-1));
-    } else {
-      probs = torch::softmax(scores, -1);
-    }
+  add_bias_rows_(scores, bias, q, options.causal, row0);
+  if (!bias.logit_scale.defined() && !bias.sink.defined()) return torch::softmax(scores, -1);
+  const auto heads = q.size(1), tq = q.size(2);
+  if (bias.logit_scale.defined()) {
+    TORCH_CHECK(bias.logit_scale.dim() == 2 && bias.logit_scale.size(0) == heads && bias.logit_scale.size(1) == tq,
+                "attention: logit_scale must be (", heads, ", ", tq, "), got ", bias.logit_scale.sizes());
+    // Masked entries stay -inf whatever the factor's sign (SSMax's is 0 where n_i = 1), and give
+    // the factor's gradient 0, not -inf x 0 (hence zeros in the product, not a where() after it).
+    const auto inf = std::numeric_limits<float>::infinity();
+    const auto masked = scores == -inf;
+    scores = (scores.masked_fill(masked, 0) * bias.logit_scale.to(scores.scalar_type()).unsqueeze(-1))
+                 .masked_fill(masked, -inf);
   }
+  if (!bias.sink.defined()) return torch::softmax(scores, -1);
+  TORCH_CHECK(bias.sink.dim() == 1 && bias.sink.size(0) == heads, "attention: sink must be (", heads, "), got ",
+              bias.sink.sizes());
+  // One more column per row with the head's sink logit; its probability weights no value.
+  auto column = bias.sink.to(scores.scalar_type()).view({1, heads, 1, 1}).expand({scores.size(0), heads, tq, 1});
+  return torch::softmax(torch::cat({scores, column}, -1), -1).narrow(-1, 0, scores.size(-1));
+}
+
+}  // namespace
+
+torch::Tensor attention_probabilities(const torch::Tensor& q, const torch::Tensor& k,
+                                      const AttentionBias& bias, const AttentionOptions& options) {
+  return probabilities(q, k, bias, options, k.size(2) - q.size(2));
+}
+
+torch::Tensor attention_reference(const torch::Tensor& q, const torch::Tensor& k,
+                                  const torch::Tensor& v, const AttentionBias& bias,
+                                  const AttentionOptions& options) {
+  if (bias.kind == AttentionBias::Kind::StickBreaking) return stick_breaking_attention(q, k, v, bias, options);
+  auto probs = attention_probabilities(q, k, bias, options);
   if (options.training && options.dropout > 0) probs = torch::dropout(probs, options.dropout, true);
   return torch::matmul(probs, v);  // (B, H, Tq, D)
 }
+
+namespace {
+
+// The bias of query rows [r, r + n) against keys [0, keys), the queries being the last Tq
+// keys: the per-key tensors cut to the keys, the per-query ones to the rows.
+AttentionBias row_block_bias(const AttentionBias& bias, int64_t r, int64_t n, int64_t keys) {
+  const auto prefix = [&](const torch::Tensor& t) { return t.defined() ? t.narrow(2, 0, keys) : t; };
+  AttentionBias rows = bias;
+  rows.householder_w = prefix(bias.householder_w);
+  rows.householder_beta = prefix(bias.householder_beta);
+  rows.cumulative = prefix(bias.cumulative);
+  rows.far_keys = prefix(bias.far_keys);
+  if (bias.far_queries.defined()) rows.far_queries = bias.far_queries.narrow(2, r, n);
+  if (bias.logit_scale.defined()) rows.logit_scale = bias.logit_scale.narrow(1, r, n);
+  return rows;
+}
+
+}  // namespace
 
 torch::Tensor attention_reference_blocked(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                           const AttentionBias& bias, const AttentionOptions& options,
@@ -400,19 +447,40 @@ torch::Tensor attention_reference_blocked(const torch::Tensor& q, const torch::T
   std::vector<torch::Tensor> parts;
   for (int64_t r = 0; r < tq; r += query_block) {
     const int64_t n = std::min(query_block, tq - r), keys = tk - tq + r + n;  // keys the rows can see
-    const auto prefix = [&](const torch::Tensor& t) { return t.defined() ? t.narrow(2, 0, keys) : t; };
-    AttentionBias rows = bias;
-    rows.householder_w = prefix(bias.householder_w);
-    rows.householder_beta = prefix(bias.householder_beta);
-    rows.cumulative = prefix(bias.cumulative);
-    rows.far_keys = prefix(bias.far_keys);
-    if (bias.far_queries.defined()) rows.far_queries = bias.far_queries.narrow(2, r, n);
-    if (bias.logit_scale.defined()) rows.logit_scale = bias.logit_scale.narrow(1, r, n);
-    parts.push_back(
-        attention_reference(q.narrow(2, r, n), k.narrow(2, 0, keys), v.narrow(2, 0, keys), rows, options));
+    parts.push_back(attention_reference(q.narrow(2, r, n), k.narrow(2, 0, keys), v.narrow(2, 0, keys),
+                                        row_block_bias(bias, r, n, keys), options));
   }
   return torch::cat(parts, 2);
 }
+
+void for_each_probability_block(const torch::Tensor& q, const torch::Tensor& k, const AttentionBias& bias,
+                                const AttentionOptions& options, int64_t query_block,
+                                const std::function<void(int64_t r, const torch::Tensor& probs)>& visit) {
+  TORCH_CHECK(query_block > 0, "attention probabilities in row blocks: query block ", query_block);
+  if (bias.kind == AttentionBias::Kind::ScoreMixing) {  // DAPE: every head's whole score matrix
+    visit(0, attention_probabilities(q, k, bias, options));
+    return;
+  }
+  const int64_t tq = q.size(2), tk = k.size(2);
+  for (int64_t r = 0; r < tq; r += query_block) {
+    const int64_t n = std::min(query_block, tq - r), keys = options.causal ? tk - tq + r + n : tk;
+    visit(r, probabilities(q.narrow(2, r, n), k.narrow(2, 0, keys), row_block_bias(bias, r, n, keys), options,
+                           tk - tq + r));
+  }
+}
+
+namespace {
+
+thread_local AttentionObserver* observer = nullptr;
+
+}  // namespace
+
+ObservedAttention::ObservedAttention(AttentionObserver& o) {
+  TORCH_CHECK(observer == nullptr, "attention is already observed on this thread (one observer at a time)");
+  observer = &o;
+}
+
+ObservedAttention::~ObservedAttention() { observer = nullptr; }
 
 namespace {
 
@@ -443,12 +511,10 @@ bool fused_cuda_takes(const torch::Tensor& q, const torch::Tensor& k, const torc
 }
 }  // namespace
 
-torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                        const AttentionBias& bias, const AttentionOptions& options) {
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
-              "attention expects (B, H, T, D) tensors, got q ", q.sizes());
-  TORCH_CHECK(q.size(2) <= k.size(2) && k.size(2) == v.size(2), "attention: ", q.size(2),
-              " queries for ", k.size(2), " keys and ", v.size(2), " values");
+namespace {
+
+torch::Tensor dispatch(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                       const AttentionBias& bias, const AttentionOptions& options) {
   // Under train.precision bf16 (autocast) attention stays float32: the scores carry the bias.
   // The fused CPU kernel widens bfloat16 inputs itself and computes in float32 (no float32
   // copies of q, k, v and the output); every other path gets float32 copies.
@@ -463,7 +529,7 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
       if (fused_cuda_takes(qb, kb, vb, bias, options))
         return cuda_attention()->attention(qb, kb, vb, bias, options.causal);
     }
-    return attention(q.to(torch::kFloat32), k.to(torch::kFloat32), v.to(torch::kFloat32), bias, options);
+    return dispatch(q.to(torch::kFloat32), k.to(torch::kFloat32), v.to(torch::kFloat32), bias, options);
   }
   // Fewer queries than keys (decoding with a KV cache): the queries are the last keys. Only
   // the reference path takes that, and it is what Auto picks.
@@ -512,6 +578,18 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
     }
   }
   return attention_reference(q, k, v, bias, options);
+}
+
+}  // namespace
+
+torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        const AttentionBias& bias, const AttentionOptions& options) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+              "attention expects (B, H, T, D) tensors, got q ", q.sizes());
+  TORCH_CHECK(q.size(2) <= k.size(2) && k.size(2) == v.size(2), "attention: ", q.size(2),
+              " queries for ", k.size(2), " keys and ", v.size(2), " values");
+  if (observer) observer->observe(q, k, bias, options);
+  return dispatch(q, k, v, bias, options);
 }
 
 }  // namespace extrap

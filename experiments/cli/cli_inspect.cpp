@@ -2,7 +2,10 @@
 #include "core/attention/householder.h"
 #include "core/attention/stick_breaking.h"
 #include "core/data/corpus.h"
+#include "core/eval/attention_profile.h"
 #include "core/model/config.h"
+#include "core/runtime/cuda_support.h"
+#include "core/runtime/sysinfo.h"
 #include "core/train/trainer.h"
 #include "experiments/cli/commands.h"
 #include "experiments/sweep/sweep_spec.h"
@@ -123,14 +126,84 @@ int positions(const Args& args) {
   return 0;
 }
 
+namespace {
+
+// "0", "1", "2-3", ... for the distance bins of a profile (the last one ends at length - 1).
+std::string bin_label(const std::vector<int64_t>& edges, size_t b) {
+  const int64_t first = edges[b], last = edges[b + 1] - 1;
+  return first == last ? std::to_string(first) : std::to_string(first) + "-" + std::to_string(last);
+}
+
+// `extrap inspect attention`: a trained run's attention profile at one length
+// (core/eval/attention_profile.h), one row per layer and head.
+int inspect_attention(const Args& args) {
+  std::string checkpoint, split = "valid", device_name;
+  AttentionProfileSpec spec;
+  int threads = 0;
+  po::options_description options("extrap inspect attention");
+  options.add_options()
+      ("checkpoint", po::value(&checkpoint)->required(), "run directory written by extrap train")
+      ("length", po::value(&spec.length)->required(), "window length T")
+      ("windows", po::value(&spec.windows), "at most this many windows, from the split's start (default 8; 0: all)")
+      ("max-tokens", po::value(&spec.max_tokens), "windows from the first N tokens only")
+      ("split", po::value(&split), "valid | test | train")
+      ("device", po::value(&device_name), "cpu | cuda (default: the device the run trained on)")
+      ("threads", po::value(&threads), "CPU threads (default: all cores)");
+  po::variables_map vm;
+  if (!parse(args, "extrap inspect attention --checkpoint RUN --length T [--windows N]", options, vm))
+    return 0;
+  if (spec.length < 1) throw ConfigError("--length " + std::to_string(spec.length) + ": must be at least 1");
+  if (spec.windows < 0) throw ConfigError("--windows " + std::to_string(spec.windows) + ": must not be negative");
+  if (spec.max_tokens < 0) throw ConfigError("--max-tokens " + std::to_string(spec.max_tokens) + ": must not be negative");
+  const Split which = parse_enum<Split>(split, "--split");
+  configure_threads(threads);
+  const VerifiedCheckpoint verified = require_checkpoint(checkpoint);
+  const Config& config = verified.config;
+  const Corpus corpus = load_corpus(config.data);
+  LoadedRun run = load_run(verified, corpus);
+  const Device where = device_name.empty() ? config.train.device : parse_enum<Device>(device_name, "--device");
+  if (const std::string why_not = where == Device::cuda ? cuda_unavailable_reason() : ""; !why_not.empty())
+    throw ConfigError(device_name.empty()
+                          ? checkpoint + " trained on cuda, but " + why_not + ": pass --device cpu to inspect it here"
+                          : "--device cuda, but " + why_not);
+  const torch::Device device = torch_device(where);
+  run.model->to(device);
+  const AttentionProfile profile = attention_profile(run.model, corpus.split(which), spec, device);
+  std::printf("attention of %s (%s, trained %lld steps at L = %lld) at length %lld: %lld window(s) of the %s "
+              "split, %s (%.1f s)\n",
+              checkpoint.c_str(), position_label(config).c_str(), (long long)run.step,
+              (long long)config.train.seq_len, (long long)spec.length, (long long)profile.windows, split.c_str(),
+              profile.causal ? "causal, distance i - j" : "bidirectional, distance |i - j|", profile.seconds);
+  std::printf("mass by distance, mean over queries (a row sums to 1 less the sink's share); entropy in nats\n");
+  const size_t bins = profile.edges.size() - 1;
+  std::printf("%-5s %-4s %8s %6s |", "layer", "head", "entropy", "sink");
+  for (size_t b = 0; b < bins; ++b) std::printf(" %9s", bin_label(profile.edges, b).c_str());
+  std::printf("\n");
+  const bool has_sink = profile.sink.abs().max().item<double>() > 0;
+  for (int64_t l = 0; l < profile.mass.size(0); ++l)
+    for (int64_t h = 0; h < profile.mass.size(1); ++h) {
+      char sink[16] = "-";
+      if (has_sink) std::snprintf(sink, sizeof sink, "%.4f", profile.sink[l][h].item<double>());
+      std::printf("%-5lld %-4lld %8.4f %6s |", (long long)l, (long long)h,
+                  profile.entropy[l][h].sum().item<double>(), sink);
+      for (size_t b = 0; b < bins; ++b) std::printf(" %9.4f", profile.mass[l][h][int64_t(b)].item<double>());
+      std::printf("\n");
+    }
+  return 0;
+}
+
+}  // namespace
+
 int inspect(const Args& args) {
+  if (!args.empty() && args[0] == "attention") return inspect_attention(Args(args.begin() + 1, args.end()));
   if (args.empty() || (args[0] != "slopes" && args[0] != "bias")) {
     if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
       std::cout << "usage: extrap inspect slopes --heads H\n"
-                   "       extrap inspect bias --position NAME --heads H --length T [--bidirectional]\n";
+                   "       extrap inspect bias --position NAME --heads H --length T [--bidirectional]\n"
+                   "       extrap inspect attention --checkpoint RUN --length T [--windows N]\n";
       return 0;
     }
-    throw ConfigError("expected 'slopes' or 'bias' after 'inspect' (see extrap inspect --help)");
+    throw ConfigError("expected 'slopes', 'bias' or 'attention' after 'inspect' (see extrap inspect --help)");
   }
   const Args rest(args.begin() + 1, args.end());
   po::variables_map vm;
