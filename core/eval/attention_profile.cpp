@@ -35,7 +35,11 @@ class ProfileObserver : public AttentionObserver {
     torch::Tensor& entropy = entropy_[layer_];
     torch::Tensor& sink = sink_[layer_];
     const auto qf = q.to(torch::kFloat32), kf = k.to(torch::kFloat32);
-    for_each_probability_block(qf, kf, bias, options, query_block_, [&](int64_t r, const torch::Tensor& p) {
+    // Rows whose weights are held at once: at most query_block, and few enough that a block's
+    // float32 weights and their float64 copies (28 bytes a weight) stay near 256 MiB.
+    const int64_t row_bytes = std::max<int64_t>(1, q.size(0) * heads * tk * 28);
+    const int64_t rows = std::clamp<int64_t>((int64_t(256) << 20) / row_bytes, 1, query_block_);
+    for_each_probability_block(qf, kf, bias, options, rows, [&](int64_t r, const torch::Tensor& p) {
       const int64_t n = p.size(2), keys = p.size(3);
       const auto i = torch::arange(tk - tq + r, tk - tq + r + n, index).view({-1, 1});
       auto distance = i - torch::arange(keys, index).view({1, -1});  // (n, keys)
@@ -106,6 +110,7 @@ AttentionProfile attention_profile(TransformerLM& model, const TokenStream& stre
     const int64_t per_pass = std::max<int64_t>(1, 16384 / spec.length);
     for (int64_t w = 0; w < windows; w += per_pass) {
       const int64_t count = std::min(per_pass, windows - w);
+      check_window_memory(model->config(), count, spec.length);  // the forward pass itself
       const auto tokens = stream.slice(w * spec.length, count * spec.length)
                               .to(torch::kLong).view({count, spec.length}).to(device);
       observer.next_forward();

@@ -30,7 +30,8 @@ struct AttentionProfileSpec {
   int64_t length = 0;        // tokens a window
   int64_t windows = 8;       // at most this many windows (0: every full window of the stream)
   int64_t max_tokens = 0;    // windows from the first N tokens of the stream (0: all)
-  int64_t query_block = 256;  // query rows whose weights are held at once
+  int64_t query_block = 256;  // query rows whose weights are held at once (fewer at long
+                              // lengths: a block's weights stay near 256 MiB)
 };
 
 struct AttentionProfile {
@@ -49,7 +50,8 @@ std::vector<int64_t> distance_bin_edges(int64_t length);
 
 // The profile of `model` (evaluation mode, no gradients; its training flag restored) over
 // `stream`. Refuses (EvalFailure) a length the stream cannot fill with one window, a model
-// under StreamingLLM and non-finite weights.
+// under StreamingLLM and non-finite weights, and (ConfigError) a forward pass whose activations
+// cannot fit in memory (check_window_memory).
 AttentionProfile attention_profile(TransformerLM& model, const TokenStream& stream,
                                    const AttentionProfileSpec& spec, torch::Device device = torch::kCPU);
 
