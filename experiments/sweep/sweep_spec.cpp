@@ -339,6 +339,14 @@ void check_retrieval_plan(const OptionReader& r, const SweepRetrieval& retrieval
 // Reads eval.longppl; a reference run is checked (a causal model with a checkpoint) and its
 // training length and data section kept for expand_grid.
 void read_longppl(const OptionReader& e, SweepLongPpl& longppl) {
+  // `longppl: false` (or true) is short for `longppl: {enabled: false}`.
+  if (e.decoding() && e.has("longppl") && e.node()["longppl"].IsScalar()) {
+    const YAML::Node value = e.node()["longppl"];
+    if (!YAML::convert<bool>::decode(value, longppl.enabled))
+      e.fail("longppl", "expected true, false or a map of key: value, got '" + value.Scalar() + "'");
+    e.accept("longppl", "");
+    return;
+  }
   auto r = e.section("longppl",
                      "LongPPL (core/eval/longppl.h) beside perplexity in each non-overlapping "
                      "evaluation of a causal point past K (docs/evaluation.md)");

@@ -13,7 +13,8 @@
 //     nonoverlapping: true
 //     rope_scaling: [none, yarn]    # RoPE-scaling variants for points of rotary/xpos models
 //     rope_factor: 4                # the factor s (default: each length / train.seq_len)
-//     longppl:                      # LongPPL (core/eval/longppl.h) beside perplexity, on by default:
+//     longppl:                      # LongPPL (core/eval/longppl.h) beside perplexity, on by default
+//                                   # (`longppl: false`: off):
 //       enabled: true               # each causal point's non-overlapping windows past K
 //       short_length: 0             # K; 0: the key-token model's train.seq_len
 //       alpha: 2                    # key: NLL_short - NLL_long > alpha ...

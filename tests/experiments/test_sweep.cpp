@@ -555,7 +555,20 @@ TEST_CASE("LongPPL in sweeps: each causal point's non-overlapping windows past K
   CHECK(run_cli(d, grown, &out) == 2);
   require_one_line_error(out, "first difference at 'eval.longppl.short_length': 0 in results/grow.h5, 8 in");
 
+  // `longppl: false` is short for enabled: false (the same spec), and turns it off.
+  std::string short_form;
+  REQUIRE(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "eval.longppl=false"}, &short_form) == 0);
+  CHECK(short_form.find("LongPPL in each") == std::string::npos);
+  REQUIRE(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "eval.longppl.enabled=false"}, &out) == 0);
+  CHECK(short_form.substr(0, short_form.find('\n')) == out.substr(0, out.find('\n')));  // the spec hash
+  REQUIRE(run_cli(d, {"sweep", "tiny.yaml", "--list"}, &out) == 0);
+  CHECK(out.find("LongPPL in each non-overlapping evaluation of a causal point past K = its train.seq_len") !=
+        std::string::npos);
+
   // Refusals, naming the key.
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "eval.longppl=often"}, &out) == 2);
+  require_one_line_error(out, "key 'eval.longppl' (set on the command line or by a sweep's grid): expected true, "
+                              "false or a map of key: value, got 'often'");
   CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "eval.longppl.reference=runs/none"}, &out) == 2);
   require_one_line_error(out, "key 'eval.longppl.reference'");
   CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "eval.longppl.alpha=.inf"}, &out) == 2);
