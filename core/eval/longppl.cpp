@@ -1,6 +1,7 @@
 #include "core/eval/longppl.h"
 
 #include <cmath>
+#include <yaml-cpp/yaml.h>
 
 namespace extrap {
 
@@ -89,6 +90,19 @@ LongPplResult longppl(const EvalResult& long_eval, const KeyTokens& keys) {
                       ": the NLL over the key tokens is not finite");
   if (out.key_tokens > 0) out.longppl = std::exp(out.nll_sum / double(out.key_tokens));
   return out;
+}
+
+LoadedRun load_key_token_model(const std::string& run_dir, const Corpus& corpus, torch::Device device,
+                               const std::string& what) {
+  const VerifiedCheckpoint checkpoint = require_checkpoint(run_dir);
+  if (YAML::Dump(load_corpus(checkpoint.config.data).identity()) != YAML::Dump(corpus.identity()))
+    throw ConfigError(what + " reads other data or tokens than the evaluated run: key tokens are positions "
+                             "in one token stream");
+  if (!checkpoint.config.model.causal())
+    throw ConfigError(what + " is a masked LM; LongPPL's key tokens need a causal model");
+  LoadedRun run = load_run(checkpoint, corpus);
+  run.model->to(device);
+  return run;
 }
 
 }  // namespace extrap

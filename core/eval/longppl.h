@@ -18,6 +18,7 @@
 #pragma once
 
 #include "core/eval/evaluator.h"
+#include "core/run/run_dir.h"
 
 #include <cstdint>
 
@@ -61,5 +62,12 @@ LongPplResult longppl(const EvalResult& long_eval, const KeyTokens& keys);
 // The sliding evaluation at K that gives the short NLLs: `base` (split limit, batch size, RoPE
 // scaling none) at length K, stride 1, keeping token NLLs.
 EvalSpec short_context_spec(const EvalSpec& base, int64_t short_length);
+
+// The run at `run_dir` loaded as the key-token model of evaluations of `corpus`, on `device`.
+// Refuses (ConfigError, beginning with `what`, e.g. "--longppl-reference runs/a") a run
+// without a verified checkpoint, one that reads other data or tokens than `corpus` (key tokens
+// are positions in one token stream) and a masked LM.
+LoadedRun load_key_token_model(const std::string& run_dir, const Corpus& corpus, torch::Device device,
+                               const std::string& what);
 
 }  // namespace extrap

@@ -1,5 +1,7 @@
 #include "experiments/cli/commands.h"
 
+#include "core/runtime/cuda_support.h"
+
 #include <iostream>
 
 namespace po = boost::program_options;
@@ -22,6 +24,16 @@ bool parse(const Args& args, const std::string& usage_line, po::options_descript
   }
   po::notify(values);
   return true;
+}
+
+torch::Device command_device(const std::string& requested, Device trained, const std::string& run_dir,
+                             const std::string& doing) {
+  const Device where = requested.empty() ? trained : parse_enum<Device>(requested, "--device");
+  if (const std::string why_not = where == Device::cuda ? cuda_unavailable_reason() : ""; !why_not.empty())
+    throw ConfigError(requested.empty()
+                          ? run_dir + " trained on cuda, but " + why_not + ": pass --device cpu to " + doing + " it here"
+                          : "--device cuda, but " + why_not);
+  return torch_device(where);
 }
 
 int bench(const Args& args) {

@@ -1,7 +1,6 @@
 // `extrap train` and `extrap eval`.
 #include "core/base/files.h"
 #include "core/eval/evaluator.h"
-#include "core/runtime/cuda_support.h"
 #include "core/runtime/sysinfo.h"
 #include "core/train/trainer.h"
 #include "experiments/cli/commands.h"
@@ -426,17 +425,9 @@ int evaluate_longppl(const EvalOptions& opt, LoadedRun& run, const Corpus& corpu
   spec.short_length = opt.longppl_short > 0 ? opt.longppl_short : config.train.seq_len;
   std::optional<LoadedRun> reference;
   if (!opt.longppl_reference.empty()) {
-    const VerifiedCheckpoint checkpoint = require_checkpoint(opt.longppl_reference);
-    const Corpus other = load_corpus(checkpoint.config.data);
-    if (YAML::Dump(other.identity()) != YAML::Dump(corpus.identity()))
-      throw ConfigError("--longppl-reference " + opt.longppl_reference +
-                        " reads other data or tokens than " + opt.run_dir +
-                        ": key tokens are positions in one token stream");
-    if (!checkpoint.config.model.causal())
-      throw ConfigError("--longppl-reference " + opt.longppl_reference + " is a masked LM");
-    reference = load_run(checkpoint, corpus);
-    reference->model->to(device);
-    if (opt.longppl_short <= 0) spec.short_length = checkpoint.config.train.seq_len;
+    reference = load_key_token_model(opt.longppl_reference, corpus, device,
+                                     "--longppl-reference " + opt.longppl_reference);
+    if (opt.longppl_short <= 0) spec.short_length = reference->config.train.seq_len;
   }
   document["longppl_reference"] = opt.longppl_reference.empty() ? opt.run_dir : opt.longppl_reference;
   document["longppl_short"] = spec.short_length;
@@ -461,13 +452,7 @@ int eval(const Args& args) {
   LoadedRun run = load_run(checkpoint, corpus);
   apply_eval_options(opt, which, variants, config, run);
   // The device the run trained on unless --device names another; the checkpoint loads on the CPU.
-  const Device where = opt.device.empty() ? config.train.device : parse_enum<Device>(opt.device, "--device");
-  if (const std::string why_not = where == Device::cuda ? cuda_unavailable_reason() : "";
-      !why_not.empty())
-    throw ConfigError(opt.device.empty()
-                          ? opt.run_dir + " trained on cuda, but " + why_not + ": pass --device cpu to evaluate it here"
-                          : "--device cuda, but " + why_not);
-  const torch::Device device = torch_device(where);
+  const torch::Device device = command_device(opt.device, config.train.device, opt.run_dir, "evaluate");
   run.model->to(device);
   std::cout << "run " << opt.run_dir << " (" << position_label(config) << ", trained " << run.step
             << " steps at L = " << config.train.seq_len << "):\n";

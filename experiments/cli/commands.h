@@ -76,6 +76,12 @@ int evaluate_longppl_all(TransformerLM& model, TransformerLM* reference, const C
                          const Config& config, const LongPplSpec& spec, nlohmann::json* rows,
                          torch::Device device);
 
+// The device a command runs a trained run's model on: `requested` (--device; "": the device
+// the run trained on, `trained`). CUDA that cannot be used is refused in one line naming the
+// run (`run_dir`) and what to pass instead (`doing`: "evaluate", "inspect").
+torch::Device command_device(const std::string& requested, Device trained, const std::string& run_dir,
+                             const std::string& doing);
+
 // Parses `args` against `options` (+ positional names, + `hidden` options that --help does
 // not show). Returns false after printing help when --help was given. Unknown options and
 // missing values throw with a clear message.

@@ -237,8 +237,20 @@ TEST_CASE("extrap eval --longppl: the rows of an in-process evaluation, another 
       else CHECK(row["longppl"].is_null());
     }
   }
+  // A key-token model on other tokens (a word-level run), a masked LM, no run at all.
+  REQUIRE(run_cli(d, {"train", "--config", "train.yaml", "--set", "train.out_dir=runs/words", "--set",
+                      "data.tokenizer=word", "--set", "train.steps=2"}, &out) == 0);
+  REQUIRE(run_cli(d, {"train", "--config", "train.yaml", "--set", "train.out_dir=runs/mlm", "--set",
+                      "model.objective=masked_lm", "--set", "position=alibi_symmetric", "--set", "train.steps=2"},
+                  &out) == 0);
   // Refusals, each in one line.
   for (const auto& [args, expected] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"eval", "--checkpoint", "runs/a", "--length", "48", "--longppl", "--longppl-reference", "runs/words"},
+            "--longppl-reference runs/words reads other data or tokens than the evaluated run"},
+           {{"eval", "--checkpoint", "runs/a", "--length", "48", "--longppl", "--longppl-reference", "runs/mlm"},
+            "--longppl-reference runs/mlm is a masked LM; LongPPL's key tokens need a causal model"},
+           {{"eval", "--checkpoint", "runs/a", "--length", "48", "--longppl", "--longppl-reference", "runs/none"},
+            "runs/none"},
            {{"eval", "--checkpoint", "runs/a", "--length", "48", "--longppl-short", "8"}, "add --longppl"},
            {{"eval", "--checkpoint", "runs/a", "--length", "48", "--longppl", "--longppl-short", "0"},
             "--longppl-short 0"},
