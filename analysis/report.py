@@ -11,6 +11,10 @@ Writes DIR/report.md and, next to it:
   position_L<train>.png     loss against position in the window (non-overlapping windows),
                             one panel per evaluation length, one line per method
   curves_L<train>.png       training (solid) and validation (dashed) loss against step
+  attention_profile_L<train>.png  (files with attention profiles) attention mass as a heat
+                            map of layer (rows) by query-key distance bin (columns) at the
+                            longest profiled window, the mean over heads and seeds, one panel
+                            per method, log colour scale 1e-4 to 1
   retrieval_L<train>_<mode>.png   (files with retrieval points; '+' in the mode written as
                             '_', e.g. retrieval_L16_retrieval_passkey_yarn.png) exact-match
                             accuracy as a heat map of instance length (rows, also as a
@@ -24,15 +28,18 @@ training length, the early-token-curse table wherever both non-overlapping and s
 windows were evaluated, for each retrieval mode ("retrieval_<task>[+<variant>]") a section
 "Retrieval accuracy, <task>[ + <variant>]" with the heat map and a table of the accuracy over
 all depths per method (rows) and instance length (columns): "85% (17/20)", the percentage
-rounded to a whole number, then correct/trials; and training speed and peak memory per method.
+rounded to a whole number, then correct/trials; where the models look (attention
+profiles: the mass at distances of at least L and the attention entropy by window length,
+and the sink's share where a method has one); and training speed and peak memory per method.
 Runs that differ only in train.seed are aggregated: "mean ± sample standard deviation" (the
 loss by position pools the seeds' tokens; retrieval accuracy sums the seeds' correct and
 trials). An evaluation with RoPE scaling (mode "<window>+<variant>") is drawn and tabled as its
 own method, "<method> + <variant>". Retrieval points (their perplexity is the answer tokens',
-not the text's) are only in the retrieval sections; a file without them has none.
+not the text's) are only in the retrieval sections, attention-profile points (mode
+"attention_profile") only in theirs; a file without them has none.
 
 Reads only what the file documents (core/results/results_store.h): the /summary table, the
-/position_bins, /retrieval and /longppl tables, and the /runs/<id> attributes and curves. Needs h5py,
+/position_bins, /retrieval, /longppl and /attention_profile tables, and the /runs/<id> attributes and curves. Needs h5py,
 numpy and matplotlib: the project's environment (.venv, made by scripts/setup.sh) has them.
 """
 import argparse
@@ -106,6 +113,11 @@ def load(path):
                     raise ReadError("/longppl has %d rows for row %d of /summary; a point has at most one"
                                     % (len(group), index))
                 points[index]["longppl"] = {name: attribute(group[0][name]) for name in group.dtype.names}
+        # An attention-profile point's rows (layer, head, begin, end, mass, entropy, sink); absent
+        # in files without profiles (extrap 0.11 and before).
+        if "attention_profile" in f:
+            for index, group in rows_by_summary_row(f["attention_profile"][...], len(points)):
+                points[index]["attention_profile"] = group
     return header, points, runs
 
 
@@ -116,6 +128,11 @@ def rows_by_summary_row(table, count):
     starts = np.searchsorted(table["summary_row"], np.arange(count), side="left")
     ends = np.searchsorted(table["summary_row"], np.arange(count), side="right")
     return [(index, table[starts[index]:ends[index]]) for index in range(count) if ends[index] > starts[index]]
+
+
+def is_profile_mode(mode):
+    """An attention-profile point's mode (where the model looks, not a perplexity)."""
+    return mode == "attention_profile"
 
 
 def is_retrieval_mode(mode):
@@ -676,6 +693,129 @@ def retrieval_section(out_dir, train_length, methods, retrieval, failures, notes
     return md
 
 
+def distance_label(begin, end):
+    """A distance bin [begin, end) as a tick names it: "0", "2-3", "16-63"."""
+    return "%d" % begin if end - begin == 1 else "%d-%d" % (begin, end - 1)
+
+
+def share_cell(values):
+    """A share of the attention, mean ± spread over seeds, 3 significant digits: a small mass
+    (0.00123) is the finding, not a rounding to 0.00."""
+    mean, spread = mean_spread(values)
+    return "%.3g" % mean + (" ± %.2g" % spread if len(values) > 1 else "")
+
+
+def profile_arrays(rows):
+    """One point's /attention_profile rows as (edges, mass, entropy, sink): mass and entropy
+    (layers, heads, bins), sink (layers, heads)."""
+    layers, heads = int(rows["layer"].max()) + 1, int(rows["head"].max()) + 1
+    bins = len(rows) // (layers * heads)
+    order = np.lexsort((rows["begin"], rows["head"], rows["layer"]))
+    rows = rows[order]
+    edges = [int(b) for b in rows["begin"][:bins]] + [int(rows["end"][bins - 1])]
+    shape = (layers, heads, bins)
+    return (edges, rows["mass"].reshape(shape), rows["entropy"].reshape(shape),
+            rows["sink"].reshape(shape)[:, :, 0])
+
+
+def plot_profile(path, train_length, length, methods, maps):
+    """Attention mass by distance bin (columns) and layer (rows), the mean over heads and
+    seeds, one panel per method: maps[method] = (edges, (layers, bins) mass)."""
+    columns = min(3, len(methods))
+    rows = (len(methods) + columns - 1) // columns
+    widest = max(len(maps[m][0]) - 1 for m in methods)
+    deepest = max(maps[m][1].shape[0] for m in methods)
+    fig, axes = plt.subplots(rows, columns, squeeze=False, constrained_layout=True,
+                             figsize=(0.5 * widest * columns + 2.6, (0.4 * deepest + 1.5) * rows))
+    cmap = plt.get_cmap("magma").copy()
+    cmap.set_bad(cmap(0.0))  # no weight at all: the floor's colour
+    norm = matplotlib.colors.LogNorm(vmin=1e-4, vmax=1.0, clip=True)
+    image = None
+    for panel, method in enumerate(methods):
+        ax = axes[panel // columns][panel % columns]
+        edges, mass = maps[method]
+        image = ax.imshow(np.ma.masked_less_equal(mass, 0.0), cmap=cmap, norm=norm, origin="upper",
+                          aspect="auto")
+        ax.set_xticks(range(len(edges) - 1))
+        ax.set_xticklabels([distance_label(edges[b], edges[b + 1]) for b in range(len(edges) - 1)],
+                           rotation=60, fontsize=7)
+        ax.set_yticks(range(mass.shape[0]))
+        ax.set_yticklabels(["%d" % l for l in range(mass.shape[0])])
+        if train_length in edges[1:-1]:  # the training length: distances past it right of the line
+            ax.axvline(edges.index(train_length) - 0.5, color="cyan", linestyle="--", linewidth=1)
+        ax.set_xlabel("query-key distance (tokens)")
+        ax.set_ylabel("layer")
+        ax.set_title(method, fontsize=10)
+    for panel in range(len(methods), rows * columns):
+        axes[panel // columns][panel % columns].axis("off")
+    fig.colorbar(image, ax=[a for row in axes for a in row], label="attention mass",
+                 shrink=0.9)
+    fig.suptitle("where the models look at T = %d, trained at L = %d" % (length, train_length), fontsize=11)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def profile_section(out_dir, train_length, methods, profiles, failures, notes):
+    """Where each model looks at this training length: tables of the attention mass at
+    distances of at least L and of the attention entropy by window length, and a heat map of
+    the mass by distance and layer at the longest window. profiles[(train_length, length,
+    method)] = each seed's /attention_profile rows; failures likewise, their reasons."""
+    keys = [k for k in list(profiles) + list(failures) if k[0] == train_length]
+    if not keys:
+        return []
+    lengths = sorted({k[1] for k in keys})
+    present = [m for m in methods if any(k[2] == m for k in keys)]
+    past_rows, entropy_rows, sink_rows = [], [], []
+    any_sink = False
+    for l in lengths:
+        past_row, entropy_row, sink_row = [eval_length_label(l, train_length)], [eval_length_label(l, train_length)], [eval_length_label(l, train_length)]
+        for m in present:
+            seeds = [profile_arrays(rows) for rows in profiles.get((train_length, l, m), [])]
+            f = failures.get((train_length, l, m))
+            mark = (" " + notes.mark(f[0])) if f else ""
+            if not seeds:
+                for row in (past_row, entropy_row, sink_row):
+                    row.append("failed" + mark if f else "")
+                continue
+            past = [float(mass[:, :, [b for b in range(len(edges) - 1) if edges[b] >= train_length]].sum(-1).mean())
+                    for edges, mass, _, _ in seeds]
+            entropy = [float(e.sum(-1).mean()) for _, _, e, _ in seeds]
+            sink = [float(k.mean()) for _, _, _, k in seeds]
+            any_sink = any_sink or any(v > 0 for v in sink)
+            past_row.append(share_cell(past) + mark)
+            entropy_row.append(cell(entropy) + mark)
+            sink_row.append(share_cell(sink) + mark)
+        entropy_rows.append(entropy_row)
+        sink_rows.append(sink_row)
+        if l > train_length:
+            past_rows.append(past_row)
+    md = ["### Where the models look (attention by query-key distance)", "",
+          "Each model's attention weights over the first windows of the evaluated split, averaged over "
+          "every query (`extrap inspect attention` prints one run's by layer and head).", ""]
+    longest = lengths[-1]
+    maps = {}
+    for m in present:
+        seeds = [profile_arrays(rows) for rows in profiles.get((train_length, longest, m), [])]
+        if seeds and all(s[0] == seeds[0][0] for s in seeds):
+            maps[m] = (seeds[0][0], np.mean([mass.mean(1) for _, mass, _, _ in seeds], axis=0))
+    if maps:
+        image = "attention_profile_L%d.png" % train_length
+        plot_profile(os.path.join(out_dir, image), train_length, longest, [m for m in present if m in maps], maps)
+        md += ["![attention mass by distance and layer, T = %d, L = %d](%s)" % (longest, train_length, image), "",
+               "The heat map: at T = %d, the mean over heads (and seeds) of each layer's attention mass in each "
+               "distance bin, log colour scale from 1e-4; the dashed line is the training length." % longest, ""]
+    if past_rows:
+        md += ["Attention mass at distances of at least L = %d (the mean over layers and heads of each "
+               "query's weights there; the rest is nearer):" % train_length, "",
+               markdown_table(["eval length"] + present, past_rows), ""]
+    md += ["Attention entropy (nats; the mean over layers, heads and queries of -sum p ln p over the keys):", "",
+           markdown_table(["eval length"] + present, entropy_rows), ""]
+    if any_sink:
+        md += ["Share of attention on the learned sink logit (the mean over layers and heads):", "",
+               markdown_table(["eval length"] + present, sink_rows), ""]
+    return md
+
+
 class ReadError(Exception):
     """The results file could not be read (the original error is args[0])."""
 
@@ -798,7 +938,8 @@ def write_report(results_path, out_dir):
     # Retrieval points (exact-match counts; their perplexity is the answer tokens') are only in
     # the retrieval sections.
     retrieval_points = [p for p in points if is_retrieval_mode(p["mode"])]
-    text_points = [p for p in points if not is_retrieval_mode(p["mode"])]
+    profile_points = [p for p in points if is_profile_mode(p["mode"])]
+    text_points = [p for p in points if not is_retrieval_mode(p["mode"]) and not is_profile_mode(p["mode"])]
     # RoPE variants follow their method, in the order the sweep lists them (those of retrieval
     # points alone after the others).
     variant_index = {}
@@ -860,6 +1001,18 @@ def write_report(results_path, out_dir):
         else:
             retrieval_failures[key].append(failure_reason(p["status"]))
 
+    # (train_length, window length, method) -> each seed's /attention_profile rows, and the
+    # failures' reasons
+    profiles = collections.defaultdict(list)
+    profile_failures = collections.defaultdict(list)
+    for p in profile_points:
+        key = (p["train_length"], p["eval_length"], point_method(p)[0])
+        if p["status"] == "ok":
+            if "attention_profile" in p:
+                profiles[key].append(p["attention_profile"])
+        else:
+            profile_failures[key].append(failure_reason(p["status"]))
+
     name = header.get("sweep_name", "?")
     complete = sum(1 for r in runs.values() if r.get("status") == "complete")
     failed = sum(1 for r in runs.values() if str(r.get("status", "")).startswith("failed"))
@@ -874,7 +1027,9 @@ def write_report(results_path, out_dir):
         seed_text = "Seeds %s: values are the mean ± sample standard deviation over seeds." % ", ".join(str(s) for s in seeds)
     else:
         seed_text = "One seed (%s)." % ", ".join(str(s) for s in seeds)
-    retrieval_text = " (%d of retrieval)" % len(retrieval_points) if retrieval_points else ""
+    special = [("%d of retrieval" % len(retrieval_points)) if retrieval_points else "",
+               ("%d attention profiles" % len(profile_points)) if profile_points else ""]
+    retrieval_text = " (%s)" % ", ".join(t for t in special if t) if any(special) else ""
     md.append("%d runs (%d complete, %d failed, %d unfinished); %d evaluation points%s. %s"
               % (len(runs), complete, failed, len(runs) - complete - failed, len(points), retrieval_text,
                  seed_text))
@@ -885,7 +1040,7 @@ def write_report(results_path, out_dir):
 
     tokenizations = vocabularies(runs)
     train_lengths = sorted({k[0] for k in list(values) + list(failures) + list(retrieval)
-                            + list(retrieval_failures)})
+                            + list(retrieval_failures) + list(profiles) + list(profile_failures)})
     for train_length in train_lengths:
         md += ["## Trained at L = %d" % train_length, ""]
         modes = sorted({k[1] for k in list(values) + list(failures) if k[0] == train_length}, key=mode_order)
@@ -923,6 +1078,7 @@ def write_report(results_path, out_dir):
         md += by_position_section(out_dir, train_length, methods, bins)
         md += early_token_section(train_length, methods, values, modes)
         md += retrieval_section(out_dir, train_length, methods, retrieval, retrieval_failures, notes)
+        md += profile_section(out_dir, train_length, methods, profiles, profile_failures, notes)
 
     md += ["## Training", ""]
     for train_length in sorted({r.get("train_length") for r in runs.values()}):

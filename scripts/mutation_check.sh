@@ -214,6 +214,13 @@ core/eval/attention_profile.cpp | torch::bucketize(distance, inner, /*out_int32=
 core/eval/attention_profile.cpp |         mass.select(1, 0).add_(rest.sum({0, 2})); |         (void)rest; | the attention profile drops stick-breaking's rest of each row (the query's own value)
 core/eval/attention_profile.cpp |         sink.add_(rest.sum({0, 2})); |         (void)sink; | the attention profile records no sink share
 core/attention/attention.cpp |                            tk - tq + r)); |                            tk - tq)); | attention weights in row blocks placed as if every block were the first rows
+experiments/sweep/point_runner.cpp |       spec.split_at = config.train.seq_len; |       spec.split_at = 0; | a sweep's attention profile has no bin edge at the training length
+experiments/sweep/point_runner.cpp |       spec.windows = e.profile_windows; |       spec.windows = e.profile_windows + 1; | a sweep's attention profile reads one window more than eval.attention_profile.windows
+core/results/results_store.cpp | c.begin, c.end, c.mass, c.entropy, c.sink}); | c.begin, c.end, c.mass, c.mass, c.sink}); | the results file records each profile bin's mass as its entropy
+experiments/sweep/sweep_spec.cpp |   if (out.empty()) out = {train_length, longest}; |   if (out.empty()) out = {longest}; | a sweep profiles each point at its longest length only, not at L
+experiments/sweep/sweep_spec.cpp |     if (e["attention_profile"]) eval["attention_profile"]["windows"] = e["attention_profile"]["windows"]; |     (void)e; | a sweep grows with other attention-profile windows than its recorded ones
+analysis/report.py | if edges[b] >= train_length] | if edges[b] > train_length] | report's mass past L leaves out the bin that starts at L
+analysis/report.py |             maps[m] = (seeds[0][0], np.mean([mass.mean(1) for _, mass, _, _ in seeds], axis=0)) |             maps[m] = (seeds[0][0], np.mean([mass.max(1) for _, mass, _, _ in seeds], axis=0)) | report's profile heat map shows each layer's largest head, not the mean over heads
 EOF
 )
 

@@ -29,7 +29,9 @@ class ProfileObserver : public AttentionObserver {
         sink_.push_back(torch::zeros({heads}, f64));
       }
     const auto index = torch::TensorOptions().dtype(torch::kLong).device(q.device());
-    const auto inner = torch::tensor(std::vector<int64_t>(edges_.begin() + 1, edges_.end() - 1), index);
+    if (!inner_.defined() || inner_.device() != q.device())  // the edges bucketize searches
+      inner_ = torch::tensor(std::vector<int64_t>(edges_.begin() + 1, edges_.end() - 1), index);
+    const torch::Tensor& inner = inner_;
     const bool stick_breaking = bias.kind == AttentionBias::Kind::StickBreaking;
     torch::Tensor& mass = mass_[layer_];
     torch::Tensor& entropy = entropy_[layer_];
@@ -68,14 +70,18 @@ class ProfileObserver : public AttentionObserver {
   int64_t layers_;
   std::vector<int64_t> edges_;
   int64_t query_block_;
+  torch::Tensor inner_;
   int64_t layer_ = 0;
 };
 
 }  // namespace
 
-std::vector<int64_t> distance_bin_edges(int64_t length) {
+std::vector<int64_t> distance_bin_edges(int64_t length, int64_t split_at) {
   std::vector<int64_t> edges{0};
   for (int64_t e = 1; e < length; e *= 2) edges.push_back(e);
+  if (split_at > 0 && split_at < length) edges.push_back(split_at);
+  std::sort(edges.begin(), edges.end());
+  edges.erase(std::unique(edges.begin(), edges.end()), edges.end());
   edges.push_back(length);
   return edges;
 }
@@ -91,15 +97,19 @@ AttentionProfile attention_profile(TransformerLM& model, const TokenStream& stre
   const int64_t available = spec.max_tokens > 0 ? std::min(stream.size(), spec.max_tokens) : stream.size();
   int64_t windows = available / spec.length;
   if (windows == 0)
-    throw EvalFailure(what + ": the stream's " + std::to_string(available) +
-                      " tokens cannot fill one window (give a shorter length or more tokens)");
+    throw EvalFailure(what + ": " +
+                      (available < stream.size()
+                           ? "the first " + std::to_string(available) + " tokens of the stream's " +
+                                 std::to_string(stream.size()) + " (max_tokens)"
+                           : "the stream's " + std::to_string(available) + " tokens") +
+                      " cannot fill one window (give a shorter length or more tokens)");
   if (spec.windows > 0) windows = std::min(windows, spec.windows);
 
   AttentionProfile out;
   out.length = spec.length;
   out.windows = windows;
   out.causal = model->config().causal();
-  out.edges = distance_bin_edges(spec.length);
+  out.edges = distance_bin_edges(spec.length, spec.split_at);
   const int64_t layers = model->config().layers;
   ProfileObserver observer(layers, out.edges, spec.query_block);
   {

@@ -7,8 +7,9 @@
 // path gives the values, whatever backend the forward itself takes) are computed a block of
 // query rows at a time, so memory grows with length x query_block, not length^2, and summed into
 // distance bins:
-//   bin b holds distances [edges[b], edges[b + 1]): 0, 1, 2-3, 4-7, ... (powers of two),
-//   the last ending at `length`; distance i - j for a causal model, |i - j| for a masked LM.
+//   bin b holds distances [edges[b], edges[b + 1]): 0, 1, 2-3, 4-7, ... (powers of two, and
+//   spec.split_at, e.g. the training length, so that the mass past it is a sum of bins), the
+//   last ending at `length`; distance i - j for a causal model, |i - j| for a masked LM.
 //   mass[l, h, b]    = mean over queries i of sum_{j in bin b} p_ij
 //   entropy[l, h, b] = mean over queries i of sum_{j in bin b} -p_ij ln p_ij   (nats; 0 ln 0 = 0)
 // so a row of mass sums to 1 less the sink's share (a learned sink logit takes mass that
@@ -32,6 +33,7 @@ struct AttentionProfileSpec {
   int64_t max_tokens = 0;    // windows from the first N tokens of the stream (0: all)
   int64_t query_block = 256;  // query rows whose weights are held at once (fewer at long
                               // lengths: a block's weights stay near 256 MiB)
+  int64_t split_at = 0;       // a distance edge besides the powers of two (0: none)
 };
 
 struct AttentionProfile {
@@ -45,8 +47,9 @@ struct AttentionProfile {
   double seconds = 0;
 };
 
-// The distance bin edges for windows of `length` tokens: 0, 1, 2, 4, ..., then `length`.
-std::vector<int64_t> distance_bin_edges(int64_t length);
+// The distance bin edges for windows of `length` tokens: 0, 1, 2, 4, ..., with `split_at`
+// among them when 0 < split_at < length, then `length`.
+std::vector<int64_t> distance_bin_edges(int64_t length, int64_t split_at = 0);
 
 // The profile of `model` (evaluation mode, no gradients; its training flag restored) over
 // `stream`. Refuses (EvalFailure) a length the stream cannot fill with one window, a model

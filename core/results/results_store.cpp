@@ -255,9 +255,38 @@ H5::CompType longppl_type() {
   return type;
 }
 
+// A row of /attention_profile: one layer, head and distance bin of the attention-profile point
+// in row `summary_row` of /summary.
+struct ProfileRow {
+  int64_t summary_row;
+  int64_t layer;
+  int64_t head;
+  int64_t begin;
+  int64_t end;
+  double mass;
+  double entropy;
+  double sink;
+};
+
+H5::CompType profile_type() {
+  const auto& i64 = H5::PredType::NATIVE_INT64;
+  const auto& f64 = H5::PredType::NATIVE_DOUBLE;
+  H5::CompType type(sizeof(ProfileRow));
+  type.insertMember("summary_row", HOFFSET(ProfileRow, summary_row), i64);
+  type.insertMember("layer", HOFFSET(ProfileRow, layer), i64);
+  type.insertMember("head", HOFFSET(ProfileRow, head), i64);
+  type.insertMember("begin", HOFFSET(ProfileRow, begin), i64);
+  type.insertMember("end", HOFFSET(ProfileRow, end), i64);
+  type.insertMember("mass", HOFFSET(ProfileRow, mass), f64);
+  type.insertMember("entropy", HOFFSET(ProfileRow, entropy), f64);
+  type.insertMember("sink", HOFFSET(ProfileRow, sink), f64);
+  return type;
+}
+
 const char* const kEvalColumns[] = {"length",        "perplexity",    "nll_sum",
                                     "scored_tokens", "bits_per_byte", "seconds"};
 const char* const kRetrievalColumns[] = {"length", "accuracy", "correct", "trials", "seconds"};
+const char* const kProfileColumns[] = {"length", "queries", "seconds"};
 
 // /runs/<id>/eval/<mode>, created with its empty columns on first use.
 H5::Group eval_group(const H5::Group& run, const std::string& mode) {
@@ -267,10 +296,11 @@ H5::Group eval_group(const H5::Group& run, const std::string& mode) {
   H5::Group group = eval.createGroup(mode);
   const std::vector<std::string> columns =
       is_retrieval_mode(mode) ? std::vector<std::string>(std::begin(kRetrievalColumns), std::end(kRetrievalColumns))
+      : is_profile_mode(mode) ? std::vector<std::string>(std::begin(kProfileColumns), std::end(kProfileColumns))
                               : std::vector<std::string>(std::begin(kEvalColumns), std::end(kEvalColumns));
   for (const auto& column : columns) {
     const bool integer = column == "length" || column == "scored_tokens" || column == "correct" ||
-                         column == "trials";
+                         column == "trials" || column == "queries";
     create_rows(group, column, integer ? H5::PredType::NATIVE_INT64 : H5::PredType::NATIVE_DOUBLE);
   }
   create_rows(group, "failures", failure_type());
@@ -308,6 +338,14 @@ void write_point(H5::H5File& file, const PointRecord& p) {
     H5::DataSet dataset = file.openDataSet("longppl");
     append_rows(dataset, longppl_type(), &row, 1);
   }
+  if (!p.attention_profile.empty()) {
+    if (!file.nameExists("attention_profile")) create_rows(file, "attention_profile", profile_type());
+    std::vector<ProfileRow> rows;
+    for (const auto& c : p.attention_profile)
+      rows.push_back({int64_t(summary_rows), c.layer, c.head, c.begin, c.end, c.mass, c.entropy, c.sink});
+    H5::DataSet dataset = file.openDataSet("attention_profile");
+    append_rows(dataset, profile_type(), rows.data(), rows.size());
+  }
 
   H5::Group group = eval_group(file.openGroup("runs").openGroup(p.run_id), p.mode);
   if (!p.ok()) {
@@ -330,6 +368,11 @@ void write_point(H5::H5File& file, const PointRecord& p) {
     append_double("accuracy", total.trials > 0 ? double(total.correct) / double(total.trials) : NAN);
     append_int("correct", total.correct);
     append_int("trials", total.trials);
+    append_double("seconds", p.seconds);
+    return;
+  }
+  if (is_profile_mode(p.mode)) {
+    append_int("queries", p.scored_tokens);
     append_double("seconds", p.seconds);
     return;
   }
@@ -363,6 +406,10 @@ PositionBin bin_record(const BinRow& r) { return {r.begin, r.end, r.nll_sum, r.s
 
 RetrievalCell retrieval_record(const RetrievalRow& r) {
   return {r.depth, r.trials, r.correct, r.answer_nll, r.answer_tokens};
+}
+
+ProfileCell profile_record(const ProfileRow& r) {
+  return {r.layer, r.head, r.begin, r.end, r.mass, r.entropy, r.sink};
 }
 
 LongPplRecord longppl_record(const LongPplRow& r) {
@@ -447,6 +494,8 @@ std::string retrieval_mode_name(RetrievalTask task, const std::string& variant) 
 }
 
 bool is_retrieval_mode(const std::string& mode) { return mode.rfind("retrieval_", 0) == 0; }
+
+bool is_profile_mode(const std::string& mode) { return mode == kProfileMode; }
 
 std::string streaming_mode_name(int64_t sinks, int64_t cache) {
   return "streaming_" + std::to_string(sinks) + "_" + std::to_string(cache);
@@ -548,6 +597,8 @@ void ResultsStore::load() {
       const auto retrieval =
           read_by_summary_row(file, "retrieval", retrieval_type(), retrieval_record);
       const auto longppl = read_by_summary_row(file, "longppl", longppl_type(), longppl_record);
+      const auto profiles =
+          read_by_summary_row(file, "attention_profile", profile_type(), profile_record);
       for (const auto& r : rows) {
         PointRecord p;
         p.run_id = r.run_id;
@@ -575,6 +626,8 @@ void ResultsStore::load() {
                               " of /summary; a point has at most one");
           p.longppl = scored->second.front();
         }
+        const auto profile = profiles.find(int64_t(points_.size()));
+        if (profile != profiles.end()) p.attention_profile = profile->second;
         point_keys_[{p.run_id, p.mode, p.eval_length}] = points_.size();
         points_.push_back(std::move(p));
       }

@@ -45,6 +45,17 @@
 //                          status "ok" or "failed: <reason>" (the point's perplexity stands).
 //                          Which model selected the key tokens: the spec's eval.longppl.reference
 //                          ("": each point's own). Absent in files without LongPPL (extrap 0.11 and before).
+//   /attention_profile     compound, extendable: (summary_row, layer, head, begin, end, mass,
+//                          entropy, sink): where the model of the attention-profile point in
+//                          row summary_row of /summary looks (core/eval/attention_profile.h), one
+//                          row per layer, head and distance bin [begin, end): the mean attention
+//                          mass and entropy (nats) there over every query, and the head's sink
+//                          share (the same in each of its bins). Such a point's /summary row has
+//                          mode "attention_profile", eval_length the window, stride =
+//                          eval_length, scored_tokens the queries averaged over, perplexity,
+//                          nll_sum and bits_per_byte NaN; its eval group has the columns length,
+//                          queries, seconds (and failures). Absent in files without profiles
+//                          (extrap 0.11 and before).
 // /summary is the source of truth (every point, failed or not, in the order it finished);
 // the per-run eval groups are the same numbers arranged for plotting.
 //
@@ -127,6 +138,17 @@ struct LongPplRecord {
   }
 };
 
+// One layer, head and distance bin of an attention-profile point: a row of /attention_profile.
+struct ProfileCell {
+  int64_t layer = 0;
+  int64_t head = 0;
+  int64_t begin = 0;   // distances [begin, end)
+  int64_t end = 0;
+  double mass = NAN;     // mean over queries of the weights at those distances
+  double entropy = NAN;  // mean over queries of their -p ln p, nats
+  double sink = 0;       // the head's mean weight on a learned sink logit
+};
+
 // One evaluation point: a row of /summary.
 struct PointRecord {
   std::string run_id;
@@ -145,6 +167,7 @@ struct PointRecord {
   std::vector<PositionBin> by_position;  // ok points (empty in files before extrap 0.3)
   std::vector<RetrievalCell> retrieval;  // ok retrieval points: accuracy by depth
   std::optional<LongPplRecord> longppl;  // ok non-overlapping points a sweep scored LongPPL of
+  std::vector<ProfileCell> attention_profile;  // ok attention-profile points: layer, head, bin order
 
   bool ok() const { return status == "ok"; }
 };
@@ -155,6 +178,9 @@ std::string eval_mode_name(int64_t length, int64_t stride, const std::string& va
 // The mode of a retrieval evaluation: "retrieval_passkey", "retrieval_multikey+yarn".
 std::string retrieval_mode_name(RetrievalTask task, const std::string& variant = "");
 bool is_retrieval_mode(const std::string& mode);
+// The mode of an attention-profile point (core/eval/attention_profile.h): "attention_profile".
+inline constexpr const char* kProfileMode = "attention_profile";
+bool is_profile_mode(const std::string& mode);
 // "streaming_<sinks>_<cache>": StreamingLLM through a cache of `cache` tokens, `sinks` of them sinks.
 std::string streaming_mode_name(int64_t sinks, int64_t cache);
 

@@ -4,7 +4,6 @@
 #include "core/data/corpus.h"
 #include "core/eval/attention_profile.h"
 #include "core/model/config.h"
-#include "core/runtime/cuda_support.h"
 #include "core/runtime/sysinfo.h"
 #include "core/train/trainer.h"
 #include "experiments/cli/commands.h"
@@ -155,18 +154,15 @@ int inspect_attention(const Args& args) {
   if (spec.length < 1) throw ConfigError("--length " + std::to_string(spec.length) + ": must be at least 1");
   if (spec.windows < 0) throw ConfigError("--windows " + std::to_string(spec.windows) + ": must not be negative");
   if (spec.max_tokens < 0) throw ConfigError("--max-tokens " + std::to_string(spec.max_tokens) + ": must not be negative");
+  // An edge at the training length, as sweeps record it: the mass past L is a sum of columns.
   const Split which = parse_enum<Split>(split, "--split");
   configure_threads(threads);
   const VerifiedCheckpoint verified = require_checkpoint(checkpoint);
   const Config& config = verified.config;
   const Corpus corpus = load_corpus(config.data);
   LoadedRun run = load_run(verified, corpus);
-  const Device where = device_name.empty() ? config.train.device : parse_enum<Device>(device_name, "--device");
-  if (const std::string why_not = where == Device::cuda ? cuda_unavailable_reason() : ""; !why_not.empty())
-    throw ConfigError(device_name.empty()
-                          ? checkpoint + " trained on cuda, but " + why_not + ": pass --device cpu to inspect it here"
-                          : "--device cuda, but " + why_not);
-  const torch::Device device = torch_device(where);
+  spec.split_at = config.train.seq_len;
+  const torch::Device device = command_device(device_name, config.train.device, checkpoint, "inspect");
   run.model->to(device);
   const AttentionProfile profile = attention_profile(run.model, corpus.split(which), spec, device);
   std::printf("attention of %s (%s, trained %lld steps at L = %lld) at length %lld: %lld window(s) of the %s "

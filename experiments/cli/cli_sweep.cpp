@@ -100,6 +100,13 @@ void list_points(const SweepSpec& spec, const Shard& shard, const std::string& o
                                                            : std::to_string(l.reference_length))
               << ", key tokens by " << (l.reference.empty() ? "each point's own model" : "the run " + l.reference)
               << " (eval.longppl)\n";
+  if (const SweepAttentionProfile& a = spec.eval.attention_profile; a.enabled)
+    std::cout << "Attention profile (mode " << kProfileMode << ") of every point over " << a.windows
+              << " window(s) at "
+              << (a.lengths.empty() && a.length_multiples.empty()
+                      ? std::string("its train.seq_len and its longest evaluation length")
+                      : std::string("the lengths of eval.attention_profile"))
+              << " (eval.attention_profile)\n";
   std::map<std::string, int64_t> counts;
   for (const auto& p : points) {
     if (!shard.contains(p.index)) continue;

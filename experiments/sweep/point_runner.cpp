@@ -1,5 +1,6 @@
 #include "experiments/sweep/point_runner.h"
 
+#include "core/eval/attention_profile.h"
 #include "core/eval/evaluator.h"
 #include "core/eval/longppl.h"
 #include "core/eval/retrieval_eval.h"
@@ -131,6 +132,19 @@ EvalResult first_targets(const EvalResult& r, int64_t n) {
 
 }  // namespace
 
+std::vector<ProfileCell> profile_cells(const AttentionProfile& profile) {
+  std::vector<ProfileCell> cells;
+  const auto mass = profile.mass.accessor<double, 3>();
+  const auto entropy = profile.entropy.accessor<double, 3>();
+  const auto sink = profile.sink.accessor<double, 2>();
+  for (int64_t l = 0; l < mass.size(0); ++l)
+    for (int64_t h = 0; h < mass.size(1); ++h)
+      for (int64_t b = 0; b < mass.size(2); ++b)
+        cells.push_back({l, h, profile.edges[size_t(b)], profile.edges[size_t(b) + 1], mass[l][h][b],
+                         entropy[l][h][b], sink[l][h]});
+  return cells;
+}
+
 LongPplRecord LongPplCache::score(TransformerLM& model, const Corpus& corpus, const Config& config,
                                   const EvalPoint& e, const EvalResult& evaluated) {
   LongPplRecord out;
@@ -138,15 +152,9 @@ LongPplRecord LongPplCache::score(TransformerLM& model, const Corpus& corpus, co
   const torch::Device device = torch_device(config.train.device);
   const TokenStream& stream = corpus.split(config.eval.split);
   const std::string failure = failure_of([&] {
-    if (!settings_.reference.empty() && !reference_) {
-      const VerifiedCheckpoint checkpoint = require_checkpoint(settings_.reference);
-      if (YAML::Dump(load_corpus(checkpoint.config.data).identity()) != YAML::Dump(corpus.identity()))
-        throw EvalFailure("eval.longppl.reference " + settings_.reference +
-                          " reads other data or tokens than this point: key tokens are positions "
-                          "in one token stream");
-      reference_ = load_run(checkpoint, corpus);
-      reference_->model->to(device);
-    }
+    if (!settings_.reference.empty() && !reference_)
+      reference_ = load_key_token_model(settings_.reference, corpus, device,
+                                        "eval.longppl.reference " + settings_.reference);
     TransformerLM& selector = reference_ ? reference_->model : model;
     if (!short_eval_ && short_failure_.empty()) {
       short_failure_ = failure_of([&] {
@@ -199,6 +207,19 @@ PointRecord evaluate_point(Trainer& trainer, const Corpus& corpus, const SweepPo
       p.nll_sum = total.answer_nll;
       p.scored_tokens = total.answer_tokens;
       p.perplexity = std::exp(p.nll_sum / double(p.scored_tokens));
+      p.seconds = r.seconds;
+      return;
+    }
+    if (e.profile) {
+      AttentionProfileSpec spec;
+      spec.length = e.length;
+      spec.windows = e.profile_windows;
+      spec.max_tokens = config.eval.max_tokens;
+      spec.split_at = config.train.seq_len;
+      const AttentionProfile r = attention_profile(trainer.model(), corpus.split(config.eval.split),
+                                                   spec, torch_device(config.train.device));
+      p.attention_profile = profile_cells(r);
+      p.scored_tokens = r.windows * r.length;
       p.seconds = r.seconds;
       return;
     }

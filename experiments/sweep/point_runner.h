@@ -5,6 +5,7 @@
 // another config, a damaged checkpoint, a full disk) are thrown as ConfigError.
 #pragma once
 
+#include "core/eval/attention_profile.h"
 #include "core/results/results_store.h"
 #include "core/run/run_dir.h"
 #include "core/train/trainer.h"
@@ -50,8 +51,12 @@ class LongPplCache {
   std::map<int64_t, EvalResult> reference_long_;
 };
 
+// A profile's rows of /attention_profile: layer, head, distance bin order.
+std::vector<ProfileCell> profile_cells(const AttentionProfile& profile);
+
 // Evaluates a trained point at `e`: a finished row, or a failed one with the reason; with
-// e.longppl its LongPPL too (`longppl` holds what the point's lengths share).
+// e.longppl its LongPPL too (`longppl` holds what the point's lengths share); with e.profile,
+// where the model looks instead (an attention-profile point).
 PointRecord evaluate_point(Trainer& trainer, const Corpus& corpus, const SweepPoint& point,
                            const RunRecord& record, const EvalPoint& e, LongPplCache& longppl);
 

@@ -88,6 +88,27 @@ std::string longppl_text(const PointRecord& p) {
   return text;
 }
 
+// "4 windows: mass past 16 0.1234, entropy 2.10 nats" for an attention-profile point: its
+// weights at distances of at least the training length and its entropy over the keys, each the
+// mean over layers and heads.
+std::string profile_text(const PointRecord& p) {
+  std::map<std::pair<int64_t, int64_t>, std::pair<double, double>> heads;  // -> (past, entropy)
+  for (const auto& c : p.attention_profile) {
+    auto& [past, entropy] = heads[{c.layer, c.head}];
+    if (c.begin >= p.train_length) past += c.mass;
+    entropy += c.entropy;
+  }
+  double past = 0, entropy = 0;
+  for (const auto& [head, values] : heads) {
+    past += values.first / double(heads.size());
+    entropy += values.second / double(heads.size());
+  }
+  char text[160];
+  std::snprintf(text, sizeof text, "%" PRId64 " queries: mass past %" PRId64 " %.4f, entropy %.3f nats",
+                p.scored_tokens, p.train_length, past, entropy);
+  return text;
+}
+
 // A rank other than 0: trains and evaluates what rank 0's plan says, point by point, taking
 // part in every collective; rank 0 records the results.
 void follow_points(const SweepSpec& spec, const std::vector<const SweepPoint*>& points,
@@ -189,6 +210,9 @@ void run_points(const SweepSpec& spec, const std::vector<const SweepPoint*>& poi
         std::snprintf(text, sizeof text, "L=%" PRId64 " %s: %" PRId64 "/%" PRId64 " correct (%.1f s)",
                       e.length, e.mode.c_str(), total.correct, total.trials, p.seconds);
         display.line(text);
+      } else if (p.ok() && e.profile) {
+        std::snprintf(text, sizeof text, " (%.1f s)", p.seconds);
+        display.line("L=" + std::to_string(e.length) + " " + e.mode + ": " + profile_text(p) + text);
       } else if (p.ok() && !std::isfinite(p.perplexity)) {
         // exp(mean NLL) past a double's range: the NLL is the number (the file keeps it).
         std::snprintf(text, sizeof text,
@@ -231,6 +255,17 @@ bool same_numbers(const PointRecord& a, const PointRecord& b) {
       return false;
     if (x.ok() && std::abs(x.key_nll_sum - y.key_nll_sum) > 1e-9 * std::max(1.0, std::abs(x.key_nll_sum)))
       return false;
+  }
+  if (is_profile_mode(a.mode)) {  // float32 weights summed in float64: agree to 1e-5
+    if (a.attention_profile.size() != b.attention_profile.size()) return false;
+    for (size_t i = 0; i < a.attention_profile.size(); ++i) {
+      const ProfileCell &x = a.attention_profile[i], &y = b.attention_profile[i];
+      if (x.layer != y.layer || x.head != y.head || x.begin != y.begin || x.end != y.end ||
+          !(std::abs(x.mass - y.mass) <= 1e-5) || !(std::abs(x.entropy - y.entropy) <= 1e-5) ||
+          !(std::abs(x.sink - y.sink) <= 1e-5))
+        return false;
+    }
+    return true;
   }
   return std::abs(a.nll_sum - b.nll_sum) <= 1e-9 * std::max(1.0, std::abs(a.nll_sum));
 }

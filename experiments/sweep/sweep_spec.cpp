@@ -158,6 +158,13 @@ YAML::Node SweepSpec::canonical() const {
     l["max_tokens"] = eval.longppl.max_tokens;
     e["longppl"] = l;
   }
+  if (eval.attention_profile.enabled) {  // absent when off: the hash of a sweep before profiles
+    YAML::Node a(YAML::NodeType::Map);
+    a["lengths"] = eval.attention_profile.lengths;
+    a["length_multiples"] = eval.attention_profile.length_multiples;
+    a["windows"] = eval.attention_profile.windows;
+    e["attention_profile"] = a;
+  }
   if (eval.retrieval.task != RetrievalTask::none) {  // likewise
     YAML::Node r(YAML::NodeType::Map);
     r["task"] = enum_name(eval.retrieval.task);
@@ -336,17 +343,21 @@ void check_retrieval_plan(const OptionReader& r, const SweepRetrieval& retrieval
   }
 }
 
+// `key: false` (or true) is short for `key: {enabled: false}`: whether e's `key` is such a
+// scalar (then read into `enabled`); another scalar is refused naming the key.
+bool read_switch(const OptionReader& e, const char* key, bool& enabled) {
+  if (!e.decoding() || !e.has(key) || !e.node()[key].IsScalar()) return false;
+  const YAML::Node value = e.node()[key];
+  if (!YAML::convert<bool>::decode(value, enabled))
+    e.fail(key, "expected true, false or a map of key: value, got '" + value.Scalar() + "'");
+  e.accept(key, "");
+  return true;
+}
+
 // Reads eval.longppl; a reference run is checked (a causal model with a checkpoint) and its
 // training length and data section kept for expand_grid.
 void read_longppl(const OptionReader& e, SweepLongPpl& longppl) {
-  // `longppl: false` (or true) is short for `longppl: {enabled: false}`.
-  if (e.decoding() && e.has("longppl") && e.node()["longppl"].IsScalar()) {
-    const YAML::Node value = e.node()["longppl"];
-    if (!YAML::convert<bool>::decode(value, longppl.enabled))
-      e.fail("longppl", "expected true, false or a map of key: value, got '" + value.Scalar() + "'");
-    e.accept("longppl", "");
-    return;
-  }
+  if (read_switch(e, "longppl", longppl.enabled)) return;
   auto r = e.section("longppl",
                      "LongPPL (core/eval/longppl.h) beside perplexity in each non-overlapping "
                      "evaluation of a causal point past K (docs/evaluation.md)");
@@ -377,6 +388,24 @@ void read_longppl(const OptionReader& e, SweepLongPpl& longppl) {
     r.fail("reference", longppl.reference + " is a masked LM; LongPPL's key tokens need a causal model");
   longppl.reference_length = checkpoint.config.train.seq_len;
   longppl.reference_data = checkpoint.config.model_keys()["data"];  // the keys that change tokens
+}
+
+// Reads eval.attention_profile.
+void read_attention_profile(const OptionReader& e, SweepAttentionProfile& profile) {
+  if (read_switch(e, "attention_profile", profile.enabled)) return;
+  auto r = e.section("attention_profile",
+                     "where each model looks: attention mass and entropy by query-key distance, "
+                     "per layer and head (core/eval/attention_profile.h, docs/evaluation.md)");
+  r.read("enabled", profile.enabled, "profile every point");
+  r.read("lengths", profile.lengths,
+         "absolute window lengths (with length_multiples empty: each point's train.seq_len and "
+         "its longest evaluation length)");
+  r.read("length_multiples", profile.length_multiples, "window lengths as multiples of train.seq_len");
+  r.read("windows", profile.windows, "windows averaged over, from the start of the evaluated split");
+  r.finish();
+  if (!r.decoding()) return;
+  check_eval_lengths(r, profile.lengths, profile.length_multiples, {});
+  r.at_least("windows", profile.windows, 1);
 }
 
 // Reads eval.retrieval, checked only when the file (or a --set) gives it.
@@ -441,6 +470,7 @@ void read_eval(const OptionReader& root, SweepSpec& spec) {
          "RoPE scaling factor s (default: each evaluation length / train.seq_len)");
   read_retrieval(e, spec.eval.retrieval);
   read_longppl(e, spec.eval.longppl);
+  read_attention_profile(e, spec.eval.attention_profile);
   e.read("streaming", spec.eval.streaming,
          "StreamingLLM cache sizes W: each length above W is also read as streams through a "
          "cache of W tokens at cache slots (causal points; docs/evaluation.md)");
@@ -621,8 +651,33 @@ std::vector<SweepPoint> expand_grid(const SweepSpec& spec) {
           point.evals.push_back(e);
         }
     }
+    const SweepAttentionProfile& profile = spec.eval.attention_profile;
+    if (profile.enabled)
+      for (int64_t length : profile.lengths_for(point.config.train.seq_len, *lengths.rbegin())) {
+        EvalPoint e = eval_point(length, 0, kProfileMode, RopeScalingKind::none, 0);
+        e.profile = true;
+        e.profile_windows = profile.windows;
+        point.evals.push_back(e);
+      }
     points.push_back(std::move(point));
   }
+  // A K the user chose (or a reference's L) above every non-overlapping length scores nothing:
+  // said, not silently left out.
+  const SweepLongPpl& longppl = spec.eval.longppl;
+  const bool longppl_chosen = longppl.enabled && (longppl.short_length > 0 || !longppl.reference.empty());
+  const auto scores = [](const SweepPoint& p) {
+    return std::any_of(p.evals.begin(), p.evals.end(), [](const EvalPoint& e) { return e.longppl; });
+  };
+  const bool causal_windows = spec.eval.nonoverlapping &&
+                              std::any_of(points.begin(), points.end(),
+                                          [](const SweepPoint& p) { return p.config.model.causal(); });
+  if (longppl_chosen && causal_windows && std::none_of(points.begin(), points.end(), scores))
+    throw ConfigError(spec.source + ": eval.longppl." +
+                      (longppl.short_length > 0 ? "short_length " + std::to_string(longppl.short_length)
+                                                : "reference " + longppl.reference + " (trained at " +
+                                                      std::to_string(longppl.reference_length) + ")") +
+                      ": K is not below any evaluation length of a causal point, so no point would "
+                      "score LongPPL (give a smaller K or longer eval lengths)");
   if (spec.eval.retrieval.task != RetrievalTask::none && !any_causal)
     throw ConfigError(spec.source + ": eval.retrieval asks for a retrieval task, but every grid "
                       "point is a masked LM (the answer is generated by a causal model)");
@@ -633,6 +688,13 @@ std::vector<SweepPoint> expand_grid(const SweepSpec& spec) {
     throw ConfigError(spec.source + ": eval.rope_scaling asks for RoPE variants, but no grid point "
                       "uses a method with rotary angles (rotary, xpos)");
   return points;
+}
+
+std::set<int64_t> SweepAttentionProfile::lengths_for(int64_t train_length, int64_t longest) const {
+  std::set<int64_t> out(lengths.begin(), lengths.end());
+  for (int64_t m : length_multiples) out.insert(m * train_length);
+  if (out.empty()) out = {train_length, longest};
+  return out;
 }
 
 // --- shards, differences -------------------------------------------------------------------
@@ -705,6 +767,7 @@ YAML::Node growth_identity(const std::string& sweep_spec) {
     if (const YAML::Node r = e["retrieval"])
       for (const char* key : {"task", "depths", "samples", "seed"}) eval["retrieval"][key] = r[key];
     if (e["longppl"]) eval["longppl"] = e["longppl"];
+    if (e["attention_profile"]) eval["attention_profile"]["windows"] = e["attention_profile"]["windows"];
   }
   out["eval"] = eval;
   return out;
@@ -721,12 +784,13 @@ std::string sweep_growth_difference(const SweepHeader& recorded, const std::stri
     // A file without LongPPL (extrap 0.11 and before, or eval.longppl.enabled false) takes it for
     // the points still to come; once recorded, its settings stay.
     if (!before["eval"]["longppl"]) after["eval"].remove("longppl");
+    if (!before["eval"]["attention_profile"]) after["eval"].remove("attention_profile");  // likewise
     const auto d = first_difference(before, after);
     if (!d) return "";
     return "first difference at '" + d->key + "': " + d->first + " in " + recorded_label + ", " +
            d->second + " in " + current_label +
            " (a sweep grows by the values of its grid axes and its evaluation lengths and modes; "
-           "its base config, grid keys, retrieval and LongPPL settings stay)";
+           "its base config, grid keys, retrieval, LongPPL and attention-profile windows stay)";
   } catch (const YAML::Exception&) {
     return describe_difference(recorded, recorded_label, current, current_label);
   }

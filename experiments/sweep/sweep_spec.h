@@ -22,6 +22,12 @@
 //       reference: ""               # a run directory whose model selects every point's key
 //                                   # tokens; "": each point's own model
 //       max_tokens: 0               # key tokens among the first N targets (0: every scored one)
+//     attention_profile:            # where each model looks (core/eval/attention_profile.h), on
+//                                   # by default (`attention_profile: false`: off):
+//       enabled: true
+//       lengths: []                 # window lengths; with length_multiples both empty: each
+//       length_multiples: []        # point's train.seq_len and its longest evaluation length
+//       windows: 4                  # windows averaged over, from the start of base.eval's split
 //     retrieval:                    # exact-match retrieval (core/eval/retrieval_eval.h), causal points
 //       task: passkey               # passkey | multikey | variable_tracking
 //       length_multiples: [1, 2, 4] # instance lengths, multiples of train.seq_len (or lengths:)
@@ -40,7 +46,8 @@
 //    results file (sweep_growth_difference) and leave the recorded points as they are.
 //  - A point's evaluations are (length ascending; per length non-overlapping first, then each
 //    stride ascending; per window mode each RoPE variant in the order listed), then its
-//    retrieval lengths ascending (each under every RoPE variant), mode "retrieval_<task>". A
+//    retrieval lengths ascending (each under every RoPE variant), mode "retrieval_<task>",
+//    then its attention-profile lengths ascending, mode "attention_profile" (unscaled). A
 //    masked-LM point has no retrieval evaluations. A point is
 //    identified by (run id, mode, length) and recorded once. RoPE variants apply to the points
 //    whose method has rotary angles (PositionInfo::rope_scaling); the others are evaluated
@@ -54,6 +61,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -98,6 +106,19 @@ struct SweepLongPpl {
   }
 };
 
+// Where each model looks in a sweep: every point's attention profile (distance bins with an
+// edge at its train.seq_len) at a few window lengths, over the first `windows` windows of the
+// split its evaluation reads (within base eval.max_tokens).
+struct SweepAttentionProfile {
+  bool enabled = true;
+  std::vector<int64_t> lengths;           // absolute
+  std::vector<int64_t> length_multiples;  // of train.seq_len
+  int64_t windows = 4;
+
+  // The lengths for a point trained at `train_length` whose longest evaluation is `longest`.
+  std::set<int64_t> lengths_for(int64_t train_length, int64_t longest) const;
+};
+
 struct SweepEval {
   std::vector<int64_t> lengths;           // absolute
   std::vector<int64_t> length_multiples;  // of train.seq_len
@@ -111,6 +132,7 @@ struct SweepEval {
   std::vector<int64_t> streaming;
   int64_t streaming_sinks = 4;
   SweepLongPpl longppl;
+  SweepAttentionProfile attention_profile;
 };
 
 struct SweepSpec {
@@ -153,6 +175,9 @@ struct EvalPoint {
   // LongPPL too (a non-overlapping evaluation of a causal point past K): with K and the rest.
   bool longppl = false;
   int64_t longppl_short = 0;
+  // An attention profile (mode "attention_profile") over this many windows of `length`.
+  bool profile = false;
+  int64_t profile_windows = 0;
 };
 
 struct SweepPoint {

@@ -204,6 +204,17 @@ TEST_CASE("attention profile: mass and entropy by distance bin as loops over eve
           CHECK(profile.mass[l][h].slice(0, 4).abs().max().item<double>() == 0);
       }
     }
+    // An edge at 12 (a training length, say) splits bin 8-15 in two and leaves the others.
+    spec.split_at = 12;
+    const AttentionProfile split = attention_profile(model, stream, spec);
+    CHECK(split.edges == std::vector<int64_t>{0, 1, 2, 4, 8, 12, 16, 24});
+    for (const auto& [a, b] : {std::pair{profile.mass, split.mass}, {profile.entropy, split.entropy}}) {
+      CHECK(torch::allclose(b.slice(2, 0, 4), a.slice(2, 0, 4), 0, 1e-12));
+      CHECK(torch::allclose(b.slice(2, 4, 6).sum(2), a.select(2, 4), 0, 1e-12));
+      CHECK(torch::allclose(b.select(2, 6), a.select(2, 5), 0, 1e-12));
+    }
+    CHECK(distance_bin_edges(24, 16) == profile.edges);  // already an edge
+    CHECK(distance_bin_edges(24, 24) == profile.edges);  // not inside
   }
 
   // Long windows in blocks of query rows; refusals.
@@ -250,6 +261,11 @@ TEST_CASE("extrap inspect attention: a trained run's table, and refusals in one 
   CHECK(run_cli(d, {"inspect", "attention", "--checkpoint", "runs/tiny/alibi-seed1", "--length", "64",
                     "--windows", "-1"}, &out) == 2);
   require_one_line_error(out, "--windows -1: must not be negative");
+  if (!torch::cuda::is_available()) {
+    CHECK(run_cli(d, {"inspect", "attention", "--checkpoint", "runs/tiny/alibi-seed1", "--length", "64",
+                      "--device", "cuda"}, &out) == 2);
+    require_one_line_error(out, "--device cuda, but ");
+  }
   CHECK(run_cli(d, {"inspect", "attention", "--checkpoint", "runs/none", "--length", "64"}, &out) == 2);
   require_one_line_error(out, "runs/none");
 }

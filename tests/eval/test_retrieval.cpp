@@ -276,6 +276,7 @@ TEST_CASE("a sweep's eval.retrieval: causal points only, stored by depth, equal 
       "--set", "eval.strides=[]",
       "--set", "eval.length_multiples=[1]",
       "--set", "eval.rope_scaling=[none, yarn]",
+      "--set", "eval.attention_profile=false",
       "--set", "eval.retrieval={task: passkey, lengths: [128, 256], depths: [0, 100], samples: 3}"};
   REQUIRE(run_cli(d, sweep_args(/*list=*/true, settings), &out) == 0);
   CHECK(out.find("16/nonoverlapping 128/retrieval_passkey 256/retrieval_passkey\n") != std::string::npos);
@@ -419,6 +420,7 @@ TEST_CASE("a sweep whose grid varies train.seq_len: every length and RoPE factor
       "--set", "eval.strides=[]",
       "--set", "eval.length_multiples=[2]",
       "--set", "eval.rope_scaling=[none, yarn]",
+      "--set", "eval.attention_profile=false",
       "--set", "eval.retrieval={task: passkey, length_multiples: [8, 12], depths: [50], samples: 2}"};
   REQUIRE(run_cli(d, sweep_args(/*list=*/true, settings), &out) == 0);
   INFO(out);

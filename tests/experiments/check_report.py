@@ -42,6 +42,10 @@ def is_retrieval(mode):  # a retrieval point's mode, as bytes from /summary
     return mode.startswith(b"retrieval_")
 
 
+def is_profile(mode):  # an attention-profile point's mode, as bytes from /summary
+    return mode == b"attention_profile"
+
+
 # --- what each figure draws, captured as report.write_report saves it ---------------------
 drawn = {}
 panels = {}  # the loss-by-position figure: title -> {method: (x, y)}
@@ -57,10 +61,11 @@ def capture(fig, path, *args, **kwargs):
                 panels[a.get_title()] = {l.get_label(): l.get_data() for l in a.get_lines()
                                          if not l.get_label().startswith("_")}
                 assert a.get_xlabel() == "position in the window" and a.get_ylabel() == "mean NLL (nats)"
-    if os.path.basename(path).startswith("retrieval_"):
+    if os.path.basename(path).startswith(("retrieval_", "attention_profile_")):
         heat_maps[os.path.basename(path)] = {
             a.get_title(): {
                 "accuracy": a.images[0].get_array(), "clim": a.images[0].get_clim(),
+                "lines": [l.get_xdata()[0] for l in a.get_lines()],
                 "xticks": [t.get_text() for t in a.get_xticklabels()],
                 "yticks": [t.get_text() for t in a.get_yticklabels()],
                 "xlabel": a.get_xlabel(), "ylabel": a.get_ylabel(),
@@ -142,6 +147,91 @@ def check_longppl(results, md):
         assert row in section, (row, section)
 
 
+def check_profile(results, md):
+    """The attention-profile section against the /attention_profile rows: every ok profile point
+    has its rows (each query's weights sum to 1: a row's bins sum to 1), the tables of mass past
+    L and of entropy, and the heat map's values, computed here with loops."""
+    f = h5py.File(results, "r")
+    rows = f["summary"][...]
+    if "attention_profile" not in f:
+        assert "### Where the models look" not in md
+        return
+    table = f["attention_profile"][...]
+    L = int(rows[0]["train_length"])  # one training length in this sweep
+    assert all(int(r["train_length"]) == L for r in rows)
+    assert table.dtype.names == ("summary_row", "layer", "head", "begin", "end", "mass", "entropy",
+                                 "sink"), table.dtype.names
+    # (eval_length, method) -> each seed's {(layer, head): [(begin, end, mass, entropy)]}
+    seeds = collections.defaultdict(list)
+    for index, r in enumerate(rows):
+        mine = table[table["summary_row"] == index]
+        if not is_profile(r["mode"]) or r["status"] != b"ok":
+            assert len(mine) == 0, r
+            continue
+        heads = collections.defaultdict(list)
+        for t in mine:
+            heads[(int(t["layer"]), int(t["head"]))].append((int(t["begin"]), int(t["end"]),
+                                                             float(t["mass"]), float(t["entropy"])))
+        for bins in heads.values():
+            bins.sort()
+            assert bins[0][0] == 0 and bins[-1][1] == int(r["eval_length"]), bins
+            assert all(a[1] == b[0] for a, b in zip(bins, bins[1:])), bins
+            assert int(r["train_length"]) in [b[0] for b in bins] or int(r["eval_length"]) <= int(r["train_length"]), bins
+            assert abs(sum(b[2] for b in bins) - 1.0) < 1e-4, bins  # no sink in this sweep
+        seeds[(int(r["eval_length"]), r["position"].decode())].append(heads)
+    assert seeds, "no attention profile recorded"
+    section = md.split("### Where the models look (attention by query-key distance)\n")[1].split("\n### ")[0]
+    methods = [m for m in ("alibi", "learned") if any(k[1] == m for k in list(seeds) + [
+        (int(r["eval_length"]), r["position"].decode()) for r in rows if is_profile(r["mode"])])]
+    assert "| eval length | %s |" % " | ".join(methods) in section, section
+
+    def share(values):
+        mean = statistics.mean(values)
+        return "%.3g" % mean + (" ± %.2g" % statistics.stdev(values) if len(values) > 1 else "")
+
+    lengths = sorted({int(r["eval_length"]) for r in rows if is_profile(r["mode"])})
+    for length in lengths:
+        past_cells, entropy_cells = [], []
+        for m in methods:
+            runs = seeds.get((length, m), [])
+            if not runs:
+                past_cells.append(r"failed \[\d+\]")
+                entropy_cells.append(r"failed \[\d+\]")
+                continue
+            past = [statistics.mean(sum(b[2] for b in bins if b[0] >= L) for bins in heads.values()) for heads in runs]
+            entropy = [statistics.mean(sum(b[3] for b in bins) for bins in heads.values()) for heads in runs]
+            past_cells.append(re.escape(share(past)))
+            entropy_cells.append(re.escape(fmt(statistics.mean(entropy)) + (
+                " ± " + fmt(statistics.stdev(entropy)) if len(entropy) > 1 else "")))
+        label = "%d (= L)" % length if length == L else "%d" % length
+        entropy_table = section.split("Attention entropy")[1]
+        assert re.search("\\| %s \\| %s \\|" % (re.escape(label), " \\| ".join(entropy_cells)), entropy_table), (
+            label, entropy_cells, entropy_table)
+        if length > L:
+            past_table = section.split("Attention mass at distances")[1].split("Attention entropy")[0]
+            assert re.search("\\| %s \\| %s \\|" % (label, " \\| ".join(past_cells)), past_table), (
+                past_cells, past_table)
+    # The heat map at the longest length: per method, layer by bin, the mean over heads and seeds.
+    longest = lengths[-1]
+    panels_ = heat_maps["attention_profile_L%d.png" % L]
+    assert sorted(panels_) == sorted(m for m in methods if seeds.get((longest, m))), sorted(panels_)
+    for m, panel in panels_.items():
+        runs = seeds[(longest, m)]
+        layers = 1 + max(k[0] for k in runs[0])
+        heads = 1 + max(k[1] for k in runs[0])
+        edges = [b[0] for b in runs[0][(0, 0)]] + [longest]
+        expected = np.zeros((layers, len(edges) - 1))
+        for run in runs:
+            for (layer, head), bins in run.items():
+                for b, bin_ in enumerate(bins):
+                    expected[layer, b] += bin_[2] / heads / len(runs)
+        image = np.ma.filled(panel["accuracy"], 0.0)
+        assert image.shape == expected.shape and np.allclose(image, expected, rtol=0, atol=1e-12), (m, image, expected)
+        assert panel["xticks"] == [("%d" % a if c - a == 1 else "%d-%d" % (a, c - 1)) for a, c in zip(edges, edges[1:])]
+        assert panel["lines"] == [edges.index(L) - 0.5], panel["lines"]  # the training length
+        assert panel["xlabel"] == "query-key distance (tokens)" and panel["ylabel"] == "layer"
+
+
 def check_sweep_report(results, report_dir):
     """The perplexity tables, curves, loss by position and early-token table of the report in
     report_dir against the results file (the figures from a report written again here)."""
@@ -150,7 +240,7 @@ def check_sweep_report(results, report_dir):
     rows = h5py.File(results, "r")["summary"][...]
     values, failed = collections.defaultdict(list), collections.defaultdict(list)
     for r in rows:
-        if is_retrieval(r["mode"]):
+        if is_retrieval(r["mode"]) or is_profile(r["mode"]):
             continue
         key = (r["mode"].decode(), int(r["eval_length"]), r["position"].decode())
         (values if r["status"] == b"ok" else failed)[key].append(float(r["perplexity"]))
@@ -194,10 +284,13 @@ def check_sweep_report(results, report_dir):
     with tempfile.TemporaryDirectory() as out:
         render(results, out)
     has_longppl = "longppl" in h5py.File(results, "r")
+    has_profile = "attention_profile" in h5py.File(results, "r")
     assert sorted(n for n in drawn if not n.startswith("retrieval_")) == sorted(
         ["curves_L16.png", "position_L16.png", "ppl_L16_nonoverlapping.png", "ppl_L16_sliding_8.png"]
-        + (["longppl_L16.png"] if has_longppl else [])), sorted(drawn)
+        + (["longppl_L16.png"] if has_longppl else [])
+        + (["attention_profile_L16.png"] if has_profile else [])), sorted(drawn)
     check_longppl(results, md)
+    check_profile(results, md)
 
     # --- loss by position: each panel's curves from the HDF5 bins, the seeds' tokens pooled --
     f = h5py.File(results, "r")
@@ -275,7 +368,7 @@ def check_sweep_report(results, report_dir):
                 config["data"]["path"], config["data"]["tokenizer"])
             assert corpus in trained, (corpus, trained)
     # The PNGs written by `extrap report` are real images of the size the report asks for.
-    for name in [n for n in drawn if not n.startswith(("position_", "retrieval_"))]:
+    for name in [n for n in drawn if not n.startswith(("position_", "retrieval_", "attention_profile_"))]:
         with open(os.path.join(report_dir, name), "rb") as f:
             head = f.read(24)
         assert head[:8] == b"\x89PNG\r\n\x1a\n", name

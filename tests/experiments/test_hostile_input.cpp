@@ -208,16 +208,16 @@ TEST_CASE("the small command-line items: keys' marks, sweep --status, --help, hi
   // --status before, during nothing, and after a sweep.
   REQUIRE(run_cli(d, {"sweep", "tiny.yaml", "--status"}, &out) == 0);
   CHECK_THAT(out, Catch::Contains("(no results yet)"));
-  CHECK_THAT(out, Catch::Contains("\nalibi-seed1  [pending, 0/4 evals]"));
+  CHECK_THAT(out, Catch::Contains("\nalibi-seed1  [pending, 0/6 evals]"));
   CHECK_THAT(out, Catch::Contains("points: 4 pending"));
   REQUIRE(run_cli(d, {"sweep", "tiny.yaml", "--quiet"}, &out) == 0);
   CHECK_THAT(out, Catch::Contains("--out reports/tiny)"));
   REQUIRE(run_cli(d, {"sweep", "tiny.yaml", "--status"}, &out) == 0);
-  CHECK_THAT(out, Catch::Contains("\nalibi-seed1  [complete, 4/4 evals]"));
-  CHECK_THAT(out, Catch::Contains("\n" + sweep_ids(d)[2] + "  [complete, 4/4 evals (2 failed)]"));
+  CHECK_THAT(out, Catch::Contains("\nalibi-seed1  [complete, 6/6 evals]"));
+  CHECK_THAT(out, Catch::Contains("\n" + sweep_ids(d)[2] + "  [complete, 6/6 evals (3 failed)]"));
   CHECK_THAT(out, Catch::Contains("points: 4 complete"));
   REQUIRE(run_cli(d, {"sweep", "tiny.yaml", "--list"}, &out) == 0);
-  CHECK_THAT(out, Catch::Contains("\nalibi-seed1  [complete, 4/4 evals]  {position: {name: alibi}"));
+  CHECK_THAT(out, Catch::Contains("\nalibi-seed1  [complete, 6/6 evals]  {position: {name: alibi}"));
   // The closing hint names a report directory of this results file, not the sweep's name.
   REQUIRE(run_cli(d, {"sweep", "tiny.yaml", "--quiet", "--set", "grid.train.seed=[1]", "--set",
                       "output.run_root=runs/other", "--out", "results/other.h5"},

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
@@ -19,6 +20,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/eval/attention_profile.h"
 #include "core/eval/evaluator.h"
 #include "core/model/model.h"
 #include "core/results/results_store.h"
@@ -47,8 +49,14 @@ void require_same_rows(const Rows& a, const Rows& b) {
     const PointRecord& q = b.at(key);
     CHECK(p.status == q.status);
     CHECK(p.scored_tokens == q.scored_tokens);
-    if (p.ok()) CHECK(p.nll_sum == Approx(q.nll_sum).epsilon(1e-12));
+    if (p.ok() && !extrap::is_profile_mode(p.mode)) CHECK(p.nll_sum == Approx(q.nll_sum).epsilon(1e-12));
     CHECK(p.by_position.size() == q.by_position.size());  // the loss by position travels too
+    REQUIRE(p.attention_profile.size() == q.attention_profile.size());  // so do profiles
+    for (size_t i = 0; i < p.attention_profile.size(); ++i) {
+      CHECK(p.attention_profile[i].begin == q.attention_profile[i].begin);
+      CHECK(p.attention_profile[i].mass == Approx(q.attention_profile[i].mass).margin(1e-9));
+      CHECK(p.attention_profile[i].entropy == Approx(q.attention_profile[i].entropy).margin(1e-9));
+    }
   }
 }
 
@@ -96,8 +104,8 @@ TEST_CASE("sweep grid expansion: nested-loop order and count with overrides and 
     at = found;
   }
   CHECK(out.find("4 of 4 points") != std::string::npos);
-  CHECK(out.find("evals: 16/nonoverlapping 16/sliding_8 32/nonoverlapping 32/sliding_8\n") !=
-        std::string::npos);
+  CHECK(out.find("evals: 16/nonoverlapping 16/sliding_8 32/nonoverlapping 32/sliding_8 16/attention_profile "
+                 "32/attention_profile\n") != std::string::npos);
 
   // --set on the grid (the key after "grid." is the dotted config key) and on the base.
   REQUIRE(run_cli(d,
@@ -201,22 +209,29 @@ s = f["summary"]
 assert s.dtype.names == ("run_id", "position", "train_length", "seed", "mode", "stride",
                          "eval_length", "perplexity", "nll_sum", "scored_tokens",
                          "bits_per_byte", "seconds", "status"), s.dtype.names
-assert s.shape == (16,) and s.maxshape == (None,), (s.shape, s.maxshape)
+assert s.shape == (24,) and s.maxshape == (None,), (s.shape, s.maxshape)
 rows = s[...]
-ok = rows["status"] == b"ok"
-assert ok.sum() == 12
+# Attention-profile points (at L and the longest length, 32) have no perplexity: apart here.
+profiled = rows["mode"] == b"attention_profile"
+ok = (rows["status"] == b"ok") & ~profiled
+assert ok.sum() == 12 and profiled.sum() == 8
 assert np.allclose(rows["perplexity"][ok], np.exp(rows["nll_sum"][ok] / rows["scored_tokens"][ok]))
 # Byte-level tokens: bits per byte is the NLL in bits per scored token.
 assert np.allclose(rows["bits_per_byte"][ok], rows["nll_sum"][ok] / (rows["scored_tokens"][ok] * np.log(2)))
-assert set(rows["mode"]) == {b"nonoverlapping", b"sliding_8"}
+assert set(rows["mode"]) == {b"nonoverlapping", b"sliding_8", b"attention_profile"}
+profiled_ok = profiled & (rows["status"] == b"ok")
+assert np.isnan(rows["perplexity"][profiled]).all() and (rows["scored_tokens"][profiled_ok] == 4 * rows["eval_length"][profiled_ok]).all()
+profile = f["attention_profile"][...]
+assert profile.dtype.names == ("summary_row", "layer", "head", "begin", "end", "mass", "entropy", "sink"), profile.dtype
+assert set(profile["summary_row"]) == set(np.nonzero(profiled_ok)[0])
 sliding = rows["mode"] == b"sliding_8"
 assert (rows["stride"][sliding] == 8).all() and (rows["stride"][~sliding] == rows["eval_length"][~sliding]).all()
 # Bins only for the points that finished.
 assert set(f["position_bins"]["summary_row"]) == set(np.nonzero(ok)[0]), f["position_bins"]["summary_row"]
 # The first 1024 tokens of valid (eval.max_tokens), each scored once whatever the window.
 assert set(rows["scored_tokens"][ok]) == {1023}, set(rows["scored_tokens"][ok])
-bad = rows[~ok]
-assert all(r["position"] == b"learned" and r["eval_length"] == 32 for r in bad)
+bad = rows[rows["status"] != b"ok"]
+assert len(bad) == 6 and all(r["position"] == b"learned" and r["eval_length"] == 32 for r in bad)
 assert all(r["status"].startswith(b"failed: ") and b"max_length" in r["status"] for r in bad)
 assert len(f["runs"]) == 4
 for run_id, g in f["runs"].items():
@@ -264,6 +279,11 @@ for run_id, g in f["runs"].items():
             assert list(e["length"][...]) == [16] and list(failures["length"]) == [32]
         else:
             assert list(e["length"][...]) == [16, 32] and len(failures) == 0
+    # The profile's own group: the windows' queries and the time, by length.
+    e = g["eval"]["attention_profile"]
+    assert sorted(e.keys()) == ["failures", "length", "queries", "seconds"], list(e.keys())
+    assert list(e["queries"][...]) == [4 * int(l) for l in e["length"][...]]
+    assert list(e["length"][...]) == ([16] if g.attrs["position"] == "learned" else [16, 32])
 print("schema ok")
 )PY";
   std::string out;
@@ -316,7 +336,8 @@ TEST_CASE("RoPE-scaling variants: listed for rotary points only, equal to none u
 
   const std::vector<std::string> variants = {
       "--set", "grid.position=[{name: alibi}, {name: rotary}]", "--set", "grid.train.seed=[1]",
-      "--set", "eval.rope_scaling=[none, linear, yarn]", "--set", "eval.strides=[]"};
+      "--set", "eval.rope_scaling=[none, linear, yarn]", "--set", "eval.strides=[]",
+      "--set", "eval.attention_profile=false"};
   std::vector<std::string> list = {"sweep", "tiny.yaml", "--list"};
   list.insert(list.end(), variants.begin(), variants.end());
   REQUIRE(run_cli(d, list, &out) == 0);
@@ -378,7 +399,8 @@ TEST_CASE("StreamingLLM in sweeps: a mode per cache size at the lengths above it
   std::string out;
   const std::vector<std::string> streaming = {"--set", "grid.position=[{name: alibi}, {name: rotary}]",
                                               "--set", "grid.train.seed=[1]", "--set", "eval.strides=[]",
-                                              "--set", "eval.streaming=[8, 16]", "--set", "eval.streaming_sinks=2"};
+                                              "--set", "eval.streaming=[8, 16]", "--set", "eval.streaming_sinks=2",
+                                              "--set", "eval.attention_profile=false"};
   std::vector<std::string> list = {"sweep", "tiny.yaml", "--list"};
   list.insert(list.end(), streaming.begin(), streaming.end());
   REQUIRE(run_cli(d, list, &out) == 0);
@@ -574,6 +596,9 @@ TEST_CASE("LongPPL in sweeps: each causal point's non-overlapping windows past K
   CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "eval.longppl.alpha=.inf"}, &out) == 2);
   require_one_line_error(out, "key 'eval.longppl.alpha' (set on the command line or by a sweep's grid): "
                               "must be a finite number of nats, got inf");
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "eval.longppl.short_length=32"}, &out) == 2);
+  require_one_line_error(out, "tiny.yaml: eval.longppl.short_length 32: K is not below any evaluation length of a "
+                              "causal point, so no point would score LongPPL");
   CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "eval.longppl.short_length=-1"}, &out) == 2);
   require_one_line_error(out, "key 'eval.longppl.short_length'");
   CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "eval.longppl.enabled=false", "--set",
@@ -582,6 +607,104 @@ TEST_CASE("LongPPL in sweeps: each causal point's non-overlapping windows past K
   CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "eval.longppl.reference=runs/tiny/alibi-seed1",
                     "--set", "base.data.path=other_corpus"}, &out) == 2);
   require_one_line_error(out, "eval.longppl.reference runs/tiny/alibi-seed1 reads other data than grid point");
+}
+
+TEST_CASE("attention profiles in sweeps: each point at L and its longest length, the profile of the "
+          "run's checkpoint, failures recorded, growth and refusals",
+          "[sweep][profile]") {
+  SweepDir d;
+  std::string out;
+  const std::vector<std::string> args = {"sweep", "tiny.yaml", "--set", "grid.train.seed=[1]"};
+  REQUIRE(run_cli(d, args, &out) == 0);
+  INFO(out);
+  CHECK(out.find("L=32 attention_profile: 128 queries: mass past 16 ") != std::string::npos);
+  const ResultsStore store = ResultsStore::open((d.root / "results/tiny.h5").string());
+  std::set<std::tuple<std::string, int64_t, bool>> profiled;
+  for (const auto& p : store.points())
+    if (extrap::is_profile_mode(p.mode)) {
+      profiled.insert({p.run_id, p.eval_length, p.ok()});
+      CHECK(std::isnan(p.perplexity));
+      CHECK(p.stride == p.eval_length);
+    }
+  // At L = 16 and at the longest evaluation length, 32; learned cannot read 32 tokens.
+  const std::string learned = sweep_ids(d, "tiny.yaml", {"grid.train.seed=[1]"}).at(1);
+  CHECK((profiled == std::set<std::tuple<std::string, int64_t, bool>>{
+                         {"alibi-seed1", 16, true}, {"alibi-seed1", 32, true}, {learned, 16, true}, {learned, 32, false}}));
+  CHECK(store.point(learned, extrap::kProfileMode, 32)->status.find("max_length") != std::string::npos);
+
+  // The recorded rows are the profile of the run's checkpoint over the first 4 windows of the
+  // valid split within eval.max_tokens, with an edge at L (the profile's own numbers are checked
+  // against loops in tests/eval/test_attention_profile.cpp).
+  CliRun run = load_cli_run(d, "runs/tiny/alibi-seed1");
+  extrap::AttentionProfileSpec spec;
+  spec.length = 32;
+  spec.windows = 4;
+  spec.max_tokens = 1024;
+  spec.split_at = 16;
+  const extrap::AttentionProfile expected = extrap::attention_profile(run.run.model, run.corpus.valid, spec);
+  REQUIRE(expected.edges == std::vector<int64_t>{0, 1, 2, 4, 8, 16, 32});
+  const PointRecord* p = store.point("alibi-seed1", extrap::kProfileMode, 32);
+  REQUIRE(p != nullptr);
+  CHECK(p->scored_tokens == 4 * 32);
+  REQUIRE(p->attention_profile.size() == size_t(1 * 2 * 6));  // layers x heads x bins
+  double total = 0;
+  for (const auto& c : p->attention_profile) {
+    INFO("layer " << c.layer << " head " << c.head << " bin " << c.begin << "-" << c.end);
+    const auto bin = std::find(expected.edges.begin(), expected.edges.end(), c.begin) - expected.edges.begin();
+    REQUIRE(size_t(bin) + 1 < expected.edges.size());
+    CHECK(c.end == expected.edges[size_t(bin) + 1]);
+    CHECK(c.mass == Approx(expected.mass[c.layer][c.head][bin].item<double>()).margin(1e-9));
+    CHECK(c.entropy == Approx(expected.entropy[c.layer][c.head][bin].item<double>()).margin(1e-9));
+    CHECK(c.sink == 0);
+    total += c.mass;
+  }
+  CHECK(total == Approx(2.0).margin(1e-6));  // each head's weights sum to 1
+
+  // A training length that is not a power of two is an edge of its own: the mass past L.
+  REQUIRE(run_cli(d, {"sweep", "tiny.yaml", "--set", "grid.position=[{name: alibi}]", "--set", "grid.train.seed=[1]",
+                      "--set", "base.train.seq_len=12", "--set", "base.train.steps=4", "--set", "eval.strides=[]",
+                      "--set", "output.path=results/l12.h5", "--set", "output.run_root=runs/l12"}, &out) == 0);
+  const PointRecord* at24 = ResultsStore::open((d.root / "results/l12.h5").string()).point("alibi-seed1", extrap::kProfileMode, 24);
+  REQUIRE(at24 != nullptr);
+  std::set<int64_t> begins;
+  for (const auto& c : at24->attention_profile) begins.insert(c.begin);
+  CHECK(begins == std::set<int64_t>{0, 1, 2, 4, 8, 12, 16});
+
+  // Growth: a file without profiles takes them for the points still to come (and every
+  // recorded point's longest length is new); the recorded windows stay.
+  const std::vector<std::string> off = {"sweep", "tiny.yaml", "--set", "grid.train.seed=[1]", "--set",
+                                        "output.path=results/grow.h5", "--set", "eval.attention_profile=false"};
+  REQUIRE(run_cli(d, off, &out) == 0);
+  CHECK(out.find("attention_profile") == std::string::npos);
+  std::vector<std::string> grown = {"sweep", "tiny.yaml", "--set", "grid.train.seed=[1]", "--set",
+                                    "output.path=results/grow.h5", "--set", "eval.length_multiples=[1, 2, 3]"};
+  REQUIRE(run_cli(d, grown, &out) == 0);
+  {
+    const ResultsStore grow = ResultsStore::open((d.root / "results/grow.h5").string());
+    CHECK(grow.point("alibi-seed1", extrap::kProfileMode, 16) != nullptr);
+    CHECK(grow.point("alibi-seed1", extrap::kProfileMode, 48) != nullptr);
+    CHECK(grow.point("alibi-seed1", extrap::kProfileMode, 32) == nullptr);
+  }
+  grown.insert(grown.end(), {"--set", "eval.attention_profile.windows=2"});
+  CHECK(run_cli(d, grown, &out) == 2);
+  require_one_line_error(out, "first difference at 'eval.attention_profile.windows': 4 in results/grow.h5, 2 in");
+
+  // Lengths of one's own; the short form; refusals naming the key.
+  REQUIRE(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "eval.attention_profile.length_multiples=[2]"}, &out) == 0);
+  CHECK(out.find("evals: 16/nonoverlapping 16/sliding_8 32/nonoverlapping 32/sliding_8 32/attention_profile\n") !=
+        std::string::npos);
+  std::string short_form;
+  REQUIRE(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "eval.attention_profile=false"}, &short_form) == 0);
+  CHECK(short_form.find("Attention profile") == std::string::npos);
+  REQUIRE(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "eval.attention_profile.enabled=false"}, &out) == 0);
+  CHECK(short_form.substr(0, short_form.find('\n')) == out.substr(0, out.find('\n')));  // the spec hash
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "eval.attention_profile=often"}, &out) == 2);
+  require_one_line_error(out, "key 'eval.attention_profile' (set on the command line or by a sweep's grid): "
+                              "expected true, false or a map of key: value, got 'often'");
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "eval.attention_profile.windows=0"}, &out) == 2);
+  require_one_line_error(out, "key 'eval.attention_profile.windows'");
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "eval.attention_profile.lengths=[0]"}, &out) == 2);
+  require_one_line_error(out, "eval.attention_profile.lengths");
 }
 
 TEST_CASE("sweep killed with kill -9 at chosen moments continues to the uninterrupted results",
@@ -605,12 +728,12 @@ TEST_CASE("sweep killed with kill -9 at chosen moments continues to the uninterr
   CHECK(stops[0].detail == "alibi-seed1 nonoverlapping 16");
   CHECK(points_now() == 1);
 
-  // 2. In the middle of training a later run: run 00 is trained (its three other points need
-  // no checkpoint), run 01 has saved its third checkpoint (step 15 of 40), none of its points
-  // is recorded.
+  // 2. In the middle of training a later run: run 00 is trained (its five other points, the
+  // two attention profiles among them, need no checkpoint), run 01 has saved its third
+  // checkpoint (step 15 of 40), none of its points is recorded.
   stops = kill_at(d, {"sweep", "tiny.yaml"}, "checkpoint:3");
   CHECK_THAT(stops[0].detail, Catch::EndsWith("runs/tiny/alibi-seed2 step 15"));
-  CHECK(points_now() == 4);
+  CHECK(points_now() == 6);
 
   // 3. Between writing the results file's new contents and publishing them (the first write
   // of this process: run 01 resumed at step 15 and trained to the end, so it records its
@@ -618,7 +741,7 @@ TEST_CASE("sweep killed with kill -9 at chosen moments continues to the uninterr
   stops = kill_at(d, {"sweep", "tiny.yaml"}, "publish@tiny.h5:1");
   CHECK(stops[0].detail == "results/tiny.h5");
   CHECK(fs::exists(results.string() + ".tmp"));
-  CHECK(points_now() == 4);
+  CHECK(points_now() == 6);
 
   // 4. Two worker processes (--jobs 2), each stopped at its second checkpoint: the killed
   // sweep takes both with it. Pending are 01 (trained: evaluations only), 02 and 03, dealt

@@ -54,8 +54,17 @@ void require_same_results(const fs::path& a_path, const fs::path& b_path) {
     CHECK(p.status == q->status);
     CHECK(p.scored_tokens == q->scored_tokens);
     CHECK(p.stride == q->stride);
-    CHECK(p.nll_sum == q->nll_sum);
-    CHECK(p.perplexity == q->perplexity);
+    if (is_profile_mode(p.mode)) {  // no perplexity: where the model looks, bin by bin
+      REQUIRE(p.attention_profile.size() == q->attention_profile.size());
+      for (size_t i = 0; i < p.attention_profile.size(); ++i) {
+        CHECK(p.attention_profile[i].end == q->attention_profile[i].end);
+        CHECK(p.attention_profile[i].mass == q->attention_profile[i].mass);
+        CHECK(p.attention_profile[i].entropy == q->attention_profile[i].entropy);
+      }
+    } else {
+      CHECK(p.nll_sum == q->nll_sum);
+      CHECK(p.perplexity == q->perplexity);
+    }
     REQUIRE(p.by_position.size() == q->by_position.size());
     for (size_t i = 0; i < p.by_position.size(); ++i)
       CHECK(p.by_position[i].nll_sum == q->by_position[i].nll_sum);
@@ -73,23 +82,25 @@ TEST_CASE("growing a sweep runs only the new points and evaluations, and equals 
   SweepDir d;
   std::string out;
   REQUIRE(run_cli(d, sweep_with(kOneAlibi), &out) == 0);
-  CHECK_THAT(out, Catch::Contains("1 points (0 already complete, 1 trained now), 1 evaluations"));
+  // Each run: non-overlapping windows and the attention profile, at L.
+  CHECK_THAT(out, Catch::Contains("1 points (0 already complete, 1 trained now), 2 evaluations"));
   const std::string manifest = read_text(d.root / "runs/tiny/alibi-seed1/checkpoint/manifest.json");
 
   // A seed.
   std::vector<std::string> grown = kOneAlibi;
   grown[1] = "grid.train.seed=[1, 2]";
   REQUIRE(run_cli(d, sweep_with(grown), &out) == 0);
-  CHECK_THAT(out, Catch::Contains("2 points (1 already complete, 1 trained now), 1 evaluations"));
+  CHECK_THAT(out, Catch::Contains("2 points (1 already complete, 1 trained now), 2 evaluations"));
   // A method, first on its axis: the recorded points keep their ids and take their new places.
   grown[0] = "grid.position=[{name: rotary}, {name: alibi}]";
   REQUIRE(run_cli(d, sweep_with(grown), &out) == 0);
-  CHECK_THAT(out, Catch::Contains("4 points (2 already complete, 2 trained now), 2 evaluations"));
-  // An evaluation length: every run evaluated again from its finished checkpoint, none trained.
+  CHECK_THAT(out, Catch::Contains("4 points (2 already complete, 2 trained now), 4 evaluations"));
+  // An evaluation length: every run evaluated again from its finished checkpoint, none trained
+  // (and profiled at its new longest length).
   grown[2] = "eval.length_multiples=[1, 2]";
   REQUIRE(run_cli(d, sweep_with(grown), &out) == 0);
   CHECK_THAT(out, Catch::Contains("4 points (0 already complete, 0 trained now, 4 from finished "
-                                  "checkpoints), 4 evaluations"));
+                                  "checkpoints), 8 evaluations"));
   // A mode (sliding windows of stride 8).
   grown[3] = "eval.strides=[8]";
   REQUIRE(run_cli(d, sweep_with(grown), &out) == 0);
@@ -108,7 +119,7 @@ TEST_CASE("growing a sweep runs only the new points and evaluations, and equals 
   // The same sweep run at once, elsewhere: the same file.
   SweepDir fresh;
   REQUIRE(run_cli(fresh, sweep_with(grown), &out) == 0);
-  CHECK_THAT(out, Catch::Contains("4 points (0 already complete, 4 trained now), 16 evaluations"));
+  CHECK_THAT(out, Catch::Contains("4 points (0 already complete, 4 trained now), 24 evaluations"));
   require_same_results(d.root / "results/tiny.h5", fresh.root / "results/tiny.h5");
 }
 
@@ -131,15 +142,16 @@ TEST_CASE("a shrunk sweep keeps its recorded points, kill -9 while growing loses
   status.push_back("--status");
   REQUIRE(run_cli(d, status, &out) == 0);
   CHECK_THAT(out, Catch::Contains("(1 recorded point(s) no longer in the grid kept)"));
-  CHECK_THAT(out, Catch::Contains("\nalibi-seed1  [complete, 1/1 evals]"));
+  CHECK_THAT(out, Catch::Contains("\nalibi-seed1  [complete, 2/2 evals]"));
 
   // Three seeds, killed right after the first new point is recorded, then run again.
   std::vector<std::string> three = kOneAlibi;
   three[1] = "grid.train.seed=[1, 2, 3]";
   const auto stops = kill_at(d, sweep_with(three), "point:1");
   CHECK(stops[0].detail == "alibi-seed3 nonoverlapping 16");
-  REQUIRE(run_cli(d, sweep_with(three), &out) == 0);
-  CHECK_THAT(out, Catch::Contains("3 points (3 already complete, 0 trained now), 0 evaluations"));
+  REQUIRE(run_cli(d, sweep_with(three), &out) == 0);  // its profile from the finished checkpoint
+  CHECK_THAT(out, Catch::Contains("3 points (2 already complete, 0 trained now, 1 from finished "
+                                  "checkpoints), 1 evaluations"));
   SweepDir fresh;
   REQUIRE(run_cli(fresh, sweep_with(three), &out) == 0);
   require_same_results(results, fresh.root / "results/tiny.h5");
@@ -231,14 +243,14 @@ TEST_CASE("a results file of extrap 0.11 (numbered run ids) grows without traini
   std::vector<std::string> args = sweep_with(grown);
   args.insert(args.end(), {"--out", "results/old.h5"});
   REQUIRE(run_cli(d, args, &out) == 0);
-  CHECK_THAT(out, Catch::Contains("2 points (1 already complete, 1 trained now), 1 evaluations"));
+  CHECK_THAT(out, Catch::Contains("2 points (1 already complete, 1 trained now), 2 evaluations"));
   // A new length: the recorded point is evaluated from its numbered run directory.
   grown[2] = "eval.length_multiples=[1, 2]";
   args = sweep_with(grown);
   args.insert(args.end(), {"--out", "results/old.h5"});
   REQUIRE(run_cli(d, args, &out) == 0);
   CHECK_THAT(out, Catch::Contains("2 points (0 already complete, 0 trained now, 2 from finished "
-                                  "checkpoints), 2 evaluations"));
+                                  "checkpoints), 4 evaluations"));
   std::set<std::string> dirs;
   for (const auto& e : fs::directory_iterator(d.root / "runs/tiny")) dirs.insert(e.path().filename().string());
   CHECK(dirs == std::set<std::string>{"00-alibi-seed1", "alibi-seed2"});
