@@ -765,12 +765,14 @@ def profile_section(out_dir, train_length, methods, profiles, failures, notes):
         return []
     lengths = sorted({k[1] for k in keys})
     present = [m for m in methods if any(k[2] == m for k in keys)]
+    # Each point's rows as arrays, once: the tables and the heat map read them.
+    arrays = {k: [profile_arrays(rows) for rows in seeds] for k, seeds in profiles.items() if k[0] == train_length}
     past_rows, entropy_rows, sink_rows = [], [], []
     any_sink = False
     for l in lengths:
         past_row, entropy_row, sink_row = [eval_length_label(l, train_length)], [eval_length_label(l, train_length)], [eval_length_label(l, train_length)]
         for m in present:
-            seeds = [profile_arrays(rows) for rows in profiles.get((train_length, l, m), [])]
+            seeds = arrays.get((train_length, l, m), [])
             f = failures.get((train_length, l, m))
             mark = (" " + notes.mark(f[0])) if f else ""
             if not seeds:
@@ -795,7 +797,7 @@ def profile_section(out_dir, train_length, methods, profiles, failures, notes):
     longest = lengths[-1]
     maps = {}
     for m in present:
-        seeds = [profile_arrays(rows) for rows in profiles.get((train_length, longest, m), [])]
+        seeds = arrays.get((train_length, longest, m), [])
         if seeds and all(s[0] == seeds[0][0] for s in seeds):
             maps[m] = (seeds[0][0], np.mean([mass.mean(1) for _, mass, _, _ in seeds], axis=0))
     if maps:

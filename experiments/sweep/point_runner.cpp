@@ -4,7 +4,6 @@
 #include "core/eval/evaluator.h"
 #include "core/eval/longppl.h"
 #include "core/eval/retrieval_eval.h"
-#include "core/run/checkpoint.h"
 #include "core/runtime/failure.h"
 #include "core/runtime/sysinfo.h"
 
