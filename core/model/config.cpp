@@ -437,6 +437,33 @@ bool valid_kind_name(const std::string& name) {
     if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '_') return false;
   return true;
 }
+// A pattern whose every kind names its own method takes nothing from the top-level
+// `position`: one that says something no layer does would be ignored, and every point of a sweep
+// over position.name would train the same model. Refused, naming the key, unless it is the
+// default (alibi without options) or names, without options, a method that the pattern names.
+void refuse_untaken_position(const Config& c, const LayerPlan& plan) {
+  for (const LayerKind& kind : plan.kinds)
+    if (kind.position_key == "position") return;
+  std::string key, value = "set";
+  if (c.position.IsMap())
+    for (const auto& entry : c.position)
+      if (entry.first.Scalar() != "name") {
+        key = entry.first.Scalar();
+        break;
+      }
+  if (key.empty()) {
+    if (c.position_name == Config().position_name) return;
+    for (const LayerKind& kind : plan.kinds)
+      if (kind.position_name == c.position_name) return;
+    key = "name";
+    value = "'" + c.position_name + "'";
+  }
+  OptionReader(c.position, c.source, "position")
+      .fail(key, "is " + value + ", but no layer takes the position section: every kind of layers.pattern " +
+                     flow_text(c.layers["pattern"]) +
+                     " names its own method (a pattern entry that names a method takes it with its defaults); "
+                     "give the method to a kind (layers.kinds.NAME.position) or remove it");
+}
 }  // namespace
 
 LayerPlan layer_plan(const Config& c) {
@@ -510,6 +537,7 @@ LayerPlan layer_plan(const Config& c) {
       if (std::find(c.layer_pattern.begin(), c.layer_pattern.end(), entry.first.Scalar()) == c.layer_pattern.end())
         kinds_reader.fail(entry.first.Scalar(), "is not used by layers.pattern (" + flow_text(c.layers["pattern"]) +
                                                     "): use it or remove it");
+  refuse_untaken_position(c, plan);
   std::vector<int64_t> seen(plan.kinds.size(), 0);
   for (int64_t l = 0; l < depth; ++l) {
     const int64_t k = pattern_kind[l % period];

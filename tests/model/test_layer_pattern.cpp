@@ -124,6 +124,35 @@ TEST_CASE("layer pattern: bad patterns and kinds are refused in one line naming 
           "layers.kinds.local.position.randomize_max", "not supported with layers.pattern");
 }
 
+TEST_CASE("layer pattern: a position section that no layer takes is refused, the default one is not",
+          "[pattern][config]") {
+  const auto refuses = [](const std::string& text, const std::string& key) {
+    INFO(text);
+    CHECK_THROWS_WITH(config_from_yaml(YAML::Load(text), "p.yaml"),
+                      Catch::Contains("p.yaml") && Catch::Contains(key) && Catch::Contains("no layer takes") &&
+                          !Catch::Contains("\n"));
+  };
+  // Every kind names its own method: the section would be ignored.
+  refuses("position: rotary\nlayers: {pattern: [alibi, none]}", "position.name");
+  refuses("position: {name: rotary, base: 500000}\nlayers: {pattern: [rotary, none]}", "position.base");
+  refuses("position: {name: rotary}\nlayers: {pattern: [alibi, none]}", "position.name");
+  refuses("position: {name: alibi, randomize_max: 512}\nlayers: {pattern: [local], kinds: {local: {position: rotary}}}",
+          "position.randomize_max");
+  // --set and a sweep's grid reach the section the same way.
+  CHECK_THROWS_WITH(pattern_config("layers: {pattern: [alibi]}\nposition: {name: learned}"),
+                    Catch::Contains("'learned'"));
+  // Taken by a kind, or the default (alibi, no options) with nothing to take it: accepted.
+  const Config used = pattern_config(
+      "position: {name: rotary, base: 500}\nlayers: {pattern: [local, none], kinds: {local: {attention: {window: 4}}}}", 2);
+  CHECK(layer_plan(used).kinds[0].position["base"].as<double>() == 500);
+  CHECK_NOTHROW(pattern_config("position: alibi\nlayers: {pattern: [rotary, none]}", 2));
+  CHECK_NOTHROW(pattern_config("layers: {pattern: [rotary, none]}", 2));
+  CHECK_NOTHROW(pattern_config("position: none\nlayers: {pattern: [rotary, none]}", 2));  // what a layer takes
+  // The resolved config (a run directory's config.yaml) loads again.
+  const Config named = pattern_config("layers: {pattern: [rotary, none]}", 2);
+  CHECK_NOTHROW(config_from_yaml(named.to_yaml(), "config.yaml"));
+}
+
 TEST_CASE("layer pattern: the model runs each layer with its kind's method and options", "[pattern][model]") {
   const Config c = pattern_config(kIRoPE, 6);
   torch::manual_seed(3);
