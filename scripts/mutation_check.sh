@@ -209,8 +209,8 @@ experiments/sweep/point_runner.cpp |     spec.alpha = settings_.alpha; |     (vo
 experiments/sweep/point_runner.cpp |     TransformerLM& selector = reference_ ? reference_->model : model; |     TransformerLM& selector = model; | a sweep's LongPPL ignores eval.longppl.reference (each model selects its own key tokens)
 experiments/sweep/sweep_spec.cpp |     if (!before["eval"]["longppl"]) after["eval"].remove("longppl"); |     (void)before; | a results file without LongPPL refuses to grow once LongPPL is on by default
 analysis/report.py |             values = [math.exp(r["key_nll_sum"] / r["key_tokens"]) for r in records if r["key_tokens"] > 0] |             values = [math.exp(r["key_nll_sum"] / r["candidates"]) for r in records if r["key_tokens"] > 0] | report's LongPPL averages over the candidates, not the key tokens
-core/eval/attention_profile.cpp | distance = options.causal ? distance.clamp_min(0) : distance.abs(); | distance = distance.clamp_min(0); | the attention profile of a masked LM counts every key after the query at distance 0
-core/eval/attention_profile.cpp | torch::bucketize(distance, inner, /*out_int32=*/false, /*right=*/true) | torch::bucketize(distance, inner, /*out_int32=*/false, /*right=*/false) | the attention profile puts each power-of-two distance in the bin below
+core/eval/attention_profile.cpp |     if (!causal) weight_sums( |     if (false) weight_sums( | the attention profile of a masked LM (a dense bias) leaves out every key after the query
+core/eval/attention_profile.cpp | std::min(keys, i - edges[b] + 1), sums); | std::min(keys, i - edges[b]), sums); | the attention profile (a dense bias) leaves each bin's nearest distance out
 core/eval/attention_profile.cpp |         mass.select(1, 0).add_(rest.sum({0, 2})); |         (void)rest; | the attention profile drops stick-breaking's rest of each row (the query's own value)
 core/eval/attention_profile.cpp |         sink.add_(rest.sum({0, 2})); |         (void)sink; | the attention profile records no sink share
 core/attention/attention.cpp |                            tk - tq + r)); |                            tk - tq)); | attention weights in row blocks placed as if every block were the first rows
@@ -221,6 +221,16 @@ experiments/sweep/sweep_spec.cpp |   if (out.empty()) out = {train_length, longe
 experiments/sweep/sweep_spec.cpp |     if (e["attention_profile"]) eval["attention_profile"]["windows"] = e["attention_profile"]["windows"]; |     (void)e; | a sweep grows with other attention-profile windows than its recorded ones
 analysis/report.py | if edges[b] >= train_length] | if edges[b] > train_length] | report's mass past L leaves out the bin that starts at L
 analysis/report.py |             maps[m] = (seeds[0][0], np.mean([mass.mean(1) for _, mass, _, _ in seeds], axis=0)) |             maps[m] = (seeds[0][0], np.mean([mass.max(1) for _, mass, _, _ in seeds], axis=0)) | report's profile heat map shows each layer's largest head, not the mean over heads
+core/eval/attention_profile.cpp |       const float z = (s[j] + (d >= 0 ? -slope_left * d : slope_right * d)) * scale; |       const float z = (s[j] + (d >= 0 ? slope_left * d : slope_right * d)) * scale; | the attention profile's own softmax adds ALiBi's bias with the wrong sign
+core/eval/attention_profile.cpp | (ci - cumulative[j])) * scale; | (cumulative[j] - ci)) * scale; | the attention profile's own softmax adds the forget gates' F_j - F_i instead of F_i - F_j
+core/eval/attention_profile.cpp | double z_sum = has_sink ? std::exp(double(sink) - double(top)) : 0.0; | double z_sum = 0.0; | the attention profile's own softmax leaves the sink out of its denominator
+core/eval/attention_profile.cpp | entropy[b] = (e_sum * log_z - ex_sum) / z_sum; | entropy[b] = (e_sum * log_z + ex_sum) / z_sum; | the attention profile's entropy adds z - m instead of subtracting it
+core/eval/attention_profile.cpp | lo = std::max(lo, i - bias.window + 1) | lo = std::max(lo, i - bias.window) | the attention profile's own softmax sees one key past the sliding window
+core/eval/attention_profile.cpp | lo = std::max(lo, i / bias.chunk * bias.chunk) | lo = std::max(lo, (i / bias.chunk - 1) * bias.chunk) | the attention profile's own softmax sees the chunk before the query's
+core/eval/attention_profile.cpp | if (linear && look_left[size_t(h)] == 0) lo = i; | if (false) lo = i; | the attention profile's own softmax lets a right-looking ALiBi head look left
+core/eval/attention_profile.cpp | scale.empty() ? 1.0f : scale[size_t(h * tq + r + t)] | 1.0f | the attention profile's own softmax ignores SSMax's logit scale
+core/eval/attention_profile.cpp | profile_exp_sums(s, std::max(lo, i + std::max<int64_t>(edges[b], 1)) | (void)0, (s, std::max(lo, i + std::max<int64_t>(edges[b], 1)) | the attention profile's own softmax of a masked LM leaves out every key after the query
+core/kernels/cpu_vector_math.h |   y += -0.5f * z; |   y += -0.25f * z; | log_float's second-order term halved (the profile's entropies of dense biases drift)
 EOF
 )
 

@@ -2,14 +2,157 @@
 
 #include "core/attention/attention_observer.h"
 #include "core/eval/evaluator.h"
+#include "core/kernels/cpu_vector_math.h"
+
+#include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <chrono>
 #include <string>
 
 namespace extrap {
 
 namespace {
+
+// The logits of keys [lo, hi) of query position i, in place: (s_j + bias_ij) * scale, with the
+// linear bias -slope_left (i - j) left of i and -slope_right (j - i) right of it, plus
+// cumulative[i] - cumulative[j] where cumulative is given (forget gates). Returns their maximum
+// and `top`'s.
+EXTRAP_ISA_KERNEL(float, profile_logits,
+                  (float* s, int64_t lo, int64_t hi, int64_t i, float slope_left, float slope_right,
+                   const float* cumulative, float scale, float top),
+                  (s, lo, hi, i, slope_left, slope_right, cumulative, scale, top)) {
+  const float fi = float(i);
+  if (cumulative) {
+    const float ci = cumulative[i];
+#pragma omp simd reduction(max : top)
+    for (int64_t j = lo; j < hi; ++j) {
+      const float d = fi - float(j);
+      const float z = (s[j] + (d >= 0 ? -slope_left * d : slope_right * d) + (ci - cumulative[j])) * scale;
+      s[j] = z;
+      top = top > z ? top : z;
+    }
+  } else {
+#pragma omp simd reduction(max : top)
+    for (int64_t j = lo; j < hi; ++j) {
+      const float d = fi - float(j);
+      const float z = (s[j] + (d >= 0 ? -slope_left * d : slope_right * d)) * scale;
+      s[j] = z;
+      top = top > z ? top : z;
+    }
+  }
+  return top;
+}
+
+// Sums over keys [from, to) in float32, a block of kSumBlock keys at a time, each block's sum
+// then added in float64 (GCC vectorises float32 sums, not float32 terms summed in float64): a
+// block's rounding is at most a few units in the last place of float32, about 1e-7 relative.
+constexpr int64_t kSumBlock = 256;
+
+// With x_j = z_j - top: adds sum_j e^{x_j} to sums[0] and sum_j e^{x_j} x_j to sums[1].
+EXTRAP_ISA_KERNEL(void, profile_exp_sums, (const float* z, int64_t from, int64_t to, float top, double* sums),
+                  (z, from, to, top, sums)) {
+  for (int64_t block = from; block < to; block += kSumBlock) {
+    const int64_t end = std::min(to, block + kSumBlock);
+    float e_sum = 0, ex_sum = 0;
+#pragma omp simd reduction(+ : e_sum, ex_sum)
+    for (int64_t j = block; j < end; ++j) {
+      const float x = z[j] - top;
+      const float e = exp_float(x);
+      e_sum += e;
+      ex_sum += e * x;
+    }
+    sums[0] += e_sum;
+    sums[1] += ex_sum;
+  }
+}
+
+// Adds sum_j p_j to sums[0] and sum_j p_j ln p_j to sums[1] over [from, to) (0 ln 0 = 0).
+EXTRAP_ISA_KERNEL(void, weight_sums, (const float* p, int64_t from, int64_t to, double* sums), (p, from, to, sums)) {
+  for (int64_t block = from; block < to; block += kSumBlock) {
+    const int64_t end = std::min(to, block + kSumBlock);
+    float p_sum = 0, plogp_sum = 0;
+#pragma omp simd reduction(+ : p_sum, plogp_sum)
+    for (int64_t j = block; j < end; ++j) {
+      p_sum += p[j];
+      plogp_sum += p[j] * log_float(p[j]);
+    }
+    sums[0] += p_sum;
+    sums[1] += plogp_sum;
+  }
+}
+
+// One row of the weights the profile computes itself (profile_computes()): query position i,
+// its scaled scores q_i . k_j / sqrt(d) for keys [0, keys) in `s`, visible [lo, hi) (the causal,
+// window, chunk and look-left/right masks leave one range of keys); the logits as
+// profile_logits() makes them, and one more logit `sink` that weighs no value (has_sink).
+// Writes mass[b] = sum_{j in bin b} p_ij and entropy[b] = -sum p_ij ln p_ij (with p_ij =
+// e^{z_ij - m} / Z: -p_ij ln p_ij = p_ij (ln Z - (z_ij - m))); returns the row's total (1 less
+// the sink's share).
+double profile_logit_row(float* s, int64_t lo, int64_t hi, int64_t i, float slope_left, float slope_right,
+                         const float* cumulative, float scale, bool has_sink, float sink, bool causal,
+                         const int64_t* edges, int64_t bins, double* mass, double* entropy) {
+  const float top = profile_logits(s, lo, hi, i, slope_left, slope_right, cumulative, scale,
+                                   has_sink ? sink : -std::numeric_limits<float>::infinity());
+  double z_sum = has_sink ? std::exp(double(sink) - double(top)) : 0.0;
+  for (int64_t b = 0; b < bins; ++b) {
+    double sums[2] = {0, 0};
+    // Keys at or before i, then (not causal) keys after it.
+    profile_exp_sums(s, std::max(lo, i - edges[b + 1] + 1), std::min(hi, i - edges[b] + 1), top, sums);
+    if (!causal)
+      profile_exp_sums(s, std::max(lo, i + std::max<int64_t>(edges[b], 1)), std::min(hi, i + edges[b + 1]), top, sums);
+    mass[b] = sums[0];
+    entropy[b] = sums[1];
+    z_sum += sums[0];
+  }
+  const double log_z = std::log(z_sum);
+  double total = 0;
+  for (int64_t b = 0; b < bins; ++b) {
+    const double e_sum = mass[b], ex_sum = entropy[b];
+    mass[b] = e_sum / z_sum;
+    entropy[b] = (e_sum * log_z - ex_sum) / z_sum;
+    total += mass[b];
+  }
+  return total;
+}
+
+// One row of weights summed into distance bins: query position i against keys [0, keys), bin b
+// holding distances [edges[b], edges[b + 1]) (i - j when causal: keys after i have weight 0 and
+// are skipped; |i - j| otherwise). Writes sum_j p_ij to mass[b] and -sum_j p_ij ln p_ij to
+// entropy[b] and returns the row's sum. Each bin is one or two contiguous ranges of keys.
+double bin_weight_row(const float* p, int64_t keys, int64_t i, bool causal, const int64_t* edges, int64_t bins,
+                      double* mass, double* entropy) {
+  double total = 0;
+  for (int64_t b = 0; b < bins; ++b) {
+    double sums[2] = {0, 0};
+    // Keys at or before i, then (not causal) keys after it.
+    weight_sums(p, std::max<int64_t>(0, i - edges[b + 1] + 1), std::min(keys, i - edges[b] + 1), sums);
+    if (!causal) weight_sums(p, std::max<int64_t>(0, i + std::max<int64_t>(edges[b], 1)), std::min(keys, i + edges[b + 1]), sums);
+    mass[b] = sums[0];
+    entropy[b] = -sums[1];
+    total += sums[0];
+  }
+  return total;
+}
+
+// Whether profile_logit_row computes this call's weights: no bias, a linear one (ALiBi family)
+// or forget gates, with any masks, logit scale and sink, on the CPU. The rest (dense, CoPE,
+// DAPE, PaTH, stick-breaking, Self-Extend, sampled positions) take attention_probabilities().
+bool profile_computes(const torch::Tensor& q, const AttentionBias& bias) {
+  using Kind = AttentionBias::Kind;
+  return q.is_cpu() && !bias.far_queries.defined() &&
+         (bias.kind == Kind::None || (bias.kind == Kind::Linear && !bias.positions.defined()) ||
+          bias.kind == Kind::Cumulative);
+}
+
+// A (H,) or (H, n) tensor's float32 values on the CPU ({} when undefined).
+std::vector<float> host_floats(const torch::Tensor& t) {
+  if (!t.defined()) return {};
+  const auto c = t.detach().to(torch::kCPU, torch::kFloat32).contiguous();
+  return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+}
 
 // Sums each layer's weights into distance bins as the forward pass calls attention.
 class ProfileObserver : public AttentionObserver {
@@ -20,57 +163,108 @@ class ProfileObserver : public AttentionObserver {
   void observe(const torch::Tensor& q, const torch::Tensor& k, const AttentionBias& bias,
                const AttentionOptions& options) override {
     TORCH_CHECK(layer_ < layers_, "attention profile: more attention calls than the model's ", layers_, " layers");
-    const int64_t heads = q.size(1), tq = q.size(2), tk = k.size(2), bins = int64_t(edges_.size()) - 1;
-    const auto f64 = torch::TensorOptions().dtype(torch::kFloat64).device(q.device());
+    const int64_t batch = q.size(0), heads = q.size(1), tq = q.size(2), tk = k.size(2);
+    const int64_t bins = int64_t(edges_.size()) - 1;
+    const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
     if (mass_.empty())
       for (int64_t l = 0; l < layers_; ++l) {
         mass_.push_back(torch::zeros({heads, bins}, f64));
         entropy_.push_back(torch::zeros({heads, bins}, f64));
         sink_.push_back(torch::zeros({heads}, f64));
       }
-    const auto index = torch::TensorOptions().dtype(torch::kLong).device(q.device());
-    if (!inner_.defined() || inner_.device() != q.device())  // the edges bucketize searches
-      inner_ = torch::tensor(std::vector<int64_t>(edges_.begin() + 1, edges_.end() - 1), index);
-    const torch::Tensor& inner = inner_;
     const bool stick_breaking = bias.kind == AttentionBias::Kind::StickBreaking;
+    const bool causal = options.causal;
     torch::Tensor& mass = mass_[layer_];
     torch::Tensor& entropy = entropy_[layer_];
     torch::Tensor& sink = sink_[layer_];
     const auto qf = q.to(torch::kFloat32), kf = k.to(torch::kFloat32);
     // Rows whose weights are held at once: at most query_block, and few enough that a block's
-    // float32 weights and their float64 copies (28 bytes a weight) stay near 256 MiB.
-    const int64_t row_bytes = std::max<int64_t>(1, q.size(0) * heads * tk * 28);
-    const int64_t rows = std::clamp<int64_t>((int64_t(256) << 20) / row_bytes, 1, query_block_);
-    for_each_probability_block(qf, kf, bias, options, rows, [&](int64_t r, const torch::Tensor& p) {
-      const int64_t n = p.size(2), keys = p.size(3);
-      const auto i = torch::arange(tk - tq + r, tk - tq + r + n, index).view({-1, 1});
-      auto distance = i - torch::arange(keys, index).view({1, -1});  // (n, keys)
-      // Causal: a key after the query has weight 0; it is counted at distance 0, adding nothing.
-      distance = options.causal ? distance.clamp_min(0) : distance.abs();
-      const auto bin = torch::bucketize(distance, inner, /*out_int32=*/false, /*right=*/true).flatten();
-      const auto weights = p.to(torch::kFloat64);  // (B, H, n, keys)
-      mass.index_add_(1, bin, weights.sum(0).reshape({heads, n * keys}));
-      entropy.index_add_(1, bin, torch::special_xlogy(weights, weights).neg().sum(0).reshape({heads, n * keys}));
-      const auto rest = (1.0 - weights.sum(-1)).clamp_min(0.0);  // (B, H, n)
+    // float32 scores stay near 32 MiB on the CPU (fewer rows cost more than they save: the
+    // product packs every key for each block) and near 256 MiB on a GPU, each block copied to
+    // the CPU for binning.
+    const int64_t row_bytes = std::max<int64_t>(1, batch * heads * tk * 4);
+    const int64_t target = int64_t(q.is_cpu() ? 32 : 256) << 20;
+    const int64_t rows = std::clamp<int64_t>(target / row_bytes, 1, query_block_);
+    const int64_t* edges = edges_.data();
+    // Per row of a block: the bins' masses, the bins' entropies, the row's total.
+    const auto accumulate = [&](const torch::Tensor& sums) {
+      mass.add_(sums.narrow(3, 0, bins).sum({0, 2}));
+      entropy.add_(sums.narrow(3, bins, bins).sum({0, 2}));
+      const auto rest = (1.0 - sums.select(3, 2 * bins)).clamp_min(0.0);  // (B, H, n)
       if (stick_breaking) {  // the query's own value: distance 0
         mass.select(1, 0).add_(rest.sum({0, 2}));
         entropy.select(1, 0).add_(torch::special_xlogy(rest, rest).neg().sum({0, 2}));
       } else if (bias.sink.defined()) {
         sink.add_(rest.sum({0, 2}));
       }
-    });
+    };
+    if (profile_computes(q, bias)) {
+      const bool linear = bias.kind == AttentionBias::Kind::Linear;
+      const std::vector<float> slope_left = host_floats(linear ? bias.slopes_left : torch::Tensor()),
+                               slope_right = host_floats(linear ? bias.slopes_right : torch::Tensor()),
+                               look_left = host_floats(linear ? bias.look_left : torch::Tensor()),
+                               look_right = host_floats(linear ? bias.look_right : torch::Tensor()),
+                               scale = host_floats(bias.logit_scale), sinks = host_floats(bias.sink);
+      torch::Tensor cumulative;  // (B, H, Tk) float32
+      if (bias.kind == AttentionBias::Kind::Cumulative) {
+        TORCH_CHECK(causal, "a cumulative (forgetting-gate) bias is defined for causal attention only");
+        cumulative = bias.cumulative.detach().to(torch::kFloat32).contiguous();
+        TORCH_CHECK(cumulative.dim() == 3 && cumulative.size(0) == batch && cumulative.size(1) == heads &&
+                        cumulative.size(2) >= tk,
+                    "attention profile: cumulative bias ", cumulative.sizes(), " for q ", q.sizes(), " and k ", k.sizes());
+      }
+      const auto scaled = qf * (1.0 / std::sqrt(double(q.size(3))));
+      for (int64_t r = 0; r < tq; r += rows) {
+        const int64_t n = std::min(rows, tq - r), first = tk - tq + r, keys = causal ? first + n : tk;
+        auto scores = torch::matmul(scaled.narrow(2, r, n), kf.narrow(2, 0, keys).transpose(-2, -1)).contiguous();
+        auto sums = torch::zeros({batch, heads, n, 2 * bins + 1}, f64);
+        float* s = scores.data_ptr<float>();
+        double* out = sums.data_ptr<double>();
+        at::parallel_for(0, batch * heads * n, 1, [&](int64_t begin, int64_t end) {
+          for (int64_t row = begin; row < end; ++row) {
+            const int64_t h = (row / n) % heads, t = row % n, i = first + t;
+            int64_t lo = 0, hi = causal ? i + 1 : keys;
+            if (linear && look_left[size_t(h)] == 0) lo = i;
+            if (linear && look_right[size_t(h)] == 0) hi = std::min(hi, i + 1);
+            if (bias.window > 0) lo = std::max(lo, i - bias.window + 1), hi = std::min(hi, i + bias.window);
+            if (bias.chunk > 0) lo = std::max(lo, i / bias.chunk * bias.chunk), hi = std::min(hi, (i / bias.chunk + 1) * bias.chunk);
+            const float* f = cumulative.defined() ? cumulative.data_ptr<float>() + (row / n) * cumulative.size(2) : nullptr;
+            double* o = out + row * (2 * bins + 1);
+            o[2 * bins] = profile_logit_row(s + row * keys, lo, hi, i, linear ? slope_left[size_t(h)] : 0.0f,
+                                            linear ? slope_right[size_t(h)] : 0.0f, f,
+                                            scale.empty() ? 1.0f : scale[size_t(h * tq + r + t)], !sinks.empty(),
+                                            sinks.empty() ? 0.0f : sinks[size_t(h)], causal, edges, bins, o, o + bins);
+          }
+        });
+        accumulate(sums);
+      }
+    } else {
+      for_each_probability_block(qf, kf, bias, options, rows, [&](int64_t r, const torch::Tensor& probs) {
+        const auto p = probs.to(torch::kCPU).contiguous();  // (B, H, n, keys)
+        const int64_t n = p.size(2), keys = p.size(3), first = tk - tq + r;  // row 0's position
+        auto sums = torch::zeros({batch, heads, n, 2 * bins + 1}, f64);
+        const float* weights = p.data_ptr<float>();
+        double* out = sums.data_ptr<double>();
+        at::parallel_for(0, batch * heads * n, 1, [&](int64_t begin, int64_t end) {
+          for (int64_t row = begin; row < end; ++row) {
+            double* o = out + row * (2 * bins + 1);
+            o[2 * bins] = bin_weight_row(weights + row * keys, keys, first + row % n, causal, edges, bins, o, o + bins);
+          }
+        });
+        accumulate(sums);
+      });
+    }
     ++layer_;
   }
 
   int64_t calls() const { return layer_; }
   void next_forward() { layer_ = 0; }
-  std::vector<torch::Tensor> mass_, entropy_, sink_;  // per layer, on the device
+  std::vector<torch::Tensor> mass_, entropy_, sink_;  // per layer, on the CPU
 
  private:
   int64_t layers_;
   std::vector<int64_t> edges_;
   int64_t query_block_;
-  torch::Tensor inner_;
   int64_t layer_ = 0;
 };
 

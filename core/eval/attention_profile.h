@@ -2,11 +2,15 @@
 // by query-key distance, per layer and head, averaged over every query of the windows read.
 //
 // Each window of `length` tokens of the stream (non-overlapping, from the start, at most
-// spec.windows of them) goes through the model once. Every layer's attention weights
-// (attention_probabilities(), core/attention/attention_observer.h: the weights the reference
-// path gives the values, whatever backend the forward itself takes) are computed a block of
-// query rows at a time, so memory grows with length x query_block, not length^2, and summed into
-// distance bins:
+// spec.windows of them) goes through the model once. Every layer's attention weights (those of
+// attention_probabilities(), core/attention/attention_observer.h: the weights the reference path
+// gives the values, whatever backend the forward itself takes) are computed a block of query
+// rows at a time, so memory grows with length x query_block, not length^2, and summed into
+// distance bins. On the CPU, for no bias, a linear one (the ALiBi family) or forget gates, with
+// any masks, sink and logit scale, a kernel makes each row's softmax from q and k and sums it
+// into the bins in one pass over its keys (-p ln p = p (ln Z - z + m), no logarithm a weight);
+// other biases take attention_probabilities() and then the same bins. Sums are float32 within
+// blocks of 256 keys and float64 across them (about 1e-7 relative):
 //   bin b holds distances [edges[b], edges[b + 1]): 0, 1, 2-3, 4-7, ... (powers of two, and
 //   spec.split_at, e.g. the training length, so that the mass past it is a sum of bins), the
 //   last ending at `length`; distance i - j for a causal model, |i - j| for a masked LM.
@@ -32,7 +36,7 @@ struct AttentionProfileSpec {
   int64_t windows = 8;       // at most this many windows (0: every full window of the stream)
   int64_t max_tokens = 0;    // windows from the first N tokens of the stream (0: all)
   int64_t query_block = 256;  // query rows whose weights are held at once (fewer at long
-                              // lengths: a block's weights stay near 256 MiB)
+                              // lengths: a block's scores stay near 32 MiB on the CPU)
   int64_t split_at = 0;       // a distance edge besides the powers of two (0: none)
 };
 

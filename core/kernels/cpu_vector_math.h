@@ -4,7 +4,7 @@
 // core/runtime/cpu_isa.h, which ATEN_CPU_CAPABILITY caps); the ATen vector types would be
 // compiled for the baseline only in extrap's files. exp has its own vectorisable form here
 // (exp_float) because scalar expf calls would keep the softmax loops scalar, and the exps are
-// much of the attention kernel's element-wise work.
+// much of the attention kernel's element-wise work; log_float likewise, for entropies.
 #pragma once
 
 #include "core/runtime/cpu_isa.h"
@@ -36,6 +36,36 @@ inline float exp_float(float x) {
   float scale;
   __builtin_memcpy(&scale, &bits, sizeof scale);
   return x <= -87.0f ? 0.0f : poly * scale;
+}
+
+// ln x for float x > 0 (and a finite value for x = 0, so that x ln x is 0 there): x = m 2^e with
+// m in [sqrt(1/2), sqrt(2)), ln(m) by Cephes' degree-9 polynomial in m - 1 (relative error
+// about 1e-7), plus e ln 2 in two parts. Subnormal x are read as 2^-127 m (their x ln x is
+// below 1e-36). Branch-free, so loops over it vectorise.
+inline float log_float(float x) {
+  int32_t bits;
+  __builtin_memcpy(&bits, &x, sizeof bits);
+  int32_t e = ((bits >> 23) & 0xff) - 127;
+  const int32_t mantissa = (bits & 0x7fffff) | 0x3f800000;  // m in [1, 2)
+  float m;
+  __builtin_memcpy(&m, &mantissa, sizeof m);
+  const bool high = m > 1.41421356f;
+  m = high ? m * 0.5f : m;
+  e += high ? 1 : 0;
+  const float f = m - 1.0f, z = f * f, fe = float(e);
+  float poly = 7.0376836292e-2f;
+  poly = poly * f - 1.1514610310e-1f;
+  poly = poly * f + 1.1676998740e-1f;
+  poly = poly * f - 1.2420140846e-1f;
+  poly = poly * f + 1.4249322787e-1f;
+  poly = poly * f - 1.6668057665e-1f;
+  poly = poly * f + 2.0000714765e-1f;
+  poly = poly * f - 2.4999993993e-1f;
+  poly = poly * f + 3.3333331174e-1f;
+  float y = poly * f * z;
+  y += -2.12194440e-4f * fe;
+  y += -0.5f * z;
+  return f + y + 0.693359375f * fe;
 }
 
 // float32 -> bfloat16 bits, rounding to nearest even, NaN kept NaN (c10::BFloat16's rounding),
