@@ -54,15 +54,20 @@ void print_matrix(const torch::Tensor& m) {
 // What the method adds to the (H, T, T) scores of its layer `layer`. Methods that rotate q and k add no
 // bias; for them, show the scores of a fixed unit query and key at every pair of positions
 // so their relative pattern is still visible. A bias that depends on the layer input (fox) is
-// shown at a zero input, one that depends on q.k (cope) for that unit query and key.
+// shown at a zero input, one that depends on q.k (cope) for that unit query and key. A sliding
+// window of `window` keys and chunks of `chunk` (the attention options; 0: none) mask entries
+// to -inf as they do in the model.
 torch::Tensor score_pattern(PositionMethod& method, const PositionInfo& info, int64_t heads,
-                            int64_t d_head, int64_t length, bool causal, int64_t layer) {
+                            int64_t d_head, int64_t length, bool causal, int64_t layer, int64_t window,
+                            int64_t chunk) {
   torch::NoGradGuard no_grad;
   const LayerInput at = layer_window(layer, length);
   auto unit = torch::ones({1, heads, length, d_head}) / std::sqrt(double(d_head));
   auto q = unit.clone(), k = unit.clone();
   if (info.hooks & kRotateQK) method.rotate_qk(q, k, at);
-  const AttentionBias description = method.bias(at);
+  AttentionBias description = method.bias(at);
+  description.window = window;
+  description.chunk = chunk;
   torch::Tensor bias;
   if (description.kind == AttentionBias::Kind::StickBreaking) {
     // Not a bias: log A, the log of each key's stick-breaking weight, for the unit query and key.
@@ -195,7 +200,7 @@ int inspect(const Args& args) {
   if (args.empty() || (args[0] != "slopes" && args[0] != "bias")) {
     if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
       std::cout << "usage: extrap inspect slopes --heads H\n"
-                   "       extrap inspect bias --position NAME --heads H --length T [--bidirectional]\n"
+                   "       extrap inspect bias --position NAME --heads H --length T [--bidirectional] [--window W] [--chunk C]\n"
                    "       extrap inspect attention --checkpoint RUN --length T [--windows N]\n";
       return 0;
     }
@@ -212,7 +217,7 @@ int inspect(const Args& args) {
     return 0;
   }
   std::string name, checkpoint;
-  int64_t heads = 0, length = 0, d_head = 64, layer = 0;
+  int64_t heads = 0, length = 0, d_head = 64, layer = 0, window = 0, chunk = 0;
   std::vector<std::string> plugins, overrides;
   po::options_description options("extrap inspect bias");
   options.add_options()
@@ -221,11 +226,16 @@ int inspect(const Args& args) {
       ("length", po::value(&length)->required(), "T: rows are queries 0..T-1, columns keys")
       ("bidirectional", "bidirectional attention (no causal mask)")
       ("head-dim", po::value(&d_head), "head size (for methods that rotate q and k)")
+      ("window", po::value(&window), "mask keys W or more away, as attention.window does (-inf; with --checkpoint: "
+                                     "the layer's own)")
+      ("chunk", po::value(&chunk), "mask keys outside the query's chunk of C, as attention.chunk does (-inf; with "
+                                   "--checkpoint: the layer's own)")
       ("set", po::value(&overrides)->composing(), "a method option: --set base=500 (repeatable)")
       ("checkpoint", po::value(&checkpoint), "show a trained run's learned values")
       ("layer", po::value(&layer), "with --checkpoint: the layer to show (its own method where layers follow a pattern)")
       ("plugin", po::value(&plugins)->composing(), "load this plugin .so first (repeatable)");
-  if (!parse(rest, "extrap inspect bias --position NAME --heads H --length T [--bidirectional]", options, vm))
+  if (!parse(rest, "extrap inspect bias --position NAME --heads H --length T [--bidirectional] [--window W] [--chunk C]",
+             options, vm))
     return 0;
   auto& registry = PositionRegistry::instance();
   for (const auto& p : plugins) registry.load_plugin(p);
@@ -250,6 +260,14 @@ int inspect(const Args& args) {
     d_head = config.model.d_model / heads;
     causal = config.model.causal();
     method = std::shared_ptr<PositionMethod>(run.model.ptr(), &run.model->kind_position(kind));
+    const AttentionConfig& attention = plan.kinds[kind].attention;
+    for (const auto& [flag, value] : {std::pair{"window", attention.window}, {"chunk", attention.chunk}})
+      if (vm.count(flag) && vm[flag].as<int64_t>() != value)
+        throw ConfigError(std::string("--") + flag + " " + std::to_string(vm[flag].as<int64_t>()) + ": the checkpoint's " +
+                          (plan.patterned() ? "layer " + std::to_string(layer) : "model") + " has attention." + flag +
+                          " " + std::to_string(value) + " (leave it out to see the layer's own)");
+    window = attention.window;
+    chunk = attention.chunk;
     layer = plan.layer_index[layer];  // the layer's number among its kind's
   } else {
     if (name.empty() || heads < 1) throw ConfigError("--position and --heads are required without --checkpoint");
@@ -265,7 +283,10 @@ int inspect(const Args& args) {
   }
   const PositionInfo& info = registry.get(name);
   method->eval();
-  auto pattern = score_pattern(*method, info, heads, d_head, length, causal, layer);  // (H, T, T)
+  if (window < 0 || chunk < 0)
+    throw ConfigError("--" + std::string(window < 0 ? "window" : "chunk") + " " +
+                      std::to_string(window < 0 ? window : chunk) + ": must not be negative (0: no mask)");
+  auto pattern = score_pattern(*method, info, heads, d_head, length, causal, layer, window, chunk);  // (H, T, T)
   for (int64_t h = 0; h < heads; ++h) {
     std::printf("head %lld\n", (long long)h);
     print_matrix(pattern[h]);

@@ -430,6 +430,15 @@ TEST_CASE("export: a model with a layer pattern is refused in one line, naming i
   require_one_line_error(out, "--layer 2: the checkpoint's layers are 0 to 1");
   CHECK(run_cli(d, {"inspect", "bias", "--checkpoint", run, "--layer", "0", "--position", "alibi", "--length", "3"}, &out) != 0);
   require_one_line_error(out, "--position alibi does not match the checkpoint's method rotary in layer 0");
+  CHECK(run_cli(d, {"inspect", "bias", "--checkpoint", run, "--layer", "1", "--length", "3", "--window", "2"}, &out) != 0);
+  require_one_line_error(out, "--window 2: the checkpoint's layer 1 has attention.window 0");
+  // A layer's own window and chunk are drawn as the masks they are (-inf).
+  const std::string masked = d.train("pattern_masks", "alibi", true, "byte", "",
+                                     "layers: {pattern: [local, alibi], kinds: {local: {attention: {window: 2, chunk: 3}}}}\n");
+  CHECK(run_cli(d, {"inspect", "bias", "--checkpoint", masked, "--layer", "0", "--length", "4"}, &out) == 0);
+  CHECK(out.find("head 0\n0 -inf -inf -inf\n-0.25 0 -inf -inf\n-inf -0.25 0 -inf\n-inf -inf -inf 0\n") != std::string::npos);
+  CHECK(run_cli(d, {"inspect", "bias", "--checkpoint", masked, "--layer", "1", "--length", "3"}, &out) == 0);
+  CHECK(out.find("head 0\n0 -inf -inf\n-0.25 0 -inf\n-0.5 -0.25 0\n") != std::string::npos);
 }
 
 TEST_CASE("export: a plugin's model exports, and Python refuses it by name", "[export][python]") {

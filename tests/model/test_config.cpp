@@ -194,6 +194,20 @@ TEST_CASE("command line: inspect slopes and bias print exact values", "[cli]") {
   REQUIRE(r.status == 0);
   REQUIRE(r.output == "head 0\n0 -inf -inf\n-0.0625 0 -inf\n-0.125 -0.0625 0\n"
                       "head 1\n0 -inf -inf\n-0.00390625 0 -inf\n-0.0078125 -0.00390625 0\n");
+  // attention.window and attention.chunk's masks, as the model applies them (-inf); one head's
+  // slope is 2^-8.
+  r = run_cli({"inspect", "bias", "--position", "alibi", "--heads", "1", "--length", "4", "--window", "2"});
+  REQUIRE(r.status == 0);
+  CHECK(r.output == "head 0\n0 -inf -inf -inf\n-0.00390625 0 -inf -inf\n-inf -0.00390625 0 -inf\n"
+                    "-inf -inf -0.00390625 0\n");
+  r = run_cli({"inspect", "bias", "--position", "alibi_symmetric", "--heads", "1", "--length", "4", "--chunk", "2",
+               "--bidirectional"});
+  REQUIRE(r.status == 0);
+  CHECK(r.output == "head 0\n0 -0.00390625 -inf -inf\n-0.00390625 0 -inf -inf\n-inf -inf 0 -0.00390625\n"
+                    "-inf -inf -0.00390625 0\n");
+  r = run_cli({"inspect", "bias", "--position", "alibi", "--heads", "1", "--length", "4", "--chunk", "-3"});
+  CHECK(r.status != 0);
+  CHECK_THAT(r.output, Catch::Contains("--chunk -3: must not be negative"));
   r = run_cli({"inspect", "bias", "--position", "nope", "--heads", "2", "--length", "3"});
   REQUIRE(r.status == 2);
   REQUIRE_THAT(r.output, Catch::Contains("unknown position method 'nope'"));
