@@ -231,6 +231,9 @@ core/eval/attention_profile.cpp | if (linear && look_left[size_t(h)] == 0) lo = 
 core/eval/attention_profile.cpp | scale.empty() ? 1.0f : scale[size_t(h * tq + r + t)] | 1.0f | the attention profile's own softmax ignores SSMax's logit scale
 core/eval/attention_profile.cpp | profile_exp_sums(s, std::max(lo, i + std::max<int64_t>(edges[b], 1)) | (void)0, (s, std::max(lo, i + std::max<int64_t>(edges[b], 1)) | the attention profile's own softmax of a masked LM leaves out every key after the query
 core/kernels/cpu_vector_math.h |   y += -0.5f * z; |   y += -0.25f * z; | log_float's second-order term halved (the profile's entropies of dense biases drift)
+core/model/config.cpp |   refuse_untaken_position(c, plan); |   (void)plan; | a layer pattern silently ignores a top-level position that no layer takes
+core/model/config.cpp |       if (kind.position_name == c.position_name) return; |       (void)kind; | a layer pattern refuses a top-level position naming a method the pattern uses
+experiments/cli/cli_inspect.cpp |   description.window = window; |   description.window = 0; | inspect bias draws no sliding-window mask
 EOF
 )
 
