@@ -197,7 +197,7 @@ core/eval/evaluator.cpp | tokens->position.index_put_({stream_at}, where + 1); |
 core/eval/longppl.cpp |   spec.stride = 1; |   spec.stride = 2; | LongPPL's short context shares windows between targets
 core/eval/longppl.cpp | out.longppl = std::exp(out.nll_sum / double(out.key_tokens)); | out.longppl = std::exp(out.nll_sum / double(out.candidates)); | LongPPL averages over the candidates, not the key tokens
 core/model/model.cpp | const auto recent = torch::arange(S - W + 1, 1, index_options) | const auto recent = torch::arange(S - W, 0, index_options) | StreamingLLM's recent keys end one token before the query
-core/model/model.cpp | parts.push_back(y.select(2, W - 1).view | parts.push_back(y.select(2, W - 2).view | StreamingLLM keeps the second-last row of each cache window
+core/model/model.cpp | /*last_queries=*/1); | /*last_queries=*/2); | StreamingLLM keeps the second-last row of each cache window
 core/model/model.cpp | slots.sampled = torch::arange(length, torch::kLong).clamp_max(streaming_.cache - 1); | slots.sampled = torch::arange(length, torch::kLong); | StreamingLLM embeds absolute positions at the text position, not the cache slot
 core/model/model.cpp | const auto sinks = torch::arange(S, index_options).unsqueeze(0); | const auto sinks = torch::arange(1, S + 1, index_options).unsqueeze(0); | StreamingLLM's sinks skip the stream's first token
 core/eval/evaluator.cpp |     model_->set_streaming(streaming_); |     (void)streaming_; | an evaluation leaves the model streaming
@@ -234,6 +234,7 @@ core/kernels/cpu_vector_math.h |   y += -0.5f * z; |   y += -0.25f * z; | log_fl
 core/model/config.cpp |   refuse_untaken_position(c, plan); |   (void)plan; | a layer pattern silently ignores a top-level position that no layer takes
 core/model/config.cpp |       if (kind.position_name == c.position_name) return; |       (void)kind; | a layer pattern refuses a top-level position naming a method the pattern uses
 experiments/cli/cli_inspect.cpp |   description.window = window; |   description.window = 0; | inspect bias draws no sliding-window mask
+core/model/model.cpp | bias.logit_scale.narrow(1, T - last_queries, last_queries); | bias.logit_scale.narrow(1, 0, last_queries); | StreamingLLM's last query takes SSMax's scale of the window's first row
 EOF
 )
 

@@ -83,7 +83,8 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, PositionMethod&
 torch::Tensor SelfAttentionImpl::attend(torch::Tensor q, torch::Tensor k, torch::Tensor v,
                                         const torch::Tensor& x, PositionMethod& position,
                                         const TokenPositions& positions,
-                                        const AttentionOptions& attention_options, KVCache::Layer* cache) {
+                                        const AttentionOptions& attention_options, KVCache::Layer* cache,
+                                        int64_t last_queries) {
   const auto T = q.size(2);
   LayerInput at{options.layer_index(), positions, x};
   torch::Tensor far_q, far_k;  // Self-Extend: the same q and k rotated at grouped positions
@@ -102,6 +103,14 @@ torch::Tensor SelfAttentionImpl::attend(torch::Tensor q, torch::Tensor k, torch:
     q = q * factor.to(q.device(), q.scalar_type()).view({1, 1, T, 1});
     if (far_q.defined()) far_q = far_q * factor.to(q.device(), q.scalar_type()).view({1, 1, T, 1});
   }
+  AttentionOptions attn = attention_options;
+  const bool last_only = last_queries > 0 && last_queries < T;
+  if (last_only) {  // the last rows attend, against every key
+    TORCH_CHECK(!cache, "attention of the last queries only: not with a KV cache");
+    q = q.narrow(2, T - last_queries, last_queries);
+    if (far_q.defined()) far_q = far_q.narrow(2, T - last_queries, last_queries);
+    attn.backend = AttentionBackend::Auto;  // fewer queries than keys: the reference path's
+  }
   if (cache) {  // the new tokens' keys and values join the cached ones
     if (cache->keys.defined()) {
       k = torch::cat({cache->keys, k}, 2);
@@ -112,9 +121,10 @@ torch::Tensor SelfAttentionImpl::attend(torch::Tensor q, torch::Tensor k, torch:
     at.keys = k.size(2);
     at.state = &cache->state;
   }
-  AttentionOptions attn = attention_options;
   attn.dropout = options.attention_dropout();
   AttentionBias bias = with_options(position.bias(at), at, attention_options.causal);
+  if (last_only && bias.logit_scale.defined())  // (H, T): the attending rows'
+    bias.logit_scale = bias.logit_scale.narrow(1, T - last_queries, last_queries);
   if (far_q.defined()) {
     bias.far_queries = far_q;
     bias.far_keys = far_k;
@@ -129,7 +139,7 @@ torch::Tensor SelfAttentionImpl::attend(torch::Tensor q, torch::Tensor k, torch:
 // at cache slots. The keys and values are the tokens' own, from their hidden states of the
 // layer below, each computed when that token was the query: what a KV cache holds. Every
 // method (biases, rotations, data-dependent positions) sees only these windows; only the last
-// row of each is kept.
+// row of each attends (its one query against the window's keys).
 torch::Tensor SelfAttentionImpl::attend_streaming(const torch::Tensor& q, const torch::Tensor& k,
                                                   const torch::Tensor& v, const torch::Tensor& x,
                                                   PositionMethod& position, const TokenPositions& positions,
@@ -144,8 +154,9 @@ torch::Tensor SelfAttentionImpl::attend_streaming(const torch::Tensor& q, const 
   std::vector<torch::Tensor> parts{attend(q.index_select(2, head), k.index_select(2, head), v.index_select(2, head),
                                           x.index_select(1, head), position, TokenPositions::window(head.size(0)),
                                           attention_options, nullptr)};
-  // Windows per pass: about 2^24 scores (windows x B x H x W x W) and as many gathered inputs.
-  const int64_t per_pass = std::max<int64_t>(1, (int64_t(1) << 24) / (B * W * std::max(H * W, D)));
+  // Windows per pass: about 2^24 gathered inputs (windows x B x W x D for each of q, k, v and x);
+  // each window's last query alone attends (B x H x W scores).
+  const int64_t per_pass = std::max<int64_t>(1, (int64_t(1) << 24) / (B * W * D));
   const auto sinks = torch::arange(S, index_options).unsqueeze(0);            // (1, S)
   const auto recent = torch::arange(S - W + 1, 1, index_options).unsqueeze(0);  // (1, W - S): t + these
   for (int64_t first = W; first < T; first += per_pass) {
@@ -156,8 +167,9 @@ torch::Tensor SelfAttentionImpl::attend_streaming(const torch::Tensor& q, const 
       return z.index_select(2, rows).view({B, H, c, W, Dh}).permute({0, 2, 1, 3, 4}).reshape({B * c, H, W, Dh});
     };
     const auto y = attend(gather(q), gather(k), gather(v), x.index_select(1, rows).view({B * c, W, D}),
-                          position, TokenPositions::window(W), attention_options, nullptr);  // (B c, H, W, Dh)
-    parts.push_back(y.select(2, W - 1).view({B, c, H, Dh}).permute({0, 2, 1, 3}));          // (B, H, c, Dh)
+                          position, TokenPositions::window(W), attention_options, nullptr,
+                          /*last_queries=*/1);                                      // (B c, H, 1, Dh)
+    parts.push_back(y.select(2, 0).view({B, c, H, Dh}).permute({0, 2, 1, 3}));     // (B, H, c, Dh)
   }
   return torch::cat(parts, 2);
 }

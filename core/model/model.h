@@ -78,10 +78,12 @@ class SelfAttentionImpl : public torch::nn::Cloneable<SelfAttentionImpl> {
 
  private:
   // The attention of q, k, v (B, H, T, Dh) of tokens at `positions`, x their input (B, T, D):
-  // the method's rotation and bias, the attention options, the cache. (B, H, T, Dh).
+  // the method's rotation and bias, the attention options, the cache. (B, H, T, Dh); with
+  // last_queries n > 0 (no cache), only the last n queries attend, against every key: (B, H, n, Dh).
   torch::Tensor attend(torch::Tensor q, torch::Tensor k, torch::Tensor v, const torch::Tensor& x,
                        PositionMethod& position, const TokenPositions& positions,
-                       const AttentionOptions& attention_options, KVCache::Layer* cache);
+                       const AttentionOptions& attention_options, KVCache::Layer* cache,
+                       int64_t last_queries = 0);
   // attend() under StreamingLLM (positions.stream_cache > 0): each query over its cache.
   torch::Tensor attend_streaming(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                  const torch::Tensor& x, PositionMethod& position,

@@ -154,9 +154,27 @@ TEST_CASE("StreamingLLM equals the definition layer by layer for every causal me
           "where nothing is evicted",
           "[streaming]") {
   const int64_t T = 40, S = 3, W = 11;
-  for (const auto& name : testing::causal_methods()) {
+  // Every causal method, and the attention options on two of them (a sink, SSMax's per-row
+  // scale, the temperature by slot, a gate, a window), each window's last query alone attending.
+  std::vector<std::pair<std::string, TransformerLM>> models;
+  for (const auto& name : testing::causal_methods()) models.emplace_back(name, perturbed_model(name));
+  for (const std::string method : {"alibi", "rotary"}) {
+    Config config = testing::tiny_config(method);
+    config.model.attention_options.sink = true;
+    config.model.attention_options.ssmax = true;
+    config.model.attention_options.temperature = 0.5;
+    config.model.attention_options.temperature_floor = 4;
+    config.model.attention_options.window = method == "rotary" ? 7 : 0;  // alibi's queries see the sinks
+    config.model.attention_options.gate = AttentionGate::headwise;
+    torch::manual_seed(22);
+    auto model = build_model(config, 257);
+    model->eval();
+    torch::NoGradGuard no_grad;
+    for (auto& p : model->parameters()) p.add_(torch::randn_like(p) * 0.05);
+    models.emplace_back(method + " + sink, ssmax, temperature, gate" + (method == "rotary" ? ", window 7" : ""), model);
+  }
+  for (auto& [name, model] : models) {
     INFO(name);
-    auto model = perturbed_model(name);
     torch::NoGradGuard no_grad;
     torch::manual_seed(6);
     const auto tokens = torch::randint(0, 256, {2, T}, torch::kLong);
