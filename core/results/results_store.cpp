@@ -640,7 +640,7 @@ void ResultsStore::load() {
   }
 }
 
-const RunRecord* ResultsStore::run(const std::string& run_id) const {
+const RunRecord* ResultsStore::run(const std::string& run_id) const& {
   const auto found = runs_.find(run_id);
   return found == runs_.end() ? nullptr : &found->second;
 }
@@ -651,7 +651,7 @@ bool ResultsStore::has_point(const std::string& run_id, const std::string& mode,
 }
 
 const PointRecord* ResultsStore::point(const std::string& run_id, const std::string& mode,
-                                       int64_t eval_length) const {
+                                       int64_t eval_length) const& {
   const auto found = point_keys_.find({run_id, mode, eval_length});
   return found == point_keys_.end() ? nullptr : &points_[found->second];
 }

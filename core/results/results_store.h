@@ -74,6 +74,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/base/files.h"
@@ -203,15 +204,24 @@ class ResultsStore {
   // stored header with its own. Needs the lock: it also removes a stale PATH.tmp.
   static ResultsStore open_or_create(const std::string& path, const SweepHeader& header);
 
-  const std::string& path() const { return path_; }
-  const SweepHeader& header() const { return header_; }
-  const std::map<std::string, RunRecord>& runs() const { return runs_; }
-  const std::vector<PointRecord>& points() const { return points_; }  // /summary order
-  const RunRecord* run(const std::string& run_id) const;
+  // What the store holds. On a temporary (ResultsStore::open(path).points()) the containers
+  // are moved out, and the pointer lookups do not compile: a pointer into a temporary store
+  // dangles at the end of the statement.
+  const std::string& path() const& { return path_; }
+  const SweepHeader& header() const& { return header_; }
+  SweepHeader header() && { return std::move(header_); }
+  const std::map<std::string, RunRecord>& runs() const& { return runs_; }
+  std::map<std::string, RunRecord> runs() && { return std::move(runs_); }
+  const std::vector<PointRecord>& points() const& { return points_; }  // /summary order
+  std::vector<PointRecord> points() && { return std::move(points_); }
+  const RunRecord* run(const std::string& run_id) const&;
+  const RunRecord* run(const std::string& run_id) const&& = delete;
   bool has_point(const std::string& run_id, const std::string& mode, int64_t eval_length) const;
   // The recorded point, or null.
   const PointRecord* point(const std::string& run_id, const std::string& mode,
-                           int64_t eval_length) const;
+                           int64_t eval_length) const&;
+  const PointRecord* point(const std::string& run_id, const std::string& mode,
+                           int64_t eval_length) const&& = delete;
 
   // One atomic change: creates or replaces the attributes and curves of each run, then appends
   // each point (to /summary and to its run's eval group). A point's run must exist (in the
