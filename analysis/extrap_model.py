@@ -22,6 +22,11 @@ API
   model.bias(layer, T, h=None, q=None, k=None) -> (H, T, T) additive score bias, -inf where a
       key is masked; fox needs h = blocks[layer].ln_attention(x) (B, T, D) and cope needs the
       layer's q and k (B, H, T, Dh): their bias is (B, H, T, T)
+  model.kinds: a LayerKind per kind of layer (one without a layer pattern), each with its
+      method, options (defaults filled in), attention options and the method's tensors;
+      model.kind_of(layer) -> (kind, the layer's number among the kind's layers);
+      model.method, model.options, model.attention_options: the one kind's (method "pattern"
+      with a layer pattern)
   model.metadata (JSON values decoded), model.vocabulary (word level: a list; else None),
   model.pieces (sentencepiece: a sentencepiece.SentencePieceProcessor; else None),
   model.encode(text) -> ids, model.decode(ids) -> text
@@ -46,6 +51,11 @@ learned sink logit per head (blocks.L.attention.sink), SSMax's per-head s times 
 element-wise output gate sigmoid(h W_g^T) (blocks.L.attention.gate.weight), and sliding-window
 and chunk masks by index within the window.
 
+Layer patterns (metadata position "pattern"): metadata "layers" gives one period of kinds,
+repeated over depth, and each kind's method, options and attention options; kind K's tensors
+are position_K.NAME, a per-layer table holding a row per layer of the kind in depth order.
+Each layer runs its kind's method and attention options.
+
 Command line (errors: one line on stderr, exit status 2):
     python analysis/extrap_model.py MODEL.safetensors --tokens-file FILE --length 16 48
         [--stride 8 ...] [--dtype float64] [--max-tokens N] [--json] [--reader fallback]
@@ -65,6 +75,7 @@ import torch.nn.functional as F
 from torch import nn
 
 FORMAT = "extrap-safetensors/1"
+PATTERN = "pattern"  # metadata position of an export with a layer pattern: see metadata "layers"
 POSITION_METHODS = ("none", "sinusoidal", "learned", "rotary", "p_rope", "alibi", "alibi_symmetric",
                     "alibi_nonsymmetric", "alibi_learned", "t5_bias", "kerple_log", "kerple_power",
                     "sandwich", "xpos", "fire", "cope", "fox", "path", "stick_breaking")
@@ -82,7 +93,7 @@ POSITION_DEFAULTS = {"rotary": {"base": 10000.0, "fraction": 1.0}, "sinusoidal":
                               "shared_across_layers": False},
                      "path": {"rank": 32, "conv_size": 3, "forget_gate": False, "init_std": 0.02},
                      "stick_breaking": {"attend_current": False}}
-JSON_METADATA = ("position_options", "model", "data", "eval", "train", "vocabulary", "checkpoint",
+JSON_METADATA = ("position_options", "model", "data", "eval", "train", "vocabulary", "checkpoint", "layers",
                  "attention")
 # The attention options (metadata "attention"; an export without the key has none of them).
 ATTENTION_DEFAULTS = {"sink": False, "ssmax": False, "temperature": 0.0, "temperature_floor": 8192,
@@ -211,6 +222,25 @@ def evaluation_windows(last, length, stride):
 
 
 # ----------------------------------------------------------------------------- the model
+def _kind_metadata(where, method, options, attention):
+    """A kind's method, its options with the defaults filled in, and its attention options."""
+    if method not in POSITION_METHODS:
+        raise ValueError(f"{where}: unknown position method {method!r}; supported: "
+                         + ", ".join(POSITION_METHODS))
+    if not isinstance(options, dict) or not isinstance(attention, dict):
+        raise ValueError(f"{where}: position_options and attention must be JSON objects")
+    unknown = sorted(set(attention) - set(ATTENTION_DEFAULTS))
+    if unknown:
+        raise ValueError(f"{where}: 'attention' has unknown option(s) {', '.join(unknown)}; supported: "
+                         + ", ".join(ATTENTION_DEFAULTS))
+    attention = {**ATTENTION_DEFAULTS, **attention}
+    if attention["gate"] not in ("none", "headwise", "elementwise"):
+        raise ValueError(f"{where}: 'attention': unknown gate {attention['gate']!r}; "
+                         "supported: none, headwise, elementwise")
+    return {"position": method, "position_options": {**POSITION_DEFAULTS.get(method, {}), **options},
+            "attention": attention}
+
+
 def _metadata(raw):
     if raw.get("format") != FORMAT:
         raise ValueError(f"metadata format is {raw.get('format')!r}, expected {FORMAT!r}")
@@ -224,21 +254,101 @@ def _metadata(raw):
                 parsed[key] = json.loads(raw[key])
             except json.JSONDecodeError as e:
                 raise ValueError(f"metadata {key!r} is not valid JSON: {e}") from None
-    if parsed["position"] not in POSITION_METHODS:
-        raise ValueError(f"unknown position method {parsed['position']!r}; supported: "
-                         + ", ".join(POSITION_METHODS))
-    parsed["position_options"] = {**POSITION_DEFAULTS.get(parsed["position"], {}),
-                                  **parsed.get("position_options", {})}
-    attention = parsed.get("attention", {})
-    unknown = sorted(set(attention) - set(ATTENTION_DEFAULTS))
-    if unknown:
-        raise ValueError(f"metadata 'attention' has unknown option(s) {', '.join(unknown)}; supported: "
-                         + ", ".join(ATTENTION_DEFAULTS))
-    parsed["attention"] = {**ATTENTION_DEFAULTS, **attention}
-    if parsed["attention"]["gate"] not in ("none", "headwise", "elementwise"):
-        raise ValueError(f"metadata 'attention': unknown gate {parsed['attention']['gate']!r}; "
-                         "supported: none, headwise, elementwise")
+    if parsed["position"] == PATTERN:  # "layers": {"pattern": [kind, ...], "kinds": {kind: {...}}}
+        layers = parsed.get("layers")
+        if not isinstance(layers, dict) or not isinstance(layers.get("pattern"), list) \
+                or not layers["pattern"] or not isinstance(layers.get("kinds"), dict):
+            raise ValueError("metadata position is 'pattern' but 'layers' has no pattern and kinds")
+        kinds = {}
+        for name in layers["pattern"]:
+            if name not in layers["kinds"]:
+                raise ValueError(f"metadata 'layers': pattern entry {name!r} is not one of the kinds")
+            entry = layers["kinds"][name]
+            if not isinstance(entry, dict) or "position" not in entry:
+                raise ValueError(f"metadata 'layers': kind {name!r} has no 'position'")
+            kinds[name] = _kind_metadata(f"metadata 'layers' kind {name!r}", entry["position"],
+                                         entry.get("position_options", {}), entry.get("attention", {}))
+        parsed["layers"] = {"pattern": list(layers["pattern"]), "kinds": kinds}
+    else:
+        kind = _kind_metadata("metadata", parsed["position"], parsed.get("position_options", {}),
+                              parsed.get("attention", {}))
+        parsed["position_options"], parsed["attention"] = kind["position_options"], kind["attention"]
     return parsed
+
+
+class LayerKind(nn.Module):
+    """One kind of layer: its position method (`method`), the method's options (`options`, defaults
+    filled in), its attention options (`attention`) and the method's tensors, as parameters of this
+    module. An export without a layer pattern has one kind, every layer's, registered as the model's
+    `position` (tensors position.NAME); a pattern's kind K is `position_K` (tensors
+    position_K.NAME), and its per-layer tables have a row per layer of the kind, in depth order."""
+
+    def __init__(self, name, entry, model, layers, kw):
+        super().__init__()
+        self.kind_name, self.method = name, entry["position"]
+        self.options, self.attention, self.layers = entry["position_options"], entry["attention"], layers
+        where = f"kind {name!r}: " if name else ""
+        D, H, Dh, a = model.d_model, model.heads, model.d_head, self.attention
+        S = 1 if self.options.get("shared_across_layers", True) else layers
+        shapes = {}
+        if self.method in ("alibi", "alibi_symmetric", "alibi_nonsymmetric"):
+            shapes = {"slopes": (H,)}
+        elif self.method == "alibi_learned":
+            shapes = {"raw_slopes": (S, H)} if model.causal else \
+                {"raw_slopes_left": (S, H), "raw_slopes_right": (S, H)}
+        elif self.method == "learned":
+            shapes = {"table": (int(self.options["max_length"]), D)}
+        elif self.method == "t5_bias":
+            shapes = {"table": (S, int(self.options["buckets"]), H)}
+        elif self.method in ("kerple_log", "kerple_power"):
+            shapes = {"r1": (S, H), "r2": (S, H)}
+        elif self.method == "fire":
+            W = int(self.options["mlp_width"])
+            if W < 1:
+                raise ValueError(f"{where}fire: mlp_width must be positive, not {W}")
+            shapes = {"w1": (S, W), "b1": (S, W), "w2": (S, H, W), "b2": (S, H), "c": (S,),
+                      "L_multiplier": (S,)}
+        elif self.method == "cope":
+            for key in ("npos", "per_head"):
+                if key not in self.options:
+                    raise ValueError(f"{where}cope: position_options lacks {key!r}")
+            if int(self.options["npos"]) < 1:
+                raise ValueError(f"{where}cope: npos must be positive, not {self.options['npos']}")
+            E = H if self.options["per_head"] else 1
+            shapes = {"embeddings": (layers, E, Dh, int(self.options["npos"]))}
+        elif self.method == "fox":
+            shapes = {"gate_weight": (layers, H, D), "gate_bias": (layers, H)}
+        elif self.method == "path":
+            for key in ("rank", "conv_size", "forget_gate"):
+                if key not in self.options:
+                    raise ValueError(f"{where}path: position_options lacks {key!r}")
+            rank, size = int(self.options["rank"]), int(self.options["conv_size"])
+            if rank < 0 or size < 0:
+                raise ValueError(f"{where}path: rank {rank} and conv_size {size} must not be negative")
+            shapes = {"w_down": (layers, rank, D), "w_up": (layers, D, rank)} if rank > 0 else \
+                {"w_proj": (layers, D, D)}
+            if size > 0:
+                shapes["w_conv"] = (layers, D, size)
+            shapes.update(beta_weight=(layers, H, D), beta_bias=(layers, H))
+            if self.options["forget_gate"]:
+                shapes.update(gate_weight=(layers, H, D), gate_bias=(layers, H))
+        elif self.method == "stick_breaking" and a["sink"]:
+            raise ValueError(f"{where}stick_breaking has no softmax for a sink column to join; this export has a sink")
+        for tensor, shape in shapes.items():
+            self.register_parameter(tensor, nn.Parameter(torch.empty(shape, **kw)))
+        if self.method in CAUSAL_ONLY and not model.causal:
+            raise ValueError(f"{where}position method {self.method!r} is causal only; this export is a "
+                             f"bidirectional model (objective {model.metadata['model'].get('objective')!r})")
+        if self.method == "alibi_nonsymmetric" and H % 2:
+            raise ValueError(f"{where}alibi_nonsymmetric needs an even number of heads, not {H}")
+        if self.method == "t5_bias":
+            nb = int(self.options["buckets"]) // (2 if not model.causal else 1)
+            if nb // 2 < 1 or self.options["max_distance"] <= nb // 2:
+                raise ValueError(f"{where}t5_bias: {self.options['buckets']} buckets and max_distance "
+                                 f"{self.options['max_distance']} leave no log-spaced buckets")
+
+    def bias_row(self, index):  # which row of a per-layer table the kind's layer `index` uses
+        return 0 if self.options.get("shared_across_layers", True) else index
 
 
 class ExtrapModel(nn.Module):
@@ -252,17 +362,39 @@ class ExtrapModel(nn.Module):
         if self.d_model % self.heads:
             raise ValueError(f"d_model {self.d_model} is not a multiple of heads {self.heads}")
         self.d_head = self.d_model // self.heads
-        self.causal, self.method = bool(m["causal"]), metadata["position"]
-        self.options = metadata["position_options"]
+        self.causal = bool(m["causal"]) and m.get("objective") != "masked_lm"
         if m.get("activation", "gelu") not in ("gelu", "relu"):
             raise ValueError(f"unknown activation {m['activation']!r}; supported: gelu, relu")
         self.act = F.relu if m.get("activation") == "relu" else F.gelu  # gelu: exact (erf)
         D, Fd, V, H = self.d_model, int(m["d_ffn"]), int(metadata["data"]["vocab_size"]), self.heads
         eps, kw = float(m.get("layer_norm_eps", 1e-5)), dict(device="meta", dtype=dtype)
-        self.attention_options = a = metadata.get("attention", ATTENTION_DEFAULTS)
+        # The kinds of layer and each layer's kind and its number among its kind's layers.
+        if metadata["position"] == PATTERN:
+            pattern, entries = metadata["layers"]["pattern"], metadata["layers"]["kinds"]
+            if self.layers % len(pattern):
+                raise ValueError(f"metadata 'layers': a pattern of {len(pattern)} does not divide "
+                                 f"{self.layers} layers")
+            names = list(dict.fromkeys(pattern))  # in order of first use
+            self.layer_kind = [names.index(pattern[l % len(pattern)]) for l in range(self.layers)]
+        else:
+            names, entries = [""], {"": {k: metadata[k] for k in ("position", "position_options", "attention")}}
+            self.layer_kind = [0] * self.layers
+        self.layer_index = [self.layer_kind[:l].count(self.layer_kind[l]) for l in range(self.layers)]
+        self.kinds = []
+        for k, name in enumerate(names):
+            kind = LayerKind(name, entries[name], self, self.layer_kind.count(k), kw)
+            self.add_module("position_" + name if name else "position", kind)
+            self.kinds.append(kind)
+            if kind.method in ("learned", "sinusoidal") and name:
+                raise ValueError(f"kind {name!r}: {kind.method} adds to the token embeddings once "
+                                 "for the whole model; a layer pattern's methods act in their own layers")
+        # An export without a pattern: its one method, options and attention options.
+        self.method = self.kinds[0].method if len(names) == 1 and not names[0] else PATTERN
+        self.options, self.attention_options = self.kinds[0].options, self.kinds[0].attention
         self.embedding = nn.Embedding(V, D, **kw)
         self.blocks = nn.ModuleList()
-        for _ in range(self.layers):
+        for layer in range(self.layers):
+            a = self.kinds[self.layer_kind[layer]].attention
             block = nn.Module()
             block.ln_attention = nn.LayerNorm(D, eps, **kw)
             block.ln_ffn = nn.LayerNorm(D, eps, **kw)
@@ -279,77 +411,24 @@ class ExtrapModel(nn.Module):
             self.blocks.append(block)
         self.ln_final = nn.LayerNorm(D, eps, **kw)
         self.head = None if m.get("tie_embeddings", True) else nn.Linear(D, V, bias=False, **kw)
-        # Position tensors, shaped as the format says; S = rows of per-layer tables.
-        self.position = nn.Module()
-        shared = self.options.get("shared_across_layers", True)
-        S = 1 if shared else self.layers
-        shapes = {}
-        if self.method in ("alibi", "alibi_symmetric", "alibi_nonsymmetric"):
-            shapes = {"slopes": (H,)}
-        elif self.method == "alibi_learned":
-            shapes = {"raw_slopes": (S, H)} if self.causal else \
-                {"raw_slopes_left": (S, H), "raw_slopes_right": (S, H)}
-        elif self.method == "learned":
-            shapes = {"table": (int(self.options["max_length"]), D)}
-        elif self.method == "t5_bias":
-            shapes = {"table": (S, int(self.options["buckets"]), H)}
-        elif self.method in ("kerple_log", "kerple_power"):
-            shapes = {"r1": (S, H), "r2": (S, H)}
-        elif self.method == "fire":
-            W = int(self.options["mlp_width"])
-            if W < 1:
-                raise ValueError(f"fire: mlp_width must be positive, not {W}")
-            shapes = {"w1": (S, W), "b1": (S, W), "w2": (S, H, W), "b2": (S, H), "c": (S,),
-                      "L_multiplier": (S,)}
-        elif self.method == "cope":
-            for key in ("npos", "per_head"):
-                if key not in self.options:
-                    raise ValueError(f"cope: position_options lacks {key!r}")
-            if int(self.options["npos"]) < 1:
-                raise ValueError(f"cope: npos must be positive, not {self.options['npos']}")
-            E = H if self.options["per_head"] else 1
-            shapes = {"embeddings": (self.layers, E, self.d_head, int(self.options["npos"]))}
-        elif self.method == "fox":
-            shapes = {"gate_weight": (self.layers, H, D), "gate_bias": (self.layers, H)}
-        elif self.method == "path":
-            for key in ("rank", "conv_size", "forget_gate"):
-                if key not in self.options:
-                    raise ValueError(f"path: position_options lacks {key!r}")
-            Lr, rank, size, HD = self.layers, int(self.options["rank"]), int(self.options["conv_size"]), D
-            if rank < 0 or size < 0:
-                raise ValueError(f"path: rank {rank} and conv_size {size} must not be negative")
-            shapes = {"w_down": (Lr, rank, D), "w_up": (Lr, HD, rank)} if rank > 0 else {"w_proj": (Lr, HD, D)}
-            if size > 0:
-                shapes["w_conv"] = (Lr, HD, size)
-            shapes.update(beta_weight=(Lr, H, D), beta_bias=(Lr, H))
-            if self.options["forget_gate"]:
-                shapes.update(gate_weight=(Lr, H, D), gate_bias=(Lr, H))
-        elif self.method == "stick_breaking" and a["sink"]:
-            raise ValueError("stick_breaking has no softmax for a sink column to join; this export has a sink")
-        for name, shape in shapes.items():
-            self.position.register_parameter(name, nn.Parameter(torch.empty(shape, **kw)))
-        if self.method in CAUSAL_ONLY and (not self.causal or m.get("objective") == "masked_lm"):
-            raise ValueError(f"position method {self.method!r} is causal only; this export is a "
-                             f"bidirectional model (objective {m.get('objective')!r})")
-        if self.method == "alibi_nonsymmetric" and H % 2:
-            raise ValueError(f"alibi_nonsymmetric needs an even number of heads, not {H}")
-        if self.method == "t5_bias":
-            nb = int(self.options["buckets"]) // (2 if not self.causal else 1)
-            if nb // 2 < 1 or self.options["max_distance"] <= nb // 2:
-                raise ValueError(f"t5_bias: {self.options['buckets']} buckets and max_distance "
-                                 f"{self.options['max_distance']} leave no log-spaced buckets")
         self._word_ids = None
         self.pieces = None  # sentencepiece: set by load() from the export's tokenizer model
 
+    def kind_of(self, layer):  # (the layer's LayerKind, its number among the kind's layers)
+        if not 0 <= layer < self.layers:
+            raise ValueError(f"layer {layer}: the model's layers are 0 to {self.layers - 1}")
+        return self.kinds[self.layer_kind[layer]], self.layer_index[layer]
+
     # -- position methods: input embeddings, q/k rotation, score bias
-    def _absolute_positions(self, offset, T):  # (T, D) or None
-        if self.method == "learned":
-            if offset + T > self.position.table.shape[0]:
-                raise ValueError(f"learned positions end at {self.position.table.shape[0]}; "
+    def _absolute_positions(self, offset, T):  # (T, D) or None; never a pattern's (refused)
+        kind = self.kinds[0]
+        if kind.method == "learned":
+            if offset + T > kind.table.shape[0]:
+                raise ValueError(f"learned positions end at {kind.table.shape[0]}; "
                                  f"positions {offset} .. {offset + T - 1} asked for")
-            return self.position.table[offset:offset + T]
-        if self.method == "sinusoidal":
-            D, base = self.d_model, float(self.options["base"])
+            return kind.table[offset:offset + T]
+        if kind.method == "sinusoidal":
+            D, base = self.d_model, float(kind.options["base"])
             p = torch.arange(offset, offset + T, dtype=torch.float64)[:, None]
             freq = torch.tensor([base ** (-2.0 * i / D) for i in range((D + 1) // 2)],
                                 dtype=torch.float64)
@@ -359,13 +438,13 @@ class ExtrapModel(nn.Module):
             return pe.to(torch.float32).to(device=w.device, dtype=w.dtype)
         return None
 
-    def _rotary(self, offset, T):  # (cos, sin), each (T, d_rot/2), or None
-        base = float(self.options.get("base", 10000.0))
-        if self.method == "rotary":  # the first d_rot dimensions, with frequencies over d_rot
-            d_rot = 2 * math.floor(float(self.options["fraction"]) * self.d_head / 2 + 1e-9)
+    def _rotary(self, kind, offset, T):  # (cos, sin), each (T, d_rot/2), or None
+        base = float(kind.options.get("base", 10000.0))
+        if kind.method == "rotary":  # the first d_rot dimensions, with frequencies over d_rot
+            d_rot = 2 * math.floor(float(kind.options["fraction"]) * self.d_head / 2 + 1e-9)
             theta = [base ** (-2.0 * i / d_rot) for i in range(d_rot // 2)]
-        elif self.method == "p_rope":  # rotary's frequencies over the head, the highest m kept
-            m = math.floor(float(self.options["keep"]) * (self.d_head // 2) + 1e-9)
+        elif kind.method == "p_rope":  # rotary's frequencies over the head, the highest m kept
+            m = math.floor(float(kind.options["keep"]) * (self.d_head // 2) + 1e-9)
             theta = [base ** (-2.0 * i / self.d_head) for i in range(m)]
         else:
             return None
@@ -376,19 +455,19 @@ class ExtrapModel(nn.Module):
         w = self.embedding.weight
         return angle.cos().to(w.device, w.dtype), angle.sin().to(w.device, w.dtype)
 
-    def _xpos(self, offset, T):  # ((cos, sin) of the queries, (cos, sin) of the keys), or None
+    def _xpos(self, kind, offset, T):  # ((cos, sin) of the queries, (cos, sin) of the keys), or None
         """xPos: the rotary rotation (fraction 1) with pair m of the query at position n scaled by
         zeta_m^(n / scale_base) and of the key by zeta_m^(-n / scale_base), folded into the
         tables. n is centred on the window's middle (scores are unchanged by any shift of n);
         computed in float64, rounded to the model's dtype."""
-        if self.method != "xpos":
+        if kind.method != "xpos":
             return None
         dh = self.d_head
         d_rot = 2 * (dh // 2)
         if d_rot == 0:
             return None
-        base, scale_base = float(self.options["base"]), float(self.options["scale_base"])
-        gamma = float(self.options["gamma"])
+        base, scale_base = float(kind.options["base"]), float(kind.options["scale_base"])
+        gamma = float(kind.options["gamma"])
         theta = torch.tensor([base ** (-2.0 * i / d_rot) for i in range(d_rot // 2)],
                              dtype=torch.float64)
         zeta = torch.tensor([(2.0 * i + gamma * dh) / ((1.0 + gamma) * dh)
@@ -403,6 +482,10 @@ class ExtrapModel(nn.Module):
                            (sin * scale).to(w.device, w.dtype)))
         return tuple(tables)
 
+    def _rotations(self, kind, offset, T):  # (queries' (cos, sin), keys' (cos, sin)) or None
+        rotary = self._rotary(kind, offset, T)
+        return (rotary, rotary) if rotary is not None else self._xpos(kind, offset, T)
+
     @staticmethod
     def _rotate(x, cos, sin):  # x (B, H, T, Dh): pairs (2i, 2i+1) of the first d_rot dims rotated
         d = 2 * cos.shape[-1]
@@ -410,23 +493,22 @@ class ExtrapModel(nn.Module):
         rotated = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2)
         return torch.cat((rotated, x[..., d:]), dim=-1)
 
-    def _bias_row(self, layer):  # which row of a per-layer table a layer uses
-        return 0 if self.options.get("shared_across_layers", True) else layer
-
     def bias(self, layer, T, h=None, q=None, k=None):
-        """(H, T, T) additive bias on the scores of `layer` (i = query, j = key), -inf = masked.
+        """(H, T, T) additive bias on the scores of `layer` (i = query, j = key), -inf = masked,
+        by the layer's position method (the window and chunk masks are not in it).
         fox's bias depends on the layer's input: h = blocks[layer].ln_attention(x) (B, T, D), the
         normalised attention input, is required and the bias is (B, H, T, T). cope's depends on
         the queries and the scores: q and k (B, H, T, Dh), as the layer computes them, are
         required and the bias is (B, H, T, T). Other methods ignore h, q and k."""
-        if self.method == "fox":
+        kind, index = self.kind_of(layer)
+        if kind.method == "fox":
             if h is None:
                 raise ValueError("fox: the bias depends on the layer's input; pass "
                                  "h = blocks[layer].ln_attention(x), shaped (B, T, D)")
             if h.dim() != 3 or h.shape[1] != T or h.shape[2] != self.d_model:
                 raise ValueError(f"fox: h must be (B, {T}, {self.d_model}), not {tuple(h.shape)}")
-            return self._fox_bias(layer, h)
-        if self.method == "cope":
+            return self._fox_bias(kind, index, h)
+        if kind.method == "cope":
             if q is None or k is None:
                 raise ValueError("cope: the bias depends on the queries and the scores; pass q "
                                  "and k, each (B, H, T, Dh), as the layer computes them")
@@ -434,45 +516,47 @@ class ExtrapModel(nn.Module):
             if q.dim() != 4 or k.shape != q.shape or tuple(q.shape[1:]) != want:
                 raise ValueError(f"cope: q and k must be (B, {', '.join(map(str, want))}), not "
                                  f"{tuple(q.shape)} and {tuple(k.shape)}")
-            return self._cope_bias(layer, q, k)
+            return self._cope_bias(kind, index, q, k)
+        return self._static_bias(kind, kind.bias_row(index), T)
+
+    def _static_bias(self, kind, s, T):  # (H, T, T): the bias of row s of the kind's tables
         w, H = self.embedding.weight, self.heads
         i = torch.arange(T, device=w.device)[:, None]
         j = torch.arange(T, device=w.device)[None, :]
         left = (i - j).to(w.dtype)  # (T, T): i - j, the distance to a key on the left
         neg_inf = torch.tensor(float("-inf"), dtype=w.dtype, device=w.device)
-        if self.method in ("alibi", "alibi_symmetric", "alibi_nonsymmetric"):
-            m = self.position.slopes.to(w.dtype)[:, None, None]  # (H, 1, 1)
+        if kind.method in ("alibi", "alibi_symmetric", "alibi_nonsymmetric"):
+            m = kind.slopes.to(w.dtype)[:, None, None]  # (H, 1, 1)
             bias = -m * left.abs()
-            if self.method == "alibi":
+            if kind.method == "alibi":
                 bias = bias.masked_fill(j > i, neg_inf)
-            elif self.method == "alibi_nonsymmetric":  # first half looks left, second half right
+            elif kind.method == "alibi_nonsymmetric":  # first half looks left, second half right
                 half = torch.arange(H, device=w.device)[:, None, None] < H // 2
                 bias = bias.masked_fill(half & (j > i) | ~half & (j < i), neg_inf)
-        elif self.method == "alibi_learned":
-            s = self._bias_row(layer)
+        elif kind.method == "alibi_learned":
             if self.causal:
-                bias = -F.softplus(self.position.raw_slopes[s])[:, None, None] * left
+                bias = -F.softplus(kind.raw_slopes[s])[:, None, None] * left
             else:
-                m_left = F.softplus(self.position.raw_slopes_left[s])[:, None, None]
-                m_right = F.softplus(self.position.raw_slopes_right[s])[:, None, None]
+                m_left = F.softplus(kind.raw_slopes_left[s])[:, None, None]
+                m_right = F.softplus(kind.raw_slopes_right[s])[:, None, None]
                 bias = torch.where(j <= i, -m_left * left, m_right * left)  # right: -m_r (j - i)
-        elif self.method == "t5_bias":
-            count, max_distance = int(self.options["buckets"]), self.options["max_distance"]
+        elif kind.method == "t5_bias":
+            count, max_distance = int(kind.options["buckets"]), kind.options["max_distance"]
             per_distance = torch.tensor([t5_bucket(r, count, max_distance, not self.causal)
                                          for r in range(-(T - 1), T)], device=w.device)
             buckets = per_distance[j - i + T - 1]  # (T, T): the bucket of j - i
-            bias = self.position.table[self._bias_row(layer)][buckets].permute(2, 0, 1)
-        elif self.method in ("kerple_log", "kerple_power"):
-            s, distance = self._bias_row(layer), left.abs()
-            r1 = self.position.r1[s].clamp(min=0.01)[:, None, None]  # (H, 1, 1)
-            if self.method == "kerple_log":  # -r1 log(1 + r2 |i - j|)
-                r2 = self.position.r2[s].clamp(min=0.01)[:, None, None]
+            bias = kind.table[s][buckets].permute(2, 0, 1)
+        elif kind.method in ("kerple_log", "kerple_power"):
+            distance = left.abs()
+            r1 = kind.r1[s].clamp(min=0.01)[:, None, None]  # (H, 1, 1)
+            if kind.method == "kerple_log":  # -r1 log(1 + r2 |i - j|)
+                r2 = kind.r2[s].clamp(min=0.01)[:, None, None]
                 bias = -r1 * torch.log1p(r2 * distance)
             else:  # -r1 |i - j|^r2, exactly 0 on the diagonal
-                r2 = self.position.r2[s].clamp(0.01, 2.0)[:, None, None]
+                r2 = kind.r2[s].clamp(0.01, 2.0)[:, None, None]
                 bias = (-r1 * distance ** r2).masked_fill(i == j, 0.0)
-        elif self.method == "sandwich":  # a table by distance |i - j|, float64 rounded to dtype
-            d, base, scale = self.d_head, float(self.options["base"]), float(self.options["scale"])
+        elif kind.method == "sandwich":  # a table by distance |i - j|, float64 rounded to dtype
+            d, base, scale = self.d_head, float(kind.options["base"]), float(kind.options["scale"])
             freq = torch.tensor([base ** (-2.0 * n / d) for n in range(1, d // 2 + 1)],
                                 dtype=torch.float64)
             distance = torch.arange(T, dtype=torch.float64)[:, None]
@@ -480,44 +564,43 @@ class ExtrapModel(nn.Module):
             heads = torch.arange(1, H + 1, dtype=torch.float64)[:, None]  # h = 1 .. H
             table = (by_distance / (scale * heads / H)).to(w.device, w.dtype)  # (H, T)
             bias = table[:, (i - j).abs()]
-        elif self.method == "fire":
-            bias = self._fire_bias(layer, left.abs())
+        elif kind.method == "fire":
+            bias = self._fire_bias(kind, s, left.abs())
         else:
             bias = torch.zeros(H, T, T, dtype=w.dtype, device=w.device)
         if self.causal:
             bias = bias.masked_fill(j > i, neg_inf)
         return bias.expand(H, T, T)
 
-    def _fire_bias(self, layer, distance):  # distance (T, T) = |i - j| -> (H, T, T)
-        s, P = self._bias_row(layer), self.position
-        T, W = distance.shape[0], P.w1.shape[1]
-        c = P.c[s].abs()
-        L = (P.L_multiplier[s] * float(self.options["init_L"])).abs()
+    def _fire_bias(self, kind, s, distance):  # distance (T, T) = |i - j| -> (H, T, T)
+        T, W = distance.shape[0], kind.w1.shape[1]
+        c = kind.c[s].abs()
+        L = (kind.L_multiplier[s] * float(kind.options["init_L"])).abs()
         query = torch.arange(T, dtype=distance.dtype, device=distance.device)  # i, as a float
         x = torch.log1p(c * distance) / (torch.log1p(c * torch.maximum(query, L)) +
-                                         float(self.options["eps"]))[:, None]  # (T, T)
+                                         float(kind.options["eps"]))[:, None]  # (T, T)
         bias = torch.empty(self.heads, T, T, dtype=distance.dtype, device=distance.device)
         rows = max(1, (1 << 24) // (T * W))  # query rows per pass: (rows, T, W) bounded
         for r in range(0, T, rows):
-            hidden = F.relu(x[r:r + rows, :, None] * P.w1[s] + P.b1[s])  # (rows, T, W)
-            bias[:, r:r + rows] = (hidden @ P.w2[s].T + P.b2[s]).permute(2, 0, 1)
+            hidden = F.relu(x[r:r + rows, :, None] * kind.w1[s] + kind.b1[s])  # (rows, T, W)
+            bias[:, r:r + rows] = (hidden @ kind.w2[s].T + kind.b2[s]).permute(2, 0, 1)
         return bias
 
-    def _cope_bias(self, layer, q, k):  # q, k (B, H, T, Dh) -> (B, H, T, T)
-        T, npos = q.shape[2], int(self.options["npos"])
+    def _cope_bias(self, kind, index, q, k):  # q, k (B, H, T, Dh) -> (B, H, T, T)
+        T, npos = q.shape[2], int(kind.options["npos"])
         future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)  # j > i
         scores = q @ k.transpose(-1, -2) / math.sqrt(self.d_head)
         gates = scores.sigmoid().masked_fill(future, 0.0)  # g_ij, 0 where masked
         p = gates.flip(-1).cumsum(-1).flip(-1).clamp(max=npos - 1)  # sum_{t = j .. i} g_it
-        z = q @ self.position.embeddings[layer]  # (B, H, T, npos); E = 1 broadcasts over heads
+        z = q @ kind.embeddings[index]  # (B, H, T, npos); E = 1 broadcasts over heads
         low = p.floor()
         frac = p - low
         bias = (1 - frac) * z.gather(-1, low.long()) + frac * z.gather(-1, p.ceil().long())
         return bias.masked_fill(future, float("-inf"))
 
-    def _fox_bias(self, layer, h):  # h (B, T, D) -> (B, H, T, T); at least float32
+    def _fox_bias(self, kind, index, h):  # h (B, T, D) -> (B, H, T, T); at least float32
         dtype = torch.promote_types(h.dtype, torch.float32)
-        weight, gate_bias = self.position.gate_weight[layer], self.position.gate_bias[layer]
+        weight, gate_bias = kind.gate_weight[index], kind.gate_bias[index]
         log_f = F.logsigmoid(h.to(dtype) @ weight.to(dtype).T + gate_bias.to(dtype))  # (B, T, H)
         cumulative = log_f.cumsum(1).transpose(1, 2)  # (B, H, T): F_i = sum_{t <= i} log f_t
         bias = cumulative[..., :, None] - cumulative[..., None, :]  # F_i - F_j
@@ -525,24 +608,24 @@ class ExtrapModel(nn.Module):
         future = torch.ones(T, T, dtype=torch.bool, device=h.device).triu(1)
         return bias.masked_fill(future, float("-inf")).to(h.dtype)
 
-    def _path_scores(self, layer, h, q, k):  # -> (B, H, T, T) scaled logits, -inf for j > i
+    def _path_scores(self, kind, index, h, q, k):  # -> (B, H, T, T) scaled logits, -inf for j > i
         """PaTH: w_t, beta_t from the layer input h (B, T, D); logit(i, j) = q_i^T H_i ... H_{j+1} k_j
         / sqrt(Dh), H_t = I - beta_t w_t w_t^T, computed key by key from the nearest: u_i starts at
         q_i for key i and is reflected by H_j after key j; plus F_i - F_j with forget gates."""
-        P, (B, T, _), H, Dh = self.position, h.shape, self.heads, self.d_head
+        P, (B, T, _), H, Dh = kind, h.shape, self.heads, self.d_head
         dtype = torch.promote_types(h.dtype, torch.float32)
         x = h.to(dtype)
-        if int(self.options["rank"]) > 0:
-            y = (x @ P.w_down[layer].to(dtype).T) @ P.w_up[layer].to(dtype).T  # (B, T, H Dh)
+        if int(kind.options["rank"]) > 0:
+            y = (x @ P.w_down[index].to(dtype).T) @ P.w_up[index].to(dtype).T  # (B, T, H Dh)
         else:
-            y = x @ P.w_proj[layer].to(dtype).T
-        size = int(self.options["conv_size"])
+            y = x @ P.w_proj[index].to(dtype).T
+        size = int(kind.options["conv_size"])
         if size > 0:  # causal depthwise: position t sees t - size + 1 .. t, zeros before the start
             padded = F.pad(y.transpose(1, 2), (size - 1, 0))
-            y = F.silu(F.conv1d(padded, P.w_conv[layer].to(dtype).unsqueeze(1), groups=H * Dh)).transpose(1, 2)
+            y = F.silu(F.conv1d(padded, P.w_conv[index].to(dtype).unsqueeze(1), groups=H * Dh)).transpose(1, 2)
         w = y.reshape(B, T, H, Dh).transpose(1, 2)  # (B, H, T, Dh)
         w = w / torch.sqrt((w * w).sum(-1, keepdim=True) + 1e-6)
-        beta = 2 * torch.sigmoid(x @ P.beta_weight[layer].to(dtype).T + P.beta_bias[layer].to(dtype)).transpose(1, 2)
+        beta = 2 * torch.sigmoid(x @ P.beta_weight[index].to(dtype).T + P.beta_bias[index].to(dtype)).transpose(1, 2)
         q, k = q.to(dtype), k.to(dtype)
         scores = torch.full((B, H, T, T), float("-inf"), dtype=dtype, device=h.device)
         u = q.clone()
@@ -552,13 +635,13 @@ class ExtrapModel(nn.Module):
             wj = w[:, :, j:j + 1]
             u[:, :, j:] = rows - beta[:, :, j, None, None] * (rows * wj).sum(-1, keepdim=True) * wj
         scores = scores / math.sqrt(Dh)
-        if self.options["forget_gate"]:
-            log_f = F.logsigmoid(x @ P.gate_weight[layer].to(dtype).T + P.gate_bias[layer].to(dtype))  # (B, T, H)
+        if kind.options["forget_gate"]:
+            log_f = F.logsigmoid(x @ P.gate_weight[index].to(dtype).T + P.gate_bias[index].to(dtype))  # (B, T, H)
             cumulative = log_f.cumsum(1).transpose(1, 2)
             scores = scores + cumulative[..., :, None] - cumulative[..., None, :]
         return scores.to(q.dtype)
 
-    def _stick_breaking_weights(self, attention, q, k, hidden_keys):  # -> A (B, H, T, T)
+    def _stick_breaking_weights(self, kind, attention, q, k, hidden_keys):  # -> A (B, H, T, T)
         """A_ij = sigmoid(z_ij) prod over the visible k, j < k < i, of (1 - sigmoid(z_ik)); visible:
         j < i (j <= i with attend_current), not hidden by the window or the chunk. SSMax scales z
         by s_h ln n_i, n_i the keys j <= i the masks leave."""
@@ -567,8 +650,8 @@ class ExtrapModel(nn.Module):
         j = torch.arange(T, device=q.device)[None, :]
         z = q @ k.transpose(-1, -2) / math.sqrt(self.d_head)
         shown = j <= i if hidden_keys is None else (j <= i) & ~hidden_keys
-        visible = (j <= i if self.options.get("attend_current", False) else j < i) & shown
-        if self.attention_options["ssmax"]:
+        visible = (j <= i if kind.options.get("attend_current", False) else j < i) & shown
+        if kind.attention["ssmax"]:
             n = shown.sum(-1).to(z.dtype)  # (T,)
             z = z * attention.ssmax.view(1, -1, 1, 1) * torch.log(n).view(1, 1, T, 1)
         log_stay = F.logsigmoid(-z).masked_fill(~visible, 0.0)
@@ -586,53 +669,55 @@ class ExtrapModel(nn.Module):
         absolute = self._absolute_positions(offset, T)
         if absolute is not None:
             x = x + absolute
-        rotary = self._rotary(offset, T)
-        rotations = (rotary, rotary) if rotary is not None else self._xpos(offset, T)
+        # Per kind: the rotations, the temperature, the window and chunk masks.
+        rotations = [self._rotations(kind, offset, T) for kind in self.kinds]
+        temperatures = [self._temperature(kind, offset, T) for kind in self.kinds]
+        masks = [self._option_mask(kind, T) for kind in self.kinds]
         biases = {}  # layers that share a bias share one tensor
         attention = []
-        temperature, hidden_keys = self._temperature(offset, T), self._option_mask(T)
         for layer, block in enumerate(self.blocks):
+            kind, index = self.kind_of(layer)
+            kind_rotations, temperature = rotations[self.layer_kind[layer]], temperatures[self.layer_kind[layer]]
+            hidden_keys = masks[self.layer_kind[layer]]
             h = block.ln_attention(x)
             qkv = block.attention.qkv(h).view(B, T, 3, H, Dh)
             q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, T, Dh)
-            if rotations is not None:  # queries and keys: xPos scales them differently
-                q, k = self._rotate(q, *rotations[0]), self._rotate(k, *rotations[1])
+            if kind_rotations is not None:  # queries and keys: xPos scales them differently
+                q, k = self._rotate(q, *kind_rotations[0]), self._rotate(k, *kind_rotations[1])
             if temperature is not None:
                 q = q * temperature
-            if self.method == "stick_breaking":  # no softmax: its own weights, the rest to v_i
-                probs = self._stick_breaking_weights(block.attention, q, k, hidden_keys)
+            if kind.method == "stick_breaking":  # no softmax: its own weights, the rest to v_i
+                probs = self._stick_breaking_weights(kind, block.attention, q, k, hidden_keys)
                 out = probs @ v + (1 - probs.sum(-1, keepdim=True)) * v
             else:
-                if self.method == "path":  # (B, H, T, T): the products replace q.k, F_i - F_j with gates
-                    scores = self._path_scores(layer, h, q, k)
+                if kind.method == "path":  # (B, H, T, T): the products replace q.k, F_i - F_j with gates
+                    scores = self._path_scores(kind, index, h, q, k)
                 else:
-                    if self.method == "fox":  # (B, H, T, T): depends on this layer's input
-                        bias = self.bias(layer, T, h=h)
-                    elif self.method == "cope":  # (B, H, T, T): depends on q and the scores
-                        bias = self.bias(layer, T, q=q, k=k)
+                    if kind.method in ("fox", "cope"):  # (B, H, T, T): from this layer's input or q, k
+                        bias = self.bias(layer, T, h=h, q=q, k=k)
                     else:
-                        row = self._bias_row(layer)
+                        row = (self.layer_kind[layer], kind.bias_row(index))
                         if row not in biases:
-                            biases[row] = self.bias(layer, T)
+                            biases[row] = self._static_bias(kind, row[1], T)
                         bias = biases[row]
                     scores = q @ k.transpose(-1, -2) / math.sqrt(Dh) + bias  # (B, H, T, T)
                 if hidden_keys is not None:
                     scores = scores.masked_fill(hidden_keys, float("-inf"))
-                probs = self._attention_probabilities(block.attention, scores)
+                probs = self._attention_probabilities(kind, block.attention, scores)
                 out = probs @ v
             if return_attention:
                 attention.append(probs)
             context = out.transpose(1, 2)  # (B, T, H, Dh)
-            if self.attention_options["gate"] != "none":
+            if kind.attention["gate"] != "none":
                 context = context * torch.sigmoid(block.attention.gate(h)).view(B, T, H, -1)
             x = x + block.attention.out(context.reshape(B, T, H * Dh))  # head-major features
             x = x + block.ffn_out(self.act(block.ffn_in(block.ln_ffn(x))))
         x = self.ln_final(x)
         return (x, attention) if return_attention else x
 
-    # -- the attention options (metadata "attention")
-    def _temperature(self, offset, T):  # Llama 4: q at p times 1 + a ln(floor((p + 1) / F) + 1)
-        a, F_ = float(self.attention_options["temperature"]), int(self.attention_options["temperature_floor"])
+    # -- the attention options (metadata "attention", or each kind's)
+    def _temperature(self, kind, offset, T):  # Llama 4: q at p times 1 + a ln(floor((p + 1) / F) + 1)
+        a, F_ = float(kind.attention["temperature"]), int(kind.attention["temperature_floor"])
         if a == 0:
             return None
         w = self.embedding.weight
@@ -640,8 +725,8 @@ class ExtrapModel(nn.Module):
         factor = 1 + a * torch.log(torch.floor((p + 1) / F_) + 1)
         return factor.to(w.device, w.dtype).view(1, 1, T, 1)
 
-    def _option_mask(self, T):  # (T, T) True where the window or the chunk hides key j from query i
-        W, C = int(self.attention_options["window"]), int(self.attention_options["chunk"])
+    def _option_mask(self, kind, T):  # (T, T) True where the window or the chunk hides key j from query i
+        W, C = int(kind.attention["window"]), int(kind.attention["chunk"])
         if W <= 0 and C <= 0:
             return None
         device = self.embedding.weight.device
@@ -654,16 +739,16 @@ class ExtrapModel(nn.Module):
             hidden = torch.logical_or(hidden, torch.div(i, C, rounding_mode="floor") != torch.div(j, C, rounding_mode="floor"))
         return hidden
 
-    def _attention_probabilities(self, attention, scores):  # (B, H, T, T) masked scores -> probabilities
+    def _attention_probabilities(self, kind, attention, scores):  # (B, H, T, T) masked scores -> probabilities
         """SSMax multiplies each row's logits by s_h ln n_i, n_i the keys the row sees (its finite
         scores); a sink adds one logit per head to each row's normaliser that weights no value."""
         H = self.heads
-        if self.attention_options["ssmax"]:
+        if kind.attention["ssmax"]:
             seen = torch.isfinite(scores)
             n = seen.sum(-1, keepdim=True).to(scores.dtype)  # (B, H, T, 1)
             factor = attention.ssmax.view(1, H, 1, 1) * torch.log(n)
             scores = torch.where(seen, scores * factor, torch.full_like(scores, float("-inf")))
-        if not self.attention_options["sink"]:
+        if not kind.attention["sink"]:
             return scores.softmax(dim=-1)
         sink = attention.sink.view(1, H, 1, 1).expand(*scores.shape[:-1], 1)
         return torch.cat((scores, sink), dim=-1).softmax(dim=-1)[..., :-1]
@@ -790,14 +875,15 @@ def load(path, dtype=torch.float32, device="cpu", use_package=None):
         if tuple(tensors[name].shape) != shape:
             raise ValueError(f"{path}: tensor {name} has shape {tuple(tensors[name].shape)}, "
                              f"expected {shape}")
-    if model.method in ("alibi", "alibi_symmetric", "alibi_nonsymmetric"):
-        H = model.heads
-        want = torch.tensor(alibi_slopes(H) if model.method != "alibi_nonsymmetric"
-                            else alibi_slopes(H // 2) * 2, dtype=torch.float64)
-        stored = tensors["position.slopes"].to(torch.float64)
-        if not torch.allclose(stored, want, rtol=SLOPE_RTOL, atol=0):
-            raise ValueError(f"{path}: position.slopes {stored.tolist()} differ from the "
-                             f"{model.method} definition {want.tolist()}")
+    for name, kind in model.named_children():
+        if isinstance(kind, LayerKind) and kind.method in ("alibi", "alibi_symmetric", "alibi_nonsymmetric"):
+            H = model.heads
+            want = torch.tensor(alibi_slopes(H) if kind.method != "alibi_nonsymmetric"
+                                else alibi_slopes(H // 2) * 2, dtype=torch.float64)
+            stored = tensors[name + ".slopes"].to(torch.float64)
+            if not torch.allclose(stored, want, rtol=SLOPE_RTOL, atol=0):
+                raise ValueError(f"{path}: {name}.slopes {stored.tolist()} differ from the "
+                                 f"{kind.method} definition {want.tolist()}")
     model.load_state_dict({n: t.to(device=device, dtype=dtype) for n, t in tensors.items()},
                           strict=True, assign=True)
     return model.eval()

@@ -47,7 +47,7 @@ analysis/report.py | (" (= L)" if l == train_length else "") | (" (= L)" if l ==
 core/export/safetensors.cpp | {"data_offsets", {offset, offset + bytes}}}; | {"data_offsets", {offset, offset + bytes + 1}}}; | exported data offsets one byte past each tensor
 core/export/model_export.cpp | yaml_to_json(given ? given : YAML::Load(doc.default_value)) | yaml_to_json(YAML::Load(doc.default_value)) | export records the defaults instead of the options the model was built with
 analysis/extrap_model.py | x0, x1 = x[..., 0:d:2], x[..., 1:d:2] | x0, x1 = x[..., :d // 2], x[..., d // 2:d] | Python reference pairs rotary dimensions NeoX-style
-analysis/extrap_model.py | bias = -F.softplus(self.position.raw_slopes[s]) | bias = -torch.exp(self.position.raw_slopes[s]) | Python reference reads learned slopes as exp(raw)
+analysis/extrap_model.py | bias = -F.softplus(kind.raw_slopes[s]) | bias = -torch.exp(kind.raw_slopes[s]) | Python reference reads learned slopes as exp(raw)
 core/attention/attention.cpp | auto p = gates.flip(-1).cumsum(-1).flip(-1).clamp_max(double(npos - 1)); | auto p = gates.cumsum(-1).clamp_max(double(npos - 1)); | CoPE counts gates from the window start instead of back from the query
 core/attention/efficient_attention.cpp | gate_carry.add_(gates.sum(-1, /*keepdim=*/true)); | gate_carry.add_(gates.sum(-1, /*keepdim=*/true) * 0); | efficient CoPE forgets the gates of the tiles it visited
 core/attention/attention.cpp | out = f.narrow(2, q0, q1 - q0).unsqueeze(-1) - f.narrow(2, k0, k1 - k0).unsqueeze(-2); | out = f.narrow(2, k0, k1 - k0).unsqueeze(-2) - f.narrow(2, q0, q1 - q0).unsqueeze(-1); | forgetting-gate bias F_j - F_i instead of F_i - F_j
@@ -150,7 +150,7 @@ core/model/model.cpp | forward_residual(x, delta, *positions_[plan_.layer_kind[l
 core/model/model.cpp | forward(x, *positions_[plan_.layer_kind[l]], positions, attention_options, | forward(x, *positions_.front(), positions, attention_options, | cached decoding takes the first kind's position method in every layer
 core/model/config.cpp | LayerKind kind{name, c.position_name, c.position, "position", c.model.attention_options}; | LayerKind kind{name, c.position_name, c.position, "position", AttentionConfig()}; | a layer kind drops the attention section's options
 core/model/model.cpp | if (method->set_rope_scaling(scaling)) scaled = true; | if (!scaled && method->set_rope_scaling(scaling)) scaled = true; | RoPE scaling stops at the first kind with rotary angles
-core/export/model_export.cpp | if (!config.layer_pattern.empty())  // analysis/extrap_model.py | if (false)  // analysis/extrap_model.py | export of a layer-pattern model is not refused
+core/export/model_export.cpp | {"attention", attention_json(kind.attention)}}; | {"attention", attention_json(config.model.attention_options)}}; | export gives every kind of a layer pattern the top-level attention options
 core/model/memory_estimate.cpp | const AttentionConfig& a = plan.kinds[kind].attention; | const AttentionConfig& a = c.model.attention_options; | the estimate counts the attention section's options where a layer kind has its own
 analysis/extrap_model.py | factor = attention.ssmax.view(1, H, 1, 1) * torch.log(n) | factor = attention.ssmax.view(1, H, 1, 1) * torch.log(n + 1) | Python's SSMax counts one key more than the row sees
 analysis/extrap_model.py | hidden = torch.logical_or(hidden, (i - j).abs() >= W) | hidden = torch.logical_or(hidden, (i - j).abs() > W) | Python's sliding window lets one key more in
@@ -235,6 +235,9 @@ core/model/config.cpp |   refuse_untaken_position(c, plan); |   (void)plan; | a 
 core/model/config.cpp |       if (kind.position_name == c.position_name) return; |       (void)kind; | a layer pattern refuses a top-level position naming a method the pattern uses
 experiments/cli/cli_inspect.cpp |   description.window = window; |   description.window = 0; | inspect bias draws no sliding-window mask
 core/model/model.cpp | bias.logit_scale.narrow(1, T - last_queries, last_queries); | bias.logit_scale.narrow(1, 0, last_queries); | StreamingLLM's last query takes SSMax's scale of the window's first row
+analysis/extrap_model.py | hidden_keys = masks[self.layer_kind[layer]] | hidden_keys = masks[0] | Python masks every layer with the first kind's window and chunk
+analysis/extrap_model.py | row = (self.layer_kind[layer], kind.bias_row(index)) | row = (self.layer_kind[layer], kind.bias_row(0)) | Python reads row 0 of a kind's per-layer bias tables in each of its layers
+core/export/model_export.cpp | json::parse(resolved_position_options(kind.position_name, kind.position)) | json::parse(resolved_position_options(config)) | export gives each kind of a layer pattern the top-level position's options
 EOF
 )
 

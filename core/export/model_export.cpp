@@ -105,15 +105,19 @@ std::string vocabulary_json(const Corpus& corpus) {
 
 }  // namespace
 
-std::string resolved_position_options(const Config& config) {
-  const PositionInfo& info = PositionRegistry::instance().get(config.position_name);
+std::string resolved_position_options(const std::string& method, const YAML::Node& options) {
+  const PositionInfo& info = PositionRegistry::instance().get(method);
   json out = json::object();
   for (const OptionDoc& doc : info.options) {
     if (doc.section) continue;
-    const YAML::Node given = config.position[doc.key];
+    const YAML::Node given = options.IsMap() ? options[doc.key] : YAML::Node();
     out[doc.key] = yaml_to_json(given ? given : YAML::Load(doc.default_value));
   }
   return out.dump();
+}
+
+std::string resolved_position_options(const Config& config) {
+  return resolved_position_options(config.position_name, config.position);
 }
 
 ExportSummary export_run(const fs::path& run_dir, const fs::path& out, const ExportOptions& options) {
@@ -127,12 +131,11 @@ ExportSummary export_run(const fs::path& run_dir, const fs::path& out, const Exp
   const Config& config = checkpoint.config;
   const Corpus corpus = load_corpus(config.data);
   LoadedRun run = load_run(checkpoint, corpus);  // loads the config's plugins, if any
-  if (!config.layer_pattern.empty())  // analysis/extrap_model.py has one method for every layer
-    throw ConfigError(checkpoint.dir.string() + ": export does not take layer patterns yet (" + position_label(config) +
-                      "): analysis/extrap_model.py gives every layer one position method");
-  if (config.position_name == "dape")
-    throw ConfigError(checkpoint.dir.string() + ": export does not take position method 'dape' yet: "
-                      "analysis/extrap_model.py does not compute its score-mixing MLP");
+  const LayerPlan plan = layer_plan(config);
+  for (const LayerKind& kind : plan.kinds)
+    if (kind.position_name == "dape")
+      throw ConfigError(checkpoint.dir.string() + ": export does not take position method 'dape' yet: "
+                        "analysis/extrap_model.py does not compute its score-mixing MLP");
 
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
   for (const auto& item : run.model->named_parameters()) tensors.emplace_back(item.key(), item.value());
@@ -142,15 +145,25 @@ ExportSummary export_run(const fs::path& run_dir, const fs::path& out, const Exp
       throw ConfigError(checkpoint.dir.string() + ": tensor " + name +
                         " has non-finite values; refusing to export it");
 
-  const PositionInfo& position = PositionRegistry::instance().get(config.position_name);
   std::map<std::string, std::string> metadata;
   metadata["format"] = "extrap-safetensors/1";
   metadata["extrap_version"] = extrap_version();
-  metadata["position"] = config.position_name;
-  metadata["position_options"] = resolved_position_options(config);
-  metadata["position_tensors"] = position.tensors;
+  if (plan.patterned()) {  // each kind's method, options, tensors' description and attention options
+    json kinds = json::object();
+    for (const LayerKind& kind : plan.kinds)
+      kinds[kind.name] = {{"position", kind.position_name},
+                          {"position_options", json::parse(resolved_position_options(kind.position_name, kind.position))},
+                          {"position_tensors", PositionRegistry::instance().get(kind.position_name).tensors},
+                          {"attention", attention_json(kind.attention)}};
+    metadata["position"] = "pattern";
+    metadata["layers"] = json{{"pattern", config.layer_pattern}, {"kinds", kinds}}.dump();
+  } else {
+    metadata["position"] = config.position_name;
+    metadata["position_options"] = resolved_position_options(config);
+    metadata["position_tensors"] = PositionRegistry::instance().get(config.position_name).tensors;
+    metadata["attention"] = attention_json(config.model.attention_options).dump();
+  }
   metadata["model"] = model_json(config.model).dump();
-  metadata["attention"] = attention_json(config.model.attention_options).dump();
   metadata["data"] = data_json(config, corpus).dump();
   metadata["train"] = json{{"seq_len", config.train.seq_len},
                            {"mask_prob", config.train.mask_prob},

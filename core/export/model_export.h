@@ -11,6 +11,12 @@
 //   extrap_version    the exporting binary's version
 //   position          the method's name; position_options (JSON): every option, defaults filled
 //   position_tensors  the method's own description of its tensors (PositionInfo::tensors)
+//   attention (JSON)  sink, ssmax, temperature, temperature_floor, gate, window, chunk
+//   A model with a layer pattern has instead position "pattern" and
+//   layers (JSON)     {"pattern": [KIND, ...] (one period, repeated over depth), "kinds": {KIND:
+//                     {"position", "position_options", "position_tensors", "attention"}}}; kind
+//                     K's tensors are position_K.NAME, a per-layer table holding a row per layer
+//                     of the kind, in depth order
 //   model (JSON)      layers, d_model, heads, d_ffn, activation, tie_embeddings, objective,
 //                     causal, layer_norm_eps
 //   data (JSON)       path, name, tokenizer, vocab_size, mask_token, eos_token, unk_token
@@ -55,7 +61,8 @@ ExportSummary export_run(const std::filesystem::path& run_dir, const std::filesy
                          const ExportOptions& options = {});
 
 // The position method's options with every default filled in, as JSON text: what the method
-// was built with (config.position plus its documented defaults).
+// was built with (its section, config.position or a kind's, plus its documented defaults).
+std::string resolved_position_options(const std::string& method, const YAML::Node& options);
 std::string resolved_position_options(const Config& config);
 
 }  // namespace extrap

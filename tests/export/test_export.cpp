@@ -130,13 +130,13 @@ struct ExportDir : TempDir {
   // Trains a run named `name` (12 steps) and returns its directory, relative to root.
   std::string train(const std::string& name, const std::string& position, bool causal,
                     const std::string& tokenizer = "byte", const std::string& model_extra = "",
-                    const std::string& top_extra = "") {
+                    const std::string& top_extra = "", int layers = 2) {
     const std::string corpus = corpus_of(tokenizer);
     const std::string run = "runs/" + name;
     const std::string model_file = tokenizer == "sentencepiece" ? ", tokenizer_model: pieces.model" : "";
     write_text(root / (name + ".yaml"),
                "data: {path: " + corpus + ", tokenizer: " + tokenizer + model_file + ", cache_dir: cache}\n"
-               "model: {layers: 2, d_model: 32, heads: 4, d_ffn: 64, dropout: 0.0, objective: " +
+               "model: {layers: " + std::to_string(layers) + ", d_model: 32, heads: 4, d_ffn: 64, dropout: 0.0, objective: " +
                    std::string(causal ? "causal_lm" : "masked_lm") + model_extra + "}\n"
                "position: " + position + "\n"
                "train: {seq_len: 16, batch_tokens: 256, steps: 12, lr: 0.01, warmup: 2, "
@@ -171,8 +171,9 @@ std::string write_logits(const ExportDir& d, const std::string& run, const std::
 // Trains, evaluates (L = 16 and 40, non-overlapping and stride 8) and exports one model.
 Compared train_eval_export(ExportDir& d, const std::string& name, const std::string& position,
                            bool causal, const std::string& tokenizer = "byte",
-                           const std::string& model_extra = "", const std::string& top_extra = "") {
-  const std::string run = d.train(name, position, causal, tokenizer, model_extra, top_extra);
+                           const std::string& model_extra = "", const std::string& top_extra = "",
+                           int layers = 2) {
+  const std::string run = d.train(name, position, causal, tokenizer, model_extra, top_extra, layers);
   std::string out;
   int code = run_cli(d, {"eval", "--checkpoint", run, "--length", "16", "40", "--stride", "8",
                          "1000", "--max-tokens", "1200", "--json", name + ".eval.json"}, &out);
@@ -413,15 +414,65 @@ TEST_CASE("export: the attention options in Python equal extrap's, logits and ev
   check_in_python(d, models);
 }
 
-TEST_CASE("export: a model with a layer pattern is refused in one line, naming it, and inspect bias shows each layer's method",
-          "[export][pattern]") {
-  // analysis/extrap_model.py gives every layer one position method.
+TEST_CASE("export: a model with a layer pattern exports each kind, Python reproduces extrap eval, and inspect "
+          "bias shows each layer's method",
+          "[export][pattern][python]") {
+  // analysis/extrap_model.py builds each kind of layer from the metadata "layers" and the
+  // tensors position_KIND.NAME; a kind's per-layer tables hold a row per layer of the kind.
   ExportDir d;
-  const std::string run = d.train("pattern", "alibi", true, "byte", "", "layers: {pattern: [rotary, alibi]}\n");
+  std::vector<Compared> models;
+  // Pattern entries that name methods: a kind per method.
+  models.push_back(train_eval_export(d, "pattern", "alibi", true, "byte", "", "layers: {pattern: [rotary, alibi]}\n"));
+  const std::string run = "runs/pattern";
+  // iRoPE's shape: rotary with chunks and a sink, then no positions with the temperature, SSMax
+  // and a gate.
+  models.push_back(train_eval_export(
+      d, "pattern_irope", "alibi", true, "byte", "",
+      "layers: {pattern: [rope_chunk, nope_temp], kinds: {rope_chunk: {position: {name: rotary, base: 500}, "
+      "attention: {chunk: 12, sink: true}}, nope_temp: {position: none, attention: {temperature: 0.3, "
+      "temperature_floor: 4, ssmax: true, gate: headwise}}}}\n"));
+  // Per-layer tables over 4 layers, each kind in layers 0, 2 or 1, 3: rows 0 and 1 of its tables.
+  models.push_back(train_eval_export(
+      d, "pattern_tables", "alibi", true, "byte", "",
+      "layers: {pattern: [fox_window, t5], kinds: {fox_window: {position: fox, attention: {window: 6}}, "
+      "t5: {position: {name: t5_bias, buckets: 8, max_distance: 20, shared_across_layers: false}}}}\n", 4));
+  models.push_back(train_eval_export(
+      d, "pattern_cope", "alibi", true, "byte", "",
+      "layers: {pattern: [cope, stick_breaking], kinds: {cope: {position: {name: cope, npos: 9}}}}\n", 4));
+  models.push_back(train_eval_export(
+      d, "pattern_masked", "alibi", false, "byte", "",
+      "layers: {pattern: [kerple, local], kinds: {kerple: {position: {name: kerple_log, shared_across_layers: false}}, "
+      "local: {position: alibi_symmetric, attention: {window: 5}}}}\n", 4));
+
+  const SafetensorsFile irope = read_safetensors_checked(d.root / "pattern_irope.safetensors");
+  CHECK(irope.metadata.at("position") == "pattern");
+  CHECK(irope.metadata.count("position_options") == 0);
+  CHECK(irope.metadata.count("attention") == 0);
+  const json layers = json::parse(irope.metadata.at("layers"));
+  CHECK(layers.at("pattern") == json{"rope_chunk", "nope_temp"});
+  CHECK(layers.at("kinds").at("rope_chunk").at("position") == "rotary");
+  CHECK(layers.at("kinds").at("rope_chunk").at("position_options") == json{{"base", 500}, {"fraction", 1.0}});
+  CHECK(layers.at("kinds").at("rope_chunk").at("attention") ==
+        json{{"sink", true}, {"ssmax", false}, {"temperature", 0.0}, {"temperature_floor", 8192},
+             {"gate", "none"}, {"window", 0}, {"chunk", 12}});
+  CHECK(layers.at("kinds").at("nope_temp").at("attention").at("gate") == "headwise");
+  CHECK(irope.tensors.count("blocks.0.attention.sink") == 1);
+  CHECK(irope.tensors.count("blocks.1.attention.sink") == 0);
+  CHECK(irope.tensors.at("blocks.1.attention.gate.weight").shape == std::vector<int64_t>{4, 32});
+  const SafetensorsFile tables = read_safetensors_checked(d.root / "pattern_tables.safetensors");
+  CHECK(tables.tensors.at("position_t5.table").shape == std::vector<int64_t>{2, 8, 4});
+  CHECK(tables.tensors.at("position_fox_window.gate_weight").shape == std::vector<int64_t>{2, 4, 32});
+  CHECK(json::parse(tables.metadata.at("layers")).at("kinds").at("t5").at("position_tensors") ==
+        PositionRegistry::instance().get("t5_bias").tensors);
+  check_in_python(d, models);
+
+  // DAPE, in a kind too, is refused by name: Python does not compute its score-mixing MLP.
+  const std::string dape = d.train("pattern_dape", "alibi", true, "byte", "", "layers: {pattern: [dape, alibi]}\n");
   std::string out;
-  CHECK(run_cli(d, {"export", "--checkpoint", run, "--out", "pattern.safetensors"}, &out) != 0);
-  require_one_line_error(out, "export does not take layer patterns yet (rotary, alibi)");
-  CHECK(!fs::exists(d.root / "pattern.safetensors"));
+  CHECK(run_cli(d, {"export", "--checkpoint", dape, "--out", "dape.safetensors"}, &out) != 0);
+  require_one_line_error(out, "export does not take position method 'dape' yet");
+  CHECK(!fs::exists(d.root / "dape.safetensors"));
+
   // Layer 1 is ALiBi's: -m_h (i - j), with m_0 = 1/4 for 4 heads.
   CHECK(run_cli(d, {"inspect", "bias", "--checkpoint", run, "--layer", "1", "--length", "3"}, &out) == 0);
   INFO(out);
