@@ -43,7 +43,10 @@ rotary rotation; causal only), cope (a bias from q and the gated scores; causal 
 bias from the layer's input through forget gates; causal only), path (PaTH: q_i^T H_i ... H_{j+1}
 k_j with Householder reflections H_t = I - beta_t w_t w_t^T from the layer's input; causal only),
 stick_breaking (no softmax: A_ij = sigmoid(z_ij) prod_{j<k<i} (1 - sigmoid(z_ik)), the remaining
-mass to the query's own value; causal only; model(..., return_attention=True) gives A).
+mass to the query's own value; causal only; model(..., return_attention=True) gives A), dape
+(logits A + B + f([A; B']) with A the scaled scores, B the bias of its base method (position_options
+base and base_options; tensors position.base.NAME), B' = B with its masked entries 0, and f an MLP
+2H -> mlp_width -> H over the heads at each (i, j)).
 
 Attention options (metadata "attention", REFERENCE.md "The 2024-26 wave"), in every layer: a
 learned sink logit per head (blocks.L.attention.sink), SSMax's per-head s times ln n_i
@@ -78,7 +81,10 @@ FORMAT = "extrap-safetensors/1"
 PATTERN = "pattern"  # metadata position of an export with a layer pattern: see metadata "layers"
 POSITION_METHODS = ("none", "sinusoidal", "learned", "rotary", "p_rope", "alibi", "alibi_symmetric",
                     "alibi_nonsymmetric", "alibi_learned", "t5_bias", "kerple_log", "kerple_power",
-                    "sandwich", "xpos", "fire", "cope", "fox", "path", "stick_breaking")
+                    "sandwich", "xpos", "fire", "cope", "fox", "path", "stick_breaking", "dape")
+# DAPE's base B: a bias of positions alone.
+DAPE_BASES = ("alibi", "alibi_symmetric", "alibi_nonsymmetric", "alibi_learned", "t5_bias", "kerple_log",
+              "kerple_power", "sandwich", "fire")
 CAUSAL_ONLY = ("xpos", "cope", "fox", "path", "stick_breaking")  # refused in a bidirectional (masked-LM) export
 POSITION_DEFAULTS = {"rotary": {"base": 10000.0, "fraction": 1.0}, "sinusoidal": {"base": 10000.0},
                      "p_rope": {"base": 10000.0, "keep": 0.75},
@@ -92,7 +98,8 @@ POSITION_DEFAULTS = {"rotary": {"base": 10000.0, "fraction": 1.0}, "sinusoidal":
                      "fire": {"mlp_width": 32, "init_L": 512.0, "eps": 1e-6,
                               "shared_across_layers": False},
                      "path": {"rank": 32, "conv_size": 3, "forget_gate": False, "init_std": 0.02},
-                     "stick_breaking": {"attend_current": False}}
+                     "stick_breaking": {"attend_current": False},
+                     "dape": {"base": "", "mlp_width": 32, "base_options": {}}}
 JSON_METADATA = ("position_options", "model", "data", "eval", "train", "vocabulary", "checkpoint", "layers",
                  "attention")
 # The attention options (metadata "attention"; an export without the key has none of them).
@@ -332,6 +339,18 @@ class LayerKind(nn.Module):
             shapes.update(beta_weight=(layers, H, D), beta_bias=(layers, H))
             if self.options["forget_gate"]:
                 shapes.update(gate_weight=(layers, H, D), gate_bias=(layers, H))
+        elif self.method == "dape":
+            W = int(self.options["mlp_width"])
+            if W < 1:
+                raise ValueError(f"{where}dape: mlp_width must be positive, not {W}")
+            base = self.options.get("base") or ("alibi" if model.causal else "alibi_symmetric")
+            if base not in DAPE_BASES:
+                raise ValueError(f"{where}dape: base {base!r} is not a bias of positions alone; supported: "
+                                 + ", ".join(DAPE_BASES))
+            # The base's tensors are position.base.NAME (position_K.base.NAME), shaped as its own.
+            self.base = LayerKind(name, _kind_metadata(f"{where}dape's base", base, self.options.get("base_options") or {}, {}),
+                                  model, layers, kw)
+            shapes = {"w1": (layers, W, 2 * H), "b1": (layers, W), "w2": (layers, H, W), "b2": (layers, H)}
         elif self.method == "stick_breaking" and a["sink"]:
             raise ValueError(f"{where}stick_breaking has no softmax for a sink column to join; this export has a sink")
         for tensor, shape in shapes.items():
@@ -439,7 +458,9 @@ class ExtrapModel(nn.Module):
         return None
 
     def _rotary(self, kind, offset, T):  # (cos, sin), each (T, d_rot/2), or None
-        base = float(kind.options.get("base", 10000.0))
+        if kind.method not in ("rotary", "p_rope"):
+            return None
+        base = float(kind.options["base"])
         if kind.method == "rotary":  # the first d_rot dimensions, with frequencies over d_rot
             d_rot = 2 * math.floor(float(kind.options["fraction"]) * self.d_head / 2 + 1e-9)
             theta = [base ** (-2.0 * i / d_rot) for i in range(d_rot // 2)]
@@ -517,6 +538,9 @@ class ExtrapModel(nn.Module):
                 raise ValueError(f"cope: q and k must be (B, {', '.join(map(str, want))}), not "
                                  f"{tuple(q.shape)} and {tuple(k.shape)}")
             return self._cope_bias(kind, index, q, k)
+        if kind.method == "dape":
+            raise ValueError("dape: the logits mix every head's scores (A + B + f([A; B])), so they are no bias of "
+                             "positions; model(tokens, return_attention=True) gives the attention")
         return self._static_bias(kind, kind.bias_row(index), T)
 
     def _static_bias(self, kind, s, T):  # (H, T, T): the bias of row s of the kind's tables
@@ -571,6 +595,15 @@ class ExtrapModel(nn.Module):
         if self.causal:
             bias = bias.masked_fill(j > i, neg_inf)
         return bias.expand(H, T, T)
+
+    def _dape_scores(self, kind, index, q, k):  # -> (B, H, T, T) logits A + B + f([A; B']), masked as B
+        """DAPE: A the scaled scores, B the base's bias (its masks -inf), B' = B with those entries 0,
+        f = w2 leaky_relu(w1 [A; B'] + b1, 0.01) + b2 over the 2H channels of each (i, j)."""
+        A = q @ k.transpose(-1, -2) / math.sqrt(self.d_head)
+        B = self._static_bias(kind.base, kind.base.bias_row(index), q.shape[2]).to(A.dtype)
+        x = torch.cat((A, B.masked_fill(B.isinf(), 0.0).expand_as(A)), dim=1).permute(0, 2, 3, 1)  # (B, T, T, 2H)
+        hidden = F.leaky_relu(x @ kind.w1[index].T + kind.b1[index], 0.01)
+        return A + B + (hidden @ kind.w2[index].T + kind.b2[index]).permute(0, 3, 1, 2)
 
     def _fire_bias(self, kind, s, distance):  # distance (T, T) = |i - j| -> (H, T, T)
         T, W = distance.shape[0], kind.w1.shape[1]
@@ -692,6 +725,8 @@ class ExtrapModel(nn.Module):
             else:
                 if kind.method == "path":  # (B, H, T, T): the products replace q.k, F_i - F_j with gates
                     scores = self._path_scores(kind, index, h, q, k)
+                elif kind.method == "dape":  # (B, H, T, T): every head's scores mixed with the base bias
+                    scores = self._dape_scores(kind, index, q, k)
                 else:
                     if kind.method in ("fox", "cope"):  # (B, H, T, T): from this layer's input or q, k
                         bias = self.bias(layer, T, h=h, q=q, k=k)
@@ -875,7 +910,7 @@ def load(path, dtype=torch.float32, device="cpu", use_package=None):
         if tuple(tensors[name].shape) != shape:
             raise ValueError(f"{path}: tensor {name} has shape {tuple(tensors[name].shape)}, "
                              f"expected {shape}")
-    for name, kind in model.named_children():
+    for name, kind in model.named_modules():
         if isinstance(kind, LayerKind) and kind.method in ("alibi", "alibi_symmetric", "alibi_nonsymmetric"):
             H = model.heads
             want = torch.tensor(alibi_slopes(H) if kind.method != "alibi_nonsymmetric"

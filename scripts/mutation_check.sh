@@ -238,6 +238,8 @@ core/model/model.cpp | bias.logit_scale.narrow(1, T - last_queries, last_queries
 analysis/extrap_model.py | hidden_keys = masks[self.layer_kind[layer]] | hidden_keys = masks[0] | Python masks every layer with the first kind's window and chunk
 analysis/extrap_model.py | row = (self.layer_kind[layer], kind.bias_row(index)) | row = (self.layer_kind[layer], kind.bias_row(0)) | Python reads row 0 of a kind's per-layer bias tables in each of its layers
 core/export/model_export.cpp | json::parse(resolved_position_options(kind.position_name, kind.position)) | json::parse(resolved_position_options(config)) | export gives each kind of a layer pattern the top-level position's options
+analysis/extrap_model.py | hidden = F.leaky_relu(x @ kind.w1[index].T + kind.b1[index], 0.01) | hidden = F.relu(x @ kind.w1[index].T + kind.b1[index]) | Python's DAPE MLP with ReLU instead of LeakyReLU(0.01)
+core/export/model_export.cpp | out[doc.key] = given && given.IsMap() ? yaml_to_json(given) : json::object(); | out[doc.key] = json::object(); | export drops DAPE's base_options (the base is rebuilt with its defaults)
 EOF
 )
 

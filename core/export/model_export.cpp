@@ -109,9 +109,11 @@ std::string resolved_position_options(const std::string& method, const YAML::Nod
   const PositionInfo& info = PositionRegistry::instance().get(method);
   json out = json::object();
   for (const OptionDoc& doc : info.options) {
-    if (doc.section) continue;
     const YAML::Node given = options.IsMap() ? options[doc.key] : YAML::Node();
-    out[doc.key] = yaml_to_json(given ? given : YAML::Load(doc.default_value));
+    if (doc.section)  // a section of another method's options (dape's base_options): as given
+      out[doc.key] = given && given.IsMap() ? yaml_to_json(given) : json::object();
+    else
+      out[doc.key] = yaml_to_json(given ? given : YAML::Load(doc.default_value));
   }
   return out.dump();
 }
@@ -132,10 +134,6 @@ ExportSummary export_run(const fs::path& run_dir, const fs::path& out, const Exp
   const Corpus corpus = load_corpus(config.data);
   LoadedRun run = load_run(checkpoint, corpus);  // loads the config's plugins, if any
   const LayerPlan plan = layer_plan(config);
-  for (const LayerKind& kind : plan.kinds)
-    if (kind.position_name == "dape")
-      throw ConfigError(checkpoint.dir.string() + ": export does not take position method 'dape' yet: "
-                        "analysis/extrap_model.py does not compute its score-mixing MLP");
 
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
   for (const auto& item : run.model->named_parameters()) tensors.emplace_back(item.key(), item.value());

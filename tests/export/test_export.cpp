@@ -317,7 +317,8 @@ TEST_CASE("export: Python's extrap_model.py reproduces extrap eval, causal metho
         "kerple_log", "{name: kerple_power, shared_across_layers: false}", "sandwich", "xpos",
         "{name: fire, init_L: 8, mlp_width: 8}", "{name: cope, npos: 9}", "fox", "{name: p_rope, keep: 0.5}", "path",
         "{name: path, rank: 0, conv_size: 2, forget_gate: true}", "stick_breaking",
-        "{name: stick_breaking, attend_current: true}"}) {
+        "{name: stick_breaking, attend_current: true}", "dape",
+        "{name: dape, base: kerple_log, mlp_width: 8, base_options: {shared_across_layers: false}}"}) {
     const std::string name = "causal_" + std::to_string(models.size());
     models.push_back(train_eval_export(d, name, position, true));
   }
@@ -385,7 +386,8 @@ TEST_CASE("export: Python's extrap_model.py reproduces extrap eval, masked-LM me
        {"none", "sinusoidal", "{name: learned, max_length: 40}", "rotary", "alibi_symmetric",
         "alibi_nonsymmetric", "{name: alibi_learned, shared_across_layers: false}",
         "{name: t5_bias, buckets: 8, max_distance: 20}", "kerple_log", "kerple_power",
-        "{name: sandwich, scale: 4}", "{name: fire, init_L: 8, shared_across_layers: true}"}) {
+        "{name: sandwich, scale: 4}", "{name: fire, init_L: 8, shared_across_layers: true}",
+        "{name: dape, base: t5_bias, base_options: {buckets: 8, max_distance: 20}}"}) {
     const std::string name = "masked_" + std::to_string(models.size());
     models.push_back(train_eval_export(d, name, position, false));
   }
@@ -443,6 +445,11 @@ TEST_CASE("export: a model with a layer pattern exports each kind, Python reprod
       d, "pattern_masked", "alibi", false, "byte", "",
       "layers: {pattern: [kerple, local], kinds: {kerple: {position: {name: kerple_log, shared_across_layers: false}}, "
       "local: {position: alibi_symmetric, attention: {window: 5}}}}\n", 4));
+  // DAPE in a kind: its MLP and its base's tables per layer of the kind.
+  models.push_back(train_eval_export(
+      d, "pattern_dape", "alibi", true, "byte", "",
+      "layers: {pattern: [dape, rotary], kinds: {dape: {position: {name: dape, base: alibi_learned, mlp_width: 8, "
+      "base_options: {shared_across_layers: false}}, attention: {window: 7}}}}\n", 4));
 
   const SafetensorsFile irope = read_safetensors_checked(d.root / "pattern_irope.safetensors");
   CHECK(irope.metadata.at("position") == "pattern");
@@ -466,12 +473,12 @@ TEST_CASE("export: a model with a layer pattern exports each kind, Python reprod
         PositionRegistry::instance().get("t5_bias").tensors);
   check_in_python(d, models);
 
-  // DAPE, in a kind too, is refused by name: Python does not compute its score-mixing MLP.
-  const std::string dape = d.train("pattern_dape", "alibi", true, "byte", "", "layers: {pattern: [dape, alibi]}\n");
+  const SafetensorsFile dape = read_safetensors_checked(d.root / "pattern_dape.safetensors");
+  CHECK(dape.tensors.at("position_dape.w1").shape == std::vector<int64_t>{2, 8, 8});
+  CHECK(dape.tensors.at("position_dape.base.raw_slopes").shape == std::vector<int64_t>{2, 4});
+  CHECK(json::parse(dape.metadata.at("layers")).at("kinds").at("dape").at("position_options") ==
+        json{{"base", "alibi_learned"}, {"mlp_width", 8}, {"base_options", {{"shared_across_layers", false}}}});
   std::string out;
-  CHECK(run_cli(d, {"export", "--checkpoint", dape, "--out", "dape.safetensors"}, &out) != 0);
-  require_one_line_error(out, "export does not take position method 'dape' yet");
-  CHECK(!fs::exists(d.root / "dape.safetensors"));
 
   // Layer 1 is ALiBi's: -m_h (i - j), with m_0 = 1/4 for 4 heads.
   CHECK(run_cli(d, {"inspect", "bias", "--checkpoint", run, "--layer", "1", "--length", "3"}, &out) == 0);
