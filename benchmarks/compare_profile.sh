@@ -14,8 +14,9 @@
 # build/compare_profile; delete a method's folder to retrain).
 #
 # The models: the wave2 shape (4 layers, d_model 64, 4 heads, L 32, byte level, data/pydoc),
-# trained 30 steps per method: speed, not quality, is measured. alibi and rotary take the
-# profile's own softmax kernel; t5_bias (a dense bias) takes the reference path's weights.
+# trained 30 steps per method: speed, not quality, is measured. alibi, rotary and t5_bias (a
+# dense bias of j - i alone, read by offset) take the profile's own softmax kernel; fire, cope,
+# path or stick_breaking would take the reference path's weights and the binning kernel.
 # Needs build/extrap and data/pydoc (scripts/setup.sh).
 set -euo pipefail
 shopt -s inherit_errexit

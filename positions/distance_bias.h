@@ -1,7 +1,8 @@
-// A dense bias that is a function of |i - j| only (KERPLE, Sandwich), described tile by tile:
-// the function is evaluated once per distinct distance in the tile and spread over it, so
-// every tile of the same distances holds bit-for-bit the same values (the efficient path's
-// tiles equal the reference's whole matrix) and a T x T tile costs O(T) evaluations.
+// A dense bias that is a function of |i - j| only (KERPLE, Sandwich), described by offset
+// (AttentionBias::dense_by_offset): the function is evaluated once per distinct distance in a
+// tile and spread over it, so every tile of the same distances holds bit-for-bit the same
+// values (the efficient path's tiles equal the reference's whole matrix), a T x T tile costs
+// O(T) evaluations, and the attention profile reads each row's biases by offset.
 #pragma once
 
 #include "core/attention/attention.h"
@@ -11,21 +12,19 @@
 
 namespace extrap {
 
-// kernel: (R,) float32 distances on `device` -> (H, R) biases.
+// kernel: (R,) float32 distances on `device` -> (H, R) biases. Returns the offset function of
+// AttentionBias::dense_by_offset: the (H, hi - lo) biases at offsets j - i = lo .. hi - 1, the
+// kernel evaluated once per distinct distance |j - i| among them.
 template <class Kernel>
-AttentionBias::DenseBlockFn distance_bias_blocks(torch::Device device, Kernel kernel) {
-  return [device, kernel](int64_t q0, int64_t q1, int64_t k0, int64_t k1) {
-    const int64_t lowest = k0 - (q1 - 1), highest = (k1 - 1) - q0;  // the tile's j - i
-    const int64_t nearest =
-        (lowest <= 0 && highest >= 0) ? 0 : std::min(std::abs(lowest), std::abs(highest));
-    const int64_t farthest = std::max(std::abs(lowest), std::abs(highest));
+AttentionBias::OffsetFn distance_bias_offsets(torch::Device device, Kernel kernel) {
+  return [device, kernel](int64_t lo, int64_t hi) {
+    const int64_t last = hi - 1;
+    const int64_t nearest = (lo <= 0 && last >= 0) ? 0 : std::min(std::abs(lo), std::abs(last));
+    const int64_t farthest = std::max(std::abs(lo), std::abs(last));
     const auto options = torch::TensorOptions().device(device);
     const torch::Tensor per_distance =
         kernel(torch::arange(nearest, farthest + 1, options.dtype(torch::kFloat32)));  // (H, R)
-    auto i = torch::arange(q0, q1, options.dtype(torch::kLong)).view({-1, 1});
-    auto j = torch::arange(k0, k1, options.dtype(torch::kLong)).view({1, -1});
-    auto index = ((j - i).abs() - nearest).flatten();  // (Tq * Tk,)
-    return per_distance.index_select(1, index).view({per_distance.size(0), q1 - q0, k1 - k0});
+    return per_distance.index_select(1, torch::arange(lo, hi, options.dtype(torch::kLong)).abs() - nearest);
   };
 }
 

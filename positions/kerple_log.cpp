@@ -16,7 +16,7 @@ class KerpleLog : public PositionMethod {
 
   AttentionBias bias(const LayerInput& at) override {
     auto [r1, r2] = parameters_.at_layer(at.layer);  // (H, 1)
-    return AttentionBias::dense_blocks(distance_bias_blocks(
+    return AttentionBias::dense_by_offset(distance_bias_offsets(
         r1.device(),
         [r1 = r1, r2 = r2](const torch::Tensor& distance) { return -r1 * torch::log1p(r2 * distance); }));
   }

@@ -17,7 +17,7 @@ class KerplePower : public PositionMethod {
     auto [r1, r2] = parameters_.at_layer(at.layer);  // (H, 1)
     // pow(0, r2) is 0 for r2 > 0; its gradient with respect to r2 (0^r2 * log 0) is taken as
     // 0 there, by computing the power on a distance of 1 instead and zeroing the diagonal.
-    return AttentionBias::dense_blocks(distance_bias_blocks(
+    return AttentionBias::dense_by_offset(distance_bias_offsets(
         r1.device(),
         [r1 = r1, r2 = r2](const torch::Tensor& distance) {
           auto on_diagonal = distance == 0;

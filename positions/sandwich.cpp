@@ -36,7 +36,7 @@ class Sandwich : public PositionMethod {
   AttentionBias bias(const LayerInput&) override {
     const double base = options_.base, scale = options_.scale;
     const int64_t heads = heads_, d = d_head_;
-    return AttentionBias::dense_blocks(distance_bias_blocks(
+    return AttentionBias::dense_by_offset(distance_bias_offsets(
         torch::kCPU, [=](const torch::Tensor& distance) {  // (R,) -> (H, R), in float64
           auto k = torch::arange(1, d / 2 + 1, torch::kFloat64);  // (d/2,)
           auto w = torch::exp(k * (-2.0 * std::log(base) / double(d)));

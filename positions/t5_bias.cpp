@@ -3,9 +3,10 @@
 // table[bucket(j - i), h]. Causal attention uses one-directional buckets (all keys at or left
 // of the query), bidirectional attention two-sided ones (half the buckets per side).
 //
-// The bias is described as dense blocks: a backend asks for any tile [q0, q1) x [k0, k1) and
-// gets the (H, q1 - q0, k1 - k0) gather from the table, with autograd to the table. A tile
-// depends on positions only through j - i, so the method is translation-invariant.
+// The bias is described by offset (AttentionBias::dense_by_offset): the table's column of each
+// offset j - i, with autograd to the table; a backend's tile [q0, q1) x [k0, k1) is those
+// columns spread over it. It depends on positions only through j - i, so the method is
+// translation-invariant.
 #include "positions/position.h"
 #include "positions/t5_buckets.h"
 
@@ -57,19 +58,12 @@ struct T5BiasOptions {
   }
 };
 
-// The (Tq, Tk) bucket ids of the tile [q0, q1) x [k0, k1): one t5_bucket() call per
-// distinct j - i, then spread over the tile.
-torch::Tensor tile_buckets(int64_t q0, int64_t q1, int64_t k0, int64_t k1, bool bidirectional,
-                           int64_t buckets, int64_t max_distance) {
-  const int64_t lowest = k0 - (q1 - 1), highest = (k1 - 1) - q0;
+// The bucket ids of offsets j - i = lo .. hi - 1: one t5_bucket() call each.
+torch::Tensor offset_buckets(int64_t lo, int64_t hi, bool bidirectional, int64_t buckets, int64_t max_distance) {
   std::vector<int64_t> per_offset;
-  per_offset.reserve(highest - lowest + 1);
-  for (int64_t r = lowest; r <= highest; ++r)
-    per_offset.push_back(t5_bucket(r, bidirectional, buckets, max_distance));
-  auto ids = torch::tensor(per_offset, torch::kLong);           // (R,)
-  auto i = torch::arange(q0, q1, torch::kLong).view({-1, 1});  // (Tq, 1)
-  auto j = torch::arange(k0, k1, torch::kLong).view({1, -1});  // (1, Tk)
-  return ids.index({j - i - lowest});                           // (Tq, Tk)
+  per_offset.reserve(size_t(std::max<int64_t>(hi - lo, 0)));
+  for (int64_t r = lo; r < hi; ++r) per_offset.push_back(t5_bucket(r, bidirectional, buckets, max_distance));
+  return torch::tensor(per_offset, torch::kLong);  // (hi - lo,)
 }
 
 class T5Bias : public PositionMethod {
@@ -85,11 +79,9 @@ class T5Bias : public PositionMethod {
     auto table = table_[options_.shared_across_layers ? 0 : at.layer].t();  // (H, buckets)
     const bool bidirectional = bidirectional_;
     const int64_t buckets = options_.buckets, max_distance = options_.max_distance;
-    return AttentionBias::dense_blocks([=](int64_t q0, int64_t q1, int64_t k0, int64_t k1) {
-      auto ids = tile_buckets(q0, q1, k0, k1, bidirectional, buckets, max_distance);  // (Tq, Tk)
-      return table.index_select(1, ids.to(table.device()).flatten())
-          .view({table.size(0), q1 - q0, k1 - k0});  // (H, Tq, Tk)
-    });
+    return AttentionBias::dense_by_offset([=](int64_t lo, int64_t hi) {
+      return table.index_select(1, offset_buckets(lo, hi, bidirectional, buckets, max_distance).to(table.device()));
+    });  // (H, hi - lo)
   }
 
  private:

@@ -240,6 +240,10 @@ analysis/extrap_model.py | row = (self.layer_kind[layer], kind.bias_row(index)) 
 core/export/model_export.cpp | json::parse(resolved_position_options(kind.position_name, kind.position)) | json::parse(resolved_position_options(config)) | export gives each kind of a layer pattern the top-level position's options
 analysis/extrap_model.py | hidden = F.leaky_relu(x @ kind.w1[index].T + kind.b1[index], 0.01) | hidden = F.relu(x @ kind.w1[index].T + kind.b1[index]) | Python's DAPE MLP with ReLU instead of LeakyReLU(0.01)
 core/export/model_export.cpp | out[doc.key] = given && given.IsMap() ? yaml_to_json(given) : json::object(); | out[doc.key] = json::object(); | export drops DAPE's base_options (the base is rebuilt with its defaults)
+core/eval/attention_profile.cpp | offsets.data_ptr<float>() + h * offsets.size(1) + (tk - 1 - i) | offsets.data_ptr<float>() + h * offsets.size(1) + (tk - i) | the profile reads a bias by offset one key off
+positions/distance_bias.h | torch::arange(lo, hi, options.dtype(torch::kLong)).abs() - nearest | torch::arange(lo, hi, options.dtype(torch::kLong)) - lo | KERPLE and Sandwich biases by signed offset instead of distance
+core/attention/fused_cpu_attention.cpp | rb.offsets = p.offsets.data() + h * p.offset_stride + kOffsetPad + (k0 - i) + (p.length - 1); | rb.offsets = p.offsets.data() + h * p.offset_stride + kOffsetPad + (i - k0) + (p.length - 1); | the fused kernel reads a bias by offset mirrored (i - j for j - i)
+core/attention/fused_cpu_attention.cpp | const float s = (group[l] + bias) * factor + wall; | const float s = group[l] * factor + bias + wall; | the fused kernel leaves a bias by offset out of the logit scale
 EOF
 )
 

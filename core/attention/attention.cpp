@@ -23,6 +23,21 @@ AttentionBias AttentionBias::dense_blocks(DenseBlockFn fn) {
   return b;
 }
 
+AttentionBias AttentionBias::dense_by_offset(OffsetFn fn) {
+  AttentionBias b;
+  b.kind = Kind::Dense;
+  b.dense = [fn](int64_t q0, int64_t q1, int64_t k0, int64_t k1) {
+    const int64_t lowest = k0 - (q1 - 1), highest = (k1 - 1) - q0;  // the tile's j - i
+    const torch::Tensor per_offset = fn(lowest, highest + 1);       // (H, R)
+    const auto options = torch::TensorOptions().device(per_offset.device()).dtype(torch::kLong);
+    const auto i = torch::arange(q0, q1, options).view({-1, 1});
+    const auto j = torch::arange(k0, k1, options).view({1, -1});
+    return per_offset.index_select(1, (j - i - lowest).flatten()).view({per_offset.size(0), q1 - q0, k1 - k0});
+  };
+  b.by_offset = std::move(fn);
+  return b;
+}
+
 AttentionBias AttentionBias::linear(torch::Tensor slopes_left, torch::Tensor slopes_right,
                                     torch::Tensor look_left, torch::Tensor look_right) {
   TORCH_CHECK(slopes_left.dim() == 1 && slopes_right.sizes() == slopes_left.sizes(),

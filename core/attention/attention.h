@@ -41,6 +41,13 @@ struct AttentionBias {
 
   Kind kind = Kind::None;
   DenseBlockFn dense;
+  // Kind::Dense, optional: set when the bias depends on the offset j - i alone (T5, KERPLE,
+  // Sandwich; dense_by_offset()). by_offset(lo, hi) returns the (H, hi - lo) float bias at
+  // offsets lo .. hi - 1, and every tile of `dense` is these values spread over it, bit for
+  // bit. A backend may read a row's biases from it instead of asking for tiles (the attention
+  // profile's softmax kernel does).
+  using OffsetFn = std::function<torch::Tensor(int64_t lo, int64_t hi)>;
+  OffsetFn by_offset;
 
   // Kind::Linear, per head h:
   //   j <= i: bias = -slopes_left[h]  * (i - j)   (masked instead if !look_left[h]; j == i never is)
@@ -122,6 +129,9 @@ struct AttentionBias {
 
   static AttentionBias none() { return {}; }
   static AttentionBias dense_blocks(DenseBlockFn fn);
+  // A Dense bias that depends on j - i alone: `dense`'s tile [q0, q1) x [k0, k1) is
+  // fn(k0 - q1 + 1, k1 - q0) spread over it, and by_offset is fn.
+  static AttentionBias dense_by_offset(OffsetFn fn);
   // Causal ALiBi: slopes only to the left; the right side is never reached.
   static AttentionBias linear_causal(torch::Tensor slopes);
   // Symmetric: the same slope both sides, both directions visible.

@@ -59,6 +59,10 @@ struct HeadBias {
   float left = 0, right = 0;  // -slope, or -inf for a masked direction
 };
 
+// Zeros on each side of a head's biases by offset (Problem::offsets): a row's loops read whole
+// groups of kLanes columns past its first and last visible keys.
+constexpr int64_t kOffsetPad = 16;
+
 struct Problem {
   int64_t batch = 0, heads = 0, length = 0, dim = 0;
   float scale = 1;
@@ -69,6 +73,10 @@ struct Problem {
   int64_t window = 0, chunk = 0;
   std::vector<float> sink;
   const float* logit_scale = nullptr;
+  // A bias of j - i alone (AttentionBias::by_offset; forward only): head h's bias at offset
+  // o = j - i is offsets[h * offset_stride + kOffsetPad + o + length - 1]. Empty: none.
+  std::vector<float> offsets;
+  int64_t offset_stride = 0;
 
   // Head h's bias (none: both sides open, no slope).
   HeadBias head(int64_t h) const { return bias.empty() ? HeadBias{} : bias[size_t(h)]; }
@@ -181,6 +189,7 @@ struct RowBias {
   float first, last;   // the visible columns' offsets d = j - i, first <= last
   float factor = 1;    // the row's logit scale (1: none)
   int64_t begin, end;  // the columns the row's loops cover: whole groups of kLanes holding [first, last]
+  const float* offsets = nullptr;  // a bias by offset: column c's (null: none; then left and right are 0)
 };
 
 // The softmax's row loops run over whole groups of kLanes floats (one AVX-512 vector), so that
@@ -189,30 +198,44 @@ struct RowBias {
 // padded_keys(n) floats, so a row's last group is inside the buffer. Measured on
 // configs/train_quick.yaml bf16 (T = 64): see benchmarks/RESULTS.md, part 6.
 constexpr int64_t kLanes = 16;
+static_assert(kOffsetPad >= kLanes, "a row's loops read up to kLanes - 1 columns past its visible keys");
 int64_t padded_keys(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
 
 
-// row[j] <- score + bias for the keys row i sees, -inf for the rest, j < end (keys past n are
-// padding, unseen); returns the row's maximum. Written with selects on float comparisons only,
-// so that GCC vectorises it: with d = j - i, the bias is (-left) d left of the diagonal and
-// right d right of it (the same products as left (i - j) and right (j - i)), and an unseen key
-// gets a wall of -inf added instead.
-EXTRAP_ISA_KERNEL(float, bias_and_max, (float* row, int64_t i, RowBias rb), (row, i, rb)) {
+// bias_and_max's loop over the row's groups, lane maxima into max[kLanes]. kOffsets: the bias is
+// read from rb.offsets (a bias by offset), else it is the linear one. (Always inlined, so that it
+// is compiled for the instruction set of the bias_and_max variant that runs.)
+template <bool kOffsets>
+[[gnu::always_inline]] inline void bias_and_max_groups(float* row, int64_t i, const RowBias& rb, float* max) {
   const float left = -rb.left, right = rb.right, first = rb.first, last = rb.last, factor = rb.factor;
-  float max[kLanes];  // lane by lane across the groups, so that no group ends in a horizontal step
-  std::fill(max, max + kLanes, -kInf);
   for (int64_t j0 = rb.begin; j0 < rb.end; j0 += kLanes) {
     float* group = row + j0;
+    const float* offsets = kOffsets ? rb.offsets + j0 : nullptr;
     const float d0 = float(j0 - i);
 #pragma omp simd
     for (int64_t l = 0; l < kLanes; ++l) {
       const float d = d0 + float(l);
+      const float bias = kOffsets ? offsets[l] : (d < 0.0f ? left : right) * d;
       const float wall = d < first || d > last ? -kInf : 0.0f;
-      const float s = (group[l] + (d < 0.0f ? left : right) * d) * factor + wall;
+      const float s = (group[l] + bias) * factor + wall;
       group[l] = s;
       max[l] = s > max[l] ? s : max[l];
     }
   }
+}
+
+// row[j] <- score + bias for the keys row i sees, -inf for the rest, j < end (keys past n are
+// padding, unseen); returns the row's maximum. Written with selects on float comparisons only,
+// so that GCC vectorises it: with d = j - i, the bias is (-left) d left of the diagonal and
+// right d right of it (the same products as left (i - j) and right (j - i)), or the bias by
+// offset, and an unseen key gets a wall of -inf added instead.
+EXTRAP_ISA_KERNEL(float, bias_and_max, (float* row, int64_t i, RowBias rb), (row, i, rb)) {
+  float max[kLanes];  // lane by lane across the groups, so that no group ends in a horizontal step
+  std::fill(max, max + kLanes, -kInf);
+  if (rb.offsets)
+    bias_and_max_groups<true>(row, i, rb, max);
+  else
+    bias_and_max_groups<false>(row, i, rb, max);
   return *std::max_element(max, max + kLanes);
 }
 
@@ -274,6 +297,8 @@ RowBias row_bias(const Problem& p, int64_t h, int64_t i, int64_t k0, int64_t n) 
   const int64_t first = std::max(keys.first, k0) - i, last = std::min(keys.last, k0 + n - 1) - i;  // d = j - i
   RowBias rb{first < 0 ? hb.left : 0.0f, last > 0 ? hb.right : 0.0f, float(first), float(last), 1.0f, 0, 0};
   if (p.logit_scale) rb.factor = p.logit_scale[h * p.length + i];
+  if (!p.offsets.empty())  // column c is key k0 + c: offset k0 + c - i
+    rb.offsets = p.offsets.data() + h * p.offset_stride + kOffsetPad + (k0 - i) + (p.length - 1);
   if (first <= last) {
     rb.begin = (i + first - k0) / kLanes * kLanes;  // column of the first visible key, its group
     rb.end = padded_keys(i + last - k0 + 1);
@@ -652,6 +677,18 @@ Problem make_problem(const torch::Tensor& q, const AttentionBias& bias, bool cau
     const bool *llp = look_left.data_ptr<bool>(), *lrp = look_right.data_ptr<bool>();
     for (int64_t h = 0; h < p.heads; ++h) p.bias.push_back({llp[h] ? -lp[h] : -kInf, lrp[h] ? -rp[h] : -kInf});
   }
+  if (bias.kind == AttentionBias::Kind::Dense) {  // by offset (fused_cpu_attention_unsupported_reason)
+    const int64_t T = p.length, reach = causal ? 1 : T;  // offsets -(T - 1) .. reach - 1
+    const auto values = bias.by_offset(-(T - 1), reach).detach().to(torch::kCPU, torch::kFloat32).contiguous();
+    TORCH_CHECK(values.dim() == 2 && values.size(0) == p.heads && values.size(1) == T - 1 + reach,
+                "fused CPU attention: a bias by offset gave ", values.sizes(), " for ", p.heads, " heads and ",
+                T - 1 + reach, " offsets");
+    p.offset_stride = 2 * kOffsetPad + 2 * T - 1;
+    p.offsets.assign(size_t(p.heads * p.offset_stride), 0.0f);
+    for (int64_t h = 0; h < p.heads; ++h)
+      std::copy(values.data_ptr<float>() + h * values.size(1), values.data_ptr<float>() + (h + 1) * values.size(1),
+                p.offsets.begin() + h * p.offset_stride + kOffsetPad);
+  }
   p.window = bias.window;
   p.chunk = bias.chunk;
   p.sink = sink_values(bias.sink);
@@ -755,8 +792,13 @@ std::string fused_cpu_attention_unsupported_reason(const torch::Tensor& q, const
   if (q.size(2) * std::max<int64_t>({q.stride(2), 3 * q.size(1) * q.size(3), 1}) > std::numeric_limits<int>::max() / 2)
     return "too long for 32-bit BLAS strides";
   if (options.training && options.dropout > 0) return "attention dropout";
-  if (bias.kind != AttentionBias::Kind::None && bias.kind != AttentionBias::Kind::Linear)
+  if (bias.kind == AttentionBias::Kind::Dense) {
+    // A bias of j - i alone, in the forward pass: the backward kernels have no gradient for it.
+    if (!bias.by_offset) return "bias kind " + bias.describe() + " (a dense bias that is not one of j - i alone)";
+    if (torch::GradMode::is_enabled()) return "a dense bias with gradients (the kernel takes one of j - i alone for inference)";
+  } else if (bias.kind != AttentionBias::Kind::None && bias.kind != AttentionBias::Kind::Linear) {
     return "bias kind " + bias.describe();
+  }
   if (bias.far_queries.defined()) return "Self-Extend's far queries and keys";
   if (bias.sink.defined() && (bias.sink.dim() != 1 || bias.sink.size(0) != q.size(1)))
     return "a sink of shape " + c10::str(bias.sink.sizes()) + " for " + std::to_string(q.size(1)) + " heads";

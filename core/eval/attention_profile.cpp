@@ -18,14 +18,22 @@ namespace {
 
 // The logits of keys [lo, hi) of query position i, in place: (s_j + bias_ij) * scale, with the
 // linear bias -slope_left (i - j) left of i and -slope_right (j - i) right of it, plus
-// cumulative[i] - cumulative[j] where cumulative is given (forget gates). Returns their maximum
-// and `top`'s.
+// cumulative[i] - cumulative[j] where cumulative is given (forget gates), or instead
+// by_offset[j] where that is given (a bias of j - i alone, read along the row). Returns their
+// maximum and `top`'s.
 EXTRAP_ISA_KERNEL(float, profile_logits,
                   (float* s, int64_t lo, int64_t hi, int64_t i, float slope_left, float slope_right,
-                   const float* cumulative, float scale, float top),
-                  (s, lo, hi, i, slope_left, slope_right, cumulative, scale, top)) {
+                   const float* cumulative, const float* by_offset, float scale, float top),
+                  (s, lo, hi, i, slope_left, slope_right, cumulative, by_offset, scale, top)) {
   const float fi = float(i);
-  if (cumulative) {
+  if (by_offset) {
+#pragma omp simd reduction(max : top)
+    for (int64_t j = lo; j < hi; ++j) {
+      const float z = (s[j] + by_offset[j]) * scale;
+      s[j] = z;
+      top = top > z ? top : z;
+    }
+  } else if (cumulative) {
     const float ci = cumulative[i];
 #pragma omp simd reduction(max : top)
     for (int64_t j = lo; j < hi; ++j) {
@@ -87,14 +95,15 @@ EXTRAP_ISA_KERNEL(void, weight_sums, (const float* p, int64_t from, int64_t to, 
 // One row of the weights the profile computes itself (profile_computes()): query position i,
 // its scaled scores q_i . k_j / sqrt(d) for keys [0, keys) in `s`, visible [lo, hi) (the causal,
 // window, chunk and look-left/right masks leave one range of keys); the logits as
-// profile_logits() makes them, and one more logit `sink` that weighs no value (has_sink).
+// profile_logits() makes them (by_offset: the row's biases, by_offset[j] at key j), and one more
+// logit `sink` that weighs no value (has_sink).
 // Writes mass[b] = sum_{j in bin b} p_ij and entropy[b] = -sum p_ij ln p_ij (with p_ij =
 // e^{z_ij - m} / Z: -p_ij ln p_ij = p_ij (ln Z - (z_ij - m))); returns the row's total (1 less
 // the sink's share).
 double profile_logit_row(float* s, int64_t lo, int64_t hi, int64_t i, float slope_left, float slope_right,
-                         const float* cumulative, float scale, bool has_sink, float sink, bool causal,
-                         const int64_t* edges, int64_t bins, double* mass, double* entropy) {
-  const float top = profile_logits(s, lo, hi, i, slope_left, slope_right, cumulative, scale,
+                         const float* cumulative, const float* by_offset, float scale, bool has_sink, float sink,
+                         bool causal, const int64_t* edges, int64_t bins, double* mass, double* entropy) {
+  const float top = profile_logits(s, lo, hi, i, slope_left, slope_right, cumulative, by_offset, scale,
                                    has_sink ? sink : -std::numeric_limits<float>::infinity());
   double z_sum = has_sink ? std::exp(double(sink) - double(top)) : 0.0;
   for (int64_t b = 0; b < bins; ++b) {
@@ -137,14 +146,15 @@ double bin_weight_row(const float* p, int64_t keys, int64_t i, bool causal, cons
   return total;
 }
 
-// Whether profile_logit_row computes this call's weights: no bias, a linear one (ALiBi family)
-// or forget gates, with any masks, logit scale and sink, on the CPU. The rest (dense, CoPE,
-// DAPE, PaTH, stick-breaking, Self-Extend, sampled positions) take attention_probabilities().
+// Whether profile_logit_row computes this call's weights: no bias, a linear one (ALiBi family),
+// forget gates or a bias of j - i alone (T5, KERPLE, Sandwich: by_offset), with any masks, logit
+// scale and sink, on the CPU. The rest (other dense biases such as FIRE's, CoPE, DAPE, PaTH,
+// stick-breaking, Self-Extend, sampled positions) take attention_probabilities().
 bool profile_computes(const torch::Tensor& q, const AttentionBias& bias) {
   using Kind = AttentionBias::Kind;
   return q.is_cpu() && !bias.far_queries.defined() &&
          (bias.kind == Kind::None || (bias.kind == Kind::Linear && !bias.positions.defined()) ||
-          bias.kind == Kind::Cumulative);
+          bias.kind == Kind::Cumulative || (bias.kind == Kind::Dense && bias.by_offset));
 }
 
 // A (H,) or (H, n) tensor's float32 values on the CPU ({} when undefined).
@@ -213,6 +223,14 @@ class ProfileObserver : public AttentionObserver {
                         cumulative.size(2) >= tk,
                     "attention profile: cumulative bias ", cumulative.sizes(), " for q ", q.sizes(), " and k ", k.sizes());
       }
+      // A bias of j - i alone: (H, R) at offsets -(tk - 1) .. R - tk (to 0 when causal).
+      torch::Tensor offsets;
+      if (bias.kind == AttentionBias::Kind::Dense) {
+        const int64_t R = causal ? tk : 2 * tk - 1;
+        offsets = bias.by_offset(-(tk - 1), R - (tk - 1)).detach().to(torch::kCPU, torch::kFloat32).contiguous();
+        TORCH_CHECK(offsets.dim() == 2 && offsets.size(0) == heads && offsets.size(1) == R,
+                    "attention profile: a bias by offset gave ", offsets.sizes(), " for ", heads, " heads and ", R, " offsets");
+      }
       const auto scaled = qf * (1.0 / std::sqrt(double(q.size(3))));
       for (int64_t r = 0; r < tq; r += rows) {
         const int64_t n = std::min(rows, tq - r), first = tk - tq + r, keys = causal ? first + n : tk;
@@ -229,9 +247,12 @@ class ProfileObserver : public AttentionObserver {
             if (bias.window > 0) lo = std::max(lo, i - bias.window + 1), hi = std::min(hi, i + bias.window);
             if (bias.chunk > 0) lo = std::max(lo, i / bias.chunk * bias.chunk), hi = std::min(hi, (i / bias.chunk + 1) * bias.chunk);
             const float* f = cumulative.defined() ? cumulative.data_ptr<float>() + (row / n) * cumulative.size(2) : nullptr;
+            // by_offset[j] = the bias at offset j - i, column j - i + tk - 1 of the head's row.
+            const float* by_offset =
+                offsets.defined() ? offsets.data_ptr<float>() + h * offsets.size(1) + (tk - 1 - i) : nullptr;
             double* o = out + row * (2 * bins + 1);
             o[2 * bins] = profile_logit_row(s + row * keys, lo, hi, i, linear ? slope_left[size_t(h)] : 0.0f,
-                                            linear ? slope_right[size_t(h)] : 0.0f, f,
+                                            linear ? slope_right[size_t(h)] : 0.0f, f, by_offset,
                                             scale.empty() ? 1.0f : scale[size_t(h * tq + r + t)], !sinks.empty(),
                                             sinks.empty() ? 0.0f : sinks[size_t(h)], causal, edges, bins, o, o + bins);
           }

@@ -29,6 +29,30 @@ std::vector<std::pair<std::string, AttentionBias>> biases() {
   };
 }
 
+// A dense bias of j - i alone (as T5, KERPLE and Sandwich describe theirs), for 4 heads: one that
+// tells left from right, so that an offset read from the wrong side shows. The kernel takes it
+// for inference only.
+AttentionBias offset_bias() {
+  return AttentionBias::dense_by_offset([](int64_t lo, int64_t hi) {
+    const auto o = torch::arange(lo, hi, torch::kFloat32);               // (R,)
+    const auto h = torch::arange(1, 5, torch::kFloat32).view({-1, 1});  // (4, 1)
+    return torch::sin(0.3f * o * h) - 0.02f * o.abs() * h + 0.01f * o;  // (4, R)
+  });
+}
+
+// The biases of inference: the training ones, a bias by offset, and one with a window, a sink
+// and a logit scale of T rows.
+std::vector<std::pair<std::string, AttentionBias>> inference_biases(int64_t T) {
+  auto out = biases();
+  out.emplace_back("by offset", offset_bias());
+  AttentionBias options = offset_bias();
+  options.window = 37;
+  options.sink = torch::tensor({0.5f, -1.0f, 2.0f, 0.0f});
+  options.logit_scale = torch::rand({4, T}) + 0.5;
+  out.emplace_back("by offset + window 37 + sink + logit scale", options);
+  return out;
+}
+
 // Largest difference over the largest expected magnitude, or over 1 where everything expected
 // is smaller (a single key's q and k gradients are exactly 0: rounding noise is all there is).
 double max_relative_difference(const torch::Tensor& got, const torch::Tensor& expected) {
@@ -108,7 +132,7 @@ TEST_CASE("fused CPU attention for inference: equal to the float64 reference, wh
   // and two key tiles of 256 at 300.
   for (int64_t T : {1, 63, 130, 192, 300}) {
     for (bool causal : {true, false}) {
-      for (const auto& [name, bias] : biases()) {
+      for (const auto& [name, bias] : inference_biases(T)) {
         INFO("T " << T << (causal ? ", causal, " : ", bidirectional, ") << name);
         const auto parts = torch::randn({B, T, 3, H, D}).permute({2, 0, 3, 1, 4}).unbind(0);
         AttentionOptions options;
@@ -133,7 +157,7 @@ TEST_CASE("fused CPU attention for inference: equal to the float64 reference, wh
   // Past a few key tiles of 256, where far tiles of a linear bias are skipped as negligible: the
   // reference's numbers still, for keys left and right of every block.
   for (bool causal : {true, false}) {
-    for (const auto& [name, bias] : biases()) {
+    for (const auto& [name, bias] : inference_biases(1100)) {
       INFO("T 1100" << (causal ? ", causal, " : ", bidirectional, ") << name);
       const auto parts = torch::randn({1, 1100, 3, H, D}).permute({2, 0, 3, 1, 4}).unbind(0);
       AttentionOptions options;
@@ -169,6 +193,17 @@ TEST_CASE("fused CPU attention: what it does not take goes to the reference, nam
   REQUIRE_THAT(reason(q, AttentionBias::cumulative_sum(torch::zeros({1, 4, 16})), training),
                Catch::Contains("cumulative"));
   REQUIRE_THAT(reason(q.to(torch::kFloat64), AttentionBias::none(), training), Catch::Contains("float32"));
+  // A dense bias: one of j - i alone, and only without gradients (the backward has none for it).
+  const auto tile = AttentionBias::dense_blocks([](int64_t q0, int64_t q1, int64_t k0, int64_t k1) {
+    return torch::zeros({4, q1 - q0, k1 - k0});
+  });
+  {
+    torch::AutoGradMode grad(true);
+    REQUIRE_THAT(reason(q, offset_bias(), training), Catch::Contains("a dense bias with gradients"));
+    torch::NoGradGuard inference;
+    REQUIRE(reason(q, offset_bias(), AttentionOptions{}).empty());
+    REQUIRE_THAT(reason(q, tile, AttentionOptions{}), Catch::Contains("not one of j - i alone"));
+  }
   AttentionOptions dropout = training;
   dropout.dropout = 0.1;
   REQUIRE_THAT(reason(q, AttentionBias::none(), dropout), Catch::Contains("dropout"));

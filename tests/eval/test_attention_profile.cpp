@@ -135,8 +135,9 @@ TEST_CASE("attention profile: mass and entropy by distance bin as loops over eve
   models.emplace_back("rotary + sink", options_model("rotary", sink));
   models.emplace_back("rotary + window 6", options_model("rotary", window));
   models.emplace_back("alibi, masked LM", options_model("alibi_symmetric", AttentionConfig{}, false));
-  // The kernel's own softmax: no bias, linear, forget gates, with masks, sink and logit scale;
-  // the others through attention_probabilities() (t5_bias: a dense bias; CoPE: contextual).
+  // The kernel's own softmax: no bias, linear, forget gates, a bias of j - i alone (t5_bias,
+  // kerple_log), with masks, sink and logit scale; the others through attention_probabilities()
+  // (FIRE: a dense bias of i as well; CoPE: contextual).
   AttentionConfig sink_chunk_ssmax;
   sink_chunk_ssmax.sink = true;
   sink_chunk_ssmax.chunk = 8;
@@ -150,6 +151,8 @@ TEST_CASE("attention profile: mass and entropy by distance bin as loops over eve
   models.emplace_back("fox", perturbed_model("fox"));
   models.emplace_back("t5_bias", perturbed_model("t5_bias"));
   models.emplace_back("cope", perturbed_model("cope"));
+  models.emplace_back("fire + sink", options_model("fire", sink));
+  models.emplace_back("t5_bias + sink + chunk 8 + ssmax, masked LM", options_model("t5_bias", sink_chunk_ssmax, false));
   models.emplace_back("alibi_nonsymmetric, masked LM", options_model("alibi_nonsymmetric", AttentionConfig{}, false));
   models.emplace_back("kerple_log + window 5, masked LM", options_model("kerple_log", window_temperature, false));
   const int64_t T = 24, windows = 3;

@@ -206,6 +206,19 @@ TEST_CASE("relative biases are translation-invariant and tile-consistent", "[pos
     }
     // Not trivially invariant: the bias does depend on the distance.
     CHECK_FALSE(torch::equal(full[0][t - 1][t - 2], full[0][t - 1][t - 9]));
+    // A dense bias of j - i alone says so (by_offset), and its offsets are the matrix's
+    // diagonals: entry (i, j) is by_offset(lo, hi)[h][j - i - lo], bit for bit.
+    const bool offset_method = m.name == "t5_bias" || m.name.rfind("kerple", 0) == 0 || m.name == "sandwich";
+    CHECK(bool(bias.by_offset) == offset_method);
+    if (offset_method) {
+      const int64_t lo = -(t - 1), hi = m.causal ? 1 : t;
+      const auto offsets = bias.by_offset(lo, hi);  // (H, hi - lo)
+      REQUIRE(offsets.sizes() == torch::IntArrayRef({heads, hi - lo}));
+      const auto i = torch::arange(t).view({-1, 1}), j = torch::arange(t).view({1, -1});
+      const auto visible = m.causal ? (j <= i) : torch::ones({t, t}, torch::kBool);
+      const auto spread = offsets.index({torch::indexing::Slice(), (j - i - lo).clamp(0, hi - lo - 1)});  // (H, T, T)
+      CHECK(torch::equal(spread.masked_select(visible), full.masked_select(visible)));
+    }
   }
 }
 
