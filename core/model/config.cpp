@@ -84,7 +84,8 @@ void read_model_section(const OptionReader& root, Config& c) {
   r.read("attention", m.attention, "attention implementation (the same maths on every path)",
          Affects::nothing);
   r.read("efficient_threshold", m.efficient_threshold,
-         "auto: inference windows with T*T above this use the memory-efficient path",
+         "auto: inference windows on the CPU with T*T above this take the fused kernel's forward where it computes "
+         "the bias (none, the ALiBi family, biases of j - i alone), else the memory-efficient path",
          Affects::nothing);
   r.finish();
   if (root.decoding()) {
