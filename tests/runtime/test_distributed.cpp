@@ -7,6 +7,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <map>
 
@@ -85,7 +90,28 @@ pid_t spawn_rank(const TempDir& d, int rank, int world, int port, const std::vec
   return spawn(d.root, args, d.root / ("rank" + std::to_string(rank) + ".log"), 0, env);
 }
 
-int test_port() { return 20000 + int(::getpid() % 20000); }
+// A TCP port on 127.0.0.1 that nothing listens on now, from the kernel (bind to port 0), within
+// [lo, hi] (tries again until one is): ports made from the process id collided, now and then,
+// with those of the distributed tests that ctest runs beside this one.
+int free_port(int lo = 1024, int hi = 65535) {
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    address.sin_port = 0;
+    socklen_t size = sizeof(address);
+    const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+                       ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size) == 0;
+    ::close(fd);
+    const int port = bound ? int(ntohs(address.sin_port)) : 0;
+    if (port >= lo && port <= hi) return port;
+  }
+  FAIL("no free TCP port in " << lo << " .. " << hi);
+  return 0;
+}
+int test_port() { return free_port(); }
 
 }  // namespace
 
@@ -274,7 +300,7 @@ TEST_CASE("distributed: a hung rank is named within the timeout", "[distributed]
 TEST_CASE("distributed: ranks started with different configs are refused", "[distributed]") {
   SweepDir d;
   write_train_config(d);
-  const int port = test_port() + 1;
+  const int port = test_port();
   const pid_t rank0 = spawn_rank(d, 0, 2, port, train_args("runs/x"), {"EXTRAP_DIST_TIMEOUT=20"});
   const pid_t rank1 =
       spawn_rank(d, 1, 2, port, train_args("runs/x", {"--set", "train.lr=0.002"}), {"EXTRAP_DIST_TIMEOUT=20"});
@@ -311,7 +337,7 @@ TEST_CASE("distributed: torchrun launches extrap with its agent's store", "[dist
     const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     ::dup2(fd, 1);
     ::dup2(fd, 2);
-    const std::string port = "--master_port=" + std::to_string(test_port() + 2);
+    const std::string port = "--master_port=" + std::to_string(test_port());
     std::vector<std::string> all = {torchrun.string(), "--nproc_per_node=2", port, "--no_python",
                                     EXTRAP_CLI};
     for (const auto& a : train_args("runs/torchrun", {"--set", "train.steps=8"})) all.push_back(a);
@@ -381,13 +407,16 @@ exit $code
   CHECK(read_text(dir / "submit.sh").find("--dependency=afterok:") != std::string::npos);
 
   for (int task = 0; task < 2; ++task) {
+    // The script's store listens on 20000 + SLURM_JOB_ID % 40000: a job id whose port is free.
+    const int job_id = free_port(20000, 59999) - 20000;
     const std::string command = "cd '" + d.root.string() + "' && PATH='" + (d.root / "bin").string() +
                                 ":'\"$PATH\" SLURM_ARRAY_TASK_ID=" + std::to_string(task) +
-                                " SLURM_JOB_ID=" + std::to_string(1000 + ::getpid() % 1000 + task) +
+                                " SLURM_JOB_ID=" + std::to_string(job_id) +
                                 " SLURM_JOB_NODELIST=here bash results/tiny.slurm/array.sbatch > task" +
                                 std::to_string(task) + ".log 2>&1";
-    INFO(read_text(d.root / ("task" + std::to_string(task) + ".log")));
-    REQUIRE(std::system(command.c_str()) == 0);
+    const int status = std::system(command.c_str());
+    INFO(read_text(d.root / ("task" + std::to_string(task) + ".log")));  // what the task printed
+    REQUIRE(status == 0);
   }
   REQUIRE(std::system(("cd '" + d.root.string() + "' && bash results/tiny.slurm/merge.sbatch > merge.log 2>&1").c_str()) == 0);
 
