@@ -211,8 +211,8 @@ experiments/sweep/sweep_spec.cpp |     if (!before["eval"]["longppl"]) after["ev
 analysis/report.py |             values = [math.exp(r["key_nll_sum"] / r["key_tokens"]) for r in records if r["key_tokens"] > 0] |             values = [math.exp(r["key_nll_sum"] / r["candidates"]) for r in records if r["key_tokens"] > 0] | report's LongPPL averages over the candidates, not the key tokens
 core/eval/attention_profile.cpp |     if (!causal) weight_sums( |     if (false) weight_sums( | the attention profile of a masked LM (a dense bias) leaves out every key after the query
 core/eval/attention_profile.cpp | std::min(keys, i - edges[b] + 1), sums); | std::min(keys, i - edges[b]), sums); | the attention profile (a dense bias) leaves each bin's nearest distance out
-core/eval/attention_profile.cpp |         mass.select(1, 0).add_(rest.sum({0, 2})); |         (void)rest; | the attention profile drops stick-breaking's rest of each row (the query's own value)
-core/eval/attention_profile.cpp |         sink.add_(rest.sum({0, 2})); |         (void)sink; | the attention profile records no sink share
+core/eval/attention_profile.cpp |         mass.select(1, 0).add_(rest.sum(batch_and_rows)); |         (void)rest; | the attention profile drops stick-breaking's rest of each row (the query's own value)
+core/eval/attention_profile.cpp |         sink.add_(rest.sum(batch_and_rows)); |         (void)sink; | the attention profile records no sink share
 core/attention/attention.cpp |                            tk - tq + r)); |                            tk - tq)); | attention weights in row blocks placed as if every block were the first rows
 experiments/sweep/point_runner.cpp |       spec.split_at = config.train.seq_len; |       spec.split_at = 0; | a sweep's attention profile has no bin edge at the training length
 experiments/sweep/point_runner.cpp |       spec.windows = e.profile_windows; |       spec.windows = e.profile_windows + 1; | a sweep's attention profile reads one window more than eval.attention_profile.windows

@@ -7,6 +7,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <chrono>
@@ -197,15 +198,18 @@ class ProfileObserver : public AttentionObserver {
     const int64_t rows = std::clamp<int64_t>(target / row_bytes, 1, query_block_);
     const int64_t* edges = edges_.data();
     // Per row of a block: the bins' masses, the bins' entropies, the row's total.
+    // An array, not a braced list: LibTorch 2.11 finds sum({0, 2}) ambiguous (IntArrayRef or
+    // DimnameList).
+    const std::array<int64_t, 2> batch_and_rows{0, 2};
     const auto accumulate = [&](const torch::Tensor& sums) {
-      mass.add_(sums.narrow(3, 0, bins).sum({0, 2}));
-      entropy.add_(sums.narrow(3, bins, bins).sum({0, 2}));
+      mass.add_(sums.narrow(3, 0, bins).sum(batch_and_rows));
+      entropy.add_(sums.narrow(3, bins, bins).sum(batch_and_rows));
       const auto rest = (1.0 - sums.select(3, 2 * bins)).clamp_min(0.0);  // (B, H, n)
       if (stick_breaking) {  // the query's own value: distance 0
-        mass.select(1, 0).add_(rest.sum({0, 2}));
-        entropy.select(1, 0).add_(torch::special_xlogy(rest, rest).neg().sum({0, 2}));
+        mass.select(1, 0).add_(rest.sum(batch_and_rows));
+        entropy.select(1, 0).add_(torch::special_xlogy(rest, rest).neg().sum(batch_and_rows));
       } else if (bias.sink.defined()) {
-        sink.add_(rest.sum({0, 2}));
+        sink.add_(rest.sum(batch_and_rows));
       }
     };
     if (profile_computes(q, bias)) {
