@@ -244,6 +244,9 @@ core/eval/attention_profile.cpp | offsets.data_ptr<float>() + h * offsets.size(1
 positions/distance_bias.h | torch::arange(lo, hi, options.dtype(torch::kLong)).abs() - nearest | torch::arange(lo, hi, options.dtype(torch::kLong)) - lo | KERPLE and Sandwich biases by signed offset instead of distance
 core/attention/fused_cpu_attention.cpp | rb.offsets = p.offsets.data() + h * p.offset_stride + kOffsetPad + (k0 - i) + (p.length - 1); | rb.offsets = p.offsets.data() + h * p.offset_stride + kOffsetPad + (i - k0) + (p.length - 1); | the fused kernel reads a bias by offset mirrored (i - j for j - i)
 core/attention/fused_cpu_attention.cpp | const float s = (group[l] + bias) * factor + wall; | const float s = group[l] * factor + bias + wall; | the fused kernel leaves a bias by offset out of the logit scale
+core/kernels/fused_adamw.cpp | at::_foreach_mul_(grads, torch::clamp(clip / (total + 1e-6), std::nullopt, 1.0)); | at::_foreach_mul_(grads, clip / (total + 1e-6)); | the GPU's optimiser step scales gradients up when their norm is under the clip
+core/kernels/fused_adamw.cpp | step = torch::full({}, static_cast<double>(state.step()), | step = torch::full({}, static_cast<double>(state.step() - 1), | the GPU's optimiser step bias-corrects with the previous step count
+core/kernels/fused_adamw.cpp | beta1, beta2, options.weight_decay(), options.eps(), /*amsgrad=*/false, | beta1, beta2, 0.0, options.eps(), /*amsgrad=*/false, | the GPU's optimiser step forgets the weight decay
 EOF
 )
 

@@ -6,6 +6,9 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <map>
+#include <optional>
+#include <stdexcept>
 
 namespace extrap {
 
@@ -44,6 +47,19 @@ EXTRAP_ISA_KERNEL(void, update, (float* p, const float* grad, float* m, float* v
   }
 }
 
+// The state AdamW holds for p, created (zero moments, step 0) on first use.
+torch::optim::AdamWParamState& state_of(torch::optim::AdamW& optimizer, const torch::Tensor& p) {
+  auto& slot = optimizer.state()[p.unsafeGetTensorImpl()];
+  if (!slot) {
+    auto fresh = std::make_unique<torch::optim::AdamWParamState>();
+    fresh->step(0);
+    fresh->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+    fresh->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+    slot = std::move(fresh);
+  }
+  return static_cast<torch::optim::AdamWParamState&>(*slot);
+}
+
 bool takes_parameter(const torch::Tensor& p, const torch::optim::AdamW& optimizer) {
   if (!p.grad().defined()) return true;  // skipped, as AdamW skips it
   const auto& g = p.grad();
@@ -80,8 +96,115 @@ bool fused_adamw_takes(const torch::optim::AdamW& optimizer) {
   return true;
 }
 
+bool aten_fused_adamw_suits(const torch::optim::AdamW& optimizer) {
+  std::optional<torch::Device> device;
+  std::optional<torch::ScalarType> type;
+  for (const auto& group : optimizer.param_groups()) {
+    if (static_cast<const torch::optim::AdamWOptions&>(group.options()).amsgrad()) return false;
+    for (const auto& p : group.params()) {
+      if (!p.grad().defined()) continue;  // skipped, as AdamW skips it
+      const auto& g = p.grad();
+      if (!device) device = p.device(), type = p.scalar_type();
+      if (!torch::isFloatingType(p.scalar_type()) || p.device() != *device || p.scalar_type() != *type ||
+          g.device() != *device || g.scalar_type() != *type || g.is_sparse() || g.sizes() != p.sizes())
+        return false;
+      const auto found = optimizer.state().find(p.unsafeGetTensorImpl());
+      if (found == optimizer.state().end()) continue;
+      const auto& state = static_cast<const torch::optim::AdamWParamState&>(*found->second);
+      for (const auto* moment : {&state.exp_avg(), &state.exp_avg_sq()})
+        if (!moment->defined() || moment->sizes() != p.sizes() || moment->scalar_type() != *type ||
+            moment->device() != *device)
+          return false;
+    }
+  }
+  return true;
+}
+
+void aten_fused_step(torch::optim::AdamW& optimizer, double clip) {
+  if (!aten_fused_adamw_suits(optimizer))
+    throw std::invalid_argument("aten_fused_step: the parameters, gradients or state are not of one "
+                                "floating type on one device (or amsgrad is on)");
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> grads;
+  for (const auto& group : optimizer.param_groups())
+    for (const auto& p : group.params())
+      if (p.grad().defined()) grads.push_back(p.grad());
+  if (grads.empty()) return;
+  if (clip > 0) {
+    // clip_grad_norm_'s arithmetic (the norm of the per-tensor norms; max_norm / (norm +
+    // 1e-6), at most 1; a NaN stays NaN) on the device, without reading the norm back.
+    const auto norms = at::_foreach_norm(grads, 2);
+    const auto total = norms.size() == 1 ? norms[0] : torch::stack(norms).norm(2);
+    at::_foreach_mul_(grads, torch::clamp(clip / (total + 1e-6), std::nullopt, 1.0));
+  }
+  const auto device = grads[0].device();
+  for (auto& group : optimizer.param_groups()) {
+    const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
+    std::vector<torch::Tensor> params, group_grads, exp_avgs, exp_avg_sqs, steps;
+    std::map<int64_t, torch::Tensor> step_tensors;  // one device scalar a distinct step count
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      auto& state = state_of(optimizer, p);
+      state.step(state.step() + 1);
+      auto& step = step_tensors[state.step()];
+      if (!step.defined())
+        step = torch::full({}, static_cast<double>(state.step()), torch::dtype(torch::kFloat32).device(device));
+      params.push_back(p);
+      group_grads.push_back(p.grad());
+      exp_avgs.push_back(state.exp_avg());
+      exp_avg_sqs.push_back(state.exp_avg_sq());
+      steps.push_back(step);
+    }
+    if (params.empty()) continue;
+    const auto [beta1, beta2] = options.betas();
+    at::_fused_adamw_(params, group_grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, options.lr(),
+                      beta1, beta2, options.weight_decay(), options.eps(), /*amsgrad=*/false,
+                      /*maximize=*/false);
+  }
+}
+
+namespace {
+
+// Which path optimizer_step() takes.
+enum class StepPath { FusedCpu, AtenFused, LibTorch };
+
+// The device of the first parameter with a gradient, else of the first parameter (before the
+// first backward pass: bench train's report).
+std::optional<torch::Device> step_device(const torch::optim::AdamW& optimizer) {
+  std::optional<torch::Device> first;
+  for (const auto& group : optimizer.param_groups())
+    for (const auto& p : group.params()) {
+      if (p.grad().defined()) return p.device();
+      if (!first) first = p.device();
+    }
+  return first;
+}
+
+StepPath step_path(const torch::optim::AdamW& optimizer) {
+  const auto device = step_device(optimizer);
+  if (device && device->is_cuda())
+    return fused_adamw_switched_on() && aten_fused_adamw_suits(optimizer) ? StepPath::AtenFused : StepPath::LibTorch;
+  return fused_adamw_takes(optimizer) ? StepPath::FusedCpu : StepPath::LibTorch;
+}
+
+}  // namespace
+
+std::string optimizer_step_path(const torch::optim::AdamW& optimizer) {
+  switch (step_path(optimizer)) {
+    case StepPath::FusedCpu: return "fused (one pass a parameter)";
+    case StepPath::AtenFused: return "ATen's multi-tensor clipping and fused AdamW";
+    case StepPath::LibTorch: break;
+  }
+  return "LibTorch's clip_grad_norm_ and AdamW";
+}
+
 void optimizer_step(torch::optim::AdamW& optimizer, double clip) {
-  if (!fused_adamw_takes(optimizer)) {
+  const StepPath path = step_path(optimizer);
+  if (path == StepPath::AtenFused) {
+    aten_fused_step(optimizer, clip);
+    return;
+  }
+  if (path == StepPath::LibTorch) {
     std::vector<torch::Tensor> parameters;
     for (const auto& group : optimizer.param_groups())
       parameters.insert(parameters.end(), group.params().begin(), group.params().end());
@@ -106,15 +229,7 @@ void optimizer_step(torch::optim::AdamW& optimizer, double clip) {
     const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
-      auto& slot = optimizer.state()[p.unsafeGetTensorImpl()];
-      if (!slot) {
-        auto fresh = std::make_unique<torch::optim::AdamWParamState>();
-        fresh->step(0);
-        fresh->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-        fresh->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-        slot = std::move(fresh);
-      }
-      auto& state = static_cast<torch::optim::AdamWParamState&>(*slot);
+      auto& state = state_of(optimizer, p);
       state.step(state.step() + 1);
       const auto [beta1, beta2] = options.betas();
       const double bias_correction1 = 1 - std::pow(beta1, double(state.step()));

@@ -13,11 +13,20 @@
 // accumulated in double; a NaN norm makes every parameter NaN, as clip_grad_norm_ does.
 //
 // Taken for float32 parameters, gradients and state on the CPU, contiguous, of matching
-// shapes, without amsgrad, unless EXTRAP_FUSED_ADAMW=0 (for A/B runs); anything else runs
+// shapes, without amsgrad, unless EXTRAP_FUSED_ADAMW=0 (for A/B runs).
+//
+// On a GPU the same step runs through ATen's multi-tensor kernels (aten_fused_step: a
+// _foreach_norm, one scale and _fused_adamw_, which PyTorch's AdamW(fused=True) runs): a few
+// launches a step instead of about ten a parameter, and no wait for the device, where
+// clip_grad_norm_ reads the total norm back to the host (.item()) before AdamW's launches.
+// Taken for parameters, gradients and state of one floating type on one CUDA device, dense,
+// of matching shapes, without amsgrad, unless EXTRAP_FUSED_ADAMW=0. Anything else runs
 // clip_grad_norm_ and AdamW::step.
 #pragma once
 
 #include <torch/torch.h>
+
+#include <string>
 
 namespace extrap {
 
@@ -27,8 +36,22 @@ namespace extrap {
 // after the step).
 void optimizer_step(torch::optim::AdamW& optimizer, double clip);
 
-// Whether optimizer_step() takes the fused path for this optimiser now.
+// Whether optimizer_step() takes the fused CPU path for this optimiser now.
 bool fused_adamw_takes(const torch::optim::AdamW& optimizer);
+
+// Whether the optimiser's parameters, gradients and state suit aten_fused_step() (one device,
+// one floating type, dense, no amsgrad), on whichever device they are; optimizer_step() takes
+// it where that device is CUDA and the switch is on.
+bool aten_fused_adamw_suits(const torch::optim::AdamW& optimizer);
+
+// The clipping and AdamW step through ATen's multi-tensor kernels, on any device ATen has them
+// for (CUDA, and the CPU, where the tests check it): the gradients are scaled in place as
+// clip_grad_norm_ scales them, nothing is read back to the host. Requires
+// aten_fused_adamw_suits(optimizer).
+void aten_fused_step(torch::optim::AdamW& optimizer, double clip);
+
+// The path optimizer_step() takes for this optimiser now, in words (bench train's report).
+std::string optimizer_step_path(const torch::optim::AdamW& optimizer);
 
 // EXTRAP_FUSED_ADAMW, read once; throws ConfigError for a value other than 0 or 1 (the CLI
 // reads it at start).

@@ -112,7 +112,7 @@ void print_step_paths(const Config& config, const torch::Device& device, const t
                                                : "LibTorch",
               gelu_fused ? "backward folded into the next product" : "as LibTorch runs it",
               norm_fused ? "fused with the LayerNorm after them" : "and LayerNorms as LibTorch runs them",
-              fused_adamw_takes(optimizer) ? "fused (one pass a parameter)" : "LibTorch's clip_grad_norm_ and AdamW");
+              optimizer_step_path(optimizer).c_str());
 }
 
 // Model FLOPs utilisation: 6 x parameters a token (forward and backward products, the tied

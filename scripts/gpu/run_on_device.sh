@@ -24,8 +24,11 @@
 #             16x L; needs data/pydoc: carry "data") -> $OUT/train_cuda.json
 #   flow      rotary trained on CUDA, eval with windows and YaRN, one NCCL rank, a small sweep
 #   trainbench  extrap bench train against benchmarks/train_pytorch.py (eager, compiled)
-#   testshapes  the reference test under each forward tile shape (EXTRAP_FLASH_FWD_ROWS;
-#             flash_dispatch.h)
+#   testshapes  the reference test under each forward tile shape (EXTRAP_FLASH_FWD_ROWS) and
+#             dQ atomic width (EXTRAP_FLASH_BWD_ATOMICS; flash_dispatch.h)
+#   atomics   the backward under each dQ atomic width, alternating -> $OUT/atomics.jsonl
+#   stepbench the GPU training step with each optimiser path (EXTRAP_FUSED_ADAMW), eager
+#             PyTorch between, and their operator profiles
 #   tune      extrap's fused kernels under each tile shape, alternating -> $OUT/tune.jsonl
 #   profile   Nsight Compute on one forward and one backward kernel -> $OUT/ncu_*.txt
 #   sanitize  compute-sanitizer memcheck and racecheck on the [sanitize] subset
@@ -114,8 +117,11 @@ stage_build() {
       -DCMAKE_POLICY_VERSION_MINIMUM=3.5 >"$log" 2>&1 || { tail -40 "$log"; return 1; }
   fi
   grep -E "extrap:|Found Torch|CUDA compiler" "$log" | head -8
+  # Ninja: keep going past a failed file, so that one call reports every compile error.
+  local keep_going=()
+  ((${#generator[@]})) && keep_going=(-- -k 0)
   TORCH_CUDA_ARCH_LIST=9.0 cmake --build "$BUILD" --parallel "$(nproc)" \
-    --target extrap_cuda_tests extrap_cli >>"$log" 2>&1 || {
+    --target extrap_cuda_tests extrap_cli "${keep_going[@]}" >>"$log" 2>&1 || {
     grep -E "error|Error" "$log" | head -40
     tail -20 "$log"
     return 1
@@ -139,15 +145,40 @@ stage_test() {
 }
 
 stage_testshapes() {
-  # The reference test under each forward tile shape (EXTRAP_FLASH_FWD_ROWS, flash_dispatch.h).
-  local rc=0 rows
-  for rows in 64 128; do
-    EXTRAP_FLASH_FWD_ROWS=$rows "$BUILD/tests/extrap_cuda_tests" \
-      "fused attention matches the reference: outputs and gradients" >"$OUT/test_rows_$rows.log" 2>&1
+  # The reference test under each forward tile shape (EXTRAP_FLASH_FWD_ROWS) and each width of
+  # the backward's dQ atomics (EXTRAP_FLASH_BWD_ATOMICS) that is not the default (flash_dispatch.h).
+  local rc=0 setting
+  for setting in EXTRAP_FLASH_FWD_ROWS=64 EXTRAP_FLASH_FWD_ROWS=128 EXTRAP_FLASH_BWD_ATOMICS=1 \
+                 EXTRAP_FLASH_BWD_ATOMICS=2; do
+    env "$setting" "$BUILD/tests/extrap_cuda_tests" \
+      "fused attention matches the reference: outputs and gradients" >"$OUT/test_$setting.log" 2>&1
     local r=$?
-    echo "fwd rows $rows: exit $r, $(grep -E "^test cases|All tests passed" "$OUT/test_rows_$rows.log" | tail -1)"
+    echo "$setting: exit $r, $(grep -E "^test cases|All tests passed" "$OUT/test_$setting.log" | tail -1)"
     ((r == 0)) || rc=1
   done
+  return "$rc"
+}
+
+stage_atomics() {
+  # The backward under each width of its dQ atomics, alternating, the default (4) first and
+  # last: fused-none and fused-alibi, causal and not, D 64 and 128 -> $OUT/atomics.jsonl.
+  local rc=0 width
+  for width in 4 1 2 4; do
+    # shellcheck disable=SC2086
+    EXTRAP_FLASH_BWD_ATOMICS=$width "$BUILD/extrap" bench attention --device cuda \
+      --impls fused-none,fused-alibi --head-dims 64,128 --lengths 4096,16384 --passes forward+backward \
+      --out "$OUT/atomics.jsonl" ${ATOMICS_ARGS:-} >>"$OUT/atomics.log" 2>&1 || rc=1
+  done
+  python3 - "$OUT/atomics.jsonl" <<'PY'
+import collections, json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+table = collections.defaultdict(list)
+for r in rows:
+    table[(r["impl"], r["mode"], r["head_dim"], r["seq_len"])].append((r["kernel_shapes"].split()[-1], r["ms"]))
+print("forward+backward ms (median of 20) per dQ atomic width, in run order")
+for key, values in table.items():
+    print(f"{key[0]:12} {key[1]:13} D {key[2]:3} T {key[3]:5}  " + "  ".join(f"{w}: {ms:.3f}" for w, ms in values))
+PY
   return "$rc"
 }
 
@@ -280,25 +311,61 @@ PY
   return "$rc"
 }
 
+# bench train's arguments for the quick shape and a GPT-2-small-sized one (12 layers, d 768,
+# L 1024, 16k tokens a step, vocabulary 50304) on the GPU, bf16 autocast.
+train_shape_args() {
+  local args=(--config configs/train_quick.yaml --set train.device=cuda --set train.precision=bf16)
+  [[ $1 == gpt2 ]] && args+=(--set model.layers=12 --set model.d_model=768 --set model.heads=12
+                             --set model.d_ffn=3072 --set train.seq_len=1024 --set train.batch_tokens=16384
+                             --vocab 50304)
+  [[ $1 == quick ]] && args+=(--vocab 257)
+  printf '%s\n' "${args[@]}"
+}
+
+stage_stepbench() {
+  # The optimiser step's two paths on the GPU (EXTRAP_FUSED_ADAMW 1: ATen's multi-tensor
+  # clipping and fused AdamW; 0: LibTorch's clip_grad_norm_ and AdamW), alternating, eager
+  # PyTorch (AdamW fused=True) between; then each path's operator profile (CPU side: the wait
+  # for the device shows in aten::_local_scalar_dense).
+  local log=$OUT/stepbench.log shape round adamw args
+  {
+    for round in 1 2; do
+      for shape in gpt2 quick; do
+        mapfile -t args < <(train_shape_args "$shape")
+        for adamw in 1 0; do
+          echo "### round $round, $shape: extrap, EXTRAP_FUSED_ADAMW=$adamw"
+          EXTRAP_FUSED_ADAMW=$adamw "$BUILD/extrap" bench train "${args[@]}" --steps 20 --warmup 5
+        done
+        echo "### round $round, $shape: pytorch eager"
+        python3 benchmarks/train_pytorch.py "${args[@]}" --steps 20 --warmup 5
+      done
+    done
+    mapfile -t args < <(train_shape_args gpt2)
+    for adamw in 1 0; do
+      echo "### profile, gpt2: EXTRAP_FUSED_ADAMW=$adamw"
+      EXTRAP_FUSED_ADAMW=$adamw "$BUILD/extrap" bench train "${args[@]}" --steps 3 --warmup 3 --profile 3
+    done
+  } >"$log" 2>&1
+  local rc=$?
+  grep -E "^###|^tokens/s|^paths|^MFU|Error|error" "$log" | tail -60
+  return "$rc"
+}
+
 stage_trainbench() {
   # `extrap bench train` on the GPU against benchmarks/train_pytorch.py (eager SDPA with the
-  # ALiBi mask, and torch.compile), bf16 autocast, alternating, on the quick shape and a
-  # GPT-2-small-sized one (12 layers, d 768, L 1024, 16k tokens a step, vocabulary 50304).
-  local log=$OUT/trainbench.log
-  local quick=(--config configs/train_quick.yaml --set train.device=cuda --set train.precision=bf16)
-  local gpt2=("${quick[@]}" --set model.layers=12 --set model.d_model=768 --set model.heads=12
-              --set model.d_ffn=3072 --set train.seq_len=1024 --set train.batch_tokens=16384)
+  # ALiBi mask, and torch.compile), bf16 autocast, alternating, on the quick shape and the
+  # GPT-2-small-sized one (train_shape_args).
+  local log=$OUT/trainbench.log round shape args
   {
     for round in $(seq "${TRAINBENCH_ROUNDS:-2}"); do
       for shape in quick gpt2; do
-        local args=("${quick[@]}") vocab=257
-        [[ $shape == gpt2 ]] && args=("${gpt2[@]}") && vocab=50304
+        mapfile -t args < <(train_shape_args "$shape")
         echo "### round $round, $shape: extrap"
-        "$BUILD/extrap" bench train "${args[@]}" --steps 20 --warmup 5 --vocab "$vocab"
+        "$BUILD/extrap" bench train "${args[@]}" --steps 20 --warmup 5
         echo "### round $round, $shape: pytorch eager"
-        python3 benchmarks/train_pytorch.py "${args[@]}" --steps 20 --warmup 5 --vocab "$vocab"
+        python3 benchmarks/train_pytorch.py "${args[@]}" --steps 20 --warmup 5
         echo "### round $round, $shape: pytorch compiled"
-        python3 benchmarks/train_pytorch.py "${args[@]}" --steps 20 --warmup 5 --vocab "$vocab" --compile
+        python3 benchmarks/train_pytorch.py "${args[@]}" --steps 20 --warmup 5 --compile
       done
     done
   } >"$log" 2>&1
@@ -335,7 +402,7 @@ for stage in "${stages[@]}"; do
     "stage_$stage"
     rc=$?
   else
-    echo "unknown stage '$stage' (build, test, testshapes, tune, profile, smoke, flow, trainbench, sanitize, bench, pybench)"
+    echo "unknown stage '$stage' (build, test, testshapes, atomics, tune, profile, smoke, flow, trainbench, stepbench, sanitize, bench, pybench)"
     rc=2
   fi
   summary "$stage: $([[ $rc == 0 ]] && echo ok || echo "FAILED ($rc)") in $((SECONDS - start)) s"

@@ -333,12 +333,21 @@ def bwd(q, k, v, o, lse, dout, mode, bias, causal, scale, want_slopes):
                                 for dp in range(CT // 2):
                                     kbr = ldmatrix_x4(sK, (kj * 16 + lane % 8 + ((lane // 8) % 2) * 8) * stride + chunk * CH + dp * 16 + (lane // 16) * 8, trans=True)
                                     mma(dqa[:, 2 * dp], sa, kbr[:, 0], kbr[:, 1]); mma(dqa[:, 2 * dp + 1], sa, kbr[:, 2], kbr[:, 3])
+                            # add_dq with float4 atomics (the default width): lanes t and t ^ 1
+                            # swap halves, the even lane adds row g, the odd lane row g + 8.
                             for l in range(32):
                                 g, t = l // 4, l % 4
+                                even = t % 2 == 0
                                 for nt in range(CT):
                                     col = chunk * CH + nt * 8 + 2 * t
-                                    if wrow + g < T: dq_acc[b, h, wrow + g, col:col + 2] += dqa[l, nt, 0:2]
-                                    if wrow + g + 8 < T: dq_acc[b, h, wrow + g + 8, col:col + 2] += dqa[l, nt, 2:4]
+                                    # the sender, of the other parity, sends row g + 8's pair if even
+                                    got = dqa[l ^ 1, nt, 0:2] if even else dqa[l ^ 1, nt, 2:4]
+                                    row = wrow + g if even else wrow + g + 8
+                                    if row < T:
+                                        value = np.concatenate([dqa[l, nt, 0:2], got] if even else [got, dqa[l, nt, 2:4]])
+                                        start = col if even else col - 2
+                                        assert start % 4 == 0
+                                        dq_acc[b, h, row, start:start + 4] += value
                 # epilogue
                 for w in range(4):
                     ones = np.ones(32)

@@ -9,7 +9,8 @@
 //        dV += P^T dO
 //        dP^T = V dO^T, dS^T = P^T * (dP^T - delta)
 //        dK += dS^T Q
-//        dQ += dS K   -> fp32 atomics into dq_accum (dS^T goes through shared memory)
+//        dQ += dS K   -> fp32 atomics (float4 by default) into dq_accum (dS^T goes
+//                        through shared memory)
 //        dslope_left  -= sum_{j <= i} dS (i - j),  dslope_right -= sum_{j > i} dS (j - i)
 //      The block's 4 warps own 16 keys each (the rows of S^T), so P^T and dS^T stay in
 //      registers as the A operands of dV and dK (mma.cuh). dK and dV are scaled and written
@@ -87,6 +88,52 @@ __global__ void __launch_bounds__(kAuxThreads) flash_bwd_convert_dq_kernel(const
   auto* dq = static_cast<Element*>(p.dq.data) + batch * p.dq.batch_stride + head * p.dq.head_stride +
              i * p.dq.row_stride + col;
   *reinterpret_cast<uint4*>(dq) = out;
+}
+
+// Adds one warp's dQ fragment (rows warp_row + g and + 8, columns col0 + 8 nt + 2t and + 1:
+// the mma accumulator layout, mma.cuh) into dq_accum, with fp32 atomics of `width` floats (1, 2
+// or 4; sm_90 has float2 and float4 atomicAdd). For 4, lanes t and t ^ 1 first swap halves
+// (one shuffle a value), so that the even lane holds four consecutive columns of row g and the
+// odd lane four of row g + 8; the column is then a multiple of 4 (16-byte aligned rows).
+template <int kHeadDim, int kTiles>
+__device__ __forceinline__ void add_dq(float* dq_accum, const float (&dq)[kTiles][4], int warp_row, int col0,
+                                       int seq_len, int width, int g, int t) {
+  const int row_lo = warp_row + g, row_hi = warp_row + g + 8;
+#pragma unroll
+  for (int nt = 0; nt < kTiles; ++nt) {
+    const int col = col0 + nt * 8 + 2 * t;
+    if (width == 4) {
+      const bool even = t % 2 == 0;
+      // The even lane sends its row g + 8 pair, the odd lane its row g pair.
+      const float got0 = __shfl_xor_sync(0xffffffffu, even ? dq[nt][2] : dq[nt][0], 1);
+      const float got1 = __shfl_xor_sync(0xffffffffu, even ? dq[nt][3] : dq[nt][1], 1);
+      const int row = even ? row_lo : row_hi;
+      if (row < seq_len) {
+        const float4 value = even ? make_float4(dq[nt][0], dq[nt][1], got0, got1)
+                                  : make_float4(got0, got1, dq[nt][2], dq[nt][3]);
+        atomicAdd(reinterpret_cast<float4*>(dq_accum + static_cast<int64_t>(row) * kHeadDim + (even ? col : col - 2)),
+                  value);
+      }
+    } else if (width == 2) {
+      if (row_lo < seq_len)
+        atomicAdd(reinterpret_cast<float2*>(dq_accum + static_cast<int64_t>(row_lo) * kHeadDim + col),
+                  make_float2(dq[nt][0], dq[nt][1]));
+      if (row_hi < seq_len)
+        atomicAdd(reinterpret_cast<float2*>(dq_accum + static_cast<int64_t>(row_hi) * kHeadDim + col),
+                  make_float2(dq[nt][2], dq[nt][3]));
+    } else {
+      if (row_lo < seq_len) {
+        float* dst = dq_accum + static_cast<int64_t>(row_lo) * kHeadDim + col;
+        atomicAdd(dst, dq[nt][0]);
+        atomicAdd(dst + 1, dq[nt][1]);
+      }
+      if (row_hi < seq_len) {
+        float* dst = dq_accum + static_cast<int64_t>(row_hi) * kHeadDim + col;
+        atomicAdd(dst, dq[nt][2]);
+        atomicAdd(dst + 1, dq[nt][3]);
+      }
+    }
+  }
 }
 
 // Stages query tile m_block's Q and dO (cp.async, one group) and its log-sum-exp (times
@@ -317,20 +364,7 @@ __global__ void __launch_bounds__(BwdTiles<Element, kHeadDim>::kThreads)
           Traits::mma(dq[2 * dp + 1], sa, kb[2], kb[3]);
         }
       }
-#pragma unroll
-      for (int nt = 0; nt < kDqTiles; ++nt) {
-        const int col = chunk * kDqChunk + nt * 8 + 2 * t;
-        if (warp_row + g < seq_len) {
-          float* dst = dq_accum + static_cast<int64_t>(warp_row + g) * kHeadDim + col;
-          atomicAdd(dst, dq[nt][0]);
-          atomicAdd(dst + 1, dq[nt][1]);
-        }
-        if (warp_row + g + 8 < seq_len) {
-          float* dst = dq_accum + static_cast<int64_t>(warp_row + g + 8) * kHeadDim + col;
-          atomicAdd(dst, dq[nt][2]);
-          atomicAdd(dst + 1, dq[nt][3]);
-        }
-      }
+      add_dq<kHeadDim>(dq_accum, dq, warp_row, chunk * kDqChunk, seq_len, p.dq_atomic_width, g, t);
     }
     __syncthreads();  // sQ, sdO, sdS, sLse and sDelta are free for the next query tile
   }

@@ -8,6 +8,7 @@
 #include "core/attention/cuda/flash_launch.cuh"
 
 #include <cstdlib>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 
@@ -67,17 +68,27 @@ void validate(const FlashFwdParams& p) {
             std::string(name_of(b.mode)) + ": give both slope arrays or neither");
 }
 
-// EXTRAP_FLASH_FWD_ROWS: unset, empty or "auto" -> 0, else 64 or 128; anything else is
-// refused, naming the variable.
-int fwd_rows_setting() {
-  const char* text = std::getenv("EXTRAP_FLASH_FWD_ROWS");
+// A setting of the environment variable `name`: unset, empty or `word` (if not null) ->
+// `fallback`, else one of `allowed` (its decimal text); anything else is refused, naming the
+// variable.
+int environment_setting(const char* name, const char* word, int fallback, std::initializer_list<int> allowed) {
+  const char* text = std::getenv(name);
   const std::string value = text == nullptr ? "" : text;
-  if (value.empty() || value == "auto") return 0;
-  if (value == "64") return 64;
-  if (value == "128") return 128;
-  throw std::invalid_argument("flash attention: EXTRAP_FLASH_FWD_ROWS must be auto, 64 or 128, got '" +
+  if (value.empty() || (word != nullptr && value == word)) return fallback;
+  std::string choices = word != nullptr ? word : "";
+  for (const int choice : allowed) {
+    if (value == std::to_string(choice)) return choice;
+    choices += (choices.empty() ? "" : ", ") + std::to_string(choice);
+  }
+  throw std::invalid_argument(std::string("flash attention: ") + name + " must be one of " + choices + ", got '" +
                               value + "'");
 }
+
+// EXTRAP_FLASH_FWD_ROWS: auto (0: chosen per call), 64 or 128.
+int fwd_rows_setting() { return environment_setting("EXTRAP_FLASH_FWD_ROWS", "auto", 0, {64, 128}); }
+
+// EXTRAP_FLASH_BWD_ATOMICS: 1, 2 or 4 (the default).
+int bwd_atomics_setting() { return environment_setting("EXTRAP_FLASH_BWD_ATOMICS", nullptr, 4, {1, 2, 4}); }
 
 // Whether every head sees only one side of the diagonal, so that a block of queries does
 // triangular work (causal, or ALiBi's causal and nonsymmetric modes).
@@ -117,6 +128,11 @@ std::string flash_fwd_rows_setting() {
   return setting == 0 ? "auto" : std::to_string(setting);
 }
 
+int flash_bwd_atomic_width() {
+  static const int width = bwd_atomics_setting();
+  return width;
+}
+
 void flash_attention_forward(const FlashFwdParams& params, cudaStream_t stream) {
   validate(params);
   const int m_frags = flash_fwd_block_rows(params) / 64;
@@ -131,7 +147,9 @@ void flash_attention_forward(const FlashFwdParams& params, cudaStream_t stream) 
                               name_of(params.bias.mode) + " is not compiled");
 }
 
-void flash_attention_backward(const FlashBwdParams& params, cudaStream_t stream) {
+void flash_attention_backward(const FlashBwdParams& call, cudaStream_t stream) {
+  FlashBwdParams params = call;
+  params.dq_atomic_width = flash_bwd_atomic_width();
   const FlashFwdParams& f = params.fwd;
   validate(f);
   require_vector_view(params.dout, "dout");

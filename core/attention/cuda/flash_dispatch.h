@@ -27,6 +27,12 @@ int flash_fwd_block_rows(const FlashFwdParams& params);
 // The setting in force: "auto", "64" or "128".
 std::string flash_fwd_rows_setting();
 
+// Floats each fp32 atomic of the backward's dQ adds: 1, 2 or 4. The environment variable
+// EXTRAP_FLASH_BWD_ATOMICS (read once) sets it: unset or empty -> 4, else 1, 2 or 4; any other
+// value is refused. For side-by-side measurement: every width computes the same sums (the
+// order of the atomic additions is unspecified in any case).
+int flash_bwd_atomic_width();
+
 // Writes o and lse.
 void flash_attention_forward(const FlashFwdParams& params, cudaStream_t stream);
 

@@ -72,6 +72,10 @@ struct FlashBwdParams {
   // dL/dslope_left and dL/dslope_right into (the caller zeroes them).
   float* dslopes_left = nullptr;
   float* dslopes_right = nullptr;
+  // Floats a dQ atomic adds into dq_accum: 1, 2 or 4 (sm_90's float2 and float4 atomicAdd).
+  // Set by the dispatcher (flash_bwd_atomic_width(), flash_dispatch.h); every width sums the
+  // same products.
+  int dq_atomic_width = 4;
 };
 
 }  // namespace extrap::cuda

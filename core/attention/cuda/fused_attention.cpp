@@ -400,7 +400,10 @@ std::pair<torch::Tensor, torch::Tensor> fused_alibi_geometric_slopes(FusedAlibiL
 
 namespace {
 
-std::string kernel_shapes() { return "fwd_rows=" + cuda::flash_fwd_rows_setting(); }
+std::string kernel_shapes() {
+  return "fwd_rows=" + cuda::flash_fwd_rows_setting() +
+         " bwd_dq_atomic=" + std::to_string(cuda::flash_bwd_atomic_width());
+}
 
 // Runs when libextrap_cuda.so loads (core/runtime/cuda_support.h).
 const bool registered = [] {
