@@ -247,6 +247,9 @@ core/attention/fused_cpu_attention.cpp | const float s = (group[l] + bias) * fac
 core/kernels/fused_adamw.cpp | at::_foreach_mul_(grads, torch::clamp(clip / (total + 1e-6), std::nullopt, 1.0)); | at::_foreach_mul_(grads, clip / (total + 1e-6)); | the GPU's optimiser step scales gradients up when their norm is under the clip
 core/kernels/fused_adamw.cpp | step = torch::full({}, static_cast<double>(state.step()), | step = torch::full({}, static_cast<double>(state.step() - 1), | the GPU's optimiser step bias-corrects with the previous step count
 core/kernels/fused_adamw.cpp | beta1, beta2, options.weight_decay(), options.eps(), /*amsgrad=*/false, | beta1, beta2, 0.0, options.eps(), /*amsgrad=*/false, | the GPU's optimiser step forgets the weight decay
+core/attention/fused_cpu_attention.cpp | if (grads.offsets) add_row(grads.offsets + kOffsetPad + (k0 - i) + (p.length - 1) + begin, row + begin, end - begin); | if (grads.offsets) add_row(grads.offsets + kOffsetPad + (p.length - 1) + begin, row + begin, end - begin); | the fused backward adds every row's bias gradient from offset 0 (its keys' columns, not their offsets j - i)
+core/attention/fused_cpu_attention.cpp | dot(row + begin, rb.offsets + begin, end - begin) | 0.0f | the fused backward leaves a bias by offset out of the logit scale's gradient
+core/attention/fused_cpu_attention.cpp | return doffsets.sum(0).narrow(1, kOffsetPad, by_offset.size(1)).to(by_offset.scalar_type()); | return doffsets.sum(0).narrow(1, kOffsetPad + 1, by_offset.size(1)).to(by_offset.scalar_type()); | the fused backward hands back a bias by offset's gradient shifted by one offset
 EOF
 )
 

@@ -44,8 +44,9 @@ struct AttentionBias {
   // Kind::Dense, optional: set when the bias depends on the offset j - i alone (T5, KERPLE,
   // Sandwich; dense_by_offset()). by_offset(lo, hi) returns the (H, hi - lo) float bias at
   // offsets lo .. hi - 1, and every tile of `dense` is these values spread over it, bit for
-  // bit. A backend may read a row's biases from it instead of asking for tiles (the attention
-  // profile's softmax kernel does).
+  // bit. A backend may read a row's biases from it instead of asking for tiles (the fused CPU
+  // kernel, whose backward hands the offsets' gradient back through it, and the attention
+  // profile's softmax kernel do).
   using OffsetFn = std::function<torch::Tensor(int64_t lo, int64_t hi)>;
   OffsetFn by_offset;
 

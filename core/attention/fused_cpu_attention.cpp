@@ -73,8 +73,8 @@ struct Problem {
   int64_t window = 0, chunk = 0;
   std::vector<float> sink;
   const float* logit_scale = nullptr;
-  // A bias of j - i alone (AttentionBias::by_offset; forward only): head h's bias at offset
-  // o = j - i is offsets[h * offset_stride + kOffsetPad + o + length - 1]. Empty: none.
+  // A bias of j - i alone (AttentionBias::by_offset): head h's bias at offset o = j - i is
+  // offsets[h * offset_stride + kOffsetPad + o + length - 1]. Empty: none.
   std::vector<float> offsets;
   int64_t offset_stride = 0;
 
@@ -276,6 +276,12 @@ EXTRAP_ISA_KERNEL(float, dot, (const float* a, const float* b, int64_t n), (a, b
   return sum;
 }
 
+// dst[j] += src[j], j < n.
+EXTRAP_ISA_KERNEL(void, add_row, (float* dst, const float* src, int64_t n), (dst, src, n)) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) dst[j] += src[j];
+}
+
 // sum_j dz[j] (raw[j] + bias(j - i)) over columns [begin, end): the logit-scale gradient of a row
 // (softmax_backward_block), with the bias left * d left of the diagonal and right * d right of it
 // (d = j - i, as bias_and_max). dz is 0 wherever the row sees nothing, so no mask is needed.
@@ -344,8 +350,9 @@ void probabilities_block(float* scores, int64_t i0, int64_t m, int64_t k0, int64
 // Where the backward pass puts the gradients of the sink and the logit scale of one (batch, head):
 // d sink += sum_i -P_sink(i) delta_i, and dc[i] for each row (null: not wanted).
 struct OptionGradients {
-  float* sink = nullptr;   // one float
-  float* scale = nullptr;  // T floats
+  float* sink = nullptr;     // one float
+  float* scale = nullptr;    // T floats
+  float* offsets = nullptr;  // a bias by offset's: offset_stride floats, indexed as Problem::offsets
 };
 
 // The backward of the softmax for the m rows of a block (queries from i0, n columns of keys from
@@ -355,7 +362,8 @@ struct OptionGradients {
 // adds nothing to delta). With a sink: d sink -= P_sink delta, P_sink = exp(sink - lse). With a
 // logit scale c (z = c x, x = the scores with their bias): dc_i = sum_j dZ_ij x_ij, from the rows'
 // scores and bias as they were before the softmax (`raw`, the block's q k^T / sqrt(d)), and the
-// gradient of x, c dZ, left in dP for the products that follow.
+// gradient of x, c dZ, left in dP for the products that follow. With a bias by offset, that
+// gradient summed along each diagonal is the gradient of the bias at its offset j - i.
 void softmax_backward_block(float* dp, const float* prob, int64_t i0, int64_t m, int64_t k0, int64_t n,
                             int64_t stride, const Problem& p, int64_t h, const float* lse, const float* raw,
                             OptionGradients grads) {
@@ -364,13 +372,21 @@ void softmax_backward_block(float* dp, const float* prob, int64_t i0, int64_t m,
     const float delta = dot(prob + r * stride, row, n);
     softmax_backward_row(row, prob + r * stride, n, delta);
     if (grads.sink) *grads.sink -= std::exp(p.sink[size_t(h)] - lse[i0 + r]) * delta;
+    if (!p.logit_scale && !grads.offsets) continue;
+    const int64_t i = i0 + r;
+    const RowBias rb = row_bias(p, h, i, k0, n);
+    const int64_t begin = std::min(rb.begin, n), end = std::min(rb.end, n);  // dZ is 0 outside
     if (p.logit_scale) {
-      const int64_t i = i0 + r;
-      const RowBias rb = row_bias(p, h, i, k0, n);
-      if (grads.scale)
-        grads.scale[i] += biased_dot(row, raw + r * stride, i - k0, rb.begin, std::min(rb.end, n), -rb.left, rb.right);
+      if (grads.scale) {
+        const float* x = raw + r * stride;
+        grads.scale[i] += rb.offsets ? dot(row + begin, x + begin, end - begin) +
+                                           dot(row + begin, rb.offsets + begin, end - begin)
+                                     : biased_dot(row, x, i - k0, begin, end, -rb.left, rb.right);
+      }
       scale_row(row, n, rb.factor);
     }
+    // Column c holds offset k0 + c - i, as rb.offsets reads it.
+    if (grads.offsets) add_row(grads.offsets + kOffsetPad + (k0 - i) + (p.length - 1) + begin, row + begin, end - begin);
   }
 }
 
@@ -512,13 +528,16 @@ void forward_inference_kernel(const Problem& p, const Operand& q, const Operand&
   });
 }
 
-// The gradients of the bias's options, per (batch, head): `sink` B x H floats, `scale` B x H x T
-// (either null when not wanted), summed over the batch by the caller.
+// The gradients of the bias's options, per (batch, head): `sink` B x H floats, `scale` B x H x T,
+// `offsets` B x H x offset_stride (each null when not wanted), summed over the batch by the caller.
 struct OptionGradientBuffers {
   float* sink = nullptr;
   float* scale = nullptr;
+  float* offsets = nullptr;
+  int64_t offset_stride = 0;
   OptionGradients of(int64_t bh, int64_t T) const {
-    return {sink ? sink + bh : nullptr, scale ? scale + bh * T : nullptr};
+    return {sink ? sink + bh : nullptr, scale ? scale + bh * T : nullptr,
+            offsets ? offsets + bh * offset_stride : nullptr};
   }
 };
 
@@ -664,7 +683,23 @@ std::vector<float> sink_values(const torch::Tensor& sink) {
   return {values.data_ptr<float>(), values.data_ptr<float>() + values.numel()};
 }
 
-Problem make_problem(const torch::Tensor& q, const AttentionBias& bias, bool causal) {
+// The offsets -(T - 1) .. reach - 1 of a bias by offset (reach 1 causal, T not), as the kernels
+// read them (Problem::offsets).
+void set_offsets(Problem& p, const torch::Tensor& by_offset) {
+  const int64_t T = p.length, reach = p.causal ? 1 : T;
+  const auto values = by_offset.detach().to(torch::kCPU, torch::kFloat32).contiguous();
+  TORCH_CHECK(values.dim() == 2 && values.size(0) == p.heads && values.size(1) == T - 1 + reach,
+              "fused CPU attention: a bias by offset gave ", values.sizes(), " for ", p.heads, " heads and ",
+              T - 1 + reach, " offsets");
+  p.offset_stride = 2 * kOffsetPad + 2 * T - 1;
+  p.offsets.assign(size_t(p.heads * p.offset_stride), 0.0f);
+  for (int64_t h = 0; h < p.heads; ++h)
+    std::copy(values.data_ptr<float>() + h * values.size(1), values.data_ptr<float>() + (h + 1) * values.size(1),
+              p.offsets.begin() + h * p.offset_stride + kOffsetPad);
+}
+
+// `by_offset`: the bias's values by offset (AttentionBias::by_offset) where it is a dense one.
+Problem make_problem(const torch::Tensor& q, const AttentionBias& bias, bool causal, const torch::Tensor& by_offset) {
   Problem p = Problem::of(q, causal);
   if (bias.kind == AttentionBias::Kind::Linear) {
     // Read through data pointers (an indexing select and an item() for each head, side and
@@ -677,18 +712,7 @@ Problem make_problem(const torch::Tensor& q, const AttentionBias& bias, bool cau
     const bool *llp = look_left.data_ptr<bool>(), *lrp = look_right.data_ptr<bool>();
     for (int64_t h = 0; h < p.heads; ++h) p.bias.push_back({llp[h] ? -lp[h] : -kInf, lrp[h] ? -rp[h] : -kInf});
   }
-  if (bias.kind == AttentionBias::Kind::Dense) {  // by offset (fused_cpu_attention_unsupported_reason)
-    const int64_t T = p.length, reach = causal ? 1 : T;  // offsets -(T - 1) .. reach - 1
-    const auto values = bias.by_offset(-(T - 1), reach).detach().to(torch::kCPU, torch::kFloat32).contiguous();
-    TORCH_CHECK(values.dim() == 2 && values.size(0) == p.heads && values.size(1) == T - 1 + reach,
-                "fused CPU attention: a bias by offset gave ", values.sizes(), " for ", p.heads, " heads and ",
-                T - 1 + reach, " offsets");
-    p.offset_stride = 2 * kOffsetPad + 2 * T - 1;
-    p.offsets.assign(size_t(p.heads * p.offset_stride), 0.0f);
-    for (int64_t h = 0; h < p.heads; ++h)
-      std::copy(values.data_ptr<float>() + h * values.size(1), values.data_ptr<float>() + (h + 1) * values.size(1),
-                p.offsets.begin() + h * p.offset_stride + kOffsetPad);
-  }
+  if (by_offset.defined()) set_offsets(p, by_offset);
   p.window = bias.window;
   p.chunk = bias.chunk;
   p.sink = sink_values(bias.sink);
@@ -702,18 +726,20 @@ torch::Tensor kernel_logit_scale(const torch::Tensor& logit_scale) {
 
 class FusedCpuAttentionFunction : public torch::autograd::Function<FusedCpuAttentionFunction> {
  public:
-  // sink (H,) and logit_scale (H, T): the bias's, or empty tensors where it has none (autograd
-  // takes no undefined inputs); `problem` reads them already (make_problem, kernel_logit_scale).
+  // sink (H,), logit_scale (H, T) and by_offset (H, offsets): the bias's, or empty tensors where
+  // it has none (autograd takes no undefined inputs); `problem` reads them already (make_problem,
+  // kernel_logit_scale).
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q,
                                const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& sink,
-                               const torch::Tensor& logit_scale, const Problem* problem) {
+                               const torch::Tensor& logit_scale, const torch::Tensor& by_offset,
+                               const Problem* problem) {
     const Problem& p = *problem;
     auto out = torch::empty({p.batch, p.length, p.heads, p.dim}, q.options()).permute({0, 2, 1, 3});
     auto lse = torch::empty({p.batch, p.heads, p.length}, q.options().dtype(torch::kFloat32));
     const bool bf16_products = q.scalar_type() == torch::kBFloat16 && bf16_gemm::available();
     (bf16_products ? forward_kernel_bf16 : forward_kernel)(p, Operand(q), Operand(k), Operand(v), Destination(out),
                                                            lse.data_ptr<float>());
-    ctx->save_for_backward({q, k, v, lse, sink, logit_scale});
+    ctx->save_for_backward({q, k, v, lse, sink, logit_scale, by_offset});
     ctx->saved_data["bf16_products"] = bf16_products;
     ctx->saved_data["causal"] = p.causal;
     ctx->saved_data["window"] = p.window;
@@ -733,8 +759,9 @@ class FusedCpuAttentionFunction : public torch::autograd::Function<FusedCpuAtten
     const auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &k = saved[1], &v = saved[2], &lse = saved[3];
     const auto given = [](const torch::Tensor& x) { return x.numel() > 0 ? x : torch::Tensor(); };
-    const auto sink = given(saved[4]), logit_scale = given(saved[5]);
+    const auto sink = given(saved[4]), logit_scale = given(saved[5]), by_offset = given(saved[6]);
     Problem p = Problem::of(q, ctx->saved_data["causal"].toBool());
+    if (by_offset.defined()) set_offsets(p, by_offset);
     const auto left = ctx->saved_data["left"].toDoubleVector(), right = ctx->saved_data["right"].toDoubleVector();
     for (size_t h = 0; h < left.size(); ++h) p.bias.push_back({float(left[h]), float(right[h])});
     p.window = ctx->saved_data["window"].toInt();
@@ -745,10 +772,13 @@ class FusedCpuAttentionFunction : public torch::autograd::Function<FusedCpuAtten
     // The options' gradients per (batch, head), summed over the batch below.
     const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
     const bool sink_grad = sink.defined() && sink.requires_grad(), scale_grad = scale.defined() && logit_scale.requires_grad();
+    const bool offset_grad = by_offset.defined() && by_offset.requires_grad();
     const auto dsink = sink_grad ? torch::zeros({p.batch, p.heads}, f32) : torch::Tensor();
     const auto dscale = scale_grad ? torch::zeros({p.batch, p.heads, p.length}, f32) : torch::Tensor();
+    const auto doffsets = offset_grad ? torch::zeros({p.batch, p.heads, p.offset_stride}, f32) : torch::Tensor();
     const OptionGradientBuffers option_grads{sink_grad ? dsink.data_ptr<float>() : nullptr,
-                                             scale_grad ? dscale.data_ptr<float>() : nullptr};
+                                             scale_grad ? dscale.data_ptr<float>() : nullptr,
+                                             offset_grad ? doffsets.data_ptr<float>() : nullptr, p.offset_stride};
     auto dout = grads[0].to(q.scalar_type());
     if (dout.stride(3) != 1) dout = dout.contiguous();
     // dQ, dK and dV as (B, H, T, D) views: of one (B, T, 3, H, D) buffer when q, k and v are
@@ -770,8 +800,17 @@ class FusedCpuAttentionFunction : public torch::autograd::Function<FusedCpuAtten
     (bf16_products ? backward_kernel_bf16 : backward_kernel)(p, Operand(q), Operand(k), Operand(v),
                                                              lse.data_ptr<float>(), Operand(dout), Destination(dq),
                                                              Destination(dk), Destination(dv), option_grads);
-    return {dq, dk, dv, sink_grad ? dsink.sum(0).to(sink.scalar_type()) : torch::Tensor(),
-            scale_grad ? dscale.sum(0).to(logit_scale.scalar_type()) : torch::Tensor(), torch::Tensor()};
+    // The offsets' gradients sit where the kernels read the offsets: kOffsetPad in, as many as given.
+    const auto offsets_grad = [&] {
+      return doffsets.sum(0).narrow(1, kOffsetPad, by_offset.size(1)).to(by_offset.scalar_type());
+    };
+    return {dq,
+            dk,
+            dv,
+            sink_grad ? dsink.sum(0).to(sink.scalar_type()) : torch::Tensor(),
+            scale_grad ? dscale.sum(0).to(logit_scale.scalar_type()) : torch::Tensor(),
+            offset_grad ? offsets_grad() : torch::Tensor(),
+            torch::Tensor()};
   }
 };
 
@@ -793,9 +832,7 @@ std::string fused_cpu_attention_unsupported_reason(const torch::Tensor& q, const
     return "too long for 32-bit BLAS strides";
   if (options.training && options.dropout > 0) return "attention dropout";
   if (bias.kind == AttentionBias::Kind::Dense) {
-    // A bias of j - i alone, in the forward pass: the backward kernels have no gradient for it.
     if (!bias.by_offset) return "bias kind " + bias.describe() + " (a dense bias that is not one of j - i alone)";
-    if (torch::GradMode::is_enabled()) return "a dense bias with gradients (the kernel takes one of j - i alone for inference)";
   } else if (bias.kind != AttentionBias::Kind::None && bias.kind != AttentionBias::Kind::Linear) {
     return "bias kind " + bias.describe();
   }
@@ -818,12 +855,15 @@ torch::Tensor fused_cpu_attention(const torch::Tensor& q, const torch::Tensor& k
                                   const AttentionBias& bias, const AttentionOptions& options) {
   const std::string reason = fused_cpu_attention_unsupported_reason(q, k, v, bias, options);
   TORCH_CHECK(reason.empty(), "attention: the fused CPU kernel does not take this call (", reason, ")");
-  Problem problem = make_problem(q, bias, options.causal);
+  const int64_t T = q.size(2);
+  const auto by_offset = bias.kind == AttentionBias::Kind::Dense ? bias.by_offset(-(T - 1), options.causal ? 1 : T)
+                                                                 : torch::Tensor();
+  Problem problem = make_problem(q, bias, options.causal, by_offset);
   const auto scale = kernel_logit_scale(bias.logit_scale);  // kept alive for the kernels
   if (scale.defined()) problem.logit_scale = scale.data_ptr<float>();
   const auto needs = [](const torch::Tensor& x) { return x.defined() && x.requires_grad(); };
-  const bool wants_gradient = torch::GradMode::is_enabled() && (needs(q) || needs(k) || needs(v) ||
-                                                                needs(bias.sink) || needs(bias.logit_scale));
+  const bool wants_gradient = torch::GradMode::is_enabled() && (needs(q) || needs(k) || needs(v) || needs(bias.sink) ||
+                                                                needs(bias.logit_scale) || needs(by_offset));
   if (!wants_gradient && q.scalar_type() == torch::kFloat32) {
     auto out = torch::empty({problem.batch, problem.length, problem.heads, problem.dim}, q.options())
                    .permute({0, 2, 1, 3});
@@ -831,7 +871,8 @@ torch::Tensor fused_cpu_attention(const torch::Tensor& q, const torch::Tensor& k
     return out;
   }
   const auto or_empty = [](const torch::Tensor& x) { return x.defined() ? x : torch::empty({0}); };
-  return FusedCpuAttentionFunction::apply(q, k, v, or_empty(bias.sink), or_empty(bias.logit_scale), &problem);
+  return FusedCpuAttentionFunction::apply(q, k, v, or_empty(bias.sink), or_empty(bias.logit_scale), or_empty(by_offset),
+                                          &problem);
 }
 
 }  // namespace extrap

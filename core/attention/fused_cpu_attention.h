@@ -26,7 +26,9 @@
 // Supported: float32 or bfloat16 CPU tensors (B, H, T, Dh) with unit stride in Dh (any other
 // strides), as many queries as keys, no attention dropout, a bias of kind None or Linear (ALiBi and its
 // symmetric and direction-masked variants) at window positions with slopes that need no
-// gradient, causal or not; and the bias's options (attention.h): window and chunk masks (keys
+// gradient, or a dense bias of j - i alone (AttentionBias::by_offset: T5, KERPLE, Sandwich) with
+// its gradient (each offset's: dZ summed along its diagonal, then autograd on to the method's
+// parameters), causal or not; and the bias's options (attention.h): window and chunk masks (keys
 // outside a block's range are left out of its products in float32), a sink per head and a logit
 // scale per row, both with gradients. Everything else goes to the reference path (attention()
 // picks).

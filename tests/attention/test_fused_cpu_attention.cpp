@@ -11,6 +11,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <tuple>
+
 using namespace extrap;
 
 namespace {
@@ -96,7 +98,82 @@ void check_against_float64(const torch::Tensor& q_in, const torch::Tensor& k_in,
   CHECK(max_relative_difference(v.grad(), v64.grad()) < grad_tolerance);
 }
 
+// A bias by offset scaled by a learned factor per head, as T5's table, KERPLE's and Sandwich's
+// parameters reach theirs: the gradient goes through the offsets to `w` (4,), in w's dtype.
+AttentionBias learned_offset_bias(const torch::Tensor& w) {
+  return AttentionBias::dense_by_offset([w](int64_t lo, int64_t hi) {
+    const auto o = torch::arange(lo, hi, w.options().requires_grad(false));
+    const auto h = torch::arange(1, 5, w.options().requires_grad(false)).view({-1, 1});
+    return (torch::sin(0.3 * o * h) - 0.02 * o.abs() * h + 0.01 * o) * w.view({-1, 1});
+  });
+}
+
+// Training with a learned bias by offset (and, `with_options`, a window, a learned sink and a
+// learned logit scale): the kernel's output and the gradients of q, k, v, the bias's factors,
+// the sink and the logit scale against attention_reference in float64 on the same values.
+void check_learned_offsets(const torch::Tensor& q_in, const torch::Tensor& k_in, const torch::Tensor& v_in,
+                           bool causal, bool with_options, double out_tolerance, double grad_tolerance) {
+  const int64_t T = q_in.size(2);
+  const auto factors = torch::tensor({1.0, 0.5, -0.7, 2.0}), sink = torch::tensor({0.5, -1.0, 2.0, 0.0});
+  const auto logit_scale = torch::rand({4, T}, torch::kFloat64) + 0.5;
+  struct Run {
+    torch::Tensor q, k, v, w, sink, scale, y;
+  };
+  // The leaves in `type` (q, k, v in the inputs' dtype for the kernel), the bias over them.
+  const auto run = [&](torch::ScalarType type, bool kernel) {
+    Run r;
+    const auto leaf = [](const torch::Tensor& x, torch::ScalarType t) { return x.detach().to(t).requires_grad_(); };
+    r.q = leaf(q_in, kernel ? q_in.scalar_type() : type), r.k = leaf(k_in, r.q.scalar_type()),
+    r.v = leaf(v_in, r.q.scalar_type());
+    r.w = leaf(factors, type), r.sink = leaf(sink, type), r.scale = leaf(logit_scale, type);
+    AttentionBias bias = learned_offset_bias(r.w);
+    if (with_options) {
+      bias.window = 37;
+      bias.sink = r.sink;
+      bias.logit_scale = r.scale;
+    }
+    AttentionOptions options;
+    options.causal = causal;
+    options.training = true;
+    if (kernel) REQUIRE(fused_cpu_attention_unsupported_reason(r.q, r.k, r.v, bias, options).empty());
+    r.y = kernel ? fused_cpu_attention(r.q, r.k, r.v, bias, options) : attention_reference(r.q, r.k, r.v, bias, options);
+    return r;
+  };
+  Run got = run(torch::kFloat32, true), expected = run(torch::kFloat64, false);
+  const auto grad_y = torch::randn(got.y.sizes());
+  got.y.backward(grad_y.to(got.y.scalar_type()));
+  expected.y.backward(grad_y.to(torch::kFloat64));
+  CHECK(max_relative_difference(got.y.detach(), expected.y.detach()) < out_tolerance);
+  for (const auto& [name, a, b] : std::vector<std::tuple<const char*, torch::Tensor, torch::Tensor>>{
+           {"q", got.q, expected.q}, {"k", got.k, expected.k}, {"v", got.v, expected.v},
+           {"the bias's factors", got.w, expected.w}}) {
+    INFO("gradient of " << name);
+    REQUIRE(a.grad().defined());
+    CHECK(max_relative_difference(a.grad(), b.grad()) < grad_tolerance);
+  }
+  if (with_options) {
+    CHECK(max_relative_difference(got.sink.grad(), expected.sink.grad()) < grad_tolerance);
+    CHECK(max_relative_difference(got.scale.grad(), expected.scale.grad()) < grad_tolerance);
+  }
+}
+
 }  // namespace
+
+TEST_CASE("fused CPU attention: a learned bias by offset trains, its gradient equal to the float64 reference's", "[attention][fused_cpu]") {
+  if (!kernel_available()) return;
+  torch::manual_seed(13);
+  const int64_t B = 2, H = 4;
+  for (int64_t T : {1, 17, 64, 65, 150}) {
+    for (bool causal : {true, false}) {
+      for (bool with_options : {false, true}) {
+        INFO("T " << T << (causal ? ", causal" : ", bidirectional")
+                  << (with_options ? ", window 37, sink and logit scale" : ""));
+        const auto parts = torch::randn({B, T, 3, H, 16}).permute({2, 0, 3, 1, 4}).unbind(0);
+        check_learned_offsets(parts[0], parts[1], parts[2], causal, with_options, 1e-5, 1e-4);
+      }
+    }
+  }
+}
 
 TEST_CASE("fused CPU attention: outputs and q, k, v gradients equal the float64 reference", "[attention][fused_cpu]") {
   if (!kernel_available()) return;
@@ -193,13 +270,14 @@ TEST_CASE("fused CPU attention: what it does not take goes to the reference, nam
   REQUIRE_THAT(reason(q, AttentionBias::cumulative_sum(torch::zeros({1, 4, 16})), training),
                Catch::Contains("cumulative"));
   REQUIRE_THAT(reason(q.to(torch::kFloat64), AttentionBias::none(), training), Catch::Contains("float32"));
-  // A dense bias: one of j - i alone, and only without gradients (the backward has none for it).
+  // A dense bias: one of j - i alone, in training and in inference; no other.
   const auto tile = AttentionBias::dense_blocks([](int64_t q0, int64_t q1, int64_t k0, int64_t k1) {
     return torch::zeros({4, q1 - q0, k1 - k0});
   });
   {
     torch::AutoGradMode grad(true);
-    REQUIRE_THAT(reason(q, offset_bias(), training), Catch::Contains("a dense bias with gradients"));
+    REQUIRE(reason(q, offset_bias(), training).empty());
+    REQUIRE_THAT(reason(q, tile, training), Catch::Contains("not one of j - i alone"));
     torch::NoGradGuard inference;
     REQUIRE(reason(q, offset_bias(), AttentionOptions{}).empty());
     REQUIRE_THAT(reason(q, tile, AttentionOptions{}), Catch::Contains("not one of j - i alone"));
@@ -241,11 +319,14 @@ TEST_CASE("fused CPU attention: a model's training loss and gradients equal the 
   // bf16: both paths under autocast; the kernel takes bfloat16 q, k, v (with AVX512_BF16, its
   // products in bfloat16 too), the reference gets float32 copies.
   for (Precision precision : {Precision::fp32, Precision::bf16}) {
-    for (const char* position : {"alibi", "none", "rotary", "alibi_symmetric", "alibi_learned"}) {
+    for (const char* position :
+         {"alibi", "none", "rotary", "alibi_symmetric", "alibi_learned", "t5_bias", "kerple_log", "sandwich"}) {
       INFO(position << (precision == Precision::bf16 ? ", bf16" : ", fp32"));
       Config config = testing::tiny_config(position);
       config.train.seq_len = 130;  // three query blocks, the last of 2 rows; Auto takes the kernel
-      if (std::string(position) == "alibi_symmetric") config.model.objective = Objective::masked_lm;  // bidirectional
+      const std::string name = position;
+      if (name == "alibi_symmetric" || name == "t5_bias")
+        config.model.objective = Objective::masked_lm;  // bidirectional
       torch::manual_seed(2);
       TransformerLM model = build_model(config, corpus.vocab_size);
       model->train();
@@ -284,6 +365,11 @@ TEST_CASE("fused CPU attention on bfloat16 inputs: float32 inside, equal to the 
             const auto parts = torch::randn({B, T, 3, H, D}).to(torch::kBFloat16).permute({2, 0, 3, 1, 4}).unbind(0);
             check_against_float64(parts[0], parts[1], parts[2], bias, causal, tolerance, tolerance);
           }
+          INFO((bf16_products ? "bfloat16 products, " : "float32 products, ")
+               << "T " << T << ", D " << D << (causal ? ", causal, " : ", bidirectional, ")
+               << "a learned bias by offset with a window, sink and logit scale");
+          const auto parts = torch::randn({B, T, 3, H, D}).to(torch::kBFloat16).permute({2, 0, 3, 1, 4}).unbind(0);
+          check_learned_offsets(parts[0], parts[1], parts[2], causal, true, tolerance, tolerance);
         }
       }
     }
