@@ -105,15 +105,17 @@ bool aten_fused_adamw_suits(const torch::optim::AdamW& optimizer) {
       if (!p.grad().defined()) continue;  // skipped, as AdamW skips it
       const auto& g = p.grad();
       if (!device) device = p.device(), type = p.scalar_type();
+      // Contiguous throughout: the multi-tensor kernels walk each tensor's storage as a flat run.
       if (!torch::isFloatingType(p.scalar_type()) || p.device() != *device || p.scalar_type() != *type ||
-          g.device() != *device || g.scalar_type() != *type || g.is_sparse() || g.sizes() != p.sizes())
+          !p.is_contiguous() || g.device() != *device || g.scalar_type() != *type || g.is_sparse() ||
+          g.sizes() != p.sizes() || !g.is_contiguous())
         return false;
       const auto found = optimizer.state().find(p.unsafeGetTensorImpl());
       if (found == optimizer.state().end()) continue;
       const auto& state = static_cast<const torch::optim::AdamWParamState&>(*found->second);
       for (const auto* moment : {&state.exp_avg(), &state.exp_avg_sq()})
         if (!moment->defined() || moment->sizes() != p.sizes() || moment->scalar_type() != *type ||
-            moment->device() != *device)
+            moment->device() != *device || !moment->is_contiguous())
           return false;
     }
   }

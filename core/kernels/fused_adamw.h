@@ -19,9 +19,9 @@
 // _foreach_norm, one scale and _fused_adamw_, which PyTorch's AdamW(fused=True) runs): a few
 // launches a step instead of about ten a parameter, and no wait for the device, where
 // clip_grad_norm_ reads the total norm back to the host (.item()) before AdamW's launches.
-// Taken for parameters, gradients and state of one floating type on one CUDA device, dense,
-// of matching shapes, without amsgrad, unless EXTRAP_FUSED_ADAMW=0. Anything else runs
-// clip_grad_norm_ and AdamW::step.
+// Taken for parameters, gradients and state of one floating type on one CUDA device, dense and
+// contiguous, of matching shapes, without amsgrad, unless EXTRAP_FUSED_ADAMW=0. Anything else
+// runs clip_grad_norm_ and AdamW::step.
 #pragma once
 
 #include <torch/torch.h>
@@ -40,8 +40,8 @@ void optimizer_step(torch::optim::AdamW& optimizer, double clip);
 bool fused_adamw_takes(const torch::optim::AdamW& optimizer);
 
 // Whether the optimiser's parameters, gradients and state suit aten_fused_step() (one device,
-// one floating type, dense, no amsgrad), on whichever device they are; optimizer_step() takes
-// it where that device is CUDA and the switch is on.
+// one floating type, dense and contiguous, no amsgrad), on whichever device they are;
+// optimizer_step() takes it where that device is CUDA and the switch is on.
 bool aten_fused_adamw_suits(const torch::optim::AdamW& optimizer);
 
 // The clipping and AdamW step through ATen's multi-tensor kernels, on any device ATen has them

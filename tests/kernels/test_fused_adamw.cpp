@@ -84,6 +84,7 @@ TEST_CASE("fused AdamW leaves amsgrad, float64 and non-contiguous parameters to 
   torch::optim::AdamW strided({transposed}, torch::optim::AdamWOptions(1e-2));
   transposed.mutable_grad() = torch::randn({6, 4});
   REQUIRE_FALSE(fused_adamw_takes(strided));
+  REQUIRE_FALSE(aten_fused_adamw_suits(strided));
   auto plain = torch::randn({4, 6}).requires_grad_();
   torch::optim::AdamW amsgrad({plain}, torch::optim::AdamWOptions(1e-2).amsgrad(true));
   plain.mutable_grad() = torch::randn({4, 6});
