@@ -124,8 +124,8 @@ bool aten_fused_adamw_suits(const torch::optim::AdamW& optimizer) {
 
 void aten_fused_step(torch::optim::AdamW& optimizer, double clip) {
   if (!aten_fused_adamw_suits(optimizer))
-    throw std::invalid_argument("aten_fused_step: the parameters, gradients or state are not of one "
-                                "floating type on one device (or amsgrad is on)");
+    throw std::invalid_argument("aten_fused_step: the parameters, gradients or state are not contiguous "
+                                "tensors of one floating type on one device (or amsgrad is on)");
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> grads;
   for (const auto& group : optimizer.param_groups())
