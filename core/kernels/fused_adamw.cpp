@@ -122,10 +122,10 @@ bool aten_fused_adamw_suits(const torch::optim::AdamW& optimizer) {
   return true;
 }
 
-void aten_fused_step(torch::optim::AdamW& optimizer, double clip) {
-  if (!aten_fused_adamw_suits(optimizer))
-    throw std::invalid_argument("aten_fused_step: the parameters, gradients or state are not contiguous "
-                                "tensors of one floating type on one device (or amsgrad is on)");
+namespace {
+
+// aten_fused_step once aten_fused_adamw_suits(optimizer) holds (optimizer_step has asked already).
+void aten_fused_step_checked(torch::optim::AdamW& optimizer, double clip) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> grads;
   for (const auto& group : optimizer.param_groups())
@@ -163,6 +163,15 @@ void aten_fused_step(torch::optim::AdamW& optimizer, double clip) {
                       beta1, beta2, options.weight_decay(), options.eps(), /*amsgrad=*/false,
                       /*maximize=*/false);
   }
+}
+
+}  // namespace
+
+void aten_fused_step(torch::optim::AdamW& optimizer, double clip) {
+  if (!aten_fused_adamw_suits(optimizer))
+    throw std::invalid_argument("aten_fused_step: the parameters, gradients or state are not contiguous "
+                                "tensors of one floating type on one device (or amsgrad is on)");
+  aten_fused_step_checked(optimizer, clip);
 }
 
 namespace {
@@ -203,7 +212,7 @@ std::string optimizer_step_path(const torch::optim::AdamW& optimizer) {
 void optimizer_step(torch::optim::AdamW& optimizer, double clip) {
   const StepPath path = step_path(optimizer);
   if (path == StepPath::AtenFused) {
-    aten_fused_step(optimizer, clip);
+    aten_fused_step_checked(optimizer, clip);
     return;
   }
   if (path == StepPath::LibTorch) {

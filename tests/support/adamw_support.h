@@ -15,6 +15,15 @@
 
 namespace extrap::testing {
 
+// The reference step: LibTorch's clip_grad_norm_ (clip > 0) and AdamW::step.
+inline void libtorch_adamw_step(torch::optim::AdamW& optimizer, double clip) {
+  std::vector<torch::Tensor> parameters;
+  for (const auto& group : optimizer.param_groups())
+    parameters.insert(parameters.end(), group.params().begin(), group.params().end());
+  if (clip > 0) torch::nn::utils::clip_grad_norm_(parameters, clip);
+  optimizer.step();
+}
+
 // Parameters of a few shapes (one larger than a parallel task) in two groups, decay and none,
 // as the trainer groups them, on `device`.
 struct AdamwSetup {
@@ -48,10 +57,7 @@ struct AdamwSetup {
     torch::manual_seed(1000 + step);
     for (auto& p : all()) p.mutable_grad() = (torch::randn(p.sizes()) * magnitude).to(device);
   }
-  void reference_step(double clip) {
-    if (clip > 0) torch::nn::utils::clip_grad_norm_(all(), clip);
-    optimizer->step();
-  }
+  void reference_step(double clip) { libtorch_adamw_step(*optimizer, clip); }
 };
 
 // The step under test: optimizer_step (the path it picks) or a path called directly.
