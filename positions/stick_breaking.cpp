@@ -34,8 +34,9 @@ PositionInfo make_stick_breaking_info() {
   info.hooks = kBias;
   info.modes = kCausal;
   info.mode_reason = "the stick is broken from the query leftwards";
-  // What backward keeps beyond the logits and the weights: log sigmoid(-z), its reversed
-  // cumulative sum and the visibility mask, about 3 score-sized tensors.
+  // What the reference path's backward keeps beyond the logits and the weights: log sigmoid(-z),
+  // its reversed cumulative sum and the visibility mask, about 3 score-sized tensors. Auto's
+  // row-blocked path keeps none (an upper bound, as the estimate's scores are for fused paths).
   info.training_scores = 3;
   info.options = document_options<StickBreakingOptions>();
   info.factory = factory_for<StickBreaking, StickBreakingOptions>();

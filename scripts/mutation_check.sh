@@ -162,8 +162,8 @@ core/attention/attention.cpp | const auto finite_base = base.masked_fill(base.is
 core/attention/attention.cpp | scores = scores + base + mixed + materialize_bias_block( | scores = scores + mixed + materialize_bias_block( | DAPE's logits leave out the base bias B
 core/attention/attention.cpp | bias.kind != AttentionBias::Kind::ScoreMixing) {  // DAPE: the reference path only | true) {  // DAPE: the reference path only | Auto sends a long DAPE evaluation to the efficient path, which refuses it
 positions/dape.cpp | parts.push_back(f(scores.narrow(2, r, n), base.narrow(1, r, n))); | parts.push_back(f(scores.narrow(2, r, n), base.narrow(1, 0, n))); | DAPE's evaluation blocks read the first rows' base bias
-core/attention/stick_breaking.cpp | auto visible = bias.stick_breaking_diagonal ? j <= i : j < i; | auto visible = j <= i; | stick-breaking lets every query take its own key
-core/attention/stick_breaking.cpp | const auto log_stay = torch::log_sigmoid(-z) | const auto log_stay = torch::log_sigmoid(z) | stick-breaking multiplies by sigmoid(z) instead of 1 - sigmoid(z) for the nearer keys
+core/attention/stick_breaking.cpp | rows.visible = bias.stick_breaking_diagonal ? j <= i : j < i; | rows.visible = j <= i; | stick-breaking lets every query take its own key
+core/attention/stick_breaking.cpp | const auto log_stay = torch::log_sigmoid(-rows.z) | const auto log_stay = torch::log_sigmoid(rows.z) | stick-breaking multiplies by sigmoid(z) instead of 1 - sigmoid(z) for the nearer keys
 core/attention/stick_breaking.cpp | return torch::matmul(weights, v) + remaining * v.narrow(2, k.size(2) - q.size(2), q.size(2)); | return torch::matmul(weights, v); | stick-breaking drops the remaining mass on the query's own value
 core/attention/efficient_attention.cpp | if (bias.kind == AttentionBias::Kind::StickBreaking | if (bias.kind == AttentionBias::Kind::Householder | the efficient path runs stick-breaking as softmax tiles
 core/attention/householder.cpp | const auto k_hat = K - torch::matmul(U.transpose(-1, -2), beta_rows * W); | const auto k_hat = K; | PaTH's keys are not carried to the end of their block
@@ -250,6 +250,10 @@ core/kernels/fused_adamw.cpp | beta1, beta2, options.weight_decay(), options.eps
 core/attention/fused_cpu_attention.cpp | if (grads.offsets) add_row(grads.offsets + kOffsetPad + (k0 - i) + (p.length - 1) + begin, row + begin, end - begin); | if (grads.offsets) add_row(grads.offsets + kOffsetPad + (p.length - 1) + begin, row + begin, end - begin); | the fused backward adds every row's bias gradient from offset 0 (its keys' columns, not their offsets j - i)
 core/attention/fused_cpu_attention.cpp | dot(row + begin, rb.offsets + begin, end - begin) | 0.0f | the fused backward leaves a bias by offset out of the logit scale's gradient
 core/attention/fused_cpu_attention.cpp | return doffsets.sum(0).narrow(1, kOffsetPad, by_offset.size(1)).to(by_offset.scalar_type()); | return doffsets.sum(0).narrow(1, kOffsetPad + 1, by_offset.size(1)).to(by_offset.scalar_type()); | the fused backward hands back a bias by offset's gradient shifted by one offset
+core/attention/stick_breaking.cpp | auto dz = (w - torch::sigmoid(rows.z) * w.cumsum(-1)) | auto dz = (w - torch::sigmoid(rows.z) * (w.cumsum(-1) - w)) | stick-breaking's blocked backward leaves a key's own weight out of the stay factor's gradient
+core/attention/stick_breaking.cpp | dv.narrow(2, first + r, n).add_(gb * (1 - rows.weights.sum(-1, true))); | dv.narrow(2, first + r, n).add_(gb); | stick-breaking's blocked backward gives the query's own value the whole gradient, not the remaining mass's
+core/attention/stick_breaking.cpp | if (scale_grad) dscale.narrow(1, r, n).add_((dz * rows.logits).sum(-1).sum(0)); | if (scale_grad) dscale.narrow(1, r, n).add_((dz * rows.z).sum(-1).sum(0)); | stick-breaking's blocked backward takes the logit scale's gradient from the scaled logits
+core/attention/stick_breaking.cpp | dk.narrow(2, 0, keys).add_(torch::matmul(dz.transpose(-2, -1), qf.narrow(2, r, n)) * scale); | dk.narrow(2, 0, keys).copy_(torch::matmul(dz.transpose(-2, -1), qf.narrow(2, r, n)) * scale); | stick-breaking's blocked backward keeps only the last row block's share of each key's gradient
 EOF
 )
 

@@ -575,6 +575,10 @@ torch::Tensor dispatch(const torch::Tensor& q, const torch::Tensor& k, const tor
                   "chunk yet (", bias.describe(), "); the reference backend does");
       return cuda_attention()->attention(q, k, v, bias, options.causal);
     case AttentionBackend::Auto: {
+      // Stick-breaking a block of query rows at a time with its own backward (no score-sized
+      // tensors kept for backward); the reference path where it has attention dropout.
+      if (bias.kind == AttentionBias::Kind::StickBreaking && !(options.training && options.dropout > 0))
+        return stick_breaking_attention_blocked(q, k, v, bias, options);
       if (fused_cuda_takes(q, k, v, bias, options))
         return cuda_attention()->attention(q, k, v, bias, options.causal);
       // Training on the CPU: the fused kernel where it takes the call (core/attention/fused_cpu_attention.h).

@@ -12,6 +12,7 @@
 //   * Key tiles that no head can see (above the diagonal when causal, or on a side that no
 //     head of a linear bias looks at) are never computed.
 #include "core/attention/efficient_attention.h"
+#include "core/attention/stick_breaking.h"
 
 #include <ATen/Parallel.h>
 
@@ -300,10 +301,12 @@ torch::Tensor attention_efficient(const torch::Tensor& q, const torch::Tensor& k
                                   const torch::Tensor& v, const AttentionBias& bias,
                                   const AttentionOptions& options,
                                   const EfficientAttentionBlocks& blocks) {
-  // Stick-breaking has no softmax to run online; PaTH's scores and Self-Extend's two sets of
-  // scores are not tiles of one score matrix: each comes a block of query rows at a time.
-  if (bias.kind == AttentionBias::Kind::StickBreaking ||
-      bias.kind == AttentionBias::Kind::Householder || bias.far_queries.defined())
+  // Stick-breaking has no softmax to run online: its own row-blocked path, which trains too.
+  // PaTH's scores and Self-Extend's two sets of scores are not tiles of one score matrix: each
+  // comes a block of query rows at a time.
+  if (bias.kind == AttentionBias::Kind::StickBreaking)
+    return stick_breaking_attention_blocked(q, k, v, bias, options, blocks.query_block);
+  if (bias.kind == AttentionBias::Kind::Householder || bias.far_queries.defined())
     return attention_reference_blocked(q, k, v, bias, options, blocks.query_block);
   check_efficient_inputs(q, k, v, bias, options, blocks);
   torch::NoGradGuard no_grad;

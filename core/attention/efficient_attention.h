@@ -23,7 +23,8 @@ struct EfficientAttentionBlocks {
 
 // Same contract as attention_reference(), computed in fp32 and returned in q's dtype. CPU
 // tensors only; inference only (throws if grad mode is on and an input or slope requires
-// grad; no attention dropout). A dense bias's function is called once per tile, for tiles on
+// grad; no attention dropout), except stick-breaking, which goes to its row-blocked path with
+// its own backward (stick_breaking_attention_blocked, core/attention/stick_breaking.h). A dense bias's function is called once per tile, for tiles on
 // and below the diagonal only when causal, and from several threads at once: it must be
 // thread-safe (pure tensor indexing is).
 torch::Tensor attention_efficient(const torch::Tensor& q, const torch::Tensor& k,

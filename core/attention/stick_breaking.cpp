@@ -1,5 +1,6 @@
-// Stick-breaking attention. See stick_breaking.h for the definition; long evaluations run it a
-// block of query rows at a time through attention_reference_blocked() (core/attention/attention.h).
+// Stick-breaking attention. See stick_breaking.h for the definition, the reference path
+// (stick_breaking_attention, autograd over whole score matrices) and the row-blocked path with
+// its own backward (stick_breaking_attention_blocked).
 #include "core/attention/stick_breaking.h"
 
 #include <cmath>
@@ -18,41 +19,150 @@ void check_call(const torch::Tensor& q, const torch::Tensor& k, const AttentionB
   TORCH_CHECK(q.size(2) <= k.size(2), "stick-breaking attention: ", q.size(2), " queries for ", k.size(2), " keys");
 }
 
-// The weights A (B, H, Tq, Tk) of the call's queries (query row r is position Tk - Tq + r)
-// against its keys.
-torch::Tensor weights_of(const torch::Tensor& q, const torch::Tensor& k, const AttentionBias& bias) {
+// The call's queries (query row r is position Tk - Tq + r) against its keys, (B, H, Tq, Tk) each.
+struct StickRows {
+  torch::Tensor logits;   // q . k / sqrt(d), before the logit scale
+  torch::Tensor z;        // the logits times the row's logit scale, if any
+  torch::Tensor visible;  // (Tq, Tk) bool
+  torch::Tensor weights;  // A, 0 where a key is not visible
+};
+
+StickRows rows_of(const torch::Tensor& q, const torch::Tensor& k, const AttentionBias& bias) {
   const int64_t tq = q.size(2), keys = k.size(2), first = keys - tq;  // position of row 0
-  auto z = torch::matmul(q * (1.0 / std::sqrt(double(q.size(3)))), k.transpose(-2, -1));  // (B, H, Tq, Tk)
-  if (bias.logit_scale.defined())
-    z = z * bias.logit_scale.to(z.scalar_type()).unsqueeze(0).unsqueeze(-1);
+  StickRows rows;
+  rows.logits = torch::matmul(q * (1.0 / std::sqrt(double(q.size(3)))), k.transpose(-2, -1));
+  rows.z = bias.logit_scale.defined()
+               ? rows.logits * bias.logit_scale.to(rows.logits.scalar_type()).unsqueeze(0).unsqueeze(-1)
+               : rows.logits;
   const auto index = torch::TensorOptions().dtype(torch::kLong).device(q.device());
   const auto i = torch::arange(first, keys, index).view({-1, 1}), j = torch::arange(0, keys, index).view({1, -1});
-  auto visible = bias.stick_breaking_diagonal ? j <= i : j < i;  // (Tq, Tk)
+  rows.visible = bias.stick_breaking_diagonal ? j <= i : j < i;
   if (bias.masks_some(first, keys, 0, keys))
-    visible = visible.logical_and(bias.option_mask(first, keys, 0, keys, q.device()).logical_not());
+    rows.visible = rows.visible.logical_and(bias.option_mask(first, keys, 0, keys, q.device()).logical_not());
   // Sum over visible k > j of log(1 - sigmoid(z_ik)), added from the query leftwards (flip,
   // inclusive cumsum, flip, then shifted one key to the right).
-  const auto log_stay = torch::log_sigmoid(-z).masked_fill(visible.logical_not(), 0);
+  const auto hidden = rows.visible.logical_not();
+  const auto log_stay = torch::log_sigmoid(-rows.z).masked_fill(hidden, 0);
   const auto after = torch::cat({log_stay.flip(-1).cumsum(-1).flip(-1).narrow(-1, 1, keys - 1),
                                  torch::zeros_like(log_stay.narrow(-1, 0, 1))}, -1);
-  return torch::exp(torch::log_sigmoid(z) + after).masked_fill(visible.logical_not(), 0);
+  rows.weights = torch::exp(torch::log_sigmoid(rows.z) + after).masked_fill(hidden, 0);
+  return rows;
 }
+
+// Rows [r, r + n) of the call's queries against the keys they can see (the first Tk - Tq + r + n).
+StickRows block_rows(const torch::Tensor& q, const torch::Tensor& k, const AttentionBias& bias, int64_t r, int64_t n) {
+  const int64_t keys = k.size(2) - q.size(2) + r + n;
+  AttentionBias rows = bias;
+  if (bias.logit_scale.defined()) rows.logit_scale = bias.logit_scale.narrow(1, r, n);
+  return rows_of(q.narrow(2, r, n), k.narrow(2, 0, keys), rows);
+}
+
+torch::ScalarType compute_type(const torch::Tensor& q) {
+  return q.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+}
+
+AttentionBias stick_bias(bool diagonal, int64_t window, int64_t chunk, const torch::Tensor& logit_scale) {
+  auto bias = AttentionBias::stick_breaking(diagonal);
+  bias.window = window;
+  bias.chunk = chunk;
+  if (logit_scale.numel() > 0) bias.logit_scale = logit_scale;
+  return bias;
+}
+
+class StickBreakingFunction : public torch::autograd::Function<StickBreakingFunction> {
+ public:
+  // logit_scale: the bias's (H, Tq), or an empty tensor (autograd takes no undefined inputs).
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, const torch::Tensor& logit_scale, bool diagonal, int64_t window,
+                               int64_t chunk, int64_t block) {
+    const auto bias = stick_bias(diagonal, window, chunk, logit_scale);
+    const auto c = compute_type(q);
+    const auto qf = q.to(c), kf = k.to(c), vf = v.to(c);
+    const int64_t tq = q.size(2), first = k.size(2) - tq;
+    auto out = torch::empty(q.sizes(), q.options());
+    for (int64_t r = 0; r < tq; r += block) {
+      const int64_t n = std::min(block, tq - r), keys = first + r + n;
+      const auto a = block_rows(qf, kf, bias, r, n).weights;
+      const auto remaining = 1 - a.sum(-1, /*keepdim=*/true);
+      out.narrow(2, r, n).copy_(torch::matmul(a, vf.narrow(2, 0, keys)) + remaining * vf.narrow(2, first + r, n));
+    }
+    ctx->save_for_backward({q, k, v, logit_scale});
+    ctx->saved_data["diagonal"] = diagonal;
+    ctx->saved_data["window"] = window;
+    ctx->saved_data["chunk"] = chunk;
+    ctx->saved_data["block"] = block;
+    return out;
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &q = saved[0], &k = saved[1], &v = saved[2], &logit_scale = saved[3];
+    const auto bias = stick_bias(ctx->saved_data["diagonal"].toBool(), ctx->saved_data["window"].toInt(),
+                                 ctx->saved_data["chunk"].toInt(), logit_scale);
+    const int64_t block = ctx->saved_data["block"].toInt();
+    const auto c = compute_type(q);
+    const auto qf = q.to(c), kf = k.to(c), vf = v.to(c), g = grads[0].to(c);
+    const int64_t tq = q.size(2), first = k.size(2) - tq;
+    const double scale = 1.0 / std::sqrt(double(q.size(3)));
+    auto dq = torch::empty_like(qf), dk = torch::zeros_like(kf), dv = torch::zeros_like(vf);
+    const bool scale_grad = bias.logit_scale.defined() && logit_scale.requires_grad();
+    auto dscale = scale_grad ? torch::zeros(logit_scale.sizes(), logit_scale.options().dtype(c)) : torch::Tensor();
+    for (int64_t r = 0; r < tq; r += block) {
+      const int64_t n = std::min(block, tq - r), keys = first + r + n;
+      const auto rows = block_rows(qf, kf, bias, r, n);
+      const auto gb = g.narrow(2, r, n), kb = kf.narrow(2, 0, keys), vb = vf.narrow(2, 0, keys);
+      const auto own = vf.narrow(2, first + r, n);  // v_i of each row
+      // o_i = v_i + sum_j A_ij (v_j - v_i): w_ij = A_ij g_i . (v_j - v_i) is the gradient of log A_ij.
+      const auto w = rows.weights * (torch::matmul(gb, vb.transpose(-2, -1)) - (gb * own).sum(-1, true));
+      auto dz = (w - torch::sigmoid(rows.z) * w.cumsum(-1)).masked_fill(rows.visible.logical_not(), 0);
+      dv.narrow(2, 0, keys).add_(torch::matmul(rows.weights.transpose(-2, -1), gb));
+      dv.narrow(2, first + r, n).add_(gb * (1 - rows.weights.sum(-1, true)));
+      if (bias.logit_scale.defined()) {  // z = c_i x logits: dc_i = sum_j dz_ij logits_ij, over the batch too
+        if (scale_grad) dscale.narrow(1, r, n).add_((dz * rows.logits).sum(-1).sum(0));
+        dz = dz * bias.logit_scale.narrow(1, r, n).to(c).unsqueeze(0).unsqueeze(-1);
+      }
+      dq.narrow(2, r, n).copy_(torch::matmul(dz, kb) * scale);
+      dk.narrow(2, 0, keys).add_(torch::matmul(dz.transpose(-2, -1), qf.narrow(2, r, n)) * scale);
+    }
+    return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()),
+            scale_grad ? dscale.to(logit_scale.scalar_type()) : torch::Tensor(),
+            torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
 
 }  // namespace
 
 torch::Tensor stick_breaking_weights(const torch::Tensor& q, const torch::Tensor& k, const AttentionBias& bias) {
   check_call(q, k, bias, AttentionOptions());
-  return weights_of(q, k, bias);
+  return rows_of(q, k, bias).weights;
 }
 
 // sum_j A_ij v_j plus the remaining mass times v_i.
 torch::Tensor stick_breaking_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                        const AttentionBias& bias, const AttentionOptions& options) {
   check_call(q, k, bias, options);
-  auto weights = weights_of(q, k, bias);                               // A
+  auto weights = rows_of(q, k, bias).weights;                          // A
   const auto remaining = 1 - weights.sum(-1, /*keepdim=*/true);        // (B, H, Tq, 1)
   if (options.training && options.dropout > 0) weights = torch::dropout(weights, options.dropout, true);
   return torch::matmul(weights, v) + remaining * v.narrow(2, k.size(2) - q.size(2), q.size(2));
+}
+
+torch::Tensor stick_breaking_attention_blocked(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                               const AttentionBias& bias, const AttentionOptions& options,
+                                               int64_t query_block) {
+  check_call(q, k, bias, options);
+  TORCH_CHECK(query_block > 0, "stick-breaking attention in row blocks: query block ", query_block);
+  TORCH_CHECK(!(options.training && options.dropout > 0), "stick-breaking attention in row blocks has no attention "
+              "dropout (", options.dropout, "); the reference backend has");
+  TORCH_CHECK(!bias.logit_scale.defined() ||
+                  (bias.logit_scale.dim() == 2 && bias.logit_scale.size(0) == q.size(1) &&
+                   bias.logit_scale.size(1) == q.size(2)),
+              "stick-breaking attention: logit_scale must be (", q.size(1), ", ", q.size(2), "), got ",
+              bias.logit_scale.sizes());
+  const auto scale = bias.logit_scale.defined() ? bias.logit_scale : torch::empty({0}, q.options());
+  return StickBreakingFunction::apply(q, k, v, scale, bias.stick_breaking_diagonal, bias.window, bias.chunk,
+                                      query_block);
 }
 
 }  // namespace extrap

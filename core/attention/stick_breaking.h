@@ -24,7 +24,17 @@ torch::Tensor stick_breaking_attention(const torch::Tensor& q, const torch::Tens
 // inspect bias` shows).
 torch::Tensor stick_breaking_weights(const torch::Tensor& q, const torch::Tensor& k, const AttentionBias& bias);
 
-// Long evaluations compute it a block of query rows at a time, each against the keys it can see
-// only, through attention_reference_blocked() (core/attention/attention.h).
+// The same numbers a block of query rows at a time, each against the keys it can see, with its
+// own backward (the gradients written out below, not autograd over the block): memory (B, H,
+// query_block, Tk) for a call and nothing score-sized kept for backward, so training and long
+// evaluations take O(T) memory per query block instead of several (B, H, T, T) tensors. It computes
+// in float32 (float64 for float64 inputs) and returns q's type. No attention dropout (the
+// reference path has it). What the Auto and Efficient backends run (core/attention/attention.cpp).
+// With w_ij = A_ij g_i . (v_j - v_i), g_i the output's gradient, the logits' gradient is
+//     dL/dz_ik = w_ik - sigmoid(z_ik) sum_{visible j <= k} w_ij,
+// since log A_ij = log sigmoid(z_ij) + sum over visible k > j of log sigmoid(-z_ik).
+torch::Tensor stick_breaking_attention_blocked(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                               const AttentionBias& bias, const AttentionOptions& options,
+                                               int64_t query_block = 128);
 
 }  // namespace extrap

@@ -22,14 +22,19 @@ namespace {
 
 // The definition for query rows that are the last Tq of Tk keys; visible(i, j) for j < i (or
 // j <= i with the diagonal) decides which keys take part. Differentiable tensors, float64.
+// With a logit scale c (H, Tq), z_ij = c_i q_i . k_j / sqrt(d); a chunk C keeps j with floor(i / C)
+// == floor(j / C).
 torch::Tensor by_definition(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool diagonal,
-                            int64_t window = 0) {
+                            int64_t window = 0, int64_t chunk = 0, const torch::Tensor& logit_scale = {}) {
   const int64_t B = q.size(0), H = q.size(1), tq = q.size(2), tk = k.size(2), D = q.size(3);
   std::vector<torch::Tensor> rows;
   for (int64_t r = 0; r < tq; ++r) {
     const int64_t i = tk - tq + r;
-    const auto visible = [&](int64_t j) { return (diagonal ? j <= i : j < i) && (window == 0 || i - j < window); };
+    const auto visible = [&](int64_t j) {
+      return (diagonal ? j <= i : j < i) && (window == 0 || i - j < window) && (chunk == 0 || i / chunk == j / chunk);
+    };
     auto z = torch::matmul(q.narrow(2, r, 1), k.transpose(-2, -1)).squeeze(2) / std::sqrt(double(D));  // (B, H, tk)
+    if (logit_scale.defined()) z = z * logit_scale.select(1, r).view({1, H, 1});
     auto beta = torch::sigmoid(z);
     auto out = torch::zeros({B, H, D}, q.options());
     auto total = torch::zeros({B, H, 1}, q.options());
@@ -107,6 +112,91 @@ TEST_CASE("stick-breaking: row blocks and cached decoding give the reference's n
   // The last 4 queries against all 11 keys: the reference's last 4 rows.
   const auto last = attention(q.narrow(2, 7, 4), k, v, bias, causal_options());
   CHECK((last - reference.narrow(2, 7, 4)).abs().max().item<double>() < 1e-6);
+}
+
+TEST_CASE("stick-breaking in row blocks: outputs and every gradient equal the definition's, masks and blocks crossing",
+          "[attention][stick-breaking]") {
+  torch::manual_seed(34);
+  const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
+  const int64_t B = 2, H = 3, T = 13, D = 4;
+  const auto q0 = torch::randn({B, H, T, D}, f64) * 1.5, k0 = torch::randn({B, H, T, D}, f64),
+             v0 = torch::randn({B, H, T, D}, f64), target = torch::randn({B, H, T, D}, f64);
+  const auto scale0 = 0.5 + torch::rand({H, T}, f64);  // an SSMax-like factor per head and row
+  struct Case {
+    bool diagonal;
+    int64_t window, chunk, block, queries;  // the last `queries` of the T keys ask
+    bool scaled;
+  };
+  for (const Case c : {Case{false, 0, 0, 4, T, false}, Case{true, 0, 0, 5, T, true}, Case{false, 4, 0, 3, T, true},
+                       Case{true, 0, 5, 4, T, false}, Case{false, 3, 6, 1, T, true}, Case{false, 0, 0, 64, T, true},
+                       Case{true, 5, 0, 2, 6, true}, Case{false, 0, 4, 3, 1, false},
+                       Case{false, 0, 4, 3, 2, true}}) {
+    INFO("diagonal " << c.diagonal << ", window " << c.window << ", chunk " << c.chunk << ", query block " << c.block
+                     << ", queries " << c.queries << ", logit scale " << c.scaled);
+    const int64_t first = T - c.queries;
+    const auto run = [&](bool blocked) {
+      auto q = q0.narrow(2, first, c.queries).clone().requires_grad_(), k = k0.clone().requires_grad_(),
+           v = v0.clone().requires_grad_();
+      auto scale = scale0.narrow(1, first, c.queries).clone().requires_grad_();
+      torch::Tensor out;
+      if (blocked) {
+        auto bias = AttentionBias::stick_breaking(c.diagonal);
+        bias.window = c.window;
+        bias.chunk = c.chunk;
+        if (c.scaled) bias.logit_scale = scale;
+        out = stick_breaking_attention_blocked(q, k, v, bias, causal_options(), c.block);
+      } else {
+        out = by_definition(q, k, v, c.diagonal, c.window, c.chunk, c.scaled ? scale : torch::Tensor());
+      }
+      (out * target.narrow(2, first, c.queries)).sum().backward();
+      // A row that sees no key (position 12 alone in its chunk) gives q and k no gradient at all.
+      const auto grad = [](const torch::Tensor& x) { return x.grad().defined() ? x.grad() : torch::zeros_like(x); };
+      return std::vector<torch::Tensor>{out.detach(), grad(q), grad(k), grad(v),
+                                        c.scaled ? grad(scale) : torch::zeros_like(scale)};
+    };
+    const auto actual = run(true), expected = run(false);
+    const char* names[] = {"output", "dq", "dk", "dv", "d logit scale"};
+    for (size_t t = 0; t < actual.size(); ++t) {
+      INFO(names[t]);
+      REQUIRE(actual[t].defined());
+      CHECK((actual[t] - expected[t]).abs().max().item<double>() < 1e-12);
+    }
+  }
+}
+
+TEST_CASE("stick-breaking in row blocks: float32 as in training, and the backends that take it",
+          "[attention][stick-breaking]") {
+  torch::manual_seed(35);
+  const auto q0 = torch::randn({2, 2, 40, 8}) * 2, k0 = torch::randn({2, 2, 40, 8}), v0 = torch::randn({2, 2, 40, 8});
+  const auto target = torch::randn({2, 2, 40, 8});
+  auto q64 = q0.to(torch::kFloat64).requires_grad_(), k64 = k0.to(torch::kFloat64).requires_grad_(),
+       v64 = v0.to(torch::kFloat64).requires_grad_();
+  (by_definition(q64, k64, v64, false, 9) * target.to(torch::kFloat64)).sum().backward();
+  auto bias = AttentionBias::stick_breaking(false);
+  bias.window = 9;
+  for (const auto backend : {AttentionBackend::Auto, AttentionBackend::Efficient, AttentionBackend::Reference}) {
+    INFO("backend " << enum_name(backend));
+    AttentionOptions options = causal_options();
+    options.backend = backend;
+    options.training = true;
+    auto q = q0.clone().requires_grad_(), k = k0.clone().requires_grad_(), v = v0.clone().requires_grad_();
+    const auto out = attention(q, k, v, bias, options);
+    (out * target).sum().backward();
+    CHECK((out.to(torch::kFloat64) - by_definition(q64, k64, v64, false, 9)).abs().max().item<double>() < 1e-5);
+    CHECK((q.grad().to(torch::kFloat64) - q64.grad()).abs().max().item<double>() < 1e-4);
+    CHECK((k.grad().to(torch::kFloat64) - k64.grad()).abs().max().item<double>() < 1e-4);
+    CHECK((v.grad().to(torch::kFloat64) - v64.grad()).abs().max().item<double>() < 1e-5);
+  }
+  // Attention dropout stays on the reference path, which has it; the row blocks refuse it.
+  AttentionOptions dropout = causal_options();
+  dropout.training = true;
+  dropout.dropout = 0.1;
+  CHECK_THROWS_WITH(stick_breaking_attention_blocked(q0, k0, v0, bias, dropout), Catch::Contains("dropout"));
+  CHECK(attention(q0, k0, v0, bias, dropout).sizes() == q0.sizes());
+  auto wrong = bias;
+  wrong.logit_scale = torch::ones({2, 39});
+  CHECK_THROWS_WITH(stick_breaking_attention_blocked(q0, k0, v0, wrong, causal_options()),
+                    Catch::Contains("logit_scale must be (2, 40)"));
 }
 
 TEST_CASE("stick-breaking: refusals name what is wrong", "[attention][stick-breaking]") {
