@@ -60,22 +60,22 @@ torch::optim::AdamWParamState& state_of(torch::optim::AdamW& optimizer, const to
   return static_cast<torch::optim::AdamWParamState&>(*slot);
 }
 
-bool takes_parameter(const torch::Tensor& p, const torch::optim::AdamW& optimizer) {
-  if (!p.grad().defined()) return true;  // skipped, as AdamW skips it
+// Whether p, its gradient and the moments AdamW holds for it (a checkpoint's, if any) are
+// contiguous dense tensors of `type` on `device` with p's sizes: what a pass that walks each as
+// one flat run of memory needs. A parameter without a gradient passes (AdamW skips it).
+bool flat_parameter(const torch::Tensor& p, const torch::optim::AdamW& optimizer, torch::Device device,
+                    torch::ScalarType type) {
+  if (!p.grad().defined()) return true;
   const auto& g = p.grad();
-  if (!(p.device().is_cpu() && p.scalar_type() == torch::kFloat32 && p.is_contiguous() &&
-        g.device().is_cpu() && g.scalar_type() == torch::kFloat32 && g.is_contiguous() && !g.is_sparse() &&
-        g.sizes() == p.sizes()))
-    return false;
-  // State AdamW holds for it (a checkpoint's) must be what the pass writes through.
+  const auto fits = [&](const torch::Tensor& t) {
+    return t.defined() && t.device() == device && t.scalar_type() == type && t.is_contiguous() && !t.is_sparse() &&
+           t.sizes() == p.sizes();
+  };
+  if (!fits(p) || !fits(g)) return false;
   const auto found = optimizer.state().find(p.unsafeGetTensorImpl());
   if (found == optimizer.state().end()) return true;
   const auto& state = static_cast<const torch::optim::AdamWParamState&>(*found->second);
-  for (const auto* moment : {&state.exp_avg(), &state.exp_avg_sq()})
-    if (!moment->defined() || moment->sizes() != p.sizes() || moment->scalar_type() != torch::kFloat32 ||
-        !moment->device().is_cpu() || !moment->is_contiguous())
-      return false;
-  return true;
+  return fits(state.exp_avg()) && fits(state.exp_avg_sq());
 }
 
 }  // namespace
@@ -91,7 +91,7 @@ bool fused_adamw_takes(const torch::optim::AdamW& optimizer) {
   for (const auto& group : optimizer.param_groups()) {
     if (static_cast<const torch::optim::AdamWOptions&>(group.options()).amsgrad()) return false;
     for (const auto& p : group.params())
-      if (!takes_parameter(p, optimizer)) return false;
+      if (!flat_parameter(p, optimizer, torch::kCPU, torch::kFloat32)) return false;
   }
   return true;
 }
@@ -103,20 +103,9 @@ bool aten_fused_adamw_suits(const torch::optim::AdamW& optimizer) {
     if (static_cast<const torch::optim::AdamWOptions&>(group.options()).amsgrad()) return false;
     for (const auto& p : group.params()) {
       if (!p.grad().defined()) continue;  // skipped, as AdamW skips it
-      const auto& g = p.grad();
       if (!device) device = p.device(), type = p.scalar_type();
       // Contiguous throughout: the multi-tensor kernels walk each tensor's storage as a flat run.
-      if (!torch::isFloatingType(p.scalar_type()) || p.device() != *device || p.scalar_type() != *type ||
-          !p.is_contiguous() || g.device() != *device || g.scalar_type() != *type || g.is_sparse() ||
-          g.sizes() != p.sizes() || !g.is_contiguous())
-        return false;
-      const auto found = optimizer.state().find(p.unsafeGetTensorImpl());
-      if (found == optimizer.state().end()) continue;
-      const auto& state = static_cast<const torch::optim::AdamWParamState&>(*found->second);
-      for (const auto* moment : {&state.exp_avg(), &state.exp_avg_sq()})
-        if (!moment->defined() || moment->sizes() != p.sizes() || moment->scalar_type() != *type ||
-            moment->device() != *device || !moment->is_contiguous())
-          return false;
+      if (!torch::isFloatingType(*type) || !flat_parameter(p, optimizer, *device, *type)) return false;
     }
   }
   return true;

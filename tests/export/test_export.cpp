@@ -423,33 +423,42 @@ TEST_CASE("export: a model with a layer pattern exports each kind, Python reprod
   // tensors position_KIND.NAME; a kind's per-layer tables hold a row per layer of the kind.
   ExportDir d;
   std::vector<Compared> models;
-  // Pattern entries that name methods: a kind per method.
-  models.push_back(train_eval_export(d, "pattern", "alibi", true, "byte", "", "layers: {pattern: [rotary, alibi]}\n"));
+  struct Pattern {
+    const char* name;
+    bool causal;
+    const char* layers;  // the config's `layers` section
+    int depth;
+  };
+  const Pattern patterns[] = {
+      // Pattern entries that name methods: a kind per method.
+      {"pattern", true, "layers: {pattern: [rotary, alibi]}\n", 2},
+      // iRoPE's shape: rotary with chunks and a sink, then no positions with the temperature,
+      // SSMax and a gate.
+      {"pattern_irope", true,
+       "layers: {pattern: [rope_chunk, nope_temp], kinds: {rope_chunk: {position: {name: rotary, base: 500}, "
+       "attention: {chunk: 12, sink: true}}, nope_temp: {position: none, attention: {temperature: 0.3, "
+       "temperature_floor: 4, ssmax: true, gate: headwise}}}}\n",
+       2},
+      // Per-layer tables over 4 layers, each kind in layers 0, 2 or 1, 3: rows 0 and 1 of its tables.
+      {"pattern_tables", true,
+       "layers: {pattern: [fox_window, t5], kinds: {fox_window: {position: fox, attention: {window: 6}}, "
+       "t5: {position: {name: t5_bias, buckets: 8, max_distance: 20, shared_across_layers: false}}}}\n",
+       4},
+      {"pattern_cope", true, "layers: {pattern: [cope, stick_breaking], kinds: {cope: {position: {name: cope, npos: 9}}}}\n",
+       4},
+      {"pattern_masked", false,
+       "layers: {pattern: [kerple, local], kinds: {kerple: {position: {name: kerple_log, shared_across_layers: false}}, "
+       "local: {position: alibi_symmetric, attention: {window: 5}}}}\n",
+       4},
+      // DAPE in a kind: its MLP and its base's tables per layer of the kind.
+      {"pattern_dape", true,
+       "layers: {pattern: [dape, rotary], kinds: {dape: {position: {name: dape, base: alibi_learned, mlp_width: 8, "
+       "base_options: {shared_across_layers: false}}, attention: {window: 7}}}}\n",
+       4},
+  };
+  for (const Pattern& p : patterns)
+    models.push_back(train_eval_export(d, p.name, "alibi", p.causal, "byte", "", p.layers, p.depth));
   const std::string run = "runs/pattern";
-  // iRoPE's shape: rotary with chunks and a sink, then no positions with the temperature, SSMax
-  // and a gate.
-  models.push_back(train_eval_export(
-      d, "pattern_irope", "alibi", true, "byte", "",
-      "layers: {pattern: [rope_chunk, nope_temp], kinds: {rope_chunk: {position: {name: rotary, base: 500}, "
-      "attention: {chunk: 12, sink: true}}, nope_temp: {position: none, attention: {temperature: 0.3, "
-      "temperature_floor: 4, ssmax: true, gate: headwise}}}}\n"));
-  // Per-layer tables over 4 layers, each kind in layers 0, 2 or 1, 3: rows 0 and 1 of its tables.
-  models.push_back(train_eval_export(
-      d, "pattern_tables", "alibi", true, "byte", "",
-      "layers: {pattern: [fox_window, t5], kinds: {fox_window: {position: fox, attention: {window: 6}}, "
-      "t5: {position: {name: t5_bias, buckets: 8, max_distance: 20, shared_across_layers: false}}}}\n", 4));
-  models.push_back(train_eval_export(
-      d, "pattern_cope", "alibi", true, "byte", "",
-      "layers: {pattern: [cope, stick_breaking], kinds: {cope: {position: {name: cope, npos: 9}}}}\n", 4));
-  models.push_back(train_eval_export(
-      d, "pattern_masked", "alibi", false, "byte", "",
-      "layers: {pattern: [kerple, local], kinds: {kerple: {position: {name: kerple_log, shared_across_layers: false}}, "
-      "local: {position: alibi_symmetric, attention: {window: 5}}}}\n", 4));
-  // DAPE in a kind: its MLP and its base's tables per layer of the kind.
-  models.push_back(train_eval_export(
-      d, "pattern_dape", "alibi", true, "byte", "",
-      "layers: {pattern: [dape, rotary], kinds: {dape: {position: {name: dape, base: alibi_learned, mlp_width: 8, "
-      "base_options: {shared_across_layers: false}}, attention: {window: 7}}}}\n", 4));
 
   const SafetensorsFile irope = read_safetensors_checked(d.root / "pattern_irope.safetensors");
   CHECK(irope.metadata.at("position") == "pattern");
