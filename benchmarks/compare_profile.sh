@@ -13,8 +13,8 @@
 # Environment: EXTRAP (default build/extrap), PROFILE_CACHE (where the models are kept, default
 # build/compare_profile; delete a method's folder to retrain).
 #
-# The models: the wave2 shape (4 layers, d_model 64, 4 heads, L 32, byte level, data/pydoc),
-# trained 30 steps per method: speed, not quality, is measured. alibi, rotary and t5_bias (a
+# The models (benchmarks/small_models.sh): the wave2 shape (4 layers, d_model 64, 4 heads, L 32,
+# byte level, data/pydoc), trained 30 steps per method. alibi, rotary and t5_bias (a
 # dense bias of j - i alone, read by offset) take the profile's own softmax kernel; fire, cope,
 # path or stick_breaking would take the reference path's weights and the binning kernel.
 # Needs build/extrap and data/pydoc (scripts/setup.sh).
@@ -25,26 +25,8 @@ cd "$ROOT"
 rounds=${1:-3}
 length=${2:-16384}
 read -r -a methods <<< "${3:-alibi rotary t5_bias}"
-extrap=${EXTRAP:-build/extrap}
-cache=${PROFILE_CACHE:-build/compare_profile}
-[[ -x $extrap ]] || { echo "compare_profile: $extrap is missing: run scripts/setup.sh first" >&2; exit 1; }
 
-train() {  # train METHOD: the run directory, trained once
-  local method=$1 dir=$cache/$1
-  if [[ ! -f $dir/checkpoint/model.pt ]]; then
-    mkdir -p "$cache"
-    cat > "$cache/$method.yaml" <<EOF
-data: {path: data/pydoc, tokenizer: byte}
-model: {layers: 4, d_model: 64, heads: 4, d_ffn: 256, dropout: 0.0}
-position: $method
-train: {seq_len: 32, batch_tokens: 4096, steps: 30, warmup: 5, validate_every: 100, checkpoint_every: 30, out_dir: $dir}
-eval: {lengths: [32], max_tokens: 4096}
-EOF
-    "$extrap" train --config "$cache/$method.yaml" > "$cache/$method.train.log" 2>&1 ||
-      { echo "compare_profile: training $method failed (see $cache/$method.train.log)" >&2; exit 1; }
-  fi
-  echo "$dir"
-}
+source benchmarks/small_models.sh  # train, median, machine_header
 
 eval_seconds() {  # the evaluation's seconds column (one window: LENGTH + 1 tokens for a causal model)
   "$extrap" eval --checkpoint "$1" --length "$length" --max-tokens $((length + 1)) 2>&1 | tail -1 | awk '{print $NF}'
@@ -54,8 +36,7 @@ profile_seconds() {
     sed -n 's/.*(\([0-9.]*\) s)$/\1/p'
 }
 
-echo "$("$extrap" --version | head -1); $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores; $(date -u +%F)"
-"$extrap" --version | grep -m1 'cpu capability' || true
+machine_header
 declare -A dirs evals profiles
 for method in "${methods[@]}"; do dirs[$method]=$(train "$method"); done
 echo
@@ -75,7 +56,6 @@ for ((r = 1; r <= rounds; ++r)); do
   done
 done
 echo
-median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 for method in "${methods[@]}"; do
   e=$(echo "${evals[$method]}" | median); p=$(echo "${profiles[$method]}" | median)
   echo "$method profile/eval at $length: $(awk -v p="$p" -v e="$e" 'BEGIN {printf "%.2f", p / e}') (medians: profile $p s, eval $e s)"

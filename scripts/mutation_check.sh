@@ -225,9 +225,9 @@ core/eval/attention_profile.cpp |       const float z = (s[j] + (d >= 0 ? -slope
 core/eval/attention_profile.cpp | (ci - cumulative[j])) * scale; | (cumulative[j] - ci)) * scale; | the attention profile's own softmax adds the forget gates' F_j - F_i instead of F_i - F_j
 core/eval/attention_profile.cpp | double z_sum = has_sink ? std::exp(double(sink) - double(top)) : 0.0; | double z_sum = 0.0; | the attention profile's own softmax leaves the sink out of its denominator
 core/eval/attention_profile.cpp | entropy[b] = (e_sum * log_z - ex_sum) / z_sum; | entropy[b] = (e_sum * log_z + ex_sum) / z_sum; | the attention profile's entropy adds z - m instead of subtracting it
-core/eval/attention_profile.cpp | lo = std::max(lo, i - bias.window + 1) | lo = std::max(lo, i - bias.window) | the attention profile's own softmax sees one key past the sliding window
-core/eval/attention_profile.cpp | lo = std::max(lo, i / bias.chunk * bias.chunk) | lo = std::max(lo, (i / bias.chunk - 1) * bias.chunk) | the attention profile's own softmax sees the chunk before the query's
-core/eval/attention_profile.cpp | if (linear && look_left[size_t(h)] == 0) lo = i; | if (false) lo = i; | the attention profile's own softmax lets a right-looking ALiBi head look left
+core/attention/attention.cpp | first = std::max(first, i - (window - 1)) | first = std::max(first, i - window) | a query's span of keys (the attention profile's softmax, SSMax's n) reaches one key past the sliding window
+core/attention/attention.cpp | if (chunk > 0) first = i / chunk * chunk, | if (chunk > 0) first = std::max<int64_t>(0, (i / chunk - 1) * chunk), | a query's span of keys (the attention profile's softmax, SSMax's n) starts a chunk early
+core/eval/attention_profile.cpp | if (linear && look_left[size_t(h)] == 0) lo = std::max(lo, i); | if (false) lo = std::max(lo, i); | the attention profile's own softmax lets a right-looking ALiBi head look left
 core/eval/attention_profile.cpp | scale.empty() ? 1.0f : scale[size_t(h * tq + r + t)] | 1.0f | the attention profile's own softmax ignores SSMax's logit scale
 core/eval/attention_profile.cpp | profile_exp_sums(s, std::max(lo, i + std::max<int64_t>(edges[b], 1)) | (void)0, (s, std::max(lo, i + std::max<int64_t>(edges[b], 1)) | the attention profile's own softmax of a masked LM leaves out every key after the query
 core/kernels/cpu_vector_math.h |   y += -0.5f * z; |   y += -0.25f * z; | log_float's second-order term halved (the profile's entropies of dense biases drift)

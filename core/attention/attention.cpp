@@ -147,20 +147,24 @@ torch::Tensor AttentionBias::option_mask(int64_t q0, int64_t q1, int64_t k0, int
   return masked;
 }
 
+std::pair<int64_t, int64_t> AttentionBias::option_span(int64_t i, int64_t tk, bool causal) const {
+  int64_t first = 0, last = causal ? i : tk - 1;
+  if (chunk > 0) first = i / chunk * chunk, last = std::min(last, first + chunk - 1);
+  if (window > 0) first = std::max(first, i - (window - 1)), last = std::min(last, i + (window - 1));
+  return {first, last};
+}
+
 torch::Tensor AttentionBias::visible_keys(int64_t num_heads, int64_t tq, int64_t tk, bool causal) const {
-  // Row i (key index) sees keys [first, last] around it: its chunk, its window, the causal half.
-  auto i = torch::arange(tk - tq, tk, torch::kLong);
-  auto first = torch::zeros_like(i), last = torch::full_like(i, tk - 1);
-  if (chunk > 0) {
-    first = i.div(chunk, "floor") * chunk;
-    last = torch::clamp_max(first + (chunk - 1), tk - 1);
+  // Row r (key index tk - tq + r) sees keys [first, last] around it: i - first to its left and
+  // last - i to its right.
+  auto left = torch::empty({1, tq}, torch::kFloat32), right = torch::empty({1, tq}, torch::kFloat32);
+  float *l = left.data_ptr<float>(), *r = right.data_ptr<float>();
+  for (int64_t row = 0; row < tq; ++row) {
+    const int64_t i = tk - tq + row;
+    const auto [first, last] = option_span(i, tk, causal);
+    l[row] = float(i - first);
+    r[row] = float(last - i);
   }
-  if (window > 0) {
-    first = torch::maximum(first, i - (window - 1));
-    last = torch::minimum(last, i + (window - 1));
-  }
-  if (causal) last = i;
-  auto left = (i - first).to(torch::kFloat32).view({1, -1}), right = (last - i).to(torch::kFloat32).view({1, -1});
   if (kind == Kind::Linear) {  // heads that may not look one way see only the diagonal there
     TORCH_CHECK(look_left.size(0) == num_heads, "linear bias has ", look_left.size(0), " heads, not ", num_heads);
     left = left * look_left.to(torch::kFloat32).view({-1, 1});

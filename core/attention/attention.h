@@ -16,6 +16,7 @@
 
 #include <functional>
 #include <string>
+#include <utility>
 
 namespace extrap {
 
@@ -169,6 +170,10 @@ struct AttentionBias {
   // n_i, the number of keys that query rows [tk - tq, tk) see under the masks (the kind's
   // direction masks, causal, window, chunk): (H, Tq) float32. What SSMax's ln n_i counts.
   torch::Tensor visible_keys(int64_t num_heads, int64_t tq, int64_t tk, bool causal) const;
+  // The keys [first, last] (indices) that window, chunk and the causal mask leave to the query at
+  // key index i of tk keys, before the kind's own direction masks: what visible_keys() counts
+  // and the attention profile's kernels scan.
+  std::pair<int64_t, int64_t> option_span(int64_t i, int64_t tk, bool causal) const;
   // Kinds that depend on the batch or on q and k, not on positions alone.
   bool depends_on_input() const {
     return kind == Kind::Cumulative || kind == Kind::Contextual || kind == Kind::ScoreMixing ||

@@ -245,11 +245,10 @@ class ProfileObserver : public AttentionObserver {
         at::parallel_for(0, batch * heads * n, 1, [&](int64_t begin, int64_t end) {
           for (int64_t row = begin; row < end; ++row) {
             const int64_t h = (row / n) % heads, t = row % n, i = first + t;
-            int64_t lo = 0, hi = causal ? i + 1 : keys;
-            if (linear && look_left[size_t(h)] == 0) lo = i;
+            const auto span = bias.option_span(i, tk, causal);  // window, chunk, causal
+            int64_t lo = span.first, hi = span.second + 1;
+            if (linear && look_left[size_t(h)] == 0) lo = std::max(lo, i);
             if (linear && look_right[size_t(h)] == 0) hi = std::min(hi, i + 1);
-            if (bias.window > 0) lo = std::max(lo, i - bias.window + 1), hi = std::min(hi, i + bias.window);
-            if (bias.chunk > 0) lo = std::max(lo, i / bias.chunk * bias.chunk), hi = std::min(hi, (i / bias.chunk + 1) * bias.chunk);
             const float* f = cumulative.defined() ? cumulative.data_ptr<float>() + (row / n) * cumulative.size(2) : nullptr;
             // by_offset[j] = the bias at offset j - i, column j - i + tk - 1 of the head's row.
             const float* by_offset =
