@@ -254,6 +254,8 @@ core/attention/stick_breaking.cpp | auto dz = (w - torch::sigmoid(rows.z) * w.cu
 core/attention/stick_breaking.cpp | dv.narrow(2, first + r, n).add_(gb * (1 - rows.weights.sum(-1, true))); | dv.narrow(2, first + r, n).add_(gb); | stick-breaking's blocked backward gives the query's own value the whole gradient, not the remaining mass's
 core/attention/stick_breaking.cpp | if (scale_grad) dscale.narrow(1, r, n).add_((dz * rows.logits).sum(-1).sum(0)); | if (scale_grad) dscale.narrow(1, r, n).add_((dz * rows.z).sum(-1).sum(0)); | stick-breaking's blocked backward takes the logit scale's gradient from the scaled logits
 core/attention/stick_breaking.cpp | dk.narrow(2, 0, keys).add_(torch::matmul(dz.transpose(-2, -1), qf.narrow(2, r, n)) * scale); | dk.narrow(2, 0, keys).copy_(torch::matmul(dz.transpose(-2, -1), qf.narrow(2, r, n)) * scale); | stick-breaking's blocked backward keeps only the last row block's share of each key's gradient
+core/attention/stick_breaking.cpp | wr[j] += after; | wr[j] += after + stay[size_t(j - lo)]; | stick-breaking's CPU rows multiply each key's weight by its own 1 - sigmoid too
+core/attention/stick_breaking.cpp | hi = bias.stick_breaking_diagonal ? span.second + 1 : std::min(span.second + 1, i); | hi = span.second + 1; | stick-breaking's CPU rows let every query take its own key
 EOF
 )
 

@@ -3,8 +3,13 @@
 // its own backward (stick_breaking_attention_blocked).
 #include "core/attention/stick_breaking.h"
 
+#include "core/kernels/cpu_vector_math.h"
+
+#include <ATen/Parallel.h>
+
 #include <cmath>
 #include <limits>
+#include <vector>
 
 namespace extrap {
 namespace {
@@ -27,6 +32,57 @@ struct StickRows {
   torch::Tensor weights;  // A, 0 where a key is not visible
 };
 
+// log sigmoid(z_j) into lz and log sigmoid(-z_j) into ls, j < n, from one exp and one log each:
+// with l = ln(1 + e^{-|z|}), log sigmoid(z) = min(z, 0) - l and log sigmoid(-z) = -max(z, 0) - l.
+// Two loops: GCC 12 vectorises each, and not the two functions inlined into one.
+EXTRAP_ISA_KERNEL(void, log_sigmoids, (const float* z, int64_t n, float* lz, float* ls), (z, n, lz, ls)) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) ls[j] = exp_float(z[j] < 0 ? z[j] : -z[j]);
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) {
+    const float x = z[j], l = log_float(1.0f + ls[j]);
+    lz[j] = (x < 0 ? x : 0.0f) - l;
+    ls[j] = (x > 0 ? -x : 0.0f) - l;
+  }
+}
+
+EXTRAP_ISA_KERNEL(void, exp_in_place, (float* x, int64_t n), (x, n)) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) x[j] = exp_float(x[j]);
+}
+
+// The weights of float32 CPU rows, a row at a time: its visible keys are one range [lo, hi)
+// (the causal half, less the diagonal unless it is visible, cut by window and chunk:
+// AttentionBias::option_span), log A_ij = log sigmoid(z_ij) + the sum of log sigmoid(-z_ik)
+// over k in (j, hi), added from the query leftwards, then exp. Each row stays in cache through
+// its three passes, where the tensor form makes ten passes over (B, H, Tq, Tk) tensors.
+torch::Tensor cpu_weights(const torch::Tensor& z, const AttentionBias& bias) {
+  const auto zc = z.contiguous();
+  const int64_t tq = zc.size(2), keys = zc.size(3), first = keys - tq, rows = zc.numel() / std::max<int64_t>(keys, 1);
+  auto weights = torch::zeros_like(zc);
+  const float* zp = zc.data_ptr<float>();
+  float* wp = weights.data_ptr<float>();
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> stay(static_cast<size_t>(keys));
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t i = first + row % tq;
+      const auto span = bias.option_span(i, keys, /*causal=*/true);
+      const int64_t lo = span.first, hi = bias.stick_breaking_diagonal ? span.second + 1 : std::min(span.second + 1, i);
+      if (lo >= hi) continue;
+      const float* zr = zp + row * keys;
+      float* wr = wp + row * keys;
+      log_sigmoids(zr + lo, hi - lo, wr + lo, stay.data());
+      float after = 0;  // sum of log sigmoid(-z_ik) over visible k > j
+      for (int64_t j = hi - 1; j >= lo; --j) {
+        wr[j] += after;
+        after += stay[size_t(j - lo)];
+      }
+      exp_in_place(wr + lo, hi - lo);
+    }
+  });
+  return weights;
+}
+
 StickRows rows_of(const torch::Tensor& q, const torch::Tensor& k, const AttentionBias& bias) {
   const int64_t tq = q.size(2), keys = k.size(2), first = keys - tq;  // position of row 0
   StickRows rows;
@@ -39,6 +95,12 @@ StickRows rows_of(const torch::Tensor& q, const torch::Tensor& k, const Attentio
   rows.visible = bias.stick_breaking_diagonal ? j <= i : j < i;
   if (bias.masks_some(first, keys, 0, keys))
     rows.visible = rows.visible.logical_and(bias.option_mask(first, keys, 0, keys, q.device()).logical_not());
+  // float32 on the CPU without autograd (inference, and the row-blocked path's own passes): one
+  // row at a time. The reference path's autograd takes the tensor form below.
+  if (rows.z.scalar_type() == torch::kFloat32 && rows.z.is_cpu() && !rows.z.requires_grad()) {
+    rows.weights = cpu_weights(rows.z, bias);
+    return rows;
+  }
   // Sum over visible k > j of log(1 - sigmoid(z_ik)), added from the query leftwards (flip,
   // inclusive cumsum, flip, then shifted one key to the right).
   const auto hidden = rows.visible.logical_not();

@@ -199,6 +199,33 @@ TEST_CASE("stick-breaking in row blocks: float32 as in training, and the backend
                     Catch::Contains("logit_scale must be (2, 40)"));
 }
 
+TEST_CASE("stick-breaking: float32 weights on the CPU (a row at a time) equal float64's, every mask and large logits",
+          "[attention][stick-breaking]") {
+  torch::manual_seed(36);
+  const auto q64 = torch::randn({2, 3, 70, 8}, torch::kFloat64) * 3, k64 = torch::randn({2, 3, 70, 8}, torch::kFloat64);
+  struct Case {
+    bool diagonal;
+    int64_t window, chunk, queries;
+  };
+  for (const Case c : {Case{false, 0, 0, 70}, Case{true, 0, 0, 70}, Case{false, 9, 0, 70}, Case{true, 0, 16, 70},
+                       Case{false, 5, 12, 70}, Case{true, 7, 0, 3}, Case{false, 0, 0, 1}}) {
+    INFO("diagonal " << c.diagonal << ", window " << c.window << ", chunk " << c.chunk << ", queries " << c.queries);
+    auto bias = AttentionBias::stick_breaking(c.diagonal);
+    bias.window = c.window;
+    bias.chunk = c.chunk;
+    const auto q = q64.narrow(2, 70 - c.queries, c.queries);
+    const auto expected = stick_breaking_weights(q, k64, bias);  // float64: the tensor form
+    const auto actual = stick_breaking_weights(q.to(torch::kFloat32), k64.to(torch::kFloat32), bias);
+    CHECK((actual.to(torch::kFloat64) - expected).abs().max().item<double>() < 2e-6);
+    // Every hidden key 0 (float32 also rounds weights below e^-87 to 0).
+    CHECK(actual.masked_select(expected == 0).abs().max().item<double>() == 0);
+  }
+  // The logits reach +-25 here: weights near 1 beside weights float32 cannot hold.
+  const auto all = stick_breaking_weights(q64, k64, AttentionBias::stick_breaking(false));
+  CHECK(all.max().item<double>() > 0.999);
+  CHECK(all.masked_select(all > 0).min().item<double>() < 1e-38);
+}
+
 TEST_CASE("stick-breaking: refusals name what is wrong", "[attention][stick-breaking]") {
   const auto q = torch::randn({1, 2, 6, 4});
   auto bias = AttentionBias::stick_breaking(false);
