@@ -256,6 +256,8 @@ core/attention/stick_breaking.cpp | if (scale_grad) dscale.narrow(1, r, n).add_(
 core/attention/stick_breaking.cpp | dk.narrow(2, 0, keys).add_(torch::matmul(dz.transpose(-2, -1), qf.narrow(2, r, n)) * scale); | dk.narrow(2, 0, keys).copy_(torch::matmul(dz.transpose(-2, -1), qf.narrow(2, r, n)) * scale); | stick-breaking's blocked backward keeps only the last row block's share of each key's gradient
 core/attention/stick_breaking.cpp | wr[j] += after; | wr[j] += after + stay[size_t(j - lo)]; | stick-breaking's CPU rows multiply each key's weight by its own 1 - sigmoid too
 core/attention/stick_breaking.cpp | hi = bias.stick_breaking_diagonal ? span.second + 1 : std::min(span.second + 1, i); | hi = span.second + 1; | stick-breaking's CPU rows let every query take its own key
+core/eval/attention_profile.cpp | constexpr double kNegligible = 64.0; | constexpr double kNegligible = 4.0; | the attention profile skips ALiBi's keys that weigh up to e^-4 of the row's largest
+core/eval/attention_profile.cpp | std::ceil(double(first + n - 1) + reach / slope_right)) + 1 | std::ceil(double(first + n - 1) + reach / slope_right / 8)) + 1 | the attention profile of a masked LM skips ALiBi's keys to the right at an eighth of their distance
 EOF
 )
 

@@ -147,6 +147,27 @@ double bin_weight_row(const float* p, int64_t keys, int64_t i, bool causal, cons
   return total;
 }
 
+// Keys [lo, hi) of keys [0, keys) that rows first .. first + n - 1 do not skip, under a linear
+// bias of -slope_left per unit of distance to the left and -slope_right to the right, as the
+// fused kernel skips them (core/attention/fused_cpu_attention.cpp): the score of query i and key
+// j is at most |q_i| |k_j| - slope d (q scaled by 1/sqrt(d)), the row's largest at least its
+// diagonal's -|q_i| |k_i|, so a key with reach - slope d < -kNegligible, reach =
+// max_i |q_i| (max_j |k_j| + max_i |k_i|), weighs below e^-64 of the row's largest: nothing
+// float32 sums can hold. q_norms and own_norms: the n rows' |q_i| and |k_i|.
+constexpr double kNegligible = 64.0;
+std::pair<int64_t, int64_t> negligible_beyond(const float* q_norms, const float* own_norms, int64_t n,
+                                              float k_max, int64_t first, float slope_left, float slope_right,
+                                              int64_t keys) {
+  float q_max = 0, own = 0;
+  for (int64_t t = 0; t < n; ++t) q_max = std::max(q_max, q_norms[t]), own = std::max(own, own_norms[t]);
+  const double reach = double(q_max) * (double(k_max) + double(own)) + kNegligible;
+  int64_t lo = 0, hi = keys;
+  if (slope_left > 0) lo = std::clamp<int64_t>(int64_t(std::floor(double(first) - reach / slope_left)), 0, first);
+  if (slope_right > 0)
+    hi = std::clamp<int64_t>(int64_t(std::ceil(double(first + n - 1) + reach / slope_right)) + 1, first + n, keys);
+  return {lo, hi};
+}
+
 // Whether profile_logit_row computes this call's weights: no bias, a linear one (ALiBi family),
 // forget gates or a bias of j - i alone (T5, KERPLE, Sandwich: by_offset), with any masks, logit
 // scale and sink, on the CPU. The rest (other dense biases such as FIRE's, CoPE, DAPE, PaTH,
@@ -236,9 +257,37 @@ class ProfileObserver : public AttentionObserver {
                     "attention profile: a bias by offset gave ", offsets.sizes(), " for ", heads, " heads and ", R, " offsets");
       }
       const auto scaled = qf * (1.0 / std::sqrt(double(q.size(3))));
+      // A linear bias without a logit scale: far keys are skipped where they are negligible.
+      const bool bounded = linear && scale.empty();
+      const torch::Tensor q_norms = bounded ? scaled.norm(2, -1).contiguous() : torch::Tensor(),  // (B, H, Tq)
+          k_norms = bounded ? kf.norm(2, -1).contiguous() : torch::Tensor();                      // (B, H, Tk)
+      const torch::Tensor k_max = bounded ? std::get<0>(k_norms.max(-1)).contiguous() : torch::Tensor();  // (B, H)
+      std::vector<int64_t> key_lo(size_t(batch * heads)), key_hi(size_t(batch * heads));
       for (int64_t r = 0; r < tq; r += rows) {
         const int64_t n = std::min(rows, tq - r), first = tk - tq + r, keys = causal ? first + n : tk;
-        auto scores = torch::matmul(scaled.narrow(2, r, n), kf.narrow(2, 0, keys).transpose(-2, -1)).contiguous();
+        bool skips = false;
+        for (int64_t bh = 0; bh < batch * heads; ++bh) {
+          const auto [lo, hi] = bounded ? negligible_beyond(q_norms.data_ptr<float>() + bh * tq + r,
+                                                            k_norms.data_ptr<float>() + bh * tk + first, n,
+                                                            k_max.data_ptr<float>()[bh], first,
+                                                            slope_left[size_t(bh % heads)],
+                                                            slope_right[size_t(bh % heads)], keys)
+                                        : std::pair<int64_t, int64_t>{0, keys};
+          key_lo[size_t(bh)] = lo;
+          key_hi[size_t(bh)] = hi;
+          skips = skips || lo > 0 || hi < keys;
+        }
+        torch::Tensor scores;
+        if (!skips) {
+          scores = torch::matmul(scaled.narrow(2, r, n), kf.narrow(2, 0, keys).transpose(-2, -1)).contiguous();
+        } else {  // each (batch, head) against the keys it does not skip, in place in the rows
+          scores = torch::empty({batch, heads, n, keys}, qf.options());
+          for (int64_t bh = 0; bh < batch * heads; ++bh) {
+            const int64_t b = bh / heads, h = bh % heads, lo = key_lo[size_t(bh)], hi = key_hi[size_t(bh)];
+            auto destination = scores[b][h].narrow(1, lo, hi - lo);
+            at::mm_out(destination, scaled[b][h].narrow(0, r, n), kf[b][h].narrow(0, lo, hi - lo).t());
+          }
+        }
         auto sums = torch::zeros({batch, heads, n, 2 * bins + 1}, f64);
         float* s = scores.data_ptr<float>();
         double* out = sums.data_ptr<double>();
@@ -246,7 +295,7 @@ class ProfileObserver : public AttentionObserver {
           for (int64_t row = begin; row < end; ++row) {
             const int64_t h = (row / n) % heads, t = row % n, i = first + t;
             const auto span = bias.option_span(i, tk, causal);  // window, chunk, causal
-            int64_t lo = span.first, hi = span.second + 1;
+            int64_t lo = std::max(span.first, key_lo[size_t(row / n)]), hi = std::min(span.second + 1, key_hi[size_t(row / n)]);
             if (linear && look_left[size_t(h)] == 0) lo = std::max(lo, i);
             if (linear && look_right[size_t(h)] == 0) hi = std::min(hi, i + 1);
             const float* f = cumulative.defined() ? cumulative.data_ptr<float>() + (row / n) * cumulative.size(2) : nullptr;

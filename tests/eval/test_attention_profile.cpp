@@ -256,6 +256,54 @@ TEST_CASE("attention profile: mass and entropy by distance bin as loops over eve
                     "(give a shorter length or more tokens)");
 }
 
+TEST_CASE("attention profile: ALiBi's far keys, skipped where they weigh below e^-64 of the row's largest, "
+          "change no bin", "[eval][profile]") {
+  // At 1024 keys the steepest head (slope 1/4) skips all but its last few hundred keys; its
+  // bins past them hold the softmax's float32 underflow, 0 to 1e-28.
+  const int64_t T = 1024;
+  const auto tokens = torch::randint(0, 256, {T}, torch::TensorOptions().dtype(torch::kInt));
+  const TokenStream stream = TokenStream::from_tokens(
+      std::vector<int32_t>(tokens.data_ptr<int32_t>(), tokens.data_ptr<int32_t>() + T));
+  AttentionConfig sink;
+  sink.sink = true;
+  std::vector<std::pair<std::string, TransformerLM>> models;
+  models.emplace_back("alibi", perturbed_model("alibi"));
+  models.emplace_back("alibi + sink", options_model("alibi", sink));
+  models.emplace_back("alibi, masked LM", options_model("alibi_symmetric", AttentionConfig{}, false));
+  models.emplace_back("alibi_nonsymmetric, masked LM", options_model("alibi_nonsymmetric", AttentionConfig{}, false));
+  const auto index = torch::arange(T, torch::TensorOptions().dtype(torch::kLong));
+  const auto distance = (index.view({-1, 1}) - index.view({1, -1})).abs();
+  auto bin = torch::zeros_like(distance);  // bin_of(d) for every pair: floor(log2 d) + 1, 0 for d = 0
+  for (int64_t e = 1; e < T; e *= 2) bin += (distance >= e).to(torch::kLong);
+  for (auto& [name, model] : models) {
+    INFO(name);
+    AttentionProfileSpec spec;
+    spec.length = T;
+    spec.windows = 1;
+    const AttentionProfile profile = attention_profile(model, stream, spec);
+    const int64_t bins = int64_t(profile.edges.size()) - 1;
+    REQUIRE(bins == 11);
+    Recorder recorder;
+    {
+      ObservedAttention observed(recorder);
+      torch::NoGradGuard no_grad;
+      model->hidden(stream.slice(0, T).to(torch::kLong).view({1, T}));
+    }
+    REQUIRE(recorder.calls.size() == 2);
+    for (int64_t l = 0; l < 2; ++l) {
+      const auto& c = recorder.calls[size_t(l)];
+      const auto p = attention_probabilities(c.q, c.k, c.bias, c.options).to(torch::kFloat64)[0];  // (H, T, T)
+      for (int64_t h = 0; h < p.size(0); ++h) {
+        const auto mass = torch::zeros({bins}, torch::kFloat64).index_add_(0, bin.flatten(), p[h].flatten()) / T;
+        const auto entropy =
+            torch::zeros({bins}, torch::kFloat64).index_add_(0, bin.flatten(), torch::special_xlogy(p[h], p[h]).neg().flatten()) / T;
+        CHECK((profile.mass[l][h] - mass).abs().max().item<double>() < 1e-6);
+        CHECK((profile.entropy[l][h] - entropy).abs().max().item<double>() < 1e-6);
+      }
+    }
+  }
+}
+
 TEST_CASE("extrap inspect attention: a trained run's table, and refusals in one line", "[cli][profile]") {
   SweepDir d;
   std::string out;
