@@ -258,6 +258,8 @@ core/attention/stick_breaking.cpp | wr[j] += after; | wr[j] += after + stay[size
 core/attention/stick_breaking.cpp | hi = bias.stick_breaking_diagonal ? span.second + 1 : std::min(span.second + 1, i); | hi = span.second + 1; | stick-breaking's CPU rows let every query take its own key
 core/eval/attention_profile.cpp | constexpr double kNegligible = 64.0; | constexpr double kNegligible = 4.0; | the attention profile skips ALiBi's keys that weigh up to e^-4 of the row's largest
 core/eval/attention_profile.cpp | std::ceil(double(first + n - 1) + reach / slope_right)) + 1 | std::ceil(double(first + n - 1) + reach / slope_right / 8)) + 1 | the attention profile of a masked LM skips ALiBi's keys to the right at an eighth of their distance
+core/eval/attention_profile.cpp | if (stick_breaking)  // the rest of each row goes to the query's own value | if (false)  // the rest of each row goes to the query's own value | the attention profile's forward pass gives stick-breaking's rest of each row to no value (later layers see another model)
+core/eval/attention_profile.cpp | output.narrow(2, r, n).copy_(o); | output.narrow(2, std::max<int64_t>(0, r - 1), n).copy_(o); | the attention profile's forward pass places each block of output rows one row early
 EOF
 )
 

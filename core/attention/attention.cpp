@@ -611,7 +611,10 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
               "attention expects (B, H, T, D) tensors, got q ", q.sizes());
   TORCH_CHECK(q.size(2) <= k.size(2) && k.size(2) == v.size(2), "attention: ", q.size(2),
               " queries for ", k.size(2), " keys and ", v.size(2), " values");
-  if (observer) observer->observe(q, k, bias, options);
+  if (observer) {
+    auto observed = observer->observe(q, k, v, bias, options);
+    if (observed.defined()) return observed;
+  }
   return dispatch(q, k, v, bias, options);
 }
 

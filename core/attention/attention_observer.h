@@ -10,13 +10,16 @@
 namespace extrap {
 
 // Sees every attention() call made on the thread that installed it (ObservedAttention), in
-// call order (a model's layers in order), before the call is computed; q, k and the bias as
-// the backend gets them (rotary angles applied, the layer's bias and options).
+// call order (a model's layers in order), before the call is computed; q, k, v and the bias as
+// the backend gets them (rotary angles applied, the layer's bias and options). Returns the
+// call's output where the observer has computed it on the way (attention_reference()'s, to
+// rounding: its weights times v), which the backend then does not compute again; an undefined
+// tensor leaves the call to the backend.
 class AttentionObserver {
  public:
   virtual ~AttentionObserver() = default;
-  virtual void observe(const torch::Tensor& q, const torch::Tensor& k, const AttentionBias& bias,
-                       const AttentionOptions& options) = 0;
+  virtual torch::Tensor observe(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                const AttentionBias& bias, const AttentionOptions& options) = 0;
 };
 
 // Installs `observer` on this thread for the object's lifetime; one at a time (a second is

@@ -192,8 +192,8 @@ class ProfileObserver : public AttentionObserver {
   ProfileObserver(int64_t layers, const std::vector<int64_t>& edges, int64_t query_block)
       : layers_(layers), edges_(edges), query_block_(query_block) {}
 
-  void observe(const torch::Tensor& q, const torch::Tensor& k, const AttentionBias& bias,
-               const AttentionOptions& options) override {
+  torch::Tensor observe(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        const AttentionBias& bias, const AttentionOptions& options) override {
     TORCH_CHECK(layer_ < layers_, "attention profile: more attention calls than the model's ", layers_, " layers");
     const int64_t batch = q.size(0), heads = q.size(1), tq = q.size(2), tk = k.size(2);
     const int64_t bins = int64_t(edges_.size()) - 1;
@@ -210,6 +210,7 @@ class ProfileObserver : public AttentionObserver {
     torch::Tensor& entropy = entropy_[layer_];
     torch::Tensor& sink = sink_[layer_];
     const auto qf = q.to(torch::kFloat32), kf = k.to(torch::kFloat32);
+    torch::Tensor output;  // the call's output where computed here (see AttentionObserver)
     // Rows whose weights are held at once: at most query_block, and few enough that a block's
     // float32 scores stay near 32 MiB on the CPU (fewer rows cost more than they save: the
     // product packs every key for each block) and near 256 MiB on a GPU, each block copied to
@@ -312,7 +313,19 @@ class ProfileObserver : public AttentionObserver {
         accumulate(sums);
       }
     } else {
+      // These are the reference path's whole rows of weights: times v they are the call's output,
+      // which the forward pass then does not compute again (outside autograd).
+      const bool attend = !torch::GradMode::is_enabled();
+      const auto vf = attend ? v.to(torch::kFloat32) : torch::Tensor();
+      if (attend) output = torch::empty({batch, heads, tq, v.size(3)}, vf.options());
       for_each_probability_block(qf, kf, bias, options, rows, [&](int64_t r, const torch::Tensor& probs) {
+        if (attend) {
+          const int64_t n = probs.size(2);
+          auto o = torch::matmul(probs, vf.narrow(2, 0, probs.size(3)));
+          if (stick_breaking)  // the rest of each row goes to the query's own value
+            o += (1 - probs.sum(-1, /*keepdim=*/true)) * vf.narrow(2, tk - tq + r, n);
+          output.narrow(2, r, n).copy_(o);
+        }
         const auto p = probs.to(torch::kCPU).contiguous();  // (B, H, n, keys)
         const int64_t n = p.size(2), keys = p.size(3), first = tk - tq + r;  // row 0's position
         auto sums = torch::zeros({batch, heads, n, 2 * bins + 1}, f64);
@@ -328,6 +341,7 @@ class ProfileObserver : public AttentionObserver {
       });
     }
     ++layer_;
+    return output.defined() ? output.to(q.scalar_type()) : output;
   }
 
   int64_t calls() const { return layer_; }

@@ -27,9 +27,10 @@ struct Recorder : AttentionObserver {
     AttentionOptions options;
   };
   std::vector<Call> calls;
-  void observe(const torch::Tensor& q, const torch::Tensor& k, const AttentionBias& bias,
-               const AttentionOptions& options) override {
+  torch::Tensor observe(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor&, const AttentionBias& bias,
+                        const AttentionOptions& options) override {
     calls.push_back({q.clone(), k.clone(), bias, options});
+    return {};
   }
 };
 
