@@ -260,6 +260,7 @@ core/eval/attention_profile.cpp | constexpr double kNegligible = 64.0; | constex
 core/eval/attention_profile.cpp | std::ceil(double(first + n - 1) + reach / slope_right)) + 1 | std::ceil(double(first + n - 1) + reach / slope_right / 8)) + 1 | the attention profile of a masked LM skips ALiBi's keys to the right at an eighth of their distance
 core/eval/attention_profile.cpp | if (stick_breaking)  // the rest of each row goes to the query's own value | if (false)  // the rest of each row goes to the query's own value | the attention profile's forward pass gives stick-breaking's rest of each row to no value (later layers see another model)
 core/eval/attention_profile.cpp | output.narrow(2, r, n).copy_(o); | output.narrow(2, std::max<int64_t>(0, r - 1), n).copy_(o); | the attention profile's forward pass places each block of output rows one row early
+core/attention/attention.cpp | std::max<int64_t>(1, kDenseChunkPairs / std::max<int64_t>(1, q1 - q0)); | std::max<int64_t>(1, 2 * kDenseChunkPairs / std::max<int64_t>(1, q1 - q0)); | a dense bias's function is asked for twice the pairs at once (FIRE's intermediates leave the cache)
 EOF
 )
 

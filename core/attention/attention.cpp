@@ -16,6 +16,12 @@
 
 namespace extrap {
 
+namespace {
+// The query-key pairs a dense bias's function is asked for at once (the memory-efficient
+// path's 256 x 256 tile).
+constexpr int64_t kDenseChunkPairs = 1 << 16;
+}  // namespace
+
 AttentionBias AttentionBias::dense_blocks(DenseBlockFn fn) {
   AttentionBias b;
   b.kind = Kind::Dense;
@@ -237,13 +243,28 @@ torch::Tensor materialize_bias_block(const AttentionBias& bias, int64_t num_head
     case AttentionBias::Kind::None:
       out = torch::zeros({num_heads, q1 - q0, k1 - k0}, options);
       break;
-    case AttentionBias::Kind::Dense:
-      out = bias.dense(q0, q1, k0, k1).to(options.device(), options.dtype_opt().value());
-      TORCH_CHECK(out.dim() == 3 && out.size(0) == num_heads && out.size(1) == q1 - q0 &&
-                      out.size(2) == k1 - k0,
-                  "dense bias: expected (", num_heads, ", ", q1 - q0, ", ", k1 - k0, "), got ",
-                  out.sizes());
+    case AttentionBias::Kind::Dense: {
+      // A method's own function in chunks of keys of at most kDenseChunkPairs query-key pairs, so
+      // that its intermediates stay in cache at long lengths (FIRE's MLP holds a hidden layer a
+      // pair); a bias by offset is one gather.
+      const auto block = [&](int64_t from, int64_t to) {
+        auto part = bias.dense(q0, q1, from, to);
+        TORCH_CHECK(part.dim() == 3 && part.size(0) == num_heads && part.size(1) == q1 - q0 &&
+                        part.size(2) == to - from,
+                    "dense bias: expected (", num_heads, ", ", q1 - q0, ", ", to - from, "), got ", part.sizes());
+        return part;
+      };
+      const int64_t width = std::max<int64_t>(1, kDenseChunkPairs / std::max<int64_t>(1, q1 - q0));
+      if (bias.by_offset || k1 - k0 <= width) {
+        out = block(k0, k1);
+      } else {
+        std::vector<torch::Tensor> parts;
+        for (int64_t from = k0; from < k1; from += width) parts.push_back(block(from, std::min(k1, from + width)));
+        out = torch::cat(parts, 2);
+      }
+      out = out.to(options.device(), options.dtype_opt().value());
       break;
+    }
     case AttentionBias::Kind::Linear: {
       TORCH_CHECK(bias.slopes_left.size(0) == num_heads, "linear bias has ",
                   bias.slopes_left.size(0), " slopes for ", num_heads, " heads");

@@ -2,12 +2,14 @@
 // masking modes and awkward lengths. Small explicit blocks (16 / 32) make short sequences
 // cross many tiles. Tolerance: |efficient - reference| <= 1e-5 + 1e-4 * |reference| (fp32).
 #include "core/attention/attention.h"
+#include "core/attention/attention_observer.h"
 #include "core/attention/efficient_attention.h"
 
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -230,4 +232,44 @@ TEST_CASE("efficient attention refuses inputs that require grad", "[efficient]")
                     Catch::Contains("inference only"));
   torch::NoGradGuard no_grad;
   CHECK_NOTHROW(extrap::attention_efficient(in.q, in.k, in.v, AttentionBias::none(), options));
+}
+
+TEST_CASE("the reference path asks a dense bias for chunks of at most 65,536 query-key pairs, which make "
+          "the whole bias", "[efficient]") {
+  // 300 x 300 pairs: chunks of 218 keys (65,536 / 300). The bias is a formula of (h, i, j), and
+  // the weights are checked against the softmax written out with the formula.
+  const int64_t t = 300;
+  auto in = random_inputs(1, t, 8, 13, torch::kFloat64);
+  const auto formula = [](const torch::Tensor& h, const torch::Tensor& i, const torch::Tensor& j) {
+    return torch::sin(0.05 * i + 0.11 * j) * (h + 1) - 0.01 * (i - j).abs();
+  };
+  auto calls = std::make_shared<std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>>>();
+  const auto bias = AttentionBias::dense_blocks([calls, formula](int64_t q0, int64_t q1, int64_t k0, int64_t k1) {
+    calls->emplace_back(q0, q1, k0, k1);
+    const auto o = torch::TensorOptions().dtype(torch::kFloat64);
+    return formula(torch::arange(kHeads, o).view({-1, 1, 1}), torch::arange(q0, q1, o).view({1, -1, 1}),
+                   torch::arange(k0, k1, o).view({1, 1, -1}));
+  });
+  const auto o = torch::TensorOptions().dtype(torch::kFloat64);
+  const auto whole = formula(torch::arange(kHeads, o).view({-1, 1, 1}), torch::arange(t, o).view({1, -1, 1}),
+                             torch::arange(t, o).view({1, 1, -1}));
+  for (bool causal : {true, false}) {
+    INFO((causal ? "causal" : "bidirectional"));
+    AttentionOptions options;
+    options.causal = causal;
+    calls->clear();
+    const auto p = extrap::attention_probabilities(in.q, in.k, bias, options);
+    auto scores = torch::matmul(in.q, in.k.transpose(-2, -1)) / std::sqrt(8.0) + whole;
+    if (causal) scores = scores.masked_fill(torch::ones({t, t}, torch::kBool).triu(1), -INFINITY);
+    CHECK((p - torch::softmax(scores, -1)).abs().max().item<double>() < 1e-12);
+    REQUIRE(calls->size() == 2);  // keys [0, 218) and [218, 300)
+    for (const auto& [q0, q1, k0, k1] : *calls) CHECK((q1 - q0) * (k1 - k0) <= 65536);
+  }
+  // A chunk of the wrong shape is refused by its shape.
+  const auto wrong = AttentionBias::dense_blocks([](int64_t q0, int64_t q1, int64_t k0, int64_t k1) {
+    return torch::zeros({kHeads, q1 - q0, k1 - k0 + (k0 > 0 ? 1 : 0)});
+  });
+  AttentionOptions options;
+  CHECK_THROWS_WITH(extrap::attention_probabilities(in.q.to(torch::kFloat32), in.k.to(torch::kFloat32), wrong, options),
+                    Catch::Contains("dense bias: expected (4, 300, 82), got [4, 300, 83]"));
 }
