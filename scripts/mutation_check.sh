@@ -245,7 +245,7 @@ positions/distance_bias.h | torch::arange(lo, hi, options.dtype(torch::kLong)).a
 core/attention/fused_cpu_attention.cpp | rb.offsets = p.offsets.data() + h * p.offset_stride + kOffsetPad + (k0 - i) + (p.length - 1); | rb.offsets = p.offsets.data() + h * p.offset_stride + kOffsetPad + (i - k0) + (p.length - 1); | the fused kernel reads a bias by offset mirrored (i - j for j - i)
 core/attention/fused_cpu_attention.cpp | const float s = (group[l] + bias) * factor + wall; | const float s = group[l] * factor + bias + wall; | the fused kernel leaves a bias by offset out of the logit scale
 core/kernels/fused_adamw.cpp | at::_foreach_mul_(grads, torch::clamp(clip / (total + 1e-6), std::nullopt, 1.0)); | at::_foreach_mul_(grads, clip / (total + 1e-6)); | the GPU's optimiser step scales gradients up when their norm is under the clip
-core/kernels/fused_adamw.cpp | step = torch::full({}, static_cast<double>(state.step()), | step = torch::full({}, static_cast<double>(state.step() - 1), | the GPU's optimiser step bias-corrects with the previous step count
+core/kernels/fused_adamw.cpp | shared = torch::full({}, static_cast<double>(state.step()), | shared = torch::full({}, static_cast<double>(state.step() - 1), | the GPU's optimiser step bias-corrects with the previous step count
 core/kernels/fused_adamw.cpp | beta1, beta2, options.weight_decay(), options.eps(), /*amsgrad=*/false, | beta1, beta2, 0.0, options.eps(), /*amsgrad=*/false, | the GPU's optimiser step forgets the weight decay
 core/attention/fused_cpu_attention.cpp | if (grads.offsets) add_row(grads.offsets + kOffsetPad + (k0 - i) + (p.length - 1) + begin, row + begin, end - begin); | if (grads.offsets) add_row(grads.offsets + kOffsetPad + (p.length - 1) + begin, row + begin, end - begin); | the fused backward adds every row's bias gradient from offset 0 (its keys' columns, not their offsets j - i)
 core/attention/fused_cpu_attention.cpp | dot(row + begin, rb.offsets + begin, end - begin) | 0.0f | the fused backward leaves a bias by offset out of the logit scale's gradient
@@ -261,6 +261,8 @@ core/eval/attention_profile.cpp | std::ceil(double(first + n - 1) + reach / slop
 core/eval/attention_profile.cpp | if (stick_breaking)  // the rest of each row goes to the query's own value | if (false)  // the rest of each row goes to the query's own value | the attention profile's forward pass gives stick-breaking's rest of each row to no value (later layers see another model)
 core/eval/attention_profile.cpp | output.narrow(2, r, n).copy_(o); | output.narrow(2, std::max<int64_t>(0, r - 1), n).copy_(o); | the attention profile's forward pass places each block of output rows one row early
 core/attention/attention.cpp | std::max<int64_t>(1, kDenseChunkPairs / std::max<int64_t>(1, q1 - q0)); | std::max<int64_t>(1, 2 * kDenseChunkPairs / std::max<int64_t>(1, q1 - q0)); | a dense bias's function is asked for twice the pairs at once (FIRE's intermediates leave the cache)
+core/kernels/fused_adamw.cpp | if (!counters.empty()) at::_foreach_add_(counters, 1); | ; | a captured optimiser step no longer advances AdamW's device step counters (every replay repeats one bias correction)
+core/attention/attention.cpp | const auto left_seen = *looks_left ? torch::ones_like(left) : diagonal; | const auto left_seen = *looks_left ? diagonal : torch::ones_like(left); | a linear bias whose heads all look left hides every earlier key (the device-built direction mask inverted)
 EOF
 )
 

@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 
 namespace extrap {
 
@@ -208,6 +209,32 @@ std::string AttentionBias::describe() const {
   return "?";
 }
 
+namespace {
+
+// Where a linear bias's direction masks hide a score: (1 or H, Tq, Tk) from `left` (j <= i) and
+// `diagonal` (j == i). The masks are host tensors (backends plan on them without reading the
+// device); where every head looks the same way the answer is built on the device alone, so that
+// the common layouts copy nothing to a GPU (a copy a CUDA graph cannot capture,
+// core/runtime/cuda_graph.h). Heads that differ copy their masks over.
+torch::Tensor linear_bias_hidden(const AttentionBias& bias, const torch::Tensor& left, const torch::Tensor& diagonal) {
+  const auto uniform = [](const torch::Tensor& look) -> std::optional<bool> {
+    const bool all = look.all().item<bool>();
+    if (all || !look.any().item<bool>()) return all;
+    return std::nullopt;
+  };
+  const auto looks_left = uniform(bias.look_left), looks_right = uniform(bias.look_right);
+  if (looks_left && looks_right) {
+    const auto left_seen = *looks_left ? torch::ones_like(left) : diagonal;
+    const auto right_seen = *looks_right ? torch::ones_like(left) : torch::zeros_like(left);
+    return torch::where(left, left_seen, right_seen).logical_not();
+  }
+  const auto look_left = bias.look_left.to(left.device()).view({-1, 1, 1});
+  const auto look_right = bias.look_right.to(left.device()).view({-1, 1, 1});
+  return torch::where(left, look_left | diagonal, look_right).logical_not();  // (H, Tq, Tk)
+}
+
+}  // namespace
+
 torch::Tensor materialize_bias_block(const AttentionBias& bias, int64_t num_heads, int64_t q0,
                                      int64_t q1, int64_t k0, int64_t k1, bool causal,
                                      torch::TensorOptions options) {
@@ -281,11 +308,7 @@ torch::Tensor materialize_bias_block(const AttentionBias& bias, int64_t num_head
                    .abs();
       }
       out = torch::where(left, -sl * dist, -sr * dist);
-      auto look_left = bias.look_left.to(options.device()).view({-1, 1, 1});
-      auto look_right = bias.look_right.to(options.device()).view({-1, 1, 1});
-      auto diagonal = (i == j);
-      auto allowed = torch::where(left, look_left | diagonal, look_right);  // (H, Tq, Tk)
-      out = out.masked_fill(allowed.logical_not(), -inf);
+      out = out.masked_fill(linear_bias_hidden(bias, left, i == j), -inf);
       break;
     }
   }

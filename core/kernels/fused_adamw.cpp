@@ -8,6 +8,7 @@
 #include <cmath>
 #include <map>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
 
 namespace extrap {
@@ -113,8 +114,15 @@ bool aten_fused_adamw_suits(const torch::optim::AdamW& optimizer) {
 
 namespace {
 
-// aten_fused_step once aten_fused_adamw_suits(optimizer) holds (optimizer_step has asked already).
-void aten_fused_step_checked(torch::optim::AdamW& optimizer, double clip) {
+std::string sizes_text(const torch::Tensor& t) {
+  std::ostringstream out;
+  out << t.sizes();
+  return out.str();
+}
+
+// aten_fused_step once aten_fused_adamw_suits(optimizer) holds (optimizer_step has asked already);
+// with `device_state`, its learning rate and step counters instead of the host's.
+void aten_fused_step_checked(torch::optim::AdamW& optimizer, double clip, const DeviceAdamwState* device_state) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> grads;
   for (const auto& group : optimizer.param_groups())
@@ -129,17 +137,38 @@ void aten_fused_step_checked(torch::optim::AdamW& optimizer, double clip) {
     at::_foreach_mul_(grads, torch::clamp(clip / (total + 1e-6), std::nullopt, 1.0));
   }
   const auto device = grads[0].device();
+  if (device_state) {
+    std::vector<torch::Tensor> counters;
+    for (const auto& [count, counter] : device_state->counters) counters.push_back(counter);
+    if (!counters.empty()) at::_foreach_add_(counters, 1);
+  }
   for (auto& group : optimizer.param_groups()) {
     const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
     std::vector<torch::Tensor> params, group_grads, exp_avgs, exp_avg_sqs, steps;
     std::map<int64_t, torch::Tensor> step_tensors;  // one device scalar a distinct step count
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
+      torch::Tensor step;
+      if (device_state) {
+        const auto held = optimizer.state().find(p.unsafeGetTensorImpl());
+        if (held == optimizer.state().end())
+          throw std::invalid_argument("aten_fused_device_step: a parameter of shape " + sizes_text(p) +
+                                      " has no AdamW state yet; a captured step needs an eager step first");
+        const auto counter = device_state->counters.find(
+            static_cast<const torch::optim::AdamWParamState&>(*held->second).step());
+        if (counter == device_state->counters.end())
+          throw std::invalid_argument("aten_fused_device_step: no device step counter for a parameter of shape " +
+                                      sizes_text(p));
+        step = counter->second;
+      } else {
+        auto& state = state_of(optimizer, p);
+        state.step(state.step() + 1);
+        auto& shared = step_tensors[state.step()];
+        if (!shared.defined())
+          shared = torch::full({}, static_cast<double>(state.step()), torch::dtype(torch::kFloat32).device(device));
+        step = shared;
+      }
       auto& state = state_of(optimizer, p);
-      state.step(state.step() + 1);
-      auto& step = step_tensors[state.step()];
-      if (!step.defined())
-        step = torch::full({}, static_cast<double>(state.step()), torch::dtype(torch::kFloat32).device(device));
       params.push_back(p);
       group_grads.push_back(p.grad());
       exp_avgs.push_back(state.exp_avg());
@@ -148,19 +177,33 @@ void aten_fused_step_checked(torch::optim::AdamW& optimizer, double clip) {
     }
     if (params.empty()) continue;
     const auto [beta1, beta2] = options.betas();
-    at::_fused_adamw_(params, group_grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, options.lr(),
-                      beta1, beta2, options.weight_decay(), options.eps(), /*amsgrad=*/false,
-                      /*maximize=*/false);
+    // The learning rate as a double (the host's) or a device scalar (a captured step's).
+    const auto update = [&](const auto& lr) {
+      at::_fused_adamw_(params, group_grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr,
+                        beta1, beta2, options.weight_decay(), options.eps(), /*amsgrad=*/false,
+                        /*maximize=*/false);
+    };
+    if (device_state) update(device_state->lr);
+    else update(options.lr());
   }
+}
+
+void require_suits(const torch::optim::AdamW& optimizer, const std::string& caller) {
+  if (!aten_fused_adamw_suits(optimizer))
+    throw std::invalid_argument(caller + ": the parameters, gradients or state are not contiguous tensors of one "
+                                "floating type on one device (or amsgrad is on)");
 }
 
 }  // namespace
 
 void aten_fused_step(torch::optim::AdamW& optimizer, double clip) {
-  if (!aten_fused_adamw_suits(optimizer))
-    throw std::invalid_argument("aten_fused_step: the parameters, gradients or state are not contiguous "
-                                "tensors of one floating type on one device (or amsgrad is on)");
-  aten_fused_step_checked(optimizer, clip);
+  require_suits(optimizer, "aten_fused_step");
+  aten_fused_step_checked(optimizer, clip, nullptr);
+}
+
+void aten_fused_device_step(torch::optim::AdamW& optimizer, double clip, const DeviceAdamwState& device_state) {
+  require_suits(optimizer, "aten_fused_device_step");
+  aten_fused_step_checked(optimizer, clip, &device_state);
 }
 
 namespace {
@@ -201,7 +244,7 @@ std::string optimizer_step_path(const torch::optim::AdamW& optimizer) {
 void optimizer_step(torch::optim::AdamW& optimizer, double clip) {
   const StepPath path = step_path(optimizer);
   if (path == StepPath::AtenFused) {
-    aten_fused_step_checked(optimizer, clip);
+    aten_fused_step_checked(optimizer, clip, nullptr);
     return;
   }
   if (path == StepPath::LibTorch) {

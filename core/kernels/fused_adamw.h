@@ -26,6 +26,7 @@
 
 #include <torch/torch.h>
 
+#include <map>
 #include <string>
 
 namespace extrap {
@@ -49,6 +50,21 @@ bool aten_fused_adamw_suits(const torch::optim::AdamW& optimizer);
 // clip_grad_norm_ scales them, nothing is read back to the host. Requires
 // aten_fused_adamw_suits(optimizer).
 void aten_fused_step(torch::optim::AdamW& optimizer, double clip);
+
+// What a step captured in a CUDA graph (core/train/graphed_step.h) reads from the device
+// instead of the host: the learning rate, a float32 scalar on the parameters' device, and
+// AdamW's step counts, one counter (float32 scalar) for each distinct host count a stepped
+// parameter had when the counters were made. The step increments the counters itself and leaves
+// the host's AdamWParamState::step alone: the caller advances those after each replay.
+struct DeviceAdamwState {
+  torch::Tensor lr;
+  std::map<int64_t, torch::Tensor> counters;
+};
+
+// aten_fused_step reading `device_state` for the learning rate and step counts. Every
+// parameter with a gradient must have AdamW state already (moments created now would be
+// zeroed again at every replay) and a counter for its count; else std::invalid_argument.
+void aten_fused_device_step(torch::optim::AdamW& optimizer, double clip, const DeviceAdamwState& device_state);
 
 // The path optimizer_step() takes for this optimiser now, in words (bench train's report).
 std::string optimizer_step_path(const torch::optim::AdamW& optimizer);

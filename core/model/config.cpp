@@ -205,6 +205,10 @@ void read_train_section(const OptionReader& root, Config& c) {
          "training's matrix products: fp32, or bf16 (fp32 weights, optimiser, attention and "
          "loss; evaluation is always fp32)");
   r.read("mask_prob", t.mask_prob, "masked_lm: fraction of tokens selected for prediction");
+  r.read("cuda_graph", t.cuda_graph,
+         "GPU training: auto (capture each step once as a CUDA graph and replay it, where the run "
+         "allows), on (an error where it does not), off (eager steps)",
+         Affects::nothing);
   r.finish();
   if (root.decoding()) {
     r.at_least("seq_len", t.seq_len, 1);

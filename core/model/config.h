@@ -45,6 +45,15 @@ struct EnumNames<Device> {
   static constexpr std::array<std::pair<const char*, Device>, 2> table{
       {{"cpu", Device::cpu}, {"cuda", Device::cuda}}};
 };
+// train.cuda_graph: whether a GPU training step is captured once as a CUDA graph and replayed
+// (core/train/graphed_step.h). auto: where it can be (one process on a GPU), else eagerly;
+// on: an error where it cannot be; off: never.
+enum class CudaGraphMode { automatic, on, off };
+template <>
+struct EnumNames<CudaGraphMode> {
+  static constexpr std::array<std::pair<const char*, CudaGraphMode>, 3> table{
+      {{"auto", CudaGraphMode::automatic}, {"on", CudaGraphMode::on}, {"off", CudaGraphMode::off}}};
+};
 inline torch::Device torch_device(Device device) {
   return device == Device::cuda ? torch::kCUDA : torch::kCPU;
 }
@@ -137,6 +146,7 @@ struct TrainConfig {
   Device device = Device::cpu;
   Precision precision = Precision::fp32;  // training's matrix products (evaluation is fp32)
   double mask_prob = 0.15;         // masked_lm: fraction of tokens selected
+  CudaGraphMode cuda_graph = CudaGraphMode::automatic;  // GPU steps as one CUDA graph
 };
 
 struct EvalConfig {

@@ -11,6 +11,7 @@
 #include "core/runtime/cuda_support.h"
 #include "core/runtime/progress.h"
 #include "core/runtime/sysinfo.h"
+#include "core/train/graphed_step.h"
 
 #include <chrono>
 #include <cmath>
@@ -70,19 +71,23 @@ std::unique_ptr<torch::optim::AdamW> make_optimizer(const TransformerLM& model, 
   return std::make_unique<torch::optim::AdamW>(parameter_groups(model, config));
 }
 
-torch::Tensor training_loss(TransformerLM& model, const torch::Tensor& inputs, const torch::Tensor& targets,
-                            int64_t scored, Precision precision) {
+torch::Tensor training_nll_sum(TransformerLM& model, const torch::Tensor& inputs, const torch::Tensor& targets,
+                               Precision precision) {
   ComputePrecision region(precision, inputs.device().type());
   const auto logits = model->forward(inputs).reshape({-1, model->vocab_size()});  // (B T, V)
   const auto flat_targets = targets.reshape({-1});
   // On the CPU the fused loss (core/kernels/fused_cpu_loss.h): the same float32 arithmetic in one pass
   // each way, and no float32 copy of bf16 logits.
-  const auto sum = cross_entropy_sum_unsupported_reason(logits, flat_targets).empty()
-                       ? cross_entropy_sum(logits, flat_targets, -100)
-                       : torch::nn::functional::cross_entropy(
-                             logits, flat_targets,
-                             torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum));
-  return sum / double(std::max<int64_t>(scored, 1));
+  return cross_entropy_sum_unsupported_reason(logits, flat_targets).empty()
+             ? cross_entropy_sum(logits, flat_targets, -100)
+             : torch::nn::functional::cross_entropy(
+                   logits, flat_targets,
+                   torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum));
+}
+
+torch::Tensor training_loss(TransformerLM& model, const torch::Tensor& inputs, const torch::Tensor& targets,
+                            int64_t scored, Precision precision) {
+  return training_nll_sum(model, inputs, targets, precision) / double(std::max<int64_t>(scored, 1));
 }
 
 Trainer::Trainer(Config config, const Corpus& corpus)
@@ -235,6 +240,7 @@ struct Trainer::RunState {
   int64_t loss_count = 0;
   std::optional<MetricsLog> metrics;  // RUN/metrics.jsonl (rank 0)
   nlohmann::ordered_json record;      // this step's metrics line, while it is being filled
+  std::unique_ptr<GraphedTrainingStep> graphed;  // train.cuda_graph's step, where it is taken
 
   // The checkpoint to continue from: rank 0's run directory's, or the one another rank read.
   std::optional<VerifiedCheckpoint>& checkpoint() { return leader ? run_dir->checkpoint() : checkpoint_read; }
@@ -333,6 +339,13 @@ void Trainer::prepare_training(RunState& state) {
   state.trained_seconds = state.summary.seconds;
   state.tokens_per_step = tokens_per_step(c);
   state.tokens_before = state.summary.tokens_per_second * state.summary.seconds;
+  if (c.cuda_graph != CudaGraphMode::off) {
+    const std::string why = GraphedTrainingStep::unsupported_reason(model_, *optimizer_, c, device_, group_ != nullptr);
+    if (why.empty())
+      state.graphed = std::make_unique<GraphedTrainingStep>(model_, *optimizer_, c, state.micro);
+    else if (c.cuda_graph == CudaGraphMode::on)
+      throw ConfigError(config_.source + ": train.cuda_graph is on, but " + why);
+  }
 }
 
 // One optimiser step (forward, backward, AdamW); returns its lr, throws on a non-finite loss.
@@ -340,11 +353,16 @@ double Trainer::train_step(RunState& state) {
   const TrainConfig& c = config_.train;
   const auto t0 = std::chrono::steady_clock::now();
   const double lr = learning_rate(c, state.step + 1);
-  for (auto& group : optimizer_->param_groups())
-    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
-  optimizer_->zero_grad();
-  const double step_loss = forward_backward(state);
-  optimizer_step(*optimizer_, c.clip);  // clipping and AdamW (core/kernels/fused_adamw.h)
+  double step_loss = 0;
+  if (state.graphed) {
+    step_loss = graphed_step(state, lr);
+  } else {
+    for (auto& group : optimizer_->param_groups())
+      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+    optimizer_->zero_grad();
+    step_loss = forward_backward(state);
+    optimizer_step(*optimizer_, c.clip);  // clipping and AdamW (core/kernels/fused_adamw.h)
+  }
   const int64_t step = ++state.step;
   fault_point("step", c.out_dir + " step " + std::to_string(step) + " rank " +
                           std::to_string(group_ ? group_->rank() : 0));
@@ -410,6 +428,32 @@ double Trainer::forward_backward(RunState& state) {
     all_reduce_gradients(*group_, model_->parameters(), what);
   }
   return step_loss;
+}
+
+// The step of train_step through train.cuda_graph's captured step (one process, no ranks): the
+// same micro-batches as forward_backward takes. Where the capture fails, this step has trained
+// eagerly; `on` then stops the run, `auto` says so once and trains on without a graph.
+double Trainer::graphed_step(RunState& state, double lr) {
+  const TrainConfig& c = config_.train;
+  std::vector<torch::Tensor> inputs, targets;
+  std::vector<int64_t> scored;
+  for (int64_t a = 0; a < c.accumulation; ++a) {
+    torch::Tensor batch_targets;
+    inputs.push_back(next_batch(state.cursor, state.micro, (state.step * c.accumulation + a) * state.micro, batch_targets));
+    scored.push_back(batch_targets.ne(-100).sum().item<int64_t>());
+    targets.push_back(batch_targets);
+  }
+  const double loss = state.graphed->step(inputs, targets, scored, lr);
+  if (const std::string failure = state.graphed->failure(); !failure.empty()) {
+    if (c.cuda_graph == CudaGraphMode::on)
+      throw ConfigError(config_.source + ": train.cuda_graph is on, but the training step could not be captured: " +
+                        failure);
+    if (!quiet)
+      std::cerr << "extrap: train.cuda_graph: the training step could not be captured (" << failure
+                << "); training on without a CUDA graph\n";
+    state.graphed.reset();
+  }
+  return loss;
 }
 
 // Logging a step: the training curve at log points; the progress callback, status line or line.

@@ -74,6 +74,9 @@ std::unique_ptr<torch::optim::AdamW> make_optimizer(const TransformerLM& model, 
 // train` both call.
 torch::Tensor training_loss(TransformerLM& model, const torch::Tensor& inputs, const torch::Tensor& targets,
                             int64_t scored, Precision precision);
+// The summed NLL training_loss divides (a float32 scalar).
+torch::Tensor training_nll_sum(TransformerLM& model, const torch::Tensor& inputs, const torch::Tensor& targets,
+                               Precision precision);
 
 class Trainer {
  public:
@@ -115,6 +118,7 @@ class Trainer {
   void prepare_training(RunState& state);
   double train_step(RunState& state);
   double forward_backward(RunState& state);
+  double graphed_step(RunState& state, double lr);
   void log_progress(RunState& state, double lr);
   void validate_and_log(RunState& state);
   std::vector<std::pair<std::string, double>> position_log_values();

@@ -11,6 +11,7 @@
 #include "core/runtime/cuda_support.h"
 #include "core/runtime/distributed.h"
 #include "core/runtime/sysinfo.h"
+#include "core/train/graphed_step.h"
 #include "core/train/trainer.h"
 #include "experiments/bench/bench_profile.h"
 #include "experiments/bench/bench_util.h"
@@ -166,7 +167,32 @@ int bench_train(const Args& args) {
     throw ConfigError(o.config_path + ": " + std::to_string(global) + " sequences a micro-batch do not split evenly over " +
                       std::to_string(world) + " ranks");
   const int64_t sequences = global / world;
-  auto step = [&] {
+  // train.cuda_graph, as the trainer takes it (core/train/graphed_step.h).
+  std::unique_ptr<GraphedTrainingStep> graphed;
+  std::string eager_reason = "train.cuda_graph is off";
+  if (t.cuda_graph != CudaGraphMode::off) {
+    eager_reason = GraphedTrainingStep::unsupported_reason(model, *optimizer, t, device, ranks != nullptr);
+    if (eager_reason.empty()) graphed = std::make_unique<GraphedTrainingStep>(model, *optimizer, t, sequences);
+    else if (t.cuda_graph == CudaGraphMode::on)
+      throw ConfigError(o.config_path + ": train.cuda_graph is on, but " + eager_reason);
+  }
+  auto graphed_step = [&] {
+    std::vector<torch::Tensor> inputs, targets;
+    for (int64_t a = 0; a < t.accumulation; ++a) {
+      auto tokens = torch::randint(0, o.vocab, {sequences, t.seq_len + 1}, torch::kLong);
+      inputs.push_back(tokens.narrow(1, 0, t.seq_len));
+      targets.push_back(tokens.narrow(1, 1, t.seq_len));
+    }
+    graphed->step(inputs, targets, std::vector<int64_t>(size_t(t.accumulation), global * t.seq_len), t.lr);
+    if (!graphed->failure().empty()) {
+      if (t.cuda_graph == CudaGraphMode::on)
+        throw ConfigError(o.config_path + ": train.cuda_graph is on, but the training step could not be captured: " +
+                          graphed->failure());
+      eager_reason = "the capture failed: " + graphed->failure();
+      graphed.reset();
+    }
+  };
+  auto eager_step = [&] {
     optimizer->zero_grad();
     for (int64_t a = 0; a < t.accumulation; ++a) {
       auto tokens = torch::randint(0, o.vocab, {sequences, t.seq_len + 1}, torch::kLong).to(device);
@@ -177,11 +203,14 @@ int bench_train(const Args& args) {
     if (ranks) all_reduce_gradients(*ranks, model->parameters(), "the gradient all-reduce");
     optimizer_step(*optimizer, t.clip);
   };
+  auto step = [&] { graphed ? graphed_step() : eager_step(); };
   const std::vector<double> seconds = time_steps(step, o.warmup, o.steps, device);
   const double median = seconds[seconds.size() / 2];
   const double tokens = double(global * t.accumulation * t.seq_len);  // all ranks together
   print_setup(config, model, global, threads, device);
   print_step_paths(config, device, *optimizer);
+  std::printf("training step: %s\n", graphed ? "one CUDA graph, replayed (train.cuda_graph)"
+                                              : ("eager (" + eager_reason + ")").c_str());
   if (ranks)
     std::printf("ranks: %lld data-parallel (%s, %lld sequences each), %d threads each\n", (long long)world,
                 ranks->device().is_cuda() ? "nccl" : "gloo", (long long)sequences, threads);

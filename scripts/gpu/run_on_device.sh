@@ -27,6 +27,9 @@
 #   testshapes  the reference test under each forward tile shape (EXTRAP_FLASH_FWD_ROWS) and
 #             dQ atomic width (EXTRAP_FLASH_BWD_ATOMICS; flash_dispatch.h)
 #   atomics   the backward under each dQ atomic width, alternating -> $OUT/atomics.jsonl
+#   graphbench  the training step as a CUDA graph (train.cuda_graph) against the eager step and
+#             eager PyTorch, alternating; torch.compile once; the graphed step's profile
+#   graphsmoke  `extrap train` on CUDA with train.cuda_graph on and off: throughput, loss curves
 #   stepbench the GPU training step with each optimiser path (EXTRAP_FUSED_ADAMW), eager
 #             PyTorch between, and their operator profiles
 #   tune      extrap's fused kernels under each tile shape, alternating -> $OUT/tune.jsonl
@@ -351,6 +354,68 @@ stage_stepbench() {
   return "$rc"
 }
 
+stage_graphbench() {
+  # The training step captured as a CUDA graph (train.cuda_graph auto) against the eager step
+  # (off) and eager PyTorch, alternating, GRAPHBENCH_ROUNDS rounds (2) of GRAPHBENCH_SHAPES
+  # ("gpt2 quick"); then torch.compile once on the GPT-2 shape (GRAPHBENCH_COMPILE=0 skips it)
+  # and the graphed step's operator profile (GRAPHBENCH_PROFILE=0 skips it).
+  local log=$OUT/graphbench.log shape round mode args
+  {
+    for round in $(seq "${GRAPHBENCH_ROUNDS:-2}"); do
+      for shape in ${GRAPHBENCH_SHAPES:-gpt2 quick}; do
+        mapfile -t args < <(train_shape_args "$shape")
+        for mode in auto off; do
+          echo "### round $round, $shape: extrap, train.cuda_graph=$mode"
+          "$BUILD/extrap" bench train "${args[@]}" --set train.cuda_graph=$mode --steps 20 --warmup 5
+        done
+        echo "### round $round, $shape: pytorch eager"
+        python3 benchmarks/train_pytorch.py "${args[@]}" --steps 20 --warmup 5
+      done
+    done
+    if [[ ${GRAPHBENCH_COMPILE:-1} == 1 ]]; then
+      mapfile -t args < <(train_shape_args gpt2)
+      echo "### gpt2: pytorch compiled"
+      timeout 240 python3 benchmarks/train_pytorch.py "${args[@]}" --steps 20 --warmup 5 --compile
+    fi
+    if [[ ${GRAPHBENCH_PROFILE:-1} == 1 ]]; then
+      mapfile -t args < <(train_shape_args gpt2)
+      echo "### profile, gpt2: train.cuda_graph=auto"
+      "$BUILD/extrap" bench train "${args[@]}" --steps 3 --warmup 3 --profile 3
+    fi
+  } >"$log" 2>&1
+  local rc=$?
+  grep -E "^###|^tokens/s|^training step|^MFU|^peak CUDA|Error|error" "$log" | tail -80
+  return "$rc"
+}
+
+stage_graphsmoke() {
+  # `extrap train` on CUDA with the step as a CUDA graph (train.cuda_graph on) and without
+  # (off), 300 bf16 steps of configs/train_quick.yaml each: throughput and the two loss curves.
+  local log=$OUT/graphsmoke.log mode
+  [[ -d data/pydoc ]] || { echo "no data/pydoc: carry data"; return 1; }
+  {
+    for mode in on off; do
+      echo "### train.cuda_graph=$mode"
+      "$BUILD/extrap" train --config configs/train_quick.yaml --overwrite --no-eval \
+        --json "$OUT/graphsmoke_$mode.json" --set train.device=cuda --set train.precision=bf16 \
+        --set train.steps=300 --set train.validate_every=100 --set train.cuda_graph=$mode \
+        --set train.out_dir="$BUILD/runs/graph-$mode" || return 1
+    done
+    python3 - "$OUT/graphsmoke_on.json" "$OUT/graphsmoke_off.json" <<'PY'
+import json, sys
+on, off = (json.load(open(p)) for p in sys.argv[1:])
+print(f"tokens/s: graph {on['tokens_per_second']:.0f}, eager {off['tokens_per_second']:.0f} "
+      f"({on['tokens_per_second'] / off['tokens_per_second']:.2f}x)")
+for name in ("train_curve", "valid_curve"):
+    for a, b in zip(on[name], off[name]):
+        print(f"{name} {a}  |  {b}")
+PY
+  } >"$log" 2>&1
+  local rc=$?
+  grep -vE "^step [0-9]+/" "$log" | tail -40
+  return "$rc"
+}
+
 stage_trainbench() {
   # `extrap bench train` on the GPU against benchmarks/train_pytorch.py (eager SDPA with the
   # ALiBi mask, and torch.compile), bf16 autocast, alternating, on the quick shape and the
@@ -402,7 +467,7 @@ for stage in "${stages[@]}"; do
     "stage_$stage"
     rc=$?
   else
-    echo "unknown stage '$stage' (build, test, testshapes, atomics, tune, profile, smoke, flow, trainbench, stepbench, sanitize, bench, pybench)"
+    echo "unknown stage '$stage' (build, test, testshapes, atomics, tune, profile, smoke, flow, trainbench, stepbench, graphbench, graphsmoke, sanitize, bench, pybench)"
     rc=2
   fi
   summary "$stage: $([[ $rc == 0 ]] && echo ok || echo "FAILED ($rc)") in $((SECONDS - start)) s"

@@ -25,11 +25,7 @@ namespace {
 using extrap::AttentionBias;
 using extrap::FusedAlibiLayout;
 
-bool have_cuda() {
-  if (torch::cuda::is_available()) return true;
-  extrap::testing::skip_test("no CUDA device");
-  return false;
-}
+using extrap::testing::have_cuda;
 
 torch::Tensor float_slopes(const std::vector<double>& values) {
   return torch::tensor(values, torch::kFloat64).to(torch::kFloat32);

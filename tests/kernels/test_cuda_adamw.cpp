@@ -12,16 +12,6 @@
 using namespace extrap;
 using namespace extrap::testing;
 
-namespace {
-
-bool have_cuda() {
-  if (torch::cuda::is_available()) return true;
-  skip_test("no CUDA device");
-  return false;
-}
-
-}  // namespace
-
 TEST_CASE("optimiser step on a GPU: ATen's multi-tensor path equals LibTorch's on the CPU", "[cuda][optimizer]") {
   if (!have_cuda()) return;
   const std::vector<std::pair<const char*, AdamwStepper>> steppers = {

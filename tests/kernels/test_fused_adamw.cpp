@@ -108,3 +108,43 @@ TEST_CASE("EXTRAP_FUSED_ADAMW: 0 and 1 train, anything else is refused by value"
                              "clip_grad_norm_ and AdamW::step) or 1 (one pass a parameter, the default)",
                              "optimiser step LibTorch's clip_grad_norm_ and AdamW", "optimiser step fused");
 }
+
+TEST_CASE("fused AdamW for a captured step: learning rate and step counts read from device scalars", "[optimizer]") {
+  // aten_fused_device_step (what a CUDA graph of the training step records, core/train/
+  // graphed_step.h), here on the CPU, against ATen's step reading the host's values: the same
+  // parameters and moments step after step, a learning rate changed between steps reaching it
+  // through the scalar, the counters advanced by the step itself, the host's counts left to the
+  // caller.
+  for (const auto& [clip, magnitude, weight_decay] : adamw_cases()) {
+    INFO("clip " << clip << ", gradients of scale " << magnitude << ", weight decay " << weight_decay);
+    AdamwSetup tested(7, weight_decay), reference(7, weight_decay);
+    step_both(tested, reference, aten_fused_step, 0, magnitude, clip);  // AdamW state exists now
+    DeviceAdamwState device{torch::full({}, 3e-3, torch::kFloat32), {{1, torch::full({}, 1.0, torch::kFloat32)}}};
+    for (int step = 1; step < 6; ++step) {
+      const double lr = step < 3 ? 3e-3 : 1e-3;
+      device.lr.fill_(lr);
+      for (auto& group : reference.optimizer->param_groups())
+        static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+      step_both(tested, reference, [&](torch::optim::AdamW& o, double c) { aten_fused_device_step(o, c, device); },
+                step, magnitude, clip);
+      REQUIRE(device.counters.at(1).item<double>() == 1 + step);
+    }
+    for (const auto& p : tested.all()) {
+      auto& state = static_cast<torch::optim::AdamWParamState&>(*tested.optimizer->state().at(p.unsafeGetTensorImpl()));
+      REQUIRE(state.step() == 1);  // the caller's to advance
+      state.step(6);
+    }
+    require_same(tested, reference);
+  }
+}
+
+TEST_CASE("fused AdamW for a captured step refuses a parameter without state or without a counter", "[optimizer]") {
+  AdamwSetup fresh(3, 0.1);
+  fresh.set_gradients(0, 1.0);
+  const DeviceAdamwState device{torch::full({}, 1e-3, torch::kFloat32), {{0, torch::zeros({}, torch::kFloat32)}}};
+  REQUIRE_THROWS_WITH(aten_fused_device_step(*fresh.optimizer, 1.0, device),
+                      Catch::Contains("no AdamW state yet") && Catch::Contains("[257, 130]"));
+  aten_fused_step(*fresh.optimizer, 1.0);  // step count 1 now; the counter is for 0
+  REQUIRE_THROWS_WITH(aten_fused_device_step(*fresh.optimizer, 1.0, device),
+                      Catch::Contains("no device step counter"));
+}

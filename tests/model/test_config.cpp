@@ -75,7 +75,7 @@ position: {name: t5_bias, buckets: 16, max_distance: 64}
 train: {seq_len: 24, batch_tokens: 480, accumulation: 2, steps: 17, lr: 0.0025, min_lr: 0.0001,
         warmup: 3, schedule: inverse_sqrt, weight_decay: 0.5, beta1: 0.8, beta2: 0.9, eps: 1.0e-6,
         clip: 0.5, seed: 9, validate_every: 7, validate_tokens: 333, checkpoint_every: 5,
-        log_every: 2, out_dir: runs/x, threads: 3, mask_prob: 0.3}
+        log_every: 2, out_dir: runs/x, threads: 3, mask_prob: 0.3, cuda_graph: off}
 eval: {lengths: [24, 96], strides: [8], split: test, batch_tokens: 777, max_tokens: 5000,
        mask_seed: 77}
 )");
@@ -121,6 +121,7 @@ eval: {lengths: [24, 96], strides: [8], split: test, batch_tokens: 777, max_toke
     CHECK(x->train.out_dir == "runs/x");
     CHECK(x->train.threads == 3);
     CHECK(x->train.mask_prob == 0.3);
+    CHECK(x->train.cuda_graph == CudaGraphMode::off);
     CHECK(x->eval.lengths == std::vector<int64_t>{24, 96});
     CHECK(x->eval.strides == std::vector<int64_t>{8});
     CHECK(x->eval.split == Split::test);
@@ -226,6 +227,7 @@ TEST_CASE("config: impossible values are refused naming the key and the value", 
       {"train.warmup=-3", "'train.warmup'"},
       {"train.eps=0", "'train.eps'"},
       {"train.mask_prob=1", "'train.mask_prob'"},
+      {"train.cuda_graph=yes", "'train.cuda_graph'"},
       {"train.threads=-2", "'train.threads'"},
       {"eval.batch_tokens=0", "'eval.batch_tokens'"},
       {"eval.max_tokens=-1", "'eval.max_tokens'"},

@@ -32,6 +32,13 @@ inline void skip_test(const std::string& reason) {
   std::cout << EXTRAP_SKIP_MARKER << " " << reason << std::endl;
 }
 
+// Whether a CUDA device can be used; if not, the calling GPU test is reported skipped.
+inline bool have_cuda() {
+  if (torch::cuda::is_available()) return true;
+  skip_test("no CUDA device");
+  return false;
+}
+
 // A fresh directory, removed with everything in it at scope exit.
 struct TempDir {
   fs::path root;

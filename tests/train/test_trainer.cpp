@@ -126,3 +126,22 @@ TEST_CASE("gradient accumulation: two micro-batches step as the whole batch does
     CHECK(torch::allclose(parameters[1][i], parameters[0][i], /*rtol=*/1e-3, /*atol=*/1e-3));
   }
 }
+
+TEST_CASE("train.cuda_graph: auto trains eagerly on the CPU, on refuses naming why", "[train]") {
+  auto corpus = testing::tiny_byte_corpus();
+  Config config = testing::tiny_config("alibi");
+  config.train.steps = 2;
+  TempDir dir("graph");
+  config.train.out_dir = (dir.root / "auto").string();
+  Trainer automatic(config, corpus);  // cuda_graph: auto, the default
+  automatic.quiet = true;
+  REQUIRE(automatic.run(RunStart::fresh).steps == 2);
+
+  config.train.cuda_graph = CudaGraphMode::on;
+  config.train.out_dir = (dir.root / "on").string();
+  Trainer on(config, corpus);
+  on.quiet = true;
+  REQUIRE_THROWS_WITH(on.run(RunStart::fresh),
+                      Catch::Contains("train.cuda_graph is on, but train.device is cpu"));
+  REQUIRE_FALSE(find_checkpoint(config.train.out_dir));
+}

@@ -1,0 +1,17 @@
+#include "core/runtime/cuda_graph.h"
+
+#include <atomic>
+
+namespace extrap {
+
+namespace {
+
+std::atomic<CudaGraphCapture> registered{nullptr};
+
+}  // namespace
+
+void register_cuda_graph_capture(CudaGraphCapture capture) { registered.store(capture, std::memory_order_release); }
+
+CudaGraphCapture cuda_graph_capture() { return registered.load(std::memory_order_acquire); }
+
+}  // namespace extrap

@@ -1,0 +1,144 @@
+#include "core/train/graphed_step.h"
+
+#include "core/kernels/fused_adamw.h"
+#include "core/train/trainer.h"
+
+#include <stdexcept>
+
+namespace extrap {
+
+std::string GraphedTrainingStep::unsupported_reason(TransformerLM& model, torch::optim::AdamW& optimizer,
+                                                    const TrainConfig& config, const torch::Device& device,
+                                                    bool data_parallel) {
+  if (!device.is_cuda()) return "train.device is " + enum_name(config.device) + " (CUDA graphs run on a GPU)";
+  if (!cuda_graph_capture()) return "extrap's CUDA half (libextrap_cuda.so) is not loaded";
+  if (data_parallel) return "the run is data-parallel (the gradient all-reduce is not captured)";
+  if (const PositionSampling& sampling = model->position().sampling(); sampling.active())
+    return sampling.key() + " draws the positions on the host at every step";
+  if (!fused_adamw_switched_on()) return "EXTRAP_FUSED_ADAMW=0 takes LibTorch's optimiser step, which reads back to the host";
+  if (!aten_fused_adamw_suits(optimizer))
+    return "the parameters or AdamW's state are not dense tensors of one type on one device (or amsgrad is on)";
+  return "";
+}
+
+GraphedTrainingStep::GraphedTrainingStep(TransformerLM model, torch::optim::AdamW& optimizer,
+                                         const TrainConfig& config, int64_t micro_batch)
+    : model_(std::move(model)), optimizer_(optimizer), config_(config) {
+  const auto device = model_->parameters().front().device();
+  const auto tokens = torch::TensorOptions().dtype(torch::kLong).device(device);
+  const auto scalar = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+  for (int64_t a = 0; a < config.accumulation; ++a) {
+    inputs_.push_back(torch::zeros({micro_batch, config.seq_len}, tokens));
+    targets_.push_back(torch::zeros({micro_batch, config.seq_len}, tokens));
+    scored_.push_back(torch::ones({}, scalar));
+  }
+  scored_host_.assign(size_t(config.accumulation), 1);
+  lr_ = torch::zeros({}, scalar);
+}
+
+GraphedTrainingStep::~GraphedTrainingStep() = default;
+
+void GraphedTrainingStep::load(const std::vector<torch::Tensor>& inputs, const std::vector<torch::Tensor>& targets,
+                               const std::vector<int64_t>& scored, double lr) {
+  const size_t n = inputs_.size();
+  if (inputs.size() != n || targets.size() != n || scored.size() != n)
+    throw std::invalid_argument("GraphedTrainingStep::step: " + std::to_string(n) + " micro-batches expected, got " +
+                                std::to_string(inputs.size()) + " inputs, " + std::to_string(targets.size()) +
+                                " targets, " + std::to_string(scored.size()) + " counts");
+  for (size_t a = 0; a < n; ++a) {
+    if (inputs[a].sizes() != inputs_[a].sizes() || targets[a].sizes() != targets_[a].sizes())
+      throw std::invalid_argument("GraphedTrainingStep::step: micro-batch " + std::to_string(a) +
+                                  " is not of the captured shape (micro-batch x seq_len)");
+    inputs_[a].copy_(inputs[a]);
+    targets_[a].copy_(targets[a]);
+    scored_host_[a] = std::max<int64_t>(scored[a], 1);
+    scored_[a].fill_(double(scored_host_[a]));
+  }
+  lr_.fill_(lr);
+  for (auto& group : optimizer_.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+}
+
+// The trainer's eager step (Trainer::forward_backward and optimizer_step), on the loaded batch.
+double GraphedTrainingStep::eager_step() {
+  optimizer_.zero_grad();
+  double loss = 0;
+  const double parts = double(inputs_.size());
+  for (size_t a = 0; a < inputs_.size(); ++a) {
+    const auto part = training_loss(model_, inputs_[a], targets_[a], scored_host_[a], config_.precision);
+    (part / parts).backward();
+    loss += part.item<double>() / parts;
+  }
+  optimizer_step(optimizer_, config_.clip);
+  return loss;
+}
+
+// After the eager step, before the capture: a device counter for each distinct AdamW step count
+// of the parameters that step, made now (a tensor made during the capture would be filled
+// afresh at every replay).
+void GraphedTrainingStep::prepare_capture() {
+  step_counters_.clear();
+  stepped_.clear();
+  const auto scalar = lr_.options();
+  for (const auto& group : optimizer_.param_groups())
+    for (const auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      const auto held = optimizer_.state().find(p.unsafeGetTensorImpl());
+      if (held == optimizer_.state().end()) continue;  // the capture then refuses it, naming it
+      const int64_t count = static_cast<const torch::optim::AdamWParamState&>(*held->second).step();
+      auto& counter = step_counters_[count];
+      if (!counter.defined()) counter = torch::full({}, double(count), scalar);
+      stepped_.push_back(p);
+    }
+}
+
+// What the graph records: the eager step's operations, with the scored-token counts and the
+// learning rate read from device scalars and AdamW's counts from the device counters.
+void GraphedTrainingStep::captured_step() {
+  optimizer_.zero_grad();  // the backward below makes the gradients, in the graph's memory
+  torch::Tensor loss;
+  const double parts = double(inputs_.size());
+  for (size_t a = 0; a < inputs_.size(); ++a) {
+    const auto part = training_nll_sum(model_, inputs_[a], targets_[a], config_.precision) / scored_[a];
+    (part / parts).backward();
+    const auto share = part.detach() / parts;
+    loss = loss.defined() ? loss + share : share;
+  }
+  loss_ = loss;
+  aten_fused_device_step(optimizer_, config_.clip, DeviceAdamwState{lr_, step_counters_});
+}
+
+double GraphedTrainingStep::step(const std::vector<torch::Tensor>& inputs, const std::vector<torch::Tensor>& targets,
+                                 const std::vector<int64_t>& scored, double lr) {
+  if (!failure_.empty())
+    throw std::logic_error("GraphedTrainingStep::step: the capture failed (" + failure_ + "); train eagerly");
+  load(inputs, targets, scored, lr);
+  if (!graph_) {
+    const CudaGraphCapture capture = cuda_graph_capture();
+    if (!capture) throw std::logic_error("GraphedTrainingStep::step: extrap's CUDA half is not loaded");
+    double loss = 0;
+    bool trained = false;
+    const auto warmup = [&] {
+      loss = eager_step();
+      trained = true;
+      prepare_capture();
+    };
+    try {
+      graph_ = capture(warmup, [&] { captured_step(); });
+    } catch (const std::exception& error) {
+      if (!trained) throw;  // the eager step's own error, not the capture's
+      failure_ = error.what();
+      graph_.reset();
+      loss_ = torch::Tensor();
+      optimizer_.zero_grad();
+    }
+    return loss;
+  }
+  graph_->replay();
+  for (const auto& p : stepped_) {
+    auto& state = static_cast<torch::optim::AdamWParamState&>(*optimizer_.state().at(p.unsafeGetTensorImpl()));
+    state.step(state.step() + 1);
+  }
+  return loss_.item<double>();
+}
+
+}  // namespace extrap

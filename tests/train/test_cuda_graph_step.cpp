@@ -1,0 +1,228 @@
+// train.cuda_graph (core/train/graphed_step.h, core/runtime/cuda_graph.h) on a GPU: the captured
+// step trains as the eager step does (losses, parameter changes and AdamW's state, with the
+// learning rate and the scored-token count changing between steps, in fp32 and bf16, with
+// gradient accumulation), dropout draws new masks at every replay, a run stopped and resumed
+// through a checkpoint continues as the run that was not stopped, and a capture that reads back
+// to the host fails with CUDA's reason (after which the process captures nothing more). Without
+// a CUDA device every test warns and returns.
+#include "core/kernels/fused_adamw.h"
+#include "core/runtime/cuda_graph.h"
+#include "core/train/graphed_step.h"
+#include "core/train/trainer.h"
+#include "tests/support/test_support.h"
+
+#include <catch2/catch.hpp>
+
+using namespace extrap;
+using namespace extrap::testing;
+
+namespace {
+
+Config graph_config(Precision precision, int64_t accumulation, double dropout) {
+  Config config = tiny_config("alibi");
+  config.model.dropout = dropout;
+  config.train.device = Device::cuda;
+  config.train.precision = precision;
+  config.train.accumulation = accumulation;
+  config.train.batch_tokens = 8 * 16 * accumulation;  // 8 sequences of 16 a micro-batch
+  return config;
+}
+
+struct Batch {
+  std::vector<torch::Tensor> inputs, targets;
+  std::vector<int64_t> scored;
+};
+
+// Step `step`'s micro-batches on the CPU; from the third step on, a varying share of each
+// micro-batch's targets is not scored (-100), as a masked-LM batch's is.
+Batch make_batch(const TrainConfig& t, int64_t micro, int step) {
+  torch::manual_seed(500 + step);
+  Batch b;
+  for (int64_t a = 0; a < t.accumulation; ++a) {
+    const auto tokens = torch::randint(0, 257, {micro, t.seq_len + 1}, torch::kLong);
+    auto targets = tokens.narrow(1, 1, t.seq_len).clone();
+    if (step >= 2) targets.masked_fill_(torch::rand(targets.sizes()) < 0.2 * double(step % 3 + 1), -100);
+    b.inputs.push_back(tokens.narrow(1, 0, t.seq_len).clone());
+    b.scored.push_back(targets.ne(-100).sum().item<int64_t>());
+    b.targets.push_back(targets);
+  }
+  return b;
+}
+
+// The trainer's eager step (Trainer::forward_backward, optimizer_step) on one batch.
+double eager_step(TransformerLM& model, torch::optim::AdamW& optimizer, const TrainConfig& t, const Batch& b,
+                  double lr) {
+  for (auto& group : optimizer.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+  optimizer.zero_grad();
+  double loss = 0;
+  for (size_t a = 0; a < b.inputs.size(); ++a) {
+    const auto part = training_loss(model, b.inputs[a].to(torch::kCUDA), b.targets[a].to(torch::kCUDA),
+                                    b.scored[a], t.precision);
+    (part / double(b.inputs.size())).backward();
+    loss += part.item<double>() / double(b.inputs.size());
+  }
+  optimizer_step(optimizer, t.clip);
+  return loss;
+}
+
+TransformerLM cuda_model(const Config& config, int64_t vocab = 257) {
+  torch::manual_seed(uint64_t(config.train.seed));
+  auto model = build_model(config, vocab);
+  model->to(torch::kCUDA);
+  model->train();
+  return model;
+}
+
+// max |(a - start) - (b - start)| over max |b - start|: how far two runs' parameter changes differ.
+double change_difference(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b,
+                         const std::vector<torch::Tensor>& start) {
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const auto da = a[i].detach().cpu() - start[i], db = b[i].detach().cpu() - start[i];
+    worst = std::max(worst, (da - db).abs().max().item<double>());
+    scale = std::max(scale, db.abs().max().item<double>());
+  }
+  return worst / std::max(scale, 1e-30);
+}
+
+std::vector<torch::Tensor> cpu_copies(const TransformerLM& model) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : model->parameters()) out.push_back(p.detach().cpu().clone());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a CUDA graph of the training step trains as the eager step does", "[cuda][graph]") {
+  if (!have_cuda()) return;
+  for (const auto precision : {Precision::fp32, Precision::bf16})
+    for (const int64_t accumulation : {1, 2}) {
+      INFO(enum_name(precision) << ", accumulation " << accumulation);
+      const Config config = graph_config(precision, accumulation, 0.0);
+      const TrainConfig& t = config.train;
+      auto eager = cuda_model(config), graphed_model = cuda_model(config);
+      const auto start = cpu_copies(eager);
+      auto eager_optimizer = make_optimizer(eager, t), graphed_optimizer = make_optimizer(graphed_model, t);
+      REQUIRE(GraphedTrainingStep::unsupported_reason(graphed_model, *graphed_optimizer, t, torch::kCUDA, false) == "");
+      GraphedTrainingStep graphed(graphed_model, *graphed_optimizer, t, 8);
+      const double tolerance = precision == Precision::fp32 ? 1e-4 : 2e-2;
+      for (int step = 0; step < 7; ++step) {
+        INFO("step " << step);
+        const Batch batch = make_batch(t, 8, step);
+        const double lr = learning_rate(t, step + 1);  // warm-up: a different rate at every step
+        const double expected = eager_step(eager, *eager_optimizer, t, batch, lr);
+        const double got = graphed.step(batch.inputs, batch.targets, batch.scored, lr);
+        REQUIRE(graphed.failure() == "");
+        REQUIRE(graphed.captured());
+        CHECK(got == Approx(expected).epsilon(precision == Precision::fp32 ? 1e-5 : 1e-3));
+      }
+      CHECK(change_difference(graphed_model->parameters(), eager->parameters(), start) < tolerance);
+      const auto e = eager->parameters(), g = graphed_model->parameters();
+      for (size_t i = 0; i < e.size(); ++i) {
+        const auto& es = static_cast<torch::optim::AdamWParamState&>(*eager_optimizer->state().at(e[i].unsafeGetTensorImpl()));
+        const auto& gs = static_cast<torch::optim::AdamWParamState&>(*graphed_optimizer->state().at(g[i].unsafeGetTensorImpl()));
+        CHECK(gs.step() == es.step());
+        CHECK(gs.step() == 7);
+        CHECK((gs.exp_avg_sq() - es.exp_avg_sq()).abs().max().item<double>() <=
+              tolerance * es.exp_avg_sq().abs().max().item<double>() + 1e-30);
+      }
+    }
+}
+
+TEST_CASE("a CUDA graph of the training step: fresh dropout masks, and the rate and token count read at each replay", "[cuda][graph]") {
+  if (!have_cuda()) return;
+  for (const double dropout : {0.0, 0.1}) {
+    INFO("dropout " << dropout);
+    const Config config = graph_config(Precision::fp32, 1, dropout);
+    auto model = cuda_model(config);
+    auto optimizer = make_optimizer(model, config.train);
+    GraphedTrainingStep graphed(model, *optimizer, config.train, 8);
+    const Batch batch = make_batch(config.train, 8, 0);
+    std::vector<double> losses;
+    for (int replay = 0; replay < 4; ++replay) losses.push_back(graphed.step(batch.inputs, batch.targets, batch.scored, 0.0));
+    REQUIRE(graphed.captured());
+    // lr 0: nothing moves, so the same batch scores the same, but for dropout's masks.
+    if (dropout == 0) {
+      CHECK(losses[2] == losses[1]);
+      CHECK(losses[3] == losses[1]);
+      const auto before = cpu_copies(model);
+      auto twice = batch.scored;
+      twice[0] *= 2;
+      CHECK(graphed.step(batch.inputs, batch.targets, twice, 0.0) == Approx(losses[1] / 2).epsilon(1e-6));
+      for (size_t i = 0; i < before.size(); ++i) REQUIRE(torch::equal(before[i], model->parameters()[i].cpu()));
+      graphed.step(batch.inputs, batch.targets, batch.scored, 1e-2);
+      CHECK((cpu_copies(model)[0] - before[0]).abs().max().item<double>() > 1e-4);
+    } else {
+      CHECK(losses[2] != losses[1]);
+      CHECK(losses[3] != losses[2]);
+    }
+  }
+}
+
+TEST_CASE("a training run on a CUDA graph, stopped and resumed, continues as the run that was not stopped", "[cuda][graph]") {
+  if (!have_cuda()) return;
+  auto corpus = tiny_byte_corpus();
+  Config config = graph_config(Precision::fp32, 1, 0.0);
+  config.train.steps = 12;
+  config.train.checkpoint_every = 6;
+  config.train.cuda_graph = CudaGraphMode::on;
+  TempDir dir("graph-resume");
+  const auto start = cpu_copies(cuda_model(config, corpus.vocab_size));
+
+  config.train.out_dir = (dir.root / "whole").string();
+  Trainer whole(config, corpus);
+  whole.quiet = true;
+  whole.run(RunStart::fresh);
+
+  config.train.out_dir = (dir.root / "resumed").string();
+  {
+    Trainer first(config, corpus);
+    first.quiet = true;
+    first.stop_after_step = 6;
+    first.run(RunStart::fresh);
+  }
+  Trainer second(config, corpus);
+  second.quiet = true;
+  REQUIRE(second.run(RunStart::resume).resumed_from == 6);
+  // AdamW's step counts in the checkpoint are the graph's: a count left at the eager step's
+  // would change the bias correction of every later step by far more than this.
+  CHECK(change_difference(second.model()->parameters(), whole.model()->parameters(), start) < 1e-3);
+
+  config.train.cuda_graph = CudaGraphMode::off;
+  config.train.out_dir = (dir.root / "eager").string();
+  Trainer eager(config, corpus);
+  eager.quiet = true;
+  eager.run(RunStart::fresh);
+  CHECK(change_difference(whole.model()->parameters(), eager.model()->parameters(), start) < 1e-3);
+}
+
+// Last in the file: after a failed capture the process captures nothing more.
+TEST_CASE("a CUDA graph capture that reads back to the host fails with CUDA's reason, and none is captured after", "[cuda][graph]") {
+  if (!have_cuda()) return;
+  Config sampled = graph_config(Precision::fp32, 1, 0.0);
+  sampled.position = YAML::Load("{name: alibi, randomize_max: 64}");
+  auto model = cuda_model(sampled);
+  auto optimizer = make_optimizer(model, sampled.train);
+  REQUIRE_THAT(GraphedTrainingStep::unsupported_reason(model, *optimizer, sampled.train, torch::kCUDA, false),
+               Catch::Contains("position.randomize_max"));
+  REQUIRE_THAT(GraphedTrainingStep::unsupported_reason(model, *optimizer, sampled.train, torch::kCUDA, true),
+               Catch::Contains("data-parallel"));
+
+  const CudaGraphCapture capture = cuda_graph_capture();
+  REQUIRE(capture != nullptr);
+  const auto x = torch::zeros({4}, torch::kCUDA);
+  auto graph = capture([&] { x.add_(10); }, [&] { x.add_(1); });  // the warm-up runs, the work is recorded
+  REQUIRE(x.sum().item<float>() == 40);
+  graph->replay();
+  graph->replay();
+  REQUIRE(x.sum().item<float>() == 48);
+
+  REQUIRE_THROWS_WITH(capture([] {}, [&] { (x + 1).sum().item<float>(); }), Catch::Contains("captur"));
+  x.add_(1);  // the stream works
+  REQUIRE(x.sum().item<float>() == 52);
+  graph->replay();  // and a graph captured before
+  REQUIRE(x.sum().item<float>() == 56);
+  REQUIRE_THROWS_WITH(capture([&] { x.add_(10); }, [&] { x.add_(1); }),
+                      Catch::Contains("an earlier CUDA graph capture in this process failed"));
+  REQUIRE(x.sum().item<float>() == 96);  // its warm-up ran
+}
