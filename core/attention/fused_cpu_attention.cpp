@@ -423,14 +423,10 @@ void forward_kernel(const Problem& p, const Operand& q, const Operand& k, const 
 // tiles of kKeyTile with an online softmax, so that its scores stay in cache at any length;
 // nothing is kept for a backward pass.
 //
-// A linear bias makes far keys negligible, and a tile of them is skipped when that is certain:
-// for query i and key j, score(i, j) <= scale |q_i| |k_j| + bias(i, j), and the row's maximum
-// is at least its diagonal's score, >= -scale |q_i| |k_i| (bias 0, always seen). When the
-// first bound minus the second is below -kNegligible for every pair of the block and the
-// tile, each of the tile's probabilities is below e^-64 of the row's largest: summed over a
-// billion keys, under float32's resolution. The result is the same number, to rounding.
+// A linear bias makes far keys negligible, and a tile of them is skipped when that is certain
+// (negligible_distance, fused_cpu_attention.h). The result is the same number, to rounding.
 constexpr int64_t kKeyTile = 256;
-constexpr float kNegligible = 64.0f;
+constexpr double kNegligible = 64.0;  // in logits: e^-64 of the row's largest
 
 // |k_t| of every key row of every (batch, head), for the bound above: (B * H, T).
 std::vector<float> key_norms(const Problem& p, const Operand& k) {
@@ -452,7 +448,7 @@ struct NegligibleBound {
   float reach;          // scale * max |q_i| * (max |k| of the tile + max |k_i| of the block's own keys)
   float coefficient;    // the bias per unit of distance on the tile's side (-slope), or 0
   int64_t distance;     // the nearest distance between the block's queries and the tile's keys
-  bool negligible() const { return coefficient < 0.0f && reach + coefficient * float(distance) < -kNegligible; }
+  bool negligible() const { return double(distance) > negligible_distance(reach, -coefficient); }
 };
 
 // The online softmax's step for one row of a tile: adds the bias and masks, folds the tile into
@@ -815,6 +811,10 @@ class FusedCpuAttentionFunction : public torch::autograd::Function<FusedCpuAtten
 };
 
 }  // namespace
+
+double negligible_distance(double reach, double slope) {
+  return slope > 0 ? (reach + kNegligible) / slope : std::numeric_limits<double>::infinity();
+}
 
 std::string fused_cpu_attention_unsupported_reason(const torch::Tensor& q, const torch::Tensor& k,
                                                    const torch::Tensor& v, const AttentionBias& bias,

@@ -52,4 +52,14 @@ std::string fused_cpu_attention_unsupported_reason(const torch::Tensor& q, const
 torch::Tensor fused_cpu_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                   const AttentionBias& bias, const AttentionOptions& options);
 
+// The rule by which the kernel skips tiles of far keys under a linear bias, which the attention
+// profile (core/eval/attention_profile.cpp) follows key by key. For query i and key j,
+// score(i, j) <= |q_i| |k_j| + bias(i, j) (q scaled by 1/sqrt(d)), and row i's largest score is
+// at least its diagonal's, >= -|q_i| |k_i| (bias 0, always seen). So for a block of queries and
+// a set of keys with reach = max |q_i| (max |k_j| + max |k_i| of the block's own keys), a key
+// farther than negligible_distance(reach, slope) from every query of the block, on a side whose
+// bias falls by `slope` a unit of distance, weighs below e^-64 of its row's largest: summed over
+// a billion keys, under float32's resolution. Infinite where slope <= 0.
+double negligible_distance(double reach, double slope);
+
 }  // namespace extrap

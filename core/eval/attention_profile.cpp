@@ -1,6 +1,7 @@
 #include "core/eval/attention_profile.h"
 
 #include "core/attention/attention_observer.h"
+#include "core/attention/fused_cpu_attention.h"
 #include "core/eval/evaluator.h"
 #include "core/kernels/cpu_vector_math.h"
 
@@ -148,23 +149,22 @@ double bin_weight_row(const float* p, int64_t keys, int64_t i, bool causal, cons
 }
 
 // Keys [lo, hi) of keys [0, keys) that rows first .. first + n - 1 do not skip, under a linear
-// bias of -slope_left per unit of distance to the left and -slope_right to the right, as the
-// fused kernel skips them (core/attention/fused_cpu_attention.cpp): the score of query i and key
-// j is at most |q_i| |k_j| - slope d (q scaled by 1/sqrt(d)), the row's largest at least its
-// diagonal's -|q_i| |k_i|, so a key with reach - slope d < -kNegligible, reach =
-// max_i |q_i| (max_j |k_j| + max_i |k_i|), weighs below e^-64 of the row's largest: nothing
-// float32 sums can hold. q_norms and own_norms: the n rows' |q_i| and |k_i|.
-constexpr double kNegligible = 64.0;
+// bias of -slope_left per unit of distance to the left and -slope_right to the right: the keys
+// the fused kernel would not find negligible (negligible_distance, core/attention/
+// fused_cpu_attention.h), key by key. q_norms and own_norms: the n rows' scaled |q_i| and |k_i|;
+// k_max: the largest |k_j| of all keys.
 std::pair<int64_t, int64_t> negligible_beyond(const float* q_norms, const float* own_norms, int64_t n,
                                               float k_max, int64_t first, float slope_left, float slope_right,
                                               int64_t keys) {
   float q_max = 0, own = 0;
   for (int64_t t = 0; t < n; ++t) q_max = std::max(q_max, q_norms[t]), own = std::max(own, own_norms[t]);
-  const double reach = double(q_max) * (double(k_max) + double(own)) + kNegligible;
+  const double reach = double(q_max) * (double(k_max) + double(own));
   int64_t lo = 0, hi = keys;
-  if (slope_left > 0) lo = std::clamp<int64_t>(int64_t(std::floor(double(first) - reach / slope_left)), 0, first);
+  if (slope_left > 0)
+    lo = std::clamp<int64_t>(int64_t(std::floor(double(first) - negligible_distance(reach, slope_left))), 0, first);
   if (slope_right > 0)
-    hi = std::clamp<int64_t>(int64_t(std::ceil(double(first + n - 1) + reach / slope_right)) + 1, first + n, keys);
+    hi = std::clamp<int64_t>(int64_t(std::ceil(double(first + n - 1) + negligible_distance(reach, slope_right))) + 1,
+                             first + n, keys);
   return {lo, hi};
 }
 
