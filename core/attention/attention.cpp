@@ -126,6 +126,12 @@ AttentionBias AttentionBias::at_positions(const torch::Tensor& token_positions) 
   return b;
 }
 
+void AttentionBias::check_logit_scale(int64_t heads, int64_t queries, const char* who) const {
+  TORCH_CHECK(!logit_scale.defined() ||
+                  (logit_scale.dim() == 2 && logit_scale.size(0) == heads && logit_scale.size(1) == queries),
+              who, ": logit_scale must be (", heads, ", ", queries, "), got ", logit_scale.sizes());
+}
+
 bool AttentionBias::masks_some(int64_t q0, int64_t q1, int64_t k0, int64_t k1) const {
   if (q1 <= q0 || k1 <= k0) return false;
   // The largest |i - j| of the tile, and whether it spans a chunk boundary.
@@ -444,8 +450,7 @@ torch::Tensor probabilities(const torch::Tensor& q, const torch::Tensor& k, cons
   if (!bias.logit_scale.defined() && !bias.sink.defined()) return torch::softmax(scores, -1);
   const auto heads = q.size(1), tq = q.size(2);
   if (bias.logit_scale.defined()) {
-    TORCH_CHECK(bias.logit_scale.dim() == 2 && bias.logit_scale.size(0) == heads && bias.logit_scale.size(1) == tq,
-                "attention: logit_scale must be (", heads, ", ", tq, "), got ", bias.logit_scale.sizes());
+    bias.check_logit_scale(heads, tq, "attention");
     // Masked entries stay -inf whatever the factor's sign (SSMax's is 0 where n_i = 1), and give
     // the factor's gradient 0, not -inf x 0 (hence zeros in the product, not a where() after it).
     const auto inf = std::numeric_limits<float>::infinity();

@@ -160,6 +160,8 @@ struct AttentionBias {
   bool has_options() const {
     return window > 0 || chunk > 0 || logit_scale.defined() || sink.defined() || far_queries.defined();
   }
+  // Refuses, naming `who`, a logit_scale that is set but not (heads, queries).
+  void check_logit_scale(int64_t heads, int64_t queries, const char* who) const;
   // Whether window or chunk masks entries of rows [q0, q1) x columns [k0, k1) (a tile wholly
   // visible needs no mask), and whether they mask every entry (a tile no query sees).
   bool masks_some(int64_t q0, int64_t q1, int64_t k0, int64_t k1) const;

@@ -235,10 +235,7 @@ Problem make_problem(const torch::Tensor& q, const torch::Tensor& k, const torch
     p.sink = bias.sink.detach().to(torch::kCPU, torch::kFloat32).contiguous();
   }
   if (bias.logit_scale.defined()) {
-    TORCH_CHECK(bias.logit_scale.dim() == 2 && bias.logit_scale.size(0) == p.heads &&
-                    bias.logit_scale.size(1) == p.tq,
-                "attention_efficient: logit_scale must be (", p.heads, ", ", p.tq, "), got ",
-                bias.logit_scale.sizes());
+    bias.check_logit_scale(p.heads, p.tq, "attention_efficient");
     p.logit_scale = bias.logit_scale.detach().to(torch::kCPU, torch::kFloat32).contiguous();
   }
   if (linear) {

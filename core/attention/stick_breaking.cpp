@@ -217,11 +217,7 @@ torch::Tensor stick_breaking_attention_blocked(const torch::Tensor& q, const tor
   TORCH_CHECK(query_block > 0, "stick-breaking attention in row blocks: query block ", query_block);
   TORCH_CHECK(!(options.training && options.dropout > 0), "stick-breaking attention in row blocks has no attention "
               "dropout (", options.dropout, "); the reference backend has");
-  TORCH_CHECK(!bias.logit_scale.defined() ||
-                  (bias.logit_scale.dim() == 2 && bias.logit_scale.size(0) == q.size(1) &&
-                   bias.logit_scale.size(1) == q.size(2)),
-              "stick-breaking attention: logit_scale must be (", q.size(1), ", ", q.size(2), "), got ",
-              bias.logit_scale.sizes());
+  bias.check_logit_scale(q.size(1), q.size(2), "stick-breaking attention");
   const auto scale = bias.logit_scale.defined() ? bias.logit_scale : torch::empty({0}, q.options());
   return StickBreakingFunction::apply(q, k, v, scale, bias.stick_breaking_diagonal, bias.window, bias.chunk,
                                       query_block);
