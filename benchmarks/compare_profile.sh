@@ -26,7 +26,7 @@ rounds=${1:-3}
 length=${2:-16384}
 read -r -a methods <<< "${3:-alibi rotary t5_bias}"
 
-source benchmarks/small_models.sh  # train, median, machine_header
+source benchmarks/small_models.sh  # train, median, machine_header, alternate
 
 eval_seconds() {  # the evaluation's seconds column (one window: LENGTH + 1 tokens for a causal model)
   "$extrap" eval --checkpoint "$1" --length "$length" --max-tokens $((length + 1)) 2>&1 | tail -1 | awk '{print $NF}'
@@ -37,26 +37,11 @@ profile_seconds() {
 }
 
 machine_header
-declare -A dirs evals profiles
-for method in "${methods[@]}"; do dirs[$method]=$(train "$method"); done
+for method in "${methods[@]}"; do train "$method" > /dev/null; done
 echo
-echo "| round | method | eval s | profile s |"
-echo "|---|---|---|---|"
-for ((r = 1; r <= rounds; ++r)); do
-  for method in "${methods[@]}"; do
-    if ((r % 2)); then
-      e=$(eval_seconds "${dirs[$method]}"); p=$(profile_seconds "${dirs[$method]}")
-    else
-      p=$(profile_seconds "${dirs[$method]}"); e=$(eval_seconds "${dirs[$method]}")
-    fi
-    [[ $e =~ ^[0-9.]+$ && $p =~ ^[0-9.]+$ ]] ||
-      { echo "compare_profile: $method: no timing (eval '$e', profile '$p'); run the commands by hand to see why" >&2; exit 1; }
-    echo "| $r | $method | $e | $p |"
-    evals[$method]+="$e "; profiles[$method]+="$p "
-  done
-done
+alternate "$rounds" eval_seconds profile_seconds "eval s" "profile s" "${methods[@]}"
 echo
 for method in "${methods[@]}"; do
-  e=$(echo "${evals[$method]}" | median); p=$(echo "${profiles[$method]}" | median)
+  e=$(echo "${times_a[$method]}" | median); p=$(echo "${times_b[$method]}" | median)
   echo "$method profile/eval at $length: $(awk -v p="$p" -v e="$e" 'BEGIN {printf "%.2f", p / e}') (medians: profile $p s, eval $e s)"
 done

@@ -19,7 +19,7 @@ cd "$ROOT"
 rounds=${1:-3}
 tokens=${2:-65536}
 read -r -a methods <<< "${3:-alibi rotary}"
-source benchmarks/small_models.sh  # train, median, machine_header
+source benchmarks/small_models.sh  # train, median, machine_header, alternate
 L=32
 
 stream_seconds() {  # stream_seconds RUN MULTIPLE: seconds for $tokens tokens in streams of MULTIPLE x L
@@ -27,27 +27,15 @@ stream_seconds() {  # stream_seconds RUN MULTIPLE: seconds for $tokens tokens in
     tail -1 | awk '{print $NF}'
 }
 
+stream_4() { stream_seconds "$1" 4; }
+stream_16() { stream_seconds "$1" 16; }
+
 machine_header
-declare -A dirs short long
-for method in "${methods[@]}"; do dirs[$method]=$(train "$method"); done
+for method in "${methods[@]}"; do train "$method" > /dev/null; done
 echo
-echo "| round | method | 4x L s | 16x L s |"
-echo "|---|---|---|---|"
-for ((r = 1; r <= rounds; ++r)); do
-  for method in "${methods[@]}"; do
-    if ((r % 2)); then
-      a=$(stream_seconds "${dirs[$method]}" 4); b=$(stream_seconds "${dirs[$method]}" 16)
-    else
-      b=$(stream_seconds "${dirs[$method]}" 16); a=$(stream_seconds "${dirs[$method]}" 4)
-    fi
-    [[ $a =~ ^[0-9.]+$ && $b =~ ^[0-9.]+$ ]] ||
-      { echo "compare_streaming: $method: no timing (4x '$a', 16x '$b'); run the commands by hand to see why" >&2; exit 1; }
-    echo "| $r | $method | $a | $b |"
-    short[$method]+="$a "; long[$method]+="$b "
-  done
-done
+alternate "$rounds" stream_4 stream_16 "4x L s" "16x L s" "${methods[@]}"
 echo
 for method in "${methods[@]}"; do
-  a=$(echo "${short[$method]}" | median); b=$(echo "${long[$method]}" | median)
+  a=$(echo "${times_a[$method]}" | median); b=$(echo "${times_b[$method]}" | median)
   echo "$method streaming 16xL/4xL time per token: $(awk -v a="$a" -v b="$b" 'BEGIN {printf "%.2f", b / a}') (medians: 4x L $a s, 16x L $b s, $tokens tokens each)"
 done

@@ -3,7 +3,8 @@
 # layers, d_model 64, 4 heads, L 32, byte level, data/pydoc), trained 30 steps: speed, not
 # quality, is what they measure. `train METHOD` prints the run directory, trained once under
 # PROFILE_CACHE (default build/compare_profile; delete a method's folder to retrain), with
-# EXTRAP (default build/extrap).
+# EXTRAP (default build/extrap). `alternate` runs two timed commands per method in alternating
+# order.
 extrap=${EXTRAP:-build/extrap}
 cache=${PROFILE_CACHE:-build/compare_profile}
 [[ -x $extrap ]] || { echo "$(basename "$0"): $extrap is missing: run scripts/setup.sh first" >&2; exit 1; }
@@ -32,4 +33,31 @@ median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR] = $1} END {print (NR % 2
 machine_header() {
   echo "$("$extrap" --version | head -1); $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores; $(date -u +%F)"
   "$extrap" --version | grep -m1 'cpu capability' || true
+}
+
+# alternate ROUNDS A B HEAD_A HEAD_B METHOD...: for each round and method, the functions A and
+# B on the method's run directory (from `train`), each printing seconds, B first every other
+# round; one Markdown row a run (columns HEAD_A, HEAD_B), and each method's timings left in the
+# associative arrays times_a and times_b (space-separated). Stops, naming the method, where a
+# function printed no number.
+declare -A times_a times_b
+alternate() {
+  local rounds=$1 fn_a=$2 fn_b=$3 head_a=$4 head_b=$5 r method a b dir
+  shift 5
+  echo "| round | method | $head_a | $head_b |"
+  echo "|---|---|---|---|"
+  for ((r = 1; r <= rounds; ++r)); do
+    for method in "$@"; do
+      dir=$(train "$method")
+      if ((r % 2)); then
+        a=$("$fn_a" "$dir"); b=$("$fn_b" "$dir")
+      else
+        b=$("$fn_b" "$dir"); a=$("$fn_a" "$dir")
+      fi
+      [[ $a =~ ^[0-9.]+$ && $b =~ ^[0-9.]+$ ]] ||
+        { echo "$(basename "$0"): $method: no timing ($head_a '$a', $head_b '$b'); run the commands by hand to see why" >&2; exit 1; }
+      echo "| $r | $method | $a | $b |"
+      times_a[$method]+="$a "; times_b[$method]+="$b "
+    done
+  done
 }
