@@ -109,7 +109,7 @@ core/kernels/cpu_vector_math.h | auto* bits = reinterpret_cast<uint16_t*>(to + r
 core/eval/evaluator.cpp | auto t = flat_targets.index_select(0, scored.narrow(0, c, len)); | auto t = flat_targets.index_select(0, scored.narrow(0, 0, len)); | every logit chunk of a batch scored against the first chunk's targets
 core/data/token_cache.cpp | header.source_bytes == key.source_bytes && header.source_hash == key.source_hash; | header.source_bytes == key.source_bytes; | the token cache trusts its source's size alone (a same-size edit reuses stale tokens)
 experiments/sweep/sweep_spec.cpp | for (auto m : retrieval.length_multiples) instance_sizes.insert(m * point.config.train.seq_len); | for (auto m : retrieval.length_multiples) instance_sizes.insert(m * spec.base_config.train.seq_len); | retrieval instance lengths from the base config's training length, not the grid point's
-core/train/trainer.cpp | (loss / double(c.accumulation)).backward(); | if (a == 0) (loss / double(c.accumulation)).backward(); | only the first micro-batch of an accumulated step reaches the gradient
+core/train/trainer.cpp | (part / double(count)).backward(); | if (a == 0) (part / double(count)).backward(); | only the first micro-batch of an accumulated step reaches the gradient
 core/eval/retrieval_eval.cpp | const TaskInstance& instance = trials[first + size_t(b)].instance; | const TaskInstance& instance = trials[size_t(b)].instance; | every retrieval batch is fed the first batch's instances
 core/attention/fused_cpu_attention.cpp | const int64_t block = turn % 2 == 0 ? turn / 2 : blocks - 1 - turn / 2; | const int64_t block = turn % 2 == 0 ? turn / 2 : blocks - 2 - turn / 2; | the inference kernel computes one query block twice and never the last
 core/runtime/cuda_support.cpp | if (mode == "0") return {State::switched_off, "EXTRAP_LOAD_CUDA=0"}; | if (mode == "x") return {State::switched_off, "EXTRAP_LOAD_CUDA=0"}; | EXTRAP_LOAD_CUDA=0 does not keep CUDA out
@@ -263,6 +263,7 @@ core/eval/attention_profile.cpp | output.narrow(2, r, n).copy_(o); | output.narr
 core/attention/attention.cpp | std::max<int64_t>(1, kDenseChunkPairs / std::max<int64_t>(1, q1 - q0)); | std::max<int64_t>(1, 2 * kDenseChunkPairs / std::max<int64_t>(1, q1 - q0)); | a dense bias's function is asked for twice the pairs at once (FIRE's intermediates leave the cache)
 core/kernels/fused_adamw.cpp | if (!counters.empty()) at::_foreach_add_(counters, 1); | ; | a captured optimiser step no longer advances AdamW's device step counters (every replay repeats one bias correction)
 core/attention/attention.cpp | const auto left_seen = *looks_left ? torch::ones_like(left) : diagonal; | const auto left_seen = *looks_left ? diagonal : torch::ones_like(left); | a linear bias whose heads all look left hides every earlier key (the device-built direction mask inverted)
+core/train/trainer.cpp | loss = loss.defined() ? loss + share : share; | loss = share; | an accumulated step's logged loss is its last micro-batch's, not their mean
 EOF
 )
 

@@ -21,6 +21,27 @@ std::string GraphedTrainingStep::unsupported_reason(TransformerLM& model, torch:
   return "";
 }
 
+std::unique_ptr<GraphedTrainingStep> GraphedTrainingStep::for_config(TransformerLM model, torch::optim::AdamW& optimizer,
+                                                                     const TrainConfig& config,
+                                                                     const torch::Device& device, bool data_parallel,
+                                                                     int64_t micro_batch, const std::string& source,
+                                                                     std::string* eager_reason) {
+  std::string why = "train.cuda_graph is off";
+  if (config.cuda_graph != CudaGraphMode::off) {
+    why = unsupported_reason(model, optimizer, config, device, data_parallel);
+    if (why.empty()) return std::make_unique<GraphedTrainingStep>(model, optimizer, config, micro_batch);
+    if (config.cuda_graph == CudaGraphMode::on) throw ConfigError(source + ": train.cuda_graph is on, but " + why);
+  }
+  if (eager_reason) *eager_reason = why;
+  return nullptr;
+}
+
+std::string GraphedTrainingStep::failure_under_auto(const std::string& source) const {
+  if (!failure_.empty() && config_.cuda_graph == CudaGraphMode::on)
+    throw ConfigError(source + ": train.cuda_graph is on, but the training step could not be captured: " + failure_);
+  return failure_;
+}
+
 GraphedTrainingStep::GraphedTrainingStep(TransformerLM model, torch::optim::AdamW& optimizer,
                                          const TrainConfig& config, int64_t micro_batch)
     : model_(std::move(model)), optimizer_(optimizer), config_(config) {
@@ -61,13 +82,8 @@ void GraphedTrainingStep::load(const std::vector<torch::Tensor>& inputs, const s
 // The trainer's eager step (Trainer::forward_backward and optimizer_step), on the loaded batch.
 double GraphedTrainingStep::eager_step() {
   optimizer_.zero_grad();
-  double loss = 0;
-  const double parts = double(inputs_.size());
-  for (size_t a = 0; a < inputs_.size(); ++a) {
-    const auto part = training_loss(model_, inputs_[a], targets_[a], scored_host_[a], config_.precision);
-    (part / parts).backward();
-    loss += part.item<double>() / parts;
-  }
+  const auto loaded = [&](int64_t a) { return MicroBatch{inputs_[size_t(a)], targets_[size_t(a)], scored_host_[size_t(a)]}; };
+  const double loss = accumulate_gradients(model_, int64_t(inputs_.size()), loaded, config_.precision).item<double>();
   optimizer_step(optimizer_, config_.clip);
   return loss;
 }

@@ -42,6 +42,15 @@ class GraphedTrainingStep {
   static std::string unsupported_reason(TransformerLM& model, torch::optim::AdamW& optimizer,
                                         const TrainConfig& config, const torch::Device& device, bool data_parallel);
 
+  // The graphed step that config.cuda_graph asks for, or nullptr: where it is off, or under
+  // `auto` where the steps cannot be graphed (why in *eager_reason, when given). Under `on`,
+  // steps that cannot be graphed are a ConfigError naming train.cuda_graph in `source` (the
+  // config's file). The trainer's choice and `extrap bench train`'s.
+  static std::unique_ptr<GraphedTrainingStep> for_config(TransformerLM model, torch::optim::AdamW& optimizer,
+                                                         const TrainConfig& config, const torch::Device& device,
+                                                         bool data_parallel, int64_t micro_batch,
+                                                         const std::string& source, std::string* eager_reason);
+
   // micro_batch: the sequences of each micro-batch (config.seq_len tokens each).
   GraphedTrainingStep(TransformerLM model, torch::optim::AdamW& optimizer, const TrainConfig& config,
                       int64_t micro_batch);
@@ -61,6 +70,10 @@ class GraphedTrainingStep {
   // Why the capture failed ("" unless it did): the step() that tried trained eagerly; later
   // calls throw.
   const std::string& failure() const { return failure_; }
+  // After a step(): "" unless its capture failed. Then, under train.cuda_graph `auto`, the
+  // reason (the step trained eagerly; the caller drops this object and trains on eagerly);
+  // under `on`, a ConfigError naming the key in `source`.
+  std::string failure_under_auto(const std::string& source) const;
 
  private:
   void load(const std::vector<torch::Tensor>& inputs, const std::vector<torch::Tensor>& targets,

@@ -90,6 +90,21 @@ torch::Tensor training_loss(TransformerLM& model, const torch::Tensor& inputs, c
   return training_nll_sum(model, inputs, targets, precision) / double(std::max<int64_t>(scored, 1));
 }
 
+torch::Tensor accumulate_gradients(TransformerLM& model, int64_t count,
+                                   const std::function<MicroBatch(int64_t)>& micro_batch, Precision precision) {
+  TORCH_CHECK(count >= 1, "accumulate_gradients: ", count, " micro-batches (at least one)");
+  torch::Tensor loss;
+  for (int64_t a = 0; a < count; ++a) {
+    const MicroBatch batch = micro_batch(a);
+    const auto part = training_loss(model, batch.inputs, batch.targets, batch.scored, precision);
+    (part / double(count)).backward();
+    // In float64, as the trainer added the loss up on the host before: the same sum, digit for digit.
+    const auto share = part.detach().to(torch::kFloat64) / double(count);
+    loss = loss.defined() ? loss + share : share;
+  }
+  return loss;
+}
+
 Trainer::Trainer(Config config, const Corpus& corpus)
     : config_(std::move(config)),
       corpus_(corpus),
@@ -339,13 +354,8 @@ void Trainer::prepare_training(RunState& state) {
   state.trained_seconds = state.summary.seconds;
   state.tokens_per_step = tokens_per_step(c);
   state.tokens_before = state.summary.tokens_per_second * state.summary.seconds;
-  if (c.cuda_graph != CudaGraphMode::off) {
-    const std::string why = GraphedTrainingStep::unsupported_reason(model_, *optimizer_, c, device_, group_ != nullptr);
-    if (why.empty())
-      state.graphed = std::make_unique<GraphedTrainingStep>(model_, *optimizer_, c, state.micro);
-    else if (c.cuda_graph == CudaGraphMode::on)
-      throw ConfigError(config_.source + ": train.cuda_graph is on, but " + why);
-  }
+  state.graphed = GraphedTrainingStep::for_config(model_, *optimizer_, c, device_, group_ != nullptr, state.micro,
+                                                 config_.source, nullptr);
 }
 
 // One optimiser step (forward, backward, AdamW); returns its lr, throws on a non-finite loss.
@@ -391,32 +401,35 @@ void Trainer::check_divergence(int64_t step, const char* what, double loss) cons
   throw std::runtime_error(text);
 }
 
+MicroBatch Trainer::micro_batch(RunState& state, int64_t a) {
+  const TrainConfig& c = config_.train;
+  const int64_t micro = state.micro;
+  const int64_t share = micro / state.world;  // this rank's sequences of each micro-batch
+  const int64_t first_row = group_ ? group_->rank() * share : 0;
+  MicroBatch batch;
+  batch.inputs = next_batch(state.cursor, micro, (state.step * c.accumulation + a) * micro, batch.targets);
+  // The loss is the mean over the whole micro-batch's scored tokens: this rank's summed NLL over
+  // the count of all ranks' (in one process: cross-entropy's mean).
+  batch.scored = batch.targets.ne(-100).sum().item<int64_t>();
+  if (group_) {
+    batch.inputs = batch.inputs.narrow(0, first_row, share);
+    batch.targets = batch.targets.narrow(0, first_row, share);
+  }
+  batch.inputs = batch.inputs.to(device_);
+  batch.targets = batch.targets.to(device_);
+  return batch;
+}
+
 // Forward and backward on this rank's share of the step's micro-batches; returns the batch's loss.
 double Trainer::forward_backward(RunState& state) {
   const TrainConfig& c = config_.train;
-  const int64_t micro = state.micro;
   const int64_t step = state.step;
-  const int64_t share = micro / state.world;  // this rank's sequences of each micro-batch
-  const int64_t first_row = group_ ? group_->rank() * share : 0;
   double step_loss = 0;
   // With ranks, an error is agreed on below, so that all ranks fail alike.
   const std::string local_failure = run_or_capture(group_, [&] {
-    for (int64_t a = 0; a < c.accumulation; ++a) {
-      torch::Tensor targets;
-      auto inputs = next_batch(state.cursor, micro, (step * c.accumulation + a) * micro, targets);
-      // The loss is the mean over the whole micro-batch's scored tokens: this rank's summed
-      // NLL over the count of all ranks' (in one process: cross-entropy's mean).
-      const int64_t scored = targets.ne(-100).sum().item<int64_t>();
-      if (group_) {
-        inputs = inputs.narrow(0, first_row, share);
-        targets = targets.narrow(0, first_row, share);
-      }
-      inputs = inputs.to(device_);
-      targets = targets.to(device_);
-      const auto loss = training_loss(model_, inputs, targets, scored, c.precision);
-      (loss / double(c.accumulation)).backward();
-      step_loss += loss.item<double>() / double(c.accumulation);
-    }
+    const auto loss = accumulate_gradients(model_, c.accumulation, [&](int64_t a) { return micro_batch(state, a); },
+                                           c.precision);
+    step_loss = loss.item<double>();
   });
   if (group_) {
     // The loss of the whole batch (and whether any rank failed), then the gradients.
@@ -434,20 +447,16 @@ double Trainer::forward_backward(RunState& state) {
 // same micro-batches as forward_backward takes. Where the capture fails, this step has trained
 // eagerly; `on` then stops the run, `auto` says so once and trains on without a graph.
 double Trainer::graphed_step(RunState& state, double lr) {
-  const TrainConfig& c = config_.train;
   std::vector<torch::Tensor> inputs, targets;
   std::vector<int64_t> scored;
-  for (int64_t a = 0; a < c.accumulation; ++a) {
-    torch::Tensor batch_targets;
-    inputs.push_back(next_batch(state.cursor, state.micro, (state.step * c.accumulation + a) * state.micro, batch_targets));
-    scored.push_back(batch_targets.ne(-100).sum().item<int64_t>());
-    targets.push_back(batch_targets);
+  for (int64_t a = 0; a < config_.train.accumulation; ++a) {
+    MicroBatch batch = micro_batch(state, a);
+    inputs.push_back(std::move(batch.inputs));
+    targets.push_back(std::move(batch.targets));
+    scored.push_back(batch.scored);
   }
   const double loss = state.graphed->step(inputs, targets, scored, lr);
-  if (const std::string failure = state.graphed->failure(); !failure.empty()) {
-    if (c.cuda_graph == CudaGraphMode::on)
-      throw ConfigError(config_.source + ": train.cuda_graph is on, but the training step could not be captured: " +
-                        failure);
+  if (const std::string failure = state.graphed->failure_under_auto(config_.source); !failure.empty()) {
     if (!quiet)
       std::cerr << "extrap: train.cuda_graph: the training step could not be captured (" << failure
                 << "); training on without a CUDA graph\n";

@@ -77,6 +77,21 @@ torch::Tensor training_loss(TransformerLM& model, const torch::Tensor& inputs, c
 // The summed NLL training_loss divides (a float32 scalar).
 torch::Tensor training_nll_sum(TransformerLM& model, const torch::Tensor& inputs, const torch::Tensor& targets,
                                Precision precision);
+// One micro-batch of a training step: token ids and targets (sequences, seq_len), targets -100
+// where not scored; `scored`, the count its summed NLL is divided by (at least 1 is taken).
+struct MicroBatch {
+  torch::Tensor inputs, targets;
+  int64_t scored = 0;
+};
+
+// One optimiser step's gradients, added to the parameters' .grad (zeroing them is the
+// caller's): for each of `count` micro-batches, micro_batch(a) (called in order, each just
+// before its forward pass), training_loss divided by `count`, backward. Returns the step's
+// loss, the micro-batches' mean, as a float64 scalar on the model's device, not read back (one
+// read a step, where wanted). The trainer's eager step, the graphed step's first (eager) step
+// and `extrap bench train`'s eager step.
+torch::Tensor accumulate_gradients(TransformerLM& model, int64_t count,
+                                   const std::function<MicroBatch(int64_t)>& micro_batch, Precision precision);
 
 class Trainer {
  public:
@@ -117,6 +132,9 @@ class Trainer {
   void resume(RunState& state);
   void prepare_training(RunState& state);
   double train_step(RunState& state);
+  // Micro-batch `a` of the coming step: this rank's rows, on device_; scored, the whole
+  // micro-batch's scored-token count (all ranks').
+  MicroBatch micro_batch(RunState& state, int64_t a);
   double forward_backward(RunState& state);
   double graphed_step(RunState& state, double lr);
   void log_progress(RunState& state, double lr);

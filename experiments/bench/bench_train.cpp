@@ -168,38 +168,36 @@ int bench_train(const Args& args) {
                       std::to_string(world) + " ranks");
   const int64_t sequences = global / world;
   // train.cuda_graph, as the trainer takes it (core/train/graphed_step.h).
-  std::unique_ptr<GraphedTrainingStep> graphed;
-  std::string eager_reason = "train.cuda_graph is off";
-  if (t.cuda_graph != CudaGraphMode::off) {
-    eager_reason = GraphedTrainingStep::unsupported_reason(model, *optimizer, t, device, ranks != nullptr);
-    if (eager_reason.empty()) graphed = std::make_unique<GraphedTrainingStep>(model, *optimizer, t, sequences);
-    else if (t.cuda_graph == CudaGraphMode::on)
-      throw ConfigError(o.config_path + ": train.cuda_graph is on, but " + eager_reason);
-  }
+  std::string eager_reason;
+  auto graphed = GraphedTrainingStep::for_config(model, *optimizer, t, device, ranks != nullptr, sequences,
+                                                 config.source, &eager_reason);
+  // A micro-batch of random tokens, on the host as the trainer's come, scored over the whole
+  // micro-batch (all ranks').
+  auto random_batch = [&] {
+    const auto tokens = torch::randint(0, o.vocab, {sequences, t.seq_len + 1}, torch::kLong);
+    return MicroBatch{tokens.narrow(1, 0, t.seq_len), tokens.narrow(1, 1, t.seq_len), global * t.seq_len};
+  };
   auto graphed_step = [&] {
     std::vector<torch::Tensor> inputs, targets;
     for (int64_t a = 0; a < t.accumulation; ++a) {
-      auto tokens = torch::randint(0, o.vocab, {sequences, t.seq_len + 1}, torch::kLong);
-      inputs.push_back(tokens.narrow(1, 0, t.seq_len));
-      targets.push_back(tokens.narrow(1, 1, t.seq_len));
+      const MicroBatch batch = random_batch();
+      inputs.push_back(batch.inputs);
+      targets.push_back(batch.targets);
     }
     graphed->step(inputs, targets, std::vector<int64_t>(size_t(t.accumulation), global * t.seq_len), t.lr);
-    if (!graphed->failure().empty()) {
-      if (t.cuda_graph == CudaGraphMode::on)
-        throw ConfigError(o.config_path + ": train.cuda_graph is on, but the training step could not be captured: " +
-                          graphed->failure());
-      eager_reason = "the capture failed: " + graphed->failure();
+    if (const std::string failure = graphed->failure_under_auto(config.source); !failure.empty()) {
+      eager_reason = "the capture failed: " + failure;
       graphed.reset();
     }
   };
   auto eager_step = [&] {
     optimizer->zero_grad();
-    for (int64_t a = 0; a < t.accumulation; ++a) {
-      auto tokens = torch::randint(0, o.vocab, {sequences, t.seq_len + 1}, torch::kLong).to(device);
-      auto loss = training_loss(model, tokens.narrow(1, 0, t.seq_len), tokens.narrow(1, 1, t.seq_len),
-                                global * t.seq_len, t.precision);
-      (loss / double(t.accumulation)).backward();
-    }
+    accumulate_gradients(model, t.accumulation, [&](int64_t) {
+      MicroBatch batch = random_batch();
+      batch.inputs = batch.inputs.to(device);
+      batch.targets = batch.targets.to(device);
+      return batch;
+    }, t.precision);
     if (ranks) all_reduce_gradients(*ranks, model->parameters(), "the gradient all-reduce");
     optimizer_step(*optimizer, t.clip);
   };
