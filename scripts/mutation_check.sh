@@ -162,7 +162,7 @@ core/attention/attention.cpp | const auto finite_base = base.masked_fill(base.is
 core/attention/attention.cpp | scores = scores + base + mixed + materialize_bias_block( | scores = scores + mixed + materialize_bias_block( | DAPE's logits leave out the base bias B
 core/attention/attention.cpp | bias.kind != AttentionBias::Kind::ScoreMixing) {  // DAPE: the reference path only | true) {  // DAPE: the reference path only | Auto sends a long DAPE evaluation to the efficient path, which refuses it
 positions/dape.cpp | parts.push_back(f(scores.narrow(2, r, n), base.narrow(1, r, n))); | parts.push_back(f(scores.narrow(2, r, n), base.narrow(1, 0, n))); | DAPE's evaluation blocks read the first rows' base bias
-core/attention/stick_breaking.cpp | rows.visible = bias.stick_breaking_diagonal ? j <= i : j < i; | rows.visible = j <= i; | stick-breaking lets every query take its own key
+core/attention/stick_breaking.cpp | auto visible = bias.stick_breaking_diagonal ? j <= i : j < i; | auto visible = j <= i; | stick-breaking lets every query take its own key
 core/attention/stick_breaking.cpp | const auto log_stay = torch::log_sigmoid(-rows.z) | const auto log_stay = torch::log_sigmoid(rows.z) | stick-breaking multiplies by sigmoid(z) instead of 1 - sigmoid(z) for the nearer keys
 core/attention/stick_breaking.cpp | return torch::matmul(weights, v) + remaining * v.narrow(2, k.size(2) - q.size(2), q.size(2)); | return torch::matmul(weights, v); | stick-breaking drops the remaining mass on the query's own value
 core/attention/efficient_attention.cpp | if (bias.kind == AttentionBias::Kind::StickBreaking | if (bias.kind == AttentionBias::Kind::Householder | the efficient path runs stick-breaking as softmax tiles
@@ -264,6 +264,7 @@ core/attention/attention.cpp | std::max<int64_t>(1, kDenseChunkPairs / std::max<
 core/kernels/fused_adamw.cpp | if (!counters.empty()) at::_foreach_add_(counters, 1); | ; | a captured optimiser step no longer advances AdamW's device step counters (every replay repeats one bias correction)
 core/attention/attention.cpp | const auto left_seen = *looks_left ? torch::ones_like(left) : diagonal; | const auto left_seen = *looks_left ? diagonal : torch::ones_like(left); | a linear bias whose heads all look left hides every earlier key (the device-built direction mask inverted)
 core/train/trainer.cpp | loss = loss.defined() ? loss + share : share; | loss = share; | an accumulated step's logged loss is its last micro-batch's, not their mean
+core/attention/stick_breaking.cpp | const auto hidden = visible_keys(bias, keys - n, keys, qf.device()).logical_not(); | const auto hidden = torch::zeros({n, keys}, torch::kBool); | stick-breaking's blocked backward sends gradient to keys a row cannot see (the diagonal, the future, beyond a window)
 EOF
 )
 

@@ -28,7 +28,6 @@ void check_call(const torch::Tensor& q, const torch::Tensor& k, const AttentionB
 struct StickRows {
   torch::Tensor logits;   // q . k / sqrt(d), before the logit scale
   torch::Tensor z;        // the logits times the row's logit scale, if any
-  torch::Tensor visible;  // (Tq, Tk) bool
   torch::Tensor weights;  // A, 0 where a key is not visible
 };
 
@@ -83,6 +82,17 @@ torch::Tensor cpu_weights(const torch::Tensor& z, const AttentionBias& bias) {
   return weights;
 }
 
+// The keys rows [first, keys) see, (keys - first, keys) bool: the causal half (the diagonal too
+// where the bias sees it), less what window and chunk hide.
+torch::Tensor visible_keys(const AttentionBias& bias, int64_t first, int64_t keys, const torch::Device& device) {
+  const auto index = torch::TensorOptions().dtype(torch::kLong).device(device);
+  const auto i = torch::arange(first, keys, index).view({-1, 1}), j = torch::arange(0, keys, index).view({1, -1});
+  auto visible = bias.stick_breaking_diagonal ? j <= i : j < i;
+  if (bias.masks_some(first, keys, 0, keys))
+    visible = visible.logical_and(bias.option_mask(first, keys, 0, keys, device).logical_not());
+  return visible;
+}
+
 StickRows rows_of(const torch::Tensor& q, const torch::Tensor& k, const AttentionBias& bias) {
   const int64_t tq = q.size(2), keys = k.size(2), first = keys - tq;  // position of row 0
   StickRows rows;
@@ -90,20 +100,16 @@ StickRows rows_of(const torch::Tensor& q, const torch::Tensor& k, const Attentio
   rows.z = bias.logit_scale.defined()
                ? rows.logits * bias.logit_scale.to(rows.logits.scalar_type()).unsqueeze(0).unsqueeze(-1)
                : rows.logits;
-  const auto index = torch::TensorOptions().dtype(torch::kLong).device(q.device());
-  const auto i = torch::arange(first, keys, index).view({-1, 1}), j = torch::arange(0, keys, index).view({1, -1});
-  rows.visible = bias.stick_breaking_diagonal ? j <= i : j < i;
-  if (bias.masks_some(first, keys, 0, keys))
-    rows.visible = rows.visible.logical_and(bias.option_mask(first, keys, 0, keys, q.device()).logical_not());
   // float32 on the CPU without autograd (inference, and the row-blocked path's own passes): one
-  // row at a time. The reference path's autograd takes the tensor form below.
+  // row at a time, each row's visible keys a range (no mask). The reference path's autograd
+  // takes the tensor form below.
   if (rows.z.scalar_type() == torch::kFloat32 && rows.z.is_cpu() && !rows.z.requires_grad()) {
     rows.weights = cpu_weights(rows.z, bias);
     return rows;
   }
   // Sum over visible k > j of log(1 - sigmoid(z_ik)), added from the query leftwards (flip,
   // inclusive cumsum, flip, then shifted one key to the right).
-  const auto hidden = rows.visible.logical_not();
+  const auto hidden = visible_keys(bias, first, keys, q.device()).logical_not();
   const auto log_stay = torch::log_sigmoid(-rows.z).masked_fill(hidden, 0);
   const auto after = torch::cat({log_stay.flip(-1).cumsum(-1).flip(-1).narrow(-1, 1, keys - 1),
                                  torch::zeros_like(log_stay.narrow(-1, 0, 1))}, -1);
@@ -177,7 +183,8 @@ class StickBreakingFunction : public torch::autograd::Function<StickBreakingFunc
       const auto own = vf.narrow(2, first + r, n);  // v_i of each row
       // o_i = v_i + sum_j A_ij (v_j - v_i): w_ij = A_ij g_i . (v_j - v_i) is the gradient of log A_ij.
       const auto w = rows.weights * (torch::matmul(gb, vb.transpose(-2, -1)) - (gb * own).sum(-1, true));
-      auto dz = (w - torch::sigmoid(rows.z) * w.cumsum(-1)).masked_fill(rows.visible.logical_not(), 0);
+      const auto hidden = visible_keys(bias, keys - n, keys, qf.device()).logical_not();
+      auto dz = (w - torch::sigmoid(rows.z) * w.cumsum(-1)).masked_fill(hidden, 0);
       dv.narrow(2, 0, keys).add_(torch::matmul(rows.weights.transpose(-2, -1), gb));
       dv.narrow(2, first + r, n).add_(gb * (1 - rows.weights.sum(-1, true)));
       if (bias.logit_scale.defined()) {  // z = c_i x logits: dc_i = sum_j dz_ij logits_ij, over the batch too
