@@ -94,6 +94,8 @@ VerifiedCheckpoint verify(const fs::path& dir) {
     // only the steps after the resumption, as they always did).
     c.state.pending_loss_sum = state.value("pending_loss_sum", 0.0);
     c.state.pending_loss_count = state.value("pending_loss_count", int64_t(0));
+    if (const auto first = state.find("first_loss"); first != state.end() && first->is_number())
+      c.state.first_loss = first->get<double>();
   } catch (const json::exception& e) {
     throw ConfigError(dir.string() + ": the manifest or state.json lacks a field (" + e.what() +
                       "): the checkpoint is damaged");
@@ -145,6 +147,7 @@ void save_checkpoint(const fs::path& run_dir, const Config& config,
             {"valid_curve", curve_json(state.valid_curve)},
             {"pending_loss_sum", state.pending_loss_sum},
             {"pending_loss_count", state.pending_loss_count}};
+  if (std::isfinite(state.first_loss)) s["first_loss"] = state.first_loss;
   files.emplace_back("state.json", s.dump(1) + "\n");
   files.emplace_back("config.yaml", YAML::Dump(config.to_yaml()) + "\n");
 

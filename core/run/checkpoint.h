@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -44,6 +45,9 @@ struct CheckpointState {
   // point after a resumption averages the same steps as it would have without one.
   double pending_loss_sum = 0;
   int64_t pending_loss_count = 0;
+  // The run's step-1 training loss (the untrained model's), which bounds a healthy loss (NaN
+  // where unknown: checkpoints of 0.11 and before).
+  double first_loss = NAN;
 };
 
 // A loss curve as JSON: [[step, loss], ...] (state.json, `train --json`).

@@ -253,6 +253,7 @@ struct Trainer::RunState {
   int64_t tokens_done = 0;
   double loss_sum = 0;  // training loss since the last log point
   int64_t loss_count = 0;
+  double first_loss = NAN;  // step 1's training loss, the untrained model's (check_divergence)
   std::optional<MetricsLog> metrics;  // RUN/metrics.jsonl (rank 0)
   nlohmann::ordered_json record;      // this step's metrics line, while it is being filled
   std::unique_ptr<GraphedTrainingStep> graphed;  // train.cuda_graph's step, where it is taken
@@ -329,6 +330,7 @@ void Trainer::resume(RunState& state) {
   summary.valid_curve = checkpoint->state.valid_curve;
   state.loss_sum = checkpoint->state.pending_loss_sum;
   state.loss_count = checkpoint->state.pending_loss_count;
+  state.first_loss = checkpoint->state.first_loss;
   summary.resumed_from = state.step;
   if (!quiet && state.leader) std::cerr << "resuming " << c.out_dir << " from step " << state.step << "\n";
 }
@@ -380,24 +382,46 @@ double Trainer::train_step(RunState& state) {
   state.tokens_done += state.tokens_per_step;
   state.loss_sum += step_loss;
   ++state.loss_count;
-  check_divergence(step, "loss", step_loss);
+  if (step == 1) state.first_loss = step_loss;
+  check_divergence(step, "loss", step_loss, state.first_loss);
   state.summary.tokens_per_second =
       (state.tokens_before + double(state.tokens_done)) / std::max(state.trained_seconds, 1e-9);
   return lr;
 }
 
-// A loss that is not finite, or above twice a uniform guess's (ln V): no model that learns
-// gets there (an untrained one scores about ln V, a healthy run's first steps at most about
-// 1.2 ln V); it takes weights blown up by too high a learning rate.
-void Trainer::check_divergence(int64_t step, const char* what, double loss) const {
+// A loss that is not finite, or above twice the larger of ln V (a uniform guess's) and the run's
+// first training loss (the untrained model's): no model that learns gets there; it takes
+// weights blown up by too high a learning rate. The first loss is in the bound because an
+// untrained model can score well above ln V: with tied embeddings scaled by sqrt(d_model) its
+// logits favour the input token itself by about sqrt(d_model) (step 1's loss about 12.8 at
+// d_model 256 over 257 bytes, 2 ln V = 11.1), and a healthy run comes down from there.
+void Trainer::check_divergence(int64_t step, const char* what, double loss, double first_loss) const {
   const double uniform = std::log(double(corpus_.vocab_size));
-  if (std::isfinite(loss) && loss <= 2 * uniform) return;
-  char text[320];
-  std::snprintf(text, sizeof text,
-                "training diverged at step %lld (%s %.6g nats a token, above 2 ln V = %.2f; a "
-                "uniform guess over %lld tokens scores %.2f); nothing of this step was saved; "
-                "lower train.lr",
-                (long long)step, what, loss, 2 * uniform, (long long)corpus_.vocab_size, uniform);
+  const bool first_known = std::isfinite(first_loss) && first_loss > uniform;
+  const double bound = 2 * (first_known ? first_loss : uniform);
+  if (std::isfinite(loss) && loss <= bound) return;
+  char text[400];
+  if (!std::isfinite(loss) && step == 1)
+    std::snprintf(text, sizeof text,
+                  "training diverged at step 1 (%s %g before any update: not the learning rate; the "
+                  "untrained model's forward pass gives it); nothing was saved",
+                  what, loss);
+  else if (!std::isfinite(loss))
+    std::snprintf(text, sizeof text,
+                  "training diverged at step %lld (%s %g); nothing of this step was saved; lower train.lr",
+                  (long long)step, what, loss);
+  else if (first_known)
+    std::snprintf(text, sizeof text,
+                  "training diverged at step %lld (%s %.6g nats a token, above %.2f, twice the untrained "
+                  "model's %.2f at step 1; a uniform guess over %lld tokens scores %.2f); nothing of this "
+                  "step was saved; lower train.lr",
+                  (long long)step, what, loss, bound, first_loss, (long long)corpus_.vocab_size, uniform);
+  else
+    std::snprintf(text, sizeof text,
+                  "training diverged at step %lld (%s %.6g nats a token, above 2 ln V = %.2f; a "
+                  "uniform guess over %lld tokens scores %.2f); nothing of this step was saved; "
+                  "lower train.lr",
+                  (long long)step, what, loss, bound, (long long)corpus_.vocab_size, uniform);
   throw std::runtime_error(text);
 }
 
@@ -515,7 +539,7 @@ std::vector<std::pair<std::string, double>> Trainer::position_log_values() {
 void Trainer::validate_and_log(RunState& state) {
   const int64_t step = state.step;
   const double valid = validate();
-  check_divergence(step, "validation loss", valid);
+  check_divergence(step, "validation loss", valid, state.first_loss);
   state.summary.valid_curve.push_back({step, valid});
   state.record["valid_loss"] = valid;
   state.record["valid_perplexity"] = std::exp(valid);
@@ -569,6 +593,7 @@ void Trainer::save_run(RunState& state) {
   saved.valid_curve = summary.valid_curve;
   saved.pending_loss_sum = state.loss_sum;
   saved.pending_loss_count = state.loss_count;
+  saved.first_loss = state.first_loss;
   save_checkpoint(state.run_dir->path(), config_, state.manifest, saved, model_, optimizer_.get());
   fault_point("checkpoint", state.run_dir->path().string() + " step " + std::to_string(step));
 }

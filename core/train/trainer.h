@@ -100,8 +100,8 @@ class Trainer {
   // Trains to config.train.steps in the run directory config.train.out_dir (core/run/run_dir.h):
   // `resume` continues from its checkpoint when there is one; a run directory of another
   // config, a damaged checkpoint or a held lock is a ConfigError. A training or validation
-  // loss that is not finite or exceeds 2 ln V (twice a uniform guess's) stops the run with an
-  // error naming the step (nothing of it is saved).
+  // loss that is not finite, or exceeds twice the larger of ln V (a uniform guess's) and the
+  // run's step-1 loss, stops the run with an error naming the step (nothing of it is saved).
   TrainSummary run(RunStart start);
 
   TransformerLM& model() { return model_; }
@@ -141,7 +141,7 @@ class Trainer {
   void validate_and_log(RunState& state);
   std::vector<std::pair<std::string, double>> position_log_values();
   void write_metrics(RunState& state);
-  void check_divergence(int64_t step, const char* what, double loss) const;
+  void check_divergence(int64_t step, const char* what, double loss, double first_loss) const;
   void save_run(RunState& state);
   TrainSummary finish(RunState& state);
 

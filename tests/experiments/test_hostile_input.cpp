@@ -4,8 +4,10 @@
 // skip tokens, a report written over a file; and the small command-line items (keys' marks,
 // sweep --status, --help, the closing hint, a misspelt method, --max-tokens, word-level bpb).
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "core/results/results_store.h"
@@ -47,13 +49,23 @@ TEST_CASE("absurd sizes and learning rates are refused, an overflowing perplexit
   require_one_line_error(out, "lower model.d_model (1000000000), model.d_ffn (64) or model.layers (1)");
   CHECK(!fs::exists(d.root / "runs"));
 
-  // A loss above twice a uniform guess's is divergence, in train and in sweeps.
+  // A loss above twice the untrained model's (or ln V's, where that is larger) is divergence,
+  // in train and in sweeps.
   CHECK(run_cli(d, {"train", "-c", "t.yaml", "--set", "train.lr=100", "--set", "train.out_dir=runs/lr"},
                 &out) == 1);
   require_one_line_error(out, "training diverged at step ");
-  require_one_line_error(out, "nats a token, above 2 ln V = 11.10; a uniform guess over 257 tokens "
-                        "scores 5.55); nothing of this step was saved; lower train.lr");
+  require_one_line_error(out, "twice the untrained model's ");
+  require_one_line_error(out, " at step 1; a uniform guess over 257 tokens scores 5.55); nothing of this step was "
+                              "saved; lower train.lr");
   CHECK(!fs::exists(d.root / "runs/lr/checkpoint"));
+  // A wide model's untrained loss is above 2 ln V (its tied embeddings favour the input token
+  // by about sqrt(d_model)); at a learning rate that changes nothing it is no divergence.
+  REQUIRE(run_cli(d, {"train", "-c", "t.yaml", "--no-eval", "--set", "model.d_model=256", "--set", "train.lr=1e-9",
+                      "--set", "train.warmup=0", "--set", "train.steps=3", "--set", "train.checkpoint_every=1",
+                      "--set", "train.validate_every=0", "--set", "train.out_dir=runs/wide"},
+                  &out) == 0);
+  const auto wide = nlohmann::json::parse(read_text(d.root / "runs/wide/checkpoint/state.json"));
+  CHECK(wide.at("first_loss").get<double>() > 2 * std::log(257.0));  // the case this checks
   REQUIRE(run_cli(d, {"sweep", "tiny.yaml", "--quiet", "--set", "base.train.lr=100", "--set",
                       "grid.train.seed=[1]", "--set", "output.run_root=runs/lr", "--out",
                       "results/lr.h5"},
