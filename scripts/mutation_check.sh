@@ -39,7 +39,7 @@ core/base/files.cpp | if (::fsync(fd) != 0) { | if (false) { | durable write ski
 core/run/checkpoint.cpp | if (hex64(digest.hash) != entry.at("xxh3").get<std::string>()) | if (false) | checkpoint checksums not compared
 core/model/model.cpp | return h + f; | return f; | feed-forward residual dropped
 core/results/results_store.cpp | : "sliding_" + std::to_string(stride); | : "sliding_" + std::to_string(length); | sliding mode labelled with the length
-experiments/sweep/sweep_spec.cpp | lengths.insert(m * point.config.train.seq_len); | lengths.insert(m * point.config.train.seq_len + 1); | evaluation length mislabelled (multiple x L + 1)
+experiments/sweep/sweep_spec.cpp | lengths.insert(length_of_multiple(m, point.config.train.seq_len, spec.source, "eval.length_multiples")); | lengths.insert(length_of_multiple(m, point.config.train.seq_len, spec.source, "eval.length_multiples") + 1); | evaluation length mislabelled (multiple x L + 1)
 experiments/sweep/point_runner.cpp | p.stride = e.stride > 0 ? e.stride : e.length; | p.stride = e.stride > 0 ? e.stride : 0; | stride column 0 for non-overlapping rows
 experiments/sweep/sweep.cpp | if (!done.has_point(point.id, e.mode, e.length)) pending.push_back(e); | pending.push_back(e); | a resumed sweep evaluates recorded points again
 analysis/report.py | values.std(ddof=1) | values.std(ddof=0) | report's standard deviation with ddof 0
@@ -108,7 +108,7 @@ core/kernels/bf16_gemm.cpp | std::memcpy(row + 2 * j, bits(src + j * ld + k), 2 
 core/kernels/cpu_vector_math.h | auto* bits = reinterpret_cast<uint16_t*>(to + r * to_stride); | auto* bits = reinterpret_cast<uint16_t*>(to + r * n); | narrow_rows() writes its rows at their own width, not the destination's stride
 core/eval/evaluator.cpp | auto t = flat_targets.index_select(0, scored.narrow(0, c, len)); | auto t = flat_targets.index_select(0, scored.narrow(0, 0, len)); | every logit chunk of a batch scored against the first chunk's targets
 core/data/token_cache.cpp | header.source_bytes == key.source_bytes && header.source_hash == key.source_hash; | header.source_bytes == key.source_bytes; | the token cache trusts its source's size alone (a same-size edit reuses stale tokens)
-experiments/sweep/sweep_spec.cpp | for (auto m : retrieval.length_multiples) instance_sizes.insert(m * point.config.train.seq_len); | for (auto m : retrieval.length_multiples) instance_sizes.insert(m * spec.base_config.train.seq_len); | retrieval instance lengths from the base config's training length, not the grid point's
+experiments/sweep/sweep_spec.cpp | length_of_multiple(m, point.config.train.seq_len, spec.source, "eval.retrieval.length_multiples")); | length_of_multiple(m, spec.base_config.train.seq_len, spec.source, "eval.retrieval.length_multiples")); | retrieval instance lengths from the base config's training length, not the grid point's
 core/train/trainer.cpp | (part / double(count)).backward(); | if (a == 0) (part / double(count)).backward(); | only the first micro-batch of an accumulated step reaches the gradient
 core/eval/retrieval_eval.cpp | const TaskInstance& instance = trials[first + size_t(b)].instance; | const TaskInstance& instance = trials[size_t(b)].instance; | every retrieval batch is fed the first batch's instances
 core/attention/fused_cpu_attention.cpp | const int64_t block = turn % 2 == 0 ? turn / 2 : blocks - 1 - turn / 2; | const int64_t block = turn % 2 == 0 ? turn / 2 : blocks - 2 - turn / 2; | the inference kernel computes one query block twice and never the last
@@ -265,6 +265,11 @@ core/kernels/fused_adamw.cpp | if (!counters.empty()) at::_foreach_add_(counters
 core/attention/attention.cpp | const auto left_seen = *looks_left ? torch::ones_like(left) : diagonal; | const auto left_seen = *looks_left ? diagonal : torch::ones_like(left); | a linear bias whose heads all look left hides every earlier key (the device-built direction mask inverted)
 core/train/trainer.cpp | loss = loss.defined() ? loss + share : share; | loss = share; | an accumulated step's logged loss is its last micro-batch's, not their mean
 core/attention/stick_breaking.cpp | const auto hidden = visible_keys(bias, keys - n, keys, qf.device()).logical_not(); | const auto hidden = torch::zeros({n, keys}, torch::kBool); | stick-breaking's blocked backward sends gradient to keys a row cannot see (the diagonal, the future, beyond a window)
+experiments/sweep/sweep_spec.cpp | if (__builtin_mul_overflow(multiple, train_length, &length)) | if (__builtin_mul_overflow(multiple, train_length, &length) && false) | a length multiple past 64 bits is evaluated at a wrapped (negative or small) length
+experiments/sweep/sweep_spec.cpp | if (inner.key.rfind(outer.key + ".", 0) == 0) | if (false) | grid axes position and position.name both set the method, the inner one silently winning under the outer one's label
+experiments/sweep/sweep_spec.cpp |     if (!fresh) |     if (false) | grid values spelt differently (seed 1 and 01) train one model twice, pooled as seeds
+experiments/sweep/sweep.cpp | if (!close(a.perplexity, b.perplexity, 1e-9)) return | if (false) return | merge keeps the first file's perplexity where two files disagree on it
+core/train/trainer.cpp | if (step == 1) state.first_loss = step_loss; | ; | a wide model's untrained loss (above 2 ln V) is called divergence at step 1
 EOF
 )
 

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <iomanip>
 #include <map>
 #include <optional>
 #include <set>
@@ -236,38 +237,54 @@ void run_points(const SweepSpec& spec, const std::vector<const SweepPoint*>& poi
   }
 }
 
-// Whether two records of one point hold the same numbers (evaluations of one model on one
-// machine agree to rounding; different threads may change the summation order).
-bool same_numbers(const PointRecord& a, const PointRecord& b) {
-  if (a.status != b.status || a.scored_tokens != b.scored_tokens) return false;
-  if (!a.ok()) return true;
-  if (a.retrieval.size() != b.retrieval.size()) return false;
+// Where two records of one point differ ("" where they hold the same numbers: evaluations of
+// one model on one machine agree to rounding; different threads may change the summation
+// order). The time taken may differ.
+std::string number_difference(const PointRecord& a, const PointRecord& b) {
+  const auto close = [](double x, double y, double tolerance) {
+    return (std::isnan(x) && std::isnan(y)) || std::abs(x - y) <= tolerance * std::max(1.0, std::abs(x));
+  };
+  const auto both = [](const auto& x, const auto& y) {
+    std::ostringstream text;
+    text << std::setprecision(17) << x << " vs " << y;
+    return text.str();
+  };
+  if (a.status != b.status) return "status " + a.status + " vs " + b.status;
+  if (a.scored_tokens != b.scored_tokens) return "scored tokens " + both(a.scored_tokens, b.scored_tokens);
+  if (!a.ok()) return "";
+  if (a.retrieval.size() != b.retrieval.size()) return "retrieval depths " + both(a.retrieval.size(), b.retrieval.size());
   for (size_t i = 0; i < a.retrieval.size(); ++i)
-    if (a.retrieval[i].depth != b.retrieval[i].depth ||
-        a.retrieval[i].correct != b.retrieval[i].correct ||
+    if (a.retrieval[i].depth != b.retrieval[i].depth || a.retrieval[i].correct != b.retrieval[i].correct ||
         a.retrieval[i].trials != b.retrieval[i].trials)
-      return false;
-  if (a.longppl.has_value() != b.longppl.has_value()) return false;
+      return "retrieval at depth " + std::to_string(a.retrieval[i].depth) + ": " +
+             std::to_string(a.retrieval[i].correct) + " of " + std::to_string(a.retrieval[i].trials) + " vs " +
+             std::to_string(b.retrieval[i].correct) + " of " + std::to_string(b.retrieval[i].trials);
+  if (a.longppl.has_value() != b.longppl.has_value()) return "LongPPL recorded in one file only";
   if (a.longppl) {
     const LongPplRecord &x = *a.longppl, &y = *b.longppl;
     if (x.status != y.status || x.short_length != y.short_length || x.key_tokens != y.key_tokens ||
         x.candidates != y.candidates)
-      return false;
-    if (x.ok() && std::abs(x.key_nll_sum - y.key_nll_sum) > 1e-9 * std::max(1.0, std::abs(x.key_nll_sum)))
-      return false;
+      return "LongPPL's key tokens (" + x.status + ", " + std::to_string(x.key_tokens) + " vs " + y.status + ", " +
+             std::to_string(y.key_tokens) + ")";
+    if (x.ok() && !close(x.key_nll_sum, y.key_nll_sum, 1e-9)) return "LongPPL's key NLL " + both(x.key_nll_sum, y.key_nll_sum);
   }
   if (is_profile_mode(a.mode)) {  // float32 weights summed in float64: agree to 1e-5
-    if (a.attention_profile.size() != b.attention_profile.size()) return false;
+    if (a.attention_profile.size() != b.attention_profile.size())
+      return "attention-profile cells " + both(a.attention_profile.size(), b.attention_profile.size());
     for (size_t i = 0; i < a.attention_profile.size(); ++i) {
       const ProfileCell &x = a.attention_profile[i], &y = b.attention_profile[i];
       if (x.layer != y.layer || x.head != y.head || x.begin != y.begin || x.end != y.end ||
           !(std::abs(x.mass - y.mass) <= 1e-5) || !(std::abs(x.entropy - y.entropy) <= 1e-5) ||
           !(std::abs(x.sink - y.sink) <= 1e-5))
-        return false;
+        return "the attention profile of layer " + std::to_string(x.layer) + " head " + std::to_string(x.head);
     }
-    return true;
+    return "";
   }
-  return std::abs(a.nll_sum - b.nll_sum) <= 1e-9 * std::max(1.0, std::abs(a.nll_sum));
+  if (!close(a.nll_sum, b.nll_sum, 1e-9)) return "NLL " + both(a.nll_sum, b.nll_sum);
+  // Derived from the NLL, but stored: a file whose derived numbers were edited or damaged.
+  if (!close(a.perplexity, b.perplexity, 1e-9)) return "perplexity " + both(a.perplexity, b.perplexity);
+  if (!close(a.bits_per_byte, b.bits_per_byte, 1e-9)) return "bits per byte " + both(a.bits_per_byte, b.bits_per_byte);
+  return "";
 }
 
 // The error for one point recorded with different numbers in two files.
@@ -275,9 +292,7 @@ ConfigError conflict(const PointRecord& first, const std::string& first_file,
                      const PointRecord& second, const std::string& second_file) {
   return ConfigError("point (" + second.run_id + ", " + second.mode + ", L=" +
                      std::to_string(second.eval_length) + ") differs between " + first_file +
-                     " and " + second_file + " (" + first.status + ", NLL " +
-                     std::to_string(first.nll_sum) + " vs " + second.status + ", NLL " +
-                     std::to_string(second.nll_sum) +
+                     " and " + second_file + " (" + number_difference(first, second) +
                      "): these files hold different runs under one name; nothing merged");
 }
 
@@ -298,7 +313,7 @@ void absorb(ResultsStore& store, const ResultsStore& source, MergeOutcome& outco
     const PointRecord* other = store.point(p.run_id, p.mode, p.eval_length);
     if (!other && adding.count(key)) other = adding.at(key);
     if (other) {
-      if (!same_numbers(*other, p)) throw conflict(*other, store.path(), p, source.path());
+      if (!number_difference(*other, p).empty()) throw conflict(*other, store.path(), p, source.path());
       ++outcome.points_already_present;
       continue;
     }
@@ -592,7 +607,7 @@ MergeOutcome merge_results(const std::string& output, const std::vector<std::str
         const auto found = seen.find(key);
         if (found == seen.end()) {
           seen[key] = {&p, file->path()};
-        } else if (!same_numbers(*found->second.first, p)) {
+        } else if (!number_difference(*found->second.first, p).empty()) {
           throw conflict(*found->second.first, found->second.second, p, file->path());
         }
       }

@@ -321,6 +321,23 @@ void read_grid(const OptionReader& root, YAML::Node& doc, const std::string& pat
     }
     spec.grid.push_back(std::move(axis));
   }
+  // One axis inside another (position and position.name) would set one key twice, the inner
+  // axis overriding the outer one's value in every point it labels.
+  for (const auto& outer : spec.grid)
+    for (const auto& inner : spec.grid)
+      if (inner.key.rfind(outer.key + ".", 0) == 0)
+        grid_reader.fail(inner.key, "lies inside the axis '" + outer.key +
+                                        "': both would set it, and the points' labels would not say which value ran; "
+                                        "keep one of them");
+  // The points expand_grid lists, refused above a million (it would run out of memory first).
+  constexpr int64_t kMostPoints = 1'000'000;
+  int64_t total = 1;
+  for (const auto& axis : spec.grid) {
+    total *= int64_t(axis.values.size());
+    if (total > kMostPoints)
+      root.fail("grid", "more than " + std::to_string(kMostPoints) +
+                            " points (the axes' sizes multiplied); split the sweep into several");
+  }
 }
 
 // Checks a given eval.retrieval plan: a task, instance lengths, and depths and samples that
@@ -550,6 +567,7 @@ std::vector<SweepPoint> expand_grid(const SweepSpec& spec) {
 
   std::vector<SweepPoint> points;
   std::set<std::string> ids;
+  std::map<std::string, std::string> id_of_config;  // each point's resolved config, for twins
   bool any_scalable = false;
   bool any_causal = false;
   for (int64_t index = 0; index < total; ++index) {
@@ -584,11 +602,19 @@ std::vector<SweepPoint> expand_grid(const SweepSpec& spec) {
                         "; give the values distinct names");
 
     point.config = config_from_yaml(root, spec.source + " (grid point " + point.id + ")");
-    point.config.train.out_dir = (fs::path(spec.run_root) / point.id).string();
     check_position_method(point.config);  // a typo in its options fails before anything runs
+    // Values spelt differently (seed 1 and 01, lr 0.001 and 1e-3) resolve to one config: such
+    // points would train one model twice and a report would pool them as seeds.
+    const auto [twin, fresh] = id_of_config.emplace(YAML::Dump(point.config.to_yaml()), point.id);
+    if (!fresh)
+      throw ConfigError(spec.source + ": grid points " + twin->second + " and " + point.id +
+                        " resolve to the same config (values that differ only in how they are written); "
+                        "list each value once");
+    point.config.train.out_dir = (fs::path(spec.run_root) / point.id).string();
 
     std::set<int64_t> lengths(spec.eval.lengths.begin(), spec.eval.lengths.end());
-    for (auto m : spec.eval.length_multiples) lengths.insert(m * point.config.train.seq_len);
+    for (auto m : spec.eval.length_multiples)
+      lengths.insert(length_of_multiple(m, point.config.train.seq_len, spec.source, "eval.length_multiples"));
     std::set<int64_t> strides(spec.eval.strides.begin(), spec.eval.strides.end());
     const bool scalable = has_rotary_angles(point.config);
     const std::vector<RopeScalingKind> variants =
@@ -634,7 +660,9 @@ std::vector<SweepPoint> expand_grid(const SweepSpec& spec) {
     if (retrieval.task != RetrievalTask::none && point.config.model.causal()) {
       any_causal = true;
       std::set<int64_t> instance_sizes(retrieval.lengths.begin(), retrieval.lengths.end());
-      for (auto m : retrieval.length_multiples) instance_sizes.insert(m * point.config.train.seq_len);
+      for (auto m : retrieval.length_multiples)
+        instance_sizes.insert(
+            length_of_multiple(m, point.config.train.seq_len, spec.source, "eval.retrieval.length_multiples"));
       for (int64_t length : instance_sizes)
         for (auto kind : variants) {
           EvalPoint e = eval_point(length, 0,
@@ -653,7 +681,7 @@ std::vector<SweepPoint> expand_grid(const SweepSpec& spec) {
     }
     const SweepAttentionProfile& profile = spec.eval.attention_profile;
     if (profile.enabled)
-      for (int64_t length : profile.lengths_for(point.config.train.seq_len, *lengths.rbegin())) {
+      for (int64_t length : profile.lengths_for(point.config.train.seq_len, *lengths.rbegin(), spec.source)) {
         EvalPoint e = eval_point(length, 0, kProfileMode, RopeScalingKind::none, 0);
         e.profile = true;
         e.profile_windows = profile.windows;
@@ -690,9 +718,19 @@ std::vector<SweepPoint> expand_grid(const SweepSpec& spec) {
   return points;
 }
 
-std::set<int64_t> SweepAttentionProfile::lengths_for(int64_t train_length, int64_t longest) const {
+int64_t length_of_multiple(int64_t multiple, int64_t train_length, const std::string& source, const std::string& key) {
+  int64_t length = 0;
+  if (__builtin_mul_overflow(multiple, train_length, &length))
+    throw ConfigError(source + ": " + key + ": " + std::to_string(multiple) + " x train.seq_len " +
+                      std::to_string(train_length) + " is past a 64-bit token count");
+  return length;
+}
+
+std::set<int64_t> SweepAttentionProfile::lengths_for(int64_t train_length, int64_t longest,
+                                                     const std::string& source) const {
   std::set<int64_t> out(lengths.begin(), lengths.end());
-  for (int64_t m : length_multiples) out.insert(m * train_length);
+  for (int64_t m : length_multiples)
+    out.insert(length_of_multiple(m, train_length, source, "eval.attention_profile.length_multiples"));
   if (out.empty()) out = {train_length, longest};
   return out;
 }

@@ -115,9 +115,14 @@ struct SweepAttentionProfile {
   std::vector<int64_t> length_multiples;  // of train.seq_len
   int64_t windows = 4;
 
-  // The lengths for a point trained at `train_length` whose longest evaluation is `longest`.
-  std::set<int64_t> lengths_for(int64_t train_length, int64_t longest) const;
+  // The lengths for a point trained at `train_length` whose longest evaluation is `longest`;
+  // `source`, the sweep file, for a refusal (length_of_multiple).
+  std::set<int64_t> lengths_for(int64_t train_length, int64_t longest, const std::string& source) const;
 };
+
+// multiple x train_length, the length a length multiple names; a product past 64 bits is a
+// ConfigError naming `key` in `source` (not a negative or wrapped length evaluated silently).
+int64_t length_of_multiple(int64_t multiple, int64_t train_length, const std::string& source, const std::string& key);
 
 struct SweepEval {
   std::vector<int64_t> lengths;           // absolute

@@ -268,5 +268,25 @@ TEST_CASE("a full disk names the file and keeps every earlier result, and merges
   require_one_line_error(out, "point (alibi-seed1, nonoverlapping, L=16) differs between "
                               "results/a.h5 and results/b.h5");
   CHECK(out.find("nothing merged") != std::string::npos);
+  CHECK(out.find("(NLL ") != std::string::npos);  // the field that differs, with both values
   CHECK(!fs::exists(d.root / "results/m.h5"));
+
+  // A file whose stored perplexity was edited (or damaged) while its NLL was not: the merge
+  // names the field, whichever file comes first.
+  {
+    const ResultsStore a = ResultsStore::open((d.root / "results/a.h5").string());
+    ResultsStore c = ResultsStore::open_or_create((d.root / "results/c.h5").string(), a.header());
+    std::vector<extrap::RunRecord> runs;
+    for (const auto& [id, run] : a.runs()) runs.push_back(run);
+    auto points = a.points();
+    REQUIRE(points.front().ok());
+    points.front().perplexity *= 2;
+    c.write(runs, points);
+  }
+  for (const auto& order : {std::vector<std::string>{"results/a.h5", "results/c.h5"},
+                            std::vector<std::string>{"results/c.h5", "results/a.h5"}}) {
+    CHECK(run_cli(d, {"merge", "results/m.h5", order[0], order[1]}, &out) == 2);
+    require_one_line_error(out, "differs between " + order[0] + " and " + order[1] + " (perplexity ");
+    CHECK(!fs::exists(d.root / "results/m.h5"));
+  }
 }

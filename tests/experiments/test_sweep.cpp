@@ -134,9 +134,35 @@ TEST_CASE("sweep grid expansion: nested-loop order and count with overrides and 
   CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "base.train.stepz=3"}, &out) == 2);
   CHECK(out.find("key 'train.stepz' (set on the command line or by a sweep's grid): unknown key") !=
         std::string::npos);
-  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "grid.position.name=[alibii]"},
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "grid.position=[{name: alibii}]"},
                 &out) == 2);
   CHECK(out.find("alibii") != std::string::npos);
+
+  // An axis inside another would set one key twice, under the outer axis's label.
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "grid.position.name=[alibi]"}, &out) == 2);
+  require_one_line_error(out, "key 'grid.position.name' (set on the command line or by a sweep's grid): lies inside "
+                              "the axis 'position'");
+  // Values written differently that resolve to one config: one model trained twice.
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "grid.train.seed=[1, 01]"}, &out) == 2);
+  require_one_line_error(out, "grid points alibi-seed1 and alibi-seed01 resolve to the same config");
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "grid.train.lr=[0.001, 1e-3]"}, &out) == 2);
+  require_one_line_error(out, "resolve to the same config");
+  // A grid too large to list (1001 x 1001 points).
+  std::string counts;
+  for (int v = 1; v <= 1001; ++v) counts += (v > 1 ? "," : "") + std::to_string(v);
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "grid.train.steps=[" + counts + "]", "--set",
+                    "grid.train.log_every=[" + counts + "]"}, &out) == 2);
+  require_one_line_error(out, "more than 1000000 points");
+  // A length multiple whose length does not fit in 64 bits (2^59 x 16 wraps negative): refused
+  // naming the list, not evaluated at a wrapped length.
+  for (const std::string& key : {std::string("eval.length_multiples"),
+                                 std::string("eval.attention_profile.length_multiples")}) {
+    CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", key + "=[1, 576460752303423488]"}, &out) == 2);
+    require_one_line_error(out, key + ": 576460752303423488 x train.seq_len 16 is past a 64-bit token count");
+  }
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set",
+                    "eval.retrieval={task: passkey, length_multiples: [576460752303423489]}"}, &out) == 2);
+  require_one_line_error(out, "eval.retrieval.length_multiples: 576460752303423489 x train.seq_len 16");
 }
 
 TEST_CASE("sweep grid: one layers axis lists points of other methods, options and patterns", "[sweep][pattern]") {
