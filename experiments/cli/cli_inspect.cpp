@@ -237,6 +237,12 @@ int inspect(const Args& args) {
   if (!parse(rest, "extrap inspect bias --position NAME --heads H --length T [--bidirectional] [--window W] [--chunk C]",
              options, vm))
     return 0;
+  // It prints H x T x T numbers: past a few thousand a screen cannot show them, and the matrix
+  // alone would outgrow memory (10^5 is 40 GB a head).
+  constexpr int64_t kLongestShown = 4096;
+  if (length < 1 || length > kLongestShown)
+    throw ConfigError("--length " + std::to_string(length) + ": must be 1 to " + std::to_string(kLongestShown) +
+                      " (the matrix is printed whole, T x T numbers a head)");
   auto& registry = PositionRegistry::instance();
   for (const auto& p : plugins) registry.load_plugin(p);
   bool causal = !vm.count("bidirectional");

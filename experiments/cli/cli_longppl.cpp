@@ -37,8 +37,11 @@ int evaluate_longppl_all(TransformerLM& model, TransformerLM* reference, const C
             short_eval, spec);
         const LongPplResult r = longppl(evaluated, keys);
         const double seconds = evaluated.seconds + short_eval.seconds;
-        std::printf("%-10lld %10.4f %10.4f %11lld %11lld %8.2f\n", (long long)length,
-                    evaluated.perplexity, r.longppl, (long long)r.key_tokens,
+        // With no key token LongPPL is empty, not a number (docs/evaluation.md).
+        char longppl_text[32] = "-";
+        if (std::isfinite(r.longppl)) std::snprintf(longppl_text, sizeof longppl_text, "%.4f", r.longppl);
+        std::printf("%-10lld %10.4f %10s %11lld %11lld %8.2f\n", (long long)length,
+                    evaluated.perplexity, longppl_text, (long long)r.key_tokens,
                     (long long)r.candidates, seconds);
         if (rows)
           rows->push_back({{"length", length}, {"status", "ok"},

@@ -209,6 +209,11 @@ TEST_CASE("command line: inspect slopes and bias print exact values", "[cli]") {
   r = run_cli({"inspect", "bias", "--position", "alibi", "--heads", "1", "--length", "4", "--chunk", "-3"});
   CHECK(r.status != 0);
   CHECK_THAT(r.output, Catch::Contains("--chunk -3: must not be negative"));
+  for (const char* length : {"0", "100000"}) {
+    r = run_cli({"inspect", "bias", "--position", "alibi", "--heads", "2", "--length", length});
+    CHECK(r.status == 2);
+    CHECK_THAT(r.output, Catch::Contains(std::string("--length ") + length + ": must be 1 to 4096"));
+  }
   r = run_cli({"inspect", "bias", "--position", "nope", "--heads", "2", "--length", "3"});
   REQUIRE(r.status == 2);
   REQUIRE_THAT(r.output, Catch::Contains("unknown position method 'nope'"));
