@@ -270,6 +270,8 @@ experiments/sweep/sweep_spec.cpp | if (inner.key.rfind(outer.key + ".", 0) == 0)
 experiments/sweep/sweep_spec.cpp |     if (!fresh) |     if (false) | grid values spelt differently (seed 1 and 01) train one model twice, pooled as seeds
 experiments/sweep/sweep.cpp | if (!close(a.perplexity, b.perplexity, 1e-9)) return | if (false) return | merge keeps the first file's perplexity where two files disagree on it
 core/train/trainer.cpp | if (step == 1) state.first_loss = step_loss; | ; | a wide model's untrained loss (above 2 ln V) is called divergence at step 1
+core/train/trainer.cpp | if (valid_tokens < window) | if (false) | a validation split that cannot fill one window is found only at the first validation, after training
+core/runtime/sysinfo.cpp | requested > kMostThreads) | requested > (int64_t(1) << 40)) | a thread count no CPU has reaches the thread pools (100,000 segfaulted)
 EOF
 )
 

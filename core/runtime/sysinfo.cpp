@@ -1,6 +1,7 @@
 #include "core/runtime/sysinfo.h"
 
 #include "core/base/allocator.h"
+#include "core/base/errors.h"
 #include "core/runtime/cpu_isa.h"
 #include "core/runtime/cuda_support.h"
 #include "core/runtime/distributed.h"
@@ -71,7 +72,17 @@ std::string iso_time_now() {
   return buffer;
 }
 
+namespace {
+constexpr int64_t kMostThreads = 1024;
+}  // namespace
+
 int configure_threads(int64_t requested) {
+  // Thousands of threads crash inside the thread pools (100,000 segfaulted) long before they
+  // could help: no CPU has that many cores.
+  if (requested < 0 || requested > kMostThreads)
+    throw ConfigError("CPU threads " + std::to_string(requested) + ": must be 0 (all cores) to " +
+                      std::to_string(kMostThreads) + " (this machine has " + std::to_string(available_cores()) +
+                      " cores)");
   // Data-parallel ranks on one machine share its cores.
   const auto& ranks = ProcessGroup::environment();
   const int threads = requested > 0 ? int(requested)

@@ -135,6 +135,20 @@ Trainer::Trainer(Config config, const Corpus& corpus)
     throw ConfigError(config_.source + ": the training split has " +
                       std::to_string(corpus.train.size()) + " tokens: too few for train.seq_len " +
                       std::to_string(config_.train.seq_len));
+  // Validation (every train.validate_every steps, and at the last) scores windows of seq_len
+  // from the first train.validate_tokens of the validation split; one that cannot fill a
+  // window is refused now, not after the steps before the first validation (and before
+  // --overwrite clears the run directory).
+  const int64_t valid_split = corpus.valid.size(), limit = config_.train.validate_tokens;
+  const int64_t valid_tokens = limit > 0 ? std::min(limit, valid_split) : valid_split;
+  const int64_t window = config_.train.seq_len + (config_.model.causal() ? 1 : 0);
+  if (valid_tokens < window)
+    throw ConfigError(config_.source + ": validation needs " + std::to_string(window) + " tokens (a window of " +
+                      "train.seq_len " + std::to_string(config_.train.seq_len) + "); " +
+                      (limit > 0 && limit < valid_split
+                           ? "train.validate_tokens is " + std::to_string(limit) + " (the split has " +
+                                 std::to_string(valid_split) + ")"
+                           : "the validation split has " + std::to_string(valid_split)));
   model_->to(device_);
   if (group_) {
     const int64_t micro = micro_batch_sequences(config_.train);

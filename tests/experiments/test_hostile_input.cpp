@@ -58,6 +58,17 @@ TEST_CASE("absurd sizes and learning rates are refused, an overflowing perplexit
   require_one_line_error(out, " at step 1; a uniform guess over 257 tokens scores 5.55); nothing of this step was "
                               "saved; lower train.lr");
   CHECK(!fs::exists(d.root / "runs/lr/checkpoint"));
+  // Validation that cannot fill one window of seq_len is refused before any step (and before
+  // --overwrite clears a run directory), naming the key that limits it.
+  CHECK(run_cli(d, {"train", "-c", "t.yaml", "--set", "train.validate_tokens=10", "--set", "train.out_dir=runs/vt"},
+                &out) == 2);
+  require_one_line_error(out, "validation needs 17 tokens (a window of train.seq_len 16); train.validate_tokens is 10");
+  CHECK(!fs::exists(d.root / "runs/vt"));
+  // Thread counts no CPU has are refused (100,000 segfaulted in the thread pools).
+  CHECK(run_cli(d, {"train", "-c", "t.yaml", "--set", "train.threads=100000", "--set", "train.out_dir=runs/th"},
+                &out) == 2);
+  require_one_line_error(out, "CPU threads 100000: must be 0 (all cores) to 1024");
+  CHECK(!fs::exists(d.root / "runs/th"));
   // A wide model's untrained loss is above 2 ln V (its tied embeddings favour the input token
   // by about sqrt(d_model)); at a learning rate that changes nothing it is no divergence.
   REQUIRE(run_cli(d, {"train", "-c", "t.yaml", "--no-eval", "--set", "model.d_model=256", "--set", "train.lr=1e-9",
