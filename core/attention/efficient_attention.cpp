@@ -8,7 +8,7 @@
 //   * Gives the same numbers as attention_reference() up to fp32 rounding: diagonal tiles take
 //     their bias from materialize_bias() / materialize_bias_block() (the reference's own code),
 //     the other tiles compute the same slope x distance products, and probabilities below
-//     e^-64 of a row's maximum are dropped (see kNegligible).
+//     e^-64 of a row's maximum are dropped (see kNegligibleShift).
 //   * Key tiles that no head can see (above the diagonal when causal, or on a side that no
 //     head of a linear bias looks at) are never computed.
 #include "core/attention/efficient_attention.h"
@@ -31,11 +31,11 @@
 namespace extrap {
 namespace {
 
-constexpr float kInf = std::numeric_limits<float>::infinity();
-constexpr double kNegligible = -64.0;  // see the online softmax in attend_query_block()
+constexpr float kInfinity = std::numeric_limits<float>::infinity();
+constexpr double kNegligibleShift = -64.0;  // see the online softmax in attend_query_block()
 
 // Everything a worker needs, shared read-only between threads.
-struct Problem {
+struct TiledProblem {
   torch::Tensor q, k, v;  // (G, T, D) fp32, G = B * H
   int64_t batch = 0, heads = 0, tq = 0, tk = 0, d = 0;
   double scale = 1.0;  // 1 / sqrt(D), applied to each query tile
@@ -65,7 +65,7 @@ enum class Side { Left, Diagonal, Right };
 // Adds the bias (masks included) of rows [q0, q1) and columns [k0, k1) to scores.
 // scores: (B, H, q1 - q0, k1 - k0). A Left tile has every j < i, a Right tile every j > i; the
 // Diagonal tile starts at k0 == q0.
-void add_tile_bias(const Problem& p, torch::Tensor& scores, Side side, int64_t q0, int64_t q1,
+void add_tile_bias(const TiledProblem& p, torch::Tensor& scores, Side side, int64_t q0, int64_t q1,
                    int64_t k0, int64_t k1) {
   const int64_t rows = q1 - q0, cols = k1 - k0;
   if (p.bias->kind == AttentionBias::Kind::Dense ||
@@ -85,11 +85,11 @@ void add_tile_bias(const Problem& p, torch::Tensor& scores, Side side, int64_t q
 // The keys are visited as the diagonal square [q0, q1), then tiles of at most key_block
 // leftwards from q0 and rightwards from q1, so that only the diagonal tile mixes sides.
 // score_buffer: at least G * query_block * max(query_block, key_block) floats, reused.
-void attend_query_block(const Problem& p, int64_t q0, int64_t q1, torch::Tensor& score_buffer,
+void attend_query_block(const TiledProblem& p, int64_t q0, int64_t q1, torch::Tensor& score_buffer,
                         torch::Tensor& out) {
   const int64_t groups = p.q.size(0), rows = q1 - q0;
   auto q_tile = p.q.narrow(1, q0, rows) * p.scale;                              // (G, bq, D)
-  auto running_max = torch::full({groups, rows, 1}, -kInf, q_tile.options());  // (G, bq, 1)
+  auto running_max = torch::full({groups, rows, 1}, -kInfinity, q_tile.options());  // (G, bq, 1)
   auto running_sum = torch::zeros({groups, rows, 1}, q_tile.options());        // (G, bq, 1)
   auto accumulator = torch::zeros({groups, rows, p.d}, q_tile.options());      // (G, bq, D)
   if (p.sink.defined()) {  // the sink's column first: a logit s_h, e^0 = 1 in the sum, no value
@@ -123,7 +123,7 @@ void attend_query_block(const Problem& p, int64_t q0, int64_t q1, torch::Tensor&
     // Dense and cumulative tiles come from materialize_bias_block(), window and chunk included.
     const bool own_masks = p.bias->kind != AttentionBias::Kind::Dense && p.bias->kind != AttentionBias::Kind::Cumulative;
     if (own_masks && p.bias->masks_some(q0, q1, k0, k1))
-      scores.masked_fill_(p.bias->option_mask(q0, q1, k0, k1), -kInf);
+      scores.masked_fill_(p.bias->option_mask(q0, q1, k0, k1), -kInfinity);
     if (contextual) {  // the gates see the masked scores before the contextual bias
       auto gates = torch::sigmoid(scores);  // (G, bq, bk)
       auto positions = (gates.flip(-1).cumsum(-1).flip(-1) + gate_carry)
@@ -135,20 +135,20 @@ void attend_query_block(const Problem& p, int64_t q0, int64_t q1, torch::Tensor&
                   z.gather(-1, positions.ceil().to(torch::kLong)).mul_(w));
     }
     if (row_scale.defined()) {  // masked entries stay -inf whatever the factor (0 where n_i = 1)
-      const auto masked = scores == -kInf;
-      scores.mul_(row_scale).masked_fill_(masked, -kInf);
+      const auto masked = scores == -kInfinity;
+      scores.mul_(row_scale).masked_fill_(masked, -kInfinity);
     }
 
     // Online softmax. A row that has seen only masked keys so far keeps max -inf; it is
     // shifted by 0 instead, so that exp(-inf - shift) = 0 rather than NaN.
     auto new_max = torch::maximum(running_max, scores.amax(-1, /*keepdim=*/true));  // (G, bq, 1)
-    auto shift = new_max.masked_fill(new_max == -kInf, 0.0);
+    auto shift = new_max.masked_fill(new_max == -kInfinity, 0.0);
     auto rescale = (running_max - shift).exp_();  // 0 for rows that had nothing
-    // Probabilities, unnormalised. Scores more than kNegligible below the row's maximum become
+    // Probabilities, unnormalised. Scores more than kNegligibleShift below the row's maximum become
     // exact zeros: they weigh less than e^-64 (1.6e-28) of the maximum, far below fp32
     // rounding, and would otherwise be denormal numbers, on which the probabilities x values
     // product runs several times slower (ALiBi tiles far from the diagonal are full of them).
-    torch::threshold_(scores.sub_(shift), kNegligible, -kInf).exp_();
+    torch::threshold_(scores.sub_(shift), kNegligibleShift, -kInfinity).exp_();
     running_sum.mul_(rescale).add_(scores.sum(-1, /*keepdim=*/true));
     accumulator.mul_(rescale).baddbmm_(scores, p.v.narrow(1, k0, cols));
     running_max = new_max;
@@ -208,11 +208,11 @@ void check_efficient_inputs(const torch::Tensor& q, const torch::Tensor& k, cons
 }
 
 // The shared problem: fp32 (G, T, D) copies of q, k and v and the bias prepared for tiles.
-Problem make_problem(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+TiledProblem tiled_problem(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                      const AttentionBias& bias, const AttentionOptions& options,
                      const EfficientAttentionBlocks& blocks) {
   const bool linear = bias.kind == AttentionBias::Kind::Linear;
-  Problem p;
+  TiledProblem p;
   p.batch = q.size(0);
   p.heads = q.size(1);
   p.tq = q.size(2);
@@ -247,9 +247,9 @@ Problem make_problem(const torch::Tensor& q, const torch::Tensor& k, const torch
     p.tile_offsets = rows - cols;  // (bq, bk)
     auto left = -bias.slopes_left.to(torch::kCPU, torch::kFloat32);
     auto right = bias.slopes_right.to(torch::kCPU, torch::kFloat32);
-    p.left_coefficient = left.masked_fill(bias.look_left.logical_not(), -kInf).view({-1, 1, 1});
+    p.left_coefficient = left.masked_fill(bias.look_left.logical_not(), -kInfinity).view({-1, 1, 1});
     p.right_coefficient =
-        right.masked_fill(bias.look_right.logical_not(), kInf).view({-1, 1, 1});
+        right.masked_fill(bias.look_right.logical_not(), kInfinity).view({-1, 1, 1});
     p.any_left = bias.look_left.any().item<bool>();
     p.any_right = p.any_right && bias.look_right.any().item<bool>();
   }
@@ -268,7 +268,7 @@ Problem make_problem(const torch::Tensor& q, const torch::Tensor& k, const torch
 }
 
 // Attends every query block, spread over the worker threads; returns (G, Tq, D).
-torch::Tensor attend_query_blocks(const Problem& p) {
+torch::Tensor attend_query_blocks(const TiledProblem& p) {
   const int64_t groups = p.batch * p.heads;
   const EfficientAttentionBlocks& blocks = p.blocks;
   auto out = torch::empty({groups, p.tq, p.d}, p.q.options());  // (G, Tq, D)
@@ -307,7 +307,7 @@ torch::Tensor attention_efficient(const torch::Tensor& q, const torch::Tensor& k
     return attention_reference_blocked(q, k, v, bias, options, blocks.query_block);
   check_efficient_inputs(q, k, v, bias, options, blocks);
   torch::NoGradGuard no_grad;
-  const Problem p = make_problem(q, k, v, bias, options, blocks);
+  const TiledProblem p = tiled_problem(q, k, v, bias, options, blocks);
   auto out = attend_query_blocks(p);  // (G, Tq, D)
   return out.view({p.batch, p.heads, p.tq, p.d}).to(q.scalar_type());
 }

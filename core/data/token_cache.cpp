@@ -19,7 +19,7 @@ namespace {
 
 constexpr char kMagic[8] = {'E', 'X', 'T', 'R', 'A', 'P', 'T', 'C'};
 // Bump when the header, the payload layout or a tokeniser's output changes.
-constexpr uint32_t kFormatVersion = 2;  // 2: XXH3 checksums
+constexpr uint32_t kCacheFormat = 2;  // 2: XXH3 checksums
 
 struct CacheHeader {
   char magic[8];
@@ -100,9 +100,9 @@ std::optional<CacheFile> open_cache(const std::string& path, const CacheKey& key
   CacheHeader header;
   std::memcpy(&header, mapping.get(), sizeof(header));
   if (std::memcmp(header.magic, kMagic, sizeof(kMagic)) != 0) return corrupt("bad magic");
-  if (header.version != kFormatVersion) {
+  if (header.version != kCacheFormat) {
     return stale("format version " + std::to_string(header.version) + ", expected " +
-                 std::to_string(kFormatVersion));
+                 std::to_string(kCacheFormat));
   }
   if (header.header_checksum != header_checksum(header)) return corrupt("header checksum mismatch");
   if (header.kind != static_cast<uint32_t>(key.kind) ||
@@ -146,7 +146,7 @@ void write_cache(const std::string& path, const CacheKey& key, const void* paylo
                  uint64_t payload_bytes, uint64_t count) {
   CacheHeader header{};
   std::memcpy(header.magic, kMagic, sizeof(kMagic));
-  header.version = kFormatVersion;
+  header.version = kCacheFormat;
   header.kind = static_cast<uint32_t>(key.kind);
   header.tokenizer = static_cast<uint32_t>(key.tokenizer);
   header.vocab_hash = key.vocab_hash;

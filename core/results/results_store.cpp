@@ -20,7 +20,7 @@ namespace extrap {
 
 namespace {
 
-constexpr int64_t kFormatVersion = 1;
+constexpr int64_t kResultsFormat = 1;
 constexpr hsize_t kChunkRows = 64;
 
 // HDF5's C++ exceptions are not std::exceptions: every entry point converts them.
@@ -469,7 +469,7 @@ RunRecord read_run(const H5::Group& run, const std::string& id) {
 }
 
 void write_header(H5::H5File& file, const SweepHeader& h) {
-  set_attribute(file, "format_version", kFormatVersion);
+  set_attribute(file, "format_version", kResultsFormat);
   set_attribute(file, "sweep_name", h.sweep_name);
   set_attribute(file, "sweep_spec", h.sweep_spec);
   set_attribute(file, "spec_hash", h.spec_hash);
@@ -564,9 +564,9 @@ void ResultsStore::load() {
       throw ConfigError(path_ +
                         ": not an extrap results file (no format_version, /runs or /summary)");
     const int64_t version = int_attribute(file, "format_version");
-    if (version != kFormatVersion)
+    if (version != kResultsFormat)
       throw ConfigError(path_ + ": results format version " + std::to_string(version) +
-                        ", this extrap reads version " + std::to_string(kFormatVersion));
+                        ", this extrap reads version " + std::to_string(kResultsFormat));
     header_.sweep_name = string_attribute(file, "sweep_name");
     header_.sweep_spec = string_attribute(file, "sweep_spec");
     header_.spec_hash = string_attribute(file, "spec_hash");

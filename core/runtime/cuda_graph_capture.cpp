@@ -75,7 +75,7 @@ std::unique_ptr<CapturedGraph> capture(const std::function<void()>& warmup, cons
   return captured;
 }
 
-const bool registered = [] {
+const bool registered_graph_capture = [] {
   register_cuda_graph_capture(&capture);
   return true;
 }();

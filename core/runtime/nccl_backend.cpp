@@ -17,7 +17,7 @@ c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10
   return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world_size, options);
 }
 
-const bool registered = [] {
+const bool registered_nccl = [] {
   register_nccl_backend(&make_nccl_backend);
   return true;
 }();

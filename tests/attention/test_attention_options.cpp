@@ -27,7 +27,7 @@ using namespace extrap;
 
 namespace {
 
-constexpr int64_t kHeads = 4;
+constexpr int64_t kOptionHeads = 4;
 
 // Whether query i sees key j: the causal half, the window |i - j| < W, the chunk of C tokens.
 bool visible(int64_t i, int64_t j, bool causal, int64_t window, int64_t chunk) {
@@ -95,8 +95,8 @@ AttentionBias described(const Definition& def, int64_t T, torch::Dtype dtype = t
   bias.chunk = def.chunk;
   if (!def.sink.empty()) bias.sink = torch::tensor(def.sink, torch::kFloat64).to(dtype);
   if (!def.ssmax.empty()) {
-    auto scale = torch::zeros({kHeads, T}, torch::kFloat64);
-    for (int64_t h = 0; h < kHeads; ++h)
+    auto scale = torch::zeros({kOptionHeads, T}, torch::kFloat64);
+    for (int64_t h = 0; h < kOptionHeads; ++h)
       for (int64_t i = 0; i < T; ++i) {
         int64_t n = 0;
         for (int64_t j = 0; j < T; ++j) n += visible(i, j, def.causal, def.window, def.chunk);
@@ -135,21 +135,21 @@ std::string name_of(const Definition& d) {
          (d.ssmax.empty() ? "" : ", ssmax");
 }
 
-struct Inputs {
+struct OptionInputs {
   torch::Tensor q, k, v;
 };
 
-Inputs random_inputs(int64_t B, int64_t T, int64_t D, uint64_t seed, torch::Dtype dtype) {
+OptionInputs option_inputs(int64_t B, int64_t T, int64_t D, uint64_t seed, torch::Dtype dtype) {
   torch::manual_seed(seed);
   const auto o = torch::TensorOptions().dtype(dtype);
-  return {2 * torch::randn({B, kHeads, T, D}, o), 2 * torch::randn({B, kHeads, T, D}, o), torch::randn({B, kHeads, T, D}, o)};
+  return {2 * torch::randn({B, kOptionHeads, T, D}, o), 2 * torch::randn({B, kOptionHeads, T, D}, o), torch::randn({B, kOptionHeads, T, D}, o)};
 }
 
 }  // namespace
 
 TEST_CASE("attention options: the reference path computes the definitions (float64)", "[attention][options]") {
   const int64_t T = 37;
-  const auto in = random_inputs(2, T, 8, 3, torch::kFloat64);
+  const auto in = option_inputs(2, T, 8, 3, torch::kFloat64);
   int cases = 0;
   for (const auto& def : definitions()) {
     INFO(name_of(def));
@@ -174,12 +174,12 @@ TEST_CASE("attention options: the masks' counts n_i and tile tests agree with th
         bias.chunk = chunk;
         const int64_t T = 23;
         // n_i for the last 11 queries of 23 keys (a KV cache's rows), per head.
-        const auto n = bias.visible_keys(kHeads, 11, T, causal);
+        const auto n = bias.visible_keys(kOptionHeads, 11, T, causal);
         for (int64_t r = 0; r < 11; ++r) {
           int64_t count = 0;
           for (int64_t j = 0; j < T; ++j) count += visible(T - 11 + r, j, causal, window, chunk);
           CHECK(n[0][r].item<float>() == float(count));
-          CHECK(n[kHeads - 1][r].item<float>() == float(count));
+          CHECK(n[kOptionHeads - 1][r].item<float>() == float(count));
         }
         // Every tile of rows [q0, q1) x columns [k0, k1): masks_some / masks_all / option_mask.
         for (int64_t q0 = 0; q0 < 20; q0 += 3)
@@ -214,11 +214,11 @@ TEST_CASE("attention options: the memory-efficient path equals the reference, ti
           "[attention][options][efficient]") {
   const std::vector<EfficientAttentionBlocks> blocks = {{16, 32}, {32, 16}, {8, 8}};
   for (int64_t T : {9, 50, 97}) {
-    const auto in = random_inputs(2, T, 8, uint64_t(T), torch::kFloat32);
+    const auto in = option_inputs(2, T, 8, uint64_t(T), torch::kFloat32);
     torch::manual_seed(7);
-    const auto table = torch::randn({kHeads, T, T});
-    const auto F = -torch::rand({2, kHeads, T}).cumsum(-1);  // forgetting gates' running sums
-    const auto E = torch::randn({kHeads, 8, 12}) * 0.3;       // CoPE's embeddings
+    const auto table = torch::randn({kOptionHeads, T, T});
+    const auto F = -torch::rand({2, kOptionHeads, T}).cumsum(-1);  // forgetting gates' running sums
+    const auto E = torch::randn({kOptionHeads, 8, 12}) * 0.3;       // CoPE's embeddings
     for (const auto& def : definitions()) {
       for (int kind = 0; kind < 4; ++kind) {  // the definition's bias, then dense, cumulative, contextual
         AttentionBias bias = described(def, T, torch::kFloat32);
@@ -252,8 +252,8 @@ TEST_CASE("attention options: the memory-efficient path equals the reference, ti
 
 TEST_CASE("attention options: the sink's and SSMax's gradients equal central differences", "[attention][options]") {
   const int64_t T = 13;
-  const auto in = random_inputs(1, T, 4, 11, torch::kFloat64);
-  const auto weights = torch::randn({1, kHeads, T, 4}, torch::kFloat64);
+  const auto in = option_inputs(1, T, 4, 11, torch::kFloat64);
+  const auto weights = torch::randn({1, kOptionHeads, T, 4}, torch::kFloat64);
   for (bool causal : {true, false}) {
     INFO((causal ? "causal" : "bidirectional"));
     AttentionOptions options;
@@ -263,7 +263,7 @@ TEST_CASE("attention options: the sink's and SSMax's gradients equal central dif
     auto s = torch::tensor({0.4, 0.9, 1.3, 0.05}, torch::kFloat64).requires_grad_();
     AttentionBias base = AttentionBias::linear_symmetric(torch::tensor({0.5, 0.25, 0.125, 0.0625}, torch::kFloat64));
     base.window = 6;
-    const auto log_n = base.visible_keys(kHeads, T, T, causal).to(torch::kFloat64).log();
+    const auto log_n = base.visible_keys(kOptionHeads, T, T, causal).to(torch::kFloat64).log();
     const auto loss_at = [&](const torch::Tensor& sink_value, const torch::Tensor& s_value) {
       AttentionBias bias = base;
       bias.sink = sink_value;
@@ -273,7 +273,7 @@ TEST_CASE("attention options: the sink's and SSMax's gradients equal central dif
     loss_at(sink, s).backward();
     torch::NoGradGuard no_grad;
     const double h = 1e-6;
-    for (int64_t head = 0; head < kHeads; ++head) {
+    for (int64_t head = 0; head < kOptionHeads; ++head) {
       auto up = sink.detach().clone(), down = sink.detach().clone();
       up[head] += h;
       down[head] -= h;
@@ -297,13 +297,13 @@ namespace {
 void check_fused_against_float64(torch::Dtype dtype, int64_t T, bool causal, AttentionBias bias, bool sink,
                                  bool scale, double tolerance) {
   const int64_t B = 2, D = 8;
-  const auto parts = torch::randn({B, T, 3, kHeads, D}).to(dtype).permute({2, 0, 3, 1, 4}).unbind(0);
+  const auto parts = torch::randn({B, T, 3, kOptionHeads, D}).to(dtype).permute({2, 0, 3, 1, 4}).unbind(0);
   auto q = parts[0].detach().requires_grad_(), k = parts[1].detach().requires_grad_(),
        v = parts[2].detach().requires_grad_();
   torch::Tensor sink_values, scale_values;
   if (sink) bias.sink = sink_values = torch::tensor({0.5f, -1.0f, 2.5f, 0.0f}).requires_grad_();
   if (scale)  // SSMax-like factors, with rows at 0 (n = 1) and a negative one
-    bias.logit_scale = scale_values = (torch::rand({kHeads, T}) * 2.5 - 0.5).index_put_({0, 0}, 0.0).requires_grad_();
+    bias.logit_scale = scale_values = (torch::rand({kOptionHeads, T}) * 2.5 - 0.5).index_put_({0, 0}, 0.0).requires_grad_();
   AttentionOptions options;
   options.causal = causal;
   options.training = true;
@@ -386,7 +386,7 @@ TEST_CASE("attention options: the fused CPU inference kernel equals the referenc
   // Long enough for several 256-key tiles, with windows and chunks that start and end inside them.
   torch::manual_seed(14);
   const int64_t T = 700;
-  const auto in = random_inputs(1, T, 16, 15, torch::kFloat32);
+  const auto in = option_inputs(1, T, 16, 15, torch::kFloat32);
   for (bool causal : {true, false})
     for (auto [window, chunk] : std::vector<std::pair<int64_t, int64_t>>{{0, 0}, {300, 0}, {0, 200}, {100, 333}})
       for (int options = 0; options < 4; ++options) {
@@ -395,7 +395,7 @@ TEST_CASE("attention options: the fused CPU inference kernel equals the referenc
         bias.window = window;
         bias.chunk = chunk;
         if (options & 1) bias.sink = torch::tensor({0.5f, -1.0f, 2.5f, 0.0f});
-        if (options & 2) bias.logit_scale = torch::rand({kHeads, T}) * 2;
+        if (options & 2) bias.logit_scale = torch::rand({kOptionHeads, T}) * 2;
         AttentionOptions opts;
         opts.causal = causal;
         torch::NoGradGuard no_grad;
@@ -411,16 +411,16 @@ TEST_CASE("attention options: the fused CPU inference kernel equals the referenc
 
 TEST_CASE("attention options: Auto trains on the fused CPU kernel where it takes them", "[attention][options][fused_cpu]") {
   const int64_t T = 160;  // past fused_cpu_min_length
-  const auto in = random_inputs(1, T, 16, 5, torch::kFloat32);
-  AttentionBias bias = AttentionBias::linear_causal(torch::full({kHeads}, 0.25f));
+  const auto in = option_inputs(1, T, 16, 5, torch::kFloat32);
+  AttentionBias bias = AttentionBias::linear_causal(torch::full({kOptionHeads}, 0.25f));
   bias.window = 32;
-  bias.sink = torch::zeros({kHeads}).requires_grad_();
+  bias.sink = torch::zeros({kOptionHeads}).requires_grad_();
   AttentionOptions options;
   options.training = true;
   const auto y = attention(in.q, in.k, in.v, bias, options);
   CHECK(torch::equal(y, fused_cpu_attention(in.q, in.k, in.v, bias, options)));
   // A sink of another shape is refused by name, and goes to the reference.
-  bias.sink = torch::zeros({kHeads + 1});
+  bias.sink = torch::zeros({kOptionHeads + 1});
   CHECK_THAT(fused_cpu_attention_unsupported_reason(in.q, in.k, in.v, bias, options), Catch::Contains("sink"));
 }
 

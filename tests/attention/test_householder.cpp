@@ -41,22 +41,16 @@ torch::Tensor logits_by_definition(const torch::Tensor& q, const torch::Tensor& 
   return torch::stack(out).view({B, H, tq, tk});
 }
 
-AttentionOptions causal_options() {
-  AttentionOptions options;
-  options.causal = true;
-  return options;
-}
-
-struct Inputs {
+struct PathInputs {
   torch::Tensor q, k, v, w, beta;
 };
 
 // Reflections as PaTH makes them: w of unit norm, beta in (0, 2) (here up to 1.9, so that some
 // H_t are nearly singular and others reverse sign along w).
-Inputs random_inputs(int64_t B, int64_t H, int64_t T, int64_t D, torch::Dtype dtype, uint64_t seed) {
+PathInputs path_inputs(int64_t B, int64_t H, int64_t T, int64_t D, torch::Dtype dtype, uint64_t seed) {
   torch::manual_seed(seed);
   const auto o = torch::TensorOptions().dtype(dtype);
-  Inputs in;
+  PathInputs in;
   in.q = torch::randn({B, H, T, D}, o);
   in.k = torch::randn({B, H, T, D}, o);
   in.v = torch::randn({B, H, T, D}, o);
@@ -70,7 +64,7 @@ Inputs random_inputs(int64_t B, int64_t H, int64_t T, int64_t D, torch::Dtype dt
 
 TEST_CASE("householder scores equal the definition's products at every block size, and for the last queries only",
           "[attention][path]") {
-  const auto in = random_inputs(2, 3, 23, 5, torch::kFloat64, 41);
+  const auto in = path_inputs(2, 3, 23, 5, torch::kFloat64, 41);
   const auto expected = logits_by_definition(in.q, in.k, in.w, in.beta);
   const auto visible = expected.isfinite();
   for (const int64_t block : {0, 1, 2, 4, 8, 16, 32}) {
@@ -91,11 +85,11 @@ TEST_CASE("householder scores equal the definition's products at every block siz
 }
 
 TEST_CASE("householder attention: outputs and gradients in float32 against the definition's", "[attention][path]") {
-  const auto in = random_inputs(1, 2, 19, 4, torch::kFloat32, 42);
+  const auto in = path_inputs(1, 2, 19, 4, torch::kFloat32, 42);
   auto q = in.q.clone().requires_grad_(), k = in.k.clone().requires_grad_(), v = in.v.clone().requires_grad_(),
        w = in.w.clone().requires_grad_(), beta = in.beta.clone().requires_grad_();
   const auto target = torch::randn({1, 2, 19, 4});
-  auto out = attention(q, k, v, AttentionBias::householder(w, beta), causal_options());
+  auto out = attention(q, k, v, AttentionBias::householder(w, beta), testing::causal_attention_options());
   (out * target).sum().backward();
   auto q64 = in.q.to(torch::kFloat64).requires_grad_(), k64 = in.k.to(torch::kFloat64).requires_grad_(),
        v64 = in.v.to(torch::kFloat64).requires_grad_(), w64 = in.w.to(torch::kFloat64).requires_grad_(),
@@ -114,7 +108,7 @@ TEST_CASE("householder attention: outputs and gradients in float32 against the d
 
 TEST_CASE("householder attention: forget gates, a window, a sink and a logit scale combine as for any kind",
           "[attention][path]") {
-  const auto in = random_inputs(2, 2, 13, 4, torch::kFloat64, 43);
+  const auto in = path_inputs(2, 2, 13, 4, torch::kFloat64, 43);
   const auto F = torch::log_sigmoid(torch::randn({2, 2, 13}, torch::kFloat64)).cumsum(-1);
   auto bias = AttentionBias::householder(in.w, in.beta, F);
   bias.window = 5;
@@ -127,26 +121,26 @@ TEST_CASE("householder attention: forget gates, a window, a sink and a logit sca
   const auto sink = bias.sink.view({1, 2, 1, 1}).expand({2, 2, 13, 1});
   const auto probs = torch::softmax(torch::cat({z, sink}, -1), -1).narrow(-1, 0, 13);
   const auto expected = torch::matmul(probs, in.v);
-  const auto actual = attention(in.q, in.k, in.v, bias, causal_options());
+  const auto actual = attention(in.q, in.k, in.v, bias, testing::causal_attention_options());
   CHECK((actual - expected).abs().max().item<double>() < 1e-12);
   // The efficient backend (what long evaluations take) in row blocks: the same numbers.
   torch::NoGradGuard no_grad;
   for (const int64_t rows : {1, 4, 13, 100}) {
     INFO("query block " << rows);
-    CHECK((attention_reference_blocked(in.q, in.k, in.v, bias, causal_options(), rows) - expected)
+    CHECK((attention_reference_blocked(in.q, in.k, in.v, bias, testing::causal_attention_options(), rows) - expected)
               .abs()
               .max()
               .item<double>() < 1e-12);
   }
-  AttentionOptions efficient = causal_options();
+  AttentionOptions efficient = testing::causal_attention_options();
   efficient.backend = AttentionBackend::Efficient;
   CHECK((attention(in.q, in.k, in.v, bias, efficient) - expected).abs().max().item<double>() < 1e-12);
 }
 
 TEST_CASE("householder attention: refusals name what is wrong", "[attention][path]") {
-  const auto in = random_inputs(1, 2, 6, 4, torch::kFloat32, 44);
+  const auto in = path_inputs(1, 2, 6, 4, torch::kFloat32, 44);
   const auto bias = AttentionBias::householder(in.w, in.beta);
-  AttentionOptions options = causal_options();
+  AttentionOptions options = testing::causal_attention_options();
   options.causal = false;
   CHECK_THROWS_WITH(attention(in.q, in.k, in.v, bias, options), Catch::Contains("causal attention only"));
   options.causal = true;
@@ -155,7 +149,7 @@ TEST_CASE("householder attention: refusals name what is wrong", "[attention][pat
   CHECK_THROWS_WITH(materialize_bias(bias, 2, 6, 6, true), Catch::Contains("replace q.k"));
   CHECK_THROWS_WITH(AttentionBias::householder(in.w, in.beta.narrow(2, 0, 5)), Catch::Contains("beta"));
   const auto needs_grad = in.q.clone().requires_grad_();
-  CHECK_THROWS_WITH(attention_reference_blocked(needs_grad, in.k, in.v, bias, causal_options()),
+  CHECK_THROWS_WITH(attention_reference_blocked(needs_grad, in.k, in.v, bias, testing::causal_attention_options()),
                     Catch::Contains("inference only"));
   CHECK_THROWS_WITH(householder_scores(in.q, in.k, in.w.narrow(2, 0, 5), in.beta), Catch::Contains("do not match"));
 }

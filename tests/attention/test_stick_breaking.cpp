@@ -51,12 +51,6 @@ torch::Tensor by_definition(const torch::Tensor& q, const torch::Tensor& k, cons
   return torch::cat(rows, 2);
 }
 
-AttentionOptions causal_options() {
-  AttentionOptions options;
-  options.causal = true;
-  return options;
-}
-
 }  // namespace
 
 TEST_CASE("stick-breaking: weights and remaining mass as defined, with and without the diagonal and a window",
@@ -70,13 +64,13 @@ TEST_CASE("stick-breaking: weights and remaining mass as defined, with and witho
       INFO("diagonal " << diagonal << ", window " << window);
       auto bias = AttentionBias::stick_breaking(diagonal);
       bias.window = window;
-      const auto actual = attention(q, k, v, bias, causal_options());
+      const auto actual = attention(q, k, v, bias, testing::causal_attention_options());
       CHECK((actual - by_definition(q, k, v, diagonal, window)).abs().max().item<double>() < 1e-12);
     }
   // Logits far above 0: the nearest visible key takes the whole stick.
   const auto large = torch::ones({1, 1, 5, 4}, options) * 30;
   const auto values = torch::arange(5, options).view({1, 1, 5, 1}).expand({1, 1, 5, 4});
-  const auto out = attention(large, large, values, AttentionBias::stick_breaking(false), causal_options());
+  const auto out = attention(large, large, values, AttentionBias::stick_breaking(false), testing::causal_attention_options());
   CHECK(out[0][0][0][0].item<double>() == 0);  // position 0 sees no key: its own value
   for (int64_t i = 1; i < 5; ++i) CHECK(std::abs(out[0][0][i][0].item<double>() - double(i - 1)) < 1e-9);
 }
@@ -86,7 +80,7 @@ TEST_CASE("stick-breaking: gradients equal the definition's, in float32 as in tr
   auto q = torch::randn({1, 2, 8, 4}, torch::requires_grad()), k = torch::randn({1, 2, 8, 4}, torch::requires_grad()),
        v = torch::randn({1, 2, 8, 4}, torch::requires_grad());
   const auto target = torch::randn({1, 2, 8, 4});
-  (attention(q, k, v, AttentionBias::stick_breaking(false), causal_options()) * target).sum().backward();
+  (attention(q, k, v, AttentionBias::stick_breaking(false), testing::causal_attention_options()) * target).sum().backward();
   const auto dq = q.grad().clone(), dk = k.grad().clone(), dv = v.grad().clone();
   auto q64 = q.detach().to(torch::kFloat64).requires_grad_(), k64 = k.detach().to(torch::kFloat64).requires_grad_(),
        v64 = v.detach().to(torch::kFloat64).requires_grad_();
@@ -100,17 +94,17 @@ TEST_CASE("stick-breaking: row blocks and cached decoding give the reference's n
   torch::manual_seed(33);
   const auto q = torch::randn({2, 2, 11, 8}), k = torch::randn({2, 2, 11, 8}), v = torch::randn({2, 2, 11, 8});
   const auto bias = AttentionBias::stick_breaking(false);
-  const auto reference = stick_breaking_attention(q, k, v, bias, causal_options());
+  const auto reference = stick_breaking_attention(q, k, v, bias, testing::causal_attention_options());
   torch::NoGradGuard no_grad;
   for (const int64_t block : {1, 3, 4, 11, 64}) {
     INFO("query block " << block);
-    CHECK((attention_reference_blocked(q, k, v, bias, causal_options(), block) - reference).abs().max().item<double>() <
+    CHECK((attention_reference_blocked(q, k, v, bias, testing::causal_attention_options(), block) - reference).abs().max().item<double>() <
           1e-6);
-    CHECK((attention_efficient(q, k, v, bias, causal_options(), {block, 512}) - reference).abs().max().item<double>() <
+    CHECK((attention_efficient(q, k, v, bias, testing::causal_attention_options(), {block, 512}) - reference).abs().max().item<double>() <
           1e-6);
   }
   // The last 4 queries against all 11 keys: the reference's last 4 rows.
-  const auto last = attention(q.narrow(2, 7, 4), k, v, bias, causal_options());
+  const auto last = attention(q.narrow(2, 7, 4), k, v, bias, testing::causal_attention_options());
   CHECK((last - reference.narrow(2, 7, 4)).abs().max().item<double>() < 1e-6);
 }
 
@@ -144,7 +138,7 @@ TEST_CASE("stick-breaking in row blocks: outputs and every gradient equal the de
         bias.window = c.window;
         bias.chunk = c.chunk;
         if (c.scaled) bias.logit_scale = scale;
-        out = stick_breaking_attention_blocked(q, k, v, bias, causal_options(), c.block);
+        out = stick_breaking_attention_blocked(q, k, v, bias, testing::causal_attention_options(), c.block);
       } else {
         out = by_definition(q, k, v, c.diagonal, c.window, c.chunk, c.scaled ? scale : torch::Tensor());
       }
@@ -185,7 +179,7 @@ TEST_CASE("stick-breaking in row blocks: float32 as in training, and the backend
                                                                  {AttentionBackend::Reference, torch::kFloat64}};
   for (const auto& [backend, type] : runs) {
     INFO("backend " << enum_name(backend) << ", " << type);
-    AttentionOptions options = causal_options();
+    AttentionOptions options = testing::causal_attention_options();
     options.backend = backend;
     options.training = true;
     const bool exact = type == torch::kFloat64;
@@ -199,14 +193,14 @@ TEST_CASE("stick-breaking in row blocks: float32 as in training, and the backend
     CHECK((v.grad().to(torch::kFloat64) - v64.grad()).abs().max().item<double>() < (exact ? 1e-12 : 1e-5));
   }
   // Attention dropout stays on the reference path, which has it; the row blocks refuse it.
-  AttentionOptions dropout = causal_options();
+  AttentionOptions dropout = testing::causal_attention_options();
   dropout.training = true;
   dropout.dropout = 0.1;
   CHECK_THROWS_WITH(stick_breaking_attention_blocked(q0, k0, v0, bias, dropout), Catch::Contains("dropout"));
   CHECK(attention(q0, k0, v0, bias, dropout).sizes() == q0.sizes());
   auto wrong = bias;
   wrong.logit_scale = torch::ones({2, 39});
-  CHECK_THROWS_WITH(stick_breaking_attention_blocked(q0, k0, v0, wrong, causal_options()),
+  CHECK_THROWS_WITH(stick_breaking_attention_blocked(q0, k0, v0, wrong, testing::causal_attention_options()),
                     Catch::Contains("logit_scale must be (2, 40)"));
 }
 
@@ -240,7 +234,7 @@ TEST_CASE("stick-breaking: float32 weights on the CPU (a row at a time) equal fl
 TEST_CASE("stick-breaking: refusals name what is wrong", "[attention][stick-breaking]") {
   const auto q = torch::randn({1, 2, 6, 4});
   auto bias = AttentionBias::stick_breaking(false);
-  AttentionOptions options = causal_options();
+  AttentionOptions options = testing::causal_attention_options();
   options.causal = false;
   CHECK_THROWS_WITH(attention(q, q, q, bias, options), Catch::Contains("causal attention only"));
   options.causal = true;
@@ -253,7 +247,7 @@ TEST_CASE("stick-breaking: refusals name what is wrong", "[attention][stick-brea
                     Catch::Contains("replace the softmax"));
   const auto needs_grad = torch::randn({1, 2, 6, 4}, torch::requires_grad());
   CHECK_THROWS_WITH(attention_reference_blocked(needs_grad, needs_grad, needs_grad, AttentionBias::stick_breaking(false),
-                                                causal_options()),
+                                                testing::causal_attention_options()),
                     Catch::Contains("inference only"));
   CHECK_THAT(testing::position_refusal("stick_breaking", "model: {objective: masked_lm}\n"),
              Catch::Contains("stick_breaking") && Catch::Contains("bidirectional"));

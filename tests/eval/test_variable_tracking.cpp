@@ -252,14 +252,14 @@ TEST_CASE("variable_tracking at word level: names letter by letter, a missing le
   REQUIRE(t.tokens.size() == 120);
   const auto spelled = [](const std::string& s) {
     std::string out;
-    for (char c : s) out += (out.empty() ? "" : " ") + std::string(1, c);
+    for (char c : s) out.append(out.empty() ? "" : " ").append(1, c);
     return out;
   };
   std::string answer;
-  for (const auto& n : t.variables) answer += (answer.empty() ? "" : " ") + spelled(n);
+  for (const auto& n : t.variables) answer.append(answer.empty() ? "" : " ").append(spelled(n));
   CHECK(generator.text(t.answer) == answer + " .");
   CHECK(generator.text({t.tokens.begin() + t.key_begin, t.tokens.begin() + t.key_end}) ==
-        spelled(t.variables[0]) + " = " + spelled(std::to_string(t.key)) + " .");
+        spelled(t.variables[0]).append(" = ").append(spelled(std::to_string(t.key))).append(" ."));
   CHECK(generator.text({t.tokens.begin() + t.statement_begins[1],
                         t.tokens.begin() + t.statement_begins[1] + 12}) ==
         spelled(t.variables[1]) + " = " + spelled(t.variables[0]) + " .");

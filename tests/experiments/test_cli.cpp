@@ -14,6 +14,7 @@
 #include "positions/alibi_slopes.h"
 #include "positions/position.h"
 #include "tests/support/cli_harness.h"
+#include "tests/support/position_support.h"
 
 namespace fs = std::filesystem;
 using namespace extrap;
@@ -21,7 +22,6 @@ using namespace extrap::testing;
 
 namespace {
 
-const std::string kPlugin = EXTRAP_BINARY_DIR "/plugins/libextrap_local_window.so";
 
 const char* const kTrainFile = R"(data: {path: corpus, tokenizer: byte, cache_dir: cache}
 model: {layers: 1, d_model: 32, heads: 2, d_ffn: 64, dropout: 0.0}

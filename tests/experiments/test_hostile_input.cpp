@@ -20,7 +20,7 @@ using namespace extrap::testing;
 
 namespace {
 
-const char* const kTrainFile = R"(data: {path: corpus, tokenizer: byte, cache_dir: cache}
+const char* const kHostileTrainFile = R"(data: {path: corpus, tokenizer: byte, cache_dir: cache}
 model: {layers: 1, d_model: 32, heads: 2, d_ffn: 64, dropout: 0.0}
 position: alibi
 train: {seq_len: 16, batch_tokens: 256, steps: 10, lr: 0.003, warmup: 2, validate_every: 5,
@@ -41,7 +41,7 @@ fs::path cache_file(const TempDir& d, const std::string& split) {
 TEST_CASE("absurd sizes and learning rates are refused, an overflowing perplexity says so",
           "[refusals]") {
   SweepDir d;
-  write_text(d.root / "t.yaml", kTrainFile);
+  write_text(d.root / "t.yaml", kHostileTrainFile);
   std::string out;
   // The memory estimate saturates instead of wrapping negative; nothing is created.
   CHECK(run_cli(d, {"train", "-c", "t.yaml", "--set", "model.d_model=1000000000"}, &out) == 2);
@@ -113,7 +113,7 @@ TEST_CASE("files that cannot be written name the file and the reason, and refusa
           "run directory",
           "[refusals]") {
   SweepDir d;
-  write_text(d.root / "t.yaml", kTrainFile);
+  write_text(d.root / "t.yaml", kHostileTrainFile);
   std::string out;
   // A token cache on a full disk (here a file-size limit) says so.
   CHECK(run_cli(d, {"train", "-c", "t.yaml"}, &out, 1024) == 2);
@@ -171,7 +171,7 @@ TEST_CASE("files that cannot be written name the file and the reason, and refusa
 TEST_CASE("eval: a stride longer than a length scores non-overlapping windows there and says so",
           "[refusals]") {
   SweepDir d;
-  write_text(d.root / "t.yaml", kTrainFile);
+  write_text(d.root / "t.yaml", kHostileTrainFile);
   std::string out;
   REQUIRE(run_cli(d, {"train", "-c", "t.yaml", "--no-eval"}, &out) == 0);
   // Windows 64 apart at L = 32 would leave tokens unscored: every token is scored once.
@@ -217,7 +217,7 @@ TEST_CASE("the small command-line items: keys' marks, sweep --status, --help, hi
           "refusals, word-level bpb",
           "[cli]") {
   SweepDir d;
-  write_text(d.root / "t.yaml", kTrainFile);
+  write_text(d.root / "t.yaml", kHostileTrainFile);
   std::string out;
   REQUIRE(run_cli(d, {"keys"}, &out) == 0);
   CHECK_THAT(out, Catch::Contains("affects"));

@@ -16,7 +16,7 @@ using namespace extrap::testing;
 
 namespace {
 
-const char* const kTrainFile = R"(data: {path: corpus, tokenizer: byte, cache_dir: cache}
+const char* const kRefusedTrainFile = R"(data: {path: corpus, tokenizer: byte, cache_dir: cache}
 model: {layers: 1, d_model: 32, heads: 2, d_ffn: 64, dropout: 0.0}
 position: alibi
 train: {seq_len: 16, batch_tokens: 256, steps: 10, lr: 0.003, warmup: 2, validate_every: 0,
@@ -39,7 +39,7 @@ void flip_byte(const fs::path& path, std::streamoff at) {
 TEST_CASE("a run directory has an identity: other configs, a second writer and overwrites are refused",
           "[refusals]") {
   SweepDir d;
-  std::ofstream(d.root / "t.yaml") << kTrainFile;
+  std::ofstream(d.root / "t.yaml") << kRefusedTrainFile;
   std::string out;
   REQUIRE(run_cli(d, {"train", "-c", "t.yaml"}, &out) == 0);
 
@@ -82,7 +82,7 @@ TEST_CASE("a run directory has an identity: other configs, a second writer and o
 TEST_CASE("checkpoints are verified: truncated, bit-flipped or another vocabulary are refused",
           "[refusals]") {
   SweepDir d;
-  std::ofstream(d.root / "t.yaml") << kTrainFile;
+  std::ofstream(d.root / "t.yaml") << kRefusedTrainFile;
   std::string out;
   REQUIRE(run_cli(d, {"train", "-c", "t.yaml", "--no-eval"}, &out) == 0);
   REQUIRE(run_cli(d, {"eval", "--checkpoint", "runs/a", "-L", "16"}, &out) == 0);
@@ -121,7 +121,7 @@ TEST_CASE("checkpoints are verified: truncated, bit-flipped or another vocabular
 TEST_CASE("non-finite numbers and lengths the data cannot fill are failures, never 'ok'",
           "[refusals]") {
   SweepDir d;
-  std::ofstream(d.root / "t.yaml") << kTrainFile;
+  std::ofstream(d.root / "t.yaml") << kRefusedTrainFile;
   std::string out;
   // A diverging run stops naming the step; nothing of it is checkpointed.
   CHECK(run_cli(d, {"train", "-c", "t.yaml", "--set", "train.lr=1e30", "--set", "train.clip=0"},

@@ -41,8 +41,6 @@ std::vector<json> timeless_metrics(const fs::path& path) {
   return lines;
 }
 
-json read_json(const fs::path& path) { return json::parse(read_text(path)); }
-
 }  // namespace
 
 TEST_CASE("train writes metrics.jsonl, eval.json and --json, and they agree with the run",

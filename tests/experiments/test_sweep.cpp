@@ -149,7 +149,7 @@ TEST_CASE("sweep grid expansion: nested-loop order and count with overrides and 
   require_one_line_error(out, "resolve to the same config");
   // A grid too large to list (1001 x 1001 points).
   std::string counts;
-  for (int v = 1; v <= 1001; ++v) counts += (v > 1 ? "," : "") + std::to_string(v);
+  for (int v = 1; v <= 1001; ++v) counts.append(v > 1 ? "," : "").append(std::to_string(v));
   CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "grid.train.steps=[" + counts + "]", "--set",
                     "grid.train.log_every=[" + counts + "]"}, &out) == 2);
   require_one_line_error(out, "more than 1000000 points");

@@ -13,10 +13,6 @@ using namespace extrap::testing;
 
 namespace {
 
-double relative_error(const torch::Tensor& got, const torch::Tensor& expected) {
-  return ((got.to(torch::kFloat64) - expected).abs().max() / expected.abs().max()).item<double>();
-}
-
 // x w^T + b and its gradients for the output gradient g, in float64 on the given values:
 // {y, dx, dw} and db where there is a b.
 std::vector<torch::Tensor> float64_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
@@ -53,11 +49,11 @@ TEST_CASE("linear on float32 CPU tensors: output and gradients equal float64's t
 
       const auto exact = float64_linear(x, w, b, g);
       REQUIRE(y.sizes() == exact[0].sizes());
-      CHECK(relative_error(y, exact[0]) < 1e-5);
-      CHECK(relative_error(x.grad(), exact[1]) < 1e-5);
-      CHECK(relative_error(w.grad(), exact[2]) < 1e-5);
+      CHECK(max_relative_error(y, exact[0]) < 1e-5);
+      CHECK(max_relative_error(x.grad(), exact[1]) < 1e-5);
+      CHECK(max_relative_error(w.grad(), exact[2]) < 1e-5);
       REQUIRE(w.grad().is_contiguous());
-      if (with_bias) CHECK(relative_error(b.grad(), exact[3]) < 1e-5);
+      if (with_bias) CHECK(max_relative_error(b.grad(), exact[3]) < 1e-5);
     }
   }
 }
@@ -77,7 +73,7 @@ TEST_CASE("linear leaves float64, and bf16 autocast without fast bfloat16 produc
     REQUIRE(y.scalar_type() == torch::kBFloat16);  // autocast's dtype either way
     if (cpu_has_fast_bf16()) {
       REQUIRE(onednn_bf16_linear_takes(x, w));
-      CHECK(relative_error(y, torch::linear(x, w, b).to(torch::kFloat64)) < 1e-2);
+      CHECK(max_relative_error(y, torch::linear(x, w, b).to(torch::kFloat64)) < 1e-2);
     } else {
       REQUIRE_FALSE(onednn_bf16_linear_takes(x, w));
       REQUIRE(torch::equal(y, torch::linear(x, w, b)));
@@ -126,10 +122,10 @@ TEST_CASE("linear under bf16 autocast: bfloat16's accuracy, as LibTorch's autoca
         const char* names[] = {"output", "input gradient", "weight gradient", "bias gradient"};
         for (size_t i = 0; i < exact.size(); ++i) {
           INFO(names[i]);
-          const double our_error = relative_error(ours[i], exact[i]);
+          const double our_error = max_relative_error(ours[i], exact[i]);
           CHECK(our_error < 1.5e-2);
           // No worse than LibTorch's own bfloat16 path, give or take a rounding.
-          CHECK(our_error < 2 * relative_error(libtorch[i], exact[i]) + 4e-3);
+          CHECK(our_error < 2 * max_relative_error(libtorch[i], exact[i]) + 4e-3);
         }
       }
     }
@@ -150,7 +146,7 @@ TEST_CASE("linear_bias_gradient: a bfloat16 gradient's column sums in float32, t
     }
     torch::set_num_threads(threads);
     REQUIRE(sums[0].scalar_type() == torch::kFloat32);
-    CHECK(relative_error(sums[0], expected) < 1e-6);  // float32 sums, not bfloat16's
+    CHECK(max_relative_error(sums[0], expected) < 1e-6);  // float32 sums, not bfloat16's
     CHECK(torch::equal(sums[0], sums[1]));
     CHECK(torch::equal(sums[0], sums[2]));
   }
@@ -178,16 +174,16 @@ TEST_CASE("linear: evaluation (no_grad) gives training's numbers, a frozen weigh
   extrap::linear(xs, frozen, {}).backward(g);
   REQUIRE_FALSE(frozen.grad().defined());
   const auto expected = g.to(torch::kFloat64).matmul(frozen.to(torch::kFloat64));
-  CHECK(relative_error(xs.grad(), expected) < 1e-5);
+  CHECK(max_relative_error(xs.grad(), expected) < 1e-5);
   // A transposed (non-contiguous) input and a weight that is a transposed view.
   const auto xt = torch::randn({32, 40}).t().requires_grad_();
   const auto wt = torch::randn({32, 12}).t().requires_grad_();
   const auto g2 = torch::randn({40, 12});
   extrap::linear(xt, wt, {}).backward(g2);
   const auto x64 = xt.detach().to(torch::kFloat64), w64 = wt.detach().to(torch::kFloat64);
-  CHECK(relative_error(extrap::linear(xt, wt, {}).detach(), x64.matmul(w64.t())) < 1e-5);
-  CHECK(relative_error(xt.grad(), g2.to(torch::kFloat64).matmul(w64)) < 1e-5);
-  CHECK(relative_error(wt.grad(), g2.to(torch::kFloat64).t().matmul(x64)) < 1e-5);
+  CHECK(max_relative_error(extrap::linear(xt, wt, {}).detach(), x64.matmul(w64.t())) < 1e-5);
+  CHECK(max_relative_error(xt.grad(), g2.to(torch::kFloat64).matmul(w64)) < 1e-5);
+  CHECK(max_relative_error(wt.grad(), g2.to(torch::kFloat64).t().matmul(x64)) < 1e-5);
 }
 
 TEST_CASE("linear refuses a double backward by name (oneDNN's operator has no derivative)", "[linear]") {

@@ -22,10 +22,6 @@ namespace {
 // AVX-512 (core/kernels/cpu_linear.h); on AVX2 paths MKL's products are faster.
 bool float32_fused_here() { return extrap::cpu_isa() == extrap::CpuIsa::avx512; }
 
-double relative_error(const torch::Tensor& got, const torch::Tensor& expected) {
-  return ((got.to(torch::kFloat64) - expected).abs().max() / expected.abs().max()).item<double>();
-}
-
 struct Float64Layer {
   torch::Tensor y, da, dw, db;
 };
@@ -82,10 +78,10 @@ TEST_CASE("gelu_linear in float32: output and gradients equal float64's to float
       y.backward(g);
       const auto expected = float64_layer(a, w, b, g);
       REQUIRE(y.sizes() == expected.y.sizes());
-      CHECK(relative_error(y, expected.y) < 1e-5);
-      CHECK(relative_error(a.grad(), expected.da) < 1e-5);
-      CHECK(relative_error(w.grad(), expected.dw) < 1e-5);
-      if (with_bias) CHECK(relative_error(b.grad(), expected.db) < 1e-5);
+      CHECK(max_relative_error(y, expected.y) < 1e-5);
+      CHECK(max_relative_error(a.grad(), expected.da) < 1e-5);
+      CHECK(max_relative_error(w.grad(), expected.dw) < 1e-5);
+      if (with_bias) CHECK(max_relative_error(b.grad(), expected.db) < 1e-5);
     }
   }
 }
@@ -124,8 +120,8 @@ TEST_CASE("gelu_linear under bf16 autocast: bfloat16's accuracy, as LibTorch's a
   const char* names[] = {"output", "input gradient", "weight gradient", "bias gradient"};
   for (size_t i = 0; i < exact.size(); ++i) {
     INFO(names[i]);
-    const double fused_error = relative_error(fused[i], exact[i]);
-    const double reference_error = relative_error(reference[i], exact[i]);
+    const double fused_error = max_relative_error(fused[i], exact[i]);
+    const double reference_error = max_relative_error(reference[i], exact[i]);
     CHECK(fused_error < 1.5e-2);
     // No worse than LibTorch's own bfloat16 path, give or take a rounding.
     CHECK(fused_error < 2 * reference_error + 4e-3);
@@ -141,7 +137,7 @@ TEST_CASE("gelu_linear leaves evaluation, frozen layers and float64 to LibTorch,
     torch::NoGradGuard no_grad;
     REQUIRE_FALSE(gelu_linear_fused_takes(a, w));
     const auto evaluated = gelu_linear(a, w, b);
-    CHECK(relative_error(evaluated, trained.detach().to(torch::kFloat64)) < 1e-6);
+    CHECK(max_relative_error(evaluated, trained.detach().to(torch::kFloat64)) < 1e-6);
   }
   REQUIRE_FALSE(gelu_linear_fused_takes(a, w.detach()));  // nothing to differentiate
   REQUIRE_FALSE(gelu_linear_fused_takes(a.to(torch::kFloat64), w.to(torch::kFloat64)));
@@ -151,7 +147,7 @@ TEST_CASE("gelu_linear leaves evaluation, frozen layers and float64 to LibTorch,
   const auto g = torch::randn({8, 16, 12});
   gelu_linear(x, frozen, {}).backward(g);
   REQUIRE_FALSE(frozen.grad().defined());
-  CHECK(relative_error(x.grad(), float64_layer(a, frozen, {}, g).da) < 1e-5);
+  CHECK(max_relative_error(x.grad(), float64_layer(a, frozen, {}, g).da) < 1e-5);
 }
 
 TEST_CASE("gelu_linear carries NaN through, and refuses a double backward by name", "[gelu]") {

@@ -16,7 +16,7 @@ using testing::TempDir;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
+std::string message_of(const std::function<void()>& f) {
   try {
     f();
   } catch (const std::exception& e) {
@@ -30,7 +30,7 @@ std::string error_of(const std::function<void()>& f) {
 TEST_CASE("train.precision: fp32 by default, bf16 on request, anything else refused by name", "[precision]") {
   REQUIRE(load_config("", {}).train.precision == Precision::fp32);
   REQUIRE(load_config("", {"train.precision=bf16"}).train.precision == Precision::bf16);
-  const auto message = error_of([] { load_config("", {"train.precision=fp16"}); });
+  const auto message = message_of([] { load_config("", {"train.precision=fp16"}); });
   REQUIRE_THAT(message, Catch::Contains("train.precision") && Catch::Contains("fp16") &&
                             Catch::Contains("bf16"));
   // fp32 leaves the key out of the run's identity (runs of earlier versions keep theirs);

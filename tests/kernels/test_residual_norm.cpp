@@ -15,10 +15,6 @@ using namespace extrap::testing;
 
 namespace {
 
-double relative_error(const torch::Tensor& got, const torch::Tensor& expected) {
-  return ((got.to(torch::kFloat64) - expected).abs().max() / expected.abs().max()).item<double>();
-}
-
 torch::nn::LayerNorm random_norm(int64_t D) {
   torch::nn::LayerNorm norm(torch::nn::LayerNormOptions({D}));
   torch::NoGradGuard no_grad;
@@ -50,10 +46,10 @@ Float64Case float64_case(const torch::Tensor& x, const torch::Tensor& y, const t
 // y's to dy_tolerance (a bfloat16 y's gradient is bfloat16), the others to float32 rounding.
 void check_gradients(const torch::Tensor& x, const torch::Tensor& y, const torch::nn::LayerNorm& norm,
                      const Float64Case& expected, double dy_tolerance) {
-  CHECK(relative_error(x.grad(), expected.dx) < 1e-5);
-  if (y.defined()) CHECK(relative_error(y.grad(), expected.dy) < dy_tolerance);
-  CHECK(relative_error(norm->weight.grad(), expected.dw) < 1e-5);
-  CHECK(relative_error(norm->bias.grad(), expected.db) < 1e-5);
+  CHECK(max_relative_error(x.grad(), expected.dx) < 1e-5);
+  if (y.defined()) CHECK(max_relative_error(y.grad(), expected.dy) < dy_tolerance);
+  CHECK(max_relative_error(norm->weight.grad(), expected.dw) < 1e-5);
+  CHECK(max_relative_error(norm->bias.grad(), expected.db) < 1e-5);
 }
 
 }  // namespace
@@ -77,8 +73,8 @@ TEST_CASE("add_layer_norm in float32: h, u and every gradient equal float64's to
         if (h_used) loss = loss + (h * gh).sum();
         loss.backward();
         const auto expected = float64_case(x, y, norm, gh, gu);
-        CHECK(relative_error(h, expected.h) < 1e-6);
-        CHECK(relative_error(u, expected.u) < 1e-5);
+        CHECK(max_relative_error(h, expected.h) < 1e-6);
+        CHECK(max_relative_error(u, expected.u) < 1e-5);
         check_gradients(x, y, norm, expected, 1e-5);
       }
     }
@@ -99,7 +95,7 @@ TEST_CASE("add_layer_norm with a bfloat16 y and a bfloat16 u: y widened exactly,
   const auto expected = float64_case(x, y, norm, gh, gu);
   // h is x + y in float32 exactly as LibTorch's mixed add; u is float32's LayerNorm rounded to bfloat16.
   CHECK(torch::equal(h, x.detach() + y.detach()));
-  CHECK(relative_error(u, expected.u) < 4e-3);
+  CHECK(max_relative_error(u, expected.u) < 4e-3);
   check_gradients(x, y, norm, expected, 4e-3);
 }
 
@@ -136,7 +132,7 @@ TEST_CASE("add_layer_norm_with_copy: u in float32 and its bfloat16 rounding from
       // float64: u's gradient is gu + gl (each where read).
       const auto zero = torch::zeros_like(gu);
       const auto expected = float64_case(x, y, norm, gh, (reads != 1 ? gu : zero) + (reads != 2 ? gl.to(torch::kFloat32) : zero));
-      CHECK(relative_error(u, expected.u) < 1e-5);
+      CHECK(max_relative_error(u, expected.u) < 1e-5);
       check_gradients(x, y, norm, expected, 4e-3);
     }
   }
@@ -170,7 +166,7 @@ TEST_CASE("add_layer_norm leaves evaluation and float64 to LibTorch, with traini
   {
     torch::NoGradGuard no_grad;
     REQUIRE_FALSE(add_layer_norm_fused_takes(x, y, norm));
-    CHECK(relative_error(add_layer_norm(x, y, norm).second, trained.to(torch::kFloat64)) < 1e-6);
+    CHECK(max_relative_error(add_layer_norm(x, y, norm).second, trained.to(torch::kFloat64)) < 1e-6);
   }
   REQUIRE_FALSE(add_layer_norm_fused_takes(x.to(torch::kFloat64), {}, norm));
   REQUIRE_FALSE(add_layer_norm_fused_takes(x, y.narrow(2, 0, 32), norm));  // not x's shape
@@ -189,7 +185,7 @@ TEST_CASE("a model's loss and gradients with the fused adds and LayerNorms equal
     torch::NoGradGuard no_grad;
     reference = model->forward(tokens);
   }
-  CHECK(relative_error(fused.detach(), reference.to(torch::kFloat64)) < 1e-5);
+  CHECK(max_relative_error(fused.detach(), reference.to(torch::kFloat64)) < 1e-5);
   fused.pow(2).mean().backward();
   TransformerLM model64 = build_model(config, 257);
   {
@@ -200,7 +196,7 @@ TEST_CASE("a model's loss and gradients with the fused adds and LayerNorms equal
   model64->forward(tokens).pow(2).mean().backward();
   for (size_t i = 0; i < model->parameters().size(); ++i) {
     INFO("parameter " << i);
-    CHECK(relative_error(model->parameters()[i].grad(), model64->parameters()[i].grad()) < 1e-4);
+    CHECK(max_relative_error(model->parameters()[i].grad(), model64->parameters()[i].grad()) < 1e-4);
   }
 }
 

@@ -27,7 +27,7 @@ using namespace extrap;
 
 namespace {
 
-const double kInf = std::numeric_limits<double>::infinity();
+const double kInfinity = std::numeric_limits<double>::infinity();
 
 using testing::make_method;
 using testing::backward_through_attention;
@@ -50,7 +50,7 @@ void check_bias(const torch::Tensor& bias, bool causal, Expected expected, doubl
         INFO("head " << h << ", i " << i << ", j " << j);
         const double v = b[h][i][j].item<double>();
         if (causal && j > i) {
-          CHECK(v == -kInf);
+          CHECK(v == -kInfinity);
           continue;
         }
         const double e = expected(h, i, j);
@@ -243,7 +243,7 @@ TEST_CASE("cope: contextual positions from the gates of q.k, by hand", "[positio
         INFO("head " << h << ", i " << i << ", j " << j);
         const double got = scores[0][h][i][j].item<double>();
         if (j > i) {
-          CHECK(got == -kInf);
+          CHECK(got == -kInfinity);
           continue;
         }
         double p = 0;

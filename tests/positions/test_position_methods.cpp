@@ -22,12 +22,12 @@ using namespace extrap;
 
 namespace {
 
-const std::string kPlugin = EXTRAP_BINARY_DIR "/plugins/libextrap_local_window.so";
 const float kInf = std::numeric_limits<float>::infinity();
 
 using testing::make_method;
 using testing::backward_through_attention;
 using testing::parameter;
+using testing::kPlugin;
 
 // The bias with masked (-inf) entries replaced by 0, so that it can be summed into a loss.
 torch::Tensor finite_part(const torch::Tensor& bias) {

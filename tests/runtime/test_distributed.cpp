@@ -77,8 +77,6 @@ void require_same_run(const TempDir& d, const std::string& a, const std::string&
   }
 }
 
-nlohmann::json read_json(const fs::path& path) { return nlohmann::json::parse(read_text(path)); }
-
 // Starts rank `rank` of `world` by hand, as torchrun would, on `port`.
 pid_t spawn_rank(const TempDir& d, int rank, int world, int port, const std::vector<std::string>& args,
                  std::vector<std::string> env = {}) {

@@ -13,6 +13,9 @@
 
 namespace extrap::testing {
 
+// The example plugin (plugins/local_window.cpp), built beside the tests.
+inline const std::string kPlugin = EXTRAP_BINARY_DIR "/plugins/libextrap_local_window.so";
+
 // `name` with its YAML options, for `heads` heads of size d_head in a model of `layers` layers.
 inline std::shared_ptr<PositionMethod> make_method(const std::string& name, int64_t heads,
                                                    bool causal, const std::string& yaml = "{}",

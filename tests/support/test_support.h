@@ -8,6 +8,7 @@
 #include "core/train/trainer.h"
 
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
 #include <unistd.h>
 
@@ -66,6 +67,20 @@ inline void write_text(const fs::path& path, const std::string& text) {
 inline std::string read_text(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+inline nlohmann::json read_json(const fs::path& path) { return nlohmann::json::parse(read_text(path)); }
+
+// max |got - expected| / max |expected|, in float64 (`expected` is the float64 reference).
+inline double max_relative_error(const torch::Tensor& got, const torch::Tensor& expected) {
+  return ((got.to(torch::kFloat64) - expected).abs().max() / expected.abs().max()).item<double>();
+}
+
+// Causal attention with every other option at its default.
+inline AttentionOptions causal_attention_options() {
+  AttentionOptions options;
+  options.causal = true;
+  return options;
 }
 
 // The environment variable `name` is `value` for the object's lifetime (the CLI runs the tests
@@ -133,7 +148,7 @@ inline std::string synthetic_prose(size_t bytes, uint64_t seed) {
       std::string word = kWords[next(std::size(kWords))];
       if (w == 0) word[0] = char(word[0] - 'a' + 'A');
       out += word;
-      if (next(17) == 0) out += " " + std::to_string(next(2000));
+      if (next(17) == 0) out.append(" ").append(std::to_string(next(2000)));
       out += w + 1 < words ? " " : ". ";
     }
     if (next(4) == 0) out.back() = '\n';

@@ -406,7 +406,7 @@ std::string kernel_shapes() {
 }
 
 // Runs when libextrap_cuda.so loads (core/runtime/cuda_support.h).
-const bool registered = [] {
+const bool registered_fused_attention = [] {
   register_cuda_attention({&fused_attention_unsupported_reason, &fused_attention, &fused_attention_alibi,
                            &kernel_shapes});
   return true;
