@@ -23,35 +23,73 @@ int64_t record_step(std::string_view line) {
   return record["step"].get<int64_t>();
 }
 
-// The length of the prefix of `text` made of whole records of steps up to `step`, increasing.
-size_t kept_prefix(const std::string& text, int64_t step) {
-  size_t kept = 0;
+// The lines of `text` a run continuing from `step` keeps: every whole record of a step up to
+// `step`, in increasing step order. A line that is not a record, or whose step does not follow
+// the last kept one (a duplicated or out-of-order line), is skipped and described in `skipped`;
+// records of later steps (written after the checkpoint) and a torn last line are cut silently.
+struct KeptLines {
+  std::string text;  // the kept lines, each ending in '\n'
+  bool prefix = true;  // whether they are the file's first bytes (truncating keeps them)
+  std::vector<std::string> skipped;
+};
+
+KeptLines kept_lines(const std::string& text, int64_t step) {
+  KeptLines out;
   int64_t previous = -1;
-  while (kept < text.size()) {
-    const size_t end = text.find('\n', kept);
+  size_t begin = 0;
+  for (int64_t number = 1; begin < text.size(); ++number) {
+    const size_t end = text.find('\n', begin);
     if (end == std::string::npos) break;  // a torn last line
-    const int64_t line_step = record_step(std::string_view(text).substr(kept, end - kept));
-    if (line_step < 0 || line_step <= previous) break;  // not a record, or out of order
-    if (line_step > step) break;                        // written after the checkpoint
-    previous = line_step;
-    kept = end + 1;
+    const std::string_view line = std::string_view(text).substr(begin, end - begin);
+    begin = end + 1;
+    const int64_t line_step = record_step(line);
+    const std::string where = "line " + std::to_string(number);
+    if (line_step < 0) {
+      out.skipped.push_back(where + " (" + (line.find_first_not_of(" \t\r") == std::string_view::npos
+                                                ? std::string("blank")
+                                                : std::string("not a metrics record")) + ")");
+    } else if (line_step > step) {
+      // written after the checkpoint: cut, as a resumption always does
+    } else if (line_step <= previous) {
+      out.skipped.push_back(where + " (step " + std::to_string(line_step) +
+                            (line_step == previous ? " again" : " after step " + std::to_string(previous)) + ")");
+    } else {
+      out.prefix = out.prefix && out.text.size() == end - line.size();
+      out.text.append(line).append("\n");
+      previous = line_step;
+      continue;
+    }
   }
-  return kept;
+  return out;
 }
 
 }  // namespace
 
 MetricsLog::MetricsLog(const fs::path& path, int64_t step) : path_(path) {
   const std::string text = fs::exists(path) ? read_file(path) : std::string();
-  const size_t kept = step > 0 ? kept_prefix(text, step) : 0;
+  KeptLines kept = step > 0 ? kept_lines(text, step) : KeptLines{};
+  skipped_ = std::move(kept.skipped);
+  if (!kept.prefix) {
+    // Lines were skipped before kept ones: the kept lines replace the file in one rename.
+    write_file_atomic(path, kept.text);
+  }
   fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0) throw_write_error(path.string(), errno);
-  if (::ftruncate(fd_, off_t(kept)) != 0 || ::lseek(fd_, off_t(kept), SEEK_SET) < 0 ||
-      ::fdatasync(fd_) != 0) {
+  const off_t size = off_t(kept.text.size());
+  if (::ftruncate(fd_, size) != 0 || ::lseek(fd_, size, SEEK_SET) < 0 || ::fdatasync(fd_) != 0) {
     const int error = errno;
     ::close(fd_);
     throw_write_error(path.string(), error);
   }
+}
+
+std::string MetricsLog::skipped_text() const {
+  if (skipped_.empty()) return "";
+  std::string text = path_.string() + ": skipped " + std::to_string(skipped_.size()) +
+                     " line(s) that could not be kept:";
+  for (size_t i = 0; i < skipped_.size() && i < 5; ++i) text += (i ? ", " : " ") + skipped_[i];
+  if (skipped_.size() > 5) text += ", and " + std::to_string(skipped_.size() - 5) + " more";
+  return text + "; every other line up to the checkpoint is kept";
 }
 
 MetricsLog::~MetricsLog() {

@@ -11,15 +11,19 @@
 // seen, "seconds" training time (validation excluded), "time" the Unix time of the line.
 //
 // Each line is appended with one write and made durable (fdatasync) before training goes on.
-// Opening the log for a run that continues from a checkpoint at step S keeps exactly the
-// whole lines of steps up to S and cuts the rest (lines written after that checkpoint, a torn
-// last line), so after kill -9 and --resume each step is there once, as in an uninterrupted
-// run. Only the lines' timing fields (tokens_per_second, seconds, time) can differ.
+// Opening the log for a run that continues from a checkpoint at step S keeps every whole record
+// of a step up to S, in increasing step order, and cuts the lines written after that checkpoint
+// and a torn last line, so after kill -9 and --resume each step is there once, as in an
+// uninterrupted run. Only the lines' timing fields (tokens_per_second, seconds, time) can differ.
+// A line the log cannot keep (blank, not a record, a step repeated or out of order: an edited or
+// concatenated log) is skipped, never the valid lines after it, and skipped_text() names it;
+// the kept lines then replace the file in one rename.
 #pragma once
 
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <string>
 #include <vector>
 
 namespace extrap {
@@ -37,10 +41,13 @@ class MetricsLog {
   void append(const nlohmann::ordered_json& record);
 
   const std::filesystem::path& path() const { return path_; }
+  // What opening skipped ("" when nothing): "PATH: skipped 2 line(s) ...: line 5 (blank), ...".
+  std::string skipped_text() const;
 
  private:
   std::filesystem::path path_;
   int fd_ = -1;
+  std::vector<std::string> skipped_;  // "line 5 (blank)", one a skipped line
 };
 
 // The lines of a metrics log, parsed; a line that is not a JSON object with an integer "step"

@@ -358,6 +358,8 @@ void Trainer::prepare_training(RunState& state) {
     write_file_atomic(fs::path(c.out_dir) / "config.yaml", YAML::Dump(config_.to_yaml()) + "\n");
     state.manifest.fingerprint = state.run_dir->fingerprint().hash;
     state.metrics.emplace(state.run_dir->path() / "metrics.jsonl", state.step);
+    if (const std::string skipped = state.metrics->skipped_text(); !skipped.empty())
+      std::cerr << skipped << "\n";  // even when quiet: lines of the run's log were dropped
     // The evaluation `extrap train` saved describes the model as it was: it goes once the
     // model changes.
     if (state.step < c.steps) fs::remove(state.run_dir->path() / "eval.json");

@@ -171,15 +171,47 @@ TEST_CASE("a metrics log keeps the whole lines up to the step it continues from"
   REQUIRE(lines.size() == 3);
   CHECK(lines[1].at("step") == 10);
   CHECK(lines[2].at("loss") == 0.5);
-  // A torn line, or one out of order, ends what is kept; step 0 starts afresh.
+  // A torn last line is cut without a word; step 0 starts afresh.
   write_text(path, read_text(path) + "{\"step\": 20, \"lo");
-  { MetricsLog log(path, 100); }
+  {
+    MetricsLog log(path, 100);
+    CHECK(log.skipped_text().empty());
+  }
   CHECK(read_metrics(path).size() == 3);
-  write_text(path, "{\"step\": 5}\n{\"step\": 3}\n{\"step\": 10}\n");
-  { MetricsLog log(path, 100); }
-  CHECK(read_metrics(path).size() == 1);
   { MetricsLog log(path, 0); }
   CHECK(read_text(path).empty());
+}
+
+TEST_CASE("a metrics log keeps every valid line after a malformed one, and names what it skipped",
+          "[run_logs]") {
+  TempDir d("metrics");
+  const fs::path path = d.root / "metrics.jsonl";
+  // A blank line, garbage, a duplicated line and one out of order, between valid lines; a line
+  // written after the checkpoint (step 40) and a torn last line.
+  write_text(path,
+             "{\"step\": 5}\n\n{\"step\": 10}\ngarbage\n{\"step\": 10}\n{\"step\": 15}\n{\"step\": 12}\n"
+             "{\"step\": 20, \"loss\": 2}\n{\"step\": 40}\n{\"step\": 45");
+  std::string skipped;
+  {
+    MetricsLog log(path, 30);
+    skipped = log.skipped_text();
+    log.append({{"step", 35}});
+  }
+  const auto lines = read_metrics(path);
+  std::vector<int64_t> steps;
+  for (const auto& line : lines) steps.push_back(line.at("step").get<int64_t>());
+  CHECK(steps == std::vector<int64_t>{5, 10, 15, 20, 35});
+  CHECK(lines[3].at("loss") == 2);
+  CHECK_THAT(skipped, Catch::Contains("metrics.jsonl: skipped 4 line(s)") &&
+                          Catch::Contains("line 2 (blank)") && Catch::Contains("line 4 (not a metrics record)") &&
+                          Catch::Contains("line 5 (step 10 again)") && Catch::Contains("line 7 (step 12 after step 15)"));
+  CHECK(skipped.find("line 9") == std::string::npos);  // written after the checkpoint: cut, not skipped
+  // Nothing skipped: the file is the kept lines, and nothing is said.
+  {
+    MetricsLog log(path, 35);
+    CHECK(log.skipped_text().empty());
+  }
+  CHECK(read_metrics(path).size() == 5);
   // A reader names the file and line of a line that is not a record.
   write_text(path, "{\"step\": 5}\n[1, 2]\n");
   CHECK_THROWS_WITH(read_metrics(path),
