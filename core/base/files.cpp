@@ -109,10 +109,13 @@ void write_file_atomic(const fs::path& path, std::string_view bytes, const fs::p
 }
 
 std::string read_file(const fs::path& path) {
+  std::error_code error;
+  if (fs::is_directory(path, error)) throw ConfigError(path.string() + ": is a directory, not a file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError(path.string() + ": cannot read (" + std::strerror(errno) + ")");
   std::ostringstream out;
-  out << in.rdbuf();
+  if (in.peek() != std::ifstream::traits_type::eof()) out << in.rdbuf();
+  if (in.bad() || out.bad()) throw ConfigError(path.string() + ": cannot read (" + std::strerror(errno) + ")");
   return out.str();
 }
 

@@ -1,9 +1,12 @@
 #include "core/base/yaml_options.h"
 
-#include <functional>
-#include <sstream>
+#include "core/base/files.h"
 
 #include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <sstream>
 
 namespace extrap {
 
@@ -169,6 +172,29 @@ YAML::Node without_marks(const YAML::Node& node) {
   return YAML::Node();
 }
 
+namespace {
+
+// Refuses a key given twice in one map, anywhere under `node`.
+void refuse_repeated_keys(const YAML::Node& node, const std::string& source) {
+  if (node.IsSequence())
+    for (const auto& item : node) refuse_repeated_keys(item, source);
+  if (!node.IsMap()) return;
+  std::map<std::string, int> first_line;
+  for (const auto& entry : node) {
+    if (entry.first.IsScalar()) {
+      const int line = entry.first.Mark().line + 1;
+      const auto [found, added] = first_line.emplace(entry.first.Scalar(), line);
+      if (!added)
+        throw ConfigError(source + ":" + std::to_string(line) + ": key '" + entry.first.Scalar() +
+                          "' is given twice in one map (first on line " + std::to_string(found->second) +
+                          "); remove one of them");
+    }
+    refuse_repeated_keys(entry.second, source);
+  }
+}
+
+}  // namespace
+
 void apply_override(YAML::Node& root, const std::string& assignment) {
   const auto eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0)
@@ -184,6 +210,7 @@ void apply_override(YAML::Node& root, const std::string& assignment) {
   } catch (const YAML::Exception& e) {
     throw ConfigError("--set '" + assignment + "': value is not valid YAML: " + e.msg);
   }
+  refuse_repeated_keys(value, "--set '" + assignment + "'");
   std::vector<std::string> parts;
   std::string part;
   std::istringstream in(path);
@@ -205,16 +232,22 @@ void apply_override(YAML::Node& root, const std::string& assignment) {
   cursor[parts.back()] = without_marks(value);
 }
 
-YAML::Node load_yaml_file(const std::string& path) {
+YAML::Node parse_yaml_text(const std::string& text, const std::string& source) {
+  YAML::Node node;
   try {
-    YAML::Node node = YAML::LoadFile(path);
-    if (!node) node = YAML::Node(YAML::NodeType::Map);
-    return node;
-  } catch (const YAML::BadFile&) {
-    throw ConfigError(path + ": cannot open the file");
+    node = YAML::Load(text);
   } catch (const YAML::ParserException& e) {
-    throw ConfigError(path + ":" + std::to_string(e.mark.line + 1) + ": YAML syntax error: " + e.msg);
+    throw ConfigError(source + ":" + std::to_string(e.mark.line + 1) + ": YAML syntax error: " + e.msg);
   }
+  if (!node || node.IsNull()) return YAML::Node(YAML::NodeType::Map);
+  refuse_repeated_keys(node, source);
+  return node;
+}
+
+YAML::Node load_yaml_file(const std::string& path) {
+  std::error_code error;
+  if (!std::filesystem::exists(path, error)) throw ConfigError(path + ": cannot open the file (no such file)");
+  return parse_yaml_text(read_file(path), path);
 }
 
 std::string yaml_to_string(const YAML::Node& node) {

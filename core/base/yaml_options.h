@@ -149,7 +149,12 @@ YAML::Node without_marks(const YAML::Node& node);
 // Applies "a.b.c=value" (value parsed as YAML) to `root`, creating maps as needed.
 void apply_override(YAML::Node& root, const std::string& assignment);
 
-// Loads a YAML file; a parse error names the file and line.
+// Parses YAML text read from `source` (a file's path, for messages). A syntax error, or a key
+// given twice in one map (yaml-cpp would keep the first silently), is a ConfigError naming
+// SOURCE:LINE. An empty document is an empty map.
+YAML::Node parse_yaml_text(const std::string& text, const std::string& source);
+// Reads and parses a YAML file as parse_yaml_text does; a file that cannot be read (missing, a
+// directory) is a ConfigError naming it.
 YAML::Node load_yaml_file(const std::string& path);
 
 std::string yaml_to_string(const YAML::Node& node);

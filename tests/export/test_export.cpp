@@ -134,10 +134,25 @@ struct ExportDir : TempDir {
     const std::string corpus = corpus_of(tokenizer);
     const std::string run = "runs/" + name;
     const std::string model_file = tokenizer == "sentencepiece" ? ", tokenizer_model: pieces.model" : "";
+    // The model section: these defaults, each key of `model_extra` (", key: value, ...") in place of
+    // its default (a key given twice is refused).
+    std::vector<std::pair<std::string, std::string>> model = {
+        {"layers", std::to_string(layers)}, {"d_model", "32"}, {"heads", "4"}, {"d_ffn", "64"},
+        {"dropout", "0.0"}, {"objective", causal ? "causal_lm" : "masked_lm"}};
+    const size_t first_extra = model_extra.find_first_not_of(", ");
+    const YAML::Node extras =
+        YAML::Load("{" + (first_extra == std::string::npos ? std::string() : model_extra.substr(first_extra)) + "}");
+    for (const auto& entry : extras) {
+      const std::string key = entry.first.Scalar(), value = entry.second.Scalar();
+      const auto found = std::find_if(model.begin(), model.end(), [&](const auto& kv) { return kv.first == key; });
+      if (found != model.end()) found->second = value;
+      else model.emplace_back(key, value);
+    }
+    std::string model_text;
+    for (const auto& [key, value] : model) model_text.append(model_text.empty() ? "" : ", ").append(key + ": " + value);
     write_text(root / (name + ".yaml"),
                "data: {path: " + corpus + ", tokenizer: " + tokenizer + model_file + ", cache_dir: cache}\n"
-               "model: {layers: " + std::to_string(layers) + ", d_model: 32, heads: 4, d_ffn: 64, dropout: 0.0, objective: " +
-                   std::string(causal ? "causal_lm" : "masked_lm") + model_extra + "}\n"
+               "model: {" + model_text + "}\n"
                "position: " + position + "\n"
                "train: {seq_len: 16, batch_tokens: 256, steps: 12, lr: 0.01, warmup: 2, "
                "validate_every: 0, checkpoint_every: 0, log_every: 100, threads: 1, out_dir: " +

@@ -156,6 +156,23 @@ TEST_CASE("config: bad --set and bad files are clear errors", "[config]") {
   REQUIRE_THAT(error_of([&] { load_config(bad, {}); }), Catch::Contains("extrap-syntax.yaml:") &&
                                                              Catch::Contains("syntax"));
   REQUIRE_THAT(error_of([] { load_config("", {"model.heads=3"}); }), Catch::Contains("multiple of heads"));
+  // A key given twice in one map (yaml-cpp would keep one of them silently), in a file, in a
+  // flow map, and in a --set value; the same key in two maps is no repetition.
+  const auto twice = write_yaml("extrap-twice.yaml", "model:\n  layers: 2\n  heads: 4\n  layers: 3\n");
+  REQUIRE_THAT(error_of([&] { load_config(twice, {}); }),
+               Catch::Contains("extrap-twice.yaml:4: key 'layers' is given twice in one map (first on line 2)"));
+  const auto flow = write_yaml("extrap-flow.yaml", "model: {heads: 4, d_model: 32, heads: 2}\n");
+  REQUIRE_THAT(error_of([&] { load_config(flow, {}); }), Catch::Contains("key 'heads' is given twice"));
+  REQUIRE_THAT(error_of([] { load_config("", {"position={name: alibi, name: rotary}"}); }),
+               Catch::Contains("--set 'position={name: alibi, name: rotary}'") && Catch::Contains("given twice"));
+  const auto apart = write_yaml("extrap-apart.yaml", "model: {layers: 2}\ntrain: {steps: 2}\nposition: {name: alibi}\n");
+  REQUIRE(load_config(apart, {}).model.layers == 2);
+  // A directory where a config file belongs.
+  const std::string directory = (fs::temp_directory_path() / "extrap-config-directory").string();
+  fs::create_directories(directory);
+  REQUIRE_THAT(error_of([&] { load_config(directory, {}); }),
+               Catch::Contains(directory + ": is a directory, not a file"));
+  fs::remove_all(directory);
 }
 
 TEST_CASE("command line: wrong usage exits non-zero and says what was wrong", "[cli]") {
