@@ -151,4 +151,24 @@ FileLock::~FileLock() {
   if (fd_ >= 0) ::close(fd_);  // closing releases the flock
 }
 
+SharedFileLock::SharedFileLock(const fs::path& lock_path, Mode mode) {
+  fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0 && mode == Mode::shared) fd_ = ::open(lock_path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) {
+    if (mode == Mode::shared) return;  // read-only: nobody swaps files here
+    throw ConfigError("cannot open the lock file " + lock_path.string() + ": " + std::strerror(errno));
+  }
+  while (::flock(fd_, mode == Mode::shared ? LOCK_SH : LOCK_EX) != 0) {
+    if (errno == EINTR) continue;
+    const int error = errno;
+    ::close(fd_);
+    fd_ = -1;
+    throw ConfigError("cannot lock " + lock_path.string() + ": " + std::strerror(error));
+  }
+}
+
+SharedFileLock::~SharedFileLock() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
 }  // namespace extrap

@@ -53,4 +53,21 @@ class FileLock {
   int fd_ = -1;
 };
 
+// A blocking flock on `lock_path`, shared or exclusive, held for the object's lifetime: readers
+// of a set of files that a writer swaps in by renames (a checkpoint) take it shared, the writer
+// exclusive for the swap alone, so that no reader sees the set half-swapped. The lock file is
+// created when missing; a reader that cannot create or open it (a read-only directory, where no
+// writer can swap either) goes on without it.
+class SharedFileLock {
+ public:
+  enum class Mode { shared, exclusive };
+  SharedFileLock(const std::filesystem::path& lock_path, Mode mode);
+  ~SharedFileLock();
+  SharedFileLock(const SharedFileLock&) = delete;
+  SharedFileLock& operator=(const SharedFileLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 }  // namespace extrap

@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <map>
+#include <memory>
 #include <sstream>
 
 namespace fs = std::filesystem;
@@ -36,16 +38,22 @@ std::string archive_bytes(const T& value) {
   return out.str();
 }
 
-json parse_json(const fs::path& path) {
+json parse_json(const std::string& text, const fs::path& path) {
   try {
-    return json::parse(read_file(path));
+    return json::parse(text);
   } catch (const json::exception& e) {
     throw ConfigError(path.string() + ": not valid JSON (" + e.what() +
                       "): the checkpoint is damaged");
   }
 }
 
-// Verifies `dir` against its manifest and reads its small files.
+// RUN/checkpoint.lock: save_checkpoint holds it exclusively while it swaps the directories,
+// readers hold it shared while they verify and read: `extrap eval` of a run that is training
+// never sees a checkpoint half-swapped (and never calls a whole one corrupt).
+fs::path swap_lock_path(const fs::path& run_dir) { return run_dir / "checkpoint.lock"; }
+
+// Verifies `dir` against its manifest, reading each file once: what is verified is what is
+// used (the small files parsed, model.pt's bytes kept for load_model).
 VerifiedCheckpoint verify(const fs::path& dir) {
   const fs::path manifest_path = dir / "manifest.json";
   if (!fs::exists(manifest_path))
@@ -54,8 +62,9 @@ VerifiedCheckpoint verify(const fs::path& dir) {
                       "extrap older than 0.2; train again (extrap train --overwrite)");
   VerifiedCheckpoint c;
   c.dir = dir;
+  std::map<std::string, std::string> contents;  // the small files and model.pt, verified
   try {
-    const json m = parse_json(manifest_path);
+    const json m = parse_json(read_file(manifest_path), manifest_path);
     if (m.at("format").get<int>() != kManifestFormat)
       throw ConfigError(manifest_path.string() + ": manifest format " +
                         std::to_string(m.at("format").get<int>()) + ", this extrap reads " +
@@ -67,21 +76,22 @@ VerifiedCheckpoint verify(const fs::path& dir) {
     for (const auto& [name, entry] : m.at("files").items()) {
       const fs::path file = dir / name;
       if (!fs::exists(file)) throw ConfigError(file.string() + ": missing (listed in the manifest)");
-      const FileDigest digest = file_digest(file.string());
-      const uint64_t bytes = entry.at("bytes").get<uint64_t>();
-      if (digest.bytes != bytes)
-        throw ConfigError(file.string() + ": " + std::to_string(digest.bytes) +
-                          " bytes, the manifest says " + std::to_string(bytes) +
+      std::string bytes = read_file(file);
+      const uint64_t expected = entry.at("bytes").get<uint64_t>();
+      if (bytes.size() != expected)
+        throw ConfigError(file.string() + ": " + std::to_string(bytes.size()) +
+                          " bytes, the manifest says " + std::to_string(expected) +
                           ": the checkpoint is truncated or damaged");
-      if (hex64(digest.hash) != entry.at("xxh3").get<std::string>())
-        throw ConfigError(file.string() + ": checksum " + hex64(digest.hash) +
-                          " differs from the manifest's " + entry.at("xxh3").get<std::string>() +
-                          ": the checkpoint is corrupt");
+      const std::string hash = hex64(content_hash(bytes));
+      if (hash != entry.at("xxh3").get<std::string>())
+        throw ConfigError(file.string() + ": checksum " + hash + " differs from the manifest's " +
+                          entry.at("xxh3").get<std::string>() + ": the checkpoint is corrupt");
+      if (name != "optimizer.pt" && name != "rng.pt") contents[name] = std::move(bytes);
     }
     for (const char* required : {"model.pt", "state.json", "config.yaml"})
       if (!m.at("files").contains(required))
         throw ConfigError(manifest_path.string() + ": lists no " + required);
-    const json state = parse_json(dir / "state.json");
+    const json state = parse_json(contents.at("state.json"), dir / "state.json");
     c.state.step = state.at("step").get<int64_t>();
     c.state.epoch = state.at("epoch").get<int64_t>();
     c.state.index = state.at("index").get<int64_t>();
@@ -101,7 +111,9 @@ VerifiedCheckpoint verify(const fs::path& dir) {
                       "): the checkpoint is damaged");
   }
   const fs::path config_path = dir / "config.yaml";
-  c.config = config_from_yaml(load_yaml_file(config_path.string()), config_path.string());
+  c.config = config_from_yaml(parse_yaml_text(contents.at("config.yaml"), config_path.string()),
+                              config_path.string());
+  c.model_bytes = std::make_shared<const std::string>(std::move(contents.at("model.pt")));
   return c;
 }
 
@@ -168,11 +180,15 @@ void save_checkpoint(const fs::path& run_dir, const Config& config,
     fs::remove_all(tmp, error);  // the previous checkpoint stays whole
     throw;
   }
-  // Swap in the new checkpoint: the old one stays whole until the new one is complete.
-  fs::remove_all(old, error);
-  if (fs::exists(dir)) fs::rename(dir, old);
-  fs::rename(tmp, dir);
-  fsync_directory(run_dir);
+  // Swap in the new checkpoint: the old one stays whole until the new one is complete, and no
+  // reader sees the directories between the renames.
+  {
+    const SharedFileLock swapping(swap_lock_path(run_dir), SharedFileLock::Mode::exclusive);
+    fs::remove_all(old, error);
+    if (fs::exists(dir)) fs::rename(dir, old);
+    fs::rename(tmp, dir);
+    fsync_directory(run_dir);
+  }
   fs::remove_all(old, error);
 }
 
@@ -182,6 +198,8 @@ bool has_checkpoint(const fs::path& run_dir) {
 
 std::optional<VerifiedCheckpoint> find_checkpoint(const fs::path& run_dir) {
   const fs::path dir = run_dir / "checkpoint", old = run_dir / "checkpoint.old";
+  if (!fs::exists(dir) && !fs::exists(old)) return std::nullopt;
+  const SharedFileLock reading(swap_lock_path(run_dir), SharedFileLock::Mode::shared);
   // A crash between the two renames of save_checkpoint leaves only checkpoint.old.
   if (fs::exists(dir)) return verify(dir);
   if (fs::exists(old)) return verify(old);
@@ -201,7 +219,11 @@ VerifiedCheckpoint require_checkpoint(const fs::path& run_dir) {
 // run trained on a GPU evaluates on a CPU and the other way round.
 void load_model(const VerifiedCheckpoint& c, TransformerLM& model) {
   const torch::Device device = device_of(model->parameters());
-  load_archive(c.dir / "model.pt", [&](const std::string& p) { torch::load(model, p, device); });
+  TORCH_CHECK(c.model_bytes, "load_model: ", c.dir.string(), " was not verified");
+  load_archive(c.dir / "model.pt", [&](const std::string&) {
+    std::istringstream bytes(*c.model_bytes, std::ios::binary);
+    torch::load(model, bytes, device);
+  });
 }
 
 void load_optimizer(const VerifiedCheckpoint& c, torch::optim::Optimizer& optimizer) {

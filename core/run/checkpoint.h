@@ -8,7 +8,9 @@
 //                                    the vocabulary hash, and each file's size and XXH3 hash
 // It is written as RUN/checkpoint.tmp (every file fsynced, the manifest last), then swapped
 // in by rename: RUN/checkpoint -> checkpoint.old, checkpoint.tmp -> checkpoint, old removed.
-// A crash between the renames leaves only checkpoint.old, which is then used.
+// A crash between the renames leaves only checkpoint.old, which is then used. The swap holds
+// RUN/checkpoint.lock exclusively and readers hold it shared while they verify and read, so a
+// reader (`extrap eval` of a run still training) gets the last complete checkpoint, whole.
 //
 // Nothing is loaded before the manifest verifies: a missing manifest, a truncated, missing or
 // changed file is a ConfigError naming the file. No LibTorch backtrace, no NaN perplexity.
@@ -21,6 +23,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -65,12 +68,15 @@ void save_checkpoint(const std::filesystem::path& run_dir, const Config& config,
                      const CheckpointManifest& manifest, const CheckpointState& state,
                      TransformerLM& model, torch::optim::Optimizer* optimizer);
 
-// A checkpoint whose every file matched its manifest.
+// A checkpoint whose every file matched its manifest, read while no writer swapped it.
 struct VerifiedCheckpoint {
   std::filesystem::path dir;
   CheckpointManifest manifest;
   Config config;
   CheckpointState state;
+  // model.pt as it was verified: load_model reads these bytes, not the file, which a run still
+  // training may have replaced since.
+  std::shared_ptr<const std::string> model_bytes;
 };
 
 // Whether RUN holds a checkpoint at all (complete or not).
