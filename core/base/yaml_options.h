@@ -13,6 +13,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -215,6 +216,9 @@ void OptionReader::read(const std::string& key, T& field, const std::string& hel
     } catch (const YAML::Exception&) {
       fail(key, "expected " + detail::type_name<T>() + ", got '" + yaml_to_string(value) + "'");
     }
+    // No key takes an infinity or a NaN (.inf, .nan): each would reach the maths as it is.
+    if constexpr (std::is_floating_point_v<T>)
+      if (!std::isfinite(field)) fail(key, "must be a finite number, got '" + yaml_to_string(value) + "'");
   }
 }
 

@@ -9,6 +9,7 @@
 #include <sentencepiece_trainer.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <mutex>
 #include <unordered_map>
@@ -202,6 +203,33 @@ std::string SentencePieceModel::decode(const std::vector<int32_t>& ids) const {
   return text;
 }
 
+namespace {
+
+// SentencePiece's reason in extrap's words: without the source position and the check that
+// failed ("./src/trainer_interface.cc(580) [(...) <= (...)] "), and with its flags spelt as
+// `extrap tokenizer train` takes them (--vocab-size, not vocab_size or --vocab_size).
+std::string training_failure(const std::string& message) {
+  std::string reason = message;
+  if (reason.rfind("./", 0) == 0 || reason.rfind("src/", 0) == 0) {
+    const size_t check = reason.find("] ");
+    if (check != std::string::npos) reason = reason.substr(check + 2);
+  }
+  for (const auto& [theirs, ours] : {std::pair<const char*, const char*>{"--character_coverage", "--character-coverage"},
+                                     {"--vocab_size", "--vocab-size"},
+                                     {"character_coverage", "--character-coverage"},
+                                     {"vocab_size", "--vocab-size"},
+                                     {"--model_type", "--type"}}) {
+    for (size_t at = reason.find(theirs); at != std::string::npos; at = reason.find(theirs, at + std::strlen(ours))) {
+      // "--vocab_size" is replaced whole before its bare "vocab_size" is looked for.
+      if (at >= 2 && reason.compare(at - 2, 2, "--") == 0) continue;
+      reason.replace(at, std::strlen(theirs), ours);
+    }
+  }
+  return reason;
+}
+
+}  // namespace
+
 std::string train_sentencepiece(std::string_view text, const SentencePieceTraining& options,
                                 const std::string& where) {
   if (options.model_type != "unigram" && options.model_type != "bpe")
@@ -233,7 +261,7 @@ std::string train_sentencepiece(std::string_view text, const SentencePieceTraini
   if (!status.ok())
     throw ConfigError(where + ": SentencePiece could not train a " + options.model_type +
                       " model of " + std::to_string(options.vocab_size) + " pieces: " +
-                      status.ToString());
+                      training_failure(std::string(status.message())));
   return model;
 }
 

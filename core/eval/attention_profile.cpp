@@ -401,7 +401,7 @@ AttentionProfile attention_profile(TransformerLM& model, const TokenStream& stre
     const int64_t per_pass = std::max<int64_t>(1, 16384 / spec.length);
     for (int64_t w = 0; w < windows; w += per_pass) {
       const int64_t count = std::min(per_pass, windows - w);
-      check_window_memory(model->config(), count, spec.length);  // the forward pass itself
+      check_window_memory(model, count, spec.length);  // the forward pass itself
       const auto tokens = stream.slice(w * spec.length, count * spec.length)
                               .to(torch::kLong).view({count, spec.length}).to(device);
       observer.next_forward();

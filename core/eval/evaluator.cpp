@@ -138,14 +138,16 @@ void check_eval_length(const EvalSpec& spec, int64_t available, int64_t split_to
   }
 }
 
-void check_window_memory(const ModelConfig& m, int64_t windows_per_batch, int64_t length,
+void check_window_memory(const TransformerLM& model, int64_t windows_per_batch, int64_t length,
                          int64_t attention_length) {
+  const ModelConfig& m = model->config();
+  const AttentionBackend backend = model->attention_backend();  // what evaluation forced, if it did
   // The reference attention path materialises (windows, heads, T, T) scores, probabilities and
   // bias per layer; refuse a batch that cannot fit rather than attempt the allocation.
   const int64_t span = attention_length > 0 ? std::min(attention_length, length) : length;
   const bool reference =
-      m.attention == AttentionBackend::Reference ||
-      (m.attention == AttentionBackend::Auto && span * span <= m.efficient_threshold);
+      backend == AttentionBackend::Reference ||
+      (backend == AttentionBackend::Auto && span * span <= m.efficient_threshold);
   const double values =
       double(windows_per_batch) * double(length) * 8.0 * double(m.d_model) +
       (reference ? 3.0 * double(windows_per_batch) * double(m.heads) * double(span) * double(span)
@@ -310,7 +312,7 @@ EvalResult evaluate(TransformerLM& model, const Corpus& corpus, const TokenStrea
   auto windows = plan_windows(n, spec.length, spec.stride, causal);
   result.windows = int64_t(windows.size());
 
-  check_window_memory(model->config(),
+  check_window_memory(model,
                       std::min<int64_t>(std::max<int64_t>(1, spec.batch_tokens / spec.length),
                                         int64_t(windows.size())),
                       spec.length, spec.streaming.active() ? spec.streaming.cache : -1);

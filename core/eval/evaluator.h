@@ -129,10 +129,11 @@ void check_eval_length(const EvalSpec& spec, int64_t available, int64_t split_to
 EvalSpec eval_spec_for(const Config& config, int64_t length, int64_t stride = 0);
 
 // Refuses (ConfigError, core/model/memory_estimate.h) a batch of `windows` windows of `length` tokens
-// whose activations cannot fit in memory, rather than attempt the allocation.
+// whose activations cannot fit in memory, rather than attempt the allocation, on the attention
+// path the model takes now (an evaluation may have forced one: `extrap eval --attention`).
 // `attention_length`: the longest span one attention call covers (StreamingLLM: its cache);
 // -1: the window length.
-void check_window_memory(const ModelConfig& model, int64_t windows, int64_t length,
+void check_window_memory(const TransformerLM& model, int64_t windows, int64_t length,
                          int64_t attention_length = -1);
 
 // Eval mode and a RoPE scaling for one evaluation: the model's training flag and scaling are

@@ -1,5 +1,7 @@
 #include "core/eval/retrieval_eval.h"
 
+#include "core/model/memory_estimate.h"
+
 #include <chrono>
 #include <cmath>
 #include <set>
@@ -68,6 +70,16 @@ void check_retrieval_spec(const RetrievalSpec& spec) {
                       ": must be at least 1");
 }
 
+void check_instance_memory(int64_t length, int64_t instances) {
+  // An instance holds its tokens (4 bytes each) and, while it is laid out, the filler's sentence
+  // starts (8 bytes each, a sentence being several tokens): 8 bytes a token bounds both.
+  constexpr double kBytesPerToken = 8;
+  const double bytes = std::min(double(length) * double(instances) * kBytesPerToken, 9.0e18);
+  check_memory(int64_t(bytes),
+               std::to_string(instances) + " retrieval instance(s) of " + std::to_string(length) + " tokens",
+               "give a shorter retrieval length");
+}
+
 RetrievalResult evaluate_retrieval(TransformerLM& model, const Corpus& corpus,
                                    const RetrievalSpec& spec, torch::Device device) {
   check_retrieval_spec(spec);
@@ -79,6 +91,11 @@ RetrievalResult evaluate_retrieval(TransformerLM& model, const Corpus& corpus,
     throw EvalFailure("retrieval task " + enum_name(spec.task) + " at length " +
                       std::to_string(spec.length) + ": an instance needs at least " +
                       std::to_string(generator.min_length()) + " tokens");
+  // Refused before any instance is built: the instances, then the model's batch of them.
+  const int64_t instances = int64_t(spec.depths.size()) * spec.samples;
+  const int64_t per_batch = std::max<int64_t>(1, spec.batch_tokens / spec.length);
+  check_instance_memory(spec.length, instances);
+  check_window_memory(model, std::min(per_batch, instances), spec.length);
   torch::NoGradGuard no_grad;
   const auto start = std::chrono::steady_clock::now();
   EvaluationScope scope(model, spec.rope_scaling);
@@ -99,9 +116,6 @@ RetrievalResult evaluate_retrieval(TransformerLM& model, const Corpus& corpus,
           {c, generator.make(spec.length, spec.depths[c] / 100.0,
                              retrieval_instance_seed(spec.seed, spec.length, spec.depths[c], s))});
   }
-  const int64_t per_batch = std::max<int64_t>(1, spec.batch_tokens / spec.length);
-  check_window_memory(model->config(), std::min<int64_t>(per_batch, int64_t(trials.size())),
-                      spec.length);
   const int64_t banned = corpus.byte_level() ? corpus.mask_token : -1;
   const GreedyStep step = model_greedy_step(model, banned, device);
 

@@ -64,6 +64,9 @@ uint64_t retrieval_instance_seed(int64_t seed, int64_t length, double depth, int
 
 // Refuses (ConfigError) depths outside [0, 100] or repeated, samples below 1.
 void check_retrieval_spec(const RetrievalSpec& spec);
+// Refuses `instances` retrieval instances of `length` tokens that cannot fit in memory, before
+// any is built (a ConfigError naming the length; `extrap task --length`, evaluate_retrieval).
+void check_instance_memory(int64_t length, int64_t instances);
 
 // The most likely next token (never a banned one) of the model reading `sequence` (an
 // instance's `length` tokens), at position `row`.

@@ -123,6 +123,10 @@ std::string resolved_position_options(const Config& config) {
 }
 
 ExportSummary export_run(const fs::path& run_dir, const fs::path& out, const ExportOptions& options) {
+  if (out.empty() || !out.has_filename())
+    throw ConfigError("--out '" + out.string() + "': name the .safetensors file to write");
+  if (fs::is_directory(out))
+    throw ConfigError("--out " + out.string() + ": is a directory; name the .safetensors file to write");
   if (fs::exists(out) && !options.overwrite)
     throw ConfigError(out.string() + " exists (add --overwrite to replace it)");
   const fs::path directory = fs::absolute(out).parent_path();

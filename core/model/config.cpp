@@ -165,7 +165,9 @@ void read_position_section(const OptionReader& root, Config& c) {
       // The document's own node (not a YAML::Clone, which drops line numbers): the method
       // reads its options from it and errors name their lines. `name` stays in it.
       c.position = p;
-      if (p["name"]) c.position_name = p["name"].as<std::string>();
+      if (p["name"] && !p["name"].IsScalar())
+        root.fail("position", "'name' must be one method's name, got '" + yaml_to_string(p["name"]) + "'");
+      if (p["name"]) c.position_name = p["name"].Scalar();
     } else {
       root.fail("position", "expected a method name or a map with 'name'");
     }

@@ -161,8 +161,10 @@ class TransformerLMImpl : public torch::nn::Module {
   const ModelConfig& config() const { return config_; }
   int64_t vocab_size() const { return vocab_size_; }
   int64_t num_parameters() const;
-  // Backend used by the attention call (evaluation may force one).
+  // Backend used by the attention call (evaluation may force one; config().attention stays the
+  // trained config's).
   void set_attention_backend(AttentionBackend backend) { backend_ = backend; }
+  AttentionBackend attention_backend() const { return backend_; }
   // Evaluation-time RoPE scaling for every later forward pass (none: the trained angles), in
   // every layer whose method has rotary angles. Refuses (ConfigError, naming the method) a
   // model with no such layer.

@@ -83,7 +83,22 @@ void check_vocabulary(const VerifiedCheckpoint& checkpoint, const Corpus& corpus
                       std::to_string(corpus.vocab_size) + " tokens)");
 }
 
+void check_run_identity(const VerifiedCheckpoint& checkpoint) {
+  const fs::path run_dir = checkpoint.dir.parent_path();
+  const fs::path identity = run_dir / "fingerprint.yaml";
+  if (!fs::exists(identity)) return;  // a checkpoint directory on its own: nothing to check against
+  std::string text = read_file(identity);
+  if (!text.empty() && text.back() == '\n') text.pop_back();  // written as the node's YAML and a newline
+  const std::string recorded = hex64(content_hash(text));
+  if (recorded != checkpoint.manifest.fingerprint)
+    throw ConfigError(checkpoint.dir.string() + " was written by another run than " + run_dir.string() +
+                      "'s (fingerprint " + checkpoint.manifest.fingerprint + ", " + identity.string() +
+                      " says " + recorded + "): the checkpoint was copied in or the run directory edited; "
+                      "evaluate the run directory it came from");
+}
+
 LoadedRun load_run(const VerifiedCheckpoint& checkpoint, const Corpus& corpus) {
+  check_run_identity(checkpoint);
   check_vocabulary(checkpoint, corpus);
   LoadedRun run;
   run.config = checkpoint.config;

@@ -63,8 +63,14 @@ class RunDirectory {
 // against another vocabulary gives meaningless numbers).
 void check_vocabulary(const VerifiedCheckpoint& checkpoint, const Corpus& corpus);
 
-// A trained model from a verified checkpoint (`extrap eval`, `extrap inspect`, export): its
-// corpus must have the vocabulary it was trained with.
+// Refuses a checkpoint whose manifest names another run than its run directory's
+// fingerprint.yaml (a checkpoint copied into another run's directory); a checkpoint directory
+// without a fingerprint.yaml beside it is not checked.
+void check_run_identity(const VerifiedCheckpoint& checkpoint);
+
+// A trained model from a verified checkpoint (`extrap eval`, `extrap inspect`, export): it
+// belongs to its run directory (check_run_identity), and its corpus must have the vocabulary it
+// was trained with.
 struct LoadedRun {
   Config config;
   TransformerLM model = nullptr;

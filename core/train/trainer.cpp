@@ -282,6 +282,9 @@ TrainSummary Trainer::run(RunStart start) {
   open_run(state, start);
   resume(state);
   prepare_training(state);
+  // Zero steps: the run is its initial model, saved like any other, so that what `extrap train`
+  // then evaluates (eval.json) is a checkpoint that eval, export and sweeps read.
+  if (state.step == c.steps && !state.checkpoint()) save_run(state);
   while (state.step < c.steps) {
     const double lr = train_step(state);
     log_progress(state, lr);

@@ -17,7 +17,15 @@ bool parse(const Args& args, const std::string& usage_line, po::options_descript
   if (hidden) all.add(*hidden);
   auto parser = po::command_line_parser(args).options(all);
   if (positional) parser.positional(*positional);
-  po::store(parser.run(), values);
+  const po::parsed_options parsed = parser.run();
+  // A word that is no option's value and that no positional slot takes (a stray file name, a
+  // value after a flag that takes none) would be dropped without a word.
+  for (const auto& option : parsed.options)
+    if (option.string_key.empty())
+      throw ConfigError("unexpected argument '" +
+                        (option.original_tokens.empty() ? std::string() : option.original_tokens[0]) +
+                        "': options start with -- (see --help)");
+  po::store(parsed, values);
   if (values.count("help")) {
     std::cout << "usage: " << usage_line << "\n\n" << options << "\n";
     return false;

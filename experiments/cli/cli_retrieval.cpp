@@ -51,6 +51,7 @@ int task(const Args& args) {
   if (kind == RetrievalTask::none) throw ConfigError("--task none: name a task (passkey, multikey, variable_tracking)");
   if (!(depth >= 0 && depth <= 100))
     throw ConfigError("--depth " + number_text(depth) + ": must be a percentage in [0, 100]");
+  check_instance_memory(length, 1);
   const Corpus corpus = config_path.empty() ? byte_corpus() : load_corpus(load_config(config_path, {}).data);
   const TaskGenerator generator(kind, corpus);
   const TaskInstance instance = generator.make(length, depth / 100.0, uint64_t(seed));

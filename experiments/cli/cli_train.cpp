@@ -368,8 +368,8 @@ void check_eval_options(EvalOptions& opt) {
   if (vm.count("batch-tokens") && opt.batch_tokens < 1)
     throw ConfigError("--batch-tokens " + std::to_string(opt.batch_tokens) + ": must be at least 1");
   if (opt.threads < 0) throw ConfigError("--threads " + std::to_string(opt.threads) + ": must not be negative");
-  if (vm.count("rope-factor") && !(opt.rope_factor >= 1.0))
-    throw ConfigError("--rope-factor " + number_text(opt.rope_factor) + ": must be at least 1");
+  if (vm.count("rope-factor") && !(std::isfinite(opt.rope_factor) && opt.rope_factor >= 1.0))
+    throw ConfigError("--rope-factor " + number_text(opt.rope_factor) + ": must be a finite number of at least 1");
   if (vm.count("rope-factor") && opt.rope_names.empty())
     throw ConfigError("--rope-factor without --rope-scaling: name the variant (e.g. --rope-scaling yarn)");
 }

@@ -14,6 +14,8 @@
 
 #include <unistd.h>
 
+#include <cctype>
+#include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <sstream>
@@ -48,6 +50,21 @@ std::string write_slurm_scripts(const SweepSpec& spec, const SweepOptions& optio
     throw ConfigError("--tasks " + std::to_string(tasks) + ": between 1 and the sweep's " +
                       std::to_string(points) + " points");
   if (slurm.ranks < 1) throw ConfigError("--ranks " + std::to_string(slurm.ranks) + ": at least 1");
+  // Values written into #SBATCH lines: one word of printable characters (a newline or a space
+  // would end the directive and start a line of the script).
+  for (const auto& [flag, value] : {std::pair<const char*, const std::string&>{"--partition", slurm.partition},
+                                    {"--time", slurm.time}, {"the sweep's name", spec.name}})
+    for (const unsigned char c : value)
+      if (!std::isgraph(c)) {
+        std::string shown;  // the value on one line: \n for a line break, \xNN for other controls
+        for (const unsigned char v : value) {
+          char code[8];
+          std::snprintf(code, sizeof code, v == '\n' ? "\\n" : "\\x%02x", v);
+          shown += std::isprint(v) ? std::string(1, char(v)) : std::string(code);
+        }
+        throw ConfigError(std::string(flag) + " '" + shown + "': one word of printable characters, no spaces or "
+                          "line breaks (it is written into an #SBATCH line)");
+      }
   if (slurm.gpus_per_rank < 0 || slurm.cpus_per_rank < 1)
     throw ConfigError("--gpus-per-rank must be at least 0 and --cpus-per-rank at least 1");
   if (!options.shard.whole())

@@ -391,8 +391,6 @@ void read_longppl(const OptionReader& e, SweepLongPpl& longppl) {
   if (!r.decoding()) return;
   r.at_least("short_length", longppl.short_length, 0, " (0: the key-token model's train.seq_len)");
   r.at_least("max_tokens", longppl.max_tokens, 0, " (0: all)");
-  for (const auto& [key, value] : {std::pair{"alpha", longppl.alpha}, {"beta", longppl.beta}})
-    if (!std::isfinite(value)) r.fail(key, "must be a finite number of nats, got " + number_text(value));
   if (longppl.reference.empty()) return;
   if (!longppl.enabled) r.fail("reference", "is set but eval.longppl.enabled is false");
   VerifiedCheckpoint checkpoint;

@@ -292,3 +292,75 @@ TEST_CASE("a full disk names the file and keeps every earlier result, and merges
     CHECK(!fs::exists(d.root / "results/m.h5"));
   }
 }
+
+TEST_CASE("the small refusals: stray arguments, malformed keys, infinities, a checkpoint of another run, "
+          "lengths no memory holds, text that would leave its line",
+          "[refusals]") {
+  SweepDir d;
+  std::ofstream(d.root / "t.yaml") << kRefusedTrainFile;
+  std::string out;
+  // A word no option takes is refused, not dropped.
+  CHECK(run_cli(d, {"train", "-c", "t.yaml", "stray"}, &out) == 2);
+  require_one_line_error(out, "extrap train: unexpected argument 'stray': options start with --");
+  CHECK_FALSE(fs::exists(d.root / "runs/a"));
+  // Malformed keys and files are named, never yaml-cpp's or the filesystem's words.
+  CHECK(run_cli(d, {"train", "-c", "t.yaml", "--set", "position={name: [alibi]}"}, &out) == 2);
+  require_one_line_error(out, "'name' must be one method's name, got '[alibi]'");
+  CHECK(out.find("yaml-cpp") == std::string::npos);
+  CHECK(run_cli(d, {"train", "-c", "corpus"}, &out) == 2);
+  require_one_line_error(out, "corpus: is a directory, not a file");
+  // Infinities are refused where NaN is: a rotary base, a RoPE factor.
+  CHECK(run_cli(d, {"train", "-c", "t.yaml", "--set", "position={name: rotary, base: .inf}"}, &out) == 2);
+  require_one_line_error(out, "key 'position.base'");
+  require_one_line_error(out, "must be a finite number, got '.inf'");
+
+  // Zero steps: the initial model is the run's checkpoint, and eval.json its evaluation.
+  CHECK(run_cli(d, {"train", "-c", "t.yaml", "--set", "train.steps=0", "--set", "train.out_dir=runs/zero"}, &out) == 0);
+  REQUIRE(fs::exists(d.root / "runs/zero/checkpoint/manifest.json"));
+  CHECK(read_json(d.root / "runs/zero/eval.json").at("step") == 0);
+  CHECK(run_cli(d, {"eval", "--checkpoint", "runs/zero", "-L", "16", "--max-tokens", "1024", "--json", "zero.json"},
+                &out) == 0);
+  const auto without_seconds = [](nlohmann::json rows) {
+    for (auto& row : rows) row.erase("seconds");
+    return rows;
+  };
+  CHECK(without_seconds(read_json(d.root / "zero.json").at("results")) ==
+        without_seconds(read_json(d.root / "runs/zero/eval.json").at("results")));
+  CHECK(run_cli(d, {"eval", "--checkpoint", "runs/zero", "-L", "16", "--rope-scaling", "yarn", "--rope-factor", "inf"},
+                &out) == 2);
+  require_one_line_error(out, "--rope-factor inf: must be a finite number of at least 1");
+  CHECK(run_cli(d, {"export", "--checkpoint", "runs/zero", "--out", ""}, &out) == 2);
+  require_one_line_error(out, "--out '': name the .safetensors file to write");
+  CHECK(run_cli(d, {"export", "--checkpoint", "runs/zero", "--out", "corpus"}, &out) == 2);
+  require_one_line_error(out, "--out corpus: is a directory");
+
+  // A checkpoint copied into another run's directory is not evaluated as that run.
+  REQUIRE(run_cli(d, {"train", "-c", "t.yaml", "--no-eval"}, &out) == 0);
+  fs::remove_all(d.root / "runs/zero/checkpoint");
+  fs::copy(d.root / "runs/a/checkpoint", d.root / "runs/zero/checkpoint");
+  CHECK(run_cli(d, {"eval", "--checkpoint", "runs/zero", "-L", "16"}, &out) == 2);
+  require_one_line_error(out, "runs/zero/checkpoint was written by another run than runs/zero's");
+
+  // Lengths no memory holds are refused before anything is built: a retrieval instance of 10^12
+  // tokens, and the reference attention forced at a length whose scores no machine holds.
+  CHECK(run_cli(d, {"task", "--length", "1000000000000"}, &out) == 2);
+  require_one_line_error(out, "1 retrieval instance(s) of 1000000000000 tokens needs");
+  CHECK(run_cli(d, {"eval", "--checkpoint", "runs/a", "--retrieval", "passkey", "-L", "1000000000000"}, &out) == 1);
+  require_one_line_error(out, "retrieval instance(s) of 1000000000000 tokens needs");
+  std::ofstream(d.root / "long.txt") << std::string(200001, 'a');
+  write_text(d.root / "corpus/valid.txt", read_text(d.root / "long.txt"));
+  CHECK(run_cli(d, {"eval", "--checkpoint", "runs/a", "-L", "200000", "--attention", "reference"}, &out) == 1);
+  require_one_line_error(out, "evaluating at length 200000 needs");
+
+  // A Slurm partition with a line break would write a line of its own into the job script.
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--slurm", "--partition", "gpu\nrm -rf /"}, &out) == 2);
+  require_one_line_error(out, "--partition 'gpu\\nrm -rf /': one word of printable characters");
+  CHECK(std::count(out.begin(), out.end(), '\n') == 1);
+  CHECK_FALSE(fs::exists(d.root / "results/tiny.slurm"));
+
+  // SentencePiece's reasons with the flags spelt as extrap takes them.
+  CHECK(run_cli(d, {"tokenizer", "train", "--data", "corpus", "--vocab-size", "8", "--out", "x.model"}, &out) == 2);
+  require_one_line_error(out, "Increase --vocab-size or decrease --character-coverage");
+  CHECK(out.find("vocab_size") == std::string::npos);
+  CHECK(out.find("trainer_interface.cc") == std::string::npos);
+}

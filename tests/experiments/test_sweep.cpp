@@ -621,7 +621,7 @@ TEST_CASE("LongPPL in sweeps: each causal point's non-overlapping windows past K
   require_one_line_error(out, "key 'eval.longppl.reference'");
   CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "eval.longppl.alpha=.inf"}, &out) == 2);
   require_one_line_error(out, "key 'eval.longppl.alpha' (set on the command line or by a sweep's grid): "
-                              "must be a finite number of nats, got inf");
+                              "must be a finite number, got '.inf'");
   CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "eval.longppl.short_length=32"}, &out) == 2);
   require_one_line_error(out, "tiny.yaml: eval.longppl.short_length 32: K is not below any evaluation length of a "
                               "causal point, so no point would score LongPPL");

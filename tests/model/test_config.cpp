@@ -259,7 +259,7 @@ TEST_CASE("config: impossible values are refused naming the key and the value", 
       {"eval.strides=[8, 8]", "'eval.strides' (set on the command line or by a sweep's grid): 8 is listed twice"},
       {"train.seq_len=0", "key 'train.seq_len' (set on the command line or by a sweep's grid): must be at least 1, got 0"},
       {"train.threads=-2", "must not be negative (0: all cores), got -2"},
-      {"model.dropout=.nan", "'model.dropout' (set on the command line or by a sweep's grid): must be in [0, 1), got nan"},
+      {"model.dropout=.nan", "'model.dropout' (set on the command line or by a sweep's grid): must be a finite number, got '.nan'"},
       {"data.task_fraction=1.5", "'data.task_fraction' (set on the command line or by a sweep's grid): must be in [0, 1], got 1.5"},
   };
   for (const auto& [assignment, expected] : cases) {
