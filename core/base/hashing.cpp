@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <new>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -14,6 +15,25 @@
 namespace extrap {
 
 uint64_t content_hash(const void* data, size_t bytes) { return XXH3_64bits(data, bytes); }
+
+ContentHasher::ContentHasher() : state_(XXH3_createState()) {
+  if (!state_) throw std::bad_alloc();
+  XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_));
+}
+
+ContentHasher::~ContentHasher() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
+
+ContentHasher& ContentHasher::add(const void* data, size_t bytes) {
+  XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, bytes);
+  return *this;
+}
+
+ContentHasher& ContentHasher::add_field(std::string_view text) {
+  const uint64_t size = text.size();
+  return add(&size, sizeof size).add(text);
+}
+
+uint64_t ContentHasher::digest() const { return XXH3_64bits_digest(static_cast<const XXH3_state_t*>(state_)); }
 
 std::string hex64(uint64_t value) {
   char buffer[17];

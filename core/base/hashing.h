@@ -15,6 +15,23 @@ inline uint64_t content_hash(std::string_view text) { return content_hash(text.d
 // 16 lower-case hex digits.
 std::string hex64(uint64_t value);
 
+// XXH3 of several pieces added in turn: the hash of their concatenation.
+class ContentHasher {
+ public:
+  ContentHasher();
+  ~ContentHasher();
+  ContentHasher(const ContentHasher&) = delete;
+  ContentHasher& operator=(const ContentHasher&) = delete;
+  ContentHasher& add(const void* data, size_t bytes);
+  ContentHasher& add(std::string_view text) { return add(text.data(), text.size()); }
+  // A piece whose length is part of the hash: ("ab", "c") and ("a", "bc") differ.
+  ContentHasher& add_field(std::string_view text);
+  uint64_t digest() const;
+
+ private:
+  void* state_;  // XXH3_state_t
+};
+
 // The hash and size of a file's bytes, read in chunks. Throws ConfigError naming the file when
 // it cannot be read.
 struct FileDigest {

@@ -1,5 +1,6 @@
 #include "core/model/model.h"
 
+#include "core/base/hashing.h"
 #include "core/kernels/cpu_linear.h"
 #include "core/kernels/gelu_linear.h"
 #include "core/kernels/precision.h"
@@ -384,6 +385,19 @@ int64_t TransformerLMImpl::num_parameters() const {
   int64_t n = 0;
   for (const auto& p : parameters()) n += p.numel();
   return n;
+}
+
+std::string TransformerLMImpl::weights_digest() const {
+  ContentHasher hasher;
+  const auto add = [&](const std::string& name, const torch::Tensor& tensor) {
+    const torch::Tensor values = tensor.detach().to(torch::kCPU).contiguous();
+    hasher.add_field(name).add_field(std::string(c10::toString(values.scalar_type())));
+    for (const int64_t size : values.sizes()) hasher.add(&size, sizeof size);
+    hasher.add(values.data_ptr(), size_t(values.nbytes()));
+  };
+  for (const auto& p : named_parameters()) add(p.key(), p.value());
+  for (const auto& b : named_buffers()) add("buffer " + b.key(), b.value());
+  return hex64(hasher.digest());
 }
 
 PositionContext position_context(const ModelConfig& config) {

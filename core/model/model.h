@@ -161,6 +161,9 @@ class TransformerLMImpl : public torch::nn::Module {
   const ModelConfig& config() const { return config_; }
   int64_t vocab_size() const { return vocab_size_; }
   int64_t num_parameters() const;
+  // hex64 of every parameter and buffer (name, dtype, shape and values, in registration order):
+  // what a recorded evaluation was computed with (core/results/results_store.h, EvalInputs).
+  std::string weights_digest() const;
   // Backend used by the attention call (evaluation may force one; config().attention stays the
   // trained config's).
   void set_attention_backend(AttentionBackend backend) { backend_ = backend; }

@@ -283,6 +283,28 @@ H5::CompType profile_type() {
   return type;
 }
 
+// A row of /inputs: what the point in row `summary_row` of /summary was computed from.
+struct InputsRow {
+  int64_t summary_row;
+  const char* model;
+  const char* data_key;
+  const char* corpus;
+  const char* tokens;
+  const char* reference;
+};
+
+H5::CompType inputs_type() {
+  const H5::StrType text = string_type();
+  H5::CompType type(sizeof(InputsRow));
+  type.insertMember("summary_row", HOFFSET(InputsRow, summary_row), H5::PredType::NATIVE_INT64);
+  type.insertMember("model", HOFFSET(InputsRow, model), text);
+  type.insertMember("data_key", HOFFSET(InputsRow, data_key), text);
+  type.insertMember("corpus", HOFFSET(InputsRow, corpus), text);
+  type.insertMember("tokens", HOFFSET(InputsRow, tokens), text);
+  type.insertMember("reference", HOFFSET(InputsRow, reference), text);
+  return type;
+}
+
 const char* const kEvalColumns[] = {"length",        "perplexity",    "nll_sum",
                                     "scored_tokens", "bits_per_byte", "seconds"};
 const char* const kRetrievalColumns[] = {"length", "accuracy", "correct", "trials", "seconds"};
@@ -345,6 +367,15 @@ void write_point(H5::H5File& file, const PointRecord& p) {
       rows.push_back({int64_t(summary_rows), c.layer, c.head, c.begin, c.end, c.mass, c.entropy, c.sink});
     H5::DataSet dataset = file.openDataSet("attention_profile");
     append_rows(dataset, profile_type(), rows.data(), rows.size());
+  }
+
+  if (p.inputs.recorded()) {
+    if (!file.nameExists("inputs")) create_rows(file, "inputs", inputs_type());
+    const EvalInputs& i = p.inputs;
+    const InputsRow row{int64_t(summary_rows), i.model.c_str(), i.data_key.c_str(), i.corpus.c_str(),
+                        i.tokens.c_str(), i.reference.c_str()};
+    H5::DataSet dataset = file.openDataSet("inputs");
+    append_rows(dataset, inputs_type(), &row, 1);
   }
 
   H5::Group group = eval_group(file.openGroup("runs").openGroup(p.run_id), p.mode);
@@ -415,6 +446,8 @@ ProfileCell profile_record(const ProfileRow& r) {
 LongPplRecord longppl_record(const LongPplRow& r) {
   return {r.short_length, r.candidates, r.key_tokens, r.key_nll_sum, r.status};
 }
+
+EvalInputs inputs_record(const InputsRow& r) { return {r.model, r.data_key, r.corpus, r.tokens, r.reference}; }
 
 void write_run(H5::H5File& file, const RunRecord& r) {
   H5::Group runs = file.openGroup("runs");
@@ -599,6 +632,7 @@ void ResultsStore::load() {
       const auto longppl = read_by_summary_row(file, "longppl", longppl_type(), longppl_record);
       const auto profiles =
           read_by_summary_row(file, "attention_profile", profile_type(), profile_record);
+      const auto inputs = read_by_summary_row(file, "inputs", inputs_type(), inputs_record);
       for (const auto& r : rows) {
         PointRecord p;
         p.run_id = r.run_id;
@@ -628,6 +662,12 @@ void ResultsStore::load() {
         }
         const auto profile = profiles.find(int64_t(points_.size()));
         if (profile != profiles.end()) p.attention_profile = profile->second;
+        if (const auto from = inputs.find(int64_t(points_.size())); from != inputs.end()) {
+          if (from->second.size() != 1)
+            throw ConfigError(path_ + ": /inputs has " + std::to_string(from->second.size()) + " rows for row " +
+                              std::to_string(points_.size()) + " of /summary; a point has one");
+          p.inputs = from->second.front();
+        }
         point_keys_[{p.run_id, p.mode, p.eval_length}] = points_.size();
         points_.push_back(std::move(p));
       }

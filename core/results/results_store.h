@@ -45,6 +45,10 @@
 //                          status "ok" or "failed: <reason>" (the point's perplexity stands).
 //                          Which model selected the key tokens: the spec's eval.longppl.reference
 //                          ("": each point's own). Absent in files without LongPPL (extrap 0.11 and before).
+//   /inputs                compound, extendable: (summary_row, model, data_key, corpus, tokens,
+//                          reference): what the point in row summary_row of /summary was computed
+//                          from (EvalInputs), one row a point. Absent in files of extrap 0.11 and
+//                          before.
 //   /attention_profile     compound, extendable: (summary_row, layer, head, begin, end, mass,
 //                          entropy, sink): where the model of the attention-profile point in
 //                          row summary_row of /summary looks (core/eval/attention_profile.h), one
@@ -150,6 +154,21 @@ struct ProfileCell {
   double sink = 0;       // the head's mean weight on a learned sink logit
 };
 
+// What a point's numbers were computed from beyond its sweep spec (whose growth rules keep the
+// settings): the weights, the corpus and the tokens read, and LongPPL's reference model. Points
+// of one file must agree where they share an input (sweep.h, inputs_conflict): a grown sweep
+// never pools numbers of an edited validation text, a retrained run or another reference with
+// the old ones. A row of /inputs; empty fields where not recorded (files of extrap 0.11).
+struct EvalInputs {
+  std::string model;      // hex64 of the evaluated weights (TransformerLMImpl::weights_digest), "" if unknown
+  std::string data_key;   // hex64 of the run's data section, eval.split and eval.max_tokens
+  std::string corpus;     // hex64 of the corpus identity (tokenizer, vocabulary, training tokens)
+  std::string tokens;     // hex64 of the split's tokens read (first eval.max_tokens), "" if none
+  std::string reference;  // hex64 of eval.longppl.reference's weights, "" if none
+
+  bool recorded() const { return !data_key.empty(); }
+};
+
 // One evaluation point: a row of /summary.
 struct PointRecord {
   std::string run_id;
@@ -169,6 +188,7 @@ struct PointRecord {
   std::vector<RetrievalCell> retrieval;  // ok retrieval points: accuracy by depth
   std::optional<LongPplRecord> longppl;  // ok non-overlapping points a sweep scored LongPPL of
   std::vector<ProfileCell> attention_profile;  // ok attention-profile points: layer, head, bin order
+  EvalInputs inputs;  // what it was computed from (failed points too, where it was known)
 
   bool ok() const { return status == "ok"; }
 };

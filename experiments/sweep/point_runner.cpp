@@ -1,5 +1,6 @@
 #include "experiments/sweep/point_runner.h"
 
+#include "core/base/hashing.h"
 #include "core/eval/attention_profile.h"
 #include "core/eval/evaluator.h"
 #include "core/eval/longppl.h"
@@ -7,9 +8,9 @@
 #include "core/runtime/failure.h"
 #include "core/runtime/sysinfo.h"
 
+#include <algorithm>
 #include <cinttypes>
 #include <cmath>
-#include <algorithm>
 #include <cstdio>
 #include <fstream>
 
@@ -144,6 +145,54 @@ std::vector<ProfileCell> profile_cells(const AttentionProfile& profile) {
   return cells;
 }
 
+std::string LongPplCache::reference_weights(const Corpus& corpus, const Config& config) {
+  if (settings_.reference.empty()) return "";
+  if (!reference_)
+    reference_ = load_key_token_model(settings_.reference, corpus, torch_device(config.train.device),
+                                      "eval.longppl.reference " + settings_.reference);
+  if (reference_digest_.empty()) reference_digest_ = reference_->model->weights_digest();
+  return reference_digest_;
+}
+
+void PointInputs::set_model(TransformerLM& model) { common_.model = model->weights_digest(); }
+
+PointInputs::PointInputs(const Corpus& corpus, const Config& config) {
+  const YAML::Node data = config.to_yaml()["data"];
+  common_.data_key = hex64(ContentHasher()
+                               .add_field(yaml_to_string(data))
+                               .add_field(enum_name(config.eval.split))
+                               .add_field(std::to_string(config.eval.max_tokens))
+                               .digest());
+  common_.corpus = hex64(content_hash(YAML::Dump(plain_yaml(corpus.identity()))));
+  // The tokens every evaluation of the split reads from: its first eval.max_tokens, with the
+  // bytes of text behind them where the tokenizer says, and the split's size in bytes (bits per
+  // byte).
+  const TokenStream& stream = corpus.split(config.eval.split);
+  const int64_t n = config.eval.max_tokens > 0 ? std::min(config.eval.max_tokens, stream.size()) : stream.size();
+  ContentHasher tokens;
+  tokens.add(&n, sizeof n).add(stream.data(), size_t(n) * sizeof(int32_t));
+  if (stream.text_bytes()) tokens.add(stream.text_bytes(), size_t(n) * sizeof(int32_t));
+  const int64_t bytes = stream.num_bytes();
+  tokens.add(&bytes, sizeof bytes);
+  common_.tokens = hex64(tokens.digest());
+}
+
+EvalInputs PointInputs::of(const EvalPoint& e, LongPplCache& longppl, const Corpus& corpus,
+                           const Config& config) const {
+  EvalInputs inputs = common_;
+  if (e.retrieval) inputs.tokens.clear();  // instances are written, not read from the split
+  if (e.longppl) {
+    // A reference that cannot be loaded fails the point's LongPPL (its status says why); its
+    // weights are then unknown.
+    try {
+      inputs.reference = longppl.reference_weights(corpus, config);
+    } catch (const std::exception&) {
+      inputs.reference.clear();
+    }
+  }
+  return inputs;
+}
+
 LongPplRecord LongPplCache::score(TransformerLM& model, const Corpus& corpus, const Config& config,
                                   const EvalPoint& e, const EvalResult& evaluated) {
   LongPplRecord out;
@@ -191,7 +240,8 @@ LongPplRecord LongPplCache::score(TransformerLM& model, const Corpus& corpus, co
 }
 
 PointRecord evaluate_point(Trainer& trainer, const Corpus& corpus, const SweepPoint& point,
-                           const RunRecord& record, const EvalPoint& e, LongPplCache& longppl) {
+                           const RunRecord& record, const EvalPoint& e, LongPplCache& longppl,
+                           const PointInputs& inputs) {
   const Config& config = point.config;
   PointRecord p = new_point_record(record, e);
   const std::string failure = failure_of([&] {
@@ -241,6 +291,8 @@ PointRecord evaluate_point(Trainer& trainer, const Corpus& corpus, const SweepPo
     p = new_point_record(record, e);  // nothing half-filled
     p.status = "failed: " + failure;
   }
+  // A failure (a length the split cannot fill) depends on the inputs as much as a number does.
+  p.inputs = inputs.of(e, longppl, corpus, config);
   return p;
 }
 

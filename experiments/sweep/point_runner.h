@@ -42,6 +42,9 @@ class LongPplCache {
   // `e`; a failure (the reference reads other data, a non-finite NLL) is the record's status.
   LongPplRecord score(TransformerLM& model, const Corpus& corpus, const Config& config,
                       const EvalPoint& e, const EvalResult& evaluated);
+  // The reference run's weights (TransformerLMImpl::weights_digest), loading it on first use;
+  // "" without eval.longppl.reference. A reference that cannot be loaded is a ConfigError.
+  std::string reference_weights(const Corpus& corpus, const Config& config);
 
  private:
   const SweepLongPpl& settings_;
@@ -49,6 +52,21 @@ class LongPplCache {
   std::optional<EvalResult> short_eval_;
   std::string short_failure_;  // the short evaluation's failure, once
   std::map<int64_t, EvalResult> reference_long_;
+  std::string reference_digest_;  // the reference's weights_digest, once loaded
+};
+
+// What a point's evaluations are computed from (EvalInputs), worked out once a point: the data
+// before it trains, the weights once it has.
+class PointInputs {
+ public:
+  PointInputs(const Corpus& corpus, const Config& config);
+  void set_model(TransformerLM& model);
+  // The inputs of evaluation `e`: a retrieval point reads no split; a LongPPL point with a
+  // reference run names its weights.
+  EvalInputs of(const EvalPoint& e, LongPplCache& longppl, const Corpus& corpus, const Config& config) const;
+
+ private:
+  EvalInputs common_;  // model, data key, corpus and the split's tokens
 };
 
 // A profile's rows of /attention_profile: layer, head, distance bin order.
@@ -58,6 +76,7 @@ std::vector<ProfileCell> profile_cells(const AttentionProfile& profile);
 // e.longppl its LongPPL too (`longppl` holds what the point's lengths share); with e.profile,
 // where the model looks instead (an attention-profile point).
 PointRecord evaluate_point(Trainer& trainer, const Corpus& corpus, const SweepPoint& point,
-                           const RunRecord& record, const EvalPoint& e, LongPplCache& longppl);
+                           const RunRecord& record, const EvalPoint& e, LongPplCache& longppl,
+                           const PointInputs& inputs);
 
 }  // namespace extrap

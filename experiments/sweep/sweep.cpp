@@ -131,12 +131,128 @@ void follow_points(const SweepSpec& spec, const std::vector<const SweepPoint*>& 
     ++(trained.reused ? outcome.reused : outcome.trained);
     std::stringstream indices(plan);
     LongPplCache longppl(spec.eval.longppl);
+    PointInputs inputs(corpus, point->config);
+    inputs.set_model(trained.trainer->model());
     for (std::string index; std::getline(indices, index, ',');) {
       if (index.empty()) continue;
       evaluate_point(*trained.trainer, corpus, *point, record, point->evals.at(std::stoul(index)),
-                     longppl);
+                     longppl, inputs);
       ++outcome.evaluated;
     }
+  }
+}
+
+// A recorded point as a message names it: "alibi-L32-seed1 nonoverlapping L=64".
+std::string point_name(const PointRecord& p) {
+  return p.run_id + " " + p.mode + " L=" + std::to_string(p.eval_length);
+}
+
+// Which input two points that share it were computed from differently (EvalInputs): the same
+// run's weights, the same data section's corpus or tokens, LongPPL's reference.
+enum class InputsDiffer { none, model, corpus, tokens, reference };
+
+InputsDiffer inputs_differ(const EvalInputs& was, const std::string& was_run, const EvalInputs& now,
+                           const std::string& now_run) {
+  if (!was.recorded() || !now.recorded()) return InputsDiffer::none;
+  if (was_run == now_run && !was.model.empty() && !now.model.empty() && was.model != now.model)
+    return InputsDiffer::model;
+  if (was.data_key == now.data_key && was.corpus != now.corpus) return InputsDiffer::corpus;
+  if (was.data_key == now.data_key && !was.tokens.empty() && !now.tokens.empty() && was.tokens != now.tokens)
+    return InputsDiffer::tokens;
+  if (!was.reference.empty() && !now.reference.empty() && was.reference != now.reference)
+    return InputsDiffer::reference;
+  return InputsDiffer::none;
+}
+
+// The difference in words, for points of `config` (run `run_id`).
+std::string describe(InputsDiffer differ, const std::string& run_id, const Config& config) {
+  switch (differ) {
+    case InputsDiffer::model:
+      return "run " + run_id + "'s weights differ from those its recorded points evaluated (it was trained again)";
+    case InputsDiffer::corpus:
+      return "the corpus " + config.data.path + " differs from the one the recorded points read (its training "
+             "text, vocabulary or tokenizer changed)";
+    case InputsDiffer::tokens:
+      return "the " + enum_name(config.eval.split) + " split of " + config.data.path +
+             (config.eval.max_tokens > 0 ? " (its first " + std::to_string(config.eval.max_tokens) + " tokens)"
+                                         : std::string()) +
+             " differs from the text the recorded points evaluated";
+    case InputsDiffer::reference:
+      return "eval.longppl.reference's weights differ from those that chose the recorded points' key tokens";
+    case InputsDiffer::none:
+      break;
+  }
+  return "";
+}
+
+// Refuses (ConfigError, before anything is evaluated) to evaluate `pending` of `point` into a file
+// whose recorded points were computed from other inputs where they share one: their numbers
+// would be pooled with the new ones (a grown sweep after the validation text was edited, a run
+// trained again, another LongPPL reference). Names the recorded points.
+void refuse_other_inputs(const DoneSet& done, const SweepPoint& point, const std::vector<EvalPoint>& pending,
+                         const PointInputs& inputs, LongPplCache& longppl, const Corpus& corpus,
+                         const std::string& output) {
+  std::vector<EvalInputs> now;
+  for (const EvalPoint& e : pending) now.push_back(inputs.of(e, longppl, corpus, point.config));
+  std::string reason;
+  std::vector<std::string> names;
+  int64_t unrecorded = 0;
+  for (const ResultsStore* file : {&done.store, done.known}) {
+    if (!file) continue;
+    for (const PointRecord& recorded : file->points()) {
+      if (!recorded.inputs.recorded()) {
+        ++unrecorded;
+        continue;
+      }
+      for (const EvalInputs& e : now) {
+        const std::string why =
+            describe(inputs_differ(recorded.inputs, recorded.run_id, e, point.id), point.id, point.config);
+        if (why.empty()) continue;
+        if (reason.empty()) reason = why;
+        if (why == reason) names.push_back(point_name(recorded));
+        break;
+      }
+    }
+  }
+  if (!names.empty()) {
+    std::string listed;
+    for (size_t i = 0; i < names.size() && i < 4; ++i) listed += (i ? ", " : "") + names[i];
+    if (names.size() > 4) listed += " and " + std::to_string(names.size() - 4) + " more";
+    throw ConfigError(output + ": not evaluating " + point.id + ": " + reason + " (" + listed +
+                      "), and the file would pool their numbers with the new ones; restore what changed, or "
+                      "run the sweep into another results file (--out)");
+  }
+  static bool said = false;  // once a process: the note is about the file, not the point
+  if (unrecorded > 0 && !said) {
+    said = true;
+    std::fprintf(stderr,
+                 "%s: %lld recorded point(s) were written by an extrap that did not record what they "
+                 "evaluated; points added now cannot be checked against them\n",
+                 output.c_str(), (long long)unrecorded);
+  }
+}
+
+// Before anything is trained, evaluated or grown: each point with evaluations to run against
+// what the file recorded (refuse_other_inputs: the data and LongPPL's reference; the weights are
+// compared once the point is trained).
+void refuse_pending_other_inputs(const SweepSpec& spec, const std::vector<const SweepPoint*>& points,
+                                 const DoneSet& done, const std::string& output) {
+  bool recorded = false;
+  for (const ResultsStore* file : {&done.store, done.known})
+    if (file)
+      for (const auto& p : file->points()) recorded = recorded || p.inputs.recorded();
+  if (!recorded) return;  // nothing to compare with
+  std::map<std::string, Corpus> corpora;  // by data section
+  LongPplCache longppl(spec.eval.longppl);
+  for (const SweepPoint* point : points) {
+    std::vector<EvalPoint> pending;
+    for (const auto& e : point->evals)
+      if (!done.has_point(point->id, e.mode, e.length)) pending.push_back(e);
+    if (pending.empty()) continue;
+    const std::string data_key = yaml_to_string(point->config.to_yaml()["data"]);
+    if (!corpora.count(data_key)) corpora.emplace(data_key, load_corpus(point->config.data));
+    const Corpus& corpus = corpora.at(data_key);
+    refuse_other_inputs(done, *point, pending, PointInputs(corpus, point->config), longppl, corpus, output);
   }
 }
 
@@ -172,12 +288,17 @@ void run_points(const SweepSpec& spec, const std::vector<const SweepPoint*>& poi
       display.line("already complete");
       continue;
     }
-    RunRecord record = existing ? *existing : new_run_record(point);
-    if (!store.run(point.id)) store.put_run(record);
-
     const std::string data_key = yaml_to_string(point.config.to_yaml()["data"]);
     if (!corpora.count(data_key)) corpora.emplace(data_key, load_corpus(point.config.data));
     const Corpus& corpus = corpora.at(data_key);
+    // Nothing is trained or evaluated that the file's recorded points would be pooled with but
+    // were computed from other data; then nothing is evaluated from other weights.
+    LongPplCache longppl(spec.eval.longppl);
+    PointInputs inputs(corpus, point.config);
+    refuse_other_inputs(done, point, pending, inputs, longppl, corpus, store.path());
+
+    RunRecord record = existing ? *existing : new_run_record(point);
+    if (!store.run(point.id)) store.put_run(record);
 
     TrainedPoint trained = train_point(point, corpus, record, display, quiet_trainer);
     if (!trained.trainer) {
@@ -199,9 +320,10 @@ void run_points(const SweepSpec& spec, const std::vector<const SweepPoint*>& poi
     if (record.status == "trained") store.put_run(record);
 
     // Evaluate every pending point; each is on disk before the next starts.
-    LongPplCache longppl(spec.eval.longppl);
+    inputs.set_model(trained.trainer->model());
+    refuse_other_inputs(done, point, pending, inputs, longppl, corpus, store.path());
     for (const auto& e : pending) {
-      const PointRecord p = evaluate_point(*trained.trainer, corpus, point, record, e, longppl);
+      const PointRecord p = evaluate_point(*trained.trainer, corpus, point, record, e, longppl, inputs);
       store.append_point(p);
       fault_point("point", p.run_id + " " + p.mode + " " + std::to_string(p.eval_length));
       ++outcome.evaluated;
@@ -330,6 +452,42 @@ std::string part_path(const std::string& output, int64_t worker) {
 
 // Merges one part file of a parallel sweep into `store` and removes it. A part still being
 // written is an error naming its writer.
+// Refuses (ConfigError, naming both points and their files) files whose points were computed
+// from other inputs where they share one (EvalInputs: a shard or worker that evaluated after the
+// validation text was edited): `doing` them together would pool their numbers as one sweep's.
+// The first point of each run, data section and LongPPL reference stands for the others.
+void refuse_mixed_inputs(const std::vector<const ResultsStore*>& files, const std::string& doing) {
+  using Place = std::pair<const PointRecord*, std::string>;  // a point and its file
+  std::map<std::string, Place> by_run, by_data, by_tokens;
+  std::optional<Place> by_reference;
+  for (const ResultsStore* file : files)
+    for (const auto& p : file->points()) {
+      if (!p.inputs.recorded()) continue;
+      const Place here{&p, file->path()};
+      std::vector<Place> earlier;
+      const auto compare_with_first = [&](std::map<std::string, Place>& index, const std::string& key) {
+        const auto [entry, added] = index.emplace(key, here);
+        if (!added) earlier.push_back(entry->second);
+      };
+      compare_with_first(by_run, p.run_id);
+      compare_with_first(by_data, p.inputs.data_key);
+      if (!p.inputs.tokens.empty()) compare_with_first(by_tokens, p.inputs.data_key);
+      if (!p.inputs.reference.empty() && !by_reference) by_reference = here;
+      if (by_reference) earlier.push_back(*by_reference);
+      for (const auto& [other, other_file] : earlier) {
+        const InputsDiffer differ = inputs_differ(other->inputs, other->run_id, p.inputs, p.run_id);
+        if (differ == InputsDiffer::none) continue;
+        const char* what = differ == InputsDiffer::model    ? "their run's weights"
+                           : differ == InputsDiffer::corpus ? "their corpus (its training text or vocabulary)"
+                           : differ == InputsDiffer::tokens ? "the text they evaluated"
+                                                            : "LongPPL's reference model";
+        throw ConfigError("point (" + point_name(p) + ") in " + file->path() + " and point (" + point_name(*other) +
+                          ") in " + other_file + " differ in " + what + ": " + doing +
+                          ", their numbers would be pooled as one sweep's; nothing " + doing);
+      }
+    }
+}
+
 void absorb_part(ResultsStore& store, const std::string& output, const fs::path& part) {
   if (!fs::exists(part)) return;  // the worker failed before creating it
   {
@@ -340,6 +498,7 @@ void absorb_part(ResultsStore& store, const std::string& output, const fs::path&
     if (!difference.empty())
       throw ConfigError(part.string() + " is a part of a different sweep (" + difference +
                         "); remove it");
+    refuse_mixed_inputs({&store, &source}, "merged");
     MergeOutcome ignored;
     absorb(store, source, ignored);
     fs::remove(part);
@@ -429,7 +588,6 @@ pid_t start_worker(const SweepSpec& spec, int64_t worker, int64_t count,
 void run_parallel(const SweepSpec& spec, const std::vector<const SweepPoint*>& points,
                   ResultsStore& store, int64_t jobs, const SweepOptions& options,
                   SweepOutcome& outcome) {
-  absorb_parts(store, outcome.output);
   const DoneSet done{store, nullptr};
   std::vector<const SweepPoint*> pending;
   for (const auto* p : points)
@@ -545,6 +703,8 @@ SweepOutcome run_sweep(const SweepSpec& spec, const SweepOptions& options) {
   if (!options.known.empty() && fs::exists(options.known))
     known.emplace(ResultsStore::open(options.known));
   adopt_recorded_runs(all, {&store, known ? &*known : nullptr});
+  if (!worker) absorb_parts(store, outcome.output);  // left by an interrupted parallel sweep
+  refuse_pending_other_inputs(spec, points, DoneSet{store, known ? &*known : nullptr}, outcome.output);
   if (!worker) grow_results(store, header, all, options.progress);
 
   const int64_t jobs = options.jobs > 0 ? options.jobs : spec.jobs;
@@ -552,7 +712,6 @@ SweepOutcome run_sweep(const SweepSpec& spec, const SweepOptions& options) {
     run_parallel(spec, points, store, jobs, options, outcome);
     return outcome;
   }
-  if (!worker) absorb_parts(store, outcome.output);  // left by an interrupted parallel sweep
   run_points(spec, points, store, known ? &*known : nullptr, options, outcome);
   return outcome;
 }
@@ -611,6 +770,7 @@ MergeOutcome merge_results(const std::string& output, const std::vector<std::str
           throw conflict(*found->second.first, found->second.second, p, file->path());
         }
       }
+    refuse_mixed_inputs(all, "merged");
   }
   ResultsLock lock(output);
   SweepHeader header = sources[0].header();

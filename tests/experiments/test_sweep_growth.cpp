@@ -14,15 +14,6 @@ using namespace extrap::testing;
 
 namespace {
 
-std::vector<std::string> sweep_with(const std::vector<std::string>& overrides) {
-  std::vector<std::string> args = {"sweep", "tiny.yaml", "--quiet"};
-  for (const auto& o : overrides) {
-    args.push_back("--set");
-    args.push_back(o);
-  }
-  return args;
-}
-
 // Two results files hold the same sweep: header spec, runs (grid values, place, status,
 // curves) and points (every number bit for bit); times, machines and row order aside.
 void require_same_results(const fs::path& a_path, const fs::path& b_path) {

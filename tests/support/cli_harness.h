@@ -64,6 +64,17 @@ struct SweepDir : TempDir {
   }
 };
 
+// `extrap sweep FILE --quiet` with each of `overrides` as a --set.
+inline std::vector<std::string> sweep_with(const std::vector<std::string>& overrides,
+                                           const std::string& file = "tiny.yaml") {
+  std::vector<std::string> args = {"sweep", file, "--quiet"};
+  for (const auto& o : overrides) {
+    args.push_back("--set");
+    args.push_back(o);
+  }
+  return args;
+}
+
 // One line: the message, no C++ backtrace ("Exception raised from", frames "#0 ").
 inline void require_one_line_error(const std::string& out, const std::string& expected) {
   INFO(out);
