@@ -22,37 +22,39 @@ def rnd(x):  # 16-bit rounding of the packed operands (fp16 here)
     return np.asarray(x, dtype=np.float32).astype(np.float16).astype(np.float32)
 
 # ---- PTX primitives ------------------------------------------------------------------
+# Each lane's (group, thread-in-group) place in a fragment: g = lane / 4, t = lane % 4. The
+# primitives move whole fragments by index arrays built from these, one entry per (lane,
+# register, half): the layouts of the PTX ISA, written once below.
+G, T4 = LANES // 4, LANES % 4
+PAIR = np.arange(2)
+# A 16x16 operand of mma.m16n8k16: a[lane, i, c] is A[rows[i], cols[i] + c].
+A_ROWS = np.stack([G, G + 8, G, G + 8], axis=1)[:, :, None] + 0 * PAIR     # [lane, i, c]
+A_COLS = np.stack([2 * T4, 2 * T4, 2 * T4 + 8, 2 * T4 + 8], axis=1)[:, :, None] + PAIR
+# The 16x8 B operand: b0[lane, c] is B[2t + c, g], b1[lane, c] is B[2t + 8 + c, g].
+B0_ROWS, B1_ROWS = (2 * T4)[:, None] + PAIR, (2 * T4 + 8)[:, None] + PAIR
+B_COLS = G[:, None] + 0 * PAIR
+# The 16x8 accumulator: d[lane, 0:2] is C[g, 2t:2t+2], d[lane, 2:4] is C[g + 8, 2t:2t+2].
+C_ROWS = np.concatenate([G[:, None] + 0 * PAIR, (G + 8)[:, None] + 0 * PAIR], axis=1)  # [lane, 4]
+C_COLS = np.concatenate([(2 * T4)[:, None] + PAIR] * 2, axis=1)
+
 def ldmatrix_x4(smem, addr, trans=False):
     """smem: flat float32 array; addr[lane]: element address of row (lane%8) of matrix lane//8.
     returns regs[lane, i, 2]"""
-    regs = np.zeros((32, 4, 2), np.float32)
-    for i in range(4):
-        rows = np.stack([smem[addr[8 * i + r]: addr[8 * i + r] + 8] for r in range(8)])  # 8x8
-        for l in range(32):
-            if not trans:
-                regs[l, i, 0] = rows[l // 4, 2 * (l % 4)]
-                regs[l, i, 1] = rows[l // 4, 2 * (l % 4) + 1]
-            else:
-                regs[l, i, 0] = rows[2 * (l % 4), l // 4]
-                regs[l, i, 1] = rows[2 * (l % 4) + 1, l // 4]
-    return regs
+    matrices = smem[np.asarray(addr).reshape(4, 8)[:, :, None] + np.arange(8)]  # [i, row, col]
+    if not trans:  # lane l holds row l/4, columns 2(l%4), +1 of each matrix
+        regs = matrices[:, G[:, None], (2 * T4)[:, None] + PAIR]                 # [i, lane, c]
+    else:          # .trans: the same fragment of each matrix's transpose
+        regs = matrices[:, (2 * T4)[:, None] + PAIR, G[:, None]]
+    return np.ascontiguousarray(regs.transpose(1, 0, 2), dtype=np.float32)
 
 def mma(d, a, b0, b1):
     """d[lane,4] f32; a[lane,4,2]; b0,b1[lane,2]. D = A B + D with the PTX layouts."""
-    A = np.zeros((16, 16)); B = np.zeros((16, 8))
-    for l in range(32):
-        g, t = l // 4, l % 4
-        A[g, 2*t:2*t+2] = a[l, 0]; A[g+8, 2*t:2*t+2] = a[l, 1]
-        A[g, 2*t+8:2*t+10] = a[l, 2]; A[g+8, 2*t+8:2*t+10] = a[l, 3]
-        B[2*t:2*t+2, g] = b0[l]; B[2*t+8:2*t+10, g] = b1[l]
-    C = np.zeros((16, 8))
-    for l in range(32):
-        g, t = l // 4, l % 4
-        C[g, 2*t:2*t+2] = d[l, 0:2]; C[g+8, 2*t:2*t+2] = d[l, 2:4]
-    D = A @ B + C
-    for l in range(32):
-        g, t = l // 4, l % 4
-        d[l, 0:2] = D[g, 2*t:2*t+2]; d[l, 2:4] = D[g+8, 2*t:2*t+2]
+    A = np.zeros((16, 16)); B = np.zeros((16, 8)); C = np.zeros((16, 8))
+    A[A_ROWS, A_COLS] = a
+    B[B0_ROWS, B_COLS] = b0
+    B[B1_ROWS, B_COLS] = b1
+    C[C_ROWS, C_COLS] = d
+    d[:] = (A @ B + C)[C_ROWS, C_COLS]
 
 def pack(lo, hi):
     return np.stack([rnd(lo), rnd(hi)], axis=-1)  # [lane, 2]
@@ -137,12 +139,11 @@ def load_tile(smem, stride, gmem, row0, T, rows, D):
                 smem[r * stride + c: r * stride + c + 8] = 0.0
 
 def store_accumulator(smem, stride, row0, acc, s0, s1):
-    for l in range(32):
-        g, t = l // 4, l % 4
-        for nt in range(acc.shape[1]):
-            col = nt * 8 + 2 * t
-            smem[(row0 + g) * stride + col: (row0 + g) * stride + col + 2] = rnd(acc[l, nt, 0:2] * s0[l])
-            smem[(row0 + g + 8) * stride + col: (row0 + g + 8) * stride + col + 2] = rnd(acc[l, nt, 2:4] * s1[l])
+    """acc[lane, nt, 4]: n-tile nt's accumulator fragment, rows g (scaled by s0) and g + 8 (s1)."""
+    cols = np.arange(acc.shape[1])[None, :, None] * 8 + (2 * T4)[:, None, None] + PAIR  # [lane, nt, c]
+    top = (row0 + G)[:, None, None] * stride + cols
+    smem[top] = rnd(acc[:, :, 0:2] * s0[:, None, None])
+    smem[top + 8 * stride] = rnd(acc[:, :, 2:4] * s1[:, None, None])
 
 # ---- forward -------------------------------------------------------------------------
 def fwd(q, k, v, mode, bias, causal, scale, MF=1):
