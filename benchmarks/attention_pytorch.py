@@ -57,6 +57,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+import inductor_cache  # noqa: F401  (before torch: Inductor's cache for this CPU capability)
 import torch
 import torch.nn.functional as F
 

@@ -25,6 +25,7 @@ import resource
 import statistics
 import time
 
+import inductor_cache  # noqa: F401  (before torch: Inductor's cache for this CPU capability)
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

@@ -11,13 +11,14 @@ import io
 import pathlib
 import json
 import math
+import os
 import sys
 import time
 
-import torch
-import torch.nn.functional as F
-
 sys.path.insert(0, str(pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ".") / "benchmarks"))
+import inductor_cache  # noqa: E402  (before torch: Inductor's cache for this CPU capability)
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 import attention_pytorch as ap  # noqa: E402
 
 torch.manual_seed(0)
@@ -29,6 +30,16 @@ def check(name, ok, detail=""):
     if not ok:
         failures.append(name)
 
+
+# 0. Inductor's cache: a directory per CPU capability (benchmarks/inductor_cache.py), unless the
+# user named one; a capped process and an uncapped one never share compiled code.
+check("inductor cache of this capability",
+      inductor_cache.USER_CHOSEN
+      or os.environ["TORCHINDUCTOR_CACHE_DIR"].endswith(os.sep + inductor_cache.capability_key()))
+check("capped and uncapped caches differ",
+      inductor_cache.capability_key({"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+                                     "MKL_ENABLE_INSTRUCTIONS": "AVX2"})
+      != inductor_cache.capability_key({}))
 
 # 1. Slopes: the paper's definition, written differently (start * ratio^i, start = 2^(-8/n)).
 def paper_slopes(n):
