@@ -33,7 +33,10 @@ profiles: the mass at distances of at least L and the attention entropy by windo
 and the sink's share where a method has one); and training speed and peak memory per method.
 Runs that differ only in train.seed are aggregated: "mean ± sample standard deviation" (the
 loss by position pools the seeds' tokens; retrieval accuracy sums the seeds' correct and
-trials). An evaluation with RoPE scaling (mode "<window>+<variant>") is drawn and tabled as its
+trials); where the methods have different seeds (only some shards merged), the header says
+which each has, and how many of the sweep's grid points the file lacks. A parameter count or
+vocabulary size of 0 (a run that failed before its model was built) is "not recorded", never
+a number of the model. An evaluation with RoPE scaling (mode "<window>+<variant>") is drawn and tabled as its
 own method, "<method> + <variant>". Retrieval points (their perplexity is the answer tokens',
 not the text's) are only in the retrieval sections, attention-profile points (mode
 "attention_profile") only in theirs; a file without them has none.
@@ -41,6 +44,8 @@ not the text's) are only in the retrieval sections, attention-profile points (mo
 Reads only what the file documents (core/results/results_store.h): the /summary table, the
 /position_bins, /retrieval, /longppl and /attention_profile tables, and the /runs/<id> attributes and curves. Needs h5py,
 numpy and matplotlib: the project's environment (.venv, made by scripts/setup.sh) has them.
+An empty file, a file that is not a results file and one of another format version are
+refused in one line before anything is read.
 """
 import argparse
 import collections
@@ -48,6 +53,7 @@ import errno
 import math
 import os
 import sys
+import types
 
 import h5py
 import numpy as np
@@ -828,6 +834,31 @@ def distinct_text(values, missing="?"):
     return " / ".join(str(v) for v in seen) if seen else missing
 
 
+def without_unrecorded(entries):
+    """(identity, vocabulary size) entries less those of size 0 (not recorded: a run that
+    failed before it read its corpus, a file from before sizes were recorded) whose identity
+    has a recorded size in another entry: not recording a size makes no vocabulary of its own."""
+    return [e for e in entries if e[1] or not any(o[1] and o[0] == e[0] for o in entries)]
+
+
+def corpora_text(runs, configs):
+    """The distinct corpora of the runs: their path, tokenizer and vocabulary size, and the
+    split fractions."""
+    corpora = []
+    for run_id, config in configs.items():
+        data = config.get("data") or {}
+        tokenizer = data.get("tokenizer", "?")
+        if data.get("tokenizer_model"):
+            tokenizer += " (`%s`)" % data["tokenizer_model"]
+        fractions = data.get("split_fractions")
+        split = (", split %s (train/valid/test)" % "/".join("%g" % float(f) for f in fractions)
+                 if fractions else "")
+        corpora.append((("`%s`, %s tokens" % (data.get("path", "?"), tokenizer), split),
+                        runs[run_id].get("vocab_size") or 0))
+    return distinct_text(["%s (vocabulary %s)%s" % (corpus, "{:,}".format(vocab) if vocab else "not recorded", split)
+                          for (corpus, split), vocab in without_unrecorded(corpora)])
+
+
 def trained_section(runs, labels, methods):
     """What was trained, from each run's resolved config (its `config` attribute) and the
     attributes training recorded: the corpus, its tokenizer and vocabulary, the splits trained
@@ -840,19 +871,6 @@ def trained_section(runs, labels, methods):
         except yaml.YAMLError:
             configs[run_id] = {}
     section = ["## What was trained", ""]
-    corpora = []
-    for run_id, config in configs.items():
-        data = config.get("data") or {}
-        vocab = runs[run_id].get("vocab_size") or 0
-        tokenizer = data.get("tokenizer", "?")
-        if data.get("tokenizer_model"):
-            tokenizer += " (`%s`)" % data["tokenizer_model"]
-        text = "`%s`, %s tokens (vocabulary %s)" % (data.get("path", "?"), tokenizer,
-                                                  "{:,}".format(vocab) if vocab else "not recorded")
-        fractions = data.get("split_fractions")
-        if fractions:
-            text += ", split %s (train/valid/test)" % "/".join("%g" % float(f) for f in fractions)
-        corpora.append(text)
     evaluation = []
     for config in configs.values():
         e = config.get("eval") or {}
@@ -860,7 +878,7 @@ def trained_section(runs, labels, methods):
         evaluation.append("the %s split, %s" % (e.get("split", "valid"),
                                                  "its first {:,} tokens".format(limit) if limit else "all of it"))
     section.append("Corpus %s. Trained on its train split; evaluated on %s." %
-                   (distinct_text(corpora), distinct_text(evaluation)))
+                   (corpora_text(runs, configs), distinct_text(evaluation)))
     section.append("")
     rows = []
     for method in methods:
@@ -874,7 +892,9 @@ def trained_section(runs, labels, methods):
                      m.get("heads", "?"), m.get("d_ffn", "?")) for m in model]
         tokens = ["{:,}".format(runs[i]["train_tokens"]) if runs[i].get("train_tokens") else "not recorded"
                   for i in ids]
-        rows.append([method, distinct_text(["{:,}".format(runs[i].get("num_parameters", 0)) for i in ids]),
+        # 0 parameters: not recorded (a run that failed before its model was built).
+        parameters = ["{:,}".format(runs[i]["num_parameters"]) for i in ids if runs[i].get("num_parameters")]
+        rows.append([method, distinct_text(parameters, "not recorded"),
                      distinct_text(shape), distinct_text([m.get("objective", "causal_lm") for m in model]),
                      distinct_text([t.get("steps", "?") for t in train]), distinct_text(tokens),
                      distinct_text(["%s at L = %s" % ("{:,}".format(int(t["batch_tokens"]))
@@ -892,17 +912,18 @@ def trained_section(runs, labels, methods):
 
 
 def vocabularies(runs):
-    """The distinct tokenizations of the runs: (tokenizer, tokenizer model, vocabulary size)."""
+    """The distinct tokenizations of the runs: (tokenizer, tokenizer model, vocabulary size),
+    a size of 0 (not recorded) only where no run of that tokenizer recorded one."""
     found = []
     for run in runs.values():
         try:
             data = (yaml.safe_load(run.get("config") or "") or {}).get("data") or {}
         except yaml.YAMLError:
             data = {}
-        key = (data.get("tokenizer", "byte"), data.get("tokenizer_model"), run.get("vocab_size") or 0)
+        key = ((data.get("tokenizer", "byte"), data.get("tokenizer_model")), run.get("vocab_size") or 0)
         if key not in found:
             found.append(key)
-    return found
+    return [tokenization + (vocab,) for tokenization, vocab in without_unrecorded(found)]
 
 
 def bits_per_byte_section(tokenizations, train_length, mode, lengths, methods, bits):
@@ -922,56 +943,66 @@ def bits_per_byte_section(tokenizations, train_length, mode, lengths, methods, b
             markdown_table(["eval length"] + methods, rows), ""]
 
 
-def write_report(results_path, out_dir):
-    try:
-        header, points, runs = load(results_path)
-    except (OSError, KeyError) as e:
-        raise ReadError(e)
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise NotADirectoryError(errno.ENOTDIR, "is a file, not a directory (report.md and its "
-                                 "plots go in a directory)", out_dir)
-    os.makedirs(out_dir, exist_ok=True)
-    labels = method_labels(runs)
-    # Method order: as the grid lists them (by the first run's point index).
+def check_results_file(path):
+    """Refuses, before anything is read, what is not a results file this report reads: an
+    empty file, a file that is not HDF5 or lacks the results file's header and tables, one of
+    another format version. A path that cannot be opened at all raises h5py's OSError."""
+    if os.path.isfile(path) and os.path.getsize(path) == 0:
+        raise ReadError("the file is empty (0 bytes), not a results file")
+    if os.path.isfile(path) and not h5py.is_hdf5(path):
+        raise ReadError("not an extrap results file (not an HDF5 file)")
+    with h5py.File(path, "r") as f:
+        if "format_version" not in f.attrs:
+            raise ReadError("not an extrap results file (no format_version)")
+        version = attribute(f.attrs["format_version"])
+        if version != 1:
+            raise ReadError("results format %s, this report reads format 1 (written by extrap %s)"
+                            % (version, attribute(f.attrs.get("extrap_version", "?"))))
+        missing = ["/" + name for name in ("summary", "runs") if name not in f]
+        if missing:
+            raise ReadError("not an extrap results file (no %s)" % " or ".join(missing))
+
+
+def point_method(p, labels):
+    """(the method a point is reported under, its run's label, its RoPE variant or "")."""
+    variant = split_mode(p["mode"])[1]
+    base = labels.get(p["run_id"], p["position"])
+    return base + (" + " + variant if variant else ""), base, variant
+
+
+def method_order(points, runs, labels):
+    """Every method of the report in order: as the grid lists them (by the first run's point
+    index), each followed by its RoPE variants in the order the sweep lists them (those of
+    retrieval points alone after the others)."""
     first_index = {}
     for run_id, run in runs.items():
         label = labels[run_id]
         first_index[label] = min(first_index.get(label, 1 << 62), run.get("point_index", 0))
-    # Retrieval points (exact-match counts; their perplexity is the answer tokens') are only in
-    # the retrieval sections.
-    retrieval_points = [p for p in points if is_retrieval_mode(p["mode"])]
-    profile_points = [p for p in points if is_profile_mode(p["mode"])]
-    text_points = [p for p in points if not is_retrieval_mode(p["mode"]) and not is_profile_mode(p["mode"])]
-    # RoPE variants follow their method, in the order the sweep lists them (those of retrieval
-    # points alone after the others).
+    text_then_retrieval = ([p for p in points if not is_retrieval_mode(p["mode"]) and not is_profile_mode(p["mode"])]
+                           + [p for p in points if is_retrieval_mode(p["mode"])])
     variant_index = {}
-    for p in text_points + retrieval_points:
+    for p in text_then_retrieval:
         variant = split_mode(p["mode"])[1]
         variant_index.setdefault(variant, len(variant_index) if variant else -1)
-
-    def point_method(p):
-        variant = split_mode(p["mode"])[1]
-        base = labels.get(p["run_id"], p["position"])
-        return base + (" + " + variant if variant else ""), base, variant
-
     order = {}
     for p in points:
-        method, base, variant = point_method(p)
+        method, base, variant = point_method(p, labels)
         order[method] = (first_index.get(base, 1 << 62), variant_index[variant] if variant else -1)
     for label in first_index:
         order.setdefault(label, (first_index[label], -1))
-    methods = sorted(order, key=lambda m: order[m])
-    notes = Footnotes()
+    return sorted(order, key=lambda m: order[m])
 
-    # (train_length, window mode, eval_length, method) -> perplexities (over seeds), failures,
-    # and the loss-by-position bins of each seed
+
+def text_tables(text_points, labels):
+    """The text points by (train_length, window mode, eval_length, method): the perplexities
+    over seeds, their bits per byte (where the tokens count bytes), the failures' reasons, and
+    each seed's loss-by-position bins."""
     values = collections.defaultdict(list)
-    bits = collections.defaultdict(list)  # the same keys: bits per byte, where the tokens count bytes
+    bits = collections.defaultdict(list)
     failures = collections.defaultdict(list)
     bins = collections.defaultdict(list)
     for p in text_points:
-        method = point_method(p)[0]
-        key = (p["train_length"], split_mode(p["mode"])[0], p["eval_length"], method)
+        key = (p["train_length"], split_mode(p["mode"])[0], p["eval_length"], point_method(p, labels)[0])
         if p["status"] == "ok":
             values[key].append(p["perplexity"])
             if isinstance(p.get("bits_per_byte"), float) and math.isfinite(p["bits_per_byte"]):
@@ -980,109 +1011,182 @@ def write_report(results_path, out_dir):
                 bins[key].append(p["by_position"])
         else:
             failures[key].append(failure_reason(p["status"]))
-    # (train_length, eval_length, method) -> each seed's /longppl row of its non-overlapping
-    # point, and the LongPPL failures' reasons
+    return values, bits, failures, bins
+
+
+def longppl_tables(text_points, labels):
+    """(train_length, eval_length, method) -> each seed's /longppl row of its non-overlapping
+    point, and the LongPPL failures' reasons."""
     longppl = collections.defaultdict(list)
-    longppl_failures = collections.defaultdict(list)
+    failures = collections.defaultdict(list)
     for p in text_points:
         if p["status"] == "ok" and "longppl" in p:
-            key = (p["train_length"], p["eval_length"], point_method(p)[0])
+            key = (p["train_length"], p["eval_length"], point_method(p, labels)[0])
             if p["longppl"]["status"] == "ok":
                 longppl[key].append(p["longppl"])
             else:
-                longppl_failures[key].append(failure_reason(p["longppl"]["status"]))
-    # (train_length, retrieval mode with its variant, eval_length, method) -> each seed's
-    # /retrieval rows, and the failures' reasons
-    retrieval = collections.defaultdict(list)
-    retrieval_failures = collections.defaultdict(list)
-    for p in retrieval_points:
-        key = (p["train_length"], p["mode"], p["eval_length"], point_method(p)[0])
-        if p["status"] == "ok":
-            if "retrieval" in p:
-                retrieval[key].append(p["retrieval"])
-        else:
-            retrieval_failures[key].append(failure_reason(p["status"]))
+                failures[key].append(failure_reason(p["longppl"]["status"]))
+    return longppl, failures
 
-    # (train_length, window length, method) -> each seed's /attention_profile rows, and the
-    # failures' reasons
-    profiles = collections.defaultdict(list)
-    profile_failures = collections.defaultdict(list)
-    for p in profile_points:
-        key = (p["train_length"], p["eval_length"], point_method(p)[0])
-        if p["status"] == "ok":
-            if "attention_profile" in p:
-                profiles[key].append(p["attention_profile"])
-        else:
-            profile_failures[key].append(failure_reason(p["status"]))
 
-    name = header.get("sweep_name", "?")
+def row_tables(points, labels, key_of, table):
+    """key_of(point, its method) -> each seed's rows of `table` ("retrieval",
+    "attention_profile"), and the failures' reasons."""
+    rows = collections.defaultdict(list)
+    failures = collections.defaultdict(list)
+    for p in points:
+        key = key_of(p, point_method(p, labels)[0])
+        if p["status"] == "ok":
+            if table in p:
+                rows[key].append(p[table])
+        else:
+            failures[key].append(failure_reason(p["status"]))
+    return rows, failures
+
+
+def collect(points, labels):
+    """The points by key, over seeds, as the sections read them. Retrieval points (exact-match
+    counts; their perplexity is the answer tokens') are only in the retrieval tables,
+    attention-profile points only in the profile tables."""
+    retrieval_points = [p for p in points if is_retrieval_mode(p["mode"])]
+    profile_points = [p for p in points if is_profile_mode(p["mode"])]
+    text_points = [p for p in points if not is_retrieval_mode(p["mode"]) and not is_profile_mode(p["mode"])]
+    tables = types.SimpleNamespace(retrieval_points=len(retrieval_points), profile_points=len(profile_points))
+    tables.values, tables.bits, tables.failures, tables.bins = text_tables(text_points, labels)
+    tables.longppl, tables.longppl_failures = longppl_tables(text_points, labels)
+    tables.retrieval, tables.retrieval_failures = row_tables(
+        retrieval_points, labels, lambda p, m: (p["train_length"], p["mode"], p["eval_length"], m), "retrieval")
+    tables.profiles, tables.profile_failures = row_tables(
+        profile_points, labels, lambda p, m: (p["train_length"], p["eval_length"], m), "attention_profile")
+    return tables
+
+
+def grid_size(header):
+    """The number of points of the sweep's grid (the product of its axes' lengths), from the
+    header's sweep_spec; None where the file does not say."""
+    try:
+        grid = (yaml.safe_load(header.get("sweep_spec", "")) or {}).get("grid")
+    except (yaml.YAMLError, AttributeError):
+        return None
+    if not isinstance(grid, dict) or not all(isinstance(v, list) for v in grid.values()):
+        return None
+    return int(np.prod([len(v) for v in grid.values()]))
+
+
+def runs_text(header, runs):
+    """How many runs the file holds and how they ended; where that is fewer than the sweep's
+    grid has points, how many and why that may be."""
     complete = sum(1 for r in runs.values() if r.get("status") == "complete")
     failed = sum(1 for r in runs.values() if str(r.get("status", "")).startswith("failed"))
-    seeds = sorted({r.get("seed") for r in runs.values()})
-    machines = sorted({r.get("machine", "") for r in runs.values() if r.get("machine")})
-    md = ["# Sweep `%s`" % name, ""]
+    states = "%d complete, %d failed, %d unfinished" % (complete, failed, len(runs) - complete - failed)
+    points = grid_size(header)
+    if points is None or points <= len(runs):
+        return "%d runs (%s)" % (len(runs), states)
+    return ("%d runs of the sweep's %d grid points (%s; %d not in this file: a shard not merged yet?)"
+            % (len(runs), points, states, points - len(runs)))
+
+
+def seed_text(runs, labels, methods):
+    """Which seeds the cells are over: one list for all, or each method's where they differ
+    (a method's seeds at each training length where those differ too)."""
+    seeds = collections.defaultdict(set)  # (label, train_length) -> seeds
+    for run_id, run in runs.items():
+        seeds[(labels[run_id], run.get("train_length"))].add(run.get("seed"))
+    everywhere = sorted({r.get("seed") for r in runs.values()})
+    if len({frozenset(s) for s in seeds.values()}) <= 1:
+        if len(everywhere) > 1:
+            return "Seeds %s: values are the mean ± sample standard deviation over seeds." % ", ".join(
+                str(s) for s in everywhere)
+        return "One seed (%s)." % ", ".join(str(s) for s in everywhere)
+    groups = []
+    for method in [m for m in methods if any(k[0] == m for k in seeds)]:
+        keys = sorted(k for k in seeds if k[0] == method)
+        by_length = len({frozenset(seeds[k]) for k in keys}) > 1
+        for key in (keys if by_length else keys[:1]):
+            groups.append("%s%s %s" % (method, " at L = %s:" % key[1] if by_length else "",
+                                       ", ".join(str(s) for s in sorted(seeds[key]))))
+    return ("Seeds differ between methods: %s — each cell is the mean over the seeds its method has "
+            "(± the sample standard deviation where it has several)." % "; ".join(groups))
+
+
+def header_lines(results_path, header, runs, points, labels, methods, tables):
+    """The report's title, where its numbers come from, how many runs and points, the seeds
+    and the machines."""
+    md = ["# Sweep `%s`" % header.get("sweep_name", "?"), ""]
     md.append("Results file `%s` (spec hash `%s`), written by extrap %s (commit %s), created %s."
               % (results_path, header.get("spec_hash", "?"), header.get("extrap_version", "?"),
                  header.get("git_commit", "?"), header.get("created", "?")))
     md.append("")
-    if len(seeds) > 1:
-        seed_text = "Seeds %s: values are the mean ± sample standard deviation over seeds." % ", ".join(str(s) for s in seeds)
-    else:
-        seed_text = "One seed (%s)." % ", ".join(str(s) for s in seeds)
-    special = [("%d of retrieval" % len(retrieval_points)) if retrieval_points else "",
-               ("%d attention profiles" % len(profile_points)) if profile_points else ""]
-    retrieval_text = " (%s)" % ", ".join(t for t in special if t) if any(special) else ""
-    md.append("%d runs (%d complete, %d failed, %d unfinished); %d evaluation points%s. %s"
-              % (len(runs), complete, failed, len(runs) - complete - failed, len(points), retrieval_text,
-                 seed_text))
+    special = [("%d of retrieval" % tables.retrieval_points) if tables.retrieval_points else "",
+               ("%d attention profiles" % tables.profile_points) if tables.profile_points else ""]
+    special_text = " (%s)" % ", ".join(t for t in special if t) if any(special) else ""
+    md.append("%s; %d evaluation points%s. %s" % (runs_text(header, runs), len(points), special_text,
+                                                   seed_text(runs, labels, methods)))
+    machines = sorted({r.get("machine", "") for r in runs.values() if r.get("machine")})
     if machines:
         md.append("Machine: " + "; ".join(machines) + ".")
     md.append("")
-    md += trained_section(runs, labels, methods)
+    return md
 
-    tokenizations = vocabularies(runs)
-    train_lengths = sorted({k[0] for k in list(values) + list(failures) + list(retrieval)
-                            + list(retrieval_failures) + list(profiles) + list(profile_failures)})
-    for train_length in train_lengths:
-        md += ["## Trained at L = %d" % train_length, ""]
-        modes = sorted({k[1] for k in list(values) + list(failures) if k[0] == train_length}, key=mode_order)
-        for mode in modes:
-            keys = [k for k in list(values) + list(failures) if k[0] == train_length and k[1] == mode]
-            lengths = sorted({k[2] for k in keys})
-            present = [m for m in methods if any(k[3] == m for k in keys)]
-            image = "ppl_L%d_%s.png" % (train_length, mode)
-            series = {m: [(l,) + mean_spread(values[(train_length, mode, l, m)])
-                          for l in lengths if values.get((train_length, mode, l, m))] for m in present}
-            plot_perplexity(os.path.join(out_dir, image), train_length, mode, present, series)
-            md += ["### Perplexity, %s" % mode_title(mode), "", "![perplexity, L = %d, %s](%s)" % (train_length, mode, image), ""]
-            rows, ratio_rows = [], []
-            for l in lengths:
-                row, ratio_row = [eval_length_label(l, train_length)], ["%d" % l]
-                for m in present:
-                    v = values.get((train_length, mode, l, m))
-                    f = failures.get((train_length, mode, l, m))
-                    if v:
-                        row.append(cell(v) + (" " + notes.mark(f[0]) if f else ""))
-                    elif f:
-                        row.append("failed " + notes.mark(f[0]))
-                    else:
-                        row.append("")
-                    base = values.get((train_length, mode, train_length, m))
-                    ratio_row.append("×%.2f" % (np.mean(v) / np.mean(base)) if v and base else "")
-                rows.append(row)
-                ratio_rows.append(ratio_row)
-            md += [markdown_table(["eval length"] + present, rows), ""]
-            if any(values.get((train_length, mode, train_length, m)) for m in present):
-                md += ["Perplexity relative to the perplexity at the training length:", "",
-                       markdown_table(["eval length"] + present, ratio_rows), ""]
-            md += bits_per_byte_section(tokenizations, train_length, mode, lengths, present, bits)
-        md += longppl_section(out_dir, train_length, methods, longppl, longppl_failures, header, notes)
-        md += by_position_section(out_dir, train_length, methods, bins)
-        md += early_token_section(train_length, methods, values, modes)
-        md += retrieval_section(out_dir, train_length, methods, retrieval, retrieval_failures, notes)
-        md += profile_section(out_dir, train_length, methods, profiles, profile_failures, notes)
 
-    md += ["## Training", ""]
+def perplexity_section(out_dir, train_length, mode, methods, tables, tokenizations, notes):
+    """One window mode at one training length: the plot of perplexity against evaluation
+    length, the table of perplexities (failures as footnotes), the same as ratios to the
+    perplexity at the training length, and bits per byte where the runs tokenise differently."""
+    values, failures = tables.values, tables.failures
+    keys = [k for k in list(values) + list(failures) if k[0] == train_length and k[1] == mode]
+    lengths = sorted({k[2] for k in keys})
+    present = [m for m in methods if any(k[3] == m for k in keys)]
+    image = "ppl_L%d_%s.png" % (train_length, mode)
+    series = {m: [(l,) + mean_spread(values[(train_length, mode, l, m)])
+                  for l in lengths if values.get((train_length, mode, l, m))] for m in present}
+    plot_perplexity(os.path.join(out_dir, image), train_length, mode, present, series)
+    md = ["### Perplexity, %s" % mode_title(mode), "", "![perplexity, L = %d, %s](%s)" % (train_length, mode, image), ""]
+    rows, ratio_rows = [], []
+    for l in lengths:
+        row, ratio_row = [eval_length_label(l, train_length)], ["%d" % l]
+        for m in present:
+            v = values.get((train_length, mode, l, m))
+            f = failures.get((train_length, mode, l, m))
+            if v:
+                row.append(cell(v) + (" " + notes.mark(f[0]) if f else ""))
+            elif f:
+                row.append("failed " + notes.mark(f[0]))
+            else:
+                row.append("")
+            base = values.get((train_length, mode, train_length, m))
+            ratio_row.append("×%.2f" % (np.mean(v) / np.mean(base)) if v and base else "")
+        rows.append(row)
+        ratio_rows.append(ratio_row)
+    md += [markdown_table(["eval length"] + present, rows), ""]
+    if any(values.get((train_length, mode, train_length, m)) for m in present):
+        md += ["Perplexity relative to the perplexity at the training length:", "",
+               markdown_table(["eval length"] + present, ratio_rows), ""]
+    md += bits_per_byte_section(tokenizations, train_length, mode, lengths, present, tables.bits)
+    return md
+
+
+def training_length_sections(out_dir, train_length, methods, tables, header, tokenizations, notes):
+    """Everything evaluated of the models trained at one length: "## Trained at L = ..." with
+    a perplexity section per window mode, then LongPPL, the loss by position, the early-token
+    curse, retrieval and attention profiles."""
+    md = ["## Trained at L = %d" % train_length, ""]
+    modes = sorted({k[1] for k in list(tables.values) + list(tables.failures) if k[0] == train_length},
+                   key=mode_order)
+    for mode in modes:
+        md += perplexity_section(out_dir, train_length, mode, methods, tables, tokenizations, notes)
+    md += longppl_section(out_dir, train_length, methods, tables.longppl, tables.longppl_failures, header, notes)
+    md += by_position_section(out_dir, train_length, methods, tables.bins)
+    md += early_token_section(train_length, methods, tables.values, modes)
+    md += retrieval_section(out_dir, train_length, methods, tables.retrieval, tables.retrieval_failures, notes)
+    md += profile_section(out_dir, train_length, methods, tables.profiles, tables.profile_failures, notes)
+    return md
+
+
+def training_section(out_dir, runs, labels, methods):
+    """"## Training": per training length, the training curves and a table of each method's
+    training speed, peak memory, parameters, final validation loss and status."""
+    md = ["## Training", ""]
     for train_length in sorted({r.get("train_length") for r in runs.values()}):
         by_method = collections.defaultdict(list)
         for run_id, run in runs.items():
@@ -1099,21 +1203,49 @@ def write_report(results_path, out_dir):
                      if isinstance(r.get("tokens_per_second"), float) and math.isfinite(r["tokens_per_second"])]
             memory = [r["peak_memory_bytes"] / 2**20 for r in group if r.get("peak_memory_bytes")]
             final_valid = [float(r["valid_loss"][-1, 1]) for r in group if len(r["valid_loss"])]
+            # 0: not recorded (a run that failed before its model was built).
+            parameters = [r["num_parameters"] for r in group if r.get("num_parameters")]
             status = collections.Counter(str(r.get("status")) for r in group)
             rows.append([m, cell(speed) if speed else "", cell(memory) if memory else "",
-                         "%d" % group[0].get("num_parameters", 0),
+                         "%d" % parameters[0] if parameters else "",
                          cell(final_valid) if final_valid else "",
                          ", ".join("%s ×%d" % (s, c) if c > 1 else s for s, c in status.items())])
         md += ["Training speed and memory at L = %d (tokens/s of training, validation excluded; "
                "peak resident memory of the process during the run):" % train_length, "",
                markdown_table(["method", "tokens/s", "peak memory (MiB)", "parameters",
                                "final valid loss", "status"], rows), ""]
+    return md
 
+
+def write_report(results_path, out_dir):
+    """Writes report.md and its plots into out_dir from the results file; returns report.md's
+    path."""
+    try:
+        check_results_file(results_path)
+        header, points, runs = load(results_path)
+    except (OSError, KeyError) as e:
+        raise ReadError(e)
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise NotADirectoryError(errno.ENOTDIR, "is a file, not a directory (report.md and its "
+                                 "plots go in a directory)", out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    labels = method_labels(runs)
+    methods = method_order(points, runs, labels)
+    tables = collect(points, labels)
+    notes = Footnotes()
+    md = header_lines(results_path, header, runs, points, labels, methods, tables)
+    md += trained_section(runs, labels, methods)
+    tokenizations = vocabularies(runs)
+    train_lengths = sorted({k[0] for k in list(tables.values) + list(tables.failures) + list(tables.retrieval)
+                            + list(tables.retrieval_failures) + list(tables.profiles)
+                            + list(tables.profile_failures)})
+    for train_length in train_lengths:
+        md += training_length_sections(out_dir, train_length, methods, tables, header, tokenizations, notes)
+    md += training_section(out_dir, runs, labels, methods)
     if notes.reasons:
         md += ["## Failures", ""]
         md += ["[%d] %s" % (i + 1, reason) + "  " for i, reason in enumerate(notes.reasons)]
         md.append("")
-
     with open(os.path.join(out_dir, "report.md"), "w") as out:
         out.write("\n".join(md))
     return os.path.join(out_dir, "report.md")

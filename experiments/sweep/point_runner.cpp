@@ -73,6 +73,9 @@ TrainedPoint train_point(const SweepPoint& point, const Corpus& corpus, RunRecor
     out.failure = one_line(e.what());
   }
   if (!out.trainer) return out;
+  // Known once the model is built: a run that fails in training (a divergence) keeps them.
+  record.num_parameters = out.trainer->model()->num_parameters();
+  record.vocab_size = corpus.vocab_size;
   const int64_t step_tokens = tokens_per_step(config.train);
   out.trainer->on_progress = [&](const TrainProgress& p) { display.training(p, step_tokens); };
   out.trainer->quiet = quiet;

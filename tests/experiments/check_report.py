@@ -232,24 +232,9 @@ def check_profile(results, md):
         assert panel["xlabel"] == "query-key distance (tokens)" and panel["ylabel"] == "layer"
 
 
-def check_sweep_report(results, report_dir):
-    """The perplexity tables, curves, loss by position and early-token table of the report in
-    report_dir against the results file (the figures from a report written again here)."""
-    # (mode, eval_length, position) -> perplexities over seeds; failures likewise. Retrieval
-    # points are not part of any of these.
-    rows = h5py.File(results, "r")["summary"][...]
-    values, failed = collections.defaultdict(list), collections.defaultdict(list)
-    for r in rows:
-        if is_retrieval(r["mode"]) or is_profile(r["mode"]):
-            continue
-        key = (r["mode"].decode(), int(r["eval_length"]), r["position"].decode())
-        (values if r["status"] == b"ok" else failed)[key].append(float(r["perplexity"]))
-    methods = ["alibi", "learned"]
-    modes = sorted({k[0] for k in list(values) + list(failed)})
-    assert modes == ["nonoverlapping", "sliding_8"], modes
-
-    # --- tables: the exact row for every evaluation length, per mode -----------------------
-    md = open(os.path.join(report_dir, "report.md")).read()
+def check_perplexity_tables(md, values, failed, methods, modes):
+    """Each perplexity table: the exact row for every evaluation length, per mode, a failure's
+    footnote naming its reason."""
     sections = {}
     for part in md.split("### Perplexity, ")[1:]:
         title, body = part.split("\n", 1)
@@ -280,19 +265,10 @@ def check_sweep_report(results, report_dir):
         # Only those lengths: one row each, besides the header and its rule.
         assert len(table.split("\n")) == 2 + 2, table
 
-    # --- plots: what each figure draws -----------------------------------------------------
-    with tempfile.TemporaryDirectory() as out:
-        render(results, out)
-    has_longppl = "longppl" in h5py.File(results, "r")
-    has_profile = "attention_profile" in h5py.File(results, "r")
-    assert sorted(n for n in drawn if not n.startswith("retrieval_")) == sorted(
-        ["curves_L16.png", "position_L16.png", "ppl_L16_nonoverlapping.png", "ppl_L16_sliding_8.png"]
-        + (["longppl_L16.png"] if has_longppl else [])
-        + (["attention_profile_L16.png"] if has_profile else [])), sorted(drawn)
-    check_longppl(results, md)
-    check_profile(results, md)
 
-    # --- loss by position: each panel's curves from the HDF5 bins, the seeds' tokens pooled --
+def check_by_position(results, rows, md):
+    """Loss by position: each panel's curves from the HDF5 bins, the seeds' tokens pooled, and
+    the table of the mean NLL below and past L."""
     f = h5py.File(results, "r")
     pooled = collections.defaultdict(lambda: collections.defaultdict(lambda: [0.0, 0]))
     all_bins = f["position_bins"][...]
@@ -322,7 +298,10 @@ def check_sweep_report(results, report_dir):
     row = "| alibi | %.4f | %.4f | %+.4f |" % (nb, np_, np_ - nb)
     assert row in md, row
 
-    # --- the early-token curse: non-overlapping against sliding, from L = 16 to 32 ------------
+
+def check_early_tokens(md, values):
+    """The early-token curse: non-overlapping against sliding, from L = 16 to 32 (alibi only:
+    learned failed at 32)."""
     mean = lambda mode, l, m: statistics.mean(values[(mode, l, m)])
     d_no = mean("nonoverlapping", 32, "alibi") - mean("nonoverlapping", 16, "alibi")
     d_sl = mean("sliding_8", 32, "alibi") - mean("sliding_8", 16, "alibi")
@@ -330,6 +309,11 @@ def check_sweep_report(results, report_dir):
     row = "| alibi | 32 | %+.3f | %+.3f | %s |" % (d_no, d_sl, share)
     assert row in md, (row, md[md.index("### Early-token"):])
     assert "| learned | 32 |" not in md
+
+
+def check_curves(values, methods, modes):
+    """The perplexity figures (one curve per method, each point the mean over seeds) and the
+    training curves."""
     for mode in modes:
         fig = drawn["ppl_L16_%s.png" % mode]
         assert fig["xlabel"] == "evaluation length (tokens)" and fig["ylabel"] == "perplexity", fig
@@ -352,7 +336,9 @@ def check_sweep_report(results, report_dir):
     assert all(low <= y <= high for _, y in curves["points"]), (curves["ylim"], max(y for _, y in curves["points"]))
     assert len(set(curves["linestyles"].values())) == len(methods), curves["linestyles"]
 
-    # --- what was trained: each method's row from its runs' attributes and configs ----------
+
+def check_trained(results, md, methods):
+    """What was trained: each method's row from its runs' attributes and configs."""
     trained = md.split("## What was trained", 1)[1].split("\n## ", 1)[0]
     with h5py.File(results, "r") as f:
         for m in methods:
@@ -360,24 +346,65 @@ def check_sweep_report(results, report_dir):
             config = yaml.safe_load(group[0].attrs["config"])
             row = next(line for line in trained.splitlines() if line.startswith("| %s |" % m))
             cells = [c.strip() for c in row.strip("|").split("|")]
-            assert cells[1] == "{:,}".format(int(group[0].attrs["num_parameters"])), (m, cells)
+            # 0 parameters: not recorded (a run that failed before its model was built).
+            recorded = ["{:,}".format(int(g.attrs["num_parameters"])) for g in group if g.attrs["num_parameters"]]
+            assert cells[1] == (" / ".join(dict.fromkeys(recorded)) or "not recorded"), (m, cells)
             assert cells[4] == str(config["train"]["steps"]), (m, cells)
             assert cells[5] == "{:,}".format(int(group[0].attrs["train_tokens"])), (m, cells)
             assert cells[7] == config["train"].get("precision", "fp32"), (m, cells)
             corpus = "Corpus `%s`, %s tokens (vocabulary {:,})".format(int(group[0].attrs["vocab_size"])) % (
                 config["data"]["path"], config["data"]["tokenizer"])
             assert corpus in trained, (corpus, trained)
-    # The PNGs written by `extrap report` are real images of the size the report asks for.
+
+
+def check_images(report_dir, rows, md):
+    """The PNGs written by `extrap report` are real images of the size the report asks for; a
+    file without retrieval points has no retrieval section and no heat map."""
     for name in [n for n in drawn if not n.startswith(("position_", "retrieval_", "attention_profile_"))]:
         with open(os.path.join(report_dir, name), "rb") as f:
             head = f.read(24)
         assert head[:8] == b"\x89PNG\r\n\x1a\n", name
         width, height = int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
         assert (width, height) == (704, 462), (name, width, height)  # 6.4 x 4.2 in at 110 dpi
-    # A file without retrieval points: no retrieval section, no heat map.
     if not any(is_retrieval(r["mode"]) for r in rows):
         assert "Retrieval" not in md and "retrieval" not in md, md
         assert not [n for n in os.listdir(report_dir) if n.startswith("retrieval_")], os.listdir(report_dir)
+
+
+def check_sweep_report(results, report_dir):
+    """The perplexity tables, curves, loss by position and early-token table of the report in
+    report_dir against the results file (the figures from a report written again here)."""
+    # (mode, eval_length, position) -> perplexities over seeds; failures likewise. Retrieval
+    # points are not part of any of these.
+    rows = h5py.File(results, "r")["summary"][...]
+    values, failed = collections.defaultdict(list), collections.defaultdict(list)
+    for r in rows:
+        if is_retrieval(r["mode"]) or is_profile(r["mode"]):
+            continue
+        key = (r["mode"].decode(), int(r["eval_length"]), r["position"].decode())
+        (values if r["status"] == b"ok" else failed)[key].append(float(r["perplexity"]))
+    methods = ["alibi", "learned"]
+    modes = sorted({k[0] for k in list(values) + list(failed)})
+    assert modes == ["nonoverlapping", "sliding_8"], modes
+    md = open(os.path.join(report_dir, "report.md")).read()
+    check_perplexity_tables(md, values, failed, methods, modes)
+
+    # The figures: what each one draws, captured from a report written again here.
+    with tempfile.TemporaryDirectory() as out:
+        render(results, out)
+    has_longppl = "longppl" in h5py.File(results, "r")
+    has_profile = "attention_profile" in h5py.File(results, "r")
+    assert sorted(n for n in drawn if not n.startswith("retrieval_")) == sorted(
+        ["curves_L16.png", "position_L16.png", "ppl_L16_nonoverlapping.png", "ppl_L16_sliding_8.png"]
+        + (["longppl_L16.png"] if has_longppl else [])
+        + (["attention_profile_L16.png"] if has_profile else [])), sorted(drawn)
+    check_longppl(results, md)
+    check_profile(results, md)
+    check_by_position(results, rows, md)
+    check_early_tokens(md, values)
+    check_curves(values, methods, modes)
+    check_trained(results, md, methods)
+    check_images(report_dir, rows, md)
     return md
 
 
@@ -433,6 +460,100 @@ def rows_dataset(group, name, array):
     group.create_dataset(name, data=array, maxshape=(None,), chunks=(64,))
 
 
+def add_perplexity_points(run_id, index, m, s, summary, bins, eval_rows):
+    """A run's perplexity points (and their loss-by-position bins) appended to /summary's
+    rows; learned fails at 32 (past max_length)."""
+    for mode in ("nonoverlapping", "sliding_8"):
+        for length in (16, 32):
+            stride = length if mode == "nonoverlapping" else 8
+            eval_rows[(run_id, mode)].append(len(summary))
+            if m == "learned" and length == 32:
+                summary.append((run_id, m, L, s, mode, stride, length, math.nan, math.nan, 0, math.nan,
+                                0.01, "failed: " + LEARNED_FAILS))
+                continue
+            ppl = (7.0 + index) * (1.0 + 0.25 * (length / L - 1.0)) * (0.9 if mode == "sliding_8" else 1.0) \
+                + 0.4 * s + 0.01 * length
+            tokens = 512
+            nll = math.log(ppl) * tokens
+            summary.append((run_id, m, L, s, mode, stride, length, ppl, nll, tokens,
+                            nll / math.log(2) / tokens, 0.05, "ok"))
+            count = length // 8  # bins [0, 8), [8, 16), ...: their NLL adds up to the point's
+            for b in range(count):
+                shift = 0.03 * (b - (count - 1) / 2.0) * (1 if s == 1 else -0.5)
+                bins.append((len(summary) - 1, 8 * b, 8 * b + 8, (math.log(ppl) + shift) * tokens / count,
+                             tokens // count))
+
+
+def add_retrieval_points(run_id, m, s, summary, cells, written, eval_rows):
+    """A run's retrieval points (RETRIEVAL) appended to /summary's rows, their counts by depth
+    to /retrieval's, each recorded in `written`."""
+    for (mode, method), points in RETRIEVAL.items():
+        if method != m:
+            continue
+        for length in RETRIEVAL_LENGTHS:
+            status = points[(length, s)]
+            eval_rows[(run_id, mode)].append(len(summary))
+            if status != "ok":
+                summary.append((run_id, m, L, s, mode, length, length, math.nan, math.nan, 0, math.nan,
+                                0.02, status))
+                written[(mode, m, length, s)] = (status, [], None)
+                continue
+            # An answer perplexity no other number of the report can be: over 4000.
+            ppl = 4321.0 + 37.123 * len(written) + 0.0071 * length
+            depth_rows = [(d, TRIALS, c) for d, c in zip(DEPTHS, CORRECT[(mode, m, length, s)])]
+            for d, trials, correct in depth_rows:
+                cells.append((len(summary), d, trials, correct, math.log(ppl) * trials * ANSWER_TOKENS,
+                              trials * ANSWER_TOKENS))
+            tokens = len(DEPTHS) * TRIALS * ANSWER_TOKENS
+            summary.append((run_id, m, L, s, mode, length, length, ppl, math.log(ppl) * tokens, tokens,
+                            math.nan, 0.3, "ok"))
+            written[(mode, m, length, s)] = (status, depth_rows, ppl)
+
+
+def write_run(g, run_id, index, m, s, summary, eval_rows, written):
+    """/runs/<run_id>: the run's attributes, curves and eval groups (its rows of /summary
+    arranged by mode)."""
+    for key, value in {
+            "config": ("data: {path: corpus, tokenizer: byte, split_fractions: [0.9, 0.05, 0.05]}\n"
+                       "model: {layers: 2, d_model: 64, heads: 4, d_ffn: 256}\n"
+                       "position:\n  name: %s\n"
+                       "train: {seq_len: 16, batch_tokens: 4096, steps: 40, precision: bf16, device: cpu}\n"
+                       "eval: {split: test, max_tokens: 2048}" % m),
+            "grid_point": "{position: {name: %s}, train.seed: %d}" % (m, s),
+            "point_index": 2 * index + s - 1, "position": m, "train_length": L, "seed": s,
+            "extrap_version": "0.4.0", "git_commit": "synthetic", "machine": "synthetic machine",
+            "runtime": "synthetic", "start_time": "2026-01-01T00:00:00Z",
+            "end_time": "2026-01-01T00:01:00Z", "tokens_per_second": 20000.0 + 1000.0 * s,
+            "peak_memory_bytes": 2**27, "num_parameters": 1000 + index, "train_tokens": 163840,
+            "vocab_size": 257, "status": "complete"}.items():
+        g.attrs[key] = value
+    steps = np.array([10.0, 20.0, 30.0, 40.0])
+    g["train_loss"] = np.stack([steps, 5.0 - 0.5 * steps / 10.0 - 0.1 * index], axis=1)
+    g["valid_loss"] = np.stack([steps[1::2], 4.5 - 0.4 * steps[1::2] / 10.0 - 0.1 * index], axis=1)
+    ev = g.create_group("eval")
+    for (rid, mode), indices in eval_rows.items():
+        if rid != run_id:
+            continue
+        e = ev.create_group(mode)
+        ok = [summary[i] for i in indices if summary[i]["status"] == "ok"]
+        bad = [summary[i] for i in indices if summary[i]["status"] != "ok"]
+        rows_dataset(e, "length", np.array([r["eval_length"] for r in ok], dtype="<i8"))
+        if mode.startswith("retrieval_"):
+            counts = [written[(mode, m, int(r["eval_length"]), s)][1] for r in ok]
+            correct = [sum(c for _, _, c in depth_rows) for depth_rows in counts]
+            trials = [sum(t for _, t, _ in depth_rows) for depth_rows in counts]
+            rows_dataset(e, "accuracy", np.array([c / t for c, t in zip(correct, trials)], dtype="<f8"))
+            rows_dataset(e, "correct", np.array(correct, dtype="<i8"))
+            rows_dataset(e, "trials", np.array(trials, dtype="<i8"))
+        else:
+            for column in ("perplexity", "nll_sum", "bits_per_byte"):
+                rows_dataset(e, column, np.array([r[column] for r in ok], dtype="<f8"))
+            rows_dataset(e, "scored_tokens", np.array([r["scored_tokens"] for r in ok], dtype="<i8"))
+        rows_dataset(e, "seconds", np.array([r["seconds"] for r in ok], dtype="<f8"))
+        rows_dataset(e, "failures", np.array(
+            [(r["eval_length"], r["status"][len("failed: "):]) for r in bad], dtype=FAILURE))
+
+
 def write_results(path, with_retrieval):
     """A results file in the documented schema: each run's perplexity points (and its retrieval
     points), runs interleaved in /summary as a sweep finishes them. Returns the retrieval
@@ -441,48 +562,9 @@ def write_results(path, with_retrieval):
     summary, bins, cells, written = [], [], [], {}
     eval_rows = collections.defaultdict(list)  # (run_id, mode) -> (length, summary row)
     for run_id, index, m, s in RUNS:
-        for mode in ("nonoverlapping", "sliding_8"):
-            for length in (16, 32):
-                stride = length if mode == "nonoverlapping" else 8
-                eval_rows[(run_id, mode)].append(len(summary))
-                if m == "learned" and length == 32:
-                    summary.append((run_id, m, L, s, mode, stride, length, math.nan, math.nan, 0, math.nan,
-                                    0.01, "failed: " + LEARNED_FAILS))
-                    continue
-                ppl = (7.0 + index) * (1.0 + 0.25 * (length / L - 1.0)) * (0.9 if mode == "sliding_8" else 1.0) \
-                    + 0.4 * s + 0.01 * length
-                tokens = 512
-                nll = math.log(ppl) * tokens
-                summary.append((run_id, m, L, s, mode, stride, length, ppl, nll, tokens,
-                                nll / math.log(2) / tokens, 0.05, "ok"))
-                count = length // 8  # bins [0, 8), [8, 16), ...: their NLL adds up to the point's
-                for b in range(count):
-                    shift = 0.03 * (b - (count - 1) / 2.0) * (1 if s == 1 else -0.5)
-                    bins.append((len(summary) - 1, 8 * b, 8 * b + 8, (math.log(ppl) + shift) * tokens / count,
-                                 tokens // count))
-        if not with_retrieval:
-            continue
-        for (mode, method), points in RETRIEVAL.items():
-            if method != m:
-                continue
-            for length in RETRIEVAL_LENGTHS:
-                status = points[(length, s)]
-                eval_rows[(run_id, mode)].append(len(summary))
-                if status != "ok":
-                    summary.append((run_id, m, L, s, mode, length, length, math.nan, math.nan, 0, math.nan,
-                                    0.02, status))
-                    written[(mode, m, length, s)] = (status, [], None)
-                    continue
-                # An answer perplexity no other number of the report can be: over 4000.
-                ppl = 4321.0 + 37.123 * len(written) + 0.0071 * length
-                depth_rows = [(d, TRIALS, c) for d, c in zip(DEPTHS, CORRECT[(mode, m, length, s)])]
-                for d, trials, correct in depth_rows:
-                    cells.append((len(summary), d, trials, correct, math.log(ppl) * trials * ANSWER_TOKENS,
-                                  trials * ANSWER_TOKENS))
-                tokens = len(DEPTHS) * TRIALS * ANSWER_TOKENS
-                summary.append((run_id, m, L, s, mode, length, length, ppl, math.log(ppl) * tokens, tokens,
-                                math.nan, 0.3, "ok"))
-                written[(mode, m, length, s)] = (status, depth_rows, ppl)
+        add_perplexity_points(run_id, index, m, s, summary, bins, eval_rows)
+        if with_retrieval:
+            add_retrieval_points(run_id, m, s, summary, cells, written, eval_rows)
     summary = np.array(summary, dtype=SUMMARY)
     with h5py.File(path, "w") as f:
         for key, value in {"format_version": 1, "sweep_name": "synthetic", "sweep_spec": "{}",
@@ -492,46 +574,7 @@ def write_results(path, with_retrieval):
             f.attrs[key] = value
         runs = f.create_group("runs")
         for run_id, index, m, s in RUNS:
-            g = runs.create_group(run_id)
-            for key, value in {
-                    "config": ("data: {path: corpus, tokenizer: byte, split_fractions: [0.9, 0.05, 0.05]}\n"
-                               "model: {layers: 2, d_model: 64, heads: 4, d_ffn: 256}\n"
-                               "position:\n  name: %s\n"
-                               "train: {seq_len: 16, batch_tokens: 4096, steps: 40, precision: bf16, device: cpu}\n"
-                               "eval: {split: test, max_tokens: 2048}" % m),
-                    "grid_point": "{position: {name: %s}, train.seed: %d}" % (m, s),
-                    "point_index": 2 * index + s - 1, "position": m, "train_length": L, "seed": s,
-                    "extrap_version": "0.4.0", "git_commit": "synthetic", "machine": "synthetic machine",
-                    "runtime": "synthetic", "start_time": "2026-01-01T00:00:00Z",
-                    "end_time": "2026-01-01T00:01:00Z", "tokens_per_second": 20000.0 + 1000.0 * s,
-                    "peak_memory_bytes": 2**27, "num_parameters": 1000 + index, "train_tokens": 163840,
-                    "vocab_size": 257, "status": "complete"}.items():
-                g.attrs[key] = value
-            steps = np.array([10.0, 20.0, 30.0, 40.0])
-            g["train_loss"] = np.stack([steps, 5.0 - 0.5 * steps / 10.0 - 0.1 * index], axis=1)
-            g["valid_loss"] = np.stack([steps[1::2], 4.5 - 0.4 * steps[1::2] / 10.0 - 0.1 * index], axis=1)
-            ev = g.create_group("eval")
-            for (rid, mode), indices in eval_rows.items():
-                if rid != run_id:
-                    continue
-                e = ev.create_group(mode)
-                ok = [summary[i] for i in indices if summary[i]["status"] == "ok"]
-                bad = [summary[i] for i in indices if summary[i]["status"] != "ok"]
-                rows_dataset(e, "length", np.array([r["eval_length"] for r in ok], dtype="<i8"))
-                if mode.startswith("retrieval_"):
-                    counts = [written[(mode, m, int(r["eval_length"]), s)][1] for r in ok]
-                    correct = [sum(c for _, _, c in depth_rows) for depth_rows in counts]
-                    trials = [sum(t for _, t, _ in depth_rows) for depth_rows in counts]
-                    rows_dataset(e, "accuracy", np.array([c / t for c, t in zip(correct, trials)], dtype="<f8"))
-                    rows_dataset(e, "correct", np.array(correct, dtype="<i8"))
-                    rows_dataset(e, "trials", np.array(trials, dtype="<i8"))
-                else:
-                    for column in ("perplexity", "nll_sum", "bits_per_byte"):
-                        rows_dataset(e, column, np.array([r[column] for r in ok], dtype="<f8"))
-                    rows_dataset(e, "scored_tokens", np.array([r["scored_tokens"] for r in ok], dtype="<i8"))
-                rows_dataset(e, "seconds", np.array([r["seconds"] for r in ok], dtype="<f8"))
-                rows_dataset(e, "failures", np.array(
-                    [(r["eval_length"], r["status"][len("failed: "):]) for r in bad], dtype=FAILURE))
+            write_run(runs.create_group(run_id), run_id, index, m, s, summary, eval_rows, written)
         rows_dataset(f, "summary", summary)
         rows_dataset(f, "position_bins", np.array(bins, dtype=BINS))
         if with_retrieval:

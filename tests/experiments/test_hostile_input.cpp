@@ -87,6 +87,12 @@ TEST_CASE("absurd sizes and learning rates are refused, an overflowing perplexit
     INFO(p.status);
     CHECK(p.status.rfind("failed: training: training diverged at step", 0) == 0);
   }
+  // A run that failed in training had a model: its size and vocabulary are recorded, not 0.
+  for (const auto& [id, run] : diverged.runs()) {
+    INFO(id << " " << run.status);
+    CHECK(run.num_parameters > 0);
+    CHECK(run.vocab_size == 257);
+  }
 
   // A trained model whose logits are scaled up a thousandfold: a mean NLL past ln(DBL_MAX).
   REQUIRE(run_cli(d, {"train", "-c", "t.yaml", "--no-eval"}, &out) == 0);
