@@ -36,7 +36,7 @@ core/eval/evaluator.cpp | if (u < 0.8) { | if (u < 0.9) { | masked-LM corruption
 core/eval/evaluator.cpp | result.nll_sum / (std::log(2.0) * double(result.scored_bytes)) | result.nll_sum / (std::log(10.0) * double(result.scored_bytes)) | bits per byte in the wrong log base
 core/train/trainer.cpp | return c.lr * double(step) / double(c.warmup); | return c.lr * double(step + 1) / double(c.warmup); | warm-up off by one step
 core/base/files.cpp | if (::fsync(fd) != 0) { | if (false) { | durable write skips its fsync
-core/run/checkpoint.cpp | if (hex64(digest.hash) != entry.at("xxh3").get<std::string>()) | if (false) | checkpoint checksums not compared
+core/run/checkpoint.cpp | if (hash != entry.at("xxh3").get<std::string>()) | if (false) | checkpoint checksums not compared
 core/model/model.cpp | return h + f; | return f; | feed-forward residual dropped
 core/results/results_store.cpp | : "sliding_" + std::to_string(stride); | : "sliding_" + std::to_string(length); | sliding mode labelled with the length
 experiments/sweep/sweep_spec.cpp | lengths.insert(length_of_multiple(m, point.config.train.seq_len, spec.source, "eval.length_multiples")); | lengths.insert(length_of_multiple(m, point.config.train.seq_len, spec.source, "eval.length_multiples") + 1); | evaluation length mislabelled (multiple x L + 1)
@@ -115,7 +115,7 @@ core/attention/fused_cpu_attention.cpp | const int64_t block = turn % 2 == 0 ? t
 core/runtime/cuda_support.cpp | if (mode == "0") return {State::switched_off, "EXTRAP_LOAD_CUDA=0"}; | if (mode == "x") return {State::switched_off, "EXTRAP_LOAD_CUDA=0"}; | EXTRAP_LOAD_CUDA=0 does not keep CUDA out
 core/attention/fused_cpu_attention.cpp | return double(distance) > negligible_distance(reach, -coefficient); } | return double(distance) > negligible_distance(reach, -coefficient) / 16; } | the inference kernel skips key tiles of a linear bias that are not negligible
 core/train/trainer.cpp | state.loss_sum = checkpoint->state.pending_loss_sum; | state.loss_sum = 0; | a resumed run's first log point forgets the steps before the checkpoint
-core/run/metrics_log.cpp | if (line_step > step) break; | if (false) break; | a resumed run keeps the metrics lines written after its checkpoint
+core/run/metrics_log.cpp | } else if (line_step > step) { | } else if (false) { | a resumed run keeps the metrics lines written after its checkpoint
 core/model/memory_estimate.cpp | return add(add(parameters, gradients), add(optimizer, activations)); | return parameters + gradients + optimizer + activations; | the memory estimate wraps negative for an absurd model and accepts it
 experiments/sweep/sweep.cpp | if (run.point_index == found->second->index) continue; | continue; | a grown sweep leaves recorded runs at their old places in the grid
 experiments/sweep/sweep_spec.cpp | out["base"] = spec["base"]; | ; | a sweep with another base config counts as the same sweep grown
@@ -272,6 +272,18 @@ experiments/sweep/sweep.cpp | if (!close(a.perplexity, b.perplexity, 1e-9)) retu
 core/train/trainer.cpp | if (step == 1) state.first_loss = step_loss; | ; | a wide model's untrained loss (above 2 ln V) is called divergence at step 1
 core/train/trainer.cpp | if (valid_tokens < window) | if (false) | a validation split that cannot fill one window is found only at the first validation, after training
 core/runtime/sysinfo.cpp | requested > kMostThreads) | requested > (int64_t(1) << 40)) | a thread count no CPU has reaches the thread pools (100,000 segfaulted)
+core/run/metrics_log.cpp | } else if (line_step <= previous) { | } else if (line_step < previous) { | a resumed run keeps a duplicated metrics.jsonl line
+core/run/metrics_log.cpp | out.prefix = out.prefix && out.text.size() == end - line.size(); | out.prefix = true; | a resumed run cuts metrics.jsonl to the kept size where it skipped a line (valid lines lost, garbage kept)
+core/run/checkpoint.cpp | const SharedFileLock reading(swap_lock_path(run_dir), SharedFileLock::Mode::shared); | ; | eval of a training run reads its checkpoint mid-swap (missing, corrupt or newer weights)
+core/base/yaml_options.cpp | if (!added) | if (false) | a YAML key given twice silently takes one of its values
+experiments/sweep/sweep.cpp | if (was.data_key == now.data_key && !was.tokens.empty() && !now.tokens.empty() && was.tokens != now.tokens) | if (false) | a grown sweep pools numbers of an edited validation text with the recorded ones
+experiments/sweep/sweep.cpp | if (was_run == now_run && !was.model.empty() && !now.model.empty() && was.model != now.model) | if (false) | a run trained again adds its numbers to those of the weights it replaced
+core/eval/evaluator.cpp | const AttentionBackend backend = model->attention_backend(); | const AttentionBackend backend = m.attention; | eval --attention reference skips the memory refusal and aborts
+core/eval/retrieval_eval.cpp | check_instance_memory(spec.length, instances); | ; | retrieval instances of any length are built before memory is checked
+core/run/run_dir.cpp | if (recorded != checkpoint.manifest.fingerprint) | if (false) | a checkpoint copied into another run's directory is evaluated as that run
+core/train/trainer.cpp | if (state.step == c.steps && !state.checkpoint()) save_run(state); | ; | train.steps 0 writes eval.json without a checkpoint
+experiments/cli/cli_common.cpp | if (option.string_key.empty()) | if (false) | a stray positional argument is dropped without a word
+core/base/yaml_options.h | if (!std::isfinite(field)) fail( | if (false) fail( | .inf accepted in a number key where .nan is refused
 EOF
 )
 
