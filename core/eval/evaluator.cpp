@@ -128,8 +128,7 @@ void check_eval_length(const EvalSpec& spec, int64_t available, int64_t split_to
                         std::to_string(spec.streaming.cache) +
                         " tokens (sinks must be at least 0 and fewer than the cache)");
   }
-  // A causal window of L inputs needs L + 1 tokens (the last is only a target).
-  const int64_t needed = spec.length + (causal ? 1 : 0);
+  const int64_t needed = window_tokens(spec.length, causal);
   if (available < needed) {
     std::string what = std::to_string(available) + " tokens";
     if (available < split_tokens) what += " (the first eval.max_tokens of " + std::to_string(split_tokens) + ")";

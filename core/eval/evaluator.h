@@ -122,6 +122,9 @@ struct EvalFailure : ConfigError {
 
 // Refuses (EvalFailure) a length longer than the `available` tokens can fill (L + 1 tokens for
 // a causal window, L for a masked one) and a negative stride.
+// The tokens one window of `length` reads: a causal window of L inputs needs L + 1 (the last is
+// only a target), a masked LM's L.
+inline int64_t window_tokens(int64_t length, bool causal) { return length + (causal ? 1 : 0); }
 void check_eval_length(const EvalSpec& spec, int64_t available, int64_t split_tokens, bool causal);
 
 // The spec a config asks for at one (length, stride): its eval section's token limit and batch

@@ -59,20 +59,19 @@ GraphedTrainingStep::GraphedTrainingStep(TransformerLM model, torch::optim::Adam
 
 GraphedTrainingStep::~GraphedTrainingStep() = default;
 
-void GraphedTrainingStep::load(const std::vector<torch::Tensor>& inputs, const std::vector<torch::Tensor>& targets,
-                               const std::vector<int64_t>& scored, double lr) {
+void GraphedTrainingStep::load(const std::vector<MicroBatch>& batches, double lr) {
   const size_t n = inputs_.size();
-  if (inputs.size() != n || targets.size() != n || scored.size() != n)
+  if (batches.size() != n)
     throw std::invalid_argument("GraphedTrainingStep::step: " + std::to_string(n) + " micro-batches expected, got " +
-                                std::to_string(inputs.size()) + " inputs, " + std::to_string(targets.size()) +
-                                " targets, " + std::to_string(scored.size()) + " counts");
+                                std::to_string(batches.size()));
   for (size_t a = 0; a < n; ++a) {
-    if (inputs[a].sizes() != inputs_[a].sizes() || targets[a].sizes() != targets_[a].sizes())
+    const MicroBatch& batch = batches[a];
+    if (batch.inputs.sizes() != inputs_[a].sizes() || batch.targets.sizes() != targets_[a].sizes())
       throw std::invalid_argument("GraphedTrainingStep::step: micro-batch " + std::to_string(a) +
                                   " is not of the captured shape (micro-batch x seq_len)");
-    inputs_[a].copy_(inputs[a]);
-    targets_[a].copy_(targets[a]);
-    scored_host_[a] = std::max<int64_t>(scored[a], 1);
+    inputs_[a].copy_(batch.inputs);
+    targets_[a].copy_(batch.targets);
+    scored_host_[a] = std::max<int64_t>(batch.scored, 1);
     scored_[a].fill_(double(scored_host_[a]));
   }
   lr_.fill_(lr);
@@ -123,11 +122,10 @@ void GraphedTrainingStep::captured_step() {
   aten_fused_device_step(optimizer_, config_.clip, DeviceAdamwState{lr_, step_counters_});
 }
 
-double GraphedTrainingStep::step(const std::vector<torch::Tensor>& inputs, const std::vector<torch::Tensor>& targets,
-                                 const std::vector<int64_t>& scored, double lr) {
+double GraphedTrainingStep::step(const std::vector<MicroBatch>& batches, double lr) {
   if (!failure_.empty())
     throw std::logic_error("GraphedTrainingStep::step: the capture failed (" + failure_ + "); train eagerly");
-  load(inputs, targets, scored, lr);
+  load(batches, lr);
   if (!graph_) {
     const CudaGraphCapture capture = cuda_graph_capture();
     if (!capture) throw std::logic_error("GraphedTrainingStep::step: extrap's CUDA half is not loaded");

@@ -35,6 +35,13 @@
 
 namespace extrap {
 
+// One micro-batch of a training step: token ids and targets (sequences, seq_len), targets -100
+// where not scored; `scored`, the count its summed NLL is divided by (at least 1 is taken).
+struct MicroBatch {
+  torch::Tensor inputs, targets;
+  int64_t scored = 0;
+};
+
 class GraphedTrainingStep {
  public:
   // Why the steps of `model` under `config` cannot be graphed on `device` ("" when they can);
@@ -59,12 +66,9 @@ class GraphedTrainingStep {
   GraphedTrainingStep& operator=(const GraphedTrainingStep&) = delete;
 
   // One optimiser step at learning rate `lr` (set on every parameter group) on
-  // config.accumulation micro-batches: inputs[a] and targets[a] of (micro_batch, seq_len)
-  // token ids (targets -100: not scored), on any device; scored[a], the scored-token count
-  // that micro-batch's summed NLL is divided by. Returns the step's loss (the micro-batches'
-  // mean), read back from the device.
-  double step(const std::vector<torch::Tensor>& inputs, const std::vector<torch::Tensor>& targets,
-              const std::vector<int64_t>& scored, double lr);
+  // config.accumulation micro-batches of (micro_batch, seq_len) token ids, on any device.
+  // Returns the step's loss (the micro-batches' mean), read back from the device.
+  double step(const std::vector<MicroBatch>& batches, double lr);
 
   bool captured() const { return graph_ != nullptr; }
   // Why the capture failed ("" unless it did): the step() that tried trained eagerly; later
@@ -76,8 +80,7 @@ class GraphedTrainingStep {
   std::string failure_under_auto(const std::string& source) const;
 
  private:
-  void load(const std::vector<torch::Tensor>& inputs, const std::vector<torch::Tensor>& targets,
-            const std::vector<int64_t>& scored, double lr);
+  void load(const std::vector<MicroBatch>& batches, double lr);
   double eager_step();
   void prepare_capture();
   void captured_step();

@@ -141,7 +141,7 @@ Trainer::Trainer(Config config, const Corpus& corpus)
   // --overwrite clears the run directory).
   const int64_t valid_split = corpus.valid.size(), limit = config_.train.validate_tokens;
   const int64_t valid_tokens = limit > 0 ? std::min(limit, valid_split) : valid_split;
-  const int64_t window = config_.train.seq_len + (config_.model.causal() ? 1 : 0);
+  const int64_t window = window_tokens(config_.train.seq_len, config_.model.causal());
   if (valid_tokens < window)
     throw ConfigError(config_.source + ": validation needs " + std::to_string(window) + " tokens (a window of " +
                       "train.seq_len " + std::to_string(config_.train.seq_len) + "); " +
@@ -429,18 +429,18 @@ void Trainer::check_divergence(int64_t step, const char* what, double loss, doub
     std::snprintf(text, sizeof text,
                   "training diverged at step %lld (%s %g); nothing of this step was saved; lower train.lr",
                   (long long)step, what, loss);
-  else if (first_known)
+  else {
+    // The bound, in words: twice the untrained model's loss where it is known and the larger.
+    char bound_text[96];
+    if (first_known)
+      std::snprintf(bound_text, sizeof bound_text, "%.2f, twice the untrained model's %.2f at step 1", bound, first_loss);
+    else
+      std::snprintf(bound_text, sizeof bound_text, "2 ln V = %.2f", bound);
     std::snprintf(text, sizeof text,
-                  "training diverged at step %lld (%s %.6g nats a token, above %.2f, twice the untrained "
-                  "model's %.2f at step 1; a uniform guess over %lld tokens scores %.2f); nothing of this "
-                  "step was saved; lower train.lr",
-                  (long long)step, what, loss, bound, first_loss, (long long)corpus_.vocab_size, uniform);
-  else
-    std::snprintf(text, sizeof text,
-                  "training diverged at step %lld (%s %.6g nats a token, above 2 ln V = %.2f; a "
-                  "uniform guess over %lld tokens scores %.2f); nothing of this step was saved; "
-                  "lower train.lr",
-                  (long long)step, what, loss, bound, (long long)corpus_.vocab_size, uniform);
+                  "training diverged at step %lld (%s %.6g nats a token, above %s; a uniform guess over %lld "
+                  "tokens scores %.2f); nothing of this step was saved; lower train.lr",
+                  (long long)step, what, loss, bound_text, (long long)corpus_.vocab_size, uniform);
+  }
   throw std::runtime_error(text);
 }
 
@@ -490,15 +490,9 @@ double Trainer::forward_backward(RunState& state) {
 // same micro-batches as forward_backward takes. Where the capture fails, this step has trained
 // eagerly; `on` then stops the run, `auto` says so once and trains on without a graph.
 double Trainer::graphed_step(RunState& state, double lr) {
-  std::vector<torch::Tensor> inputs, targets;
-  std::vector<int64_t> scored;
-  for (int64_t a = 0; a < config_.train.accumulation; ++a) {
-    MicroBatch batch = micro_batch(state, a);
-    inputs.push_back(std::move(batch.inputs));
-    targets.push_back(std::move(batch.targets));
-    scored.push_back(batch.scored);
-  }
-  const double loss = state.graphed->step(inputs, targets, scored, lr);
+  std::vector<MicroBatch> batches;
+  for (int64_t a = 0; a < config_.train.accumulation; ++a) batches.push_back(micro_batch(state, a));
+  const double loss = state.graphed->step(batches, lr);
   if (const std::string failure = state.graphed->failure_under_auto(config_.source); !failure.empty()) {
     if (!quiet)
       std::cerr << "extrap: train.cuda_graph: the training step could not be captured (" << failure

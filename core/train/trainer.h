@@ -24,6 +24,7 @@
 
 #include "core/data/corpus.h"
 #include "core/data/retrieval_task.h"
+#include "core/train/graphed_step.h"
 #include "core/model/config.h"
 #include "core/model/model.h"
 #include "core/run/checkpoint.h"
@@ -77,12 +78,6 @@ torch::Tensor training_loss(TransformerLM& model, const torch::Tensor& inputs, c
 // The summed NLL training_loss divides (a float32 scalar).
 torch::Tensor training_nll_sum(TransformerLM& model, const torch::Tensor& inputs, const torch::Tensor& targets,
                                Precision precision);
-// One micro-batch of a training step: token ids and targets (sequences, seq_len), targets -100
-// where not scored; `scored`, the count its summed NLL is divided by (at least 1 is taken).
-struct MicroBatch {
-  torch::Tensor inputs, targets;
-  int64_t scored = 0;
-};
 
 // One optimiser step's gradients, added to the parameters' .grad (zeroing them is the
 // caller's): for each of `count` micro-batches, micro_batch(a) (called in order, each just

@@ -178,13 +178,9 @@ int bench_train(const Args& args) {
     return MicroBatch{tokens.narrow(1, 0, t.seq_len), tokens.narrow(1, 1, t.seq_len), global * t.seq_len};
   };
   auto graphed_step = [&] {
-    std::vector<torch::Tensor> inputs, targets;
-    for (int64_t a = 0; a < t.accumulation; ++a) {
-      const MicroBatch batch = random_batch();
-      inputs.push_back(batch.inputs);
-      targets.push_back(batch.targets);
-    }
-    graphed->step(inputs, targets, std::vector<int64_t>(size_t(t.accumulation), global * t.seq_len), t.lr);
+    std::vector<MicroBatch> batches;
+    for (int64_t a = 0; a < t.accumulation; ++a) batches.push_back(random_batch());
+    graphed->step(batches, t.lr);
     if (const std::string failure = graphed->failure_under_auto(config.source); !failure.empty()) {
       eager_reason = "the capture failed: " + failure;
       graphed.reset();

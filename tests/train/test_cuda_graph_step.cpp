@@ -28,10 +28,7 @@ Config graph_config(Precision precision, int64_t accumulation, double dropout) {
   return config;
 }
 
-struct Batch {
-  std::vector<torch::Tensor> inputs, targets;
-  std::vector<int64_t> scored;
-};
+using Batch = std::vector<MicroBatch>;  // one optimiser step's micro-batches
 
 // Step `step`'s micro-batches on the CPU; from the third step on, a varying share of each
 // micro-batch's targets is not scored (-100), as a masked-LM batch's is.
@@ -42,9 +39,8 @@ Batch make_batch(const TrainConfig& t, int64_t micro, int step) {
     const auto tokens = torch::randint(0, 257, {micro, t.seq_len + 1}, torch::kLong);
     auto targets = tokens.narrow(1, 1, t.seq_len).clone();
     if (step >= 2) targets.masked_fill_(torch::rand(targets.sizes()) < 0.2 * double(step % 3 + 1), -100);
-    b.inputs.push_back(tokens.narrow(1, 0, t.seq_len).clone());
-    b.scored.push_back(targets.ne(-100).sum().item<int64_t>());
-    b.targets.push_back(targets);
+    const int64_t scored = targets.ne(-100).sum().item<int64_t>();
+    b.push_back({tokens.narrow(1, 0, t.seq_len).clone(), targets, scored});
   }
   return b;
 }
@@ -55,11 +51,10 @@ double eager_step(TransformerLM& model, torch::optim::AdamW& optimizer, const Tr
   for (auto& group : optimizer.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
   optimizer.zero_grad();
   double loss = 0;
-  for (size_t a = 0; a < b.inputs.size(); ++a) {
-    const auto part = training_loss(model, b.inputs[a].to(torch::kCUDA), b.targets[a].to(torch::kCUDA),
-                                    b.scored[a], t.precision);
-    (part / double(b.inputs.size())).backward();
-    loss += part.item<double>() / double(b.inputs.size());
+  for (const MicroBatch& m : b) {
+    const auto part = training_loss(model, m.inputs.to(torch::kCUDA), m.targets.to(torch::kCUDA), m.scored, t.precision);
+    (part / double(b.size())).backward();
+    loss += part.item<double>() / double(b.size());
   }
   optimizer_step(optimizer, t.clip);
   return loss;
@@ -111,7 +106,7 @@ TEST_CASE("a CUDA graph of the training step trains as the eager step does", "[c
         const Batch batch = make_batch(t, 8, step);
         const double lr = learning_rate(t, step + 1);  // warm-up: a different rate at every step
         const double expected = eager_step(eager, *eager_optimizer, t, batch, lr);
-        const double got = graphed.step(batch.inputs, batch.targets, batch.scored, lr);
+        const double got = graphed.step(batch, lr);
         REQUIRE(graphed.failure() == "");
         REQUIRE(graphed.captured());
         CHECK(got == Approx(expected).epsilon(precision == Precision::fp32 ? 1e-5 : 1e-3));
@@ -139,18 +134,18 @@ TEST_CASE("a CUDA graph of the training step: fresh dropout masks, and the rate 
     GraphedTrainingStep graphed(model, *optimizer, config.train, 8);
     const Batch batch = make_batch(config.train, 8, 0);
     std::vector<double> losses;
-    for (int replay = 0; replay < 4; ++replay) losses.push_back(graphed.step(batch.inputs, batch.targets, batch.scored, 0.0));
+    for (int replay = 0; replay < 4; ++replay) losses.push_back(graphed.step(batch, 0.0));
     REQUIRE(graphed.captured());
     // lr 0: nothing moves, so the same batch scores the same, but for dropout's masks.
     if (dropout == 0) {
       CHECK(losses[2] == losses[1]);
       CHECK(losses[3] == losses[1]);
       const auto before = cpu_copies(model);
-      auto twice = batch.scored;
-      twice[0] *= 2;
-      CHECK(graphed.step(batch.inputs, batch.targets, twice, 0.0) == Approx(losses[1] / 2).epsilon(1e-6));
+      auto twice = batch;
+      twice[0].scored *= 2;
+      CHECK(graphed.step(twice, 0.0) == Approx(losses[1] / 2).epsilon(1e-6));
       for (size_t i = 0; i < before.size(); ++i) REQUIRE(torch::equal(before[i], model->parameters()[i].cpu()));
-      graphed.step(batch.inputs, batch.targets, batch.scored, 1e-2);
+      graphed.step(batch, 1e-2);
       CHECK((cpu_copies(model)[0] - before[0]).abs().max().item<double>() > 1e-4);
     } else {
       CHECK(losses[2] != losses[1]);
