@@ -511,6 +511,7 @@ void write_header(H5::H5File& file, const SweepHeader& h) {
   set_attribute(file, "extrap_version", h.extrap_version);
   set_attribute(file, "git_commit", h.git_commit);
   set_attribute(file, "created", h.created);
+  set_attribute(file, "spec_time", h.spec_time.empty() ? h.created : h.spec_time);
 }
 
 }  // namespace
@@ -536,15 +537,32 @@ std::string streaming_mode_name(int64_t sinks, int64_t cache) {
 
 // --- the lock ------------------------------------------------------------------------------
 
+namespace {
+
+// The file a results path names, its symbolic links followed (a dangling link names the file it
+// would make): what is written and locked.
+std::string results_target(const std::string& path) {
+  fs::path p = path;
+  std::error_code error;
+  for (int hops = 0; hops < 40 && fs::is_symlink(p, error); ++hops) {
+    const fs::path target = fs::read_symlink(p, error);
+    if (error) break;
+    p = target.is_absolute() ? target : p.parent_path() / target;
+  }
+  return p.lexically_normal().string();
+}
+
+}  // namespace
+
 ResultsLock::ResultsLock(const std::string& results_path)
-    : lock_(results_path + ".lock", results_path, "written",
+    : lock_(results_target(results_path) + ".lock", results_path, "written",
             "wait for it to finish or choose another --out") {}
 
 // --- the store -----------------------------------------------------------------------------
 
 ResultsStore ResultsStore::open(const std::string& path) {
   if (!fs::exists(path)) throw ConfigError(path + ": no such results file");
-  ResultsStore store(path);
+  ResultsStore store(results_target(path));
   store.load();
   return store;
 }
@@ -563,7 +581,8 @@ std::vector<char> file_image(H5::H5File& file, const std::string& path) {
 
 }  // namespace
 
-ResultsStore ResultsStore::open_or_create(const std::string& path, const SweepHeader& header) {
+ResultsStore ResultsStore::open_or_create(const std::string& given, const SweepHeader& header) {
+  const std::string path = results_target(given);
   const fs::path tmp = path + ".tmp";
   fs::remove(tmp);  // a writer killed mid-change; the file itself is whole
   if (!fs::exists(path)) {
@@ -608,6 +627,8 @@ void ResultsStore::load() {
     header_.extrap_version = string_attribute(file, "extrap_version");
     header_.git_commit = string_attribute(file, "git_commit");
     header_.created = string_attribute(file, "created");
+    header_.spec_time = string_attribute(file, "spec_time");
+    if (header_.spec_time.empty()) header_.spec_time = header_.created;  // extrap 0.11 and before
 
     runs_.clear();
     H5::Group runs = file.openGroup("runs");
@@ -748,11 +769,13 @@ void ResultsStore::grow(const SweepHeader& header, const std::vector<RunRecord>&
     set_attribute(file, "sweep_spec", header.sweep_spec);
     set_attribute(file, "spec_hash", header.spec_hash);
     set_attribute(file, "sweep_file", header.sweep_file);
+    set_attribute(file, "spec_time", header.spec_time);
     for (const auto& r : runs) write_run(file, r);
   });
   header_.sweep_spec = header.sweep_spec;
   header_.spec_hash = header.spec_hash;
   header_.sweep_file = header.sweep_file;
+  header_.spec_time = header.spec_time;
   for (const auto& r : runs) runs_[r.run_id] = r;
 }
 

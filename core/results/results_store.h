@@ -3,7 +3,7 @@
 // Schema (format_version 1; every string is variable-length UTF-8):
 //   /                      attributes: format_version, sweep_name, sweep_spec (the resolved
 //                          sweep as YAML), spec_hash, sweep_file (the file's text plus --set
-//                          overrides), shard, extrap_version, git_commit, created
+//                          overrides), shard, extrap_version, git_commit, created, spec_time
 //   /runs/<run_id>         one group per grid point; attributes: config (resolved YAML),
 //                          grid_point (its grid values as YAML), point_index, position,
 //                          train_length, seed, extrap_version, git_commit, machine,
@@ -63,6 +63,9 @@
 // /summary is the source of truth (every point, failed or not, in the order it finished);
 // the per-run eval groups are the same numbers arranged for plotting.
 //
+// A results file that is a symbolic link is written through it: the link stays, its target takes
+// every change, and the lock is the target's (every path to the file locks the same one).
+//
 // Durability: the file is never modified in place. Every change copies it to PATH.tmp,
 // applies the change there, closes (HDF5 flushes), fsyncs and renames it over PATH, then
 // fsyncs the directory. A kill -9 at any moment therefore leaves PATH either before or after
@@ -102,6 +105,10 @@ struct SweepHeader {
   std::string extrap_version = extrap::extrap_version();
   std::string git_commit = extrap::extrap_git_commit();
   std::string created;  // ISO time, UTC
+  // When the sweep took the spec the file holds (ISO time to the microsecond): its creation, a
+  // growth, or the shards' spec a merge took. A merge keeps the later of two stages' specs
+  // (merge_results). Files of extrap 0.11 and before have none: their `created` stands in.
+  std::string spec_time;
 };
 
 struct RunRecord {
@@ -250,8 +257,8 @@ class ResultsStore {
   void put_run(const RunRecord& run) { write({run}, {}); }
   void append_point(const PointRecord& point) { write({}, {point}); }
   // One atomic change for a sweep that grew (experiments/sweep/sweep.h): the header's spec,
-  // spec hash and sweep file become `header`'s (its shard and creation time stay), and `runs`
-  // (recorded runs with a new point_index) are rewritten.
+  // spec hash, sweep file and spec time become `header`'s (its shard and creation time stay),
+  // and `runs` (recorded runs with a new point_index) are rewritten.
   void grow(const SweepHeader& header, const std::vector<RunRecord>& runs);
 
  private:

@@ -72,6 +72,16 @@ std::string iso_time_now() {
   return buffer;
 }
 
+std::string iso_time_now_micro() {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t seconds = std::chrono::system_clock::to_time_t(now);
+  const auto micro = std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() % 1000000;
+  char buffer[40];
+  const size_t n = std::strftime(buffer, sizeof(buffer), "%Y-%m-%dT%H:%M:%S", std::gmtime(&seconds));
+  std::snprintf(buffer + n, sizeof(buffer) - n, ".%06lldZ", (long long)micro);
+  return buffer;
+}
+
 namespace {
 constexpr int64_t kMostThreads = 1024;
 }  // namespace

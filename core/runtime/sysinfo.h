@@ -11,6 +11,7 @@ int64_t peak_rss_bytes();      // VmHWM: the process's peak resident set size
 std::string hostname();
 std::string machine_description();  // host, CPU model and core count
 std::string iso_time_now();         // UTC, e.g. 2026-11-21T10:00:00Z
+std::string iso_time_now_micro();   // UTC to the microsecond, e.g. 2026-11-21T10:00:00.123456Z
 int available_cores();
 // Sets LibTorch's intra-op threads (0: all available cores, shared out among the
 // data-parallel ranks on this machine) and returns the count used.

@@ -47,20 +47,30 @@ bool being_trained(const fs::path& run_dir) {
   return held;
 }
 
-// A point's state from the results file: pending | running | training (interrupted) | trained |
-// complete | failed, with its evaluations recorded (failed ones counted).
-std::string point_status(const SweepPoint& point, const ResultsStore* store) {
-  const RunRecord* run = store ? store->run(point.id) : nullptr;
+// A point's state from the results file and the part files a parallel sweep left beside it:
+// pending | running | interrupted | trained | complete | failed | to evaluate, with its
+// evaluations recorded (failed ones counted). A run whose record is still "training", or that
+// has no record but a checkpoint in its run directory (a worker stopped before it recorded the
+// run), was interrupted.
+std::string point_status(const SweepPoint& point, const std::vector<const ResultsStore*>& stores) {
+  const auto rank = [](const std::string& status) {
+    return status == "training" ? 0 : status == "trained" ? 1 : 2;
+  };
+  const RunRecord* run = nullptr;
+  for (const ResultsStore* store : stores)
+    if (const RunRecord* r = store->run(point.id); r && (!run || rank(r->status) > rank(run->status))) run = r;
   size_t recorded = 0, failed = 0;
-  if (store)
-    for (const auto& e : point.evals)
+  for (const auto& e : point.evals)
+    for (const ResultsStore* store : stores)
       if (const PointRecord* p = store->point(point.id, e.mode, e.length)) {
         ++recorded;
         failed += !p->ok();
+        break;
       }
   std::string state = run ? run->status.substr(0, run->status.find(':')) : "pending";
   if (being_trained(point.config.train.out_dir)) state = "running";
-  else if (state == "training") state = "interrupted";
+  else if (state == "training" || (state == "pending" && has_checkpoint(point.config.train.out_dir)))
+    state = "interrupted";
   if (state == "complete" && recorded < point.evals.size()) state = "to evaluate";
   std::string text = state + ", " + std::to_string(recorded) + "/" + std::to_string(point.evals.size()) +
                      " evals";
@@ -75,6 +85,7 @@ void list_points(const SweepSpec& spec, const Shard& shard, const std::string& o
   int64_t mine = 0;
   for (const auto& p : points) mine += shard.contains(p.index);
   std::optional<ResultsStore> store;
+  std::vector<ResultsStore> parts;  // what an interrupted parallel sweep's workers recorded
   std::string note;
   if (fs::exists(output)) {
     store.emplace(ResultsStore::open(output));
@@ -82,7 +93,10 @@ void list_points(const SweepSpec& spec, const Shard& shard, const std::string& o
       note = " (" + output + " holds another sweep: states not shown)";
       store.reset();
     } else {
-      adopt_recorded_runs(points, {&*store});
+      for (const auto& part : sweep_part_files(output)) parts.push_back(ResultsStore::open(part));
+      std::vector<const ResultsStore*> recorded = {&*store};
+      for (const auto& part : parts) recorded.push_back(&part);
+      adopt_recorded_runs(points, recorded);
       int64_t kept = int64_t(store->runs().size());
       for (const auto& p : points) kept -= store->run(p.id) != nullptr;
       if (kept > 0) note = " (" + std::to_string(kept) + " recorded point(s) no longer in the grid kept)";
@@ -110,7 +124,10 @@ void list_points(const SweepSpec& spec, const Shard& shard, const std::string& o
   std::map<std::string, int64_t> counts;
   for (const auto& p : points) {
     if (!shard.contains(p.index)) continue;
-    const std::string status = point_status(p, store ? &*store : nullptr);
+    std::vector<const ResultsStore*> stores;
+    if (store) stores.push_back(&*store);
+    for (const auto& part : parts) stores.push_back(&part);
+    const std::string status = point_status(p, stores);
     ++counts[status.substr(0, status.find(','))];
     std::cout << p.id << "  [" << status << "]";
     if (details) {
@@ -128,7 +145,7 @@ void list_points(const SweepSpec& spec, const Shard& shard, const std::string& o
 
 int sweep(const Args& args) {
   po::options_description options("extrap sweep");
-  std::string path, output, shard_text, points_text, known;
+  std::string path, output, shard_text, points_text, known, expect_spec;
   std::vector<std::string> overrides;
   int64_t jobs = 0;
   std::string worker;
@@ -156,7 +173,8 @@ int sweep(const Args& args) {
   internal.add_options()
       ("worker", po::value(&worker), "a worker of a parallel sweep, running point K/N")
       ("points", po::value(&points_text), "run only these point indices: I,J,...")
-      ("known", po::value(&known), "results file whose points count as done");
+      ("known", po::value(&known), "results file whose points count as done")
+      ("expect-spec", po::value(&expect_spec), "the sweep the parent runs (SweepSpec::worker_identity)");
   po::positional_options_description positional;
   positional.add("file", 1);
   po::variables_map vm;
@@ -173,6 +191,7 @@ int sweep(const Args& args) {
   run_options.jobs = jobs;
   run_options.worker = worker;
   run_options.known = known;
+  run_options.expect_spec = expect_spec;
   std::istringstream list(points_text);
   for (std::string item; std::getline(list, item, ',');) {
     try {
@@ -233,6 +252,9 @@ int merge(const Args& args) {
   if (outcome.took_spec)
     std::cerr << "; the sweep changed since " << output << " was written (it grew or shrank), and "
               << output << " now holds the shards' spec (its other runs kept)";
+  if (outcome.kept_later_spec)
+    std::cerr << "; " << output << " holds a later stage of the sweep than these files (it grew or shrank "
+              << "since they were written), and keeps its spec";
   std::cerr << "\n";
   return 0;
 }

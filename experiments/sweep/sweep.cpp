@@ -450,8 +450,6 @@ std::string part_path(const std::string& output, int64_t worker) {
   return output + ".part-" + std::to_string(worker) + ".h5";
 }
 
-// Merges one part file of a parallel sweep into `store` and removes it. A part still being
-// written is an error naming its writer.
 // Refuses (ConfigError, naming both points and their files) files whose points were computed
 // from other inputs where they share one (EvalInputs: a shard or worker that evaluated after the
 // validation text was edited): `doing` them together would pool their numbers as one sweep's.
@@ -488,6 +486,8 @@ void refuse_mixed_inputs(const std::vector<const ResultsStore*>& files, const st
     }
 }
 
+// Merges one part file of a parallel sweep into `store` and removes it. A part still being
+// written is an error naming its writer.
 void absorb_part(ResultsStore& store, const std::string& output, const fs::path& part) {
   if (!fs::exists(part)) return;  // the worker failed before creating it
   {
@@ -537,17 +537,7 @@ void grow_results(ResultsStore& store, const SweepHeader& header,
 
 // Merges the part files that an interrupted parallel sweep left beside `output`.
 void absorb_parts(ResultsStore& store, const std::string& output) {
-  const fs::path out_path = fs::absolute(output);
-  const std::string prefix = out_path.filename().string() + ".part-";
-  std::vector<fs::path> parts;
-  for (const auto& entry : fs::directory_iterator(out_path.parent_path())) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind(prefix, 0) == 0 && name.size() > 3 &&
-        name.compare(name.size() - 3, 3, ".h5") == 0)
-      parts.push_back(entry.path());
-  }
-  std::sort(parts.begin(), parts.end());
-  for (const auto& part : parts) absorb_part(store, output, part);
+  for (const auto& part : sweep_part_files(output)) absorb_part(store, output, part);
 }
 
 // Starts worker process `worker` (of `count`) running `indices` into its part file, skipping
@@ -564,7 +554,7 @@ pid_t start_worker(const SweepSpec& spec, int64_t worker, int64_t count,
   for (const std::string& a :
        {std::string("--worker"), std::to_string(worker + 1) + "/" + std::to_string(count),
         std::string("--points"), list, std::string("--out"), part_path(output, worker),
-        std::string("--known"), output})
+        std::string("--known"), output, std::string("--expect-spec"), spec.worker_identity()})
     args.push_back(a);
   if (!progress) args.push_back("--quiet");
   const pid_t parent = ::getpid();
@@ -655,6 +645,20 @@ void run_parallel(const SweepSpec& spec, const std::vector<const SweepPoint*>& p
 
 }  // namespace
 
+std::vector<std::string> sweep_part_files(const std::string& output) {
+  const fs::path out_path = fs::absolute(output);
+  const std::string prefix = out_path.filename().string() + ".part-";
+  std::vector<std::string> parts;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(out_path.parent_path(), error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) == 0 && name.size() > 3 && name.compare(name.size() - 3, 3, ".h5") == 0)
+      parts.push_back(entry.path().string());
+  }
+  std::sort(parts.begin(), parts.end());
+  return parts;
+}
+
 std::string sweep_output(const SweepSpec& spec, const SweepOptions& options) {
   return shard_output(options.output.empty() ? spec.output : options.output, options.shard);
 }
@@ -662,8 +666,21 @@ std::string sweep_output(const SweepSpec& spec, const SweepOptions& options) {
 SweepOutcome run_sweep(const SweepSpec& spec, const SweepOptions& options) {
   SweepOutcome outcome;
   const bool worker = !options.worker.empty();
+  if (worker && !options.expect_spec.empty() && options.expect_spec != spec.worker_identity())
+    throw ConfigError(spec.source + " changed while its parallel sweep ran (worker " + options.worker +
+                      " read another sweep than the one its sweep started): this worker stops; finished points "
+                      "are in the results file, and running the sweep again continues with the file as it is now");
   outcome.output = worker ? options.output : sweep_output(spec, options);
   std::vector<SweepPoint> all = expand_grid(spec);
+  if (worker) {
+    // Workers share the machine's cores: a point that would take all of them (train.threads 0)
+    // takes its worker's share. N workers each running a thread per core spin against each
+    // other in OpenMP's waits (two 2-thread trainings on 2 cores: 13x slower than one alone).
+    const int64_t workers = std::max<int64_t>(1, std::stoll(options.worker.substr(options.worker.find('/') + 1)));
+    for (auto& point : all)
+      if (point.config.train.threads == 0)
+        point.config.train.threads = std::max<int64_t>(1, available_cores() / workers);
+  }
   const std::set<int64_t> chosen(options.points.begin(), options.points.end());
   std::vector<const SweepPoint*> points;
   for (const auto& p : all)
@@ -779,7 +796,12 @@ MergeOutcome merge_results(const std::string& output, const std::vector<std::str
   ResultsStore store = ResultsStore::open_or_create(output, header);
   refuse_other_sweep(store.header(), output, header, inputs[0]);  // again, now under the lock
   MergeOutcome outcome;
-  if (store.header().spec_hash != header.spec_hash) {
+  for (const auto& source : sources) header.spec_time = std::max(header.spec_time, source.header().spec_time);
+  if (store.header().spec_hash != header.spec_hash && store.header().spec_time > header.spec_time) {
+    // OUT holds a later stage of the sweep than the shards (shards of an earlier stage merged
+    // late): it keeps its spec, and the shards' runs are added as recorded.
+    outcome.kept_later_spec = true;
+  } else if (store.header().spec_hash != header.spec_hash) {
     // The sweep grew (or shrank) since OUT was written: OUT takes the shards' spec, and its runs
     // take their places in the shards' grid (a run no shard holds keeps its own).
     std::vector<RunRecord> moved;

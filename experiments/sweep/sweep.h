@@ -29,6 +29,7 @@ struct SweepOptions {
   std::vector<int64_t> points;  // run only these point indices (empty: all of the shard)
   std::string known;            // a results file whose finished points count as done
   std::string worker;           // "K/N": worker K of N (log lines, no redraw)
+  std::string expect_spec;      // the parent's SweepSpec::worker_identity: a worker refuses another
 };
 
 struct SweepOutcome {
@@ -55,17 +56,24 @@ SweepOutcome run_sweep(const SweepSpec& spec, const SweepOptions& options);
 // The results file a run of `spec` with `options` writes.
 std::string sweep_output(const SweepSpec& spec, const SweepOptions& options);
 
+// The part files a parallel sweep into `output` left beside it (its workers' results, merged
+// into `output` when each ends, or when the sweep runs again after an interruption).
+std::vector<std::string> sweep_part_files(const std::string& output);
+
 // Merges results files of the same sweep into `output` (created if missing): every run and
 // every point once. Files of different sweeps are refused, naming the first difference; so
-// is a point that two files hold with different numbers, naming the point. The inputs are of
-// one spec; `output` may hold the sweep at another stage of its growth (values added to or
-// removed from its grid axes and evaluation lists): it then takes the inputs' spec, its runs
-// their places in the inputs' grid, and keeps the runs the inputs do not hold.
+// is a point that two files hold with different numbers, naming the point, and points computed
+// from other inputs where they share one. The inputs are of one spec; `output` may hold the
+// sweep at another stage of its growth (values added to or removed from its grid axes and
+// evaluation lists): the later stage's spec stands (SweepHeader::spec_time). Where the inputs'
+// is later, `output` takes it, its runs their places in the inputs' grid, and keeps the runs
+// the inputs do not hold; where `output`'s is later, it keeps its spec and adds the inputs' runs.
 struct MergeOutcome {
   int64_t runs_added = 0;
   int64_t points_added = 0;
   int64_t points_already_present = 0;
-  bool took_spec = false;  // OUT held an earlier (or later) stage of the sweep and took the shards'
+  bool took_spec = false;        // OUT held an earlier stage of the sweep and took the shards' spec
+  bool kept_later_spec = false;  // OUT held a later stage than the shards and kept its spec
 };
 MergeOutcome merge_results(const std::string& output, const std::vector<std::string>& inputs);
 

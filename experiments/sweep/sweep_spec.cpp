@@ -201,6 +201,7 @@ SweepHeader SweepSpec::header(const std::string& shard) const {
   h.sweep_file = source_text;
   h.shard = shard;
   h.created = iso_time_now();
+  h.spec_time = iso_time_now_micro();
   return h;
 }
 
@@ -330,14 +331,9 @@ void read_grid(const OptionReader& root, YAML::Node& doc, const std::string& pat
                                         "': both would set it, and the points' labels would not say which value ran; "
                                         "keep one of them");
   // The points expand_grid lists, refused above a million (it would run out of memory first).
-  constexpr int64_t kMostPoints = 1'000'000;
-  int64_t total = 1;
-  for (const auto& axis : spec.grid) {
-    total *= int64_t(axis.values.size());
-    if (total > kMostPoints)
-      root.fail("grid", "more than " + std::to_string(kMostPoints) +
-                            " points (the axes' sizes multiplied); split the sweep into several");
-  }
+  if (spec.point_count() > kMostGridPoints)
+    root.fail("grid", "more than " + std::to_string(kMostGridPoints) +
+                          " points (the axes' sizes multiplied); split the sweep into several");
 }
 
 // Checks a given eval.retrieval plan: a task, instance lengths, and depths and samples that
@@ -559,9 +555,21 @@ SweepSpec load_sweep(const std::string& path, const std::vector<std::string>& ov
   return spec;
 }
 
-std::vector<SweepPoint> expand_grid(const SweepSpec& spec) {
+std::string SweepSpec::worker_identity() const {
+  return hex64(ContentHasher().add_field(canonical_yaml()).add_field(run_root).digest());
+}
+
+int64_t SweepSpec::point_count() const {
   int64_t total = 1;
-  for (const auto& axis : spec.grid) total *= int64_t(axis.values.size());
+  for (const auto& axis : grid) {
+    total *= int64_t(axis.values.size());
+    if (total > kMostGridPoints) return kMostGridPoints + 1;  // no product past 64 bits
+  }
+  return total;
+}
+
+std::vector<SweepPoint> expand_grid(const SweepSpec& spec) {
+  const int64_t total = spec.point_count();
 
   std::vector<SweepPoint> points;
   std::set<std::string> ids;

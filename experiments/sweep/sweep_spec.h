@@ -140,6 +140,9 @@ struct SweepEval {
   SweepAttentionProfile attention_profile;
 };
 
+// A sweep's points at most: a grid of more is refused (expand_grid would run out of memory).
+inline constexpr int64_t kMostGridPoints = 1'000'000;
+
 struct SweepSpec {
   std::string name;
   std::string source;       // the sweep file's path
@@ -162,6 +165,11 @@ struct SweepSpec {
   YAML::Node fresh_base() const;
   std::string canonical_yaml() const;
   std::string hash() const;  // 16 hex digits (XXH3 of canonical_yaml())
+  // What a parallel sweep's workers must run exactly as their parent does (16 hex digits): the
+  // spec and where runs go. A worker reads the sweep file afresh; one edited meanwhile is refused.
+  std::string worker_identity() const;
+  // The grid's points: the axes' sizes multiplied (kMostGridPoints + 1 past that many).
+  int64_t point_count() const;
   SweepHeader header(const std::string& shard) const;
 };
 

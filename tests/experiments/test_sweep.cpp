@@ -24,11 +24,13 @@
 #include "core/eval/evaluator.h"
 #include "core/model/model.h"
 #include "core/results/results_store.h"
+#include "experiments/sweep/sweep.h"
 #include "tests/support/cli_harness.h"
 
 namespace fs = std::filesystem;
 using extrap::PointRecord;
 using extrap::ResultsStore;
+using extrap::sweep_part_files;
 using namespace extrap::testing;
 
 namespace {
@@ -862,4 +864,68 @@ TEST_CASE(
                  std::to_string(::getpid())) != std::string::npos);
   ::close(fd);
   CHECK(run_cli(d, {"sweep", "tiny.yaml"}, &out) == 0);
+}
+
+TEST_CASE("a symlinked results file is written through its link, a parallel sweep's worker runs only "
+          "its parent's sweep, and --status reads what a killed parallel sweep's workers recorded",
+          "[sweep]") {
+  SweepDir d;
+  std::string out;
+  const std::vector<std::string> one = {"--set", "grid.position=[{name: alibi}]", "--set", "grid.train.seed=[1]",
+                                        "--set", "eval.strides=[]", "--set", "eval.attention_profile=false"};
+  // The link stays a link, its target takes the results, and the lock is the target's.
+  fs::create_directories(d.root / "store");
+  fs::create_directories(d.root / "results");
+  fs::create_symlink("../store/kept.h5", d.root / "results/linked.h5");
+  std::vector<std::string> args = {"sweep", "tiny.yaml", "--quiet", "--out", "results/linked.h5"};
+  args.insert(args.end(), one.begin(), one.end());
+  REQUIRE(run_cli(d, args, &out) == 0);
+  CHECK(fs::is_symlink(d.root / "results/linked.h5"));
+  CHECK(ResultsStore::open((d.root / "store/kept.h5").string()).points().size() == 2);
+  CHECK(fs::exists(d.root / "store/kept.h5.lock"));
+  CHECK_FALSE(fs::exists(d.root / "results/linked.h5.lock"));
+  args.insert(args.end(), {"--set", "eval.length_multiples=[1, 2, 4]"});  // grows through the link
+  REQUIRE(run_cli(d, args, &out) == 0);
+  CHECK(fs::is_symlink(d.root / "results/linked.h5"));
+  CHECK(ResultsStore::open((d.root / "results/linked.h5").string()).points().size() == 3);
+
+  // A worker started for another sweep than the one it reads (the file edited since) stops.
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--worker", "1/2", "--points", "0", "--out", "results/p.h5", "--known",
+                    "results/tiny.h5", "--expect-spec", "0123456789abcdef"},
+                &out) == 2);
+  require_one_line_error(out, "tiny.yaml changed while its parallel sweep ran (worker 1/2");
+  CHECK_FALSE(fs::exists(d.root / "results/p.h5"));
+
+  // A parallel sweep killed (kill -9) once a worker recorded a point: --status counts the points
+  // its part files hold, not "pending".
+  const fs::path log = d.root / "parallel.log";
+  const pid_t sweep = spawn(d.root, {"sweep", "tiny.yaml", "--quiet", "--jobs", "2"}, log);
+  const auto recorded_in_a_part = [&] {
+    for (const auto& part : sweep_part_files((d.root / "results/tiny.h5").string())) {
+      try {
+        if (!ResultsStore::open(part).points().empty()) return true;
+      } catch (const std::exception&) {  // being created
+      }
+    }
+    return false;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!recorded_in_a_part() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  REQUIRE(recorded_in_a_part());
+  ::kill(sweep, SIGKILL);
+  wait_exit(sweep);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the workers die with it
+  REQUIRE(run_cli(d, {"sweep", "tiny.yaml", "--status"}, &out) == 0);
+  INFO(out);
+  size_t with_points = 0;
+  for (const auto& part : sweep_part_files((d.root / "results/tiny.h5").string()))
+    for (const auto& [id, run] : ResultsStore::open(part).runs()) {
+      ++with_points;
+      CHECK(out.find(id + "  [pending") == std::string::npos);
+    }
+  CHECK(with_points > 0);
+  // And the sweep then continues from what the parts hold.
+  REQUIRE(run_cli(d, {"sweep", "tiny.yaml", "--quiet"}, &out) == 0);
+  CHECK(ResultsStore::open((d.root / "results/tiny.h5").string()).points().size() == kPoints);
 }

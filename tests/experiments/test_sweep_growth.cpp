@@ -200,6 +200,11 @@ TEST_CASE("the shards of a grown sweep merge into the results of its earlier sta
   SweepDir fresh;
   REQUIRE(run_cli(fresh, sweep_with(grown), &out) == 0);
   require_same_results(d.root / "results/all.h5", fresh.root / "results/tiny.h5");
+  // An earlier stage's shard merged late: the file keeps the later stage's spec (it took the
+  // shard's before, rolling the sweep back).
+  REQUIRE(run_cli(d, {"merge", "results/all.h5", "results/tiny.shard-1-of-2.h5"}, &out) == 0);
+  CHECK_THAT(out, Catch::Contains("results/all.h5 holds a later stage of the sweep than these files"));
+  require_same_results(d.root / "results/all.h5", fresh.root / "results/tiny.h5");
   // Another sweep is still refused.
   std::vector<std::string> other = kOneAlibi;
   other.insert(other.end(), {"base.train.lr=0.001", "output.run_root=runs/lr", "output.path=results/lr.h5"});
