@@ -203,7 +203,7 @@ core/model/model.cpp | const auto sinks = torch::arange(S, index_options).unsque
 core/eval/evaluator.cpp |     model_->set_streaming(streaming_); |     (void)streaming_; | an evaluation leaves the model streaming
 core/eval/evaluator.cpp |     if (spec.stride > 0 && spec.stride < spec.length) |     if (spec.stride > spec.length) | StreamingLLM takes a sliding stride
 experiments/sweep/point_runner.cpp |     spec.streaming = e.streaming; |     (void)e.streaming; | a sweep's streaming mode evaluates without the cache
-experiments/sweep/sweep_spec.cpp |           if (cache < length) { |           if (cache <= length) { | a sweep lists StreamingLLM at a length its cache holds whole
+experiments/sweep/sweep_spec.cpp | if (cache < length) { | if (cache <= length) { | a sweep lists StreamingLLM at a length its cache holds whole
 experiments/sweep/sweep_spec.cpp | e.longppl = scores_longppl && stride == 0 && length > short_length; | e.longppl = scores_longppl && stride == 0 && length >= short_length; | a sweep scores LongPPL at the training length (no target has more than K tokens of context)
 experiments/sweep/point_runner.cpp |     spec.alpha = settings_.alpha; |     (void)settings_.alpha; | a sweep's LongPPL ignores eval.longppl.alpha
 experiments/sweep/point_runner.cpp |     TransformerLM& selector = reference_ ? reference_->model : model; |     TransformerLM& selector = model; | a sweep's LongPPL ignores eval.longppl.reference (each model selects its own key tokens)
@@ -211,8 +211,8 @@ experiments/sweep/sweep_spec.cpp |     if (!before["eval"]["longppl"]) after["ev
 analysis/report.py |             values = [math.exp(r["key_nll_sum"] / r["key_tokens"]) for r in records if r["key_tokens"] > 0] |             values = [math.exp(r["key_nll_sum"] / r["candidates"]) for r in records if r["key_tokens"] > 0] | report's LongPPL averages over the candidates, not the key tokens
 core/eval/attention_profile.cpp |     if (!causal) weight_sums( |     if (false) weight_sums( | the attention profile of a masked LM (a dense bias) leaves out every key after the query
 core/eval/attention_profile.cpp | std::min(keys, i - edges[b] + 1), sums); | std::min(keys, i - edges[b]), sums); | the attention profile (a dense bias) leaves each bin's nearest distance out
-core/eval/attention_profile.cpp |         mass.select(1, 0).add_(rest.sum(batch_and_rows)); |         (void)rest; | the attention profile drops stick-breaking's rest of each row (the query's own value)
-core/eval/attention_profile.cpp |         sink.add_(rest.sum(batch_and_rows)); |         (void)sink; | the attention profile records no sink share
+core/eval/attention_profile.cpp | mass.select(1, 0).add_(rest.sum(batch_and_rows)); | (void)rest; | the attention profile drops stick-breaking's rest of each row (the query's own value)
+core/eval/attention_profile.cpp | sink_[layer_].add_(rest.sum(batch_and_rows)); | (void)sink_; | the attention profile records no sink share
 core/attention/attention.cpp |                            tk - tq + r)); |                            tk - tq)); | attention weights in row blocks placed as if every block were the first rows
 experiments/sweep/point_runner.cpp |       spec.split_at = config.train.seq_len; |       spec.split_at = 0; | a sweep's attention profile has no bin edge at the training length
 experiments/sweep/point_runner.cpp |       spec.windows = e.profile_windows; |       spec.windows = e.profile_windows + 1; | a sweep's attention profile reads one window more than eval.attention_profile.windows
@@ -227,8 +227,8 @@ core/eval/attention_profile.cpp | double z_sum = has_sink ? std::exp(double(sink
 core/eval/attention_profile.cpp | entropy[b] = (e_sum * log_z - ex_sum) / z_sum; | entropy[b] = (e_sum * log_z + ex_sum) / z_sum; | the attention profile's entropy adds z - m instead of subtracting it
 core/attention/attention.cpp | first = std::max(first, i - (window - 1)) | first = std::max(first, i - window) | a query's span of keys (the attention profile's softmax, SSMax's n) reaches one key past the sliding window
 core/attention/attention.cpp | if (chunk > 0) first = i / chunk * chunk, | if (chunk > 0) first = std::max<int64_t>(0, (i / chunk - 1) * chunk), | a query's span of keys (the attention profile's softmax, SSMax's n) starts a chunk early
-core/eval/attention_profile.cpp | if (linear && look_left[size_t(h)] == 0) lo = std::max(lo, i); | if (false) lo = std::max(lo, i); | the attention profile's own softmax lets a right-looking ALiBi head look left
-core/eval/attention_profile.cpp | scale.empty() ? 1.0f : scale[size_t(h * tq + r + t)] | 1.0f | the attention profile's own softmax ignores SSMax's logit scale
+core/eval/attention_profile.cpp | if (rb.linear && rb.look_left[size_t(h)] == 0) lo = std::max(lo, i); | if (false) lo = std::max(lo, i); | the attention profile's own softmax lets a right-looking ALiBi head look left
+core/eval/attention_profile.cpp | rb.scale.empty() ? 1.0f : rb.scale[size_t(h * tq + r + t)] | 1.0f | the attention profile's own softmax ignores SSMax's logit scale
 core/eval/attention_profile.cpp | profile_exp_sums(s, std::max(lo, i + std::max<int64_t>(edges[b], 1)) | (void)0, (s, std::max(lo, i + std::max<int64_t>(edges[b], 1)) | the attention profile's own softmax of a masked LM leaves out every key after the query
 core/kernels/cpu_vector_math.h |   y += -0.5f * z; |   y += -0.25f * z; | log_float's second-order term halved (the profile's entropies of dense biases drift)
 core/model/config.cpp |   refuse_untaken_position(c, plan); |   (void)plan; | a layer pattern silently ignores a top-level position that no layer takes
@@ -240,7 +240,7 @@ analysis/extrap_model.py | row = (self.layer_kind[layer], kind.bias_row(index)) 
 core/export/model_export.cpp | json::parse(resolved_position_options(kind.position_name, kind.position)) | json::parse(resolved_position_options(config)) | export gives each kind of a layer pattern the top-level position's options
 analysis/extrap_model.py | hidden = F.leaky_relu(x @ kind.w1[index].T + kind.b1[index], 0.01) | hidden = F.relu(x @ kind.w1[index].T + kind.b1[index]) | Python's DAPE MLP with ReLU instead of LeakyReLU(0.01)
 core/export/model_export.cpp | out[doc.key] = given && given.IsMap() ? yaml_to_json(given) : json::object(); | out[doc.key] = json::object(); | export drops DAPE's base_options (the base is rebuilt with its defaults)
-core/eval/attention_profile.cpp | offsets.data_ptr<float>() + h * offsets.size(1) + (tk - 1 - i) | offsets.data_ptr<float>() + h * offsets.size(1) + (tk - i) | the profile reads a bias by offset one key off
+core/eval/attention_profile.cpp | rb.offsets.data_ptr<float>() + h * rb.offsets.size(1) + (tk - 1 - i) | rb.offsets.data_ptr<float>() + h * rb.offsets.size(1) + (tk - i) | the profile reads a bias by offset one key off
 positions/distance_bias.h | torch::arange(lo, hi, options.dtype(torch::kLong)).abs() - nearest | torch::arange(lo, hi, options.dtype(torch::kLong)) - lo | KERPLE and Sandwich biases by signed offset instead of distance
 core/attention/fused_cpu_attention.cpp | rb.offsets = p.offsets.data() + h * p.offset_stride + kOffsetPad + (k0 - i) + (p.length - 1); | rb.offsets = p.offsets.data() + h * p.offset_stride + kOffsetPad + (i - k0) + (p.length - 1); | the fused kernel reads a bias by offset mirrored (i - j for j - i)
 core/attention/fused_cpu_attention.cpp | const float s = (group[l] + bias) * factor + wall; | const float s = group[l] * factor + bias + wall; | the fused kernel leaves a bias by offset out of the logit scale

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -414,9 +415,106 @@ TrainingText training_text(const CorpusOptions& options) {
   return {std::move(train.where), std::move(train.text)};
 }
 
+namespace {
+
+// Split i (kSplitNames' order) of `corpus`.
+TokenStream* corpus_split(Corpus& corpus, size_t i) {
+  return i == 0 ? &corpus.train : i == 1 ? &corpus.valid : &corpus.test;
+}
+
+// Where a corpus's cache files go, one for each split and a word-level vocabulary.
+using CachePath = std::function<std::string(const std::string& file)>;
+
+// Byte level: the UTF-8 bytes of each split, then <mask>.
+void load_byte_splits(Corpus& corpus, const std::array<SplitSource, 3>& splits, const CachePath& cache_path) {
+  corpus.vocab_size = kByteVocabSize;
+  corpus.mask_token = kByteMask;
+  const uint64_t vocab_hash = content_hash(std::string_view("bytes 0..255, <mask> = 256"));
+  for (size_t i = 0; i < 3; ++i) {
+    const std::string path = cache_path(std::string(kSplitNames[i]) + ".tokens");
+    const CacheKey key = split_key(Tokenizer::byte, vocab_hash, splits[i]);
+    const CacheFile file = open_or_build_cache(path, key, [&] { write_tokens(path, key, byte_tokens(splits[i].text)); });
+    *corpus_split(corpus, i) = token_stream(file, static_cast<int64_t>(splits[i].text.size()));
+  }
+}
+
+// Ids made elsewhere: the given ids, then <mask>; the cache holds them as int32, checked once
+// when made.
+void load_id_splits(Corpus& corpus, const std::array<SplitSource, 3>& splits, const CachePath& cache_path,
+                    const CorpusOptions& options) {
+  corpus.vocab_size = options.vocab_size + 1;
+  corpus.mask_token = static_cast<int32_t>(options.vocab_size);
+  const uint64_t vocab_hash = content_hash("ids " + std::to_string(options.vocab_size) + " " + enum_name(options.ids_dtype));
+  for (size_t i = 0; i < 3; ++i) {
+    const std::string path = cache_path(std::string(kSplitNames[i]) + ".tokens");
+    const CacheKey key = split_key(Tokenizer::ids, vocab_hash, splits[i]);
+    const CacheFile file = open_or_build_cache(path, key, [&] {
+      const IdsLayout layout = ids_layout(splits[i], options.ids_dtype);
+      write_tokens(path, key, decode_ids(splits[i].where, splits[i].text, layout, options.vocab_size));
+    });
+    if (file.count == 0) throw ConfigError(splits[i].where + ": holds no token ids (an empty split)");
+    *corpus_split(corpus, i) = token_stream(file, 0);  // no text behind the ids: no bytes to count
+  }
+  if (!options.token_bytes.empty()) corpus.token_bytes = read_token_bytes(options.token_bytes, options.vocab_size);
+}
+
+// SentencePiece: the model's pieces, then <mask>; each split's ids cached with the bytes behind
+// them.
+void load_piece_splits(Corpus& corpus, const std::array<SplitSource, 3>& splits, const CachePath& cache_path,
+                       const std::shared_ptr<const SentencePieceModel>& pieces, uint64_t model_hash) {
+  corpus.sentencepiece = pieces;
+  for (int32_t id = 0; id < pieces->size(); ++id) corpus.vocabulary.push_back(pieces->piece(id));
+  corpus.vocab_size = int64_t(pieces->size()) + 1;
+  corpus.mask_token = pieces->size();
+  corpus.eos_token = pieces->eos();
+  corpus.unk_token = pieces->unk();
+  for (size_t i = 0; i < 3; ++i) {
+    const std::string path = cache_path(std::string(kSplitNames[i]) + ".tokens");
+    CacheKey key = split_key(Tokenizer::sentencepiece, model_hash, splits[i]);
+    key.kind = CacheKind::tokens_with_bytes;
+    const CacheFile file = open_or_build_cache(
+        path, key, [&] { write_tokens_with_bytes(path, key, pieces->encode_lines(splits[i].text)); });
+    *corpus_split(corpus, i) = token_stream(file, static_cast<int64_t>(splits[i].text.size()));
+  }
+}
+
+// Word level: the vocabulary comes from the training split and is cached like a split.
+void load_word_splits(Corpus& corpus, const std::array<SplitSource, 3>& splits, const CachePath& cache_path) {
+  std::optional<WordVocabulary> built;  // set when built (or needed) in this call
+  const std::string vocab_path = cache_path("vocabulary");
+  CacheKey vocab_key;
+  vocab_key.kind = CacheKind::vocabulary;
+  vocab_key.tokenizer = Tokenizer::word;
+  vocab_key.source_hash = content_hash(splits[0].text);
+  vocab_key.source_bytes = splits[0].text.size();
+  const CacheFile vocab_file = open_or_build_cache(vocab_path, vocab_key, [&] {
+    built.emplace(WordVocabulary::from_text(splits[0].text));
+    if (built->size() == kWordSpecials) throw ConfigError("the training split " + splits[0].where + " has no words");
+    std::string payload;
+    for (const std::string& word : built->words()) (payload += word) += '\n';
+    write_cache(vocab_path, vocab_key, payload.data(), payload.size(), built->size());
+  });
+  corpus.vocabulary = parse_vocabulary(vocab_file);
+  corpus.vocabulary_cache = vocab_file.status;
+  corpus.vocab_size = static_cast<int64_t>(corpus.vocabulary.size());
+  corpus.eos_token = kWordEos;
+  corpus.unk_token = kWordUnk;
+  corpus.mask_token = kWordMask;
+  for (size_t i = 0; i < 3; ++i) {
+    const std::string path = cache_path(std::string(kSplitNames[i]) + ".tokens");
+    const CacheKey key = split_key(Tokenizer::word, vocab_file.payload_checksum, splits[i]);
+    const CacheFile file = open_or_build_cache(path, key, [&] {
+      if (!built) built.emplace(corpus.vocabulary);
+      write_tokens(path, key, built->encode(splits[i].text));
+    });
+    *corpus_split(corpus, i) = token_stream(file, static_cast<int64_t>(splits[i].text.size()));
+  }
+}
+
+}  // namespace
+
 Corpus load_corpus(const CorpusOptions& options) {
   const fs::path source(options.path);
-  const bool ids = options.tokenizer == Tokenizer::ids;
   // The tokenizer model before the corpus's text: a wrong model is refused without reading it.
   std::shared_ptr<const SentencePieceModel> pieces;
   if (options.tokenizer == Tokenizer::sentencepiece) {
@@ -438,98 +536,13 @@ Corpus load_corpus(const CorpusOptions& options) {
   corpus.cache_dir = cache_dir.string();
   std::error_code error;
   fs::create_directories(cache_dir, error);
-  if (error) {
-    throw ConfigError("cannot create cache directory '" + cache_dir.string() + "': " +
-                      error.message());
-  }
-  const auto cache_path = [&](const std::string& file) { return (cache_dir / file).string(); };
-  std::array<TokenStream*, 3> streams = {&corpus.train, &corpus.valid, &corpus.test};
-
-  if (corpus.byte_level()) {
-    corpus.vocab_size = kByteVocabSize;
-    corpus.mask_token = kByteMask;
-    const uint64_t vocab_hash = content_hash(std::string_view("bytes 0..255, <mask> = 256"));
-    for (size_t i = 0; i < 3; ++i) {
-      const std::string path = cache_path(std::string(kSplitNames[i]) + ".tokens");
-      const CacheKey key = split_key(Tokenizer::byte, vocab_hash, splits[i]);
-      const CacheFile file = open_or_build_cache(
-          path, key, [&] { write_tokens(path, key, byte_tokens(splits[i].text)); });
-      *streams[i] = token_stream(file, static_cast<int64_t>(splits[i].text.size()));
-    }
-    return corpus;
-  }
-
-  if (ids) {
-    // The given ids, then <mask>; the cache holds them as int32, checked once when made.
-    corpus.vocab_size = options.vocab_size + 1;
-    corpus.mask_token = static_cast<int32_t>(options.vocab_size);
-    const uint64_t vocab_hash = content_hash("ids " + std::to_string(options.vocab_size) + " " +
-                                             enum_name(options.ids_dtype));
-    for (size_t i = 0; i < 3; ++i) {
-      const std::string path = cache_path(std::string(kSplitNames[i]) + ".tokens");
-      const CacheKey key = split_key(Tokenizer::ids, vocab_hash, splits[i]);
-      const CacheFile file = open_or_build_cache(path, key, [&] {
-        const IdsLayout layout = ids_layout(splits[i], options.ids_dtype);
-        write_tokens(path, key, decode_ids(splits[i].where, splits[i].text, layout, options.vocab_size));
-      });
-      if (file.count == 0) throw ConfigError(splits[i].where + ": holds no token ids (an empty split)");
-      *streams[i] = token_stream(file, 0);  // no text behind the ids: no bytes to count
-    }
-    if (!options.token_bytes.empty()) corpus.token_bytes = read_token_bytes(options.token_bytes, options.vocab_size);
-    return corpus;
-  }
-
-  if (pieces) {
-    // The model's pieces, then <mask>; each split's ids cached with the bytes behind them.
-    corpus.sentencepiece = pieces;
-    for (int32_t id = 0; id < pieces->size(); ++id) corpus.vocabulary.push_back(pieces->piece(id));
-    corpus.vocab_size = int64_t(pieces->size()) + 1;
-    corpus.mask_token = pieces->size();
-    corpus.eos_token = pieces->eos();
-    corpus.unk_token = pieces->unk();
-    for (size_t i = 0; i < 3; ++i) {
-      const std::string path = cache_path(std::string(kSplitNames[i]) + ".tokens");
-      CacheKey key = split_key(Tokenizer::sentencepiece, model_hash, splits[i]);
-      key.kind = CacheKind::tokens_with_bytes;
-      const CacheFile file = open_or_build_cache(
-          path, key, [&] { write_tokens_with_bytes(path, key, pieces->encode_lines(splits[i].text)); });
-      *streams[i] = token_stream(file, static_cast<int64_t>(splits[i].text.size()));
-    }
-    return corpus;
-  }
-
-  // Word level: the vocabulary comes from the training split and is cached like a split.
-  std::optional<WordVocabulary> built;  // set when built (or needed) in this call
-  const std::string vocab_path = cache_path("vocabulary");
-  CacheKey vocab_key;
-  vocab_key.kind = CacheKind::vocabulary;
-  vocab_key.tokenizer = Tokenizer::word;
-  vocab_key.source_hash = content_hash(splits[0].text);
-  vocab_key.source_bytes = splits[0].text.size();
-  const CacheFile vocab_file = open_or_build_cache(vocab_path, vocab_key, [&] {
-    built.emplace(WordVocabulary::from_text(splits[0].text));
-    if (built->size() == kWordSpecials) {
-      throw ConfigError("the training split " + splits[0].where + " has no words");
-    }
-    std::string payload;
-    for (const std::string& word : built->words()) (payload += word) += '\n';
-    write_cache(vocab_path, vocab_key, payload.data(), payload.size(), built->size());
-  });
-  corpus.vocabulary = parse_vocabulary(vocab_file);
-  corpus.vocabulary_cache = vocab_file.status;
-  corpus.vocab_size = static_cast<int64_t>(corpus.vocabulary.size());
-  corpus.eos_token = kWordEos;
-  corpus.unk_token = kWordUnk;
-  corpus.mask_token = kWordMask;
-
-  for (size_t i = 0; i < 3; ++i) {
-    const std::string path = cache_path(std::string(kSplitNames[i]) + ".tokens");
-    const CacheKey key = split_key(Tokenizer::word, vocab_file.payload_checksum, splits[i]);
-    const CacheFile file = open_or_build_cache(path, key, [&] {
-      if (!built) built.emplace(corpus.vocabulary);
-      write_tokens(path, key, built->encode(splits[i].text));
-    });
-    *streams[i] = token_stream(file, static_cast<int64_t>(splits[i].text.size()));
+  if (error) throw ConfigError("cannot create cache directory '" + cache_dir.string() + "': " + error.message());
+  const CachePath cache_path = [&](const std::string& file) { return (cache_dir / file).string(); };
+  switch (options.tokenizer) {
+    case Tokenizer::byte: load_byte_splits(corpus, splits, cache_path); break;
+    case Tokenizer::ids: load_id_splits(corpus, splits, cache_path, options); break;
+    case Tokenizer::sentencepiece: load_piece_splits(corpus, splits, cache_path, pieces, model_hash); break;
+    case Tokenizer::word: load_word_splits(corpus, splits, cache_path); break;
   }
   return corpus;
 }

@@ -195,7 +195,7 @@ class ProfileObserver : public AttentionObserver {
   torch::Tensor observe(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const AttentionBias& bias, const AttentionOptions& options) override {
     TORCH_CHECK(layer_ < layers_, "attention profile: more attention calls than the model's ", layers_, " layers");
-    const int64_t batch = q.size(0), heads = q.size(1), tq = q.size(2), tk = k.size(2);
+    const int64_t batch = q.size(0), heads = q.size(1), tk = k.size(2);
     const int64_t bins = int64_t(edges_.size()) - 1;
     const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
     if (mass_.empty())
@@ -204,13 +204,6 @@ class ProfileObserver : public AttentionObserver {
         entropy_.push_back(torch::zeros({heads, bins}, f64));
         sink_.push_back(torch::zeros({heads}, f64));
       }
-    const bool stick_breaking = bias.kind == AttentionBias::Kind::StickBreaking;
-    const bool causal = options.causal;
-    torch::Tensor& mass = mass_[layer_];
-    torch::Tensor& entropy = entropy_[layer_];
-    torch::Tensor& sink = sink_[layer_];
-    const auto qf = q.to(torch::kFloat32), kf = k.to(torch::kFloat32);
-    torch::Tensor output;  // the call's output where computed here (see AttentionObserver)
     // Rows whose weights are held at once: at most query_block, and few enough that a block's
     // float32 scores stay near 32 MiB on the CPU (fewer rows cost more than they save: the
     // product packs every key for each block) and near 256 MiB on a GPU, each block copied to
@@ -218,128 +211,11 @@ class ProfileObserver : public AttentionObserver {
     const int64_t row_bytes = std::max<int64_t>(1, batch * heads * tk * 4);
     const int64_t target = int64_t(q.is_cpu() ? 32 : 256) << 20;
     const int64_t rows = std::clamp<int64_t>(target / row_bytes, 1, query_block_);
-    const int64_t* edges = edges_.data();
-    // Per row of a block: the bins' masses, the bins' entropies, the row's total.
-    // An array, not a braced list: LibTorch 2.11 finds sum({0, 2}) ambiguous (IntArrayRef or
-    // DimnameList).
-    const std::array<int64_t, 2> batch_and_rows{0, 2};
-    const auto accumulate = [&](const torch::Tensor& sums) {
-      mass.add_(sums.narrow(3, 0, bins).sum(batch_and_rows));
-      entropy.add_(sums.narrow(3, bins, bins).sum(batch_and_rows));
-      const auto rest = (1.0 - sums.select(3, 2 * bins)).clamp_min(0.0);  // (B, H, n)
-      if (stick_breaking) {  // the query's own value: distance 0
-        mass.select(1, 0).add_(rest.sum(batch_and_rows));
-        entropy.select(1, 0).add_(torch::special_xlogy(rest, rest).neg().sum(batch_and_rows));
-      } else if (bias.sink.defined()) {
-        sink.add_(rest.sum(batch_and_rows));
-      }
-    };
-    if (profile_computes(q, bias)) {
-      const bool linear = bias.kind == AttentionBias::Kind::Linear;
-      const std::vector<float> slope_left = host_floats(linear ? bias.slopes_left : torch::Tensor()),
-                               slope_right = host_floats(linear ? bias.slopes_right : torch::Tensor()),
-                               look_left = host_floats(linear ? bias.look_left : torch::Tensor()),
-                               look_right = host_floats(linear ? bias.look_right : torch::Tensor()),
-                               scale = host_floats(bias.logit_scale), sinks = host_floats(bias.sink);
-      torch::Tensor cumulative;  // (B, H, Tk) float32
-      if (bias.kind == AttentionBias::Kind::Cumulative) {
-        TORCH_CHECK(causal, "a cumulative (forgetting-gate) bias is defined for causal attention only");
-        cumulative = bias.cumulative.detach().to(torch::kFloat32).contiguous();
-        TORCH_CHECK(cumulative.dim() == 3 && cumulative.size(0) == batch && cumulative.size(1) == heads &&
-                        cumulative.size(2) >= tk,
-                    "attention profile: cumulative bias ", cumulative.sizes(), " for q ", q.sizes(), " and k ", k.sizes());
-      }
-      // A bias of j - i alone: (H, R) at offsets -(tk - 1) .. R - tk (to 0 when causal).
-      torch::Tensor offsets;
-      if (bias.kind == AttentionBias::Kind::Dense) {
-        const int64_t R = causal ? tk : 2 * tk - 1;
-        offsets = bias.by_offset(-(tk - 1), R - (tk - 1)).detach().to(torch::kCPU, torch::kFloat32).contiguous();
-        TORCH_CHECK(offsets.dim() == 2 && offsets.size(0) == heads && offsets.size(1) == R,
-                    "attention profile: a bias by offset gave ", offsets.sizes(), " for ", heads, " heads and ", R, " offsets");
-      }
-      const auto scaled = qf * (1.0 / std::sqrt(double(q.size(3))));
-      // A linear bias without a logit scale: far keys are skipped where they are negligible.
-      const bool bounded = linear && scale.empty();
-      const torch::Tensor q_norms = bounded ? scaled.norm(2, -1).contiguous() : torch::Tensor(),  // (B, H, Tq)
-          k_norms = bounded ? kf.norm(2, -1).contiguous() : torch::Tensor();                      // (B, H, Tk)
-      const torch::Tensor k_max = bounded ? std::get<0>(k_norms.max(-1)).contiguous() : torch::Tensor();  // (B, H)
-      std::vector<int64_t> key_lo(size_t(batch * heads)), key_hi(size_t(batch * heads));
-      for (int64_t r = 0; r < tq; r += rows) {
-        const int64_t n = std::min(rows, tq - r), first = tk - tq + r, keys = causal ? first + n : tk;
-        bool skips = false;
-        for (int64_t bh = 0; bh < batch * heads; ++bh) {
-          const auto [lo, hi] = bounded ? negligible_beyond(q_norms.data_ptr<float>() + bh * tq + r,
-                                                            k_norms.data_ptr<float>() + bh * tk + first, n,
-                                                            k_max.data_ptr<float>()[bh], first,
-                                                            slope_left[size_t(bh % heads)],
-                                                            slope_right[size_t(bh % heads)], keys)
-                                        : std::pair<int64_t, int64_t>{0, keys};
-          key_lo[size_t(bh)] = lo;
-          key_hi[size_t(bh)] = hi;
-          skips = skips || lo > 0 || hi < keys;
-        }
-        torch::Tensor scores;
-        if (!skips) {
-          scores = torch::matmul(scaled.narrow(2, r, n), kf.narrow(2, 0, keys).transpose(-2, -1)).contiguous();
-        } else {  // each (batch, head) against the keys it does not skip, in place in the rows
-          scores = torch::empty({batch, heads, n, keys}, qf.options());
-          for (int64_t bh = 0; bh < batch * heads; ++bh) {
-            const int64_t b = bh / heads, h = bh % heads, lo = key_lo[size_t(bh)], hi = key_hi[size_t(bh)];
-            auto destination = scores[b][h].narrow(1, lo, hi - lo);
-            at::mm_out(destination, scaled[b][h].narrow(0, r, n), kf[b][h].narrow(0, lo, hi - lo).t());
-          }
-        }
-        auto sums = torch::zeros({batch, heads, n, 2 * bins + 1}, f64);
-        float* s = scores.data_ptr<float>();
-        double* out = sums.data_ptr<double>();
-        at::parallel_for(0, batch * heads * n, 1, [&](int64_t begin, int64_t end) {
-          for (int64_t row = begin; row < end; ++row) {
-            const int64_t h = (row / n) % heads, t = row % n, i = first + t;
-            const auto span = bias.option_span(i, tk, causal);  // window, chunk, causal
-            int64_t lo = std::max(span.first, key_lo[size_t(row / n)]), hi = std::min(span.second + 1, key_hi[size_t(row / n)]);
-            if (linear && look_left[size_t(h)] == 0) lo = std::max(lo, i);
-            if (linear && look_right[size_t(h)] == 0) hi = std::min(hi, i + 1);
-            const float* f = cumulative.defined() ? cumulative.data_ptr<float>() + (row / n) * cumulative.size(2) : nullptr;
-            // by_offset[j] = the bias at offset j - i, column j - i + tk - 1 of the head's row.
-            const float* by_offset =
-                offsets.defined() ? offsets.data_ptr<float>() + h * offsets.size(1) + (tk - 1 - i) : nullptr;
-            double* o = out + row * (2 * bins + 1);
-            o[2 * bins] = profile_logit_row(s + row * keys, lo, hi, i, linear ? slope_left[size_t(h)] : 0.0f,
-                                            linear ? slope_right[size_t(h)] : 0.0f, f, by_offset,
-                                            scale.empty() ? 1.0f : scale[size_t(h * tq + r + t)], !sinks.empty(),
-                                            sinks.empty() ? 0.0f : sinks[size_t(h)], causal, edges, bins, o, o + bins);
-          }
-        });
-        accumulate(sums);
-      }
-    } else {
-      // These are the reference path's whole rows of weights: times v they are the call's output,
-      // which the forward pass then does not compute again (outside autograd).
-      const bool attend = !torch::GradMode::is_enabled();
-      const auto vf = attend ? v.to(torch::kFloat32) : torch::Tensor();
-      if (attend) output = torch::empty({batch, heads, tq, v.size(3)}, vf.options());
-      for_each_probability_block(qf, kf, bias, options, rows, [&](int64_t r, const torch::Tensor& probs) {
-        if (attend) {
-          const int64_t n = probs.size(2);
-          auto o = torch::matmul(probs, vf.narrow(2, 0, probs.size(3)));
-          if (stick_breaking)  // the rest of each row goes to the query's own value
-            o += (1 - probs.sum(-1, /*keepdim=*/true)) * vf.narrow(2, tk - tq + r, n);
-          output.narrow(2, r, n).copy_(o);
-        }
-        const auto p = probs.to(torch::kCPU).contiguous();  // (B, H, n, keys)
-        const int64_t n = p.size(2), keys = p.size(3), first = tk - tq + r;  // row 0's position
-        auto sums = torch::zeros({batch, heads, n, 2 * bins + 1}, f64);
-        const float* weights = p.data_ptr<float>();
-        double* out = sums.data_ptr<double>();
-        at::parallel_for(0, batch * heads * n, 1, [&](int64_t begin, int64_t end) {
-          for (int64_t row = begin; row < end; ++row) {
-            double* o = out + row * (2 * bins + 1);
-            o[2 * bins] = bin_weight_row(weights + row * keys, keys, first + row % n, causal, edges, bins, o, o + bins);
-          }
-        });
-        accumulate(sums);
-      });
-    }
+    torch::Tensor output;  // the call's output where computed here (see AttentionObserver)
+    if (profile_computes(q, bias))
+      bin_logit_rows(q.to(torch::kFloat32), k.to(torch::kFloat32), bias, options.causal, rows);
+    else
+      output = bin_probability_rows(q, k, v, bias, options, rows);
     ++layer_;
     return output.defined() ? output.to(q.scalar_type()) : output;
   }
@@ -349,6 +225,167 @@ class ProfileObserver : public AttentionObserver {
   std::vector<torch::Tensor> mass_, entropy_, sink_;  // per layer, on the CPU
 
  private:
+  // A block of rows' sums (B, H, n, 2 bins + 1) into this layer's profile: per row the bins'
+  // masses, the bins' entropies and the row's total, whose rest is a sink's (or with
+  // stick-breaking, the query's own value's: distance 0).
+  void accumulate(const torch::Tensor& sums, const AttentionBias& bias) {
+    const int64_t bins = int64_t(edges_.size()) - 1;
+    // An array, not a braced list: LibTorch 2.11 finds sum({0, 2}) ambiguous (IntArrayRef or
+    // DimnameList).
+    const std::array<int64_t, 2> batch_and_rows{0, 2};
+    torch::Tensor& mass = mass_[layer_];
+    torch::Tensor& entropy = entropy_[layer_];
+    mass.add_(sums.narrow(3, 0, bins).sum(batch_and_rows));
+    entropy.add_(sums.narrow(3, bins, bins).sum(batch_and_rows));
+    const auto rest = (1.0 - sums.select(3, 2 * bins)).clamp_min(0.0);  // (B, H, n)
+    if (bias.kind == AttentionBias::Kind::StickBreaking) {
+      mass.select(1, 0).add_(rest.sum(batch_and_rows));
+      entropy.select(1, 0).add_(torch::special_xlogy(rest, rest).neg().sum(batch_and_rows));
+    } else if (bias.sink.defined()) {
+      sink_[layer_].add_(rest.sum(batch_and_rows));
+    }
+  }
+
+  // The biases profile_logit_row computes, on the host: a linear bias's slopes and directions,
+  // forget gates' cumulative sums, a bias of j - i by offset, the logit scale and the sinks.
+  struct RowBiases {
+    bool linear = false;
+    std::vector<float> slope_left, slope_right, look_left, look_right, scale, sinks;
+    torch::Tensor cumulative;  // (B, H, Tk) float32
+    torch::Tensor offsets;     // (H, R) float32: offsets -(tk - 1) .. R - tk
+  };
+
+  static RowBiases row_biases(const torch::Tensor& q, int64_t tk, const AttentionBias& bias, bool causal) {
+    RowBiases out;
+    const int64_t batch = q.size(0), heads = q.size(1);
+    out.linear = bias.kind == AttentionBias::Kind::Linear;
+    if (out.linear) {
+      out.slope_left = host_floats(bias.slopes_left);
+      out.slope_right = host_floats(bias.slopes_right);
+      out.look_left = host_floats(bias.look_left);
+      out.look_right = host_floats(bias.look_right);
+    }
+    out.scale = host_floats(bias.logit_scale);
+    out.sinks = host_floats(bias.sink);
+    if (bias.kind == AttentionBias::Kind::Cumulative) {
+      TORCH_CHECK(causal, "a cumulative (forgetting-gate) bias is defined for causal attention only");
+      out.cumulative = bias.cumulative.detach().to(torch::kFloat32).contiguous();
+      TORCH_CHECK(out.cumulative.dim() == 3 && out.cumulative.size(0) == batch && out.cumulative.size(1) == heads &&
+                      out.cumulative.size(2) >= tk,
+                  "attention profile: cumulative bias ", out.cumulative.sizes(), " for q ", q.sizes(), " and ", tk, " keys");
+    }
+    if (bias.kind == AttentionBias::Kind::Dense) {
+      const int64_t R = causal ? tk : 2 * tk - 1;
+      out.offsets = bias.by_offset(-(tk - 1), R - (tk - 1)).detach().to(torch::kCPU, torch::kFloat32).contiguous();
+      TORCH_CHECK(out.offsets.dim() == 2 && out.offsets.size(0) == heads && out.offsets.size(1) == R,
+                  "attention profile: a bias by offset gave ", out.offsets.sizes(), " for ", heads, " heads and ", R,
+                  " offsets");
+    }
+    return out;
+  }
+
+  // The weights of rows computed here from their logits (profile_computes), `rows` at a time:
+  // under a linear bias without a logit scale, far keys are skipped where they are negligible.
+  void bin_logit_rows(const torch::Tensor& qf, const torch::Tensor& kf, const AttentionBias& bias, bool causal,
+                      int64_t rows) {
+    const int64_t batch = qf.size(0), heads = qf.size(1), tq = qf.size(2), tk = kf.size(2);
+    const int64_t bins = int64_t(edges_.size()) - 1;
+    const RowBiases rb = row_biases(qf, tk, bias, causal);
+    const auto scaled = qf * (1.0 / std::sqrt(double(qf.size(3))));
+    const bool bounded = rb.linear && rb.scale.empty();
+    const torch::Tensor q_norms = bounded ? scaled.norm(2, -1).contiguous() : torch::Tensor(),  // (B, H, Tq)
+        k_norms = bounded ? kf.norm(2, -1).contiguous() : torch::Tensor();                      // (B, H, Tk)
+    const torch::Tensor k_max = bounded ? std::get<0>(k_norms.max(-1)).contiguous() : torch::Tensor();  // (B, H)
+    std::vector<int64_t> key_lo(size_t(batch * heads)), key_hi(size_t(batch * heads));
+    for (int64_t r = 0; r < tq; r += rows) {
+      const int64_t n = std::min(rows, tq - r), first = tk - tq + r, keys = causal ? first + n : tk;
+      bool skips = false;
+      for (int64_t bh = 0; bh < batch * heads; ++bh) {
+        const auto [lo, hi] = bounded ? negligible_beyond(q_norms.data_ptr<float>() + bh * tq + r,
+                                                          k_norms.data_ptr<float>() + bh * tk + first, n,
+                                                          k_max.data_ptr<float>()[bh], first,
+                                                          rb.slope_left[size_t(bh % heads)],
+                                                          rb.slope_right[size_t(bh % heads)], keys)
+                                      : std::pair<int64_t, int64_t>{0, keys};
+        key_lo[size_t(bh)] = lo;
+        key_hi[size_t(bh)] = hi;
+        skips = skips || lo > 0 || hi < keys;
+      }
+      torch::Tensor scores;
+      if (!skips) {
+        scores = torch::matmul(scaled.narrow(2, r, n), kf.narrow(2, 0, keys).transpose(-2, -1)).contiguous();
+      } else {  // each (batch, head) against the keys it does not skip, in place in the rows
+        scores = torch::empty({batch, heads, n, keys}, qf.options());
+        for (int64_t bh = 0; bh < batch * heads; ++bh) {
+          const int64_t b = bh / heads, h = bh % heads, lo = key_lo[size_t(bh)], hi = key_hi[size_t(bh)];
+          auto destination = scores[b][h].narrow(1, lo, hi - lo);
+          at::mm_out(destination, scaled[b][h].narrow(0, r, n), kf[b][h].narrow(0, lo, hi - lo).t());
+        }
+      }
+      auto sums = torch::zeros({batch, heads, n, 2 * bins + 1}, torch::TensorOptions().dtype(torch::kFloat64));
+      float* s = scores.data_ptr<float>();
+      double* out = sums.data_ptr<double>();
+      const int64_t* edges = edges_.data();
+      at::parallel_for(0, batch * heads * n, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t row = begin; row < end; ++row) {
+          const int64_t h = (row / n) % heads, t = row % n, i = first + t;
+          const auto span = bias.option_span(i, tk, causal);  // window, chunk, causal
+          int64_t lo = std::max(span.first, key_lo[size_t(row / n)]), hi = std::min(span.second + 1, key_hi[size_t(row / n)]);
+          if (rb.linear && rb.look_left[size_t(h)] == 0) lo = std::max(lo, i);
+          if (rb.linear && rb.look_right[size_t(h)] == 0) hi = std::min(hi, i + 1);
+          const float* f =
+              rb.cumulative.defined() ? rb.cumulative.data_ptr<float>() + (row / n) * rb.cumulative.size(2) : nullptr;
+          // by_offset[j] = the bias at offset j - i, column j - i + tk - 1 of the head's row.
+          const float* by_offset =
+              rb.offsets.defined() ? rb.offsets.data_ptr<float>() + h * rb.offsets.size(1) + (tk - 1 - i) : nullptr;
+          double* o = out + row * (2 * bins + 1);
+          o[2 * bins] = profile_logit_row(s + row * keys, lo, hi, i, rb.linear ? rb.slope_left[size_t(h)] : 0.0f,
+                                          rb.linear ? rb.slope_right[size_t(h)] : 0.0f, f, by_offset,
+                                          rb.scale.empty() ? 1.0f : rb.scale[size_t(h * tq + r + t)], !rb.sinks.empty(),
+                                          rb.sinks.empty() ? 0.0f : rb.sinks[size_t(h)], causal, edges, bins, o, o + bins);
+        }
+      });
+      accumulate(sums, bias);
+    }
+  }
+
+  // The weights of rows the reference path computes (attention_probabilities), `rows` at a
+  // time; outside autograd their product with v is the call's output (returned), which the
+  // forward pass then does not compute again.
+  torch::Tensor bin_probability_rows(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                     const AttentionBias& bias, const AttentionOptions& options, int64_t rows) {
+    const int64_t batch = q.size(0), heads = q.size(1), tq = q.size(2), tk = k.size(2);
+    const int64_t bins = int64_t(edges_.size()) - 1;
+    const bool stick_breaking = bias.kind == AttentionBias::Kind::StickBreaking;
+    const bool attend = !torch::GradMode::is_enabled();
+    const auto vf = attend ? v.to(torch::kFloat32) : torch::Tensor();
+    torch::Tensor output = attend ? torch::empty({batch, heads, tq, v.size(3)}, vf.options()) : torch::Tensor();
+    const int64_t* edges = edges_.data();
+    for_each_probability_block(q.to(torch::kFloat32), k.to(torch::kFloat32), bias, options, rows,
+                               [&](int64_t r, const torch::Tensor& probs) {
+      if (attend) {
+        const int64_t n = probs.size(2);
+        auto o = torch::matmul(probs, vf.narrow(2, 0, probs.size(3)));
+        if (stick_breaking)  // the rest of each row goes to the query's own value
+          o += (1 - probs.sum(-1, /*keepdim=*/true)) * vf.narrow(2, tk - tq + r, n);
+        output.narrow(2, r, n).copy_(o);
+      }
+      const auto p = probs.to(torch::kCPU).contiguous();  // (B, H, n, keys)
+      const int64_t n = p.size(2), keys = p.size(3), first = tk - tq + r;  // row 0's position
+      auto sums = torch::zeros({batch, heads, n, 2 * bins + 1}, torch::TensorOptions().dtype(torch::kFloat64));
+      const float* weights = p.data_ptr<float>();
+      double* out = sums.data_ptr<double>();
+      at::parallel_for(0, batch * heads * n, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t row = begin; row < end; ++row) {
+          double* o = out + row * (2 * bins + 1);
+          o[2 * bins] = bin_weight_row(weights + row * keys, keys, first + row % n, options.causal, edges, bins, o, o + bins);
+        }
+      });
+      accumulate(sums, bias);
+    });
+    return output;
+  }
+
   int64_t layers_;
   std::vector<int64_t> edges_;
   int64_t query_block_;

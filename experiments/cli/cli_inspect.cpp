@@ -195,44 +195,80 @@ int inspect_attention(const Args& args) {
 
 }  // namespace
 
-int inspect(const Args& args) {
-  if (!args.empty() && args[0] == "attention") return inspect_attention(Args(args.begin() + 1, args.end()));
-  if (args.empty() || (args[0] != "slopes" && args[0] != "bias")) {
-    if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
-      std::cout << "usage: extrap inspect slopes --heads H\n"
-                   "       extrap inspect bias --position NAME --heads H --length T [--bidirectional] [--window W] [--chunk C]\n"
-                   "       extrap inspect attention --checkpoint RUN --length T [--windows N]\n";
-      return 0;
-    }
-    throw ConfigError("expected 'slopes', 'bias' or 'attention' after 'inspect' (see extrap inspect --help)");
-  }
-  const Args rest(args.begin() + 1, args.end());
+namespace {
+
+int inspect_slopes(const Args& rest) {
+  int heads = 0;
   po::variables_map vm;
-  if (args[0] == "slopes") {
-    int heads = 0;
-    po::options_description options("extrap inspect slopes");
-    options.add_options()("heads", po::value(&heads)->required(), "number of heads");
-    if (!parse(rest, "extrap inspect slopes --heads H", options, vm)) return 0;
-    for (double s : alibi_slopes(heads)) std::printf("%.17g\n", s);
-    return 0;
-  }
-  std::string name, checkpoint;
-  int64_t heads = 0, length = 0, d_head = 64, layer = 0, window = 0, chunk = 0;
+  po::options_description options("extrap inspect slopes");
+  options.add_options()("heads", po::value(&heads)->required(), "number of heads");
+  if (!parse(rest, "extrap inspect slopes --heads H", options, vm)) return 0;
+  for (double s : alibi_slopes(heads)) std::printf("%.17g\n", s);
+  return 0;
+}
+
+// What `inspect bias` draws: a position method with its heads and head size, causal or not, the
+// layer (its number among its kind's) and the window and chunk masks.
+struct ShownBias {
+  std::string name;
+  std::shared_ptr<PositionMethod> method;
+  int64_t heads = 0, d_head = 64, layer = 0, window = 0, chunk = 0;
+  bool causal = true;
+};
+
+// A checkpoint's layer as it was trained: its method and learned values, its shape and masks.
+// What the command line asked (`asked`, with `given` its flags) must agree with it.
+ShownBias checkpoint_bias(const std::string& checkpoint, const ShownBias& asked, const po::variables_map& given) {
+  const VerifiedCheckpoint verified = require_checkpoint(checkpoint);
+  const Config& config = verified.config;
+  Corpus corpus = load_corpus(config.data);
+  LoadedRun run = load_run(verified, corpus);
+  const LayerPlan& plan = run.model->plan();
+  if (asked.layer < 0 || asked.layer >= config.model.layers)
+    throw ConfigError("--layer " + std::to_string(asked.layer) + ": the checkpoint's layers are 0 to " +
+                      std::to_string(config.model.layers - 1));
+  const int64_t kind = plan.layer_kind[asked.layer];
+  ShownBias shown;
+  shown.name = plan.kinds[kind].position_name;
+  if (!asked.name.empty() && asked.name != shown.name)
+    throw ConfigError("--position " + asked.name + " does not match the checkpoint's method " + shown.name +
+                      (plan.patterned() ? " in layer " + std::to_string(asked.layer) : ""));
+  shown.heads = config.model.heads;
+  shown.d_head = config.model.d_model / shown.heads;
+  shown.causal = config.model.causal();
+  shown.method = std::shared_ptr<PositionMethod>(run.model.ptr(), &run.model->kind_position(kind));
+  const AttentionConfig& attention = plan.kinds[kind].attention;
+  for (const auto& [flag, value] : {std::pair{"window", attention.window}, {"chunk", attention.chunk}})
+    if (given.count(flag) && given[flag].as<int64_t>() != value)
+      throw ConfigError(std::string("--") + flag + " " + std::to_string(given[flag].as<int64_t>()) + ": the checkpoint's " +
+                        (plan.patterned() ? "layer " + std::to_string(asked.layer) : "model") + " has attention." +
+                        flag + " " + std::to_string(value) + " (leave it out to see the layer's own)");
+  shown.window = attention.window;
+  shown.chunk = attention.chunk;
+  shown.layer = plan.layer_index[asked.layer];  // the layer's number among its kind's
+  return shown;
+}
+
+int inspect_bias(const Args& rest) {
+  std::string checkpoint;
+  ShownBias asked;
   std::vector<std::string> plugins, overrides;
+  int64_t length = 0;
+  po::variables_map vm;
   po::options_description options("extrap inspect bias");
   options.add_options()
-      ("position", po::value(&name), "position method (default: the checkpoint's)")
-      ("heads", po::value(&heads), "number of heads (default: the checkpoint's)")
+      ("position", po::value(&asked.name), "position method (default: the checkpoint's)")
+      ("heads", po::value(&asked.heads), "number of heads (default: the checkpoint's)")
       ("length", po::value(&length)->required(), "T: rows are queries 0..T-1, columns keys")
       ("bidirectional", "bidirectional attention (no causal mask)")
-      ("head-dim", po::value(&d_head), "head size (for methods that rotate q and k)")
-      ("window", po::value(&window), "mask keys W or more away, as attention.window does (-inf; with --checkpoint: "
-                                     "the layer's own)")
-      ("chunk", po::value(&chunk), "mask keys outside the query's chunk of C, as attention.chunk does (-inf; with "
-                                   "--checkpoint: the layer's own)")
+      ("head-dim", po::value(&asked.d_head), "head size (for methods that rotate q and k)")
+      ("window", po::value(&asked.window), "mask keys W or more away, as attention.window does (-inf; with --checkpoint: "
+                                           "the layer's own)")
+      ("chunk", po::value(&asked.chunk), "mask keys outside the query's chunk of C, as attention.chunk does (-inf; with "
+                                         "--checkpoint: the layer's own)")
       ("set", po::value(&overrides)->composing(), "a method option: --set base=500 (repeatable)")
       ("checkpoint", po::value(&checkpoint), "show a trained run's learned values")
-      ("layer", po::value(&layer), "with --checkpoint: the layer to show (its own method where layers follow a pattern)")
+      ("layer", po::value(&asked.layer), "with --checkpoint: the layer to show (its own method where layers follow a pattern)")
       ("plugin", po::value(&plugins)->composing(), "load this plugin .so first (repeatable)");
   if (!parse(rest, "extrap inspect bias --position NAME --heads H --length T [--bidirectional] [--window W] [--chunk C]",
              options, vm))
@@ -245,59 +281,49 @@ int inspect(const Args& args) {
                       " (the matrix is printed whole, T x T numbers a head)");
   auto& registry = PositionRegistry::instance();
   for (const auto& p : plugins) registry.load_plugin(p);
-  bool causal = !vm.count("bidirectional");
-  std::shared_ptr<PositionMethod> method;
+  asked.causal = !vm.count("bidirectional");
+  ShownBias shown = asked;
   if (!checkpoint.empty()) {
-    const VerifiedCheckpoint verified = require_checkpoint(checkpoint);
-    const Config& config = verified.config;
-    Corpus corpus = load_corpus(config.data);
-    LoadedRun run = load_run(verified, corpus);
-    const LayerPlan& plan = run.model->plan();
-    if (layer < 0 || layer >= config.model.layers)
-      throw ConfigError("--layer " + std::to_string(layer) + ": the checkpoint's layers are 0 to " +
-                        std::to_string(config.model.layers - 1));
-    const int64_t kind = plan.layer_kind[layer];
-    const std::string& method_name = plan.kinds[kind].position_name;
-    if (!name.empty() && name != method_name)
-      throw ConfigError("--position " + name + " does not match the checkpoint's method " + method_name +
-                        (plan.patterned() ? " in layer " + std::to_string(layer) : ""));
-    name = method_name;
-    heads = config.model.heads;
-    d_head = config.model.d_model / heads;
-    causal = config.model.causal();
-    method = std::shared_ptr<PositionMethod>(run.model.ptr(), &run.model->kind_position(kind));
-    const AttentionConfig& attention = plan.kinds[kind].attention;
-    for (const auto& [flag, value] : {std::pair{"window", attention.window}, {"chunk", attention.chunk}})
-      if (vm.count(flag) && vm[flag].as<int64_t>() != value)
-        throw ConfigError(std::string("--") + flag + " " + std::to_string(vm[flag].as<int64_t>()) + ": the checkpoint's " +
-                          (plan.patterned() ? "layer " + std::to_string(layer) : "model") + " has attention." + flag +
-                          " " + std::to_string(value) + " (leave it out to see the layer's own)");
-    window = attention.window;
-    chunk = attention.chunk;
-    layer = plan.layer_index[layer];  // the layer's number among its kind's
+    shown = checkpoint_bias(checkpoint, asked, vm);
   } else {
-    if (name.empty() || heads < 1) throw ConfigError("--position and --heads are required without --checkpoint");
-    if (layer != 0) throw ConfigError("--layer is for a checkpoint's layers: give --checkpoint RUN");
+    if (asked.name.empty() || asked.heads < 1) throw ConfigError("--position and --heads are required without --checkpoint");
+    if (asked.layer != 0) throw ConfigError("--layer is for a checkpoint's layers: give --checkpoint RUN");
     YAML::Node options_node(YAML::NodeType::Map);
     for (const auto& o : overrides) apply_override(options_node, o);
     PositionContext context;
-    context.num_heads = heads;
-    context.d_head = d_head;
-    context.d_model = heads * d_head;
-    context.causal = causal;
-    method = registry.create(name, context, OptionReader(options_node, "--set", "position"));
+    context.num_heads = asked.heads;
+    context.d_head = asked.d_head;
+    context.d_model = asked.heads * asked.d_head;
+    context.causal = asked.causal;
+    shown.method = registry.create(asked.name, context, OptionReader(options_node, "--set", "position"));
   }
-  const PositionInfo& info = registry.get(name);
-  method->eval();
-  if (window < 0 || chunk < 0)
-    throw ConfigError("--" + std::string(window < 0 ? "window" : "chunk") + " " +
-                      std::to_string(window < 0 ? window : chunk) + ": must not be negative (0: no mask)");
-  auto pattern = score_pattern(*method, info, heads, d_head, length, causal, layer, window, chunk);  // (H, T, T)
-  for (int64_t h = 0; h < heads; ++h) {
+  const PositionInfo& info = registry.get(shown.name);
+  shown.method->eval();
+  if (shown.window < 0 || shown.chunk < 0)
+    throw ConfigError("--" + std::string(shown.window < 0 ? "window" : "chunk") + " " +
+                      std::to_string(shown.window < 0 ? shown.window : shown.chunk) + ": must not be negative (0: no mask)");
+  auto pattern = score_pattern(*shown.method, info, shown.heads, shown.d_head, length, shown.causal, shown.layer,
+                               shown.window, shown.chunk);  // (H, T, T)
+  for (int64_t h = 0; h < shown.heads; ++h) {
     std::printf("head %lld\n", (long long)h);
     print_matrix(pattern[h]);
   }
   return 0;
+}
+
+}  // namespace
+
+int inspect(const Args& args) {
+  if (!args.empty() && args[0] == "attention") return inspect_attention(Args(args.begin() + 1, args.end()));
+  if (!args.empty() && args[0] == "slopes") return inspect_slopes(Args(args.begin() + 1, args.end()));
+  if (!args.empty() && args[0] == "bias") return inspect_bias(Args(args.begin() + 1, args.end()));
+  if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
+    std::cout << "usage: extrap inspect slopes --heads H\n"
+                 "       extrap inspect bias --position NAME --heads H --length T [--bidirectional] [--window W] [--chunk C]\n"
+                 "       extrap inspect attention --checkpoint RUN --length T [--windows N]\n";
+    return 0;
+  }
+  throw ConfigError("expected 'slopes', 'bias' or 'attention' after 'inspect' (see extrap inspect --help)");
 }
 
 int config_keys(const Args& args) {

@@ -142,6 +142,30 @@ void follow_points(const SweepSpec& spec, const std::vector<const SweepPoint*>& 
   }
 }
 
+// An evaluated point's line in the sweep's progress: its length and mode, then its accuracy,
+// profile, perplexity (with LongPPL) or failure, and the time it took.
+std::string point_line(const PointRecord& p, const EvalPoint& e) {
+  const std::string where = "L=" + std::to_string(e.length) + " " + e.mode + ": ";
+  char text[160];
+  if (!p.ok()) return where + p.status;
+  if (e.retrieval) {
+    const RetrievalCell total = retrieval_totals(p.retrieval);
+    std::snprintf(text, sizeof text, "%" PRId64 "/%" PRId64 " correct (%.1f s)", total.correct, total.trials, p.seconds);
+    return where + text;
+  }
+  if (e.profile) {
+    std::snprintf(text, sizeof text, " (%.1f s)", p.seconds);
+    return where + profile_text(p) + text;
+  }
+  if (!std::isfinite(p.perplexity)) {  // exp(mean NLL) past a double's range: the NLL is the number
+    std::snprintf(text, sizeof text, "perplexity overflows a double (mean NLL %.1f nats a token > %.1f) (%.1f s)",
+                  p.nll_sum / double(p.scored_tokens), std::log(std::numeric_limits<double>::max()), p.seconds);
+    return where + text;
+  }
+  std::snprintf(text, sizeof text, "perplexity %.4f (%.1f s)", p.perplexity, p.seconds);
+  return where + text + longppl_text(p);
+}
+
 // A recorded point as a message names it: "alibi-L32-seed1 nonoverlapping L=64".
 std::string point_name(const PointRecord& p) {
   return p.run_id + " " + p.mode + " L=" + std::to_string(p.eval_length);
@@ -327,31 +351,8 @@ void run_points(const SweepSpec& spec, const std::vector<const SweepPoint*>& poi
       store.append_point(p);
       fault_point("point", p.run_id + " " + p.mode + " " + std::to_string(p.eval_length));
       ++outcome.evaluated;
-      char text[160];
-      if (p.ok() && e.retrieval) {
-        const RetrievalCell total = retrieval_totals(p.retrieval);
-        std::snprintf(text, sizeof text, "L=%" PRId64 " %s: %" PRId64 "/%" PRId64 " correct (%.1f s)",
-                      e.length, e.mode.c_str(), total.correct, total.trials, p.seconds);
-        display.line(text);
-      } else if (p.ok() && e.profile) {
-        std::snprintf(text, sizeof text, " (%.1f s)", p.seconds);
-        display.line("L=" + std::to_string(e.length) + " " + e.mode + ": " + profile_text(p) + text);
-      } else if (p.ok() && !std::isfinite(p.perplexity)) {
-        // exp(mean NLL) past a double's range: the NLL is the number (the file keeps it).
-        std::snprintf(text, sizeof text,
-                      "L=%" PRId64 " %s: perplexity overflows a double (mean NLL %.1f nats a "
-                      "token > %.1f) (%.1f s)",
-                      e.length, e.mode.c_str(), p.nll_sum / double(p.scored_tokens),
-                      std::log(std::numeric_limits<double>::max()), p.seconds);
-        display.line(text);
-      } else if (p.ok()) {
-        std::snprintf(text, sizeof text, "L=%" PRId64 " %s: perplexity %.4f (%.1f s)", e.length,
-                      e.mode.c_str(), p.perplexity, p.seconds);
-        display.line(text + longppl_text(p));
-      } else {
-        ++outcome.failed;
-        display.line("L=" + std::to_string(e.length) + " " + e.mode + ": " + p.status);
-      }
+      outcome.failed += !p.ok();
+      display.line(point_line(p, e));
     }
     record.status = "complete";
     store.put_run(record);

@@ -568,143 +568,142 @@ int64_t SweepSpec::point_count() const {
   return total;
 }
 
-std::vector<SweepPoint> expand_grid(const SweepSpec& spec) {
-  const int64_t total = spec.point_count();
+namespace {
 
-  std::vector<SweepPoint> points;
-  std::set<std::string> ids;
-  std::map<std::string, std::string> id_of_config;  // each point's resolved config, for twins
-  bool any_scalable = false;
-  bool any_causal = false;
-  for (int64_t index = 0; index < total; ++index) {
-    SweepPoint point;
-    point.index = index;
-    // Mixed-radix digits of the index, the last axis varying fastest.
-    std::vector<size_t> digit(spec.grid.size());
-    int64_t rest = index;
-    for (size_t a = spec.grid.size(); a-- > 0;) {
-      digit[a] = size_t(rest % int64_t(spec.grid[a].values.size()));
-      rest /= int64_t(spec.grid[a].values.size());
-    }
-    YAML::Node root = spec.fresh_base();  // not a YAML::Clone: errors keep their file lines
-    std::string labels;
-    bool lossless = true;
-    for (size_t a = 0; a < spec.grid.size(); ++a) {
-      const YAML::Node& value = spec.grid[a].values[digit[a]];
-      point.values.push_back({spec.grid[a].key, value});
-      apply_override(root, spec.grid[a].key + "=" + yaml_to_string(value));
-      labels += (labels.empty() ? "" : "-") + value_label(spec.grid[a].key, value, lossless);
-    }
-    // The id names the point by its grid values, not its place in the grid, so that values
-    // added to an axis later leave every other point's id (and run directory) as it was.
-    point.key = grid_point_key(point.values);
-    if (labels.empty() && !spec.base_config.layer_pattern.empty())
-      for (const auto& kind : spec.base_config.layer_pattern) labels += (labels.empty() ? "layers-" : "-") + kind;
-    if (labels.empty()) labels = spec.base_config.position_name;
-    if (!lossless || labels.size() > 100) labels = labels.substr(0, 100) + "-h" + point.key.substr(0, 8);
-    point.id = labels;
-    if (!ids.insert(point.id).second)
-      throw ConfigError(spec.source + ": two grid points would have the run id " + point.id +
-                        "; give the values distinct names");
+// Grid point `index`: its values (mixed-radix digits of the index, the last axis varying
+// fastest), its identity and run id, and its config decoded from the base with the values set.
+SweepPoint grid_point(const SweepSpec& spec, int64_t index) {
+  SweepPoint point;
+  point.index = index;
+  std::vector<size_t> digit(spec.grid.size());
+  int64_t rest = index;
+  for (size_t a = spec.grid.size(); a-- > 0;) {
+    digit[a] = size_t(rest % int64_t(spec.grid[a].values.size()));
+    rest /= int64_t(spec.grid[a].values.size());
+  }
+  YAML::Node root = spec.fresh_base();  // not a YAML::Clone: errors keep their file lines
+  std::string labels;
+  bool lossless = true;
+  for (size_t a = 0; a < spec.grid.size(); ++a) {
+    const YAML::Node& value = spec.grid[a].values[digit[a]];
+    point.values.push_back({spec.grid[a].key, value});
+    apply_override(root, spec.grid[a].key + "=" + yaml_to_string(value));
+    labels += (labels.empty() ? "" : "-") + value_label(spec.grid[a].key, value, lossless);
+  }
+  // The id names the point by its grid values, not its place in the grid, so that values
+  // added to an axis later leave every other point's id (and run directory) as it was.
+  point.key = grid_point_key(point.values);
+  if (labels.empty() && !spec.base_config.layer_pattern.empty())
+    for (const auto& kind : spec.base_config.layer_pattern) labels += (labels.empty() ? "layers-" : "-") + kind;
+  if (labels.empty()) labels = spec.base_config.position_name;
+  if (!lossless || labels.size() > 100) labels = labels.substr(0, 100) + "-h" + point.key.substr(0, 8);
+  point.id = labels;
+  point.config = config_from_yaml(root, spec.source + " (grid point " + point.id + ")");
+  check_position_method(point.config);  // a typo in its options fails before anything runs
+  point.config.train.out_dir = (fs::path(spec.run_root) / point.id).string();
+  return point;
+}
 
-    point.config = config_from_yaml(root, spec.source + " (grid point " + point.id + ")");
-    check_position_method(point.config);  // a typo in its options fails before anything runs
-    // Values spelt differently (seed 1 and 01, lr 0.001 and 1e-3) resolve to one config: such
-    // points would train one model twice and a report would pool them as seeds.
-    const auto [twin, fresh] = id_of_config.emplace(YAML::Dump(point.config.to_yaml()), point.id);
-    if (!fresh)
-      throw ConfigError(spec.source + ": grid points " + twin->second + " and " + point.id +
-                        " resolve to the same config (values that differ only in how they are written); "
-                        "list each value once");
-    point.config.train.out_dir = (fs::path(spec.run_root) / point.id).string();
+// The RoPE variants a point is evaluated under: the sweep's where its method has rotary angles.
+std::vector<RopeScalingKind> point_variants(const SweepSpec& spec, const SweepPoint& point) {
+  return has_rotary_angles(point.config) ? spec.eval.rope_scaling : std::vector<RopeScalingKind>{RopeScalingKind::none};
+}
 
-    std::set<int64_t> lengths(spec.eval.lengths.begin(), spec.eval.lengths.end());
-    for (auto m : spec.eval.length_multiples)
-      lengths.insert(length_of_multiple(m, point.config.train.seq_len, spec.source, "eval.length_multiples"));
-    std::set<int64_t> strides(spec.eval.strides.begin(), spec.eval.strides.end());
-    const bool scalable = has_rotary_angles(point.config);
-    const std::vector<RopeScalingKind> variants =
-        scalable ? spec.eval.rope_scaling : std::vector<RopeScalingKind>{RopeScalingKind::none};
-    any_scalable = any_scalable || scalable;
-    const SweepLongPpl& longppl = spec.eval.longppl;
-    const int64_t short_length = longppl.short_for(point.config.train.seq_len);
-    const bool scores_longppl = longppl.enabled && point.config.model.causal();
-    if (scores_longppl && !longppl.reference.empty() &&
-        yaml_to_string(longppl.reference_data) != yaml_to_string(point.config.model_keys()["data"]))
-      throw ConfigError(spec.source + ": eval.longppl.reference " + longppl.reference +
-                        " reads other data than grid point " + point.id +
-                        " (its data section differs): key tokens are positions in one token stream");
-    const auto add = [&](int64_t length, int64_t stride) {
-      for (auto kind : variants) {
-        EvalPoint e = eval_point(length, stride,
-                                 eval_mode_name(length, stride, rope_variant_label(kind, spec.eval.rope_factor)),
-                                 kind, spec.eval.rope_factor);
-        e.longppl = scores_longppl && stride == 0 && length > short_length;
-        e.longppl_short = e.longppl ? short_length : 0;
-        point.evals.push_back(e);
-      }
-    };
-    for (int64_t length : lengths) {
-      if (spec.eval.nonoverlapping) add(length, 0);
-      for (int64_t stride : strides)
-        if (stride < length) add(length, stride);
-      // A cache that holds the whole window evicts nothing: the non-overlapping evaluation.
-      if (point.config.model.causal())
-        for (int64_t cache : std::set<int64_t>(spec.eval.streaming.begin(), spec.eval.streaming.end()))
-          if (cache < length) {
-            EvalPoint e = eval_point(length, 0, streaming_mode_name(spec.eval.streaming_sinks, cache),
-                                     RopeScalingKind::none, 0);
-            e.streaming = {spec.eval.streaming_sinks, cache};
-            point.evals.push_back(e);
-          }
+// The point's window evaluations: each length non-overlapping and at each stride below it
+// (each under every RoPE variant, LongPPL where it is scored), and StreamingLLM's caches below
+// it. Returns the lengths.
+std::set<int64_t> add_window_evals(const SweepSpec& spec, SweepPoint& point) {
+  std::set<int64_t> lengths(spec.eval.lengths.begin(), spec.eval.lengths.end());
+  for (auto m : spec.eval.length_multiples)
+    lengths.insert(length_of_multiple(m, point.config.train.seq_len, spec.source, "eval.length_multiples"));
+  const std::set<int64_t> strides(spec.eval.strides.begin(), spec.eval.strides.end());
+  const std::vector<RopeScalingKind> variants = point_variants(spec, point);
+  const SweepLongPpl& longppl = spec.eval.longppl;
+  const int64_t short_length = longppl.short_for(point.config.train.seq_len);
+  const bool scores_longppl = longppl.enabled && point.config.model.causal();
+  if (scores_longppl && !longppl.reference.empty() &&
+      yaml_to_string(longppl.reference_data) != yaml_to_string(point.config.model_keys()["data"]))
+    throw ConfigError(spec.source + ": eval.longppl.reference " + longppl.reference +
+                      " reads other data than grid point " + point.id +
+                      " (its data section differs): key tokens are positions in one token stream");
+  const auto add = [&](int64_t length, int64_t stride) {
+    for (auto kind : variants) {
+      EvalPoint e = eval_point(length, stride,
+                               eval_mode_name(length, stride, rope_variant_label(kind, spec.eval.rope_factor)),
+                               kind, spec.eval.rope_factor);
+      e.longppl = scores_longppl && stride == 0 && length > short_length;
+      e.longppl_short = e.longppl ? short_length : 0;
+      point.evals.push_back(e);
     }
-    if (point.evals.empty())
-      throw ConfigError(spec.source + ": eval: grid point " + point.id +
-                        " has nothing to evaluate: eval.nonoverlapping is false and no stride is "
-                        "below any of its evaluation lengths (a stride is used at lengths above it)");
-    const SweepRetrieval& retrieval = spec.eval.retrieval;
-    if (retrieval.task != RetrievalTask::none && point.config.model.causal()) {
-      any_causal = true;
-      std::set<int64_t> instance_sizes(retrieval.lengths.begin(), retrieval.lengths.end());
-      for (auto m : retrieval.length_multiples)
-        instance_sizes.insert(
-            length_of_multiple(m, point.config.train.seq_len, spec.source, "eval.retrieval.length_multiples"));
-      for (int64_t length : instance_sizes)
-        for (auto kind : variants) {
-          EvalPoint e = eval_point(length, 0,
-                                   retrieval_mode_name(retrieval.task,
-                                                       rope_variant_label(kind, spec.eval.rope_factor)),
-                                   kind, spec.eval.rope_factor);
-          e.retrieval = true;
-          e.retrieval_spec.task = retrieval.task;
-          e.retrieval_spec.length = length;
-          e.retrieval_spec.depths = retrieval.depths;
-          e.retrieval_spec.samples = retrieval.samples;
-          e.retrieval_spec.seed = retrieval.seed;
-          e.retrieval_spec.batch_tokens = point.config.eval.batch_tokens;
+  };
+  for (int64_t length : lengths) {
+    if (spec.eval.nonoverlapping) add(length, 0);
+    for (int64_t stride : strides)
+      if (stride < length) add(length, stride);
+    // A cache that holds the whole window evicts nothing: the non-overlapping evaluation.
+    if (point.config.model.causal())
+      for (int64_t cache : std::set<int64_t>(spec.eval.streaming.begin(), spec.eval.streaming.end()))
+        if (cache < length) {
+          EvalPoint e = eval_point(length, 0, streaming_mode_name(spec.eval.streaming_sinks, cache),
+                                   RopeScalingKind::none, 0);
+          e.streaming = {spec.eval.streaming_sinks, cache};
           point.evals.push_back(e);
         }
-    }
-    const SweepAttentionProfile& profile = spec.eval.attention_profile;
-    if (profile.enabled)
-      for (int64_t length : profile.lengths_for(point.config.train.seq_len, *lengths.rbegin(), spec.source)) {
-        EvalPoint e = eval_point(length, 0, kProfileMode, RopeScalingKind::none, 0);
-        e.profile = true;
-        e.profile_windows = profile.windows;
-        point.evals.push_back(e);
-      }
-    points.push_back(std::move(point));
   }
-  // A K the user chose (or a reference's L) above every non-overlapping length scores nothing:
-  // said, not silently left out.
+  if (point.evals.empty())
+    throw ConfigError(spec.source + ": eval: grid point " + point.id +
+                      " has nothing to evaluate: eval.nonoverlapping is false and no stride is "
+                      "below any of its evaluation lengths (a stride is used at lengths above it)");
+  return lengths;
+}
+
+// A causal point's retrieval evaluations: each instance length under each RoPE variant.
+void add_retrieval_evals(const SweepSpec& spec, SweepPoint& point) {
+  const SweepRetrieval& retrieval = spec.eval.retrieval;
+  if (retrieval.task == RetrievalTask::none || !point.config.model.causal()) return;
+  std::set<int64_t> instance_sizes(retrieval.lengths.begin(), retrieval.lengths.end());
+  for (auto m : retrieval.length_multiples)
+    instance_sizes.insert(
+        length_of_multiple(m, point.config.train.seq_len, spec.source, "eval.retrieval.length_multiples"));
+  for (int64_t length : instance_sizes)
+    for (auto kind : point_variants(spec, point)) {
+      EvalPoint e = eval_point(length, 0,
+                               retrieval_mode_name(retrieval.task, rope_variant_label(kind, spec.eval.rope_factor)),
+                               kind, spec.eval.rope_factor);
+      e.retrieval = true;
+      e.retrieval_spec.task = retrieval.task;
+      e.retrieval_spec.length = length;
+      e.retrieval_spec.depths = retrieval.depths;
+      e.retrieval_spec.samples = retrieval.samples;
+      e.retrieval_spec.seed = retrieval.seed;
+      e.retrieval_spec.batch_tokens = point.config.eval.batch_tokens;
+      point.evals.push_back(e);
+    }
+}
+
+// The point's attention profiles, at the profile lengths (by default L and its longest length).
+void add_profile_evals(const SweepSpec& spec, SweepPoint& point, int64_t longest) {
+  const SweepAttentionProfile& profile = spec.eval.attention_profile;
+  if (!profile.enabled) return;
+  for (int64_t length : profile.lengths_for(point.config.train.seq_len, longest, spec.source)) {
+    EvalPoint e = eval_point(length, 0, kProfileMode, RopeScalingKind::none, 0);
+    e.profile = true;
+    e.profile_windows = profile.windows;
+    point.evals.push_back(e);
+  }
+}
+
+// The evaluation plan's options that no point takes are said, not silently left out: a K the
+// user chose (or a reference's L) above every non-overlapping length, retrieval with no causal
+// point, RoPE variants with no point of rotary angles.
+void refuse_unused_options(const SweepSpec& spec, const std::vector<SweepPoint>& points) {
   const SweepLongPpl& longppl = spec.eval.longppl;
   const bool longppl_chosen = longppl.enabled && (longppl.short_length > 0 || !longppl.reference.empty());
   const auto scores = [](const SweepPoint& p) {
     return std::any_of(p.evals.begin(), p.evals.end(), [](const EvalPoint& e) { return e.longppl; });
   };
-  const bool causal_windows = spec.eval.nonoverlapping &&
-                              std::any_of(points.begin(), points.end(),
-                                          [](const SweepPoint& p) { return p.config.model.causal(); });
+  const auto causal = [](const SweepPoint& p) { return p.config.model.causal(); };
+  const bool causal_windows = spec.eval.nonoverlapping && std::any_of(points.begin(), points.end(), causal);
   if (longppl_chosen && causal_windows && std::none_of(points.begin(), points.end(), scores))
     throw ConfigError(spec.source + ": eval.longppl." +
                       (longppl.short_length > 0 ? "short_length " + std::to_string(longppl.short_length)
@@ -712,15 +711,44 @@ std::vector<SweepPoint> expand_grid(const SweepSpec& spec) {
                                                       std::to_string(longppl.reference_length) + ")") +
                       ": K is not below any evaluation length of a causal point, so no point would "
                       "score LongPPL (give a smaller K or longer eval lengths)");
-  if (spec.eval.retrieval.task != RetrievalTask::none && !any_causal)
+  if (spec.eval.retrieval.task != RetrievalTask::none && std::none_of(points.begin(), points.end(), causal))
     throw ConfigError(spec.source + ": eval.retrieval asks for a retrieval task, but every grid "
                       "point is a masked LM (the answer is generated by a causal model)");
-  const bool variants_asked = std::any_of(spec.eval.rope_scaling.begin(),
-                                          spec.eval.rope_scaling.end(),
+  const bool variants_asked = std::any_of(spec.eval.rope_scaling.begin(), spec.eval.rope_scaling.end(),
                                           [](RopeScalingKind k) { return k != RopeScalingKind::none; });
-  if (variants_asked && !any_scalable)
+  const auto scalable = [](const SweepPoint& p) { return has_rotary_angles(p.config); };
+  if (variants_asked && std::none_of(points.begin(), points.end(), scalable))
     throw ConfigError(spec.source + ": eval.rope_scaling asks for RoPE variants, but no grid point "
                       "uses a method with rotary angles (rotary, xpos)");
+}
+
+}  // namespace
+
+std::vector<SweepPoint> expand_grid(const SweepSpec& spec) {
+  std::vector<SweepPoint> points;
+  std::set<std::string> ids;
+  std::map<std::string, std::string> id_of_config;  // each point's resolved config, for twins
+  const int64_t total = spec.point_count();
+  for (int64_t index = 0; index < total; ++index) {
+    SweepPoint point = grid_point(spec, index);
+    if (!ids.insert(point.id).second)
+      throw ConfigError(spec.source + ": two grid points would have the run id " + point.id +
+                        "; give the values distinct names");
+    // Values spelt differently (seed 1 and 01, lr 0.001 and 1e-3) resolve to one config: such
+    // points would train one model twice and a report would pool them as seeds.
+    Config without_run_dir = point.config;
+    without_run_dir.train.out_dir.clear();
+    const auto [twin, fresh] = id_of_config.emplace(YAML::Dump(without_run_dir.to_yaml()), point.id);
+    if (!fresh)
+      throw ConfigError(spec.source + ": grid points " + twin->second + " and " + point.id +
+                        " resolve to the same config (values that differ only in how they are written); "
+                        "list each value once");
+    const std::set<int64_t> lengths = add_window_evals(spec, point);
+    add_retrieval_evals(spec, point);
+    add_profile_evals(spec, point, *lengths.rbegin());
+    points.push_back(std::move(point));
+  }
+  refuse_unused_options(spec, points);
   return points;
 }
 

@@ -161,6 +161,48 @@ TEST_CASE("SentencePiece training is deterministic, encoding does not depend on 
                     Catch::Contains("blank.txt: has no text to train a tokenizer on"));
 }
 
+namespace {
+
+// The retrieval tasks in pieces: a passkey instance reads as the task's text; variable
+// tracking encodes each assignment, the question and each name of the answer on its own, and its
+// stop too, so that it reads " ." after the last name.
+void check_task_texts(const Corpus& corpus) {
+  const TaskGenerator passkey(RetrievalTask::passkey, corpus);
+  const TaskInstance instance = passkey.make(200, 0.5, 9);
+  CHECK(instance.tokens.size() == 200);
+  const std::string k = std::to_string(instance.key);
+  const std::vector<int32_t> prompt(instance.tokens.begin(), instance.tokens.begin() + instance.prompt_length);
+  CHECK_THAT(passkey.text(prompt), Catch::Contains("The pass key is " + k + ". Remember it. " + k +
+                                                   " is the pass key."));
+  CHECK_THAT(passkey.text(prompt), Catch::EndsWith("What is the pass key? The pass key is"));
+  CHECK(passkey.text(instance.answer) == k + ".");  // the leading space is the pieces' boundary
+  const std::vector<int32_t> key(instance.tokens.begin() + instance.key_begin,
+                                 instance.tokens.begin() + instance.key_end);
+  CHECK(passkey.text(key) == "The pass key is " + k + ". Remember it. " + k + " is the pass key.");
+
+  // Variable tracking in pieces: each assignment, the question and each name of the answer
+  // encoded on its own; the stop too, so it reads " ." after the last name.
+  const TaskGenerator tracking(RetrievalTask::variable_tracking, corpus);
+  const TaskInstance chain = tracking.make(400, 0.5, 9);
+  CHECK(chain.tokens.size() == 400);
+  const std::string chain_prompt =
+      tracking.text({chain.tokens.begin(), chain.tokens.begin() + chain.prompt_length});
+  CHECK_THAT(chain_prompt, Catch::Contains(chain.variables[0] + " = " + std::to_string(chain.key) + "."));
+  for (size_t v = 1; v < chain.variables.size(); ++v)
+    CHECK_THAT(chain_prompt, Catch::Contains(chain.variables[v] + " = " + chain.variables[v - 1] + "."));
+  CHECK_THAT(chain_prompt, Catch::EndsWith("Which names hold " + std::to_string(chain.key) + "? They are"));
+  std::string listed;
+  for (const auto& n : chain.variables) listed += (listed.empty() ? "" : " ") + n;
+  CHECK(tracking.text(chain.answer) == listed + " .");
+  std::vector<int32_t> reversed;
+  for (size_t n = chain.answer_names.size(); n-- > 0;)
+    reversed.insert(reversed.end(), chain.answer_names[n].begin(), chain.answer_names[n].end());
+  reversed.insert(reversed.end(), chain.answer_stop.begin(), chain.answer_stop.end());
+  CHECK(match_answer(chain, reversed) == AnswerMatch::complete);
+}
+
+}  // namespace
+
 TEST_CASE("a sentencepiece corpus loads with the bytes behind its tokens, is cached per model, and is "
           "refused by name",
           "[corpus][sentencepiece]") {
@@ -215,40 +257,7 @@ TEST_CASE("a sentencepiece corpus loads with the bytes behind its tokens, is cac
   write_text(d.root / "corpus" / "valid.txt", texts[1] + "more\n");
   CHECK(load_corpus(options).valid.cache_status() == CacheStatus::rebuilt_stale);
 
-  // The passkey task in pieces: the instance reads as the task's text.
-  const Corpus corpus = load_corpus(options);
-  const TaskGenerator passkey(RetrievalTask::passkey, corpus);
-  const TaskInstance instance = passkey.make(200, 0.5, 9);
-  CHECK(instance.tokens.size() == 200);
-  const std::string k = std::to_string(instance.key);
-  const std::vector<int32_t> prompt(instance.tokens.begin(), instance.tokens.begin() + instance.prompt_length);
-  CHECK_THAT(passkey.text(prompt), Catch::Contains("The pass key is " + k + ". Remember it. " + k +
-                                                   " is the pass key."));
-  CHECK_THAT(passkey.text(prompt), Catch::EndsWith("What is the pass key? The pass key is"));
-  CHECK(passkey.text(instance.answer) == k + ".");  // the leading space is the pieces' boundary
-  const std::vector<int32_t> key(instance.tokens.begin() + instance.key_begin,
-                                 instance.tokens.begin() + instance.key_end);
-  CHECK(passkey.text(key) == "The pass key is " + k + ". Remember it. " + k + " is the pass key.");
-
-  // Variable tracking in pieces: each assignment, the question and each name of the answer
-  // encoded on its own; the stop too, so it reads " ." after the last name.
-  const TaskGenerator tracking(RetrievalTask::variable_tracking, corpus);
-  const TaskInstance chain = tracking.make(400, 0.5, 9);
-  CHECK(chain.tokens.size() == 400);
-  const std::string chain_prompt =
-      tracking.text({chain.tokens.begin(), chain.tokens.begin() + chain.prompt_length});
-  CHECK_THAT(chain_prompt, Catch::Contains(chain.variables[0] + " = " + std::to_string(chain.key) + "."));
-  for (size_t v = 1; v < chain.variables.size(); ++v)
-    CHECK_THAT(chain_prompt, Catch::Contains(chain.variables[v] + " = " + chain.variables[v - 1] + "."));
-  CHECK_THAT(chain_prompt, Catch::EndsWith("Which names hold " + std::to_string(chain.key) + "? They are"));
-  std::string listed;
-  for (const auto& n : chain.variables) listed += (listed.empty() ? "" : " ") + n;
-  CHECK(tracking.text(chain.answer) == listed + " .");
-  std::vector<int32_t> reversed;
-  for (size_t n = chain.answer_names.size(); n-- > 0;)
-    reversed.insert(reversed.end(), chain.answer_names[n].begin(), chain.answer_names[n].end());
-  reversed.insert(reversed.end(), chain.answer_stop.begin(), chain.answer_stop.end());
-  CHECK(match_answer(chain, reversed) == AnswerMatch::complete);
+  check_task_texts(load_corpus(options));
 
   // A model that writes the task's digits as <unk> (no digits in its text, no byte fallback).
   std::string letters = texts[0];

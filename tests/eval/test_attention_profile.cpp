@@ -121,6 +121,74 @@ TEST_CASE("attention weights: the softmax with bias, sink and window written out
   }
 }
 
+namespace {
+
+// `profile` (T-token windows of `stream`, `windows` of them) against the definition: every
+// layer's whole weight matrix for the same windows, summed into bins by loops over every query
+// and key; stick-breaking's rest of a row at distance 0, a sink's as the sink share.
+void check_profile_by_definition(const std::string& name, TransformerLM& model, const TokenStream& stream,
+                                 const AttentionProfile& profile, int64_t T, int64_t windows) {
+  const bool causal = model->config().causal();
+  const bool stick = name == "stick_breaking", has_sink = name.find("sink") != std::string::npos;
+  // The definition: every layer's whole weight matrix, for the same windows.
+  Recorder recorder;
+  {
+    ObservedAttention observed(recorder);
+    torch::NoGradGuard no_grad;
+    model->hidden(stream.slice(0, windows * T).to(torch::kLong).view({windows, T}));
+  }
+  REQUIRE(recorder.calls.size() == 2);
+  const int64_t H = 4, bins = 6;
+  for (int64_t l = 0; l < 2; ++l) {
+    const auto& c = recorder.calls[size_t(l)];
+    const auto p = attention_probabilities(c.q, c.k, c.bias, c.options).to(torch::kFloat64);
+    std::vector<double> mass(size_t(H * bins), 0.0), entropy(size_t(H * bins), 0.0), rest(size_t(H), 0.0);
+    for (int64_t w = 0; w < windows; ++w)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < T; ++i) {
+          double row = 0;
+          for (int64_t j = 0; j < T; ++j) {
+            const double x = p[w][h][i][j].item<double>();
+            row += x;
+            if (x == 0) continue;
+            REQUIRE((!causal ? true : j <= i));
+            const int64_t b = bin_of(std::abs(i - j));
+            mass[size_t(h * bins + b)] += x;
+            entropy[size_t(h * bins + b)] -= x * std::log(x);
+          }
+          const double r = std::max(0.0, 1 - row);
+          if (stick) {
+            mass[size_t(h * bins)] += r;
+            if (r > 0) entropy[size_t(h * bins)] -= r * std::log(r);
+          } else {
+            rest[size_t(h)] += r;
+          }
+        }
+    const double queries = double(windows * T);
+    for (int64_t h = 0; h < H; ++h) {
+      double total = 0;
+      for (int64_t b = 0; b < bins; ++b) {
+        CHECK(profile.mass[l][h][b].item<double>() == Approx(mass[size_t(h * bins + b)] / queries).margin(1e-6));
+        CHECK(profile.entropy[l][h][b].item<double>() ==
+              Approx(entropy[size_t(h * bins + b)] / queries).margin(1e-6));
+        total += profile.mass[l][h][b].item<double>();
+      }
+      if (has_sink) {
+        CHECK(profile.sink[l][h].item<double>() == Approx(rest[size_t(h)] / queries).margin(1e-6));
+        CHECK(profile.sink[l][h].item<double>() > 1e-3);
+        CHECK(total + profile.sink[l][h].item<double>() == Approx(1).margin(1e-5));
+      } else {
+        CHECK(profile.sink[l][h].item<double>() == 0);
+        CHECK(total == Approx(1).margin(1e-5));
+      }
+      if (name == "rotary + window 6")  // nothing 6 or more back: bins 8-15 and 16-23 empty
+        CHECK(profile.mass[l][h].slice(0, 4).abs().max().item<double>() == 0);
+    }
+  }
+}
+
+}  // namespace
+
 TEST_CASE("attention profile: mass and entropy by distance bin as loops over every query and key",
           "[eval][profile]") {
   const auto tokens = torch::randint(0, 256, {200}, torch::TensorOptions().dtype(torch::kInt));
@@ -166,65 +234,9 @@ TEST_CASE("attention profile: mass and entropy by distance bin as loops over eve
     const AttentionProfile profile = attention_profile(model, stream, spec);
     CHECK(profile.windows == windows);
     CHECK(profile.edges == std::vector<int64_t>{0, 1, 2, 4, 8, 16, 24});
-    const bool causal = model->config().causal();
-    CHECK(profile.causal == causal);
-    const bool stick = name == "stick_breaking", has_sink = name.find("sink") != std::string::npos;
+    CHECK(profile.causal == model->config().causal());
 
-    // The definition: every layer's whole weight matrix, for the same windows.
-    Recorder recorder;
-    {
-      ObservedAttention observed(recorder);
-      torch::NoGradGuard no_grad;
-      model->hidden(stream.slice(0, windows * T).to(torch::kLong).view({windows, T}));
-    }
-    REQUIRE(recorder.calls.size() == 2);
-    const int64_t H = 4, bins = 6;
-    for (int64_t l = 0; l < 2; ++l) {
-      const auto& c = recorder.calls[size_t(l)];
-      const auto p = attention_probabilities(c.q, c.k, c.bias, c.options).to(torch::kFloat64);
-      std::vector<double> mass(size_t(H * bins), 0.0), entropy(size_t(H * bins), 0.0), rest(size_t(H), 0.0);
-      for (int64_t w = 0; w < windows; ++w)
-        for (int64_t h = 0; h < H; ++h)
-          for (int64_t i = 0; i < T; ++i) {
-            double row = 0;
-            for (int64_t j = 0; j < T; ++j) {
-              const double x = p[w][h][i][j].item<double>();
-              row += x;
-              if (x == 0) continue;
-              REQUIRE((!causal ? true : j <= i));
-              const int64_t b = bin_of(std::abs(i - j));
-              mass[size_t(h * bins + b)] += x;
-              entropy[size_t(h * bins + b)] -= x * std::log(x);
-            }
-            const double r = std::max(0.0, 1 - row);
-            if (stick) {
-              mass[size_t(h * bins)] += r;
-              if (r > 0) entropy[size_t(h * bins)] -= r * std::log(r);
-            } else {
-              rest[size_t(h)] += r;
-            }
-          }
-      const double queries = double(windows * T);
-      for (int64_t h = 0; h < H; ++h) {
-        double total = 0;
-        for (int64_t b = 0; b < bins; ++b) {
-          CHECK(profile.mass[l][h][b].item<double>() == Approx(mass[size_t(h * bins + b)] / queries).margin(1e-6));
-          CHECK(profile.entropy[l][h][b].item<double>() ==
-                Approx(entropy[size_t(h * bins + b)] / queries).margin(1e-6));
-          total += profile.mass[l][h][b].item<double>();
-        }
-        if (has_sink) {
-          CHECK(profile.sink[l][h].item<double>() == Approx(rest[size_t(h)] / queries).margin(1e-6));
-          CHECK(profile.sink[l][h].item<double>() > 1e-3);
-          CHECK(total + profile.sink[l][h].item<double>() == Approx(1).margin(1e-5));
-        } else {
-          CHECK(profile.sink[l][h].item<double>() == 0);
-          CHECK(total == Approx(1).margin(1e-5));
-        }
-        if (name == "rotary + window 6")  // nothing 6 or more back: bins 8-15 and 16-23 empty
-          CHECK(profile.mass[l][h].slice(0, 4).abs().max().item<double>() == 0);
-      }
-    }
+    check_profile_by_definition(name, model, stream, profile, T, windows);
     // An edge at 12 (a training length, say) splits bin 8-15 in two and leaves the others.
     spec.split_at = 12;
     const AttentionProfile split = attention_profile(model, stream, spec);
@@ -239,8 +251,10 @@ TEST_CASE("attention profile: mass and entropy by distance bin as loops over eve
     CHECK(distance_bin_edges(24, 16) == profile.edges);  // already an edge
     CHECK(distance_bin_edges(24, 24) == profile.edges);  // not inside
   }
+}
 
-  // Long windows in blocks of query rows; refusals.
+TEST_CASE("attention profile: a long window in blocks of query rows, and a length the stream cannot fill",
+          "[eval][profile]") {
   auto model = perturbed_model("alibi");
   const auto long_tokens = torch::randint(0, 256, {4096}, torch::TensorOptions().dtype(torch::kInt));
   const TokenStream long_stream = TokenStream::from_tokens(

@@ -263,6 +263,80 @@ TEST_CASE("a small model trained on passkey: accuracy by length, each verdict eq
   REQUIRE_THROWS_WITH(evaluate_retrieval(model, corpus, spec), Catch::Contains("[0, 100]"));
 }
 
+namespace {
+
+// A rotary causal point's retrieval_passkey+yarn row at 256 against the same evaluation of its
+// checkpoint in this process.
+void check_point_in_process(const extrap::testing::SweepDir& d, const ResultsStore& store) {
+  using namespace extrap::testing;
+  const std::string id = [&] {
+    for (const auto& [name, r] : store.runs())
+      if (r.position == "rotary" && name.find("masked") == std::string::npos) return name;
+    return std::string();
+  }();
+  auto [corpus, loaded] = load_cli_run(d, "runs/tiny/" + id);
+  RetrievalSpec spec;
+  spec.length = 256;
+  spec.depths = {0, 100};
+  spec.samples = 3;
+  spec.rope_scaling = rope_scaling_for(RopeScalingKind::yarn, 0, 16, 256);
+  const RetrievalResult r = evaluate_retrieval(loaded.model, corpus, spec);
+  const PointRecord* p = store.point(id, "retrieval_passkey+yarn", 256);
+  REQUIRE(p != nullptr);
+  for (size_t c = 0; c < 2; ++c) {
+    CHECK(p->retrieval[c].correct == r.cells[c].correct);
+    CHECK(p->retrieval[c].answer_nll == Approx(r.cells[c].answer_nll).epsilon(1e-9));
+  }
+
+}
+
+// `extrap eval --retrieval` gives a sweep's counts, `extrap task` prints the same instances, and
+// both refuse in one line.
+void check_command_line_retrieval(const extrap::testing::SweepDir& d, const ResultsStore& store) {
+  using namespace extrap::testing;
+  std::string out;
+  std::string id;
+  for (const auto& [name, r] : store.runs())
+    if (r.position == "alibi" && store.point(name, "retrieval_passkey", 128)) id = name;
+  REQUIRE(!id.empty());
+  REQUIRE(run_cli(d, {"eval", "--checkpoint", "runs/tiny/" + id, "--length", "128", "--retrieval",
+                      "passkey", "--samples", "3", "--depths", "0", "100", "--json", "r.json"},
+                  &out) == 0);
+  const auto rows = nlohmann::json::parse(read_text(d.root / "r.json"))["results"];
+  REQUIRE(rows.size() == 1);
+  const PointRecord* p = store.point(id, "retrieval_passkey", 128);
+  REQUIRE(p != nullptr);
+  for (size_t c = 0; c < 2; ++c)
+    CHECK(rows[0]["cells"][c]["correct"].get<int64_t>() == p->retrieval[c].correct);
+  REQUIRE(run_cli(d, {"task", "--length", "200", "--depth", "50", "--seed", "3", "--json", "t.json"},
+                  &out) == 0);
+  const auto task = nlohmann::json::parse(read_text(d.root / "t.json"));
+  CHECK(task["key"] == 39054);
+  CHECK(task["tokens"].size() == 200);
+  CHECK(out.find("What is the pass key? The pass key is\n") != std::string::npos);
+  // Refusals in one line.
+  for (const auto& [args, expected] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"task", "--length", "50"}, "too short"},
+           {{"task", "--length", "200", "--depth", "101"}, "--depth 101"},
+           {{"task", "--length", "200", "--task", "needle"}, "needle"},
+           {{"eval", "--checkpoint", "runs/tiny/" + id, "--length", "128", "--retrieval", "passkey",
+             "--stride", "8"}, "--stride has no meaning with --retrieval"},
+           {{"eval", "--checkpoint", "runs/tiny/" + id, "--length", "128", "--samples", "3"},
+            "--samples is a retrieval option"},
+           {{"eval", "--checkpoint", "runs/tiny/" + id, "--length", "128", "--retrieval", "passkey",
+             "--depths", "0", "0"}, "listed twice"}}) {
+    CHECK(run_cli(d, args, &out) == 2);
+    CHECK(out.find(expected) != std::string::npos);
+  }
+  // A length no instance fits is a failed row, exit 1.
+  CHECK(run_cli(d, {"eval", "--checkpoint", "runs/tiny/" + id, "--length", "64", "128",
+                    "--retrieval", "passkey", "--samples", "2"}, &out) == 1);
+  CHECK(out.find("64         failed: retrieval task passkey at length 64: an instance needs at least 103 tokens") != std::string::npos);
+
+}
+
+}  // namespace
+
 TEST_CASE("a sweep's eval.retrieval: causal points only, stored by depth, equal to an in-process "
           "evaluation, reported as a heat map",
           "[retrieval][sweep]") {
@@ -322,68 +396,8 @@ TEST_CASE("a sweep's eval.retrieval: causal points only, stored by depth, equal 
   }
   CHECK(retrieval_points == 2 + 4);
 
-  // One point against the same evaluation in this process.
-  {
-    const std::string id = [&] {
-      for (const auto& [name, r] : store.runs())
-        if (r.position == "rotary" && name.find("masked") == std::string::npos) return name;
-      return std::string();
-    }();
-    auto [corpus, loaded] = load_cli_run(d, "runs/tiny/" + id);
-    RetrievalSpec spec;
-    spec.length = 256;
-    spec.depths = {0, 100};
-    spec.samples = 3;
-    spec.rope_scaling = rope_scaling_for(RopeScalingKind::yarn, 0, 16, 256);
-    const RetrievalResult r = evaluate_retrieval(loaded.model, corpus, spec);
-    const PointRecord* p = store.point(id, "retrieval_passkey+yarn", 256);
-    REQUIRE(p != nullptr);
-    for (size_t c = 0; c < 2; ++c) {
-      CHECK(p->retrieval[c].correct == r.cells[c].correct);
-      CHECK(p->retrieval[c].answer_nll == Approx(r.cells[c].answer_nll).epsilon(1e-9));
-    }
-  }
-
-  // extrap eval --retrieval gives the sweep's counts; extrap task prints the same instances.
-  {
-    std::string id;
-    for (const auto& [name, r] : store.runs())
-      if (r.position == "alibi" && store.point(name, "retrieval_passkey", 128)) id = name;
-    REQUIRE(!id.empty());
-    REQUIRE(run_cli(d, {"eval", "--checkpoint", "runs/tiny/" + id, "--length", "128", "--retrieval",
-                        "passkey", "--samples", "3", "--depths", "0", "100", "--json", "r.json"},
-                    &out) == 0);
-    const auto rows = nlohmann::json::parse(read_text(d.root / "r.json"))["results"];
-    REQUIRE(rows.size() == 1);
-    const PointRecord* p = store.point(id, "retrieval_passkey", 128);
-    REQUIRE(p != nullptr);
-    for (size_t c = 0; c < 2; ++c)
-      CHECK(rows[0]["cells"][c]["correct"].get<int64_t>() == p->retrieval[c].correct);
-    REQUIRE(run_cli(d, {"task", "--length", "200", "--depth", "50", "--seed", "3", "--json", "t.json"},
-                    &out) == 0);
-    const auto task = nlohmann::json::parse(read_text(d.root / "t.json"));
-    CHECK(task["key"] == 39054);
-    CHECK(task["tokens"].size() == 200);
-    CHECK(out.find("What is the pass key? The pass key is\n") != std::string::npos);
-    // Refusals in one line.
-    for (const auto& [args, expected] : std::vector<std::pair<std::vector<std::string>, std::string>>{
-             {{"task", "--length", "50"}, "too short"},
-             {{"task", "--length", "200", "--depth", "101"}, "--depth 101"},
-             {{"task", "--length", "200", "--task", "needle"}, "needle"},
-             {{"eval", "--checkpoint", "runs/tiny/" + id, "--length", "128", "--retrieval", "passkey",
-               "--stride", "8"}, "--stride has no meaning with --retrieval"},
-             {{"eval", "--checkpoint", "runs/tiny/" + id, "--length", "128", "--samples", "3"},
-              "--samples is a retrieval option"},
-             {{"eval", "--checkpoint", "runs/tiny/" + id, "--length", "128", "--retrieval", "passkey",
-               "--depths", "0", "0"}, "listed twice"}}) {
-      CHECK(run_cli(d, args, &out) == 2);
-      CHECK(out.find(expected) != std::string::npos);
-    }
-    // A length no instance fits is a failed row, exit 1.
-    CHECK(run_cli(d, {"eval", "--checkpoint", "runs/tiny/" + id, "--length", "64", "128",
-                      "--retrieval", "passkey", "--samples", "2"}, &out) == 1);
-    CHECK(out.find("64         failed: retrieval task passkey at length 64: an instance needs at least 103 tokens") != std::string::npos);
-  }
+  check_point_in_process(d, store);
+  check_command_line_retrieval(d, store);
 
   REQUIRE(run_cli(d, {"report", "results/tiny.h5", "--out", "report"}, &out) == 0);
   const std::string md = read_text(d.root / "report/report.md");
