@@ -14,11 +14,14 @@ API
   load(path, dtype=torch.float32, device="cpu", use_package=None) -> ExtrapModel (an nn.Module,
       in eval mode). ValueError for another format, an unknown position method, a causal-only
       method (xpos, cope, fox) in a bidirectional export, a missing, extra or mis-shaped tensor,
-      ALiBi slopes other than the definition's. use_package: None = the safetensors package
-      when importable, else this file's reader; False = this file's reader.
+      ALiBi slopes other than the definition's, adaptive bands that do not fit the vocabulary
+      or d_model. use_package: None = the safetensors package when importable, else this
+      file's reader; False = this file's reader.
   model(tokens (B, T) int64, offset=0, return_attention=False) -> logits (B, T, V)
       [, per layer the attention probabilities (B, H, T, T)]
-  model.hidden(tokens, offset=0) -> (B, T, D), the final LayerNorm's output; model.logits(hidden)
+  model.hidden(tokens, offset=0) -> (B, T, D), the final LayerNorm's output (the last block's
+      without one: metadata model final_norm false); model.logits(hidden) -> (..., V), with
+      adaptive bands the log-probabilities themselves; model.log_probs(hidden) -> (..., V)
   model.bias(layer, T, h=None, q=None, k=None) -> (H, T, T) additive score bias, -inf where a
       key is masked; fox needs h = blocks[layer].ln_attention(x) (B, T, D) and cope needs the
       layer's q and k (B, H, T, Dh): their bias is (B, H, T, T)
@@ -27,8 +30,9 @@ API
       model.kind_of(layer) -> (kind, the layer's number among the kind's layers);
       model.method, model.options, model.attention_options: the one kind's (method "pattern"
       with a layer pattern)
-  model.metadata (JSON values decoded), model.vocabulary (word level: a list; else None),
-  model.pieces (sentencepiece: a sentencepiece.SentencePieceProcessor; else None),
+  model.metadata (JSON values decoded), model.vocab_size (V), model.vocabulary (word level: a
+      list; else None), model.pieces (sentencepiece: a sentencepiece.SentencePieceProcessor;
+      else None),
   model.encode(text) -> ids, model.decode(ids) -> text
   tokens_of_file(model, path) -> ids: a file's tokens as extrap reads it (its text, or for a
       pre-tokenised model its .npy or raw .bin ids)
@@ -53,6 +57,14 @@ learned sink logit per head (blocks.L.attention.sink), SSMax's per-head s times 
 (blocks.L.attention.ssmax; n_i the keys row i sees), Llama 4's temperature on q, a head-wise or
 element-wise output gate sigmoid(h W_g^T) (blocks.L.attention.gate.weight), and sliding-window
 and chunk masks by index within the window.
+
+Adaptive input and softmax (metadata model adaptive_cutoffs [c_0, ..., c_{n-2}] and
+adaptive_factor f; [] or no key: the embedding.weight of every other model): band k holds ids
+[c_{k-1}, c_k) (c_{-1} = 0, c_{n-1} = V) and has adaptive.embedding_k E_k (size_k, D / f^k) and
+adaptive.projection_k P_k (D, D / f^k); adaptive.clusters C is (n - 1, D). Token t of band k
+embeds as E_k[t - c_{k-1}] P_k^T (times sqrt(D), as any embedding); the output is log_softmax(h
+[E_0; C]^T), whose first c_0 columns are band 0's words and whose column c_0 + k - 1 adds to
+log_softmax((h P_k) E_k^T) for band k's.
 
 Layer patterns (metadata position "pattern"): metadata "layers" gives one period of kinds,
 repeated over depth, and each kind's method, options and attention options; kind K's tensors
@@ -370,8 +382,81 @@ class LayerKind(nn.Module):
         return 0 if self.options.get("shared_across_layers", True) else index
 
 
+def _adaptive_bands(m, V, D):
+    """The band ends [c_0, ..., c_{n-2}, V] and each band's width of metadata model's
+    adaptive_cutoffs and adaptive_factor; [] and [] for a plain embedding (no key, or [])."""
+    cutoffs = m.get("adaptive_cutoffs", [])
+    if not isinstance(cutoffs, list) or any(type(c) is not int for c in cutoffs):
+        raise ValueError(f"metadata model: adaptive_cutoffs must be a list of integers, not {cutoffs!r}")
+    if not cutoffs:
+        return [], []
+    factor = m.get("adaptive_factor", 4)
+    if type(factor) is not int or factor < 1:
+        raise ValueError(f"metadata model: adaptive_factor must be an integer at least 1, not {factor!r}")
+    if any(not a < b for a, b in zip([0] + cutoffs, cutoffs + [V])):
+        raise ValueError(f"metadata model: adaptive_cutoffs {cutoffs} must increase from above 0 to below "
+                         f"the vocabulary's {V} words")
+    widths = [D // factor ** k for k in range(len(cutoffs) + 1)]  # d_model / factor^k, rounded down
+    if widths[-1] < 1:
+        raise ValueError(f"metadata model: adaptive_cutoffs {cutoffs} make {len(widths)} bands of d_model {D} / "
+                         f"{factor}^k: the last is 0 wide")
+    if not m.get("tie_embeddings", True):
+        raise ValueError("metadata model: tie_embeddings is false with adaptive_cutoffs; extrap's adaptive "
+                         "softmax always shares the adaptive input's weights")
+    return cutoffs + [V], widths
+
+
+class AdaptiveVocabulary(nn.Module):
+    """Adaptive input embeddings and an adaptive softmax sharing their weights (metadata model
+    adaptive_cutoffs, adaptive_factor; tensors adaptive.NAME). Band k holds ids [c_{k-1}, c_k)
+    (c_{-1} = 0, c_{n-1} = V, n bands) and has embedding_k E_k (size_k, dim_k) and projection_k
+    P_k (D, dim_k), dim_k = d_model / factor^k; clusters C (n - 1, D) holds the head's logit of
+    each tail band."""
+
+    def __init__(self, ends, widths, D, kw):
+        super().__init__()
+        self.ends = ends
+        for k, width in enumerate(widths):
+            self.register_parameter(f"embedding_{k}", nn.Parameter(torch.empty(self.size(k), width, **kw)))
+            self.register_parameter(f"projection_{k}", nn.Parameter(torch.empty(D, width, **kw)))
+        self.clusters = nn.Parameter(torch.empty(len(ends) - 1, D, **kw))
+
+    def begin(self, k):  # band k's first id
+        return 0 if k == 0 else self.ends[k - 1]
+
+    def size(self, k):  # band k's number of ids
+        return self.ends[k] - self.begin(k)
+
+    def band(self, k):  # (E_k, P_k)
+        return getattr(self, f"embedding_{k}"), getattr(self, f"projection_{k}")
+
+    def embed(self, tokens):  # ids (...) -> (..., D): E_k[t - c_{k-1}] P_k^T for t of band k, unscaled
+        C = self.clusters
+        out = torch.zeros(*tokens.shape, C.shape[1], dtype=C.dtype, device=C.device)
+        for k in range(len(self.ends)):
+            E, P = self.band(k)
+            inside = (tokens >= self.begin(k)) & (tokens < self.ends[k])
+            out[inside] = E[tokens[inside] - self.begin(k)] @ P.T
+        return out
+
+    def log_probs(self, hidden):  # (..., D) -> (..., V): log p of every word
+        """The head's log_softmax(h [E_0; C]^T) gives band 0's words and each tail band's mass; a
+        word of tail band k adds log_softmax((h P_k) E_k^T) over its band."""
+        E0, _ = self.band(0)
+        head = (hidden @ torch.cat((E0, self.clusters)).T).log_softmax(dim=-1)  # (..., c_0 + n - 1)
+        c0 = self.ends[0]
+        parts = [head[..., :c0]]
+        for k in range(1, len(self.ends)):
+            E, P = self.band(k)
+            parts.append(head[..., c0 + k - 1:c0 + k] + ((hidden @ P) @ E.T).log_softmax(dim=-1))
+        return torch.cat(parts, dim=-1)
+
+
 class ExtrapModel(nn.Module):
-    """extrap's pre-LayerNorm transformer; parameter names are the file's tensor names."""
+    """extrap's pre-LayerNorm transformer; parameter names are the file's tensor names. Its token
+    embedding is `embedding` (tensor embedding.weight), or with adaptive bands `adaptive` (an
+    AdaptiveVocabulary, and `embedding` None); `ln_final` is None without the final LayerNorm
+    (metadata model final_norm false)."""
 
     def __init__(self, metadata, vocabulary=None, dtype=torch.float32):
         super().__init__()
@@ -410,7 +495,10 @@ class ExtrapModel(nn.Module):
         # An export without a pattern: its one method, options and attention options.
         self.method = self.kinds[0].method if len(names) == 1 and not names[0] else PATTERN
         self.options, self.attention_options = self.kinds[0].options, self.kinds[0].attention
-        self.embedding = nn.Embedding(V, D, **kw)
+        self.vocab_size = V
+        ends, widths = _adaptive_bands(m, V, D)
+        self.embedding = None if ends else nn.Embedding(V, D, **kw)
+        self.adaptive = AdaptiveVocabulary(ends, widths, D, kw) if ends else None
         self.blocks = nn.ModuleList()
         for layer in range(self.layers):
             a = self.kinds[self.layer_kind[layer]].attention
@@ -428,7 +516,10 @@ class ExtrapModel(nn.Module):
                 block.attention.gate = nn.Linear(D, H if a["gate"] == "headwise" else D, bias=False, **kw)
             block.ffn_in, block.ffn_out = nn.Linear(D, Fd, **kw), nn.Linear(Fd, D, **kw)
             self.blocks.append(block)
-        self.ln_final = nn.LayerNorm(D, eps, **kw)
+        final_norm = m.get("final_norm", True)  # files older than the key: always a final LayerNorm
+        if not isinstance(final_norm, bool):
+            raise ValueError(f"metadata model: final_norm must be true or false, not {final_norm!r}")
+        self.ln_final = nn.LayerNorm(D, eps, **kw) if final_norm else None
         self.head = None if m.get("tie_embeddings", True) else nn.Linear(D, V, bias=False, **kw)
         self._word_ids = None
         self.pieces = None  # sentencepiece: set by load() from the export's tokenizer model
@@ -437,6 +528,9 @@ class ExtrapModel(nn.Module):
         if not 0 <= layer < self.layers:
             raise ValueError(f"layer {layer}: the model's layers are 0 to {self.layers - 1}")
         return self.kinds[self.layer_kind[layer]], self.layer_index[layer]
+
+    def _weight(self):  # a weight of the model, for the dtype and device of what it computes
+        return self.embedding.weight if self.adaptive is None else self.adaptive.clusters
 
     # -- position methods: input embeddings, q/k rotation, score bias
     def _absolute_positions(self, offset, T):  # (T, D) or None; never a pattern's (refused)
@@ -453,7 +547,7 @@ class ExtrapModel(nn.Module):
                                 dtype=torch.float64)
             angle = p * freq  # (T, ceil(D/2)); columns 2i = sin, 2i+1 = cos, truncated to D
             pe = torch.stack((angle.sin(), angle.cos()), dim=-1).flatten(-2)[:, :D]
-            w = self.embedding.weight  # float64 rounded to float32 as in extrap, then to our dtype
+            w = self._weight()  # float64 rounded to float32 as in extrap, then to our dtype
             return pe.to(torch.float32).to(device=w.device, dtype=w.dtype)
         return None
 
@@ -473,7 +567,7 @@ class ExtrapModel(nn.Module):
             return None
         theta = torch.tensor(theta, dtype=torch.float64)
         angle = torch.arange(offset, offset + T, dtype=torch.float64)[:, None] * theta
-        w = self.embedding.weight
+        w = self._weight()
         return angle.cos().to(w.device, w.dtype), angle.sin().to(w.device, w.dtype)
 
     def _xpos(self, kind, offset, T):  # ((cos, sin) of the queries, (cos, sin) of the keys), or None
@@ -496,7 +590,7 @@ class ExtrapModel(nn.Module):
         angle = torch.arange(offset, offset + T, dtype=torch.float64)[:, None] * theta
         n = (torch.arange(T, dtype=torch.float64) - T // 2)[:, None] / scale_base
         cos, sin = angle.cos(), angle.sin()
-        w = self.embedding.weight
+        w = self._weight()
         tables = []
         for scale in (zeta ** n, zeta ** -n):  # queries, keys: (T, d_rot/2)
             tables.append(((cos * scale).to(w.device, w.dtype),
@@ -544,7 +638,7 @@ class ExtrapModel(nn.Module):
         return self._static_bias(kind, kind.bias_row(index), T)
 
     def _static_bias(self, kind, s, T):  # (H, T, T): the bias of row s of the kind's tables
-        w, H = self.embedding.weight, self.heads
+        w, H = self._weight(), self.heads
         i = torch.arange(T, device=w.device)[:, None]
         j = torch.arange(T, device=w.device)[None, :]
         left = (i - j).to(w.dtype)  # (T, T): i - j, the distance to a key on the left
@@ -693,12 +787,13 @@ class ExtrapModel(nn.Module):
 
     # -- forward
     def hidden(self, tokens, offset=0, return_attention=False):
-        """The final LayerNorm's output (B, T, D) [, attention probabilities per layer]."""
+        """The final LayerNorm's output (B, T, D), or without one the last block's output [, the
+        attention probabilities per layer]."""
         if tokens.dim() != 2:
             raise ValueError(f"tokens must be (B, T), not {tuple(tokens.shape)}")
         B, T = tokens.shape
         H, Dh = self.heads, self.d_head
-        x = self.embedding.weight[tokens] * math.sqrt(self.d_model)  # (B, T, D)
+        x = self.embed(tokens)  # (B, T, D)
         absolute = self._absolute_positions(offset, T)
         if absolute is not None:
             x = x + absolute
@@ -747,15 +842,20 @@ class ExtrapModel(nn.Module):
                 context = context * torch.sigmoid(block.attention.gate(h)).view(B, T, H, -1)
             x = x + block.attention.out(context.reshape(B, T, H * Dh))  # head-major features
             x = x + block.ffn_out(self.act(block.ffn_in(block.ln_ffn(x))))
-        x = self.ln_final(x)
+        if self.ln_final is not None:
+            x = self.ln_final(x)
         return (x, attention) if return_attention else x
+
+    def embed(self, tokens):  # (B, T) -> (B, T, D): the token embeddings times sqrt(d_model)
+        x = self.embedding.weight[tokens] if self.adaptive is None else self.adaptive.embed(tokens)
+        return x * math.sqrt(self.d_model)
 
     # -- the attention options (metadata "attention", or each kind's)
     def _temperature(self, kind, offset, T):  # Llama 4: q at p times 1 + a ln(floor((p + 1) / F) + 1)
         a, F_ = float(kind.attention["temperature"]), int(kind.attention["temperature_floor"])
         if a == 0:
             return None
-        w = self.embedding.weight
+        w = self._weight()
         p = torch.arange(offset, offset + T, dtype=torch.float64)
         factor = 1 + a * torch.log(torch.floor((p + 1) / F_) + 1)
         return factor.to(w.device, w.dtype).view(1, 1, T, 1)
@@ -764,7 +864,7 @@ class ExtrapModel(nn.Module):
         W, C = int(kind.attention["window"]), int(kind.attention["chunk"])
         if W <= 0 and C <= 0:
             return None
-        device = self.embedding.weight.device
+        device = self._weight().device
         i = torch.arange(T, device=device)[:, None]
         j = torch.arange(T, device=device)[None, :]
         hidden = torch.zeros(T, T, dtype=torch.bool, device=device)
@@ -788,8 +888,14 @@ class ExtrapModel(nn.Module):
         sink = attention.sink.view(1, H, 1, 1).expand(*scores.shape[:-1], 1)
         return torch.cat((scores, sink), dim=-1).softmax(dim=-1)[..., :-1]
 
-    def logits(self, hidden):  # (..., D) -> (..., V)
+    def logits(self, hidden):  # (..., D) -> (..., V); with adaptive bands the log-probabilities
+        if self.adaptive is not None:
+            return self.adaptive.log_probs(hidden)
         return hidden @ (self.embedding.weight if self.head is None else self.head.weight).T
+
+    def log_probs(self, hidden):  # (..., D) -> (..., V): log_softmax of the logits
+        logits = self.logits(hidden)
+        return logits if self.adaptive is not None else logits.log_softmax(dim=-1)
 
     def forward(self, tokens, offset=0, return_attention=False):
         if return_attention:
@@ -888,6 +994,18 @@ def _pieces(path, metadata):
     return pieces
 
 
+def _layout(model, names):
+    """For a message about tensors `names`: where one is the embedding's, the adaptive bands' or
+    the final LayerNorm's, the metadata that decides which of them the file holds and their shapes."""
+    if not any(n.split(".")[0] in ("embedding", "adaptive", "ln_final") for n in names):
+        return ""
+    m = model.metadata["model"]
+    bands = (f"adaptive_cutoffs {m['adaptive_cutoffs']}, adaptive_factor {m.get('adaptive_factor', 4)}, "
+             if model.adaptive is not None else "no adaptive_cutoffs, ")
+    return (f" (metadata: {bands}vocab_size {model.vocab_size}, d_model {model.d_model}, "
+            f"final_norm {str(model.ln_final is not None).lower()})")
+
+
 def load(path, dtype=torch.float32, device="cpu", use_package=None):
     """The ExtrapModel stored in an extrap-safetensors/1 file, in eval mode, weights in dtype."""
     tensors, raw = read_safetensors(path, use_package)
@@ -902,14 +1020,14 @@ def load(path, dtype=torch.float32, device="cpu", use_package=None):
     extra = sorted(tensors.keys() - expected.keys())
     if missing:
         raise ValueError(f"{path}: missing tensor(s) "
-                         + ", ".join(f"{n} {expected[n]}" for n in missing))
+                         + ", ".join(f"{n} {expected[n]}" for n in missing) + _layout(model, missing))
     if extra:
         raise ValueError(f"{path}: unexpected tensor(s) " + ", ".join(extra)
-                         + f" (position {model.method!r}, causal {model.causal})")
+                         + f" (position {model.method!r}, causal {model.causal})" + _layout(model, extra))
     for name, shape in expected.items():
         if tuple(tensors[name].shape) != shape:
             raise ValueError(f"{path}: tensor {name} has shape {tuple(tensors[name].shape)}, "
-                             f"expected {shape}")
+                             f"expected {shape}" + _layout(model, [name]))
     for name, kind in model.named_modules():
         if isinstance(kind, LayerKind) and kind.method in ("alibi", "alibi_symmetric", "alibi_nonsymmetric"):
             H = model.heads
@@ -939,7 +1057,7 @@ def evaluate(model, tokens, length, stride=0, batch_windows=64):
     """Perplexity of a token stream with windows of `length`, every `stride` tokens (0 or
     >= length: non-overlapping). Causal LM scores the next token; masked LM the selected ones."""
     tokens = torch.as_tensor(tokens, dtype=torch.long).flatten().cpu()
-    n, V = tokens.numel(), model.embedding.weight.shape[0]
+    n, V = tokens.numel(), model.vocab_size
     masked = check_length(model, n, length)
     last = n if masked else n - 1  # input positions
     if stride < 0:
@@ -958,7 +1076,7 @@ def evaluate(model, tokens, length, stride=0, batch_windows=64):
         selected = torch.ones(n, dtype=torch.bool)
         inputs, targets = tokens[:-1], tokens[1:]  # input position p predicts token p + 1
     windows = evaluation_windows(last, length, stride)
-    was_training, device = model.training, model.embedding.weight.device
+    was_training, device = model.training, model._weight().device
     model.eval()
     nll_sum, count, start = 0.0, 0, 0
     while start < len(windows):  # batches of consecutive windows of one size
@@ -973,7 +1091,7 @@ def evaluate(model, tokens, length, stride=0, batch_windows=64):
         hidden = model.hidden(inputs[index].to(device))  # (W, size, D)
         chunk = max(1, (1 << 25) // (size * V))  # windows per logits pass: (chunk, size, V) bounded
         for c in range(0, len(group), chunk):
-            logp = model.logits(hidden[c:c + chunk]).log_softmax(dim=-1)  # (chunk, size, V)
+            logp = model.log_probs(hidden[c:c + chunk])  # (chunk, size, V)
             picked = logp.gather(-1, targets[index[c:c + chunk]].to(device)[..., None])[..., 0]
             nll_sum -= picked[scored[c:c + chunk].to(device)].double().sum().item()
         count += int(scored.sum())

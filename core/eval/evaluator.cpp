@@ -247,10 +247,8 @@ void score_batch(TransformerLM& model, const EvalBatch& batch, int64_t size, tor
   const int64_t chunk = kLogitChunkRows;
   for (int64_t c = 0; c < h.size(0); c += chunk) {
     const int64_t len = std::min(chunk, h.size(0) - c);
-    auto logits = model->logits(h.narrow(0, c, len)).to(torch::kFloat32);     // (len, V)
-    auto t = flat_targets.index_select(0, scored.narrow(0, c, len));         // (len,)
-    auto nll = torch::nn::functional::cross_entropy(
-        logits, t, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
+    auto t = flat_targets.index_select(0, scored.narrow(0, c, len));  // (len,)
+    auto nll = model->nll(h.narrow(0, c, len), t);                      // (len,) float32
     const auto rows = scored.narrow(0, c, len).cpu();
     auto where = rows.remainder(size);  // window positions
     position_nll.index_add_(0, where, nll.to(torch::kFloat64).cpu());

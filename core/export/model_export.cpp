@@ -56,6 +56,9 @@ json model_json(const ModelConfig& m) {
           {"d_ffn", m.d_ffn},
           {"activation", enum_name(m.activation)},
           {"tie_embeddings", m.tie_embeddings},
+          {"final_norm", m.final_norm},
+          {"adaptive_cutoffs", m.adaptive_cutoffs},  // [] without adaptive bands (core/model/adaptive.h)
+          {"adaptive_factor", m.adaptive_factor},
           {"objective", enum_name(m.objective)},
           {"causal", m.causal()},
           {"layer_norm_eps", 1e-5}};  // torch::nn::LayerNorm's default, which the model uses

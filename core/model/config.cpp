@@ -68,6 +68,37 @@ void read_data_section(const OptionReader& root, Config& c) {
   }
 }
 
+// The adaptive input and softmax's keys: bands that fit the width, tied weights.
+void check_adaptive_keys(const OptionReader& r, const ModelConfig& m) {
+  if (!m.adaptive()) {  // (a resolved config writes every key: only a value other than the default is refused)
+    const ModelConfig defaults;
+    if (m.adaptive_factor != defaults.adaptive_factor)
+      r.fail("adaptive_factor", "is set but model.adaptive_cutoffs is empty (no adaptive bands)");
+    if (m.adaptive_dropout != defaults.adaptive_dropout)
+      r.fail("adaptive_dropout", "is set but model.adaptive_cutoffs is empty (no adaptive bands)");
+    return;
+  }
+  int64_t previous = 0;
+  for (const int64_t c : m.adaptive_cutoffs) {
+    if (c <= previous)
+      r.fail("adaptive_cutoffs", "must increase from above 0, got " + std::to_string(c) + " after " +
+                                     std::to_string(previous));
+    previous = c;
+  }
+  r.at_least("adaptive_factor", m.adaptive_factor, 1);
+  int64_t width = m.d_model;
+  for (size_t k = 0; k < m.adaptive_cutoffs.size(); ++k) width /= m.adaptive_factor;
+  if (width < 1)
+    r.fail("adaptive_cutoffs", std::to_string(m.adaptive_cutoffs.size() + 1) + " bands of d_model " +
+                                   std::to_string(m.d_model) + " / " + std::to_string(m.adaptive_factor) +
+                                   "^k: the last would be 0 wide (fewer cutoffs or a smaller adaptive_factor)");
+  r.in_range("adaptive_dropout", m.adaptive_dropout, 0, 1);
+  if (!m.tie_embeddings)
+    r.fail("tie_embeddings", "is false with model.adaptive_cutoffs: the adaptive softmax shares the adaptive "
+                             "input's embeddings and projections (fairseq's --tie-adaptive-weights --tie-adaptive-proj); "
+                             "untied adaptive weights are not built");
+}
+
 // The model section: the transformer's shape, objective and attention implementation.
 void read_model_section(const OptionReader& root, Config& c) {
   auto r = root.section("model", "the transformer");
@@ -78,8 +109,18 @@ void read_model_section(const OptionReader& root, Config& c) {
   r.read("d_ffn", m.d_ffn, "feed-forward hidden width");
   r.read("dropout", m.dropout, "dropout on embeddings, residual branches and the FFN");
   r.read("attention_dropout", m.attention_dropout, "dropout on attention probabilities");
+  r.read("activation_dropout", m.activation_dropout, "dropout on the FFN's hidden activations");
   r.read("activation", m.activation, "FFN activation");
   r.read("tie_embeddings", m.tie_embeddings, "share input and output embedding matrices");
+  r.read("init", m.init,
+         "initialisation: LibTorch's Linear everywhere, or fairseq's attention projections (q, k, v Xavier "
+         "gain 1/sqrt(2); output Xavier, zero bias)");
+  r.read("final_norm", m.final_norm, "a LayerNorm on the last block's output (fairseq's transformer_lm_wiki103 has none)");
+  r.read("adaptive_cutoffs", m.adaptive_cutoffs,
+         "adaptive input and softmax, tied: the vocabulary's band ends below V, ids sorted by count (empty: a "
+         "plain embedding and softmax; the ALiBi paper's WikiText-103 model: [20000, 60000])");
+  r.read("adaptive_factor", m.adaptive_factor, "adaptive bands: band k is d_model / factor^k wide");
+  r.read("adaptive_dropout", m.adaptive_dropout, "adaptive softmax: dropout on its input and on each tail's projection");
   r.read("objective", m.objective, "causal LM, or bidirectional masked LM");
   r.read("attention", m.attention, "attention implementation (the same maths on every path)",
          Affects::nothing);
@@ -99,6 +140,8 @@ void read_model_section(const OptionReader& root, Config& c) {
       r.fail("heads", "d_model (" + std::to_string(m.d_model) + ") must be a multiple of heads (" +
                           std::to_string(m.heads) + ")");
     r.in_range("dropout", m.dropout, 0, 1);
+    r.in_range("activation_dropout", m.activation_dropout, 0, 1);
+    check_adaptive_keys(r, m);
   }
 }
 
@@ -174,6 +217,34 @@ void read_position_section(const OptionReader& root, Config& c) {
   }
 }
 
+// The keys of one optimiser or schedule: refused where the config's optimiser or schedule
+// does not read them.
+void check_schedule_keys(const OptionReader& r, const TrainConfig& t) {
+  // (A resolved config writes every key: only a value other than the default is refused.)
+  const TrainConfig defaults;
+  if (t.schedule != Schedule::cosine_restarts) {
+    const std::string why = "is read by schedule cosine_restarts only; the schedule is " + enum_name(t.schedule);
+    if (t.warmup_init_lr != defaults.warmup_init_lr) r.fail("warmup_init_lr", why);
+    if (t.period != defaults.period) r.fail("period", why);
+    if (t.t_mult != defaults.t_mult) r.fail("t_mult", why);
+    if (t.lr_shrink != defaults.lr_shrink) r.fail("lr_shrink", why);
+  }
+  if (!(t.warmup_init_lr >= 0 && t.warmup_init_lr <= t.lr))
+    r.fail("warmup_init_lr", "must be in [0, lr], got " + number_text(t.warmup_init_lr));
+  r.at_least("period", t.period, 0, " (0: steps - warmup)");
+  if (!(t.t_mult >= 1) || !std::isfinite(t.t_mult)) r.fail("t_mult", "must be a finite number at least 1, got " + number_text(t.t_mult));
+  if (!(t.lr_shrink > 0 && t.lr_shrink <= 1)) r.fail("lr_shrink", "must be in (0, 1], got " + number_text(t.lr_shrink));
+  if (t.optimizer == OptimizerKind::nag) {
+    const std::string why = "is AdamW's; train.optimizer is nag";
+    if (t.beta1 != defaults.beta1) r.fail("beta1", why);
+    if (t.beta2 != defaults.beta2) r.fail("beta2", why);
+    if (t.eps != defaults.eps) r.fail("eps", why);
+    r.in_range("momentum", t.momentum, 0, 1);
+  } else if (t.momentum != defaults.momentum) {
+    r.fail("momentum", "is nag's; train.optimizer is adamw");
+  }
+}
+
 // The train section: optimiser, schedule, checkpoints and where training runs.
 void read_train_section(const OptionReader& root, Config& c) {
   auto r = root.section("train", "training");
@@ -185,8 +256,16 @@ void read_train_section(const OptionReader& root, Config& c) {
   r.read("lr", t.lr, "peak learning rate");
   r.read("min_lr", t.min_lr, "final learning rate of the cosine schedule");
   r.read("warmup", t.warmup, "linear warm-up steps");
-  r.read("schedule", t.schedule, "decay after warm-up");
-  r.read("weight_decay", t.weight_decay, "AdamW weight decay (matrices only)");
+  r.read("schedule", t.schedule,
+         "decay after warm-up (cosine_restarts: fairseq's cosine scheduler, update n at its rate for n - 1)");
+  r.read("warmup_init_lr", t.warmup_init_lr, "cosine_restarts: the learning rate warm-up starts from");
+  r.read("period", t.period, "cosine_restarts: updates in the first cosine period (0: steps - warmup)");
+  r.read("t_mult", t.t_mult, "cosine_restarts: each period this many times the last");
+  r.read("lr_shrink", t.lr_shrink, "cosine_restarts: lr and min_lr shrink by this factor each period");
+  r.read("optimizer", t.optimizer, "adamw, or nag (fairseq's Nesterov momentum, the ALiBi paper's)");
+  r.read("momentum", t.momentum, "nag: the momentum");
+  r.read("weight_decay", t.weight_decay,
+         "weight decay: AdamW's on matrices only; nag's on every parameter, p *= 1 - lr * wd (fairseq's)");
   r.read("beta1", t.beta1, "AdamW beta1");
   r.read("beta2", t.beta2, "AdamW beta2");
   r.read("eps", t.eps, "AdamW epsilon");
@@ -228,6 +307,7 @@ void read_train_section(const OptionReader& root, Config& c) {
     r.in_range("beta1", t.beta1, 0, 1);
     r.in_range("beta2", t.beta2, 0, 1);
     if (!(t.eps > 0) || !std::isfinite(t.eps)) r.fail("eps", "must be a positive number, got " + number_text(t.eps));
+    check_schedule_keys(r, t);
     if (!(t.clip >= 0) || !std::isfinite(t.clip))
       r.fail("clip", "must not be negative (0: no clipping), got " + number_text(t.clip));
     r.at_least("validate_every", t.validate_every, 0);
@@ -396,6 +476,22 @@ YAML::Node keys_affecting(const Config& config, std::initializer_list<Affects> k
   if (a.chunk == plain.chunk) remove_key(out, "attention.chunk");
   if (out["attention"] && out["attention"].size() == 0) out.remove("attention");
   if (config.layer_pattern.empty()) out.remove("layers");  // the section came in 0.13
+  // The paper's model and optimiser (issue 67): only the keys that differ from their defaults, so
+  // that an older run keeps its fingerprint.
+  const ModelConfig m;
+  const TrainConfig t;
+  if (config.model.activation_dropout == m.activation_dropout) remove_key(out, "model.activation_dropout");
+  if (config.model.final_norm == m.final_norm) remove_key(out, "model.final_norm");
+  if (config.model.init == m.init) remove_key(out, "model.init");
+  if (!config.model.adaptive()) {
+    remove_key(out, "model.adaptive_cutoffs");
+    remove_key(out, "model.adaptive_factor");
+    remove_key(out, "model.adaptive_dropout");
+  }
+  if (config.train.optimizer == t.optimizer) remove_key(out, "train.optimizer");
+  if (config.train.optimizer != OptimizerKind::nag) remove_key(out, "train.momentum");
+  if (config.train.schedule != Schedule::cosine_restarts)
+    for (const char* key : {"train.warmup_init_lr", "train.period", "train.t_mult", "train.lr_shrink"}) remove_key(out, key);
   return out;
 }
 }  // namespace

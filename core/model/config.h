@@ -20,13 +20,24 @@
 namespace extrap {
 
 enum class Activation { gelu, relu };
+// model.init: LibTorch's Linear initialisation everywhere, or fairseq's for the attention
+// projections (q, k, v Xavier-uniform with gain 1/sqrt(2), the output Xavier-uniform with a zero
+// bias; fairseq's MultiheadAttention.reset_parameters), the rest as LibTorch's.
+enum class InitKind { torch, fairseq };
 enum class Objective { causal_lm, masked_lm };
-enum class Schedule { cosine, inverse_sqrt, constant };
+// cosine_restarts: fairseq's `cosine` scheduler (the ALiBi paper's), core/train/trainer.h.
+enum class Schedule { cosine, inverse_sqrt, constant, cosine_restarts };
+enum class OptimizerKind { adamw, nag };
 enum class Device { cpu, cuda };
 template <>
 struct EnumNames<Activation> {
   static constexpr std::array<std::pair<const char*, Activation>, 2> table{
       {{"gelu", Activation::gelu}, {"relu", Activation::relu}}};
+};
+template <>
+struct EnumNames<InitKind> {
+  static constexpr std::array<std::pair<const char*, InitKind>, 2> table{
+      {{"torch", InitKind::torch}, {"fairseq", InitKind::fairseq}}};
 };
 template <>
 struct EnumNames<Objective> {
@@ -35,10 +46,16 @@ struct EnumNames<Objective> {
 };
 template <>
 struct EnumNames<Schedule> {
-  static constexpr std::array<std::pair<const char*, Schedule>, 3> table{
+  static constexpr std::array<std::pair<const char*, Schedule>, 4> table{
       {{"cosine", Schedule::cosine},
        {"inverse_sqrt", Schedule::inverse_sqrt},
-       {"constant", Schedule::constant}}};
+       {"constant", Schedule::constant},
+       {"cosine_restarts", Schedule::cosine_restarts}}};
+};
+template <>
+struct EnumNames<OptimizerKind> {
+  static constexpr std::array<std::pair<const char*, OptimizerKind>, 2> table{
+      {{"adamw", OptimizerKind::adamw}, {"nag", OptimizerKind::nag}}};
 };
 template <>
 struct EnumNames<Device> {
@@ -113,13 +130,22 @@ struct ModelConfig {
   int64_t d_ffn = 1024;
   double dropout = 0.1;
   double attention_dropout = 0.0;
+  double activation_dropout = 0.0;  // on the FFN's hidden activations
   Activation activation = Activation::gelu;
   bool tie_embeddings = true;
+  bool final_norm = true;           // a LayerNorm before the output projection
+  InitKind init = InitKind::torch;
+  // Adaptive input and softmax (core/model/adaptive.h): the band ends below V (empty: a plain
+  // embedding and softmax), each band D / factor^k wide, the softmax's dropout.
+  std::vector<int64_t> adaptive_cutoffs;
+  int64_t adaptive_factor = 4;
+  double adaptive_dropout = 0.0;
   Objective objective = Objective::causal_lm;
   AttentionBackend attention = AttentionBackend::Auto;
   int64_t efficient_threshold = 1 << 20;  // Tq*Tk above which inference uses the efficient path
   AttentionConfig attention_options;      // the `attention` section (every layer)
   bool causal() const { return objective == Objective::causal_lm; }
+  bool adaptive() const { return !adaptive_cutoffs.empty(); }
 };
 
 struct TrainConfig {
@@ -131,6 +157,14 @@ struct TrainConfig {
   double min_lr = 0.0;
   int64_t warmup = 100;
   Schedule schedule = Schedule::cosine;
+  // cosine_restarts: warm-up from warmup_init_lr; periods of `period` updates (0: steps -
+  // warmup), each t_mult times the last; lr and min_lr times lr_shrink^i in period i.
+  double warmup_init_lr = 0.0;
+  int64_t period = 0;
+  double t_mult = 1.0;
+  double lr_shrink = 1.0;
+  OptimizerKind optimizer = OptimizerKind::adamw;
+  double momentum = 0.99;          // nag
   double weight_decay = 0.01;
   double beta1 = 0.9;
   double beta2 = 0.98;

@@ -77,14 +77,14 @@ int64_t MemoryEstimate::total() const {
 
 std::string MemoryEstimate::parts() const {
   return "weights " + format_bytes(parameters) + ", gradients " + format_bytes(gradients) +
-         ", AdamW state " + format_bytes(optimizer) + ", activations " + format_bytes(activations);
+         ", optimiser state " + format_bytes(optimizer) + ", activations " + format_bytes(activations);
 }
 
 int64_t parameter_count_estimate(const Config& c, int64_t vocab_size) {
   const ModelConfig& m = c.model;
   const int64_t d = m.d_model, f = m.d_ffn;
   const int64_t per_layer = add(add(mul(mul(4, d), d), mul(mul(2, d), f)), add(mul(9, d), f));
-  int64_t total = add(mul(vocab_size, d), mul(m.layers, per_layer));
+  int64_t total = add(vocabulary_parameters(m, vocab_size), mul(m.layers, per_layer));
   const LayerPlan plan = layer_plan(c);
   for (int64_t kind : plan.layer_kind) {
     const AttentionConfig& a = plan.kinds[kind].attention;  // sink and SSMax (H,) each; the gate's projection
@@ -93,6 +93,20 @@ int64_t parameter_count_estimate(const Config& c, int64_t vocab_size) {
     if (a.gate != AttentionGate::none) total = add(total, mul(d, a.gate == AttentionGate::headwise ? m.heads : d));
   }
   if (!m.tie_embeddings) total = add(total, mul(vocab_size, d));
+  if (m.final_norm) total = add(total, mul(2, d));
+  return total;
+}
+
+int64_t vocabulary_parameters(const ModelConfig& m, int64_t vocab_size) {
+  if (!m.adaptive()) return mul(vocab_size, m.d_model);
+  // Each band's embedding and projection, and the clusters' logits (core/model/adaptive.h).
+  int64_t total = mul(int64_t(m.adaptive_cutoffs.size()), m.d_model), begin = 0, width = m.d_model;
+  for (size_t k = 0; k <= m.adaptive_cutoffs.size(); ++k) {
+    const int64_t end = k < m.adaptive_cutoffs.size() ? m.adaptive_cutoffs[k] : vocab_size;
+    total = add(total, mul(add(std::max<int64_t>(end - begin, 0), m.d_model), width));
+    begin = end;
+    width /= std::max<int64_t>(m.adaptive_factor, 1);
+  }
   return total;
 }
 
@@ -109,7 +123,7 @@ MemoryEstimate estimate_training_memory(const Config& c, int64_t vocab_size) {
   const int64_t params = parameter_count_estimate(c, vocab_size);
   e.parameters = mul(params, 4);
   e.gradients = e.parameters;
-  e.optimizer = mul(e.parameters, 2);
+  e.optimizer = t.optimizer == OptimizerKind::nag ? e.parameters : mul(e.parameters, 2);  // momentum; AdamW's moments
   const int64_t sequences = std::max<int64_t>(t.accumulation, t.batch_tokens / std::max<int64_t>(t.seq_len, 1));
   const int64_t micro = std::max<int64_t>(1, sequences / t.accumulation);
   const int64_t tokens = mul(micro, t.seq_len);
@@ -134,7 +148,13 @@ MemoryEstimate estimate_training_memory(const Config& c, int64_t vocab_size) {
     if (k.attention.ssmax) method_scores += 3.25;
     layers = add(layers, add(common, add(saturating(double(scores) * method_scores), saturating(double(pairs) * method_pairs))));
   }
-  const int64_t values = add(layers, add(mul(tokens, mul(3, m.d_model)), mul(mul(tokens, vocab_size), 2)));
+  // The logits and their gradient: every word's, or with adaptive bands the head's for every
+  // token and a tail's for a tenth of them (the estimate errs low).
+  int64_t outputs = vocab_size;
+  if (m.adaptive())
+    outputs = add(m.adaptive_cutoffs.front() + int64_t(m.adaptive_cutoffs.size()),
+                  (vocab_size - m.adaptive_cutoffs.front()) / 10);
+  const int64_t values = add(layers, add(mul(tokens, mul(3, m.d_model)), mul(mul(tokens, outputs), 2)));
   e.activations = mul(values, 4);
   return e;
 }

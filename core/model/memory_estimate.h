@@ -1,12 +1,14 @@
 // What a config needs in memory, estimated before anything is allocated, so that a config that
 // cannot fit is refused with the estimate and what is available, not a climb into bad_alloc.
 //
-// Training (fp32): parameters, their gradients and AdamW's two moments (4 copies), plus the
+// Training (fp32): parameters, their gradients and AdamW's two moments (4 copies; NAG's one
+// momentum: 3), plus the
 // activations autograd keeps for one micro-batch of B = batch_tokens / seq_len / accumulation
 // sequences of T = seq_len tokens: per layer about B*T*(10*d_model + 2*d_ffn) values for the
 // residual stream, LayerNorms, q/k/v, projections and FFN, and B*heads*T*T*2 for the
 // attention scores and probabilities (the reference path materialises them); and the logits
-// with their gradient, B*T*vocab*2. The estimate errs low: a refused config surely does not
+// with their gradient, B*T*vocab*2 (adaptive bands: the head's columns, and a tail's for a tenth of
+// the tokens). The estimate errs low: a refused config surely does not
 // fit, an accepted one may still be tight.
 #pragma once
 
@@ -20,13 +22,15 @@ namespace extrap {
 struct MemoryEstimate {
   int64_t parameters = 0;   // bytes of the weights
   int64_t gradients = 0;
-  int64_t optimizer = 0;    // AdamW moments
+  int64_t optimizer = 0;    // AdamW's moments or NAG's momentum
   int64_t activations = 0;  // kept for backward, one micro-batch
   int64_t total() const;  // saturating: never wraps negative
-  std::string parts() const;  // "weights 1.1 GiB, gradients ..., AdamW state ..., activations ..."
+  std::string parts() const;  // "weights 1.1 GiB, gradients ..., optimiser state ..., activations ..."
 };
 
 int64_t parameter_count_estimate(const Config& config, int64_t vocab_size);
+// The input embedding's (and tied softmax's) parameters: V x d_model, or the adaptive bands'.
+int64_t vocabulary_parameters(const ModelConfig& model, int64_t vocab_size);
 MemoryEstimate estimate_training_memory(const Config& config, int64_t vocab_size);
 
 // Bytes this process can still allocate: the least of MemAvailable, the cgroup's memory.max

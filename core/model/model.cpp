@@ -213,8 +213,11 @@ std::pair<torch::Tensor, torch::Tensor> BlockImpl::forward_residual(const torch:
   auto [h, ffn_input] = add_layer_norm(
       x, attention->forward(normed, position, positions, attention_options, cache, normed_low), ln_ffn, ffn_dtype);
   auto f = linear(ffn_in, ffn_input);
-  f = options.activation() == Activation::relu ? linear(ffn_out, torch::relu(f))
-                                                : gelu_linear(f, ffn_out->weight, ffn_out->bias);
+  const bool relu = options.activation() == Activation::relu;
+  if (attention_options.training && options.activation_dropout() > 0)
+    f = linear(ffn_out, torch::dropout(relu ? torch::relu(f) : torch::gelu(f), options.activation_dropout(), true));
+  else
+    f = relu ? linear(ffn_out, torch::relu(f)) : gelu_linear(f, ffn_out->weight, ffn_out->bias);
   if (attention_options.training && options.dropout() > 0) f = torch::dropout(f, options.dropout(), true);
   return {h, f};
 }
@@ -241,10 +244,15 @@ TransformerLMImpl::TransformerLMImpl(const ModelConfig& config, int64_t vocab_si
       position_name_(plan.kinds.at(0).position_name), plan_(plan) {
   TORCH_CHECK(int64_t(plan.layer_kind.size()) == config.layers && plan.layer_index.size() == plan.layer_kind.size(),
               "the layer plan has ", plan.layer_kind.size(), " layers, the model ", config.layers);
-  embedding = register_module("embedding", torch::nn::Embedding(vocab_size, config.d_model));
-  // Scaled by sqrt(d_model) in forward(): initialise so that the scaled embedding has unit-ish
-  // variance, as fairseq does (normal with std d_model^-0.5).
-  torch::nn::init::normal_(embedding->weight, 0.0, std::pow(double(config.d_model), -0.5));
+  if (config.adaptive()) {
+    adaptive_ = register_module("adaptive", AdaptiveVocabulary(vocab_size, config.d_model, config.adaptive_cutoffs,
+                                                               config.adaptive_factor, config.adaptive_dropout));
+  } else {
+    embedding = register_module("embedding", torch::nn::Embedding(vocab_size, config.d_model));
+    // Scaled by sqrt(d_model) in forward(): initialise so that the scaled embedding has unit-ish
+    // variance, as fairseq does (normal with std d_model^-0.5).
+    torch::nn::init::normal_(embedding->weight, 0.0, std::pow(double(config.d_model), -0.5));
+  }
   embedding_dropout = register_module("embedding_dropout", torch::nn::Dropout(config.dropout));
 
   for (int64_t k = 0; k < int64_t(plan.kinds.size()); ++k) {
@@ -261,11 +269,23 @@ TransformerLMImpl::TransformerLMImpl(const ModelConfig& config, int64_t vocab_si
     blocks->push_back(Block(BlockOptions(config.d_model, config.heads, config.d_ffn)
                                 .dropout(config.dropout)
                                 .attention_dropout(config.attention_dropout)
+                                .activation_dropout(config.activation_dropout)
                                 .activation(config.activation)
                                 .layer_index(plan.layer_index[l])
                                 .extras(plan.kinds[plan.layer_kind[l]].attention)));
   }
-  ln_final = register_module("ln_final", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.d_model})));
+  if (config.init == InitKind::fairseq) {
+    torch::NoGradGuard no_grad;
+    for (size_t l = 0; l < blocks->size(); ++l) {
+      auto& attention = *blocks[l]->as<Block>()->attention;
+      for (auto& part : attention.qkv->weight.chunk(3, 0))  // q, k, v: each (D, D)
+        torch::nn::init::xavier_uniform_(part, 1.0 / std::sqrt(2.0));
+      torch::nn::init::xavier_uniform_(attention.out->weight);
+      attention.out->bias.zero_();
+    }
+  }
+  if (config.final_norm)
+    ln_final = register_module("ln_final", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.d_model})));
   if (!config.tie_embeddings)
     head = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(config.d_model, vocab_size).bias(false)));
 }
@@ -273,13 +293,32 @@ TransformerLMImpl::TransformerLMImpl(const ModelConfig& config, int64_t vocab_si
 torch::Tensor TransformerLMImpl::forward(const torch::Tensor& tokens, int64_t offset) {
   // Under bf16 autocast the final LayerNorm may write bfloat16: its output goes only to the
   // output projection here.
-  const bool low = embedding->weight.device().is_cpu() && cpu_autocast_bf16();
+  const bool low = tokens.device().is_cpu() && cpu_autocast_bf16() && !adaptive_;
   return logits(hidden_as(tokens, offset, low ? torch::kBFloat16 : torch::kFloat32));
 }
 
 torch::Tensor TransformerLMImpl::logits(const torch::Tensor& x) {
+  if (adaptive_) return adaptive_->log_probs(x);      // (..., V)
   if (head) return linear(head, x);                   // (..., V)
   return extrap::linear(x, embedding->weight, {});   // (..., V)
+}
+
+torch::Tensor TransformerLMImpl::nll(const torch::Tensor& hidden, const torch::Tensor& targets) {
+  if (adaptive_) return adaptive_->nll(hidden, targets);
+  return torch::nn::functional::cross_entropy(
+      logits(hidden).to(torch::kFloat32), targets,
+      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kNone));
+}
+
+torch::Tensor TransformerLMImpl::embed(const torch::Tensor& tokens) {
+  const auto x = adaptive_ ? adaptive_->embed(tokens) : embedding->forward(tokens);
+  return x * std::sqrt(double(config_.d_model));  // (B, T, D)
+}
+
+torch::Tensor TransformerLMImpl::final_hidden(const torch::Tensor& x, const torch::Tensor& delta,
+                                              torch::ScalarType dtype) {
+  if (ln_final) return add_layer_norm(x, delta, ln_final, dtype).second;
+  return delta.defined() ? x + delta : x;
 }
 
 torch::Tensor TransformerLMImpl::hidden(const torch::Tensor& tokens, int64_t offset) {
@@ -288,7 +327,7 @@ torch::Tensor TransformerLMImpl::hidden(const torch::Tensor& tokens, int64_t off
 
 torch::Tensor TransformerLMImpl::hidden_as(const torch::Tensor& tokens, int64_t offset, torch::ScalarType dtype) {
   TORCH_CHECK(tokens.dim() == 2, "model input must be (B, T) token ids, got ", tokens.sizes());
-  auto x = embedding->forward(tokens) * std::sqrt(double(config_.d_model));  // (B, T, D)
+  auto x = embed(tokens);  // (B, T, D)
   const int64_t length = tokens.size(1);
   auto positions = TokenPositions::window(length, offset);
   if (const PositionSampling& sampling = position().sampling(); sampling.active() && is_training())
@@ -320,7 +359,7 @@ torch::Tensor TransformerLMImpl::hidden_as(const torch::Tensor& tokens, int64_t 
   for (size_t l = 0; l < blocks->size(); ++l)
     std::tie(x, delta) = blocks[l]->as<Block>()->forward_residual(x, delta, *positions_[plan_.layer_kind[l]], positions,
                                                                   attention_options);
-  return add_layer_norm(x, delta, ln_final, dtype).second;  // (B, T, D)
+  return final_hidden(x, delta, dtype);  // (B, T, D)
 }
 
 void TransformerLMImpl::set_rope_scaling(const RopeScaling& scaling) {
@@ -365,7 +404,7 @@ torch::Tensor TransformerLMImpl::hidden(const torch::Tensor& tokens, KVCache& ca
   if (cache.layers.empty()) cache.layers.resize(blocks->size());
   TORCH_CHECK(cache.layers.size() == blocks->size(), "the KV cache holds ", cache.layers.size(),
               " layers, the model has ", blocks->size());
-  auto x = embedding->forward(tokens) * std::sqrt(double(config_.d_model));  // (B, T, D)
+  auto x = embed(tokens);  // (B, T, D)
   auto positions = TokenPositions::window(length, cache.length);
   positions.centre = (cache.planned - 1) / 2;
   x = position().embed(x, positions);
@@ -378,7 +417,7 @@ torch::Tensor TransformerLMImpl::hidden(const torch::Tensor& tokens, KVCache& ca
     x = blocks[l]->as<Block>()->forward(x, *positions_[plan_.layer_kind[l]], positions, attention_options,
                                         &cache.layers[l]);
   cache.length += length;
-  return ln_final->forward(x);  // (B, T, D)
+  return final_hidden(x, {}, torch::kFloat32);  // (B, T, D)
 }
 
 int64_t TransformerLMImpl::num_parameters() const {
@@ -473,6 +512,10 @@ TransformerLM build_model(const Config& config, int64_t vocab_size) {
   const LayerPlan plan = resolved_plan(config);
   check_kinds(config, plan, false);  // the model builds (and so checks) each method
   ModelConfig model = config.model;
+  if (model.adaptive() && model.adaptive_cutoffs.back() >= vocab_size)
+    throw ConfigError(config.source + ": key 'model.adaptive_cutoffs': the last cutoff, " +
+                      std::to_string(model.adaptive_cutoffs.back()) + ", must be below the vocabulary's " +
+                      std::to_string(vocab_size) + " tokens");
   model.attention_options = plan.kinds.front().attention;
   return TransformerLM(model, vocab_size, plan, config.source);
 }

@@ -10,6 +10,7 @@
 #pragma once
 
 #include "core/attention/attention.h"
+#include "core/model/adaptive.h"
 #include "core/model/config.h"
 #include "positions/position.h"
 
@@ -99,6 +100,7 @@ struct BlockOptions {
   TORCH_ARG(int64_t, d_ffn);
   TORCH_ARG(double, dropout) = 0.0;
   TORCH_ARG(double, attention_dropout) = 0.0;
+  TORCH_ARG(double, activation_dropout) = 0.0;  // on the FFN's hidden activations
   TORCH_ARG(Activation, activation) = Activation::gelu;
   TORCH_ARG(int64_t, layer_index) = 0;
   TORCH_ARG(AttentionConfig, extras);
@@ -151,7 +153,15 @@ class TransformerLMImpl : public torch::nn::Module {
   // the sequence whose first cache->length tokens the cache holds, attending to those too; the
   // cache then holds them as well. Equal to the matching rows of hidden(whole sequence).
   torch::Tensor hidden(const torch::Tensor& tokens, KVCache& cache);
+  // With an adaptive softmax (model.adaptive_cutoffs) the logits are the exact log-probabilities,
+  // float32: their softmax is themselves.
   torch::Tensor logits(const torch::Tensor& hidden);
+  // Each target's negative log-likelihood from final hidden states (N, D) and targets (N,):
+  // (N,) float32, 0 where the target is -100. With an adaptive softmax only the targets' bands
+  // are computed.
+  torch::Tensor nll(const torch::Tensor& hidden, const torch::Tensor& targets);
+  // The adaptive input and softmax, where the model has them (else null).
+  const AdaptiveVocabulary& adaptive() const { return adaptive_; }
 
   // The position method of the model (of the first kind where layers follow a pattern), and
   // of each kind of layer.
@@ -190,12 +200,18 @@ class TransformerLMImpl : public torch::nn::Module {
   LayerPlan plan_;
   RopeScaling rope_scaling_;
   StreamingCache streaming_;
-  torch::nn::Embedding embedding = nullptr;
+  torch::nn::Embedding embedding = nullptr;  // without adaptive bands
+  AdaptiveVocabulary adaptive_ = nullptr;     // with them: the input embedding and the softmax
   torch::nn::Dropout embedding_dropout = nullptr;
   std::vector<std::shared_ptr<PositionMethod>> positions_;  // one per kind of layer (plan_.kinds)
   torch::nn::ModuleList blocks = nullptr;
-  torch::nn::LayerNorm ln_final = nullptr;
+  torch::nn::LayerNorm ln_final = nullptr;  // only with model.final_norm
   torch::nn::Linear head = nullptr;  // only when embeddings are not tied
+
+  // The token embeddings, times sqrt(d_model) (B, T, D).
+  torch::Tensor embed(const torch::Tensor& tokens);
+  // The last block's output x + delta, through the final LayerNorm where the model has one.
+  torch::Tensor final_hidden(const torch::Tensor& x, const torch::Tensor& delta, torch::ScalarType dtype);
 
   // hidden(), with the final LayerNorm's output in `dtype` where the fused LayerNorm takes it
   // (bfloat16 for forward() under bf16 autocast: the cast the output projection would make).

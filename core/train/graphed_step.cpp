@@ -7,7 +7,7 @@
 
 namespace extrap {
 
-std::string GraphedTrainingStep::unsupported_reason(TransformerLM& model, torch::optim::AdamW& optimizer,
+std::string GraphedTrainingStep::unsupported_reason(TransformerLM& model, torch::optim::Optimizer& optimizer,
                                                     const TrainConfig& config, const torch::Device& device,
                                                     bool data_parallel) {
   if (!device.is_cuda()) return "train.device is " + enum_name(config.device) + " (CUDA graphs run on a GPU)";
@@ -15,13 +15,16 @@ std::string GraphedTrainingStep::unsupported_reason(TransformerLM& model, torch:
   if (data_parallel) return "the run is data-parallel (the gradient all-reduce is not captured)";
   if (const PositionSampling& sampling = model->position().sampling(); sampling.active())
     return sampling.key() + " draws the positions on the host at every step";
+  if (model->adaptive()) return "model.adaptive_cutoffs: the adaptive softmax picks each band's targets on the host";
+  auto* adamw = dynamic_cast<torch::optim::AdamW*>(&optimizer);
+  if (!adamw) return "train.optimizer is " + enum_name(config.optimizer) + " (the captured step is AdamW's)";
   if (!fused_adamw_switched_on()) return "EXTRAP_FUSED_ADAMW=0 takes LibTorch's optimiser step, which reads back to the host";
-  if (!aten_fused_adamw_suits(optimizer))
+  if (!aten_fused_adamw_suits(*adamw))
     return "the parameters or AdamW's state are not dense tensors of one type on one device (or amsgrad is on)";
   return "";
 }
 
-std::unique_ptr<GraphedTrainingStep> GraphedTrainingStep::for_config(TransformerLM model, torch::optim::AdamW& optimizer,
+std::unique_ptr<GraphedTrainingStep> GraphedTrainingStep::for_config(TransformerLM model, torch::optim::Optimizer& optimizer,
                                                                      const TrainConfig& config,
                                                                      const torch::Device& device, bool data_parallel,
                                                                      int64_t micro_batch, const std::string& source,
@@ -29,7 +32,8 @@ std::unique_ptr<GraphedTrainingStep> GraphedTrainingStep::for_config(Transformer
   std::string why = "train.cuda_graph is off";
   if (config.cuda_graph != CudaGraphMode::off) {
     why = unsupported_reason(model, optimizer, config, device, data_parallel);
-    if (why.empty()) return std::make_unique<GraphedTrainingStep>(model, optimizer, config, micro_batch);
+    if (why.empty())
+      return std::make_unique<GraphedTrainingStep>(model, dynamic_cast<torch::optim::AdamW&>(optimizer), config, micro_batch);
     if (config.cuda_graph == CudaGraphMode::on) throw ConfigError(source + ": train.cuda_graph is on, but " + why);
   }
   if (eager_reason) *eager_reason = why;

@@ -46,14 +46,14 @@ class GraphedTrainingStep {
  public:
   // Why the steps of `model` under `config` cannot be graphed on `device` ("" when they can);
   // `data_parallel`: the run has ranks.
-  static std::string unsupported_reason(TransformerLM& model, torch::optim::AdamW& optimizer,
+  static std::string unsupported_reason(TransformerLM& model, torch::optim::Optimizer& optimizer,
                                         const TrainConfig& config, const torch::Device& device, bool data_parallel);
 
   // The graphed step that config.cuda_graph asks for, or nullptr: where it is off, or under
   // `auto` where the steps cannot be graphed (why in *eager_reason, when given). Under `on`,
   // steps that cannot be graphed are a ConfigError naming train.cuda_graph in `source` (the
   // config's file). The trainer's choice and `extrap bench train`'s.
-  static std::unique_ptr<GraphedTrainingStep> for_config(TransformerLM model, torch::optim::AdamW& optimizer,
+  static std::unique_ptr<GraphedTrainingStep> for_config(TransformerLM model, torch::optim::Optimizer& optimizer,
                                                          const TrainConfig& config, const torch::Device& device,
                                                          bool data_parallel, int64_t micro_batch,
                                                          const std::string& source, std::string* eager_reason);

@@ -12,6 +12,7 @@
 #include "core/runtime/progress.h"
 #include "core/runtime/sysinfo.h"
 #include "core/train/graphed_step.h"
+#include "core/train/optimizer.h"
 
 #include <chrono>
 #include <cmath>
@@ -27,7 +28,31 @@ namespace fs = std::filesystem;
 
 namespace extrap {
 
+namespace {
+// fairseq's cosine scheduler (fairseq/optim/lr_scheduler/cosine_lr_scheduler.py, the ALiBi
+// paper's --lr-scheduler cosine) after n updates: fairseq sets the rate for the next update
+// from the count of updates done, so update n + 1 runs at this.
+double fairseq_cosine(const TrainConfig& c, int64_t n) {
+  if (c.warmup > 0 && n < c.warmup) return c.warmup_init_lr + double(n) * (c.lr - c.warmup_init_lr) / double(c.warmup);
+  const double done = double(n - c.warmup);
+  const double period = double(c.period > 0 ? c.period : std::max<int64_t>(c.steps - c.warmup, 1));
+  double i = 0, length = period, into = 0;
+  if (c.t_mult != 1) {
+    i = std::floor(std::log(1 - done / period * (1 - c.t_mult)) / std::log(c.t_mult));
+    length = std::pow(c.t_mult, i) * period;
+    into = done - (1 - std::pow(c.t_mult, i)) / (1 - c.t_mult) * period;
+  } else {
+    i = std::floor(done / period);
+    into = done - period * i;
+  }
+  const double shrink = std::pow(c.lr_shrink, i);
+  const double low = c.min_lr * shrink, high = c.lr * shrink;
+  return low + 0.5 * (high - low) * (1 + std::cos(M_PI * into / length));
+}
+}  // namespace
+
 double learning_rate(const TrainConfig& c, int64_t step) {
+  if (c.schedule == Schedule::cosine_restarts) return fairseq_cosine(c, step - 1);
   if (c.warmup > 0 && step <= c.warmup) return c.lr * double(step) / double(c.warmup);
   if (c.schedule == Schedule::constant) return c.lr;
   if (c.schedule == Schedule::inverse_sqrt)
@@ -68,12 +93,15 @@ void warn_emulated_bf16() {
 }  // namespace
 
 std::unique_ptr<torch::optim::AdamW> make_optimizer(const TransformerLM& model, const TrainConfig& config) {
+  TORCH_CHECK(config.optimizer == OptimizerKind::adamw, "make_optimizer: train.optimizer is ", enum_name(config.optimizer));
   return std::make_unique<torch::optim::AdamW>(parameter_groups(model, config));
 }
 
 torch::Tensor training_nll_sum(TransformerLM& model, const torch::Tensor& inputs, const torch::Tensor& targets,
                                Precision precision) {
   ComputePrecision region(precision, inputs.device().type());
+  if (model->adaptive())  // only the targets' bands of the softmax
+    return model->nll(model->hidden(inputs).reshape({targets.numel(), -1}), targets.reshape({-1})).sum();
   const auto logits = model->forward(inputs).reshape({-1, model->vocab_size()});  // (B T, V)
   const auto flat_targets = targets.reshape({-1});
   // On the CPU the fused loss (core/kernels/fused_cpu_loss.h): the same float32 arithmetic in one pass
@@ -162,7 +190,7 @@ Trainer::Trainer(Config config, const Corpus& corpus)
                         std::to_string(config_.train.seq_len));
     broadcast_parameters(*group_, *model_);
   }
-  optimizer_ = make_optimizer(model_, config_.train);
+  optimizer_ = make_training_optimizer(model_, config_.train);
 }
 
 int64_t micro_batch_sequences(const TrainConfig& c) {
@@ -388,11 +416,9 @@ double Trainer::train_step(RunState& state) {
   if (state.graphed) {
     step_loss = graphed_step(state, lr);
   } else {
-    for (auto& group : optimizer_->param_groups())
-      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
     optimizer_->zero_grad();
     step_loss = forward_backward(state);
-    optimizer_step(*optimizer_, c.clip);  // clipping and AdamW (core/kernels/fused_adamw.h)
+    training_step(*optimizer_, c, lr);  // clipping and the optimiser (core/train/optimizer.h)
   }
   const int64_t step = ++state.step;
   fault_point("step", c.out_dir + " step " + std::to_string(step) + " rank " +

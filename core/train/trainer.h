@@ -1,4 +1,5 @@
-// The training loop: AdamW, warm-up + cosine / inverse-sqrt decay, gradient clipping and
+// The training loop: AdamW or NAG (core/train/optimizer.h), warm-up + cosine / inverse-sqrt
+// decay or fairseq's cosine with restarts, gradient clipping and
 // accumulation, periodic validation and checkpoints, exact resumption.
 //
 // Data order: the training stream is cut into blocks of seq_len inputs (fairseq
@@ -64,7 +65,10 @@ int64_t micro_batch_sequences(const TrainConfig& config);
 // accumulation x seq_len, at most batch_tokens (at least one sequence a micro-batch).
 int64_t tokens_per_step(const TrainConfig& config);
 
-// The learning rate at optimiser step `step` (1-based).
+// The learning rate at optimiser step `step` (1-based). cosine_restarts is fairseq's cosine
+// scheduler: warm-up from warmup_init_lr to lr over `warmup` updates, then periods of `period`
+// updates, period i t_mult^i times the first, each a half cosine from lr * lr_shrink^i down to
+// min_lr * lr_shrink^i; fairseq sets update n's rate after n - 1 updates, and so does this.
 double learning_rate(const TrainConfig& config, int64_t step);
 
 // AdamW with the config's betas and epsilon, weight decay on matrices only.
@@ -145,7 +149,7 @@ class Trainer {
   torch::Device device_;
   ProcessGroup* group_ = nullptr;  // data-parallel ranks (nullptr: one process)
   TransformerLM model_ = nullptr;
-  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;  // train.optimizer's (core/train/optimizer.h)
   std::unique_ptr<TaskGenerator> tasks_;  // data.task, when set
   std::vector<int64_t> order_;  // block permutation of the current epoch
   int64_t order_epoch_ = -1;

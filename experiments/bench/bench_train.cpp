@@ -7,11 +7,13 @@
 #include "core/kernels/precision.h"
 #include "core/kernels/residual_norm.h"
 #include "core/model/config.h"
+#include "core/model/memory_estimate.h"
 #include "core/model/model.h"
 #include "core/runtime/cuda_support.h"
 #include "core/runtime/distributed.h"
 #include "core/runtime/sysinfo.h"
 #include "core/train/graphed_step.h"
+#include "core/train/optimizer.h"
 #include "core/train/trainer.h"
 #include "experiments/bench/bench_profile.h"
 #include "experiments/bench/bench_util.h"
@@ -89,8 +91,14 @@ void print_setup(const Config& config, const TransformerLM& model, int64_t globa
                   ? " (no AVX512_BF16 or AMX here: bf16 products are emulated)" : "");
 }
 
+// The optimiser step's path, in words.
+std::string step_path(const torch::optim::Optimizer& optimizer) {
+  if (const auto* adamw = dynamic_cast<const torch::optim::AdamW*>(&optimizer)) return optimizer_step_path(*adamw);
+  return "LibTorch's clip_grad_norm_ and SGD (nesterov: fairseq's NAG)";
+}
+
 // Prints which paths the step took (core/kernels/cpu_linear.h, core/kernels/fused_adamw.h): the A/B switches show here.
-void print_step_paths(const Config& config, const torch::Device& device, const torch::optim::AdamW& optimizer) {
+void print_step_paths(const Config& config, const torch::Device& device, const torch::optim::Optimizer& optimizer) {
   const TrainConfig& t = config.train;
   // Asked inside the step's precision region, as the model asks.
   ComputePrecision precision(t.precision, device.type());
@@ -113,11 +121,11 @@ void print_step_paths(const Config& config, const torch::Device& device, const t
                                                : "LibTorch",
               gelu_fused ? "backward folded into the next product" : "as LibTorch runs it",
               norm_fused ? "fused with the LayerNorm after them" : "and LayerNorms as LibTorch runs them",
-              optimizer_step_path(optimizer).c_str());
+              step_path(optimizer).c_str());
 }
 
 // Model FLOPs utilisation: 6 x parameters a token (forward and backward products, the tied
-// embedding counted once, as the output projection), plus attention's q.k and p.v products,
+// embedding counted once, as the output projection; adaptive bands: the head's alone), plus attention's q.k and p.v products,
 // 12 x layers x T x d_model a token, halved when causal; over the large-matrix-product rate
 // of this machine (the CPU, or the GPU the model is on) measured now, in the training precision.
 void print_model_flops(const Config& config, const TransformerLM& model, double tokens, double median,
@@ -125,7 +133,14 @@ void print_model_flops(const Config& config, const TransformerLM& model, double 
   const TrainConfig& t = config.train;
   const auto& m = config.model;
   const double attention = 12.0 * double(m.layers * t.seq_len * m.d_model) * (m.causal() ? 0.5 : 1.0);
-  const double per_token = 6.0 * double(model->num_parameters()) + attention;
+  // With adaptive bands every token's products are the head's, c_0 + bands - 1 rows of d_model;
+  // the tails and the projections run for the tokens of their bands alone and are left out
+  // (the count errs low).
+  double products = double(model->num_parameters());
+  if (m.adaptive())
+    products += double(m.d_model * (m.adaptive_cutoffs.front() + int64_t(m.adaptive_cutoffs.size()))) -
+                double(vocabulary_parameters(m, model->vocab_size()));
+  const double per_token = 6.0 * products + attention;
   const double achieved = per_token * tokens / median / 1e9;
   const auto dtype = t.precision == Precision::bf16 ? torch::kBFloat16 : torch::kFloat32;
   const auto rate = bench::matrix_product_gflops(dtype, device);
@@ -161,7 +176,7 @@ int bench_train(const Args& args) {
   model->to(device);
   model->train();
   if (ranks) broadcast_parameters(*ranks, *model);
-  const auto optimizer = make_optimizer(model, t);  // the trainer's (decay on matrices only)
+  const auto optimizer = make_training_optimizer(model, t);  // the trainer's (core/train/optimizer.h)
   const int64_t global = std::max<int64_t>(1, t.batch_tokens / t.seq_len / t.accumulation);
   if (global % world != 0)
     throw ConfigError(o.config_path + ": " + std::to_string(global) + " sequences a micro-batch do not split evenly over " +
@@ -195,7 +210,7 @@ int bench_train(const Args& args) {
       return batch;
     }, t.precision);
     if (ranks) all_reduce_gradients(*ranks, model->parameters(), "the gradient all-reduce");
-    optimizer_step(*optimizer, t.clip);
+    training_step(*optimizer, t, t.lr);
   };
   auto step = [&] { graphed ? graphed_step() : eager_step(); };
   const std::vector<double> seconds = time_steps(step, o.warmup, o.steps, device);

@@ -3,7 +3,8 @@
 usage: check_export.py MODEL.safetensors EVAL.json TOKENS.txt LOGITS.safetensors [...]
 
 For each model: the safetensors package and the module's own reader give identical tensors;
-the model's logits for LOGITS' tokens equal extrap's (float32) within 2e-5 + 1e-5 relative;
+the model's logits for LOGITS' tokens equal extrap's (float32) within 2e-5 + 1e-5 relative (with
+an adaptive softmax, model.adaptive_cutoffs, both are the log-probabilities of every word);
 then every row of EVAL.json (written by `extrap eval --json`) is recomputed in float64 from
 TOKENS.txt (its first max_tokens tokens): the same scored-token count, and the summed NLL and
 perplexity within 1e-5 relative. A perplexity averages small differences away, the logits of

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <set>
@@ -144,6 +145,9 @@ struct ExportDir : TempDir {
         YAML::Load("{" + (first_extra == std::string::npos ? std::string() : model_extra.substr(first_extra)) + "}");
     for (const auto& entry : extras) {
       const std::string key = entry.first.Scalar(), value = entry.second.Scalar();
+      INFO("model_extra key " << key << ": quote a list or map value ('[6, 12]'): its text is copied into the "
+           "model's flow map");
+      REQUIRE(entry.second.IsScalar());
       const auto found = std::find_if(model.begin(), model.end(), [&](const auto& kv) { return kv.first == key; });
       if (found != model.end()) found->second = value;
       else model.emplace_back(key, value);
@@ -429,6 +433,66 @@ TEST_CASE("export: the attention options in Python equal extrap's, logits and ev
              {"gate", "headwise"}, {"window", 8}, {"chunk", 0}});
   CHECK(file.tensors.at("blocks.1.attention.gate.weight").shape == std::vector<int64_t>{4, 32});
   check_in_python(d, models);
+}
+
+TEST_CASE("export: an adaptive input and softmax, without a final LayerNorm, exports its bands, and Python "
+          "reproduces extrap eval",
+          "[export][adaptive][python]") {
+  // The vocabulary of the ALiBi paper's WikiText-103 model (core/model/adaptive.h), on the word
+  // corpus's 21 ids (<eos>, <unk>, <mask>, then its 18 words by descending count): bands [0, 6),
+  // [6, 12) and [12, 21), d_model / 4^k = 32, 8 and 2 wide, tied input and output, and no final
+  // LayerNorm. The activation and adaptive-softmax dropouts act in training only. Quoted lists:
+  // train() copies each value's text into the model's flow map.
+  ExportDir d;
+  std::vector<Compared> models;
+  models.push_back(train_eval_export(d, "adaptive_causal", "alibi", true, "word",
+                                     ", adaptive_cutoffs: '[6, 12]', final_norm: false, activation: relu, "
+                                     "activation_dropout: 0.1, adaptive_dropout: 0.1"));
+  // Masked LM with the final LayerNorm: bands of 5 and 16 ids, 32 and 16 wide; the masked
+  // inputs' random replacements are drawn over all V ids.
+  models.push_back(train_eval_export(d, "adaptive_masked", "{name: t5_bias, buckets: 8, max_distance: 20}", false,
+                                     "word", ", adaptive_cutoffs: '[5]', adaptive_factor: 2, activation_dropout: 0.1"));
+
+  const SafetensorsFile file = read_safetensors_checked(d.root / "adaptive_causal.safetensors");
+  const json model = json::parse(file.metadata.at("model"));
+  CHECK(model.at("adaptive_cutoffs") == json::array({6, 12}));
+  CHECK(model.at("adaptive_factor") == 4);
+  CHECK(model.at("final_norm") == false);
+  CHECK(json::parse(file.metadata.at("data")).at("vocab_size") == 21);
+  CHECK(file.tensors.count("embedding.weight") == 0);
+  CHECK(file.tensors.count("ln_final.weight") == 0);
+  CHECK(file.tensors.at("adaptive.embedding_0").shape == std::vector<int64_t>{6, 32});
+  CHECK(file.tensors.at("adaptive.embedding_1").shape == std::vector<int64_t>{6, 8});
+  CHECK(file.tensors.at("adaptive.embedding_2").shape == std::vector<int64_t>{9, 2});
+  CHECK(file.tensors.at("adaptive.projection_0").shape == std::vector<int64_t>{32, 32});
+  CHECK(file.tensors.at("adaptive.projection_2").shape == std::vector<int64_t>{32, 2});
+  CHECK(file.tensors.at("adaptive.clusters").shape == std::vector<int64_t>{2, 32});
+  const SafetensorsFile masked = read_safetensors_checked(d.root / "adaptive_masked.safetensors");
+  CHECK(json::parse(masked.metadata.at("model")).at("final_norm") == true);
+  CHECK(masked.tensors.at("adaptive.embedding_1").shape == std::vector<int64_t>{16, 16});
+  CHECK(masked.tensors.at("adaptive.clusters").shape == std::vector<int64_t>{1, 32});
+  CHECK(masked.tensors.count("ln_final.weight") == 1);
+  // Python's adaptive head, tails and embedding against extrap's log-probabilities and
+  // perplexities (analysis/extrap_model.py's AdaptiveVocabulary).
+  check_in_python(d, models);
+
+  // Bands that disagree with the metadata's cutoffs are refused in one line that names the
+  // tensor and the cutoffs.
+  write_text(d.root / "bands.py",
+             "import json\nfrom safetensors import safe_open\nfrom safetensors.torch import load_file, save_file\n"
+             "with safe_open('adaptive_causal.safetensors', 'pt') as f:\n    meta = f.metadata()\n"
+             "model = json.loads(meta['model'])\nmodel['adaptive_cutoffs'] = [6, 13]\nmeta['model'] = json.dumps(model)\n"
+             "save_file(load_file('adaptive_causal.safetensors'), 'bands.safetensors', metadata=meta)\n");
+  std::string output;
+  REQUIRE(run_python(d, "bands.py", &output) == 0);
+  const int code = run_python(d, EXTRAP_SOURCE_DIR "/analysis/extrap_model.py bands.safetensors "
+                                 "--tokens-file words/valid.txt --length 16", &output);
+  INFO(output);
+  CHECK(code == 2);
+  CHECK(output.find("tensor adaptive.embedding_1 has shape (6, 8), expected (7, 8)") != std::string::npos);
+  CHECK(output.find("adaptive_cutoffs [6, 13]") != std::string::npos);
+  CHECK(output.find("Traceback") == std::string::npos);
+  CHECK(std::count(output.begin(), output.end(), '\n') == 1);
 }
 
 TEST_CASE("export: a model with a layer pattern exports each kind, Python reproduces extrap eval, and inspect "

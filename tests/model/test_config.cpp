@@ -296,6 +296,16 @@ TEST_CASE("config: each key's mark decides the run fingerprint and what a sweep 
   CHECK(!c.model_keys()["layers"]);  // the runs of 0.12 keep their fingerprints
   c.layer_pattern = {"a", "none"};
   c.layers = YAML::Load("{pattern: [a, none], kinds: {a: {position: rotary}}}");
+  // and the paper's model and optimiser keys at their defaults (issue 67)
+  for (const char* key : {"activation_dropout", "final_norm", "init", "adaptive_cutoffs"})
+    CHECK(!c.model_keys()["model"][key]);  // older runs keep their fingerprints
+  for (const char* key : {"optimizer", "momentum", "t_mult", "period"}) CHECK(!c.model_keys()["train"][key]);
+  c.model.activation_dropout = 0.1;
+  c.model.final_norm = false;
+  c.model.init = InitKind::fairseq;
+  c.model.adaptive_cutoffs = {100};
+  c.train.optimizer = OptimizerKind::nag;
+  c.train.schedule = Schedule::cosine_restarts;
   const YAML::Node model = c.model_keys();
   CHECK(model["train"]["steps"]);
   CHECK(model["train"]["lr"]);
