@@ -1,4 +1,5 @@
-# Sourced by the evaluation-lens benchmarks (compare_profile.sh, compare_streaming.sh), after
+# Sourced by the evaluation-lens benchmarks (compare_profile.sh, compare_streaming.sh; and for its
+# `median` by compare_attention_paths.sh), after
 # `set -e` and from the repository's root: one small model per method at the wave2 shape (4
 # layers, d_model 64, 4 heads, L 32, byte level, data/pydoc), trained 30 steps: speed, not
 # quality, is what they measure. `train METHOD` prints the run directory, trained once under

@@ -160,7 +160,7 @@ positions/sampling.cpp | narrow(0, 0, chunks - 1) + 1).sort()); | narrow(0, 0, c
 positions/dape.cpp | torch::linear(x, w1.to(x.scalar_type()), b1.to(x.scalar_type())), 0.01); | torch::linear(x, w1.to(x.scalar_type()), b1.to(x.scalar_type())), 0.2); | DAPE's LeakyReLU has the wrong negative slope
 core/attention/attention.cpp | const auto finite_base = base.masked_fill(base.isinf(), 0); | const auto finite_base = base; | DAPE's MLP reads the base's masked entries as -inf
 core/attention/attention.cpp | scores = scores + base + mixed + materialize_bias_block( | scores = scores + mixed + materialize_bias_block( | DAPE's logits leave out the base bias B
-core/attention/attention.cpp | bias.kind != AttentionBias::Kind::ScoreMixing) {  // DAPE: the reference path only | true) {  // DAPE: the reference path only | Auto sends a long DAPE evaluation to the efficient path, which refuses it
+core/attention/attention.cpp | q.device().is_cpu() && bias.kind != AttentionBias::Kind::ScoreMixing) {  // DAPE: the reference only | q.device().is_cpu()) {  // DAPE: the reference only | Auto sends a long DAPE evaluation to the efficient path, which refuses it
 positions/dape.cpp | parts.push_back(f(scores.narrow(2, r, n), base.narrow(1, r, n))); | parts.push_back(f(scores.narrow(2, r, n), base.narrow(1, 0, n))); | DAPE's evaluation blocks read the first rows' base bias
 core/attention/stick_breaking.cpp | auto visible = bias.stick_breaking_diagonal ? j <= i : j < i; | auto visible = j <= i; | stick-breaking lets every query take its own key
 core/attention/stick_breaking.cpp | const auto log_stay = torch::log_sigmoid(-rows.z) | const auto log_stay = torch::log_sigmoid(rows.z) | stick-breaking multiplies by sigmoid(z) instead of 1 - sigmoid(z) for the nearer keys
@@ -292,6 +292,7 @@ core/train/optimizer.cpp | .nesterov(true) | .nesterov(false) | NAG stepping as 
 core/model/model.cpp | return delta.defined() ? x + delta : x; | return x; | without a final LayerNorm, the last block's FFN output dropped
 core/model/model.cpp | torch::nn::init::xavier_uniform_(part, 1.0 / std::sqrt(2.0)); | torch::nn::init::xavier_uniform_(part, 1.0); | fairseq's q, k, v initialisation without its gain
 core/model/model.cpp | if (attention_options.training && options.activation_dropout() > 0) | if (false) | activation dropout never applied
+core/attention/attention.cpp | if (q.size(2) >= options.fused_cpu_min_length && q.scalar_type() == torch::kFloat32 && | if (q.size(2) > options.fused_cpu_min_length && q.scalar_type() == torch::kFloat32 && | evaluation takes the fused kernel from one query past its minimum
 EOF
 )
 

@@ -636,15 +636,16 @@ torch::Tensor dispatch(const torch::Tensor& q, const torch::Tensor& k, const tor
         return cuda_attention()->attention(q, k, v, bias, options.causal);
       // Training on the CPU: the fused kernel where it takes the call (core/attention/fused_cpu_attention.h).
       if (fused_cpu_takes(q, k, v, bias, options)) return fused_cpu_attention(q, k, v, bias, options);
-      // Long evaluations on the CPU: the fused kernel's forward where it takes the bias (no
-      // T x T tensor either, and faster), else the memory-efficient path.
+      // Evaluation on the CPU: the fused kernel's forward where it takes the bias, from as many
+      // queries as training takes it (no T x T tensor, and faster from there); past
+      // efficient_threshold the memory-efficient path for the biases it does not take
+      // (benchmarks/compare_attention_paths.sh measured both crossings).
       const bool inference = !options.training && !torch::GradMode::is_enabled();
-      if (inference && q.device().is_cpu() && q.size(2) * k.size(2) > options.efficient_threshold &&
-          bias.kind != AttentionBias::Kind::ScoreMixing) {  // DAPE: the reference path only
-        if (q.scalar_type() == torch::kFloat32 &&
+      if (inference && q.device().is_cpu() && bias.kind != AttentionBias::Kind::ScoreMixing) {  // DAPE: the reference only
+        if (q.size(2) >= options.fused_cpu_min_length && q.scalar_type() == torch::kFloat32 &&
             fused_cpu_attention_unsupported_reason(q, k, v, bias, options).empty())
           return fused_cpu_attention(q, k, v, bias, options);
-        return attention_efficient(q, k, v, bias, options);
+        if (q.size(2) * k.size(2) > options.efficient_threshold) return attention_efficient(q, k, v, bias, options);
       }
       return attention_reference(q, k, v, bias, options);
     }

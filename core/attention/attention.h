@@ -208,8 +208,12 @@ struct AttentionOptions {
   double dropout = 0.0;   // attention-probability dropout (training only)
   bool training = false;
   AttentionBackend backend = AttentionBackend::Auto;
-  // Auto switches to the memory-efficient path for inference when T_q * T_k exceeds this.
-  int64_t efficient_threshold = 1024 * 1024;
+  // Auto evaluates on the CPU with the fused kernel's forward from fused_cpu_min_length queries
+  // where it takes the bias, and with the memory-efficient path when T_q * T_k exceeds this for the
+  // biases it does not take: both crossings measured by benchmarks/compare_attention_paths.sh
+  // (benchmarks/RESULTS.md, 2026-11-28: the reference is ahead of the efficient path up to 256
+  // and behind from 384, natively and under the AVX2 cap).
+  int64_t efficient_threshold = 256 * 256;
   // Auto trains with the fused CPU kernel from this many queries on: below it the per-head
   // products are too small for a BLAS call each and the reference's batched ones win; from here
   // on the kernel is level or ahead (the crossover is in benchmarks/RESULTS.md).

@@ -125,8 +125,9 @@ void read_model_section(const OptionReader& root, Config& c) {
   r.read("attention", m.attention, "attention implementation (the same maths on every path)",
          Affects::nothing);
   r.read("efficient_threshold", m.efficient_threshold,
-         "auto: inference windows on the CPU with T*T above this take the fused kernel's forward where it computes "
-         "the bias (none, the ALiBi family, biases of j - i alone), else the memory-efficient path",
+         "auto: evaluation on the CPU takes the fused kernel's forward from 128 queries where it computes the bias "
+         "(none, the ALiBi family, biases of j - i alone); other biases take the memory-efficient path where T*T "
+         "is above this",
          Affects::nothing);
   r.finish();
   if (root.decoding()) {

@@ -142,7 +142,7 @@ struct ModelConfig {
   double adaptive_dropout = 0.0;
   Objective objective = Objective::causal_lm;
   AttentionBackend attention = AttentionBackend::Auto;
-  int64_t efficient_threshold = 1 << 20;  // Tq*Tk above which inference uses the efficient path
+  int64_t efficient_threshold = 256 * 256;  // Tq*Tk above which inference takes the efficient path (biases the fused kernel lacks)
   AttentionConfig attention_options;      // the `attention` section (every layer)
   bool causal() const { return objective == Objective::causal_lm; }
   bool adaptive() const { return !adaptive_cutoffs.empty(); }

@@ -252,6 +252,18 @@ TEST_CASE("fused CPU attention for inference: equal to the float64 reference, wh
   const auto bias = biases()[1].second;
   CHECK(torch::equal(attention(parts[0], parts[1], parts[2], bias, options),
                      fused_cpu_attention(parts[0], parts[1], parts[2], bias, options)));
+  // And every evaluation from fused_cpu_min_length queries on, at the default threshold; below
+  // it the reference path.
+  torch::NoGradGuard evaluating;
+  const AttentionOptions plain;
+  for (const int64_t T : {plain.fused_cpu_min_length - 1, plain.fused_cpu_min_length}) {
+    INFO("T " << T);
+    const auto window = torch::randn({1, T, 3, H, D}).permute({2, 0, 3, 1, 4}).unbind(0);
+    const auto expected = T >= plain.fused_cpu_min_length
+                              ? fused_cpu_attention(window[0], window[1], window[2], bias, plain)
+                              : attention_reference(window[0], window[1], window[2], bias, plain);
+    CHECK(torch::equal(attention(window[0], window[1], window[2], bias, plain), expected));
+  }
 }
 
 TEST_CASE("fused CPU attention: what it does not take goes to the reference, named", "[attention][fused_cpu]") {
@@ -301,7 +313,7 @@ TEST_CASE("fused CPU attention: what it does not take goes to the reference, nam
   }
   REQUIRE(torch::equal(via_auto, via_reference));
   // Auto trains with the kernel from fused_cpu_min_length queries on (its output is a view of
-  // a (B, T, H, D) tensor), with the reference below; inference keeps the reference.
+  // a (B, T, H, D) tensor), with the reference below; evaluation likewise.
   const auto slopes_only = AttentionBias::linear_causal(slopes);
   for (int64_t T : {training.fused_cpu_min_length - 1, training.fused_cpu_min_length}) {
     INFO("T " << T);
@@ -310,7 +322,8 @@ TEST_CASE("fused CPU attention: what it does not take goes to the reference, nam
     REQUIRE(fused_layout == (T >= training.fused_cpu_min_length));
     torch::NoGradGuard inference;
     AttentionOptions evaluation;
-    REQUIRE(!attention(x, x, x, slopes_only, evaluation).transpose(1, 2).is_contiguous());
+    REQUIRE(attention(x, x, x, slopes_only, evaluation).transpose(1, 2).is_contiguous() ==
+            (T >= evaluation.fused_cpu_min_length));
   }
 }
 
