@@ -1,12 +1,42 @@
 #include "experiments/cli/commands.h"
 
+#include "core/base/errors.h"
+#include "core/base/files.h"
 #include "core/runtime/cuda_support.h"
 
+#include <filesystem>
 #include <iostream>
 
 namespace po = boost::program_options;
 
 namespace extrap::cli {
+
+std::string json_written_by(const std::string& command) { return "extrap " + command + " --json"; }
+
+void check_json_path(const std::string& path, const std::string& command) {
+  namespace fs = std::filesystem;
+  if (path.empty()) return;
+  const std::string flag = "extrap " + command + " --json " + path;
+  std::error_code error;
+  if (fs::is_directory(path, error)) throw ConfigError(flag + ": is a directory; give a file name");
+  for (fs::path dir = fs::absolute(fs::path(path), error).parent_path(); !dir.empty(); dir = dir.parent_path()) {
+    if (fs::exists(dir / "fingerprint.yaml", error))
+      throw ConfigError(flag + ": lies inside the run directory " + dir.string() +
+                        ", whose own files it could overwrite; write it outside the run");
+    if (dir == dir.root_path()) break;
+  }
+  if (!fs::exists(path, error)) return;
+  bool ours = false;
+  try {
+    const auto document = nlohmann::json::parse(read_file(path));
+    ours = document.is_object() && document.value("written_by", std::string()) == json_written_by(command);
+  } catch (const std::exception&) {
+    ours = false;
+  }
+  if (!ours)
+    throw ConfigError(flag + ": " + path + " exists and is not an earlier output of `" + json_written_by(command) +
+                      "`; it is left as it is: remove it or choose another path");
+}
 
 bool parse(const Args& args, const std::string& usage_line, po::options_description& options,
            po::variables_map& values, const po::positional_options_description* positional,

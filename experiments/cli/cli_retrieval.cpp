@@ -47,6 +47,7 @@ int task(const Args& args) {
   if (!parse(args, "extrap task --length N [--task passkey|multikey|variable_tracking] [--depth 50] [--seed 1]",
              options, vm))
     return 0;
+  check_json_path(json_path, "task");
   const RetrievalTask kind = parse_enum<RetrievalTask>(task_name, "--task");
   if (kind == RetrievalTask::none) throw ConfigError("--task none: name a task (passkey, multikey, variable_tracking)");
   if (!(depth >= 0 && depth <= 100))
@@ -69,7 +70,8 @@ int task(const Args& args) {
   std::cerr << instance.key_begin << ", " << instance.key_end << ") at depth "
             << number_text(instance.depth * 100) << "% of the filler\n";
   if (!json_path.empty()) {
-    const nlohmann::json document = {{"task", task_name},
+    const nlohmann::json document = {{"written_by", json_written_by("task")},
+                                     {"task", task_name},
                                      {"length", length},
                                      {"depth_asked", depth},
                                      {"seed", seed},

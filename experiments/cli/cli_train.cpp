@@ -190,6 +190,7 @@ int train(const Args& args) {
   po::variables_map vm;
   if (!parse(args, "extrap train --config FILE [--set key=value ...] [--resume | --overwrite] [--json FILE]\n"
                "       [--nproc N: N local data-parallel ranks]", options, vm)) return 0;
+  check_json_path(json_path, "train");
 
   for (const auto& p : plugins) PositionRegistry::instance().load_plugin(p);
   Config config = load_config(config_path, overrides);
@@ -213,6 +214,7 @@ int train(const Args& args) {
   info << "trained " << summary.steps << " steps at " << int64_t(summary.tokens_per_second)
             << " tokens/s, peak memory " << summary.peak_memory_bytes / (1 << 20) << " MiB\n";
   nlohmann::json document = summary_json(config, summary);
+  document["written_by"] = json_written_by("train");
   int failures = 0;
   if (!vm.count("no-eval")) {
     std::cout << "evaluation on " << enum_name(config.eval.split) << " (trained at L = "
@@ -444,6 +446,7 @@ int eval(const Args& args) {
   if (!parse_eval_options(args, opt)) return 0;
   const Split which = parse_enum<Split>(opt.split, "--split");
   check_eval_options(opt);
+  check_json_path(opt.json_path, "eval");
   const std::vector<RopeScalingKind> variants = rope_variants(opt.rope_names);
   configure_threads(opt.threads);
   const VerifiedCheckpoint checkpoint = require_checkpoint(opt.run_dir);
@@ -457,8 +460,10 @@ int eval(const Args& args) {
   std::cout << "run " << opt.run_dir << " (" << position_label(config) << ", trained " << run.step
             << " steps at L = " << config.train.seq_len << "):\n";
   nlohmann::json rows = nlohmann::json::array();
-  nlohmann::json document = {
-      {"checkpoint", opt.run_dir}, {"position", position_label(config)}, {"step", run.step}};
+  nlohmann::json document = {{"written_by", json_written_by("eval")},
+                              {"checkpoint", opt.run_dir},
+                              {"position", position_label(config)},
+                              {"step", run.step}};
   const double given_factor = opt.vm.count("rope-factor") ? opt.rope_factor : 0.0;
   int failures = 0;
   if (!opt.retrieval.empty()) {

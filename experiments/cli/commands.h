@@ -82,6 +82,14 @@ int evaluate_longppl_all(TransformerLM& model, TransformerLM* reference, const C
 torch::Device command_device(const std::string& requested, Device trained, const std::string& run_dir,
                              const std::string& doing);
 
+// --json PATH of `command` ("eval", "train", "task"): refused (ConfigError naming the path) where
+// it is a directory, lies inside a run directory (one holding fingerprint.yaml: the run's own
+// files), or is an existing file that is not an earlier --json of the same command (its
+// "written_by" field); checked before the command does any work. json_written_by(command) is
+// that field's value, which every --json document carries.
+void check_json_path(const std::string& path, const std::string& command);
+std::string json_written_by(const std::string& command);
+
 // Parses `args` against `options` (+ positional names, + `hidden` options that --help does
 // not show). Returns false after printing help when --help was given. Unknown options and
 // missing values throw with a clear message.

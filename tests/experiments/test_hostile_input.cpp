@@ -174,6 +174,36 @@ TEST_CASE("files that cannot be written name the file and the reason, and refusa
   require_one_line_error(out, "report: cannot write notadir: is a file, not a directory");
 }
 
+TEST_CASE("the --json of eval, train and task never overwrites what it did not write: a run's files, "
+          "another command's output, a directory",
+          "[refusals]") {
+  SweepDir d;
+  write_text(d.root / "t.yaml", kHostileTrainFile);
+  std::string out;
+  REQUIRE(run_cli(d, {"train", "-c", "t.yaml", "--no-eval"}, &out) == 0);
+  const std::string config = read_text(d.root / "runs/a/config.yaml");
+  // Inside the run directory: its own files (config.yaml, eval.json) or beside them.
+  for (const char* path : {"runs/a/config.yaml", "runs/a/results.json", "runs/a/checkpoint/x.json"}) {
+    INFO(path);
+    CHECK(run_cli(d, {"eval", "--checkpoint", "runs/a", "-L", "16", "--json", path}, &out) == 2);
+    require_one_line_error(out, std::string("extrap eval --json ") + path + ": lies inside the run directory");
+  }
+  CHECK(read_text(d.root / "runs/a/config.yaml") == config);
+  // An existing file that is not an earlier --json of the same command is left as it is.
+  write_text(d.root / "notes.json", "{\"mine\": 1}\n");
+  CHECK(run_cli(d, {"eval", "--checkpoint", "runs/a", "-L", "16", "--json", "notes.json"}, &out) == 2);
+  require_one_line_error(out, "notes.json exists and is not an earlier output of `extrap eval --json`");
+  CHECK(read_text(d.root / "notes.json") == "{\"mine\": 1}\n");
+  CHECK(run_cli(d, {"eval", "--checkpoint", "runs/a", "-L", "16", "--json", "runs"}, &out) == 2);
+  require_one_line_error(out, "is a directory");
+  // An earlier output of the same command is replaced; another command's is not.
+  REQUIRE(run_cli(d, {"eval", "--checkpoint", "runs/a", "-L", "16", "--json", "e.json"}, &out) == 0);
+  REQUIRE(run_cli(d, {"eval", "--checkpoint", "runs/a", "-L", "16", "32", "--json", "e.json"}, &out) == 0);
+  CHECK(read_text(d.root / "e.json").find("\"written_by\": \"extrap eval --json\"") != std::string::npos);
+  CHECK(run_cli(d, {"task", "--length", "200", "--json", "e.json"}, &out) == 2);
+  require_one_line_error(out, "not an earlier output of `extrap task --json`");
+}
+
 TEST_CASE("eval: a stride longer than a length scores non-overlapping windows there and says so",
           "[refusals]") {
   SweepDir d;
