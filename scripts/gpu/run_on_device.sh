@@ -23,6 +23,10 @@
 #   smoke     `extrap train` on CUDA (bf16, configs/train_quick.yaml, 200 steps, evaluation to
 #             16x L; needs data/pydoc: carry "data") -> $OUT/train_cuda.json
 #   flow      rotary trained on CUDA, eval with windows and YaRN, one NCCL rank, a small sweep
+#   gpuflow   the whole journey, a verdict a step (scripts/gpu/gpuflow.sh): the CUDA graph on and
+#             off, kill -9 and resume, windows and YaRN, retrieval, export, NCCL, sweeps with
+#             --jobs 1 and 2, the report (needs data/pydoc: carry "data")
+#   paper     configs/gpu_paper.yaml (5 methods at L 512 to 16x L) and its report -> $OUT/gpu_paper*
 #   trainbench  extrap bench train against benchmarks/train_pytorch.py (eager, compiled)
 #   testshapes  the reference test under each forward tile shape (EXTRAP_FLASH_FWD_ROWS) and
 #             dQ atomic width (EXTRAP_FLASH_BWD_ATOMICS; flash_dispatch.h)
@@ -314,6 +318,32 @@ PY
   return "$rc"
 }
 
+stage_gpuflow() {
+  # A researcher's whole GPU journey, one verdict line a step (scripts/gpu/gpuflow.sh): the CUDA
+  # graph on and off, kill -9 and resume, windows and YaRN, retrieval, export, one NCCL rank, a
+  # sweep with --jobs 1 and 2, the report.
+  local log=$OUT/gpuflow.log
+  bash scripts/gpu/gpuflow.sh "$BUILD/extrap" cuda "$BUILD" >"$log" 2>&1
+  local rc=$?
+  grep '^gpuflow:' "$log"
+  return "$rc"
+}
+
+stage_paper() {
+  # configs/gpu_paper.yaml: the paper's comparison at L = 512, evaluated to 16x L, and its report
+  # (tables and figures) -> $OUT/gpu_paper.h5, $OUT/gpu_paper_report/.
+  local log=$OUT/paper.log
+  {
+    "$BUILD/extrap" sweep configs/gpu_paper.yaml --out "$OUT/gpu_paper.h5" \
+      --set output.run_root="$BUILD/runs/gpu_paper" &&
+    "$BUILD/extrap" report "$OUT/gpu_paper.h5" --out "$OUT/gpu_paper_report" --python "$(command -v python3)"
+  } >"$log" 2>&1
+  local rc=$?
+  grep -vE "^step [0-9]+/" "$log" | tail -40
+  [[ -f $OUT/gpu_paper_report/report.md ]] && grep '^|' "$OUT/gpu_paper_report/report.md" | head -30
+  return "$rc"
+}
+
 # bench train's arguments for the quick shape and a GPT-2-small-sized one (12 layers, d 768,
 # L 1024, 16k tokens a step, vocabulary 50304) on the GPU, bf16 autocast.
 train_shape_args() {
@@ -467,7 +497,7 @@ for stage in "${stages[@]}"; do
     "stage_$stage"
     rc=$?
   else
-    echo "unknown stage '$stage' (build, test, testshapes, atomics, tune, profile, smoke, flow, trainbench, stepbench, graphbench, graphsmoke, sanitize, bench, pybench)"
+    echo "unknown stage '$stage' (build, test, testshapes, atomics, tune, profile, smoke, flow, gpuflow, paper, trainbench, stepbench, graphbench, graphsmoke, sanitize, bench, pybench)"
     rc=2
   fi
   summary "$stage: $([[ $rc == 0 ]] && echo ok || echo "FAILED ($rc)") in $((SECONDS - start)) s"

@@ -13,6 +13,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <map>
+
 using namespace extrap;
 using namespace extrap::testing;
 
@@ -86,6 +88,29 @@ std::vector<torch::Tensor> cpu_copies(const TransformerLM& model) {
   return out;
 }
 
+}  // namespace
+
+namespace {
+// `config` trained in this process until `stop` steps, then resumed from that checkpoint by a
+// second Trainer, which is returned with its run's summary.
+struct ResumedRun {
+  std::unique_ptr<Trainer> trainer;
+  TrainSummary summary;
+  Trainer* operator->() const { return trainer.get(); }
+};
+ResumedRun stopped_and_resumed(const Config& config, const Corpus& corpus, int64_t stop) {
+  {
+    Trainer first(config, corpus);
+    first.quiet = true;
+    first.stop_after_step = stop;
+    first.run(RunStart::fresh);
+  }
+  ResumedRun resumed{std::make_unique<Trainer>(config, corpus), {}};
+  resumed.trainer->quiet = true;
+  resumed.summary = resumed.trainer->run(RunStart::resume);
+  REQUIRE(resumed.summary.resumed_from == stop);
+  return resumed;
+}
 }  // namespace
 
 TEST_CASE("a CUDA graph of the training step trains as the eager step does", "[cuda][graph]") {
@@ -170,18 +195,10 @@ TEST_CASE("a training run on a CUDA graph, stopped and resumed, continues as the
   whole.run(RunStart::fresh);
 
   config.train.out_dir = (dir.root / "resumed").string();
-  {
-    Trainer first(config, corpus);
-    first.quiet = true;
-    first.stop_after_step = 6;
-    first.run(RunStart::fresh);
-  }
-  Trainer second(config, corpus);
-  second.quiet = true;
-  REQUIRE(second.run(RunStart::resume).resumed_from == 6);
+  const auto second = stopped_and_resumed(config, corpus, 6);
   // AdamW's step counts in the checkpoint are the graph's: a count left at the eager step's
   // would change the bias correction of every later step by far more than this.
-  CHECK(change_difference(second.model()->parameters(), whole.model()->parameters(), start) < 1e-3);
+  CHECK(change_difference(second->model()->parameters(), whole.model()->parameters(), start) < 1e-3);
 
   config.train.cuda_graph = CudaGraphMode::off;
   config.train.out_dir = (dir.root / "eager").string();
@@ -192,6 +209,60 @@ TEST_CASE("a training run on a CUDA graph, stopped and resumed, continues as the
 }
 
 // Last in the file: after a failed capture the process captures nothing more.
+TEST_CASE("two models trained one after the other in one process on CUDA graphs train as without graphs",
+          "[cuda][graph]") {
+  // A sweep's points in one process (run_points, --jobs 1): different widths and position
+  // methods, each captured in turn; then a graphed run stopped and resumed in the same process.
+  if (!have_cuda()) return;
+  auto corpus = tiny_byte_corpus();
+  TempDir dir("graph-two-models");
+  struct Point {
+    std::string position;
+    int64_t d_model;
+  };
+  const std::vector<Point> points{{"alibi", 32}, {"rotary", 64}, {"t5_bias", 32}};
+  std::map<std::string, std::vector<double>> losses;  // "mode/position" -> the validation curve
+  for (const CudaGraphMode mode : {CudaGraphMode::on, CudaGraphMode::off}) {
+    for (const Point& point : points) {
+      Config config = graph_config(Precision::fp32, 1, 0.0);
+      config.position_name = point.position;
+      config.model.d_model = point.d_model;
+      config.train.steps = 12;
+      config.train.validate_every = 4;
+      config.train.cuda_graph = mode;
+      const std::string name = enum_name(mode) + "/" + point.position;
+      config.train.out_dir = (dir.root / name).string();
+      Trainer trainer(config, corpus);
+      trainer.quiet = true;
+      const TrainSummary summary = trainer.run(RunStart::fresh);
+      for (const auto& v : summary.valid_curve) losses[name].push_back(v.loss);
+    }
+  }
+  for (const Point& point : points) {
+    INFO(point.position);
+    const auto& graphed = losses["on/" + point.position];
+    const auto& eager = losses["off/" + point.position];
+    REQUIRE(graphed.size() == eager.size());
+    for (size_t i = 0; i < graphed.size(); ++i) CHECK(graphed[i] == Approx(eager[i]).epsilon(1e-4));
+  }
+
+  // Stopped and resumed in this process, after the models above were captured.
+  Config config = graph_config(Precision::fp32, 1, 0.0);
+  config.train.steps = 12;
+  config.train.checkpoint_every = 6;
+  config.train.validate_every = 6;
+  config.train.cuda_graph = CudaGraphMode::on;
+  config.train.out_dir = (dir.root / "resumed").string();
+  const TrainSummary resumed = stopped_and_resumed(config, corpus, 6).summary;
+  config.train.cuda_graph = CudaGraphMode::off;
+  config.train.out_dir = (dir.root / "eager").string();
+  Trainer eager(config, corpus);
+  eager.quiet = true;
+  const TrainSummary straight = eager.run(RunStart::fresh);
+  REQUIRE(!straight.valid_curve.empty());
+  CHECK(resumed.valid_curve.back().loss == Approx(straight.valid_curve.back().loss).epsilon(1e-4));
+}
+
 TEST_CASE("a CUDA graph capture that reads back to the host fails with CUDA's reason, and none is captured after", "[cuda][graph]") {
   if (!have_cuda()) return;
   Config sampled = graph_config(Precision::fp32, 1, 0.0);
