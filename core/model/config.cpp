@@ -81,8 +81,9 @@ void check_adaptive_keys(const OptionReader& r, const ModelConfig& m) {
   int64_t previous = 0;
   for (const int64_t c : m.adaptive_cutoffs) {
     if (c <= previous)
-      r.fail("adaptive_cutoffs", "must increase from above 0, got " + std::to_string(c) + " after " +
-                                     std::to_string(previous));
+      r.fail("adaptive_cutoffs", previous == 0 ? "must be above 0, got " + std::to_string(c)
+                                               : "must increase, got " + std::to_string(c) + " after " +
+                                                     std::to_string(previous));
     previous = c;
   }
   r.at_least("adaptive_factor", m.adaptive_factor, 1);
