@@ -294,6 +294,7 @@ core/model/model.cpp | torch::nn::init::xavier_uniform_(part, 1.0 / std::sqrt(2.
 core/model/model.cpp | if (attention_options.training && options.activation_dropout() > 0) | if (false) | activation dropout never applied
 core/attention/attention.cpp | if (q.size(2) >= options.fused_cpu_min_length && q.scalar_type() == torch::kFloat32 && | if (q.size(2) > options.fused_cpu_min_length && q.scalar_type() == torch::kFloat32 && | evaluation takes the fused kernel from one query past its minimum
 experiments/cli/cli_common.cpp | if (fs::exists(dir / "fingerprint.yaml", error)) | if (false) | --json overwrites a run directory's own files
+core/train/trainer.cpp | before != c.validate_tokens && !checkpoint->state.valid_curve.empty()) | false) | a resumed run mixes validation curves measured on different tokens
 EOF
 )
 

@@ -355,6 +355,15 @@ void Trainer::resume(RunState& state) {
   summary.num_parameters = model_->num_parameters();
   std::optional<VerifiedCheckpoint>& checkpoint = state.checkpoint();
   if (!checkpoint) return;
+  // The validation curve continues only if it measures as before (the run's identity leaves the
+  // evaluation keys out, so this one is compared here).
+  if (const int64_t before = checkpoint->config.train.validate_tokens;
+      before != c.validate_tokens && !checkpoint->state.valid_curve.empty())
+    throw ConfigError(config_.source + ": train.validate_tokens is " + std::to_string(c.validate_tokens) +
+                      "; the run in " + c.out_dir + " validated on " + std::to_string(before) +
+                      " (0: the whole split) up to step " + std::to_string(checkpoint->state.step) +
+                      ", and its validation curve would mix the two: resume with " + std::to_string(before) +
+                      " or train again with --overwrite");
   if (checkpoint->state.step > c.steps)
     throw ConfigError(checkpoint->dir.string() + " is at step " +
                       std::to_string(checkpoint->state.step) + ", past train.steps " +

@@ -65,6 +65,15 @@ TEST_CASE("resuming from a checkpoint continues bit-for-bit", "[train]") {
   Config second = config;
   second.train.out_dir = (dir.root / "resumed").string();
 
+  // A validation measured on other tokens would mix the curve: refused, naming the key.
+  Config revalidated = second;
+  revalidated.train.validate_tokens = 96;
+  Trainer mixed(revalidated, corpus);
+  mixed.quiet = true;
+  REQUIRE_THROWS_WITH(mixed.run(RunStart::resume), Catch::Contains("train.validate_tokens is 96") &&
+                                                       Catch::Contains("validated on 0") &&
+                                                       Catch::Contains("would mix"));
+
   // A changed config is refused, naming what differs.
   Config changed = second;
   changed.model.d_ffn = 128;
