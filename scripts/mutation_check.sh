@@ -286,7 +286,7 @@ experiments/cli/cli_common.cpp | if (option.string_key.empty()) | if (false) | a
 core/base/yaml_options.h | if (!std::isfinite(field)) fail( | if (false) fail( | .inf accepted in a number key where .nan is refused
 core/train/trainer.cpp | if (c.schedule == Schedule::cosine_restarts) return fairseq_cosine(c, step - 1); | if (c.schedule == Schedule::cosine_restarts) return fairseq_cosine(c, step); | fairseq's cosine schedule one update early
 core/model/adaptive.cpp | parts.push_back(head.narrow(1, c0 + k - 1, 1) + tail_log_probs(h, k)); | parts.push_back(tail_log_probs(h, k)); | a tail word's log-probability without its band's
-core/model/adaptive.cpp | head_target.masked_fill_(t.ge(band_begin(k)) & t.lt(band_end(k)), c0 + k - 1); | head_target.masked_fill_(t.ge(band_begin(k)) & t.lt(band_end(k)), c0 + k - 2); | a tail target's band read from the wrong head column
+core/model/adaptive.cpp | torch::where(band.eq(0), t, band + (c0 - 1)); | torch::where(band.eq(0), t, band + (c0 - 2)); | a tail target's band read from the wrong head column
 core/train/optimizer.cpp | for (auto& p : parameters) p.mul_(1 - lr * config.weight_decay); | for (auto& p : parameters) p.mul_(1 - config.weight_decay); | NAG's decoupled weight decay not scaled by the rate
 core/train/optimizer.cpp | .nesterov(true) | .nesterov(false) | NAG stepping as heavy-ball momentum
 core/model/model.cpp | return delta.defined() ? x + delta : x; | return x; | without a final LayerNorm, the last block's FFN output dropped

@@ -6,6 +6,12 @@
 
 namespace extrap {
 
+int64_t adaptive_band_width(int64_t d_model, int64_t factor, int64_t band) {
+  int64_t width = d_model;
+  for (int64_t k = 0; k < band && width > 0; ++k) width /= factor;
+  return width;
+}
+
 AdaptiveVocabularyImpl::AdaptiveVocabularyImpl(int64_t vocab_size, int64_t d_model, std::vector<int64_t> cutoffs,
                                                int64_t factor, double dropout)
     : ends_(std::move(cutoffs)), dropout_(dropout) {
@@ -19,8 +25,8 @@ AdaptiveVocabularyImpl::AdaptiveVocabularyImpl(int64_t vocab_size, int64_t d_mod
     previous = c;
   }
   ends_.push_back(vocab_size);
-  int64_t dim = d_model;
   for (int64_t k = 0; k < bands(); ++k) {
+    const int64_t dim = adaptive_band_width(d_model, factor, k);
     if (dim < 1)
       throw std::invalid_argument("adaptive vocabulary: band " + std::to_string(k) + " would be " +
                                   std::to_string(d_model) + " / " + std::to_string(factor) + "^" + std::to_string(k) +
@@ -32,7 +38,6 @@ AdaptiveVocabularyImpl::AdaptiveVocabularyImpl(int64_t vocab_size, int64_t d_mod
     torch::nn::init::xavier_uniform_(p);
     embeddings.push_back(register_parameter("embedding_" + std::to_string(k), e));
     projections.push_back(register_parameter("projection_" + std::to_string(k), p));
-    dim /= factor;
   }
   auto c = torch::empty({bands() - 1, d_model});
   if (bands() > 1) torch::nn::init::xavier_uniform_(c);
@@ -46,13 +51,19 @@ torch::Tensor AdaptiveVocabularyImpl::embed(const torch::Tensor& tokens) {
   sizes.push_back(D);
   const auto options = projections[0].options();
   torch::Tensor out = torch::zeros({flat.size(0), D}, options);
+  const auto band = band_of(flat);
   for (int64_t k = 0; k < bands(); ++k) {
-    const auto rows = (flat.ge(band_begin(k)) & flat.lt(band_end(k))).nonzero().squeeze(1);
+    const auto rows = band.eq(k).nonzero().squeeze(1);
     if (rows.numel() == 0) continue;
     const auto e = embeddings[k].index_select(0, flat.index_select(0, rows) - band_begin(k));  // (n, dim_k)
     out = out.index_add(0, rows, torch::linear(e, projections[k]).to(out.scalar_type()));    // e P_k^T
   }
   return out.view(sizes);
+}
+
+torch::Tensor AdaptiveVocabularyImpl::band_of(const torch::Tensor& ids) const {
+  const auto ends = torch::tensor(std::vector<int64_t>(ends_.begin(), ends_.end() - 1), ids.options());
+  return torch::bucketize(ids, ends, /*out_int32=*/false, /*right=*/true);  // the cutoffs below or at each id
 }
 
 torch::Tensor AdaptiveVocabularyImpl::dropped(const torch::Tensor& x) const {
@@ -93,11 +104,11 @@ torch::Tensor AdaptiveVocabularyImpl::nll(const torch::Tensor& hidden, const tor
   const auto t = targets.index_select(0, rows);
   const auto h = dropped(hidden.index_select(0, rows));
   // The head's target: the word itself in band 0, its band's cluster column otherwise.
-  auto head_target = t.clone();
-  for (int64_t k = 1; k < bands(); ++k) head_target.masked_fill_(t.ge(band_begin(k)) & t.lt(band_end(k)), c0 + k - 1);
+  const auto band = band_of(t);
+  const auto head_target = torch::where(band.eq(0), t, band + (c0 - 1));
   auto loss = -head_log_probs(h).gather(1, head_target.unsqueeze(1)).squeeze(1);  // (n,)
   for (int64_t k = 1; k < bands(); ++k) {
-    const auto in_band = (t.ge(band_begin(k)) & t.lt(band_end(k))).nonzero().squeeze(1);
+    const auto in_band = band.eq(k).nonzero().squeeze(1);
     if (in_band.numel() == 0) continue;
     const auto lp = tail_log_probs(h.index_select(0, in_band), k);
     const auto word = (t.index_select(0, in_band) - band_begin(k)).unsqueeze(1);

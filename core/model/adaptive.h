@@ -29,6 +29,9 @@
 
 namespace extrap {
 
+// Band k's width: d_model / factor^k (fairseq's int(d // factor ** k)); 0 where it runs out.
+int64_t adaptive_band_width(int64_t d_model, int64_t factor, int64_t band);
+
 class AdaptiveVocabularyImpl : public torch::nn::Module {
  public:
   // cutoffs: the band ends below V, strictly increasing in (0, V); factor >= 1; each band's width
@@ -58,6 +61,7 @@ class AdaptiveVocabularyImpl : public torch::nn::Module {
   std::vector<int64_t> ends_;  // the cutoffs, then V
   double dropout_;
   torch::Tensor dropped(const torch::Tensor& x) const;
+  torch::Tensor band_of(const torch::Tensor& ids) const;  // each id's band (same shape, int64)
   torch::Tensor head_log_probs(const torch::Tensor& h) const;                // (N, c_0 + bands - 1)
   torch::Tensor tail_log_probs(const torch::Tensor& h, int64_t band) const;  // (N, size_k)
 };

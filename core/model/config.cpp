@@ -1,5 +1,7 @@
 #include "core/model/config.h"
 
+#include "core/model/adaptive.h"
+
 #include "positions/position.h"
 
 #include <cmath>
@@ -87,9 +89,7 @@ void check_adaptive_keys(const OptionReader& r, const ModelConfig& m) {
     previous = c;
   }
   r.at_least("adaptive_factor", m.adaptive_factor, 1);
-  int64_t width = m.d_model;
-  for (size_t k = 0; k < m.adaptive_cutoffs.size(); ++k) width /= m.adaptive_factor;
-  if (width < 1)
+  if (adaptive_band_width(m.d_model, m.adaptive_factor, int64_t(m.adaptive_cutoffs.size())) < 1)
     r.fail("adaptive_cutoffs", std::to_string(m.adaptive_cutoffs.size() + 1) + " bands of d_model " +
                                    std::to_string(m.d_model) + " / " + std::to_string(m.adaptive_factor) +
                                    "^k: the last would be 0 wide (fewer cutoffs or a smaller adaptive_factor)");

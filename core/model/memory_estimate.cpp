@@ -1,5 +1,6 @@
 #include "core/model/memory_estimate.h"
 
+#include "core/model/adaptive.h"
 #include "positions/position.h"
 
 #include <sys/resource.h>
@@ -100,12 +101,12 @@ int64_t parameter_count_estimate(const Config& c, int64_t vocab_size) {
 int64_t vocabulary_parameters(const ModelConfig& m, int64_t vocab_size) {
   if (!m.adaptive()) return mul(vocab_size, m.d_model);
   // Each band's embedding and projection, and the clusters' logits (core/model/adaptive.h).
-  int64_t total = mul(int64_t(m.adaptive_cutoffs.size()), m.d_model), begin = 0, width = m.d_model;
+  int64_t total = mul(int64_t(m.adaptive_cutoffs.size()), m.d_model), begin = 0;
   for (size_t k = 0; k <= m.adaptive_cutoffs.size(); ++k) {
     const int64_t end = k < m.adaptive_cutoffs.size() ? m.adaptive_cutoffs[k] : vocab_size;
+    const int64_t width = adaptive_band_width(m.d_model, std::max<int64_t>(m.adaptive_factor, 1), int64_t(k));
     total = add(total, mul(add(std::max<int64_t>(end - begin, 0), m.d_model), width));
     begin = end;
-    width /= std::max<int64_t>(m.adaptive_factor, 1);
   }
   return total;
 }

@@ -34,4 +34,9 @@ void training_step(torch::optim::Optimizer& optimizer, const TrainConfig& config
   optimizer.step();
 }
 
+std::string training_step_path(const torch::optim::Optimizer& optimizer) {
+  if (const auto* adamw = dynamic_cast<const torch::optim::AdamW*>(&optimizer)) return optimizer_step_path(*adamw);
+  return "LibTorch's clip_grad_norm_ and SGD (nesterov: fairseq's NAG)";
+}
+
 }  // namespace extrap

@@ -19,6 +19,7 @@
 #include <torch/torch.h>
 
 #include <memory>
+#include <string>
 
 namespace extrap {
 
@@ -30,5 +31,8 @@ void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
 
 // Clips the gradients to config.clip and steps the optimiser at learning rate `lr` (set first).
 void training_step(torch::optim::Optimizer& optimizer, const TrainConfig& config, double lr);
+
+// The path training_step() takes for this optimiser now, in words (bench train's report).
+std::string training_step_path(const torch::optim::Optimizer& optimizer);
 
 }  // namespace extrap

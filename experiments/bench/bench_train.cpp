@@ -2,7 +2,6 @@
 // on random tokens of the config's shapes, after warm-up steps. benchmarks/train_pytorch.py
 // runs the same model, shapes and thread count in eager PyTorch for comparison.
 #include "core/kernels/cpu_linear.h"
-#include "core/kernels/fused_adamw.h"
 #include "core/kernels/gelu_linear.h"
 #include "core/kernels/precision.h"
 #include "core/kernels/residual_norm.h"
@@ -91,12 +90,6 @@ void print_setup(const Config& config, const TransformerLM& model, int64_t globa
                   ? " (no AVX512_BF16 or AMX here: bf16 products are emulated)" : "");
 }
 
-// The optimiser step's path, in words.
-std::string step_path(const torch::optim::Optimizer& optimizer) {
-  if (const auto* adamw = dynamic_cast<const torch::optim::AdamW*>(&optimizer)) return optimizer_step_path(*adamw);
-  return "LibTorch's clip_grad_norm_ and SGD (nesterov: fairseq's NAG)";
-}
-
 // Prints which paths the step took (core/kernels/cpu_linear.h, core/kernels/fused_adamw.h): the A/B switches show here.
 void print_step_paths(const Config& config, const torch::Device& device, const torch::optim::Optimizer& optimizer) {
   const TrainConfig& t = config.train;
@@ -121,7 +114,7 @@ void print_step_paths(const Config& config, const torch::Device& device, const t
                                                : "LibTorch",
               gelu_fused ? "backward folded into the next product" : "as LibTorch runs it",
               norm_fused ? "fused with the LayerNorm after them" : "and LayerNorms as LibTorch runs them",
-              step_path(optimizer).c_str());
+              training_step_path(optimizer).c_str());
 }
 
 // Model FLOPs utilisation: 6 x parameters a token (forward and backward products, the tied
