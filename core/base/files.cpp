@@ -3,14 +3,17 @@
 #include "core/base/errors.h"
 #include "core/base/fault.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 namespace fs = std::filesystem;
 
@@ -169,6 +172,69 @@ SharedFileLock::SharedFileLock(const fs::path& lock_path, Mode mode) {
 
 SharedFileLock::~SharedFileLock() {
   if (fd_ >= 0) ::close(fd_);
+}
+
+namespace {
+
+// Removes the entry `name` of the directory open as `dir` (AT_FDCWD: the working directory),
+// depth first; the count of entries removed. ENOENT anywhere means another remover was first.
+std::uintmax_t remove_entry(int dir, const char* name, std::error_code& error) {
+  const auto fail = [&](std::uintmax_t removed) {
+    if (errno != ENOENT) error.assign(errno, std::generic_category());
+    return removed;
+  };
+  struct stat status {};
+  if (fstatat(dir, name, &status, AT_SYMLINK_NOFOLLOW) != 0) return fail(0);
+  std::uintmax_t removed = 0;
+  if (S_ISDIR(status.st_mode)) {
+    const int fd = openat(dir, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return fail(0);
+    DIR* stream = fdopendir(fd);
+    if (!stream) {
+      const int reason = errno;
+      close(fd);
+      errno = reason;
+      return fail(0);
+    }
+    // The names first: a directory is not changed while it is being read.
+    std::vector<std::string> names;
+    for (;;) {
+      errno = 0;
+      const dirent* entry = readdir(stream);
+      if (!entry) break;
+      if (std::strcmp(entry->d_name, ".") != 0 && std::strcmp(entry->d_name, "..") != 0) names.push_back(entry->d_name);
+    }
+    if (errno != 0) {
+      const int reason = errno;
+      closedir(stream);
+      errno = reason;
+      return fail(0);
+    }
+    for (const std::string& child : names) {
+      removed += remove_entry(dirfd(stream), child.c_str(), error);
+      if (error) break;
+    }
+    closedir(stream);
+    if (error) return removed;
+    if (unlinkat(dir, name, AT_REMOVEDIR) != 0) return fail(removed);
+  } else if (unlinkat(dir, name, 0) != 0) {
+    return fail(removed);
+  }
+  return removed + 1;
+}
+
+}  // namespace
+
+std::uintmax_t remove_tree(const fs::path& path, std::error_code& error) {
+  error.clear();
+  return remove_entry(AT_FDCWD, path.c_str(), error);
+}
+
+std::uintmax_t remove_tree(const fs::path& path) {
+  std::error_code error;
+  const std::uintmax_t removed = remove_tree(path, error);
+  if (error) throw fs::filesystem_error("cannot remove", path, error);
+  return removed;
 }
 
 }  // namespace extrap

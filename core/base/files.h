@@ -2,8 +2,10 @@
 // say why (a full disk is "no space left on device", not an abort), and one-writer locks.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <initializer_list>
+#include <system_error>
 #include <string>
 #include <string_view>
 
@@ -36,6 +38,16 @@ void fsync_directory(const std::filesystem::path& directory);
 // Makes `tmp` durable and moves it over `path` in one step (rename, then fsync the directory).
 void publish_file(const std::filesystem::path& tmp, const std::filesystem::path& path);
 std::string read_file(const std::filesystem::path& path);  // ConfigError naming it
+
+// Removes `path` and, where it is a directory, everything under it (a symbolic link itself,
+// never what it points to): what std::filesystem::remove_all does, which extrap never calls.
+// LibTorch 2.11's libtorch.so exports its own remove_all, which calls a symbol nothing defines
+// (a call through a null pointer), and a program that loads libtorch.so before libstdc++ binds
+// to it (issue 65; core/attention/cuda/NOTES.md). A missing path, or an entry another process
+// removed meanwhile, is no error. Returns the number of entries removed; the first error
+// stops it, set in `error` (or thrown as std::filesystem::filesystem_error).
+std::uintmax_t remove_tree(const std::filesystem::path& path, std::error_code& error);
+std::uintmax_t remove_tree(const std::filesystem::path& path);
 
 // An exclusive, non-blocking flock on `lock_path`, held for the object's lifetime (the kernel
 // releases it when the process dies, kill -9 included). The holder's pid is written into the

@@ -141,7 +141,7 @@ void save_checkpoint(const fs::path& run_dir, const Config& config,
   const fs::path tmp = run_dir / "checkpoint.tmp";
   const fs::path old = run_dir / "checkpoint.old";
   std::error_code error;
-  fs::remove_all(tmp, error);
+  remove_tree(tmp, error);
   fs::create_directories(tmp, error);
   if (error) throw ConfigError(tmp.string() + ": cannot create: " + error.message());
 
@@ -177,19 +177,19 @@ void save_checkpoint(const fs::path& run_dir, const Config& config,
     write_file_durable(tmp / "manifest.json", m.dump(1) + "\n");
     fsync_directory(tmp);
   } catch (...) {
-    fs::remove_all(tmp, error);  // the previous checkpoint stays whole
+    remove_tree(tmp, error);  // the previous checkpoint stays whole
     throw;
   }
   // Swap in the new checkpoint: the old one stays whole until the new one is complete, and no
   // reader sees the directories between the renames.
   {
     const SharedFileLock swapping(swap_lock_path(run_dir), SharedFileLock::Mode::exclusive);
-    fs::remove_all(old, error);
+    remove_tree(old, error);
     if (fs::exists(dir)) fs::rename(dir, old);
     fs::rename(tmp, dir);
     fsync_directory(run_dir);
   }
-  fs::remove_all(old, error);
+  remove_tree(old, error);
 }
 
 bool has_checkpoint(const fs::path& run_dir) {

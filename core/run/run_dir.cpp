@@ -1,5 +1,6 @@
 #include "core/run/run_dir.h"
 
+#include "core/base/files.h"
 #include "core/base/hashing.h"
 
 namespace fs = std::filesystem;
@@ -53,7 +54,7 @@ RunDirectory::RunDirectory(const Config& config, const Corpus& corpus, RunStart 
     if (start == RunStart::overwrite) {
       for (const char* name : {"checkpoint", "checkpoint.old", "checkpoint.tmp", "fingerprint.yaml",
                                "metrics.jsonl", "eval.json"})
-        fs::remove_all(path_ / name, error);
+        remove_tree(path_ / name, error);
     } else {
       check_existing(start);  // again, now that no other process can change RUN
     }
@@ -68,7 +69,7 @@ RunDirectory::RunDirectory(const Config& config, const Corpus& corpus, RunStart 
   } catch (...) {
     if (created) {
       lock_.reset();
-      fs::remove_all(path_, error);
+      remove_tree(path_, error);
     }
     throw;
   }

@@ -71,3 +71,37 @@ TEST_CASE("durable writes fsync the file before publishing it and the directory 
   const auto in_place = record_fsyncs([&] { extrap::write_file_durable(root / "log.txt", "x"); });
   CHECK(std::find(in_place.begin(), in_place.end(), (root / "log.txt").string()) != in_place.end());
 }
+
+TEST_CASE("remove_tree removes a directory and what is under it, a link but not its target", "[files]") {
+  namespace fs = std::filesystem;
+  extrap::testing::TempDir d("remove-tree");
+  const fs::path tree = d.root / "tree", kept = d.root / "kept";
+  fs::create_directories(tree / "a" / "b" / "c");
+  fs::create_directories(tree / "empty");
+  fs::create_directories(kept);
+  for (const fs::path& file : {tree / "top.txt", tree / "a" / "one", tree / "a" / "b" / "c" / "deep"})
+    extrap::write_file_durable(file, "x");
+  extrap::write_file_durable(kept / "target", "stays");
+  fs::create_symlink(kept, tree / "a" / "link-to-dir");
+  fs::create_symlink(kept / "target", tree / "link-to-file");
+  // tree, a, b, c, empty, 3 files, 2 links.
+  std::error_code error;
+  CHECK(extrap::remove_tree(tree, error) == 10);
+  CHECK(!error);
+  CHECK(!fs::exists(fs::symlink_status(tree)));
+  CHECK(extrap::read_file(kept / "target") == "stays");  // the links' targets stay
+
+  CHECK(extrap::remove_tree(tree, error) == 0);  // missing: nothing to do, no error
+  CHECK(!error);
+  CHECK(extrap::remove_tree(kept / "target") == 1);  // a file
+  CHECK(!fs::exists(kept / "target"));
+
+  if (geteuid() != 0) {  // root may remove from a read-only directory
+    fs::create_directories(kept / "locked" / "inside");
+    fs::permissions(kept / "locked", fs::perms::owner_read | fs::perms::owner_exec);
+    CHECK(extrap::remove_tree(kept / "locked", error) == 0);
+    CHECK(error == std::errc::permission_denied);
+    CHECK_THROWS_AS(extrap::remove_tree(kept / "locked"), fs::filesystem_error);
+    fs::permissions(kept / "locked", fs::perms::owner_all);
+  }
+}

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "core/base/files.h"
 #include "core/results/results_store.h"
 #include "tests/support/cli_harness.h"
 
@@ -135,7 +136,7 @@ TEST_CASE("files that cannot be written name the file and the reason, and refusa
   CHECK(run_cli(d, {"train", "-c", "t.yaml", "--overwrite", "--no-eval"}, &out) == 2);
   require_one_line_error(out, "valid.tokens: cannot replace: ");
   CHECK(out.find("Success") == std::string::npos);
-  fs::remove_all(valid);
+  remove_tree(valid);
 
   // A sweep's new results file on a full disk: a write error, not an HDF5 error or a crash.
   CHECK(run_cli(d, {"sweep", "tiny.yaml", "--quiet"}, &out, 1024) == 2);

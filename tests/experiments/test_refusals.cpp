@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/base/files.h"
 #include "core/results/results_store.h"
 #include "tests/support/cli_harness.h"
 
@@ -336,7 +337,7 @@ TEST_CASE("the small refusals: stray arguments, malformed keys, infinities, a ch
 
   // A checkpoint copied into another run's directory is not evaluated as that run.
   REQUIRE(run_cli(d, {"train", "-c", "t.yaml", "--no-eval"}, &out) == 0);
-  fs::remove_all(d.root / "runs/zero/checkpoint");
+  remove_tree(d.root / "runs/zero/checkpoint");
   fs::copy(d.root / "runs/a/checkpoint", d.root / "runs/zero/checkpoint");
   CHECK(run_cli(d, {"eval", "--checkpoint", "runs/zero", "-L", "16"}, &out) == 2);
   require_one_line_error(out, "runs/zero/checkpoint was written by another run than runs/zero's");

@@ -10,6 +10,7 @@
 #include <map>
 #include <set>
 
+#include "core/base/files.h"
 #include "core/results/results_store.h"
 #include "tests/support/cli_harness.h"
 
@@ -114,7 +115,7 @@ TEST_CASE("a grown sweep refuses to pool numbers of an edited validation or trai
   CHECK(run_cli(d, sweep_with(longer), &out) == 2);
   require_inputs_refused(d, out, before, "run alibi-seed1's weights differ from those its recorded points evaluated",
                          "alibi-seed1 nonoverlapping L=16", "", /*byte_for_byte=*/false);  // found once loaded
-  fs::remove_all(d.root / "runs/tiny/alibi-seed1/checkpoint");
+  remove_tree(d.root / "runs/tiny/alibi-seed1/checkpoint");
 
   // With everything as it was, the sweep grows (the run trained again from its start, to the
   // same weights: training is deterministic).

@@ -1,4 +1,5 @@
 // YAML and command-line errors say what they should.
+#include "core/base/files.h"
 #include "core/model/config.h"
 #include "tests/support/cli_harness.h"
 
@@ -172,7 +173,7 @@ TEST_CASE("config: bad --set and bad files are clear errors", "[config]") {
   fs::create_directories(directory);
   REQUIRE_THAT(error_of([&] { load_config(directory, {}); }),
                Catch::Contains(directory + ": is a directory, not a file"));
-  fs::remove_all(directory);
+  remove_tree(directory);
 }
 
 TEST_CASE("command line: wrong usage exits non-zero and says what was wrong", "[cli]") {

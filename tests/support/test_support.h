@@ -3,6 +3,7 @@
 // `extrap` command line is in tests/cli_harness.h.
 #pragma once
 
+#include "core/base/files.h"
 #include "core/data/corpus.h"
 #include "core/model/config.h"
 #include "core/train/trainer.h"
@@ -48,14 +49,14 @@ struct TempDir {
     root = fs::temp_directory_path() /
            ("extrap-test-" + tag + "-" + std::to_string(::getpid()) + "-" +
             std::to_string(counter++) + "-" + std::to_string(std::random_device{}()));
-    fs::remove_all(root);
+    remove_tree(root);
     fs::create_directories(root);
   }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
   ~TempDir() {
     std::error_code ignored;
-    fs::remove_all(root, ignored);
+    remove_tree(root, ignored);
   }
 };
 

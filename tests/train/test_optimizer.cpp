@@ -81,7 +81,7 @@ TEST_CASE("train.optimizer nag: each step equals fairseq's NAG, with its clippin
       auto params = model->parameters();
       std::vector<torch::Tensor> reference;
       for (const auto& p : params) reference.push_back(p.detach().to(torch::kFloat64).clone());
-      FairseqNag nag{0.99, weight_decay, 1e-4};
+      FairseqNag nag{0.99, weight_decay, 1e-4, {}};
       for (const double lr : {1e-7, 0.3, 0.3, 1.0, 0.05, 0.75}) {
         std::vector<torch::Tensor> grads;
         double norm = 0;
