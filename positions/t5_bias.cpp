@@ -77,17 +77,33 @@ class T5Bias : public PositionMethod {
 
   AttentionBias bias(const LayerInput& at) override {
     auto table = table_[options_.shared_across_layers ? 0 : at.layer].t();  // (H, buckets)
-    const bool bidirectional = bidirectional_;
-    const int64_t buckets = options_.buckets, max_distance = options_.max_distance;
+    const torch::Tensor by_offset = bucket_of_offset(table.device());
+    const int64_t reach = options_.max_distance;
     return AttentionBias::dense_by_offset([=](int64_t lo, int64_t hi) {
-      return table.index_select(1, offset_buckets(lo, hi, bidirectional, buckets, max_distance).to(table.device()));
+      const auto offsets = torch::arange(lo, hi, by_offset.options()).clamp_(-reach, reach).add_(reach);
+      return table.index_select(1, by_offset.index_select(0, offsets));
     });  // (H, hi - lo)
   }
 
  private:
+  // The bucket of every offset -max_distance .. max_distance, on `device` (index o + max_distance).
+  // Past max_distance on either side every offset is in that side's last bucket, so an offset's
+  // bucket is this table's entry at the offset clamped to the range: the tiles of any length
+  // are then gathered on the device. Made once a device, by the first forward (an eager one:
+  // a CUDA graph captures the step only after an eager step), since a copy from the host cannot
+  // be captured.
+  torch::Tensor bucket_of_offset(const torch::Device& device) {
+    if (!by_offset_.defined() || by_offset_.device() != device)
+      by_offset_ = offset_buckets(-options_.max_distance, options_.max_distance + 1, bidirectional_, options_.buckets,
+                                  options_.max_distance)
+                       .to(device);
+    return by_offset_;
+  }
+
   T5BiasOptions options_;
   bool bidirectional_;
-  torch::Tensor table_;  // (layers or 1, buckets, H)
+  torch::Tensor table_;      // (layers or 1, buckets, H)
+  torch::Tensor by_offset_;  // bucket_of_offset's table, on the device last asked for
 };
 
 PositionInfo make_t5_bias_info() {

@@ -26,9 +26,10 @@ class CapturedGraph {
 // streams then exist before the capture), then captures `work` on that stream: its kernels
 // are recorded, not run. The current stream's queued work comes first and later work waits
 // for both. Throws std::runtime_error with CUDA's or LibTorch's reason when `work` cannot be
-// captured, after `warmup` has run. After one failed capture a process captures nothing more:
-// later calls run `warmup` and throw, naming the first failure (LibTorch's CUDAGraph does not
-// recover cleanly from a failed capture).
+// captured, after `warmup` has run. A capture that failed on LibTorch's own check is ended
+// cleanly and later captures go ahead; after one that CUDA invalidated (a synchronisation with
+// the host) a process captures nothing more: later calls run `warmup` and throw, naming it
+// (LibTorch's CUDAGraph does not recover cleanly from an invalidated capture).
 using CudaGraphCapture = std::unique_ptr<CapturedGraph> (*)(const std::function<void()>& warmup,
                                                             const std::function<void()>& work);
 

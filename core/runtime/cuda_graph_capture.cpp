@@ -31,10 +31,13 @@ void order_after(const c10::cuda::CUDAStream& earlier, const c10::cuda::CUDAStre
   event.block(later);
 }
 
-// The first failed capture's reason. After a failed capture, a training step captured later in
-// the same process crashed the test process on an H200 (a call through a null pointer;
-// core/attention/cuda/NOTES.md, 2026-11-27): LibTorch 2.11's CUDAGraph::capture_end throws
-// before it closes the random generator's capture. So after one failure none is tried.
+// The reason of the first capture that CUDA invalidated (one that synchronised with the host:
+// `.item()`, a pageable copy). LibTorch 2.11's CUDAGraph::capture_end throws at
+// cudaStreamEndCapture for such a capture before it hands the allocators' pool back, so their
+// filter keeps pointing at the destroyed graph: after one, none is captured. A capture that
+// failed on a check of LibTorch's own (a copy from the host refused before it reached CUDA) is
+// ended normally, releases everything, and later captures go ahead (the crash once blamed on
+// failed captures was std::filesystem's, NOTES.md, issue 65).
 std::mutex failure_mutex;
 std::string earlier_failure;
 
@@ -50,23 +53,27 @@ std::unique_ptr<CapturedGraph> capture(const std::function<void()>& warmup, cons
     {
       std::lock_guard<std::mutex> lock(failure_mutex);
       if (!earlier_failure.empty())
-        throw std::runtime_error("an earlier CUDA graph capture in this process failed (" + earlier_failure +
-                                 "); none is captured after that");
+        throw std::runtime_error("an earlier CUDA graph capture in this process was invalidated by CUDA (" +
+                                 earlier_failure + "); none is captured after that");
     }
     captured->graph.capture_begin();
     try {
       work();
     } catch (const std::exception& error) {
-      // Ends the capture (its own error, an invalidated capture, is the same failure) and
-      // hands the pool back, so that the stream and the allocator work as before.
+      // Ends the capture, so that the stream and the allocators work as before; where CUDA
+      // invalidated it, ending it throws (the same failure) and leaves LibTorch's state behind.
+      bool ended = false;
       try {
         captured->graph.capture_end();
+        ended = true;
       } catch (const std::exception&) {
       }
       cudaGetLastError();
       const std::string reason = failure_message(error);
-      std::lock_guard<std::mutex> lock(failure_mutex);
-      if (earlier_failure.empty()) earlier_failure = reason;
+      if (!ended) {
+        std::lock_guard<std::mutex> lock(failure_mutex);
+        if (earlier_failure.empty()) earlier_failure = reason;
+      }
       throw std::runtime_error(reason);
     }
     captured->graph.capture_end();
