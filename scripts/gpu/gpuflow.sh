@@ -66,17 +66,20 @@ else
   verdict graph 0 "(no CUDA graph on the CPU: the eager run only)"
 fi
 
-# kill: SIGKILL once the second checkpoint (step 80) is written, then resume.
+# kill: SIGKILL at step 90, past the second checkpoint (step 80), then resume. The run stops
+# itself there (EXTRAP_TEST_STOP_AT, core/base/fault.h: a SIGSTOP at an exact step, since a GPU
+# trains the 120 steps faster than a poll of its log) and gets a real kill -9.
 reference=graph-on
 [[ $DEVICE == cuda ]] || reference=graph-off
-(train killed) &
+stops=$runs/killed.stops
+(EXTRAP_TEST_STOP_AT=step:90 EXTRAP_TEST_STOP_FILE=$stops train killed) &
 pid=$!
 for ((i = 0; i < 600; ++i)); do
-  grep -q '"step":80,' "$runs/killed/metrics.jsonl" 2>/dev/null && break
+  [[ -s $stops ]] && break
   sleep 0.2
 done
-sleep 0.5
-kill -9 $(pgrep -P $pid) $pid 2>/dev/null
+stopped=$(awk '{print $1}' "$stops" 2>/dev/null)
+kill -9 ${stopped:-} $(pgrep -P $pid) $pid 2>/dev/null
 wait $pid 2>/dev/null
 at=$(tail -1 "$runs/killed/metrics.jsonl" 2>/dev/null | sed 's/.*"step":\([0-9]*\).*/\1/')
 "$EXTRAP" train --config configs/train_quick.yaml --resume --no-eval \
@@ -85,7 +88,8 @@ at=$(tail -1 "$runs/killed/metrics.jsonl" 2>/dev/null | sed 's/.*"step":\([0-9]*
   --set train.out_dir="$runs/killed" > "$runs/killed.resume.log" 2>&1
 rc=$?
 ((rc == 0)) && { detail=$(same_curves killed "$reference"); rc=$?; } || detail="resume failed (see $runs/killed.resume.log)"
-verdict kill "$rc" "(killed at step ${at:-?}) $detail"
+[[ -n ${stopped:-} ]] || { rc=1; detail="the run did not stop at step 90 ($stops)"; }
+verdict kill "$rc" "(killed at step 90; its log had reached step ${at:-?}) $detail"
 
 # eval: a rotary model, sliding windows and YaRN to 16x L.
 train rotary --set position.name=rotary &&

@@ -19,7 +19,8 @@
 #   build     configure build-gpu/ against PyTorch's LibTorch + the prefix, build the CUDA
 #             tests and benchmark; $OUT/device.txt gets the GPU, versions and the kernels'
 #             register / shared-memory / spill report
-#   test      extrap_cuda_tests (every [cuda] test)
+#   test      extrap_cuda_tests (every [cuda] and [runtime] test; TEST_SPEC="[cuda]~name*" leaves some out)
+#   graphdiag each CUDA-graph test alone in a fresh process, one that crashes under cuda-gdb
 #   smoke     `extrap train` on CUDA (bf16, configs/train_quick.yaml, 200 steps, evaluation to
 #             16x L; needs data/pydoc: carry "data") -> $OUT/train_cuda.json
 #   flow      rotary trained on CUDA, eval with windows and YaRN, one NCCL rank, a small sweep
@@ -27,6 +28,7 @@
 #             off, kill -9 and resume, windows and YaRN, retrieval, export, NCCL, sweeps with
 #             --jobs 1 and 2, the report (needs data/pydoc: carry "data")
 #   paper     configs/gpu_paper.yaml (5 methods at L 512 to 16x L) and its report -> $OUT/gpu_paper*
+#             (PAPER_ARGS: more sweep arguments, e.g. "--set base.train.cuda_graph=off")
 #   trainbench  extrap bench train against benchmarks/train_pytorch.py (eager, compiled)
 #   testshapes  the reference test under each forward tile shape (EXTRAP_FLASH_FWD_ROWS) and
 #             dQ atomic width (EXTRAP_FLASH_BWD_ATOMICS; flash_dispatch.h)
@@ -145,9 +147,35 @@ stage_build() {
 }
 
 stage_test() {
-  "$BUILD/tests/extrap_cuda_tests" "[cuda]" --durations yes >"$OUT/test.log" 2>&1
+  "$BUILD/tests/extrap_cuda_tests" "${TEST_SPEC:-[cuda],[runtime]}" --durations yes >"$OUT/test.log" 2>&1
   local rc=$?
   tail -25 "$OUT/test.log"
+  return "$rc"
+}
+
+stage_graphdiag() {
+  # Each CUDA-graph test alone in a fresh process; one that crashes runs again under cuda-gdb:
+  # the backtrace, and the return addresses on the stack (a call through a null pointer leaves
+  # no frame to unwind; the return address names its caller: issue 65's crash).
+  local log=$OUT/graphdiag.log tests=$BUILD/tests/extrap_cuda_tests name rc=0
+  {
+    while IFS= read -r name; do
+      [[ -n $name ]] || continue
+      local spec=${name%%,*}*  # a comma separates test specs: the name up to its first one
+      echo "### $name"
+      timeout 180 "$tests" "$spec" 2>&1 | tail -30
+      local r=${PIPESTATUS[0]}
+      echo "### exit $r"
+      ((r == 0)) && continue
+      rc=1
+      ((r >= 128)) || continue
+      echo "### the bindings of std::filesystem (LD_DEBUG=bindings)"
+      LD_DEBUG=bindings timeout 180 "$tests" "$spec" 2>&1 | grep -E "binding file .*filesystem" | sed 's/^ *[0-9]*:\t*//' | sort -u | head -20
+      timeout 200 cuda-gdb -q -batch -ex "set pagination off" -ex run -ex "bt 40" -ex "info registers rip rsp" \
+        -ex 'x/12a $rsp' --args "$tests" "$spec" 2>&1 | grep -vE "Cuda Driver error|^\[New Thread|^\[Thread .* exited" | tail -60
+    done < <("$tests" --list-test-names-only "[graph]")
+  } >"$log" 2>&1
+  grep -E "^###|Segmentation|SIG|^#[0-9]|^0x" "$log" | head -80
   return "$rc"
 }
 
@@ -334,8 +362,9 @@ stage_paper() {
   # (tables and figures) -> $OUT/gpu_paper.h5, $OUT/gpu_paper_report/.
   local log=$OUT/paper.log
   {
+    # shellcheck disable=SC2086
     "$BUILD/extrap" sweep configs/gpu_paper.yaml --out "$OUT/gpu_paper.h5" \
-      --set output.run_root="$BUILD/runs/gpu_paper" &&
+      --set output.run_root="$BUILD/runs/gpu_paper" ${PAPER_ARGS:-} &&
     "$BUILD/extrap" report "$OUT/gpu_paper.h5" --out "$OUT/gpu_paper_report" --python "$(command -v python3)"
   } >"$log" 2>&1
   local rc=$?
@@ -497,7 +526,7 @@ for stage in "${stages[@]}"; do
     "stage_$stage"
     rc=$?
   else
-    echo "unknown stage '$stage' (build, test, testshapes, atomics, tune, profile, smoke, flow, gpuflow, paper, trainbench, stepbench, graphbench, graphsmoke, sanitize, bench, pybench)"
+    echo "unknown stage '$stage' (build, test, graphdiag, testshapes, atomics, tune, profile, smoke, flow, gpuflow, paper, trainbench, stepbench, graphbench, graphsmoke, sanitize, bench, pybench)"
     rc=2
   fi
   summary "$stage: $([[ $rc == 0 ]] && echo ok || echo "FAILED ($rc)") in $((SECONDS - start)) s"
