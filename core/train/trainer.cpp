@@ -327,6 +327,26 @@ TrainSummary Trainer::run(RunStart start) {
   return finish(state);
 }
 
+namespace {
+// --resume of a run directory that has trained (its log has records) but has no checkpoint: it
+// was deleted, or the run was killed before its first one. The run trains from step 0 and its
+// log starts again, which is said in one line (even when quiet), never done silently.
+void say_restarted_log(const std::string& out_dir) {
+  const fs::path log = fs::path(out_dir) / "metrics.jsonl";
+  std::error_code error;
+  if (!fs::exists(log, error) || fs::file_size(log, error) == 0 || error) return;
+  std::string reached = "records that cannot be read";
+  try {
+    int64_t last = 0;
+    for (const auto& record : read_metrics(log)) last = std::max<int64_t>(last, record["step"].get<int64_t>());
+    reached = "records up to step " + std::to_string(last);
+  } catch (const std::exception&) {
+  }
+  std::cerr << "extrap train: " << out_dir << " has no checkpoint to resume from (" << log.string() << " has "
+            << reached << "): it trains from step 0, and that log starts again\n";
+}
+}  // namespace
+
 // Opening: rank 0 locks and checks the run directory; every rank finds rank 0's checkpoint.
 void Trainer::open_run(RunState& state, RunStart start) {
   const TrainConfig& c = config_.train;
@@ -334,6 +354,7 @@ void Trainer::open_run(RunState& state, RunStart start) {
   state.world = group_ ? group_->size() : 1;
   if (state.leader) state.run_dir.emplace(config_, corpus_, start);
   std::optional<VerifiedCheckpoint>& checkpoint = state.checkpoint();
+  if (state.leader && start == RunStart::resume && !checkpoint) say_restarted_log(c.out_dir);
   if (group_) {
     // Every rank continues from the checkpoint rank 0 continues from.
     const std::string resume_step = group_->share(

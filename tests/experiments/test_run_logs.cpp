@@ -5,6 +5,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "core/base/files.h"
 #include "core/eval/evaluator.h"
 #include "core/run/metrics_log.h"
 #include "tests/support/cli_harness.h"
@@ -216,6 +217,27 @@ TEST_CASE("a metrics log keeps every valid line after a malformed one, and names
   write_text(path, "{\"step\": 5}\n[1, 2]\n");
   CHECK_THROWS_WITH(read_metrics(path),
                     Catch::Contains("metrics.jsonl: line 2 is not a metrics record"));
+}
+
+TEST_CASE("a run resumed with its checkpoint gone trains it from step 0 and says so in one line",
+          "[cli][run_logs]") {
+  SweepDir d;
+  write_text(d.root / "train.yaml", kLoggedRun);
+  const std::vector<std::string> resume = {"train", "--config", "train.yaml", "--no-eval", "--resume"};
+  std::string out;
+  // A fresh directory: --resume starts it, with nothing to say.
+  REQUIRE(run_cli(d, resume, &out) == 0);
+  CHECK(out.find("no checkpoint") == std::string::npos);
+  const auto straight = timeless_metrics(d.root / "runs/a/metrics.jsonl");
+  REQUIRE(straight.size() == 4);
+  // The checkpoint deleted: trained again from step 0, said once, the log the same as before.
+  remove_tree(d.root / "runs/a/checkpoint");
+  remove_tree(d.root / "runs/a/checkpoint.old");
+  REQUIRE(run_cli(d, resume, &out) == 0);
+  CHECK_THAT(out, Catch::Contains("runs/a has no checkpoint to resume from") &&
+                      Catch::Contains("metrics.jsonl has records up to step 20") &&
+                      Catch::Contains("it trains from step 0, and that log starts again"));
+  CHECK(timeless_metrics(d.root / "runs/a/metrics.jsonl") == straight);
 }
 
 TEST_CASE("metrics_to_tensorboard.py writes the log as TensorBoard reads it back", "[cli][run_logs]") {
