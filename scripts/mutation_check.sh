@@ -293,10 +293,12 @@ core/model/model.cpp | return delta.defined() ? x + delta : x; | return x; | wit
 core/model/model.cpp | torch::nn::init::xavier_uniform_(part, 1.0 / std::sqrt(2.0)); | torch::nn::init::xavier_uniform_(part, 1.0); | fairseq's q, k, v initialisation without its gain
 core/model/model.cpp | if (attention_options.training && options.activation_dropout() > 0) | if (false) | activation dropout never applied
 core/attention/attention.cpp | if (q.size(2) >= options.fused_cpu_min_length && q.scalar_type() == torch::kFloat32 && | if (q.size(2) > options.fused_cpu_min_length && q.scalar_type() == torch::kFloat32 && | evaluation takes the fused kernel from one query past its minimum
-experiments/cli/cli_common.cpp | if (fs::exists(dir / "fingerprint.yaml", error)) | if (false) | --json overwrites a run directory's own files
+core/run/run_dir.cpp | if (fs::exists(dir / "fingerprint.yaml", error)) return dir; | if (false) return dir; | --json (and a sweep's --out) overwrites a run directory's own files
 core/train/trainer.cpp | before != c.validate_tokens && !checkpoint->state.valid_curve.empty()) | false) | a resumed run mixes validation curves measured on different tokens
 positions/t5_bias.cpp | torch::arange(lo, hi, by_offset.options()).clamp_(-reach, reach).add_(reach); | torch::arange(lo, hi, by_offset.options()).clamp_(-reach, reach).add_(reach - 1); | T5's device buckets read one offset to the left
 core/base/files.cpp | if (fstatat(dir, name, &status, AT_SYMLINK_NOFOLLOW) != 0) return fail(0); | if (fstatat(dir, name, &status, 0) != 0) return fail(0); | remove_tree follows a link to a directory into what it points to
+core/train/trainer.cpp | if (state.leader && start == RunStart::resume && !checkpoint) say_restarted_log(c.out_dir); | if (false) say_restarted_log(c.out_dir); | a resume without a checkpoint retrains from step 0 without a word
+core/results/results_store.cpp | head != signature) | false) | a sweep's --out over a file that is not HDF5 is not refused before its lock is made
 EOF
 )
 

@@ -1,6 +1,7 @@
 #include "core/results/results_store.h"
 
 #include "core/base/files.h"
+#include "core/run/run_dir.h"
 
 #include <H5Cpp.h>
 #include <fcntl.h>
@@ -11,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "core/base/yaml_options.h"
 
@@ -554,8 +556,34 @@ std::string results_target(const std::string& path) {
 
 }  // namespace
 
+namespace {
+
+// A results file's path, refused before its lock file is made beside it: a directory, a path in
+// a run directory (whose own files it could overwrite: RUN/metrics.jsonl), an existing file that
+// is not HDF5 (HDF5's signature, in its first 8 bytes in every file extrap writes).
+const std::string& checked_results_path(const std::string& path) {
+  const std::string target = results_target(path);
+  std::error_code error;
+  if (fs::is_directory(target, error)) throw ConfigError(path + ": is a directory; give a results file name");
+  if (const fs::path run = enclosing_run_directory(target); !run.empty())
+    throw ConfigError(path + ": lies inside the run directory " + run.string() +
+                      ", whose own files it could overwrite; write results outside the run");
+  if (fs::exists(target, error) && fs::file_size(target, error) > 0) {
+    static const std::string signature("\x89HDF\r\n\x1a\n", 8);
+    std::ifstream in(target, std::ios::binary);
+    std::string head(8, '\0');
+    in.read(head.data(), 8);
+    if (!in || head != signature)
+      throw ConfigError(path + ": exists and is not an HDF5 results file; it is left as it is: remove it or "
+                        "choose another --out");
+  }
+  return path;
+}
+
+}  // namespace
+
 ResultsLock::ResultsLock(const std::string& results_path)
-    : lock_(results_target(results_path) + ".lock", results_path, "written",
+    : lock_(results_target(checked_results_path(results_path)) + ".lock", results_path, "written",
             "wait for it to finish or choose another --out") {}
 
 // --- the store -----------------------------------------------------------------------------

@@ -75,6 +75,15 @@ RunDirectory::RunDirectory(const Config& config, const Corpus& corpus, RunStart 
   }
 }
 
+fs::path enclosing_run_directory(const fs::path& path) {
+  std::error_code error;
+  for (fs::path dir = fs::absolute(path, error).parent_path(); !dir.empty(); dir = dir.parent_path()) {
+    if (fs::exists(dir / "fingerprint.yaml", error)) return dir;
+    if (dir == dir.root_path()) break;
+  }
+  return {};
+}
+
 void check_vocabulary(const VerifiedCheckpoint& checkpoint, const Corpus& corpus) {
   const std::string now = hex64(corpus.vocabulary_hash());
   if (checkpoint.manifest.vocabulary != now)

@@ -59,6 +59,10 @@ class RunDirectory {
   std::optional<VerifiedCheckpoint> checkpoint_;
 };
 
+// The run directory `path` lies in (the nearest folder above it holding fingerprint.yaml), or an
+// empty path: where another command's output would overwrite a run's own files.
+std::filesystem::path enclosing_run_directory(const std::filesystem::path& path);
+
 // Refuses a checkpoint whose vocabulary differs from `corpus`'s (evaluating or resuming a model
 // against another vocabulary gives meaningless numbers).
 void check_vocabulary(const VerifiedCheckpoint& checkpoint, const Corpus& corpus);

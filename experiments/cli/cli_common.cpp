@@ -1,6 +1,7 @@
 #include "experiments/cli/commands.h"
 
 #include "core/base/errors.h"
+#include "core/run/run_dir.h"
 #include "core/base/files.h"
 #include "core/runtime/cuda_support.h"
 
@@ -19,12 +20,9 @@ void check_json_path(const std::string& path, const std::string& command) {
   const std::string flag = "extrap " + command + " --json " + path;
   std::error_code error;
   if (fs::is_directory(path, error)) throw ConfigError(flag + ": is a directory; give a file name");
-  for (fs::path dir = fs::absolute(fs::path(path), error).parent_path(); !dir.empty(); dir = dir.parent_path()) {
-    if (fs::exists(dir / "fingerprint.yaml", error))
-      throw ConfigError(flag + ": lies inside the run directory " + dir.string() +
-                        ", whose own files it could overwrite; write it outside the run");
-    if (dir == dir.root_path()) break;
-  }
+  if (const fs::path run = enclosing_run_directory(path); !run.empty())
+    throw ConfigError(flag + ": lies inside the run directory " + run.string() +
+                      ", whose own files it could overwrite; write it outside the run");
   if (!fs::exists(path, error)) return;
   bool ours = false;
   try {

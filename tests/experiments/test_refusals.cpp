@@ -228,6 +228,33 @@ TEST_CASE("sweep files: scalar grids, duplicates, empty evaluations and shards' 
   CHECK(out.find("-> results/x.shard-1-of-2.h5") != std::string::npos);
 }
 
+TEST_CASE("a sweep's --out is refused before any lock when it is a directory, in a run directory or not HDF5",
+          "[refusals]") {
+  SweepDir d;
+  std::string out;
+  // A run directory, made as `extrap train` makes it.
+  fs::create_directories(d.root / "runs/r");
+  write_text(d.root / "runs/r/fingerprint.yaml", "run: x\n");
+  write_text(d.root / "runs/r/metrics.jsonl", "{\"step\": 1}\n");
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--quiet", "--out", "runs/r/metrics.jsonl"}, &out) == 2);
+  require_one_line_error(out, "runs/r/metrics.jsonl: lies inside the run directory");
+  CHECK(read_text(d.root / "runs/r/metrics.jsonl") == "{\"step\": 1}\n");
+  CHECK(!fs::exists(d.root / "runs/r/metrics.jsonl.lock"));
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--quiet", "--out", "runs/r/new.h5"}, &out) == 2);
+  CHECK(!fs::exists(d.root / "runs/r/new.h5"));
+  CHECK(!fs::exists(d.root / "runs/r/new.h5.lock"));
+  // A file of something else, and a directory.
+  write_text(d.root / "notes.txt", "my own notes, not results\n");
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--quiet", "--out", "notes.txt"}, &out) == 2);
+  require_one_line_error(out, "notes.txt: exists and is not an HDF5 results file; it is left as it is");
+  CHECK(read_text(d.root / "notes.txt") == "my own notes, not results\n");
+  CHECK(!fs::exists(d.root / "notes.txt.lock"));
+  fs::create_directories(d.root / "adir");
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--quiet", "--out", "adir"}, &out) == 2);
+  require_one_line_error(out, "adir: is a directory; give a results file name");
+  CHECK(!fs::exists(d.root / "adir.lock"));
+}
+
 TEST_CASE("a full disk names the file and keeps every earlier result, and merges refuse conflicts",
           "[refusals]") {
   SweepDir d;
