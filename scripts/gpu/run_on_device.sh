@@ -49,7 +49,9 @@
 # of it 160 s); then "build test sanitize bench pybench" with PYBENCH_ARGS="--head-dims 128
 # --lengths 4096,16384" ran out of the 10 minutes inside pybench (FlexAttention compiles each
 # shape, and its learned-slopes backward took ~1 s a call); "build flow trainbench" with
-# TRAINBENCH_ROUNDS=1 took 320 s cold.
+# TRAINBENCH_ROUNDS=1 took 320 s cold. 2026-11-28 (H100): "build", then "paper" in the background
+# (PAPER_ARGS="--set base.train.cuda_graph=off") while "graphdiag test gpuflow" ran: 411 s cold
+# (build 83 s, paper 327 s); "build test graphdiag gpuflow": 168 s cold.
 # Extra arguments for the benchmark: BENCH_ARGS="--lengths 512,2048 --head-dims 128".
 # shellcheck disable=SC2317  # the stage_* functions are called by name
 set -uo pipefail
