@@ -298,7 +298,7 @@ core/train/trainer.cpp | before != c.validate_tokens && !checkpoint->state.valid
 positions/t5_bias.cpp | torch::arange(lo, hi, by_offset.options()).clamp_(-reach, reach).add_(reach); | torch::arange(lo, hi, by_offset.options()).clamp_(-reach, reach).add_(reach - 1); | T5's device buckets read one offset to the left
 core/base/files.cpp | if (fstatat(dir, name, &status, AT_SYMLINK_NOFOLLOW) != 0) return fail(0); | if (fstatat(dir, name, &status, 0) != 0) return fail(0); | remove_tree follows a link to a directory into what it points to
 core/train/trainer.cpp | if (state.leader && start == RunStart::resume && !checkpoint) say_restarted_log(c.out_dir); | if (false) say_restarted_log(c.out_dir); | a resume without a checkpoint retrains from step 0 without a word
-core/results/results_store.cpp | head != signature) | false) | a sweep's --out over a file that is not HDF5 is not refused before its lock is made
+core/results/results_store.cpp | fs::file_size(target, error) > 0 && H5Fis_hdf5(target.c_str()) <= 0) | fs::file_size(target, error) > 0 && false) | a sweep's --out over a file that is not HDF5 is not refused before its lock is made
 EOF
 )
 

@@ -12,7 +12,6 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include "core/base/yaml_options.h"
 
@@ -554,36 +553,26 @@ std::string results_target(const std::string& path) {
   return p.lexically_normal().string();
 }
 
-}  // namespace
-
-namespace {
-
-// A results file's path, refused before its lock file is made beside it: a directory, a path in
-// a run directory (whose own files it could overwrite: RUN/metrics.jsonl), an existing file that
-// is not HDF5 (HDF5's signature, in its first 8 bytes in every file extrap writes).
-const std::string& checked_results_path(const std::string& path) {
-  const std::string target = results_target(path);
+// The file a results path names (results_target), refused before its lock file is made beside
+// it: a directory, a file in a run directory (whose own files it could overwrite:
+// RUN/metrics.jsonl), an existing non-empty file that HDF5 does not recognise as its own.
+std::string checked_results_target(const std::string& path) {
+  std::string target = results_target(path);
   std::error_code error;
   if (fs::is_directory(target, error)) throw ConfigError(path + ": is a directory; give a results file name");
   if (const fs::path run = enclosing_run_directory(target); !run.empty())
     throw ConfigError(path + ": lies inside the run directory " + run.string() +
                       ", whose own files it could overwrite; write results outside the run");
-  if (fs::exists(target, error) && fs::file_size(target, error) > 0) {
-    static const std::string signature("\x89HDF\r\n\x1a\n", 8);
-    std::ifstream in(target, std::ios::binary);
-    std::string head(8, '\0');
-    in.read(head.data(), 8);
-    if (!in || head != signature)
-      throw ConfigError(path + ": exists and is not an HDF5 results file; it is left as it is: remove it or "
-                        "choose another --out");
-  }
-  return path;
+  if (fs::exists(target, error) && fs::file_size(target, error) > 0 && H5Fis_hdf5(target.c_str()) <= 0)
+    throw ConfigError(path + ": exists and is not an HDF5 results file; it is left as it is: remove it or "
+                      "choose another --out");
+  return target;
 }
 
 }  // namespace
 
 ResultsLock::ResultsLock(const std::string& results_path)
-    : lock_(results_target(checked_results_path(results_path)) + ".lock", results_path, "written",
+    : lock_(checked_results_target(results_path) + ".lock", results_path, "written",
             "wait for it to finish or choose another --out") {}
 
 // --- the store -----------------------------------------------------------------------------
