@@ -19,11 +19,30 @@ class Alibi : public PositionMethod {
   }
 
   AttentionBias bias(const LayerInput& at) override {
-    return AttentionBias::linear_causal(slopes_).at_positions(at.positions.sampled);
+    auto b = AttentionBias::linear_causal(slopes_);
+    b.paper_slopes = holds_paper_slopes();
+    return b.at_positions(at.positions.sampled);
   }
 
  private:
+  // Whether the buffer still holds the paper's slopes (a checkpoint or a plugin may have written
+  // others): read back once per version of the buffer and device, so a step (or its CUDA graph
+  // capture) after the first reads nothing from the device.
+  bool holds_paper_slopes() {
+    if (slopes_._version() != checked_version_ || slopes_.device() != checked_device_) {
+      const auto paper = torch::tensor(alibi_slopes(int(slopes_.size(0))), torch::kFloat64).to(torch::kFloat32);
+      paper_ = !slopes_.requires_grad() && slopes_.scalar_type() == torch::kFloat32 &&
+               torch::equal(slopes_.detach().cpu(), paper);
+      checked_version_ = slopes_._version();
+      checked_device_ = slopes_.device();
+    }
+    return paper_;
+  }
+
   torch::Tensor slopes_;  // (H,)
+  int64_t checked_version_ = -1;
+  torch::Device checked_device_ = torch::kCPU;
+  bool paper_ = false;
 };
 
 PositionInfo make_alibi_info() {

@@ -55,7 +55,7 @@ positions/xpos.cpp | {cos * up, sin * up, cos * down, sin * down}; | {cos * down
 positions/sandwich.cpp | double(d / 2);  | double(d);  | Sandwich subtracts d instead of d/2 (no longer 0 at distance 0)
 positions/fire.cpp | torch::log1p(c * torch::maximum(i, threshold)) + eps; | torch::log1p(c * threshold) + eps; | FIRE normalises by psi(L) instead of psi(max(L, i))
 positions/kerple.cpp | r2_.data().clamp_(range2_.min, range2_.max); | ; | KERPLE's r2 no longer kept in range (power exponent above 2)
-positions/alibi.cpp | return AttentionBias::linear_causal(slopes_).at_positions(at.positions.sampled); | return AttentionBias::linear_causal(slopes_); | ALiBi ignores randomized training positions
+positions/alibi.cpp | return b.at_positions(at.positions.sampled); | return b; | ALiBi ignores randomized training positions
 core/attention/attention.cpp | .triu(1 + row0); | .triu(1); | a decode step's causal mask not shifted to the end of the keys (queries see no cached key)
 core/attention/attention.cpp | return probabilities(q, k, bias, options, k.size(2) - q.size(2)); | return probabilities(q, k, bias, options, 0); | a decode step gets the bias rows of the window's first tokens (the cached-ALiBi bug)
 positions/fox.cpp | F = torch::cat({*at.state, F + at.state->narrow(2, -1, 1)}, 2); | F = torch::cat({*at.state, F}, 2); | fox's gate sum restarts at every decode block
@@ -299,6 +299,9 @@ positions/t5_bias.cpp | torch::arange(lo, hi, by_offset.options()).clamp_(-reach
 core/base/files.cpp | if (fstatat(dir, name, &status, AT_SYMLINK_NOFOLLOW) != 0) return fail(0); | if (fstatat(dir, name, &status, 0) != 0) return fail(0); | remove_tree follows a link to a directory into what it points to
 core/train/trainer.cpp | if (state.leader && start == RunStart::resume && !checkpoint) say_restarted_log(c.out_dir); | if (false) say_restarted_log(c.out_dir); | a resume without a checkpoint retrains from step 0 without a word
 core/results/results_store.cpp | fs::file_size(target, error) > 0 && H5Fis_hdf5(target.c_str()) <= 0) | fs::file_size(target, error) > 0 && false) | a sweep's --out over a file that is not HDF5 is not refused before its lock is made
+core/attention/gpu_routes.cpp | if (!bias.paper_slopes) return "the slopes are not the paper's (learned, or set by hand)"; | ; | cuDNN's own slopes replace slopes that are not the paper's on a GPU
+core/attention/gpu_routes.cpp | if (!causal) return "cuDNN's ALiBi mask is causal only"; | ; | a bidirectional ALiBi call goes to cuDNN's causal-only mask
+positions/alibi.cpp | torch::equal(slopes_.detach().cpu(), paper); | true; | alibi still claims the paper's slopes after a checkpoint or a plugin wrote others
 EOF
 )
 

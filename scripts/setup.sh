@@ -7,7 +7,8 @@
 #           Python 3.11 documentation (the default corpus' text), python3-venv where needed
 #   python  the project's virtual environment .venv/ (git-ignored) with requirements.txt: every
 #           Python package pinned exactly, PyTorch's wheel among them. Its LibTorch (headers,
-#           CMake package, libtorch_cpu and libtorch_cuda) is what extrap builds against.
+#           CMake package, libtorch_cpu and libtorch_cuda) is what extrap builds against;
+#           and the cuDNN frontend's C++ headers in .venv/cudnn-frontend (scripts/cudnn_frontend.sh).
 #   corpus  the default corpus, data/pydoc (scripts/make_default_corpus.py)
 #   build   CMake + make into build/
 # Idempotent and quiet when there is nothing to do: packages are installed only if dpkg says
@@ -102,6 +103,7 @@ step_python() {
   python=$(base_python)
   stamp="$("$python" -c 'import sys; print(sys.executable, sys.version.split()[0])') $(sha256sum "$REQUIREMENTS" | cut -c1-16)"
   if [[ -f "$VENV/.extrap-stamp" && "$(cat "$VENV/.extrap-stamp")" == "$stamp" ]]; then
+    cudnn_frontend_headers
     return 0
   fi
   echo "setup: making $VENV from $python and requirements.txt (PyTorch's wheel is about 4 GB with its CUDA libraries)"
@@ -124,6 +126,14 @@ step_python() {
   }
   "$VENV/bin/python" -c 'import torch, numpy, h5py, matplotlib, safetensors, yaml, tensorboard, sentencepiece'
   echo "$stamp" >"$VENV/.extrap-stamp"
+  cudnn_frontend_headers
+}
+
+# The cuDNN frontend's headers for extrap's cuDNN attention (scripts/cudnn_frontend.sh). Without
+# them extrap builds and runs; on a GPU causal ALiBi then takes extrap's own kernels.
+cudnn_frontend_headers() {
+  bash "$ROOT/scripts/cudnn_frontend.sh" "$VENV/cudnn-frontend" "$VENV/bin/python" ||
+    echo "setup: going on without the cuDNN frontend's headers" >&2
 }
 
 step_corpus() {

@@ -5,6 +5,7 @@
 #include "core/attention/cuda_attention.h"
 #include "core/attention/efficient_attention.h"
 #include "core/attention/fused_cpu_attention.h"
+#include "core/attention/gpu_routes.h"
 #include "core/attention/householder.h"
 #include "core/attention/stick_breaking.h"
 #include "core/base/yaml_options.h"
@@ -581,6 +582,22 @@ bool fused_cuda_takes(const torch::Tensor& q, const torch::Tensor& k, const torc
 
 namespace {
 
+// Runs a GPU route other than the reference (core/attention/gpu_routes.h).
+torch::Tensor run_gpu_route(GpuRoute route, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                            const AttentionBias& bias, const AttentionOptions& options) {
+  switch (route) {
+    case GpuRoute::Sdpa:
+      return at::scaled_dot_product_attention(q, k, v, {}, options.training ? options.dropout : 0.0, options.causal);
+    case GpuRoute::CudnnAlibi:
+      return cuda_attention()->cudnn_alibi(q, k, v);
+    case GpuRoute::ExtrapFused:
+      return cuda_attention()->attention(q, k, v, bias, options.causal);
+    case GpuRoute::Reference:
+      break;
+  }
+  return attention_reference(q, k, v, bias, options);
+}
+
 torch::Tensor dispatch(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                        const AttentionBias& bias, const AttentionOptions& options) {
   // Under train.precision bf16 (autocast) attention stays float32: the scores carry the bias.
@@ -589,13 +606,17 @@ torch::Tensor dispatch(const torch::Tensor& q, const torch::Tensor& k, const tor
   if (Float32Region fp32(q.device().type()); fp32.was_autocast()) {
     if (q.scalar_type() == torch::kBFloat16 && fused_cpu_takes(q, k, v, bias, options))
       return fused_cpu_attention(q, k, v, bias, options);
-    // On a GPU the fused kernels take bfloat16 q, k and v and compute the scores, the bias and
-    // the softmax in float32 (as FlashAttention and SDPA do under autocast).
+    // On a GPU every route but the reference takes bfloat16 q, k and v and computes the scores,
+    // the bias and the softmax in float32 (as FlashAttention and SDPA do under autocast).
     if (q.is_cuda() && q.size(2) == k.size(2) &&
         (options.backend == AttentionBackend::Auto || options.backend == AttentionBackend::Fused)) {
       const auto qb = q.to(torch::kBFloat16), kb = k.to(torch::kBFloat16), vb = v.to(torch::kBFloat16);
-      if (fused_cuda_takes(qb, kb, vb, bias, options))
+      if (options.backend == AttentionBackend::Auto) {
+        const GpuRoute route = choose_gpu_route(qb, kb, vb, bias, options, gpu_kernels_present()).route;
+        if (route != GpuRoute::Reference) return run_gpu_route(route, qb, kb, vb, bias, options);
+      } else if (fused_cuda_takes(qb, kb, vb, bias, options)) {
         return cuda_attention()->attention(qb, kb, vb, bias, options.causal);
+      }
     }
     return dispatch(q.to(torch::kFloat32), k.to(torch::kFloat32), v.to(torch::kFloat32), bias, options);
   }
@@ -632,8 +653,11 @@ torch::Tensor dispatch(const torch::Tensor& q, const torch::Tensor& k, const tor
       // tensors kept for backward); the reference path where it has attention dropout.
       if (bias.kind == AttentionBias::Kind::StickBreaking && !(options.training && options.dropout > 0))
         return stick_breaking_attention_blocked(q, k, v, bias, options);
-      if (fused_cuda_takes(q, k, v, bias, options))
-        return cuda_attention()->attention(q, k, v, bias, options.causal);
+      // On a GPU: the table of core/attention/gpu_routes.h.
+      if (q.is_cuda()) {
+        const GpuRoute route = choose_gpu_route(q, k, v, bias, options, gpu_kernels_present()).route;
+        if (route != GpuRoute::Reference) return run_gpu_route(route, q, k, v, bias, options);
+      }
       // Training on the CPU: the fused kernel where it takes the call (core/attention/fused_cpu_attention.h).
       if (fused_cpu_takes(q, k, v, bias, options)) return fused_cpu_attention(q, k, v, bias, options);
       // Evaluation on the CPU: the fused kernel's forward where it takes the bias, from as many

@@ -65,6 +65,11 @@ struct AttentionBias {
   // 0..T-1 (training with sampled positions, PositionSampling); distances are then |positions[i] -
   // positions[j]|. Masks still go by index. Only the reference backend takes it.
   torch::Tensor positions;
+  // Kind::Linear only: set by the method that made the bias where slopes_left are, value for
+  // value, the paper's slopes for H heads (positions/alibi_slopes.h, float32), so a kernel that
+  // computes those slopes itself (cuDNN's ALiBi, core/attention/gpu_routes.h) may take the call
+  // without reading the tensor. Never set for slopes that require grad.
+  bool paper_slopes = false;
 
   // Kind::Cumulative, causal attention only: (B, H, T) float F, and
   //   bias(b, h, i, j) = F[b, h, i] - F[b, h, j]   for j <= i.
@@ -186,8 +191,9 @@ struct AttentionBias {
 
 // Which implementation an attention call uses.
 enum class AttentionBackend {
-  Auto,       // fused where it takes the call (CUDA; CPU training), memory-efficient for long
-              // CPU inference windows, the reference otherwise
+  Auto,       // on a GPU the route table of core/attention/gpu_routes.h (SDPA, cuDNN, extrap's
+              // kernels); on the CPU the fused kernel where it takes the call, memory-efficient
+              // for long inference windows, the reference otherwise
   Reference,  // materialise scores and bias (exact reference, supports everything)
   Efficient,  // blockwise online-softmax CPU path (inference only)
   Fused,      // the device's fused kernel: CUDA (core/attention/cuda), or the CPU training kernel

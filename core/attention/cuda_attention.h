@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include <string>
+#include <vector>
 
 namespace extrap {
 
@@ -25,6 +26,16 @@ struct CudaAttention {
                          FusedAlibiLayout layout, bool causal);
   // The kernels' tile shapes in force (flash_dispatch.h), e.g. "fwd_rows=auto".
   std::string (*kernel_shapes)();
+  // cuDNN's fused attention with its ALiBi mask (core/attention/cuda/cudnn_attention.h); null
+  // where libextrap_cuda.so was built without the cuDNN frontend's headers.
+  std::string (*cudnn_alibi_unsupported_reason)(const torch::Tensor& q, const torch::Tensor& k,
+                                                const torch::Tensor& v, const AttentionBias& bias, bool causal);
+  torch::Tensor (*cudnn_alibi)(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v);
+  // The slopes cuDNN's ALiBi mask uses for H heads (the route table's condition is that they are
+  // the paper's; tests/attention/test_gpu_routes_cuda.cpp checks it on any machine).
+  std::vector<float> (*cudnn_alibi_slopes)(int64_t heads);
+  // "cuDNN 9.x.y (frontend 1.a.b)", or why there is none.
+  std::string (*cudnn_description)();
 };
 
 void register_cuda_attention(const CudaAttention& entry);

@@ -4,6 +4,10 @@
 //   fused-none   the fused kernels, no bias (the cost of ALiBi is the difference)
 //   fused-learned the fused kernels with the slopes as a tensor that requires grad (learned
 //                slopes: per-head direction bits, and the backward also sums the slope gradients)
+//   cudnn-alibi  cuDNN's fused attention with its ALiBi mask (causal only; where libextrap_cuda.so
+//                was built with the cuDNN frontend, core/attention/cuda/cudnn_attention.h)
+//   auto         extrap's attention() with the paper's ALiBi as the alibi method describes it: the
+//                route the GPU table picks (core/attention/gpu_routes.h), named in the line
 //   sdpa         torch's scaled_dot_product_attention without a bias (is_causal when causal) on
 //                the backend LibTorch picks (flash on sm_80+): the no-bias ceiling
 //   sdpa-bias    torch's scaled_dot_product_attention with the ALiBi bias materialised as an
@@ -18,6 +22,7 @@
 
 #include "core/attention/attention.h"
 #include "core/attention/cuda_attention.h"
+#include "core/attention/gpu_routes.h"
 #include "core/runtime/cuda_support.h"
 #include "core/runtime/sysinfo.h"
 #include "positions/alibi_slopes.h"
@@ -137,7 +142,8 @@ using AttentionFn = std::function<torch::Tensor(const torch::Tensor&, const torc
 // The command line of `extrap bench attention --device cuda`.
 struct CudaBenchOptions {
   std::string device = "cuda", lengths_text = "512,1024,2048,4096,8192,16384";
-  std::string head_dims_text = "64,128", impls_text = "fused-alibi,fused-none,fused-learned,sdpa,sdpa-bias,reference";
+  std::string head_dims_text = "64,128",
+              impls_text = "auto,cudnn-alibi,fused-alibi,fused-none,fused-learned,sdpa,sdpa-bias,reference";
   std::string passes_text = "forward,forward+backward", dtype_name = "bf16";
   std::string out_path = "benchmarks/results/attention_cuda.jsonl";
   int64_t tokens = 16384, heads = 16;
@@ -195,8 +201,8 @@ CudaBenchPlan plan_from_options(const CudaBenchOptions& o) {
   plan.head_dims = split_ints(o.head_dims_text, "head-dims");
   plan.impls = split(o.impls_text);
   plan.passes = split(o.passes_text);
-  const std::set<std::string> known_impls{"fused-alibi", "fused-none", "fused-learned", "sdpa",
-                                          "sdpa-bias", "reference"};
+  const std::set<std::string> known_impls{"auto",  "cudnn-alibi", "fused-alibi", "fused-none", "fused-learned",
+                                          "sdpa", "sdpa-bias",   "reference"};
   for (const auto& impl : plan.impls)
     if (!known_impls.count(impl)) throw std::invalid_argument("unknown --impls entry '" + impl + "'");
   for (const auto& pass : plan.passes)
@@ -237,12 +243,32 @@ struct Shape {
   double forward_flops = 0;
 };
 
-// The call an implementation makes on (q, k, v); empty where this LibTorch lacks it. sdpa-bias
-// reads `materialised`, the (H, T, T) ALiBi bias, which the caller builds untimed.
+// The call an implementation makes on (q, k, v); empty where this build lacks it, with the
+// reason in `unavailable`. sdpa-bias reads `materialised`, the (H, T, T) ALiBi bias, which the
+// caller builds untimed.
 AttentionFn attention_fn(const std::string& impl, bool causal, const AttentionBias& alibi,
-                         torch::Tensor& materialised) {
+                         torch::Tensor& materialised, std::string& unavailable) {
   AttentionFn fn;
-  if (impl == "fused-alibi") {
+  unavailable = "unavailable (LibTorch < 2.0)";
+  if (impl == "auto") {
+    AttentionBias paper = alibi;
+    paper.paper_slopes = causal;  // what positions/alibi.cpp says of its slopes
+    AttentionOptions attention_options;
+    attention_options.causal = causal;
+    attention_options.training = true;
+    fn = [paper, attention_options](const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c) {
+      return attention(a, b, c, paper, attention_options);
+    };
+  } else if (impl == "cudnn-alibi") {
+    if (!cuda_attention()->cudnn_alibi)
+      unavailable = "unavailable (built without the cuDNN frontend)";
+    else if (!causal)
+      unavailable = "unavailable (cuDNN's ALiBi is causal only)";
+    else
+      fn = [](const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c) {
+        return cuda_attention()->cudnn_alibi(a, b, c);
+      };
+  } else if (impl == "fused-alibi") {
     const auto layout = causal ? FusedAlibiLayout::Causal : FusedAlibiLayout::Symmetric;
     fn = [layout, causal](const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c) {
       return cuda_attention()->alibi(a, b, c, layout, causal);
@@ -315,11 +341,11 @@ void report_measurement(ResultsLog& log, const CudaBenchOptions& o, const Shape&
   const double flops = shape.forward_flops * (pass == "forward" ? 1.0 : 3.5);
   const double tflops = ok ? flops / (timing.ms * 1e-3) / 1e12 : 0.0;
   if (ok)
-    std::printf("%-12s %-14s %4lld %6lld %-17s %10.3f %9.1f %10.2f\n", impl.c_str(), mode.c_str(),
+    std::printf("%-18s %-14s %4lld %6lld %-17s %10.3f %9.1f %10.2f\n", impl.c_str(), mode.c_str(),
                 (long long)head_dim, (long long)length, pass.c_str(), timing.ms, tflops,
                 timing.peak_bytes / 1e9);
   else
-    std::printf("%-12s %-14s %4lld %6lld %-17s %s\n", impl.c_str(), mode.c_str(),
+    std::printf("%-18s %-14s %4lld %6lld %-17s %s\n", impl.c_str(), mode.c_str(),
                 (long long)head_dim, (long long)length, pass.c_str(), status.c_str());
   std::fflush(stdout);
   std::ofstream& out = log.out;
@@ -342,13 +368,27 @@ void bench_shape(const CudaBenchOptions& o, const CudaBenchPlan& plan, const Sha
                  const AttentionBias& alibi, std::set<std::string>& out_of_memory, ResultsLog& log) {
   for (const auto& impl : plan.impls) {
     torch::Tensor materialised;  // (H, T, T) ALiBi bias for sdpa-bias, built untimed
-    const AttentionFn fn = attention_fn(impl, shape.causal, alibi, materialised);
+    std::string unavailable;
+    const AttentionFn fn = attention_fn(impl, shape.causal, alibi, materialised, unavailable);
+    // What `auto` runs: the route of the GPU table for this shape (its line names it).
+    std::string shown = impl;
+    if (impl == "auto") {
+      AttentionBias paper = alibi;
+      paper.paper_slopes = shape.causal;
+      AttentionOptions attention_options;
+      attention_options.causal = shape.causal;
+      attention_options.training = true;
+      shown = std::string("auto:") +
+              to_string(choose_gpu_route(shape.q.detach().requires_grad_(true), shape.k, shape.v, paper,
+                                         attention_options, gpu_kernels_present())
+                            .route);
+    }
     for (const auto& pass : plan.passes) {
       const std::string key = impl + "|" + shape.mode + "|" + std::to_string(shape.head_dim) + "|" + pass;
       std::string status = "ok";
       Timing timing;
       if (!fn) {
-        status = "unavailable (LibTorch < 2.0)";
+        status = unavailable;
       } else if (out_of_memory.count(key)) {
         status = "skipped (out of memory at a shorter length)";
       } else {
@@ -364,7 +404,7 @@ void bench_shape(const CudaBenchOptions& o, const CudaBenchPlan& plan, const Sha
         }
         c10::cuda::CUDACachingAllocator::emptyCache();
       }
-      report_measurement(log, o, shape, impl, pass, status, timing);
+      report_measurement(log, o, shape, shown, pass, status, timing);
     }
   }
 }
@@ -409,7 +449,7 @@ int bench_attention_cuda(const std::vector<std::string>& args) {
   std::printf("device: %s\ndate: %s\nextrap kernels: %s\ntokens per batch %lld, H %lld, %s, median of %d calls after %d\n\n",
               log.device_name.c_str(), log.date.c_str(), log.kernel_shapes.c_str(), (long long)o.tokens, (long long)o.heads,
               o.dtype_name.c_str(), o.repeats, o.warmup);
-  std::printf("%-12s %-14s %4s %6s %-17s %10s %9s %10s\n", "impl", "mode", "D", "T", "pass", "ms",
+  std::printf("%-18s %-14s %4s %6s %-17s %10s %9s %10s\n", "impl", "mode", "D", "T", "pass", "ms",
               "TFLOP/s", "peak GB");
 
   const auto slopes = torch::tensor(alibi_slopes(int(o.heads)), torch::kFloat64)

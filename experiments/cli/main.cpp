@@ -120,6 +120,11 @@ int main(int argc, char** argv) {
       std::cout << "fused cuda attention: "
                 << (extrap::cuda_attention() ? "registered" : "missing (libextrap_cuda.so did not register it)")
                 << "\n";
+    if (const auto* cuda = extrap::cuda_attention())
+      std::cout << "cudnn attention: "
+                << (cuda->cudnn_description ? cuda->cudnn_description()
+                                            : "not built (no cuDNN frontend headers: scripts/cudnn_frontend.sh)")
+                << "\n";
     return 0;
   }
   const auto found = commands().find(name);

@@ -2,7 +2,8 @@
 # Downloads, on a machine with network access and Debian 12 package lists, the .deb files
 # that the GPU device machine lacks to build extrap (it has CUDA, CMake, a compiler and
 # PyTorch, but no network): yaml-cpp, Boost.Program_options, HDF5, Catch2, nlohmann-json,
-# xxhash and SentencePiece, with the runtime libraries they load. They land in .debs/ (git-ignored), which a device call
+# xxhash and SentencePiece, with the runtime libraries they load, and the cuDNN frontend's headers
+# (from PyPI, scripts/cudnn_frontend.sh). They land in .debs/ (git-ignored), which a device call
 # carries (carry: [".debs"]) and scripts/gpu/run_on_device.sh unpacks into a private prefix.
 #
 #   scripts/gpu/fetch_debs.sh            # everything
@@ -45,6 +46,10 @@ download() {  # folder packages...
 download .debs/main "${main[@]}"
 if ((${#fallback[@]})); then
   download .debs/fallback "${fallback[@]}"
+fi
+# The cuDNN frontend's headers (PyPI, not Debian): the GPU build finds them in .debs/cudnn-frontend.
+if [[ "${1:-all}" != yaml-cpp ]]; then
+  bash scripts/cudnn_frontend.sh .debs/cudnn-frontend "$([[ -x .venv/bin/python ]] && echo .venv/bin/python || echo python3)"
 fi
 du -sh .debs
 debs=(.debs/main/*.deb .debs/fallback/*.deb)

@@ -43,6 +43,8 @@
 #   sanitize  compute-sanitizer memcheck and racecheck on the [sanitize] subset
 #   bench     extrap bench attention --device cuda -> $OUT/attention_cuda.jsonl (copy it to
 #             benchmarks/results/ on the development machine)
+#   routes    issue 66: the GPU route table's tests ([gpu-routes]) and each route timed beside
+#             FlexAttention-ALiBi and SDPA cuDNN -> $OUT/routes*.jsonl
 #   pybench   benchmarks/attention_pytorch.py (FlexAttention, SDPA per backend, SDPA with a
 #             bias) -> $OUT/attention_pytorch.jsonl
 # What fitted on an H100, 2026-11-25: "build test smoke sanitize" (cold build 125-155 s, all
@@ -506,6 +508,32 @@ stage_bench() {
     >"$OUT/bench.log" 2>&1
   local rc=$?
   tail -120 "$OUT/bench.log"
+  return "$rc"
+}
+
+stage_routes() {
+  # Issue 66's table: which cuDNN extrap found, every GPU route against the float64 reference
+  # ([gpu-routes]), then each route timed at the issue's shape (bf16, causal, D 128, 16 heads, 16k
+  # tokens a batch, T 4096 and 16384), with FlexAttention-ALiBi and SDPA's cuDNN backend in the
+  # same call for the anchors -> $OUT/routes.jsonl, $OUT/routes_pytorch.jsonl.
+  local rc=0
+  "$BUILD/extrap" --version 2>&1 | grep -E "^(libtorch|cuda|fused|cudnn)" | tee -a "$OUT/device.txt"
+  "$BUILD/tests/extrap_cuda_tests" "[gpu-routes]" --durations yes >"$OUT/routes_test.log" 2>&1 || rc=1
+  tail -6 "$OUT/routes_test.log"
+  # shellcheck disable=SC2086
+  "$BUILD/extrap" bench attention --device cuda --causal --head-dims 128 --lengths 4096,16384 \
+    --impls auto,cudnn-alibi,fused-alibi,fused-learned,fused-none,sdpa --out "$OUT/routes.jsonl" \
+    ${ROUTES_ARGS:-} >"$OUT/routes_bench.log" 2>&1 || rc=1
+  cat "$OUT/routes_bench.log"
+  # FlexAttention compiles each shape (tens of seconds); its learned-slopes backward is slow at
+  # 16384 (about 1 s a call on the H100, 2026-11-25), so that row is timed at 4096 only.
+  PYTHONUNBUFFERED=1 timeout 200 python3 benchmarks/attention_pytorch.py --causal --head-dims 128 \
+    --lengths 4096,16384 --impls flex-alibi,sdpa --out "$OUT/routes_pytorch.jsonl" \
+    >"$OUT/routes_pytorch.log" 2>&1 || rc=1
+  PYTHONUNBUFFERED=1 timeout 120 python3 benchmarks/attention_pytorch.py --causal --head-dims 128 \
+    --lengths 4096 --impls flex-alibi-learned --out "$OUT/routes_pytorch.jsonl" \
+    >>"$OUT/routes_pytorch.log" 2>&1 || rc=1
+  tail -30 "$OUT/routes_pytorch.log"
   return "$rc"
 }
 

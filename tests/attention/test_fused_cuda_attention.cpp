@@ -10,6 +10,7 @@
 // Without a CUDA device every test warns and returns.
 #include "core/attention/cuda/fused_attention.h"
 #include "positions/alibi_slopes.h"
+#include "tests/support/low_precision_check.h"
 #include "tests/support/test_support.h"
 
 #include <catch2/catch.hpp>
@@ -25,7 +26,9 @@ namespace {
 using extrap::AttentionBias;
 using extrap::FusedAlibiLayout;
 
+using extrap::testing::check_close;
 using extrap::testing::have_cuda;
+using extrap::testing::max_error;
 
 torch::Tensor float_slopes(const std::vector<double>& values) {
   return torch::tensor(values, torch::kFloat64).to(torch::kFloat32);
@@ -165,23 +168,6 @@ Results fused_autograd(const torch::Tensor& q, const torch::Tensor& k, const tor
   Results r{out.detach(), q2.grad(), k2.grad(), v2.grad(), {}, {}};
   if (c.learned) r.dslopes_left = bias.slopes_left.grad(), r.dslopes_right = bias.slopes_right.grad();
   return r;
-}
-
-double max_error(const torch::Tensor& x, const torch::Tensor& ref) {
-  return (x.to(torch::kFloat64) - ref).abs().max().item<double>();
-}
-
-// Largest error no worse than 2x LibTorch's low-precision error, plus a small floor.
-void check_close(const char* what, const torch::Tensor& fused, const torch::Tensor& low,
-                 const torch::Tensor& ref) {
-  INFO(what);
-  REQUIRE(fused.defined());
-  REQUIRE(fused.sizes() == ref.sizes());
-  REQUIRE_FALSE(torch::isnan(fused).any().item<bool>());
-  const double fused_error = max_error(fused, ref), low_error = max_error(low, ref);
-  const double floor = 1e-4 * (ref.abs().max().item<double>() + 1.0);
-  INFO("fused error " << fused_error << ", LibTorch low-precision error " << low_error);
-  CHECK(fused_error <= 2 * low_error + floor);
 }
 
 }  // namespace

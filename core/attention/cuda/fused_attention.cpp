@@ -4,6 +4,9 @@
 #include "core/attention/cuda/fused_attention.h"
 
 #include "core/attention/cuda/flash_dispatch.h"
+#ifdef EXTRAP_CUDNN_FRONTEND
+#include "core/attention/cuda/cudnn_attention.h"
+#endif
 
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -406,9 +409,20 @@ std::string kernel_shapes() {
 }
 
 // Runs when libextrap_cuda.so loads (core/runtime/cuda_support.h).
+// cuDNN's ALiBi where libextrap_cuda.so was built with the frontend (EXTRAP_CUDNN_FRONTEND).
 const bool registered_fused_attention = [] {
-  register_cuda_attention({&fused_attention_unsupported_reason, &fused_attention, &fused_attention_alibi,
-                           &kernel_shapes});
+  CudaAttention entry{};
+  entry.unsupported_reason = &fused_attention_unsupported_reason;
+  entry.attention = &fused_attention;
+  entry.alibi = &fused_attention_alibi;
+  entry.kernel_shapes = &kernel_shapes;
+#ifdef EXTRAP_CUDNN_FRONTEND
+  entry.cudnn_alibi_unsupported_reason = &cudnn_alibi_unsupported_reason;
+  entry.cudnn_alibi = &cudnn_alibi_attention;
+  entry.cudnn_alibi_slopes = &cudnn_alibi_slopes;
+  entry.cudnn_description = &cudnn_description;
+#endif
+  register_cuda_attention(entry);
   return true;
 }();
 

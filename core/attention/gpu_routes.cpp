@@ -1,0 +1,83 @@
+#include "core/attention/gpu_routes.h"
+
+#include "core/attention/cuda_attention.h"
+
+namespace extrap {
+
+GpuKernels gpu_kernels_present() {
+  GpuKernels kernels;
+  const CudaAttention* cuda = cuda_attention();
+  if (!cuda) return kernels;
+  kernels.extrap_fused = cuda->unsupported_reason;
+  if (cuda->cudnn_alibi_unsupported_reason) kernels.cudnn_alibi = cuda->cudnn_alibi_unsupported_reason;
+  return kernels;
+}
+
+namespace {
+
+// Why cuDNN's ALiBi mask does not compute this bias ("" where it does): cuDNN adds
+// m_h * (j - i) with the paper's slopes for H heads (computed by cuDNN) to the scaled scores of a
+// causal call, and returns no gradient for the slopes.
+std::string not_cudnn_alibi(const AttentionBias& bias, int64_t heads, bool causal) {
+  if (!bias.paper_slopes) return "the slopes are not the paper's (learned, or set by hand)";
+  if (bias.slopes_left.requires_grad() || bias.slopes_right.requires_grad()) return "the slopes require grad";
+  if (!causal) return "cuDNN's ALiBi mask is causal only";
+  if (bias.positions.defined()) return "sampled positions";
+  if (bias.look_left.size(0) != heads) return "the bias has " + std::to_string(bias.look_left.size(0)) + " heads";
+  if (!bias.look_left.all().item<bool>()) return "a head does not look left";
+  return "";
+}
+
+}  // namespace
+
+GpuRouteChoice choose_gpu_route(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                const AttentionBias& bias, const AttentionOptions& options,
+                                const GpuKernels& kernels) {
+  TORCH_CHECK(q.dim() == 4 && q.size(2) == k.size(2), "choose_gpu_route: needs (B, H, T, D) q and k with as many "
+              "queries as keys, got ", q.sizes(), " and ", k.sizes());
+  GpuRouteChoice choice;
+  const auto passed = [&choice](const char* route, const std::string& why) {
+    if (!choice.passed_over.empty()) choice.passed_over += "; ";
+    choice.passed_over += std::string(route) + ": " + why;
+  };
+  // Row 1: no bias, no option. SDPA takes attention dropout too.
+  if (bias.is_none()) {
+    choice.route = GpuRoute::Sdpa;
+    return choice;
+  }
+  passed("sdpa", "it adds no bias (" + bias.describe() + ")");
+
+  const bool dropout = options.training && options.dropout > 0;
+  // What every fused route needs besides its own conditions.
+  std::string fused_problem;
+  if (bias.has_options()) fused_problem = "the options (" + bias.describe() + ") are the reference's";
+  else if (dropout) fused_problem = "attention dropout " + std::to_string(options.dropout) + " while training";
+
+  if (bias.kind == AttentionBias::Kind::Linear) {
+    // Row 2: the paper's causal ALiBi on cuDNN.
+    std::string why = fused_problem;
+    if (why.empty()) why = not_cudnn_alibi(bias, q.size(1), options.causal);
+    if (why.empty()) why = kernels.cudnn_alibi ? kernels.cudnn_alibi(q, k, v, bias, options.causal)
+                                               : "not built (no cuDNN frontend headers, or a CPU-only LibTorch)";
+    if (why.empty()) {
+      choice.route = GpuRoute::CudnnAlibi;
+      return choice;
+    }
+    passed("cudnn-alibi", why);
+  } else {
+    passed("cudnn-alibi", "the bias is not linear");
+  }
+  // Row 3: extrap's kernels, the slope-described biases.
+  std::string why = fused_problem;
+  if (why.empty()) why = kernels.extrap_fused ? kernels.extrap_fused(q, k, v, bias, options.causal)
+                                              : "not loaded (libextrap_cuda.so)";
+  if (why.empty()) {
+    choice.route = GpuRoute::ExtrapFused;
+    return choice;
+  }
+  passed("extrap-fused", why);
+  choice.route = GpuRoute::Reference;
+  return choice;
+}
+
+}  // namespace extrap

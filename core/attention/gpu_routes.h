@@ -1,0 +1,71 @@
+// Which kernel computes an attention call on a GPU: the one table, per bias kind, that the
+// dispatcher (core/attention/attention.cpp) follows for CUDA tensors under the `auto` backend.
+//
+//   bias                                  route          why
+//   none (no options)                     sdpa           LibTorch's scaled_dot_product_attention:
+//                                                        cuDNN on Hopper, flash elsewhere
+//   causal ALiBi, the paper's slopes      cudnn-alibi    cuDNN's fused attention with its ALiBi
+//                                                        mask (forward and backward), where built
+//   other linear biases (learned slopes   extrap-fused   extrap's kernels: the only ones that take
+//   and their gradients, symmetric,                      per-head slopes and return their gradient
+//   nonsymmetric, the paper's slopes
+//   without cuDNN)
+//   everything else (dense biases,        reference      T x T scores in float32
+//   window, chunk, sink, logit scale,
+//   attention dropout with a bias, ...)
+//
+// Each row falls to the next one that takes the call (the paper's ALiBi to extrap's kernels,
+// those to the reference), and every choice carries the reason the faster routes passed: what
+// `extrap bench attention --device cuda --impls auto` and docs/performance.md print. The table
+// is pure logic over the call's description and the kernels present, so it is tested on any
+// machine (tests/attention/test_gpu_routes.cpp); every route is tested against the float64
+// reference on a GPU (tests/attention/test_fused_cuda_attention.cpp).
+#pragma once
+
+#include "core/attention/attention.h"
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <string>
+
+namespace extrap {
+
+enum class GpuRoute { Sdpa, CudnnAlibi, ExtrapFused, Reference };
+
+inline const char* to_string(GpuRoute route) {
+  switch (route) {
+    case GpuRoute::Sdpa: return "sdpa";
+    case GpuRoute::CudnnAlibi: return "cudnn-alibi";
+    case GpuRoute::ExtrapFused: return "extrap-fused";
+    case GpuRoute::Reference: return "reference";
+  }
+  return "?";
+}
+
+// The kernels a process has for CUDA tensors. Each function returns "" where it takes the call
+// (bfloat16 or float16 q, k, v already), else why not; a null function: not built or not loaded.
+struct GpuKernels {
+  using Reason = std::function<std::string(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                           const AttentionBias& bias, bool causal)>;
+  Reason cudnn_alibi;   // cuDNN's fused attention with its ALiBi mask (core/attention/cuda/cudnn_attention.h)
+  Reason extrap_fused;  // extrap's fused kernels (core/attention/cuda/fused_attention.h)
+};
+
+// What this process has: the functions libextrap_cuda.so registered (core/attention/cuda_attention.h).
+GpuKernels gpu_kernels_present();
+
+struct GpuRouteChoice {
+  GpuRoute route = GpuRoute::Reference;
+  // Why each faster route passed, "; "-separated ("" for the first row's route).
+  std::string passed_over;
+};
+
+// The route for q, k, v (B, H, T, D) as they would reach the kernels (under train.precision bf16
+// their bfloat16 copies) and `bias` under `options`. Queries must equal keys (fewer queries,
+// decoding with a KV cache, is the reference's).
+GpuRouteChoice choose_gpu_route(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                const AttentionBias& bias, const AttentionOptions& options,
+                                const GpuKernels& kernels);
+
+}  // namespace extrap

@@ -1,0 +1,169 @@
+// Every GPU route of core/attention/gpu_routes.h against the float64 reference, through the
+// attention dispatcher as the models call it: the route the table picks is the one expected,
+// and its outputs and q, k, v gradients are within twice LibTorch's own low-precision error
+// (tests/support/low_precision_check.h), for bfloat16 and float16, head dimensions 64
+// and 128, and odd lengths. Without a CUDA device the GPU tests skip; the check of cuDNN's
+// slopes runs wherever libextrap_cuda.so was built with the cuDNN frontend.
+#include "core/attention/attention.h"
+#include "core/attention/cuda_attention.h"
+#include "core/attention/gpu_routes.h"
+#include "core/kernels/precision.h"
+#include "positions/alibi_slopes.h"
+#include "tests/support/low_precision_check.h"
+#include "tests/support/test_support.h"
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <sstream>
+
+using namespace extrap;
+using extrap::testing::check_close;
+using extrap::testing::have_cuda;
+
+namespace {
+
+bool have_cudnn_attention() {
+  if (cuda_attention() && cuda_attention()->cudnn_alibi) return true;
+  extrap::testing::skip_test("libextrap_cuda.so was built without the cuDNN frontend (scripts/cudnn_frontend.sh)");
+  return false;
+}
+
+// The paper's slope for head h of n, from its definition: 2^(-8 (h + 1) / p) for the p = 2^floor(log2 n)
+// first heads, then every other slope of the 2p-head set.
+double paper_slope(int n, int h) {
+  const int p = 1 << int(std::floor(std::log2(double(n))));
+  if (h < p) return std::pow(2.0, -8.0 * (h + 1) / p);
+  return std::pow(2.0, -8.0 * (2 * (h - p) + 1) / (2 * p));
+}
+
+struct Grads {
+  torch::Tensor out, dq, dk, dv;
+};
+
+Grads run(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& dout,
+          const AttentionBias& bias, AttentionOptions options, torch::ScalarType type) {
+  auto q2 = q.detach().to(type).requires_grad_(true), k2 = k.detach().to(type).requires_grad_(true),
+       v2 = v.detach().to(type).requires_grad_(true);
+  auto out = attention(q2, k2, v2, bias, options);
+  out.backward(dout.to(out.scalar_type()));
+  return {out.detach(), q2.grad(), k2.grad(), v2.grad()};
+}
+
+AttentionBias paper_alibi(int64_t heads, torch::Device device) {
+  auto b = AttentionBias::linear_causal(torch::tensor(alibi_slopes(int(heads)), torch::kFloat64)
+                                            .to(torch::kFloat32)
+                                            .to(device));
+  b.paper_slopes = true;
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("cuDNN's ALiBi slopes are the paper's for 1..64 heads", "[cuda][gpu-routes]") {
+  if (!have_cudnn_attention()) return;
+  for (int heads = 1; heads <= 64; ++heads) {
+    const auto cudnn = cuda_attention()->cudnn_alibi_slopes(heads);
+    REQUIRE(cudnn.size() == size_t(heads));
+    for (int h = 0; h < heads; ++h) {
+      INFO("heads " << heads << ", head " << h);
+      const double expected = paper_slope(heads, h);
+      CHECK(std::abs(double(cudnn[size_t(h)]) - expected) <= expected * 1.2e-7);  // one float rounding
+    }
+  }
+}
+
+TEST_CASE("every GPU route matches the float64 reference: outputs and gradients", "[cuda][gpu-routes]") {
+  if (!have_cuda()) return;
+  torch::manual_seed(20261128);
+  const int64_t batch = 2, heads = 6;  // 6: not a power of two
+  const auto device = torch::Device(torch::kCUDA);
+  struct Row {
+    std::string name;
+    AttentionBias bias;
+    bool causal;
+    GpuRoute expected;
+  };
+  const auto learned = torch::tensor(alibi_slopes(int(heads)), torch::kFloat64).to(torch::kFloat32).cuda() * 1.5;
+  std::vector<Row> rows{{"none, causal", AttentionBias::none(), true, GpuRoute::Sdpa},
+                        {"none, bidirectional", AttentionBias::none(), false, GpuRoute::Sdpa},
+                        {"the paper's ALiBi", paper_alibi(heads, device), true,
+                         cuda_attention() && cuda_attention()->cudnn_alibi ? GpuRoute::CudnnAlibi : GpuRoute::ExtrapFused},
+                        {"ALiBi, other slopes", AttentionBias::linear_causal(learned), true, GpuRoute::ExtrapFused},
+                        {"symmetric ALiBi", AttentionBias::linear_symmetric(learned), false, GpuRoute::ExtrapFused}};
+  for (const auto type : {torch::kBFloat16, torch::kHalf}) {
+    for (const int64_t head_dim : {64, 128}) {
+      for (const int64_t length : {1, 17, 100, 257, 1000}) {
+        for (const Row& row : rows) {
+          std::ostringstream where;
+          where << row.name << ", " << (type == torch::kBFloat16 ? "bf16" : "fp16") << ", D " << head_dim << ", T "
+                << length;
+          INFO(where.str());
+          const auto options = torch::TensorOptions().device(device).dtype(type);
+          const auto q = torch::randn({batch, heads, length, head_dim}, options),
+                     k = torch::randn({batch, heads, length, head_dim}, options),
+                     v = torch::randn({batch, heads, length, head_dim}, options),
+                     dout = torch::randn({batch, heads, length, head_dim}, options);
+          AttentionOptions attention_options;
+          attention_options.causal = row.causal;
+          attention_options.training = true;
+          const auto choice = choose_gpu_route(q, k, v, row.bias, attention_options,
+                                               gpu_kernels_present());
+          INFO("route " << to_string(choice.route) << " (passed over: " << choice.passed_over << ")");
+          CHECK(choice.route == row.expected);
+          const Grads routed = run(q, k, v, dout, row.bias, attention_options, type);
+          AttentionOptions reference_options = attention_options;
+          reference_options.backend = AttentionBackend::Reference;
+          const Grads ref = run(q, k, v, dout, row.bias, reference_options, torch::kFloat64);
+          const Grads low = run(q, k, v, dout, row.bias, reference_options, type);
+          check_close("out", routed.out, low.out, ref.out);
+          check_close("dq", routed.dq, low.dq, ref.dq);
+          check_close("dk", routed.dk, low.dk, ref.dk);
+          check_close("dv", routed.dv, low.dv, ref.dv);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("GPU routes under train.precision bf16: float32 inputs, bfloat16 kernels", "[cuda][gpu-routes]") {
+  if (!have_cuda()) return;
+  torch::manual_seed(5);
+  const int64_t heads = 4, length = 300, head_dim = 64;
+  const auto q = torch::randn({2, heads, length, head_dim}, torch::TensorOptions().device(torch::kCUDA)),
+             k = torch::randn_like(q), v = torch::randn_like(q), dout = torch::randn_like(q);
+  for (const auto& bias : {AttentionBias::none(), paper_alibi(heads, torch::kCUDA)}) {
+    INFO(bias.describe());
+    AttentionOptions options;
+    options.training = true;
+    Grads routed;
+    {
+      ComputePrecision bf16(Precision::bf16, c10::DeviceType::CUDA);
+      routed = run(q, k, v, dout, bias, options, torch::kFloat32);
+    }
+    AttentionOptions reference_options = options;
+    reference_options.backend = AttentionBackend::Reference;
+    const Grads ref = run(q, k, v, dout, bias, reference_options, torch::kFloat64);
+    const Grads low = run(q, k, v, dout, bias, reference_options, torch::kBFloat16);
+    CHECK(routed.out.scalar_type() == torch::kBFloat16);  // the kernels' output, as autocast's SDPA
+    check_close("out", routed.out, low.out, ref.out);
+    check_close("dq", routed.dq, low.dq, ref.dq);
+    check_close("dv", routed.dv, low.dv, ref.dv);
+  }
+}
+
+TEST_CASE("cuDNN's ALiBi refuses what it does not compute, in one line", "[cuda][gpu-routes]") {
+  if (!have_cuda() || !have_cudnn_attention()) return;
+  const auto bf16 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  const auto q = torch::randn({1, 2, 16, 64}, bf16);
+  const auto& reason = cuda_attention()->cudnn_alibi_unsupported_reason;
+  const auto bias = paper_alibi(2, torch::kCUDA);
+  CHECK(reason(q, q, q, bias, true).empty());
+  CHECK(reason(q, q, q, bias, false).find("causal only") != std::string::npos);
+  const auto q32 = q.to(torch::kFloat32);
+  CHECK(reason(q32, q32, q32, bias, true).find("bfloat16 or float16") != std::string::npos);
+  const auto q20 = torch::randn({1, 2, 16, 20}, bf16);
+  CHECK(reason(q20, q20, q20, bias, true).find("head dimension") != std::string::npos);
+  using Catch::Matchers::Contains;
+  CHECK_THROWS_WITH(cuda_attention()->cudnn_alibi(q32, q32, q32), Contains("bfloat16 or float16"));
+}
