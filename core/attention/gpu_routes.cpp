@@ -67,7 +67,7 @@ GpuRouteChoice choose_gpu_route(const torch::Tensor& q, const torch::Tensor& k, 
   } else {
     passed("cudnn-alibi", "the bias is not linear");
   }
-  // Row 3: extrap's kernels, the slope-described biases.
+  // Rows 3 and 4: extrap's kernels, the biases described by slopes or by offset.
   std::string why = fused_problem;
   if (why.empty()) why = kernels.extrap_fused ? kernels.extrap_fused(q, k, v, bias, options.causal)
                                               : "not loaded (libextrap_cuda.so)";

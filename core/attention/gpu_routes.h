@@ -10,9 +10,11 @@
 //   and their gradients, symmetric,                      per-head slopes and return their gradient
 //   nonsymmetric, the paper's slopes
 //   without cuDNN)
-//   everything else (dense biases,        reference      T x T scores in float32
-//   window, chunk, sink, logit scale,
-//   attention dropout with a bias, ...)
+//   dense biases of j - i alone (T5,      extrap-fused   extrap's kernels, reading a per-head table
+//   KERPLE, Sandwich: by_offset)                         of the call's offsets; its gradient too
+//   everything else (FIRE, window,        reference      T x T scores in float32
+//   chunk, sink, logit scale, attention
+//   dropout with a bias, ...)
 //
 // Each row falls to the next one that takes the call (the paper's ALiBi to extrap's kernels,
 // those to the reference), and every choice carries the reason the faster routes passed: what

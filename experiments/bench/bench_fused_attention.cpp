@@ -8,6 +8,10 @@
 //                was built with the cuDNN frontend, core/attention/cuda/cudnn_attention.h)
 //   auto         extrap's attention() with the paper's ALiBi as the alibi method describes it: the
 //                route the GPU table picks (core/attention/gpu_routes.h), named in the line
+//   offsets      the fused kernels with a learned per-head table of offsets j - i (T5's kind of
+//                bias: by_offset, BiasMode::Offsets), the table's gradient included
+//   reference-offsets  attention_reference with the same table (what T5, KERPLE and Sandwich ran
+//                on a GPU before the Offsets mode)
 //   sdpa         torch's scaled_dot_product_attention without a bias (is_causal when causal) on
 //                the backend LibTorch picks (flash on sm_80+): the no-bias ceiling
 //   sdpa-bias    torch's scaled_dot_product_attention with the ALiBi bias materialised as an
@@ -40,6 +44,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -143,7 +148,7 @@ using AttentionFn = std::function<torch::Tensor(const torch::Tensor&, const torc
 struct CudaBenchOptions {
   std::string device = "cuda", lengths_text = "512,1024,2048,4096,8192,16384";
   std::string head_dims_text = "64,128",
-              impls_text = "auto,cudnn-alibi,fused-alibi,fused-none,fused-learned,sdpa,sdpa-bias,reference";
+              impls_text = "auto,cudnn-alibi,fused-alibi,fused-none,fused-learned,offsets,sdpa,sdpa-bias,reference";
   std::string passes_text = "forward,forward+backward", dtype_name = "bf16";
   std::string out_path = "benchmarks/results/attention_cuda.jsonl";
   int64_t tokens = 16384, heads = 16;
@@ -201,8 +206,8 @@ CudaBenchPlan plan_from_options(const CudaBenchOptions& o) {
   plan.head_dims = split_ints(o.head_dims_text, "head-dims");
   plan.impls = split(o.impls_text);
   plan.passes = split(o.passes_text);
-  const std::set<std::string> known_impls{"auto",  "cudnn-alibi", "fused-alibi", "fused-none", "fused-learned",
-                                          "sdpa", "sdpa-bias",   "reference"};
+  const std::set<std::string> known_impls{"auto", "cudnn-alibi", "fused-alibi", "fused-none", "fused-learned",
+                                          "offsets", "reference-offsets", "sdpa", "sdpa-bias", "reference"};
   for (const auto& impl : plan.impls)
     if (!known_impls.count(impl)) throw std::invalid_argument("unknown --impls entry '" + impl + "'");
   for (const auto& pass : plan.passes)
@@ -267,6 +272,28 @@ AttentionFn attention_fn(const std::string& impl, bool causal, const AttentionBi
     else
       fn = [](const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c) {
         return cuda_attention()->cudnn_alibi(a, b, c);
+      };
+  } else if (impl == "offsets" || impl == "reference-offsets") {
+    // A learned table over the offsets of 2^24 tokens would be large: it covers the call's
+    // own (by_offset asks for -(T-1) .. T-1 at most), made on the first call.
+    const int64_t heads = alibi.slopes_left.size(0);
+    auto table = std::make_shared<torch::Tensor>();
+    const auto bias = AttentionBias::dense_by_offset([table, heads](int64_t lo, int64_t hi) {
+      const int64_t reach = std::max(-lo, hi);
+      if (!table->defined() || table->size(1) < 2 * reach + 1)
+        *table = (torch::randn({heads, 2 * reach + 1}, torch::TensorOptions().device(torch::kCUDA)) * 0.1)
+                     .requires_grad_(true);
+      return table->narrow(1, lo + (table->size(1) - 1) / 2, hi - lo);
+    });
+    AttentionOptions attention_options;
+    attention_options.causal = causal;
+    if (impl == "offsets")
+      fn = [bias, causal](const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c) {
+        return cuda_attention()->attention(a, b, c, bias, causal);
+      };
+    else
+      fn = [bias, attention_options](const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c) {
+        return attention_reference(a, b, c, bias, attention_options);
       };
   } else if (impl == "fused-alibi") {
     const auto layout = causal ? FusedAlibiLayout::Causal : FusedAlibiLayout::Symmetric;

@@ -522,7 +522,7 @@ stage_routes() {
   tail -6 "$OUT/routes_test.log"
   # shellcheck disable=SC2086
   "$BUILD/extrap" bench attention --device cuda --causal --head-dims 128 --lengths 4096,16384 \
-    --impls auto,cudnn-alibi,fused-alibi,fused-learned,fused-none,sdpa --out "$OUT/routes.jsonl" \
+    --impls auto,cudnn-alibi,fused-alibi,fused-learned,fused-none,offsets,reference-offsets,sdpa --out "$OUT/routes.jsonl" \
     ${ROUTES_ARGS:-} >"$OUT/routes_bench.log" 2>&1 || rc=1
   cat "$OUT/routes_bench.log"
   # FlexAttention compiles each shape (tens of seconds); its learned-slopes backward is slow at

@@ -300,7 +300,12 @@ TEST_CASE("fused attention: unsupported calls fail with a clear message", "[cuda
   const auto dense = AttentionBias::dense_blocks([](int64_t q0, int64_t q1, int64_t k0, int64_t k1) {
     return torch::zeros({2, q1 - q0, k1 - k0});
   });
-  CHECK_THROWS_WITH(extrap::fused_attention(q, q, q, dense, true), Contains("slope-described"));
+  CHECK_THROWS_WITH(extrap::fused_attention(q, q, q, dense, true), Contains("offset j - i alone"));
+  // A table of offsets that by_offset returns in the wrong shape is refused, naming both shapes.
+  const auto short_table = AttentionBias::dense_by_offset([](int64_t lo, int64_t hi) {
+    return torch::zeros({2, hi - lo - 1}, torch::TensorOptions().device(torch::kCUDA));
+  });
+  CHECK_THROWS_WITH(extrap::fused_attention(q, q, q, short_table, true), Contains("returned"));
   CHECK_FALSE(extrap::fused_attention_unsupported_reason(q, q, q, dense, true).empty());
   CHECK(extrap::fused_attention_unsupported_reason(q, q, q, none, true).empty());
   const auto q3 = torch::randn({1, 3, 16, 64}, bf16);
@@ -326,6 +331,24 @@ TEST_CASE("fused attention: small run for the sanitizers", "[cuda][sanitize]") {
         CHECK(torch::isfinite(fused.dq).all().item<bool>());
         CHECK(torch::isfinite(fused.dk).all().item<bool>());
         CHECK(torch::isfinite(fused.dv).all().item<bool>());
+      }
+      // The offsets table (Offsets mode): its reads and the gradient's shared and global
+      // atomics, causal (a table of j - i <= 0 only) and not.
+      for (const bool causal : {true, false}) {
+        INFO("offsets, causal " << causal << ", D " << head_dim << ", T " << length);
+        const auto options = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+        const auto q = torch::randn({1, 4, length, head_dim}, options);
+        auto table = torch::randn({4, 2 * length - 1}, torch::TensorOptions().device(torch::kCUDA))
+                         .requires_grad_(true);
+        const auto bias = AttentionBias::dense_by_offset([table, length](int64_t lo, int64_t hi) {
+          return table.narrow(1, lo + length - 1, hi - lo);
+        });
+        auto qg = q.clone().requires_grad_(true);
+        const auto out = extrap::fused_attention(qg, q, q, bias, causal);
+        out.sum().backward();
+        CHECK(torch::isfinite(out).all().item<bool>());
+        CHECK(torch::isfinite(table.grad()).all().item<bool>());
+        if (causal) CHECK(table.grad().narrow(1, length, length - 1).eq(0).all().item<bool>());  // j > i: none
       }
     }
   }

@@ -11,15 +11,16 @@ using namespace extrap;
 namespace {
 
 // Stand-ins for the kernels' own checks: cuDNN refuses head dimension 96, extrap's kernels take
-// slope-described biases (none, linear) only, as theirs do.
+// biases described by slopes or by offset (none, linear, dense by_offset), as theirs do.
 GpuKernels stand_ins() {
   GpuKernels kernels;
   kernels.cudnn_alibi = [](const torch::Tensor& q, const torch::Tensor&, const torch::Tensor&, const AttentionBias&,
                            bool) { return q.size(3) == 96 ? std::string("head dimension 96") : std::string(); };
   kernels.extrap_fused = [](const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const AttentionBias& b,
                             bool) {
-    return b.kind == AttentionBias::Kind::None || b.kind == AttentionBias::Kind::Linear ? std::string()
-                                                                                         : std::string("dense");
+    const bool takes = b.kind == AttentionBias::Kind::None || b.kind == AttentionBias::Kind::Linear ||
+                       (b.kind == AttentionBias::Kind::Dense && b.by_offset);
+    return takes ? std::string() : std::string("not by offset");
   };
   return kernels;
 }
@@ -102,7 +103,7 @@ TEST_CASE("GPU routes: the paper's causal ALiBi goes to cuDNN, every other linea
   CHECK(mentions(unbuilt.passed_over, "cudnn-alibi: not built"));
 }
 
-TEST_CASE("GPU routes: options, dropout with a bias, dense biases and no CUDA half go to the reference",
+TEST_CASE("GPU routes: options, dropout with a bias, dense biases not by offset and no CUDA half go to the reference",
           "[attention][gpu-routes]") {
   Call call;
   for (const char* option : {"window", "chunk", "sink"}) {
@@ -133,7 +134,14 @@ TEST_CASE("GPU routes: options, dropout with a bias, dense biases and no CUDA ha
   }));
   CHECK(dense.route == GpuRoute::Reference);
   CHECK(mentions(dense.passed_over, "cudnn-alibi: the bias is not linear"));
-  CHECK(mentions(dense.passed_over, "extrap-fused: dense"));
+  CHECK(mentions(dense.passed_over, "extrap-fused: not by offset"));
+  // A bias of j - i alone (T5, KERPLE, Sandwich) goes to extrap's kernels, unless an option or
+  // dropout is set.
+  auto by_offset = AttentionBias::dense_by_offset([](int64_t lo, int64_t hi) { return torch::zeros({4, hi - lo}); });
+  CHECK(call.route(by_offset).route == GpuRoute::ExtrapFused);
+  CHECK(dropout.route(by_offset).route == GpuRoute::ExtrapFused);  // evaluation (set above)
+  by_offset.window = 8;
+  CHECK(call.route(by_offset).route == GpuRoute::Reference);
 
   const auto nothing = call.route(marked_alibi(), GpuKernels{});
   CHECK(nothing.route == GpuRoute::Reference);

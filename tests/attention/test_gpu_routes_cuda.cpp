@@ -15,6 +15,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <functional>
 #include <sstream>
 
 using namespace extrap;
@@ -38,16 +39,24 @@ double paper_slope(int n, int h) {
 }
 
 struct Grads {
-  torch::Tensor out, dq, dk, dv;
+  torch::Tensor out, dq, dk, dv, dtable;
 };
 
+// A bias and, where it is learned, its leaf (whose gradient run() returns as dtable).
+struct Learned {
+  AttentionBias bias;
+  torch::Tensor leaf;
+};
+using BiasMaker = std::function<Learned(torch::ScalarType)>;  // the leaf's dtype
+
 Grads run(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& dout,
-          const AttentionBias& bias, AttentionOptions options, torch::ScalarType type) {
+          const BiasMaker& make_bias, AttentionOptions options, torch::ScalarType type) {
   auto q2 = q.detach().to(type).requires_grad_(true), k2 = k.detach().to(type).requires_grad_(true),
        v2 = v.detach().to(type).requires_grad_(true);
-  auto out = attention(q2, k2, v2, bias, options);
+  const Learned learned = make_bias(type == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32);
+  auto out = attention(q2, k2, v2, learned.bias, options);
   out.backward(dout.to(out.scalar_type()));
-  return {out.detach(), q2.grad(), k2.grad(), v2.grad()};
+  return {out.detach(), q2.grad(), k2.grad(), v2.grad(), learned.leaf.defined() ? learned.leaf.grad() : torch::Tensor()};
 }
 
 AttentionBias paper_alibi(int64_t heads, torch::Device device) {
@@ -80,17 +89,32 @@ TEST_CASE("every GPU route matches the float64 reference: outputs and gradients"
   const auto device = torch::Device(torch::kCUDA);
   struct Row {
     std::string name;
-    AttentionBias bias;
+    BiasMaker bias;
     bool causal;
     GpuRoute expected;
   };
+  const auto fixed = [](AttentionBias bias) { return [bias](torch::ScalarType) { return Learned{bias, {}}; }; };
   const auto learned = torch::tensor(alibi_slopes(int(heads)), torch::kFloat64).to(torch::kFloat32).cuda() * 1.5;
-  std::vector<Row> rows{{"none, causal", AttentionBias::none(), true, GpuRoute::Sdpa},
-                        {"none, bidirectional", AttentionBias::none(), false, GpuRoute::Sdpa},
-                        {"the paper's ALiBi", paper_alibi(heads, device), true,
-                         cuda_attention() && cuda_attention()->cudnn_alibi ? GpuRoute::CudnnAlibi : GpuRoute::ExtrapFused},
-                        {"ALiBi, other slopes", AttentionBias::linear_causal(learned), true, GpuRoute::ExtrapFused},
-                        {"symmetric ALiBi", AttentionBias::linear_symmetric(learned), false, GpuRoute::ExtrapFused}};
+  // A learned table of offsets j - i (T5's shape of bias, KERPLE's and Sandwich's kind): a leaf
+  // over every offset of the longest length, read through by_offset as those methods do.
+  const int64_t longest = 1000;
+  const auto table_values = torch::randn({heads, 2 * longest - 1}, torch::kFloat64);
+  const BiasMaker offsets = [table_values, longest](torch::ScalarType type) {
+    auto leaf = table_values.to(type).cuda().requires_grad_(true);
+    return Learned{AttentionBias::dense_by_offset([leaf, longest](int64_t lo, int64_t hi) {
+                     return leaf.narrow(1, lo + longest - 1, hi - lo);
+                   }),
+                   leaf};
+  };
+  std::vector<Row> rows{
+      {"none, causal", fixed(AttentionBias::none()), true, GpuRoute::Sdpa},
+      {"none, bidirectional", fixed(AttentionBias::none()), false, GpuRoute::Sdpa},
+      {"the paper's ALiBi", fixed(paper_alibi(heads, device)), true,
+       cuda_attention() && cuda_attention()->cudnn_alibi ? GpuRoute::CudnnAlibi : GpuRoute::ExtrapFused},
+      {"ALiBi, other slopes", fixed(AttentionBias::linear_causal(learned)), true, GpuRoute::ExtrapFused},
+      {"symmetric ALiBi", fixed(AttentionBias::linear_symmetric(learned)), false, GpuRoute::ExtrapFused},
+      {"learned offsets, causal", offsets, true, GpuRoute::ExtrapFused},
+      {"learned offsets, bidirectional", offsets, false, GpuRoute::ExtrapFused}};
   for (const auto type : {torch::kBFloat16, torch::kHalf}) {
     for (const int64_t head_dim : {64, 128}) {
       for (const int64_t length : {1, 17, 100, 257, 1000}) {
@@ -107,7 +131,7 @@ TEST_CASE("every GPU route matches the float64 reference: outputs and gradients"
           AttentionOptions attention_options;
           attention_options.causal = row.causal;
           attention_options.training = true;
-          const auto choice = choose_gpu_route(q, k, v, row.bias, attention_options,
+          const auto choice = choose_gpu_route(q, k, v, row.bias(torch::kFloat32).bias, attention_options,
                                                gpu_kernels_present());
           INFO("route " << to_string(choice.route) << " (passed over: " << choice.passed_over << ")");
           CHECK(choice.route == row.expected);
@@ -120,6 +144,7 @@ TEST_CASE("every GPU route matches the float64 reference: outputs and gradients"
           check_close("dq", routed.dq, low.dq, ref.dq);
           check_close("dk", routed.dk, low.dk, ref.dk);
           check_close("dv", routed.dv, low.dv, ref.dv);
+          if (ref.dtable.defined()) check_close("dtable", routed.dtable, low.dtable, ref.dtable);
         }
       }
     }
@@ -134,17 +159,18 @@ TEST_CASE("GPU routes under train.precision bf16: float32 inputs, bfloat16 kerne
              k = torch::randn_like(q), v = torch::randn_like(q), dout = torch::randn_like(q);
   for (const auto& bias : {AttentionBias::none(), paper_alibi(heads, torch::kCUDA)}) {
     INFO(bias.describe());
+    const BiasMaker fixed = [bias](torch::ScalarType) { return Learned{bias, {}}; };
     AttentionOptions options;
     options.training = true;
     Grads routed;
     {
       ComputePrecision bf16(Precision::bf16, c10::DeviceType::CUDA);
-      routed = run(q, k, v, dout, bias, options, torch::kFloat32);
+      routed = run(q, k, v, dout, fixed, options, torch::kFloat32);
     }
     AttentionOptions reference_options = options;
     reference_options.backend = AttentionBackend::Reference;
-    const Grads ref = run(q, k, v, dout, bias, reference_options, torch::kFloat64);
-    const Grads low = run(q, k, v, dout, bias, reference_options, torch::kBFloat16);
+    const Grads ref = run(q, k, v, dout, fixed, reference_options, torch::kFloat64);
+    const Grads low = run(q, k, v, dout, fixed, reference_options, torch::kBFloat16);
     CHECK(routed.out.scalar_type() == torch::kBFloat16);  // the kernels' output, as autocast's SDPA
     check_close("out", routed.out, low.out, ref.out);
     check_close("dq", routed.dq, low.dq, ref.dq);

@@ -9,6 +9,7 @@
 //   AlibiNonsymmetric  slopes of H/2 heads used twice: head h < H/2 sees only j <= i with
 //                      slope m_h, head h >= H/2 only j >= i with slope m_{h - H/2}
 //   Linear             slopes_left[h] / slopes_right[h] and the direction bits of FlashBias
+//   Offsets            not linear at all: offsets[h][j - i] of FlashBias's table; both sides
 // For the Alibi modes with null slope arrays, m is the paper's geometric slope computed here
 // (REFERENCE.md, "ALiBi slopes"); with arrays, slopes_left[h] serves j < i and
 // slopes_right[h] serves j > i (the arrays then already hold the per-head values, also for
@@ -88,6 +89,10 @@ struct HeadBias {
   float slope_right_log2 = 0.f;  // m_right * log2(e)
   bool look_left = true;         // keys j < i visible
   bool look_right = true;        // keys j > i visible (false for a causal call)
+  // Offsets only: the head's row of the table at offset 0 (index it with j - i), and the
+  // offsets the table holds, inclusive.
+  const float* offsets = nullptr;
+  int offset_lo = 0, offset_hi = 0;
 };
 
 template <BiasMode kMode>
@@ -99,7 +104,19 @@ __device__ inline HeadBias make_head_bias(const FlashBias& bias, int head, int n
   hb.slope_right_log2 = hs.right * kLog2e;
   hb.look_left = hs.look_left;
   hb.look_right = hs.look_right && !causal;
+  if constexpr (kMode == BiasMode::Offsets) {
+    hb.offsets = bias.offsets + static_cast<int64_t>(head) * bias.offsets_len + bias.offsets_origin;
+    hb.offset_lo = -bias.offsets_origin;
+    hb.offset_hi = bias.offsets_len - 1 - bias.offsets_origin;
+  }
   return hb;
+}
+
+// The table index of the score at distance d = i - j (a float holding an integer): j - i,
+// clamped into the table. Only masked scores are ever clamped (keys past T, j > i of a causal
+// call, queries past T), and their logits are replaced, so the clamp only keeps reads in bounds.
+__device__ __forceinline__ int offset_index(const HeadBias& hb, float distance) {
+  return min(max(-__float2int_rn(distance), hb.offset_lo), hb.offset_hi);
 }
 
 // bias(i, j) * log2(e) from the distance d = i - j, given as a float (exact: positions are
@@ -134,6 +151,18 @@ __device__ __forceinline__ void tile_logits(float (&x)[kNTiles][4], const HeadBi
     for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) x[nt][e] *= scale_log2;
+  } else if constexpr (kMode == BiasMode::Offsets) {
+    // The table's value at j - i (read through the read-only cache: a 16 x 64 tile reaches
+    // 79 offsets, each read by many lanes), in base 2.
+    constexpr float kSign = kRowsAreQueries ? 1.f : -1.f;
+    const float rel[2] = {row_pos[0] - col_pos0, row_pos[1] - col_pos0};
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float d = kSign * (rel[e / 2] - static_cast<float>(8 * nt + e % 2));
+        x[nt][e] = fmaf(x[nt][e], scale_log2, __ldg(hb.offsets + offset_index(hb, d)) * kLog2e);
+      }
   } else {
     // d = i - j = sign (row - column), exact; rel[r] = row_pos[r] - col_pos0.
     constexpr float kSign = kRowsAreQueries ? 1.f : -1.f;

@@ -94,6 +94,10 @@ class HB:
     def __init__(s, mode, bias, h, H, causal):
         l, r, ll, lr = head_slopes(mode, bias, h, H)
         s.mode = mode
+        if mode == 'Offsets':  # alibi.cuh make_head_bias: the head's row, indexed by j - i
+            table, origin = bias['table'], bias['origin']
+            s.row = lambda off, h=h: table[h, origin + off]
+            s.lo, s.hi = -origin, table.shape[1] - 1 - origin
         s.sl2 = np.float32(np.float32(l) * np.float32(LOG2E)); s.sr2 = np.float32(np.float32(r) * np.float32(LOG2E))
         s.look_left = ll; s.look_right = lr and not causal
 
@@ -106,6 +110,9 @@ def tile_logit(hb, score, scale_log2, rel, c, sign, side):
     """alibi.cuh tile_logits for one score: rel = row_pos - col_pos0 (float32), c = 8 nt + e % 2."""
     if hb.mode == 'None': return np.float32(score * scale_log2)
     d = np.float32(sign * np.float32(np.float32(rel) - np.float32(c)))
+    if hb.mode == 'Offsets':  # offset_index: j - i = -d, clamped into the table
+        index = min(max(-int(np.rint(d)), hb.lo), hb.hi)
+        return np.float32(np.float32(score) * scale_log2 + np.float32(hb.row(index) * np.float32(LOG2E)))
     if side != 0:
         m = -hb.sl2 if side > 0 else hb.sr2
         b = np.float32(m * d)
@@ -244,7 +251,7 @@ def fwd(q, k, v, mode, bias, causal, scale, MF=1):
     return o, lse
 
 # ---- backward ------------------------------------------------------------------------
-def bwd(q, k, v, o, lse, dout, mode, bias, causal, scale, want_slopes):
+def bwd(q, k, v, o, lse, dout, mode, bias, causal, scale, want_slopes, want_offsets=False):
     B, H, T, D = q.shape
     BM = BN = 64; stride = D + 8; dss = BM + 8
     KS, QT, DT = D // 16, BM // 8, D // 8
@@ -253,6 +260,7 @@ def bwd(q, k, v, o, lse, dout, mode, bias, causal, scale, want_slopes):
     dq_acc = np.zeros((B, H, T, D), np.float64)
     dq = np.full(q.shape, np.nan, np.float32); dk = np.full(q.shape, np.nan, np.float32); dv = np.full(q.shape, np.nan, np.float32)
     dsl = np.zeros(H); dsr = np.zeros(H)
+    dtab = np.zeros(bias['table'].shape) if mode == 'Offsets' else None
     scale_log2 = np.float32(scale * LOG2E)
     for b in range(B):
         for h in range(H):
@@ -267,6 +275,7 @@ def bwd(q, k, v, o, lse, dout, mode, bias, causal, scale, want_slopes):
                 load_tile(sK, stride, k[b, h], col0, T, BN, D); load_tile(sV, stride, v[b, h], col0, T, BN, D)
                 adk = np.zeros((4, 32, DT, 4)); adv = np.zeros((4, 32, DT, 4))
                 tsl = np.zeros((4, 32)); tsr = np.zeros((4, 32))
+                s_off = np.zeros(BM + BN)  # sOffsetGrad: a tile's dS per j - i
                 for m_block in range(m_first, m_last + 1):
                     row0 = m_block * BM
                     load_tile(sQ, stride, q[b, h], row0, T, BM, D); load_tile(sdO, stride, dout[b, h], row0, T, BM, D)
@@ -308,6 +317,8 @@ def bwd(q, k, v, o, lse, dout, mode, bias, causal, scale, want_slopes):
                                 for e in range(4):
                                     qi = nt * 8 + 2 * t + (e % 2)
                                     ds[l, nt, e] = pt[l, nt, e] * (ds[l, nt, e] - sDelta[qi])
+                                    if mode == 'Offsets' and want_offsets:
+                                        s_off[16 * w + g + 8 * (e // 2) - qi + BM - 1] += ds[l, nt, e]
                                     if mode == 'Linear':
                                         dist = row0 + qi - (wc0 + g + 8 * (e // 2))
                                         if dist >= 0: tsl[w, l] -= ds[l, nt, e] * dist
@@ -324,7 +335,14 @@ def bwd(q, k, v, o, lse, dout, mode, bias, causal, scale, want_slopes):
                                 sdS[(16 * w + g + 8) * dss + 16 * kj + 2 * t: (16 * w + g + 8) * dss + 16 * kj + 2 * t + 2] = da[l, 1]
                                 sdS[(16 * w + g) * dss + 16 * kj + 8 + 2 * t: (16 * w + g) * dss + 16 * kj + 8 + 2 * t + 2] = da[l, 2]
                                 sdS[(16 * w + g + 8) * dss + 16 * kj + 8 + 2 * t: (16 * w + g + 8) * dss + 16 * kj + 8 + 2 * t + 2] = da[l, 3]
-                    # __syncthreads, then dQ
+                    # __syncthreads, then (Offsets) the tile's flush, then dQ
+                    if mode == 'Offsets' and want_offsets:
+                        for tid in range(BM + BN - 1):
+                            off = col0 - row0 - (BM - 1) + tid
+                            value = np.float32(s_off[tid]); s_off[tid] = 0.0
+                            if value != 0.0:
+                                assert hb.lo <= off <= hb.hi, f"a nonzero gradient at offset {off} outside the table"
+                                dtab[h, bias['origin'] + off] += value
                     for w in range(4):
                         lane = LANES; wrow = row0 + 16 * w
                         for chunk in range(D // CH):
@@ -361,6 +379,8 @@ def bwd(q, k, v, o, lse, dout, mode, bias, causal, scale, want_slopes):
                 if mode == 'Linear' and want_slopes:
                     dsl[h] += tsl.sum(); dsr[h] += tsr.sum()
     dq = rnd(dq_acc * scale)
+    if want_offsets:
+        return dq, dk, dv, dsl, dsr, dtab
     return dq, dk, dv, dsl, dsr
 
 # ---- reference -----------------------------------------------------------------------
@@ -376,6 +396,9 @@ def reference(q, k, v, dout, mode, bias, causal, scale):
         lr = lr and not causal
         slopes.append((float(np.float32(l)), float(np.float32(r))))
         bias_m[h] = (float(np.float32(l)) * dist_left + float(np.float32(r)) * dist_right) if mode != 'None' else 0.0
+        if mode == 'Offsets':  # clamped as the kernels clamp: only masked entries ever are
+            off = np.clip(j - i, -bias['origin'], bias['table'].shape[1] - 1 - bias['origin'])
+            bias_m[h] = bias['table'][h, bias['origin'] + off].astype(np.float64)
         allowed[h] = (j == i) | ((j < i) & ll) | ((j > i) & lr)
     s = np.einsum('bhid,bhjd->bhij', q, k) * scale + bias_m[None]
     s = np.where(allowed[None], s, -np.inf)
@@ -388,6 +411,12 @@ def reference(q, k, v, dout, mode, bias, causal, scale):
     dq = ds @ k * scale; dk = ds.transpose(0, 1, 3, 2) @ q * scale
     dsl = np.array([(ds[:, hh] * dist_left).sum() for hh in range(H)])
     dsr = np.array([(ds[:, hh] * dist_right).sum() for hh in range(H)])
+    if mode == 'Offsets':
+        dtab = np.zeros(bias['table'].shape)
+        for hh in range(H):
+            for off in range(-(T - 1), min(T, bias['table'].shape[1] - bias['origin'])):
+                dtab[hh, bias['origin'] + off] = np.trace(ds[:, hh].sum(0), offset=off)
+        return o, lse, dq, dk, dv, dsl, dsr, dtab
     return o, lse, dq, dk, dv, dsl, dsr
 
 def run(mode, bias, causal, B, H, T, D, seed, MF=1):
@@ -395,11 +424,17 @@ def run(mode, bias, causal, B, H, T, D, seed, MF=1):
     q, k, v, dout = [rnd(rng.standard_normal((B, H, T, D))) for _ in range(4)]
     scale = np.float32(1 / math.sqrt(D))
     o, lse = fwd(q, k, v, mode, bias, causal, scale, MF)
-    ro, rlse, rdq, rdk, rdv, rdsl, rdsr = reference(q, k, v, dout, mode, bias, causal, scale)
-    dq, dk, dv, dsl, dsr = bwd(q, k, v, o, lse, dout, mode, bias, causal, scale, mode == 'Linear')
+    extra = []
+    if mode == 'Offsets':
+        ro, rlse, rdq, rdk, rdv, rdsl, rdsr, rdtab = reference(q, k, v, dout, mode, bias, causal, scale)
+        dq, dk, dv, dsl, dsr, dtab = bwd(q, k, v, o, lse, dout, mode, bias, causal, scale, False, True)
+        extra = [('dtable', dtab, rdtab)]
+    else:
+        ro, rlse, rdq, rdk, rdv, rdsl, rdsr = reference(q, k, v, dout, mode, bias, causal, scale)
+        dq, dk, dv, dsl, dsr = bwd(q, k, v, o, lse, dout, mode, bias, causal, scale, mode == 'Linear')
     errs = {}
     for name, a, r in [('o', o, ro), ('lse', lse, rlse), ('dq', dq, rdq), ('dk', dk, rdk), ('dv', dv, rdv)] + \
-            ([('dsl', dsl, rdsl), ('dsr', dsr, rdsr)] if mode == 'Linear' else []):
+            ([('dsl', dsl, rdsl), ('dsr', dsr, rdsr)] if mode == 'Linear' else []) + extra:
         if np.isnan(a).any():
             errs[name] = float('nan')
         else:
@@ -409,6 +444,7 @@ def run(mode, bias, causal, B, H, T, D, seed, MF=1):
 if __name__ == '__main__':
     H = 4
     alibi = np.array([geometric(h, H) for h in range(H)], np.float32)
+    table = np.random.default_rng(5).standard_normal((H, 399)).astype(np.float32)
     configs = [
         ('None', {}, True), ('None', {}, False),
         ('AlibiCausal', {}, True), ('AlibiSymmetric', {}, False), ('AlibiNonsymmetric', {}, False),
@@ -416,6 +452,10 @@ if __name__ == '__main__':
         ('Linear', {'left': alibi * 1.5, 'right': alibi * 0.7, 'look_left': [True, False, True, False], 'look_right': [False, True, True, False]}, False),
         ('Linear', {'left': alibi, 'right': alibi * 0.7, 'look_left': [True] * 4, 'look_right': [True] * 4}, False),
         ('Linear', {'left': alibi, 'right': alibi, 'look_left': [True] * 4, 'look_right': [True] * 4}, True),
+        # A table of offsets j - i up to 199 tokens: both sides, and (causal) only j - i <= 0, so
+        # that the clamp of the masked entries is exercised.
+        ('Offsets', {'table': table, 'origin': 199}, False),
+        ('Offsets', {'table': np.ascontiguousarray(table[:, :200]), 'origin': 199}, True),
     ]
     Ts = [int(x) for x in sys.argv[1].split(',')] if len(sys.argv) > 1 else [1, 17, 70, 130]
     Ds = [int(x) for x in sys.argv[2].split(',')] if len(sys.argv) > 2 else [64]

@@ -12,6 +12,8 @@
 //        dQ += dS K   -> fp32 atomics (float4 by default) into dq_accum (dS^T goes
 //                        through shared memory)
 //        dslope_left  -= sum_{j <= i} dS (i - j),  dslope_right -= sum_{j > i} dS (j - i)
+//        doffsets[j - i] += dS                       (BiasMode::Offsets: per tile in shared
+//                        memory, then one atomic per offset of the tile)
 //      The block's 4 warps own 16 keys each (the rows of S^T), so P^T and dS^T stay in
 //      registers as the A operands of dV and dK (mma.cuh). dK and dV are scaled and written
 //      once at the end; the slope gradients are reduced over the block, then one atomicAdd.
@@ -178,6 +180,7 @@ __global__ void __launch_bounds__(BwdTiles<Element, kHeadDim>::kThreads)
   Element* sdS = sdO + kBlockM * kStride;          // (64 keys, 64 queries): dS^T
   float* sLse = reinterpret_cast<float*>(sdS + kBlockN * kDsStride);  // (64,) lse * log2(e)
   float* sDelta = sLse + kBlockM;                                     // (64,)
+  float* sOffsetGrad = sDelta + kBlockM;  // (kOffsetSlots,): Offsets, a tile's dS per j - i
 
   const FlashFwdParams& f = p.fwd;
   const int seq_len = f.seq_len;
@@ -216,6 +219,14 @@ __global__ void __launch_bounds__(BwdTiles<Element, kHeadDim>::kThreads)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc_dk[nt][e] = acc_dv[nt][e] = 0.f;
   float dslope_left = 0.f, dslope_right = 0.f;  // this thread's share
+  // Offsets: the gradient's row for this head at offset 0; slot s of a tile holds offset
+  // j - i = col0 - row0 - (kBlockM - 1) + s. Zeroed here, and after each flush.
+  float* doffsets = nullptr;
+  if constexpr (kMode == BiasMode::Offsets) {
+    if (p.doffsets != nullptr)
+      doffsets = p.doffsets + static_cast<int64_t>(head) * f.bias.offsets_len + f.bias.offsets_origin;
+    if (tid < Tiles::kOffsetSlots) sOffsetGrad[tid] = 0.f;
+  }
 
   // Key positions of this lane's rows of S^T (keys g and g + 8 of the warp), exact as floats.
   const float key_pos[2] = {static_cast<float>(warp_col0 + g), static_cast<float>(warp_col0 + g + 8)};
@@ -307,6 +318,10 @@ __global__ void __launch_bounds__(BwdTiles<Element, kHeadDim>::kThreads)
       for (int e = 0; e < 4; ++e) {
         const int qi = nt * 8 + 2 * t + (e % 2);
         ds[nt][e] = pt[nt][e] * (ds[nt][e] - sDelta[qi]);
+        if constexpr (kMode == BiasMode::Offsets) {
+          // Slot of j - i: (16 warp + g + 8 (e / 2)) - qi + kBlockM - 1, in [0, kBlockM + kBlockN - 2].
+          if (doffsets != nullptr) atomicAdd(sOffsetGrad + (16 * warp + g + 8 * (e / 2) - qi + kBlockM - 1), ds[nt][e]);
+        }
         if constexpr (kMode == BiasMode::Linear) {
           // i - j, exact as a float (no integer conversion per score).
           const float distance = query_pos0 + static_cast<float>(qi) - key_pos[e / 2];
@@ -339,7 +354,17 @@ __global__ void __launch_bounds__(BwdTiles<Element, kHeadDim>::kThreads)
       *reinterpret_cast<uint32_t*>(sdS + (16 * warp + g) * kDsStride + 16 * kj + 8 + 2 * t) = da[2];
       *reinterpret_cast<uint32_t*>(sdS + (16 * warp + g + 8) * kDsStride + 16 * kj + 8 + 2 * t) = da[3];
     }
-    __syncthreads();  // all of dS^T is in shared memory
+    __syncthreads();  // all of dS^T is in shared memory (and, Offsets, the tile's dS per offset)
+    if constexpr (kMode == BiasMode::Offsets) {
+      // One atomic per offset the tile holds; masked scores added 0, and offsets outside the
+      // table are only ever masked ones.
+      if (doffsets != nullptr && tid < kBlockM + kBlockN - 1) {
+        const int offset = col0 - row0 - (kBlockM - 1) + tid;
+        const float value = sOffsetGrad[tid];
+        sOffsetGrad[tid] = 0.f;  // before the next tile's additions: barriers lie between
+        if (value != 0.f && offset >= hb.offset_lo && offset <= hb.offset_hi) atomicAdd(doffsets + offset, value);
+      }
+    }
 
     // dQ[warp's 16 queries] += dS K, k-steps over the block's 64 keys; fp32 atomics.
     const int warp_row = row0 + 16 * warp;

@@ -22,6 +22,7 @@ const char* name_of(BiasMode mode) {
     case BiasMode::AlibiSymmetric: return "alibi-symmetric";
     case BiasMode::AlibiNonsymmetric: return "alibi-nonsymmetric";
     case BiasMode::Linear: return "linear";
+    case BiasMode::Offsets: return "offsets";
   }
   return "?";
 }
@@ -59,6 +60,13 @@ void validate(const FlashFwdParams& p) {
     require(p.heads <= kMaxLinearHeads, "linear bias supports at most " +
                                             std::to_string(kMaxLinearHeads) + " heads, got " +
                                             std::to_string(p.heads));
+  }
+  if (b.mode == BiasMode::Offsets) {
+    // Every offset a visible score reaches: -(T - 1) .. 0, and 1 .. T - 1 unless causal.
+    require(b.offsets != nullptr, "offsets bias needs its table");
+    require(b.offsets_origin >= p.seq_len - 1 && b.offsets_len - 1 - b.offsets_origin >= (p.causal ? 0 : p.seq_len - 1),
+            "offsets table of " + std::to_string(b.offsets_len) + " entries with offset 0 at " +
+                std::to_string(b.offsets_origin) + " does not cover the offsets of length " + std::to_string(p.seq_len));
   }
   if (b.mode == BiasMode::AlibiNonsymmetric)
     require(p.heads % 2 == 0, "nonsymmetric ALiBi needs an even number of heads, got " +

@@ -31,15 +31,18 @@ struct FwdTiles {
 
 // Backward: a block of 4 warps owns 64 keys (16 per warp, accumulating dK and dV) and
 // streams 64-query tiles of Q, dO, log-sum-exp and delta; dS^T goes through shared memory
-// for dQ = dS K, which is added into the fp32 dq_accum with atomics.
+// for dQ = dS K, which is added into the fp32 dq_accum with atomics. BiasMode::Offsets sums
+// each tile's dS along its kBlockM + kBlockN - 1 diagonals in shared memory (one slot per
+// offset j - i), then adds them into the table's gradient.
 template <class Element, int kHeadDim>
 struct BwdTiles {
   static constexpr int kBlockM = 64, kBlockN = 64, kWarps = 4, kThreads = 32 * kWarps;
   static constexpr int kStride = kHeadDim + 8;
   static constexpr int kDsStride = kBlockM + 8;  // dS^T tile: rows = keys, columns = queries
+  static constexpr int kOffsetSlots = kBlockM + kBlockN;  // a tile's offsets (one spare)
   static constexpr int kSmemBytes =
       (4 * kBlockN * kStride + kBlockN * kDsStride) * static_cast<int>(sizeof(Element)) +
-      2 * kBlockM * static_cast<int>(sizeof(float));
+      (2 * kBlockM + kOffsetSlots) * static_cast<int>(sizeof(float));
 };
 
 template <class Element>
@@ -64,7 +67,8 @@ void launch_flash_bwd(const FlashBwdParams& params, cudaStream_t stream);
   X(Element, HeadDim, ::extrap::cuda::BiasMode::AlibiCausal)           \
   X(Element, HeadDim, ::extrap::cuda::BiasMode::AlibiSymmetric)        \
   X(Element, HeadDim, ::extrap::cuda::BiasMode::AlibiNonsymmetric)     \
-  X(Element, HeadDim, ::extrap::cuda::BiasMode::Linear)
+  X(Element, HeadDim, ::extrap::cuda::BiasMode::Linear)               \
+  X(Element, HeadDim, ::extrap::cuda::BiasMode::Offsets)
 
 #define EXTRAP_FLASH_CONFIGS(X)             \
   EXTRAP_FLASH_MODES(X, __nv_bfloat16, 64)  \

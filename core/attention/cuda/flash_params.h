@@ -25,6 +25,8 @@ enum class BiasMode : int {
   AlibiSymmetric,     // -m_left (i - j) for j <= i, -m_right (j - i) for j > i, both sides seen
   AlibiNonsymmetric,  // heads h < H/2 see only j <= i, the others only j >= i; slope per head
   Linear,             // per-head slopes AND per-head direction bits; slope gradients on request
+  Offsets,            // any bias of j - i alone (T5, KERPLE, Sandwich), read from a per-head table
+                      // of offsets; the table's gradient on request
 };
 
 // Heads whose direction bits fit in FlashBias (BiasMode::Linear only).
@@ -41,6 +43,13 @@ struct FlashBias {
   // right (j > i) likewise. j == i is always visible. `causal` masks j > i on top.
   uint64_t look_left_bits[kMaxLinearHeads / 64] = {};
   uint64_t look_right_bits[kMaxLinearHeads / 64] = {};
+  // Offsets only: an (H, offsets_len) fp32 device array; head h's bias at (i, j) is
+  //   offsets[h * offsets_len + offsets_origin + (j - i)],
+  // which the caller fills for every offset a visible score reaches: j - i in [-(T - 1), 0] for
+  // a causal call, [-(T - 1), T - 1] otherwise. Both sides are seen (the causal flag masks j > i).
+  const float* offsets = nullptr;
+  int offsets_len = 0;
+  int offsets_origin = 0;
 };
 
 // A (B, H, T, D) tensor: base pointer and element strides (the D stride is 1).
@@ -72,6 +81,9 @@ struct FlashBwdParams {
   // dL/dslope_left and dL/dslope_right into (the caller zeroes them).
   float* dslopes_left = nullptr;
   float* dslopes_right = nullptr;
+  // BiasMode::Offsets only, may be null: (H, offsets_len) fp32, laid out as FlashBias::offsets,
+  // that the kernel ADDS dL/d(offsets) into (the caller zeroes it).
+  float* doffsets = nullptr;
   // Floats a dQ atomic adds into dq_accum: 1, 2 or 4 (sm_90's float2 and float4 atomicAdd).
   // Set by the dispatcher (flash_bwd_atomic_width(), flash_dispatch.h); every width sums the
   // same products.

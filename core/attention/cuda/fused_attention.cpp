@@ -85,8 +85,12 @@ std::vector<int64_t> bits_of(const cuda::FlashBias& flash) {
 }
 
 KernelBias kernel_bias_from(int64_t mode, const std::vector<int64_t>& bits,
-                            torch::Tensor slopes_left, torch::Tensor slopes_right, bool slope_grads) {
+                            torch::Tensor slopes_left, torch::Tensor slopes_right, bool slope_grads,
+                            torch::Tensor offsets = {}, int64_t offsets_origin = 0, bool offsets_grad = false) {
   KernelBias kb;
+  if (offsets.defined() && offsets.numel() > 0) kb.offsets = std::move(offsets);
+  kb.offsets_origin = offsets_origin;
+  kb.offsets_grad = offsets_grad;
   kb.flash.mode = static_cast<cuda::BiasMode>(mode);
   for (int w = 0; w < kBitWords; ++w) {
     kb.flash.look_left_bits[w] = static_cast<uint64_t>(bits[w]);
@@ -133,6 +137,15 @@ cuda::FlashFwdParams forward_params(const torch::Tensor& q, const torch::Tensor&
   }
   p.bias.slopes_left = bias.slopes_left.defined() ? bias.slopes_left.data_ptr<float>() : nullptr;
   p.bias.slopes_right = bias.slopes_right.defined() ? bias.slopes_right.data_ptr<float>() : nullptr;
+  if (bias.flash.mode == cuda::BiasMode::Offsets) {
+    const auto& table = bias.offsets;
+    TORCH_CHECK(table.defined() && table.dim() == 2 && table.size(0) == q.size(1) &&
+                    table.scalar_type() == torch::kFloat32 && table.is_contiguous() && table.device() == q.device(),
+                "fused attention: the offsets table must be (H, len) fp32 contiguous on q's device");
+    p.bias.offsets = table.data_ptr<float>();
+    p.bias.offsets_len = static_cast<int>(table.size(1));
+    p.bias.offsets_origin = static_cast<int>(bias.offsets_origin);
+  }
   return p;
 }
 
@@ -151,20 +164,25 @@ void run_kernel(const char* what, Fn&& fn) {
 class FusedAttentionFunction : public torch::autograd::Function<FusedAttentionFunction> {
  public:
   // slopes_left/right: the bias's own slope tensors (undefined for None and in-kernel ALiBi),
-  // passed so that autograd routes their gradients; mode, bits, slope_grads: from plan_bias.
+  // and offsets: the Offsets mode's table (fused_detail::offsets_table), passed so that autograd
+  // routes their gradients; mode, bits, slope_grads, offsets_origin, offsets_grad: from the plan.
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v, const torch::Tensor& slopes_left,
-                               const torch::Tensor& slopes_right, int64_t mode, bool causal,
-                               std::vector<int64_t> bits, bool slope_grads) {
+                               const torch::Tensor& slopes_right, const torch::Tensor& offsets, int64_t mode,
+                               bool causal, std::vector<int64_t> bits, bool slope_grads, int64_t offsets_origin,
+                               bool offsets_grad) {
     const auto qk = in_kernel_layout(q), kk = in_kernel_layout(k), vk = in_kernel_layout(v);
     KernelBias kb = kernel_bias_from(mode, bits, device_slopes(slopes_left, q.device()),
-                                     device_slopes(slopes_right, q.device()), slope_grads);
+                                     device_slopes(slopes_right, q.device()), slope_grads, offsets.detach(),
+                                     offsets_origin, offsets_grad);
     auto out = torch::empty(q.sizes(), q.options());                       // (B, H, T, D)
     auto lse = torch::empty({q.size(0), q.size(1), q.size(2)},
                             q.options().dtype(torch::kFloat32));             // (B, H, T)
     fused_detail::forward_into(qk, kk, vk, kb, causal, out, lse);
 
-    ctx->save_for_backward({qk, kk, vk, out, lse, kb.slopes_left, kb.slopes_right});
+    ctx->save_for_backward({qk, kk, vk, out, lse, kb.slopes_left, kb.slopes_right, kb.offsets});
+    ctx->saved_data["offsets_origin"] = offsets_origin;
+    ctx->saved_data["offsets_grad"] = offsets_grad;
     ctx->saved_data["mode"] = mode;
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["bits"] = bits;
@@ -184,9 +202,11 @@ class FusedAttentionFunction : public torch::autograd::Function<FusedAttentionFu
     const auto &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
     const bool slope_grads = ctx->saved_data["slope_grads"].toBool();
     const bool causal = ctx->saved_data["causal"].toBool();
+    const bool offsets_grad = ctx->saved_data["offsets_grad"].toBool();
     const KernelBias kb = kernel_bias_from(ctx->saved_data["mode"].toInt(),
                                            ctx->saved_data["bits"].toIntVector(), saved[5],
-                                           saved[6], slope_grads);
+                                           saved[6], slope_grads, saved[7],
+                                           ctx->saved_data["offsets_origin"].toInt(), offsets_grad);
     const auto dout = in_kernel_layout(grads[0]);
     auto dq = torch::empty(q.sizes(), q.options());
     auto dk = torch::empty(k.sizes(), k.options());
@@ -196,8 +216,10 @@ class FusedAttentionFunction : public torch::autograd::Function<FusedAttentionFu
       dslopes_left = torch::zeros({q.size(1)}, q.options().dtype(torch::kFloat32));
       dslopes_right = torch::zeros({q.size(1)}, q.options().dtype(torch::kFloat32));
     }
+    torch::Tensor doffsets;
+    if (offsets_grad) doffsets = torch::zeros_like(kb.offsets);
     fused_detail::backward_into(q, k, v, out, lse, dout, kb, causal, dq, dk, dv, dslopes_left,
-                                dslopes_right);
+                                dslopes_right, doffsets);
     if (slope_grads) {
       const auto to_input = [&](const torch::Tensor& grad, const char* side) {
         const auto type = static_cast<torch::ScalarType>(
@@ -208,9 +230,9 @@ class FusedAttentionFunction : public torch::autograd::Function<FusedAttentionFu
       dslopes_left = to_input(dslopes_left, "left");
       dslopes_right = to_input(dslopes_right, "right");
     }
-    // One entry per forward argument: q, k, v, slopes_left, slopes_right, mode, causal,
-    // bits, slope_grads.
-    return {dq, dk, dv, dslopes_left, dslopes_right, {}, {}, {}, {}};
+    // One entry per forward argument: q, k, v, slopes_left, slopes_right, offsets, mode,
+    // causal, bits, slope_grads, offsets_origin, offsets_grad.
+    return {dq, dk, dv, dslopes_left, dslopes_right, doffsets, {}, {}, {}, {}, {}, {}};
   }
 };
 
@@ -226,8 +248,9 @@ torch::Tensor apply_fused(const torch::Tensor& q, const torch::Tensor& k, const 
     return slopes.defined() ? slopes : torch::empty({0}, torch::kFloat32);
   };
   return FusedAttentionFunction::apply(q, k, v, present(slopes_left), present(slopes_right),
-                                       static_cast<int64_t>(plan.flash.mode), causal,
-                                       bits_of(plan.flash), plan.slope_grads);
+                                       present(plan.offsets), static_cast<int64_t>(plan.flash.mode), causal,
+                                       bits_of(plan.flash), plan.slope_grads, plan.offsets_origin,
+                                       plan.offsets_grad);
 }
 
 cuda::BiasMode mode_of(FusedAlibiLayout layout) {
@@ -250,6 +273,13 @@ KernelBias plan_bias(const AttentionBias& bias, int64_t heads, bool causal, torc
       kb.flash.mode = cuda::BiasMode::None;
       return kb;
     case AttentionBias::Kind::Dense:
+      if (bias.by_offset) {  // the table itself is made per call (fused_attention)
+        kb.flash.mode = cuda::BiasMode::Offsets;
+        return kb;
+      }
+      kb.unsupported = "the kernels take dense biases of the offset j - i alone (T5, KERPLE, Sandwich), not " +
+                       bias.describe() + " (FIRE's depends on i); use the reference or efficient backend";
+      return kb;
     case AttentionBias::Kind::Cumulative:  // could be taken as two vectors: not written yet
     case AttentionBias::Kind::Contextual:
     case AttentionBias::Kind::ScoreMixing:
@@ -327,7 +357,8 @@ void forward_into(const torch::Tensor& q, const torch::Tensor& k, const torch::T
 void backward_into(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                    const torch::Tensor& out, const torch::Tensor& lse, const torch::Tensor& dout,
                    const KernelBias& bias, bool causal, torch::Tensor& dq, torch::Tensor& dk,
-                   torch::Tensor& dv, torch::Tensor& dslopes_left, torch::Tensor& dslopes_right) {
+                   torch::Tensor& dv, torch::Tensor& dslopes_left, torch::Tensor& dslopes_right,
+                   const torch::Tensor& doffsets) {
   torch::Tensor out_arg = out, lse_arg = lse;
   cuda::FlashBwdParams p;
   p.fwd = forward_params(q, k, v, bias, causal, out_arg, lse_arg);
@@ -346,6 +377,13 @@ void backward_into(const torch::Tensor& q, const torch::Tensor& k, const torch::
       {cuda::flash_bwd_dq_accum_floats(batch, heads, seq_len, p.fwd.head_dim)}, workspace_options);
   p.delta = delta.data_ptr<float>();
   p.dq_accum = dq_accum.data_ptr<float>();
+  if (bias.offsets_grad) {
+    TORCH_CHECK(bias.flash.mode == cuda::BiasMode::Offsets && doffsets.defined() &&
+                    doffsets.sizes() == bias.offsets.sizes() && doffsets.scalar_type() == torch::kFloat32 &&
+                    doffsets.is_contiguous() && doffsets.device() == q.device(),
+                "fused attention backward: the offsets gradient must be fp32 and shaped like the table");
+    p.doffsets = doffsets.data_ptr<float>();
+  }
   if (bias.slope_grads) {
     TORCH_CHECK(bias.flash.mode == cuda::BiasMode::Linear,
                 "fused attention backward: slope gradients need the linear bias mode");
@@ -362,6 +400,18 @@ void backward_into(const torch::Tensor& q, const torch::Tensor& k, const torch::
   });
 }
 
+torch::Tensor offsets_table(const AttentionBias& bias, int64_t heads, int64_t length, bool causal,
+                            torch::Device device) {
+  TORCH_CHECK(bias.kind == AttentionBias::Kind::Dense && bias.by_offset,
+              "fused attention: an offsets table needs a dense bias described by offset, got ", bias.describe());
+  const int64_t lo = -(length - 1), hi = causal ? 1 : length;  // offsets lo .. hi - 1
+  auto table = bias.by_offset(lo, hi);
+  TORCH_CHECK(table.dim() == 2 && table.size(0) == heads && table.size(1) == hi - lo,
+              "fused attention: the bias's by_offset(", lo, ", ", hi, ") returned ", table.sizes(), ", not (", heads,
+              ", ", hi - lo, ")");
+  return table.to(device, torch::kFloat32).contiguous();
+}
+
 }  // namespace fused_detail
 
 std::string fused_attention_unsupported_reason(const torch::Tensor& q, const torch::Tensor& k,
@@ -376,7 +426,12 @@ torch::Tensor fused_attention(const torch::Tensor& q, const torch::Tensor& k, co
                               const AttentionBias& bias, bool causal) {
   const std::string problem = input_problem(q, k, v);
   TORCH_CHECK(problem.empty(), "fused attention: ", problem);
-  const KernelBias plan = fused_detail::plan_bias(bias, q.size(1), causal, q.device());
+  KernelBias plan = fused_detail::plan_bias(bias, q.size(1), causal, q.device());
+  if (plan.flash.mode == cuda::BiasMode::Offsets && plan.unsupported.empty()) {
+    plan.offsets = fused_detail::offsets_table(bias, q.size(1), q.size(2), causal, q.device());
+    plan.offsets_origin = q.size(2) - 1;
+    plan.offsets_grad = torch::GradMode::is_enabled() && plan.offsets.requires_grad();
+  }
   return apply_fused(q, k, v, plan, bias.slopes_left, bias.slopes_right, causal);
 }
 

@@ -11,7 +11,10 @@
 //     general linear); slopes are read from the given tensors (fp32 copies on the device)
 //   - AttentionBias::Linear, slopes requiring grad (learned ALiBi): general linear mode, and
 //     backward returns dL/dslopes_left and dL/dslopes_right
-//   - AttentionBias::Dense is not supported (the reference and efficient backends take it).
+//   - AttentionBias::Dense described by offset (by_offset: T5, KERPLE, Sandwich): the kernels
+//     read the bias from a per-head table of the offsets j - i the call reaches, computed once
+//     per call by by_offset, and backward returns the table's gradient through it (so a
+//     learned table trains); other dense biases (FIRE) are not supported.
 // fused_attention_alibi() is the paper's ALiBi with the geometric slopes computed inside the
 // kernel from the head index: no slope tensor at all. (Deciding that automatically from an
 // AttentionBias would mean comparing device slopes on the host every call; position methods
@@ -59,6 +62,11 @@ struct KernelBias {
   cuda::FlashBias flash;  // mode and direction bits; pointers filled in at launch
   torch::Tensor slopes_left, slopes_right;
   bool slope_grads = false;
+  // BiasMode::Offsets: the (H, len) fp32 table on q's device, offset 0 at column offsets_origin
+  // (FlashBias::offsets); offsets_grad: the backward adds the table's gradient.
+  torch::Tensor offsets;
+  int64_t offsets_origin = 0;
+  bool offsets_grad = false;
   std::string unsupported;  // non-empty: why the fused kernels cannot take this bias
 };
 
@@ -67,13 +75,21 @@ KernelBias plan_alibi(FusedAlibiLayout layout, int64_t heads);
 
 // The kernels on caller-provided outputs (the tests poison them first). out: (B, H, T, D)
 // like q; lse: (B, H, T) fp32 contiguous. Slope gradients, when wanted, are ADDED into the
-// (H,) fp32 tensors dslopes_left/right; pass undefined tensors otherwise.
+// (H,) fp32 tensors dslopes_left/right; pass undefined tensors otherwise. The offsets table's
+// gradient (bias.offsets_grad) is ADDED into doffsets, fp32 and shaped like bias.offsets.
 void forward_into(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                   const KernelBias& bias, bool causal, torch::Tensor& out, torch::Tensor& lse);
 void backward_into(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                    const torch::Tensor& out, const torch::Tensor& lse, const torch::Tensor& dout,
                    const KernelBias& bias, bool causal, torch::Tensor& dq, torch::Tensor& dk,
-                   torch::Tensor& dv, torch::Tensor& dslopes_left, torch::Tensor& dslopes_right);
+                   torch::Tensor& dv, torch::Tensor& dslopes_left, torch::Tensor& dslopes_right,
+                   const torch::Tensor& doffsets = {});
+
+// The offsets table of a by-offset dense bias for a call of `length` tokens: by_offset over
+// j - i = -(length - 1) .. 0 (causal) or .. length - 1, as fp32 (H, len) on `device` (still
+// differentiable), offset 0 at column length - 1. Refuses a table of the wrong shape.
+torch::Tensor offsets_table(const AttentionBias& bias, int64_t heads, int64_t length, bool causal,
+                            torch::Device device);
 
 }  // namespace fused_detail
 }  // namespace extrap
