@@ -302,6 +302,8 @@ core/results/results_store.cpp | fs::file_size(target, error) > 0 && H5Fis_hdf5(
 core/attention/gpu_routes.cpp | if (!bias.paper_slopes) return "the slopes are not the paper's (learned, or set by hand)"; | ; | cuDNN's own slopes replace slopes that are not the paper's on a GPU
 core/attention/gpu_routes.cpp | if (!causal) return "cuDNN's ALiBi mask is causal only"; | ; | a bidirectional ALiBi call goes to cuDNN's causal-only mask
 positions/alibi.cpp | torch::equal(slopes_.detach().cpu(), paper); | true; | alibi still claims the paper's slopes after a checkpoint or a plugin wrote others
+core/attention/gpu_routes.cpp | if (bias.is_none() && kernels.new_routes) { | if (bias.is_none()) { | SDPA, not yet run on a GPU, taken without EXTRAP_GPU_NEW_ROUTES=1
+core/attention/gpu_routes.cpp | if (why.empty() && !kernels.new_routes) why = not_yet; | ; | cuDNN's ALiBi, not yet run on a GPU, taken without EXTRAP_GPU_NEW_ROUTES=1
 EOF
 )
 

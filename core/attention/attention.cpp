@@ -576,6 +576,7 @@ namespace {
 bool fused_cuda_takes(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                       const AttentionBias& bias, const AttentionOptions& options) {
   return q.is_cuda() && cuda_attention() && !(options.training && options.dropout > 0) && !bias.has_options() &&
+         (bias.kind != AttentionBias::Kind::Dense || gpu_new_routes_on()) &&
          cuda_attention()->unsupported_reason(q, k, v, bias, options.causal).empty();
 }
 }  // namespace
@@ -647,6 +648,9 @@ torch::Tensor dispatch(const torch::Tensor& q, const torch::Tensor& k, const tor
                   options.dropout, ")");
       TORCH_CHECK(!bias.has_options(), "attention: the fused CUDA backend takes no sink, logit scale, window or "
                   "chunk yet (", bias.describe(), "); the reference backend does");
+      TORCH_CHECK(bias.kind != AttentionBias::Kind::Dense || gpu_new_routes_on(),
+                  "attention: the fused CUDA kernels' offsets mode (", bias.describe(), ") has not yet run on a "
+                  "GPU; EXTRAP_GPU_NEW_ROUTES=1 takes it, the reference backend is the proven one");
       return cuda_attention()->attention(q, k, v, bias, options.causal);
     case AttentionBackend::Auto: {
       // Stick-breaking a block of query rows at a time with its own backward (no score-sized

@@ -1,11 +1,18 @@
 #include "core/attention/gpu_routes.h"
 
 #include "core/attention/cuda_attention.h"
+#include "core/base/environment.h"
 
 namespace extrap {
 
+bool gpu_new_routes_on() {
+  return environment_opt_in("EXTRAP_GPU_NEW_ROUTES", "the GPU routes that have run on a GPU",
+                            "also SDPA, cuDNN's ALiBi and the offsets kernels, not yet run on a GPU");
+}
+
 GpuKernels gpu_kernels_present() {
   GpuKernels kernels;
+  kernels.new_routes = gpu_new_routes_on();
   const CudaAttention* cuda = cuda_attention();
   if (!cuda) return kernels;
   kernels.extrap_fused = cuda->unsupported_reason;
@@ -40,12 +47,13 @@ GpuRouteChoice choose_gpu_route(const torch::Tensor& q, const torch::Tensor& k, 
     if (!choice.passed_over.empty()) choice.passed_over += "; ";
     choice.passed_over += std::string(route) + ": " + why;
   };
+  const std::string not_yet = "not yet run on a GPU (EXTRAP_GPU_NEW_ROUTES=1 takes it)";
   // Row 1: no bias, no option. SDPA takes attention dropout too.
-  if (bias.is_none()) {
+  if (bias.is_none() && kernels.new_routes) {
     choice.route = GpuRoute::Sdpa;
     return choice;
   }
-  passed("sdpa", "it adds no bias (" + bias.describe() + ")");
+  passed("sdpa", bias.is_none() ? not_yet : "it adds no bias (" + bias.describe() + ")");
 
   const bool dropout = options.training && options.dropout > 0;
   // What every fused route needs besides its own conditions.
@@ -57,6 +65,7 @@ GpuRouteChoice choose_gpu_route(const torch::Tensor& q, const torch::Tensor& k, 
     // Row 2: the paper's causal ALiBi on cuDNN.
     std::string why = fused_problem;
     if (why.empty()) why = not_cudnn_alibi(bias, q.size(1), options.causal);
+    if (why.empty() && !kernels.new_routes) why = not_yet;
     if (why.empty()) why = kernels.cudnn_alibi ? kernels.cudnn_alibi(q, k, v, bias, options.causal)
                                                : "not built (no cuDNN frontend headers, or a CPU-only LibTorch)";
     if (why.empty()) {
@@ -69,6 +78,8 @@ GpuRouteChoice choose_gpu_route(const torch::Tensor& q, const torch::Tensor& k, 
   }
   // Rows 3 and 4: extrap's kernels, the biases described by slopes or by offset.
   std::string why = fused_problem;
+  if (why.empty() && bias.kind == AttentionBias::Kind::Dense && !kernels.new_routes)
+    why = "its offsets mode is " + not_yet;
   if (why.empty()) why = kernels.extrap_fused ? kernels.extrap_fused(q, k, v, bias, options.causal)
                                               : "not loaded (libextrap_cuda.so)";
   if (why.empty()) {

@@ -16,6 +16,11 @@
 //   chunk, sink, logit scale, attention
 //   dropout with a bias, ...)
 //
+// Until they have run on a GPU (issue 66), the routes written on 2026-11-28 without one (SDPA,
+// cuDNN's ALiBi, extrap's kernels for dense biases of j - i) are opt-in:
+// EXTRAP_GPU_NEW_ROUTES=1 takes them; unset (or 0), a call goes where it went before: no bias
+// and the paper's ALiBi to extrap's kernels, dense biases to the reference.
+//
 // Each row falls to the next one that takes the call (the paper's ALiBi to extrap's kernels,
 // those to the reference), and every choice carries the reason the faster routes passed: what
 // `extrap bench attention --device cuda --impls auto` and docs/performance.md print. The table
@@ -52,7 +57,13 @@ struct GpuKernels {
                                            const AttentionBias& bias, bool causal)>;
   Reason cudnn_alibi;   // cuDNN's fused attention with its ALiBi mask (core/attention/cuda/cudnn_attention.h)
   Reason extrap_fused;  // extrap's fused kernels (core/attention/cuda/fused_attention.h)
+  // Whether the routes not yet run on a GPU are taken (EXTRAP_GPU_NEW_ROUTES, above).
+  bool new_routes = false;
 };
+
+// EXTRAP_GPU_NEW_ROUTES: unset or 0 off, 1 on; anything else is refused (ConfigError naming it).
+// Read at every call (the [gpu-routes] tests set it).
+bool gpu_new_routes_on();
 
 // What this process has: the functions libextrap_cuda.so registered (core/attention/cuda_attention.h).
 GpuKernels gpu_kernels_present();

@@ -1,6 +1,7 @@
 // On/off switches in the environment, for A/B runs of an optimisation
 // (EXTRAP_BF16_ATTENTION_KERNEL, EXTRAP_MALLOC_TUNING, EXTRAP_ONEDNN_LINEAR,
-// EXTRAP_FUSED_ADAMW, EXTRAP_FUSED_GELU, EXTRAP_FUSED_LAYER_NORM).
+// EXTRAP_FUSED_ADAMW, EXTRAP_FUSED_GELU, EXTRAP_FUSED_LAYER_NORM), and opt-ins for paths not yet
+// proven where they run (EXTRAP_GPU_NEW_ROUTES).
 #pragma once
 
 #include <string>
@@ -11,5 +12,9 @@ namespace extrap {
 // variable and its value, "environment variable NAME=VALUE: expected 0 (OFF) or 1 (ON)": a
 // benchmark that meant "off" must not silently measure "on".
 bool environment_switch(const char* name, const std::string& off, const std::string& on);
+
+// The same for a switch that is off unless asked for: unset or "0" off, "1" on, anything else the
+// same ConfigError. For paths that have not yet run where they are meant to (EXTRAP_GPU_NEW_ROUTES).
+bool environment_opt_in(const char* name, const std::string& off, const std::string& on);
 
 }  // namespace extrap

@@ -1,5 +1,6 @@
 // extrap: the command-line front end. `extrap COMMAND [args]`; `extrap COMMAND --help`.
 #include "core/attention/cuda_attention.h"
+#include "core/attention/gpu_routes.h"
 #include "core/base/allocator.h"
 #include "core/base/yaml_options.h"
 #include "core/kernels/bf16_gemm.h"
@@ -106,6 +107,7 @@ int main(int argc, char** argv) {
     extrap::fused_gelu_switched_on();
     extrap::fused_layer_norm_switched_on();
     extrap::bf16_gemm::available();
+    extrap::gpu_new_routes_on();
   } catch (const extrap::ConfigError& e) {
     std::cerr << "extrap: " << e.what() << "\n";
     return 2;

@@ -519,9 +519,10 @@ stage_routes() {
   local rc=0
   "$BUILD/extrap" --version 2>&1 | grep -E "^(libtorch|cuda|fused|cudnn)" | tee -a "$OUT/device.txt"
   "$BUILD/tests/extrap_cuda_tests" "[gpu-routes]" --durations yes >"$OUT/routes_test.log" 2>&1 || rc=1
+  # The routes not yet run on a GPU are opt-in (core/attention/gpu_routes.h): on for the timings.
   tail -6 "$OUT/routes_test.log"
   # shellcheck disable=SC2086
-  "$BUILD/extrap" bench attention --device cuda --causal --head-dims 128 --lengths 4096,16384 \
+  EXTRAP_GPU_NEW_ROUTES=1 "$BUILD/extrap" bench attention --device cuda --causal --head-dims 128 --lengths 4096,16384 \
     --impls auto,cudnn-alibi,fused-alibi,fused-learned,fused-none,offsets,reference-offsets,sdpa --out "$OUT/routes.jsonl" \
     ${ROUTES_ARGS:-} >"$OUT/routes_bench.log" 2>&1 || rc=1
   cat "$OUT/routes_bench.log"

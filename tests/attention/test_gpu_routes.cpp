@@ -6,6 +6,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
+
 using namespace extrap;
 
 namespace {
@@ -22,6 +24,7 @@ GpuKernels stand_ins() {
                        (b.kind == AttentionBias::Kind::Dense && b.by_offset);
     return takes ? std::string() : std::string("not by offset");
   };
+  kernels.new_routes = true;
   return kernels;
 }
 
@@ -55,7 +58,9 @@ std::shared_ptr<PositionMethod> make_method(const std::string& name, int64_t hea
 TEST_CASE("GPU routes: no bias goes to SDPA, dropout included", "[attention][gpu-routes]") {
   Call call;
   CHECK(call.route(AttentionBias::none()).route == GpuRoute::Sdpa);
-  CHECK(call.route(AttentionBias::none(), GpuKernels{}).route == GpuRoute::Sdpa);  // LibTorch's own
+  GpuKernels libtorch_only;  // SDPA is LibTorch's own: no CUDA half needed
+  libtorch_only.new_routes = true;
+  CHECK(call.route(AttentionBias::none(), libtorch_only).route == GpuRoute::Sdpa);
   call.options.training = true;
   call.options.dropout = 0.1;
   CHECK(call.route(AttentionBias::none()).route == GpuRoute::Sdpa);
@@ -171,4 +176,37 @@ TEST_CASE("the alibi method marks its slopes as the paper's only while its buffe
     INFO(other);
     CHECK_FALSE(make_method(other, 4, /*causal=*/false)->bias(layer_window(0, 8)).paper_slopes);
   }
+}
+
+TEST_CASE("GPU routes not yet run on a GPU are taken only with EXTRAP_GPU_NEW_ROUTES=1", "[attention][gpu-routes]") {
+  Call call;
+  auto proven = stand_ins();
+  proven.new_routes = false;
+  // Where each call went before the new routes: no bias and the paper's ALiBi to extrap's
+  // kernels, dense biases of j - i to the reference; each says why.
+  const auto none = call.route(AttentionBias::none(), proven);
+  CHECK(none.route == GpuRoute::ExtrapFused);
+  CHECK(mentions(none.passed_over, "sdpa: not yet run on a GPU (EXTRAP_GPU_NEW_ROUTES=1 takes it)"));
+  const auto alibi = call.route(marked_alibi(), proven);
+  CHECK(alibi.route == GpuRoute::ExtrapFused);
+  CHECK(mentions(alibi.passed_over, "cudnn-alibi: not yet run on a GPU"));
+  const auto offsets = call.route(
+      AttentionBias::dense_by_offset([](int64_t lo, int64_t hi) { return torch::zeros({4, hi - lo}); }), proven);
+  CHECK(offsets.route == GpuRoute::Reference);
+  CHECK(mentions(offsets.passed_over, "extrap-fused: its offsets mode is not yet run on a GPU"));
+
+  // The switch itself: unset or 0 off, 1 on, anything else refused naming it.
+  const char* kept = std::getenv("EXTRAP_GPU_NEW_ROUTES");
+  const std::string kept_value = kept ? kept : "";
+  ::unsetenv("EXTRAP_GPU_NEW_ROUTES");
+  CHECK_FALSE(gpu_new_routes_on());
+  ::setenv("EXTRAP_GPU_NEW_ROUTES", "0", 1);
+  CHECK_FALSE(gpu_new_routes_on());
+  ::setenv("EXTRAP_GPU_NEW_ROUTES", "1", 1);
+  CHECK(gpu_new_routes_on());
+  CHECK(gpu_kernels_present().new_routes);
+  ::setenv("EXTRAP_GPU_NEW_ROUTES", "yes", 1);
+  CHECK_THROWS_WITH(gpu_new_routes_on(), Catch::Matchers::Contains("EXTRAP_GPU_NEW_ROUTES=yes"));
+  if (kept) ::setenv("EXTRAP_GPU_NEW_ROUTES", kept_value.c_str(), 1);
+  else ::unsetenv("EXTRAP_GPU_NEW_ROUTES");
 }

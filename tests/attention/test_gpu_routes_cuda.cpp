@@ -15,6 +15,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <sstream>
 
@@ -58,6 +59,20 @@ Grads run(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v
   out.backward(dout.to(out.scalar_type()));
   return {out.detach(), q2.grad(), k2.grad(), v2.grad(), learned.leaf.defined() ? learned.leaf.grad() : torch::Tensor()};
 }
+
+// EXTRAP_GPU_NEW_ROUTES set for a scope, restored after.
+struct NewRoutes {
+  std::string kept;
+  bool had = false;
+  explicit NewRoutes(const char* value) {
+    if (const char* old = std::getenv("EXTRAP_GPU_NEW_ROUTES")) had = true, kept = old;
+    ::setenv("EXTRAP_GPU_NEW_ROUTES", value, 1);
+  }
+  ~NewRoutes() {
+    if (had) ::setenv("EXTRAP_GPU_NEW_ROUTES", kept.c_str(), 1);
+    else ::unsetenv("EXTRAP_GPU_NEW_ROUTES");
+  }
+};
 
 AttentionBias paper_alibi(int64_t heads, torch::Device device) {
   auto b = AttentionBias::linear_causal(torch::tensor(alibi_slopes(int(heads)), torch::kFloat64)
@@ -106,45 +121,52 @@ TEST_CASE("every GPU route matches the float64 reference: outputs and gradients"
                    }),
                    leaf};
   };
-  std::vector<Row> rows{
-      {"none, causal", fixed(AttentionBias::none()), true, GpuRoute::Sdpa},
-      {"none, bidirectional", fixed(AttentionBias::none()), false, GpuRoute::Sdpa},
-      {"the paper's ALiBi", fixed(paper_alibi(heads, device)), true,
-       cuda_attention() && cuda_attention()->cudnn_alibi ? GpuRoute::CudnnAlibi : GpuRoute::ExtrapFused},
-      {"ALiBi, other slopes", fixed(AttentionBias::linear_causal(learned)), true, GpuRoute::ExtrapFused},
-      {"symmetric ALiBi", fixed(AttentionBias::linear_symmetric(learned)), false, GpuRoute::ExtrapFused},
-      {"learned offsets, causal", offsets, true, GpuRoute::ExtrapFused},
-      {"learned offsets, bidirectional", offsets, false, GpuRoute::ExtrapFused}};
-  for (const auto type : {torch::kBFloat16, torch::kHalf}) {
-    for (const int64_t head_dim : {64, 128}) {
-      for (const int64_t length : {1, 17, 100, 257, 1000}) {
-        for (const Row& row : rows) {
-          std::ostringstream where;
-          where << row.name << ", " << (type == torch::kBFloat16 ? "bf16" : "fp16") << ", D " << head_dim << ", T "
-                << length;
-          INFO(where.str());
-          const auto options = torch::TensorOptions().device(device).dtype(type);
-          const auto q = torch::randn({batch, heads, length, head_dim}, options),
-                     k = torch::randn({batch, heads, length, head_dim}, options),
-                     v = torch::randn({batch, heads, length, head_dim}, options),
-                     dout = torch::randn({batch, heads, length, head_dim}, options);
-          AttentionOptions attention_options;
-          attention_options.causal = row.causal;
-          attention_options.training = true;
-          const auto choice = choose_gpu_route(q, k, v, row.bias(torch::kFloat32).bias, attention_options,
-                                               gpu_kernels_present());
-          INFO("route " << to_string(choice.route) << " (passed over: " << choice.passed_over << ")");
-          CHECK(choice.route == row.expected);
-          const Grads routed = run(q, k, v, dout, row.bias, attention_options, type);
-          AttentionOptions reference_options = attention_options;
-          reference_options.backend = AttentionBackend::Reference;
-          const Grads ref = run(q, k, v, dout, row.bias, reference_options, torch::kFloat64);
-          const Grads low = run(q, k, v, dout, row.bias, reference_options, type);
-          check_close("out", routed.out, low.out, ref.out);
-          check_close("dq", routed.dq, low.dq, ref.dq);
-          check_close("dk", routed.dk, low.dk, ref.dk);
-          check_close("dv", routed.dv, low.dv, ref.dv);
-          if (ref.dtable.defined()) check_close("dtable", routed.dtable, low.dtable, ref.dtable);
+  // With the new routes (EXTRAP_GPU_NEW_ROUTES=1) and without (where calls went before them).
+  for (const bool new_routes : {true, false}) {
+    const NewRoutes setting(new_routes ? "1" : "0");
+    const bool cudnn = new_routes && cuda_attention() && cuda_attention()->cudnn_alibi;
+    std::vector<Row> rows{
+        {"none, causal", fixed(AttentionBias::none()), true, new_routes ? GpuRoute::Sdpa : GpuRoute::ExtrapFused},
+        {"none, bidirectional", fixed(AttentionBias::none()), false,
+         new_routes ? GpuRoute::Sdpa : GpuRoute::ExtrapFused},
+        {"the paper's ALiBi", fixed(paper_alibi(heads, device)), true,
+         cudnn ? GpuRoute::CudnnAlibi : GpuRoute::ExtrapFused},
+        {"ALiBi, other slopes", fixed(AttentionBias::linear_causal(learned)), true, GpuRoute::ExtrapFused},
+        {"symmetric ALiBi", fixed(AttentionBias::linear_symmetric(learned)), false, GpuRoute::ExtrapFused},
+        {"learned offsets, causal", offsets, true, new_routes ? GpuRoute::ExtrapFused : GpuRoute::Reference},
+        {"learned offsets, bidirectional", offsets, false,
+         new_routes ? GpuRoute::ExtrapFused : GpuRoute::Reference}};
+    for (const auto type : {torch::kBFloat16, torch::kHalf}) {
+      for (const int64_t head_dim : {64, 128}) {
+        for (const int64_t length : {1, 17, 100, 257, 1000}) {
+          for (const Row& row : rows) {
+            std::ostringstream where;
+            where << (new_routes ? "new routes, " : "proven routes, ") << row.name << ", "
+                  << (type == torch::kBFloat16 ? "bf16" : "fp16") << ", D " << head_dim << ", T " << length;
+            INFO(where.str());
+            const auto options = torch::TensorOptions().device(device).dtype(type);
+            const auto q = torch::randn({batch, heads, length, head_dim}, options),
+                       k = torch::randn({batch, heads, length, head_dim}, options),
+                       v = torch::randn({batch, heads, length, head_dim}, options),
+                       dout = torch::randn({batch, heads, length, head_dim}, options);
+            AttentionOptions attention_options;
+            attention_options.causal = row.causal;
+            attention_options.training = true;
+            const auto choice = choose_gpu_route(q, k, v, row.bias(torch::kFloat32).bias, attention_options,
+                                                 gpu_kernels_present());
+            INFO("route " << to_string(choice.route) << " (passed over: " << choice.passed_over << ")");
+            CHECK(choice.route == row.expected);
+            const Grads routed = run(q, k, v, dout, row.bias, attention_options, type);
+            AttentionOptions reference_options = attention_options;
+            reference_options.backend = AttentionBackend::Reference;
+            const Grads ref = run(q, k, v, dout, row.bias, reference_options, torch::kFloat64);
+            const Grads low = run(q, k, v, dout, row.bias, reference_options, type);
+            check_close("out", routed.out, low.out, ref.out);
+            check_close("dq", routed.dq, low.dq, ref.dq);
+            check_close("dk", routed.dk, low.dk, ref.dk);
+            check_close("dv", routed.dv, low.dv, ref.dv);
+            if (ref.dtable.defined()) check_close("dtable", routed.dtable, low.dtable, ref.dtable);
+          }
         }
       }
     }
@@ -154,6 +176,7 @@ TEST_CASE("every GPU route matches the float64 reference: outputs and gradients"
 TEST_CASE("GPU routes under train.precision bf16: float32 inputs, bfloat16 kernels", "[cuda][gpu-routes]") {
   if (!have_cuda()) return;
   torch::manual_seed(5);
+  const NewRoutes setting("1");
   const int64_t heads = 4, length = 300, head_dim = 64;
   const auto q = torch::randn({2, heads, length, head_dim}, torch::TensorOptions().device(torch::kCUDA)),
              k = torch::randn_like(q), v = torch::randn_like(q), dout = torch::randn_like(q);
