@@ -10,6 +10,9 @@ allocator's peak of allocated bytes during one untimed call), for
                       tiles are skipped)
   flex-alibi-learned  the same with the slopes a leaf tensor that requires grad:
                       forward+backward also computes d(loss)/d(slopes) (learned ALiBi slopes)
+  flex-offsets        FlexAttention with a score_mod reading a learned per-head table of the
+                      offsets j - i (T5's kind of bias, what `extrap bench attention --impls
+                      offsets` times), the table's gradient included
   sdpa-flash          F.scaled_dot_product_attention WITHOUT a bias (is_causal for causal) on
   sdpa-cudnn          each fused backend in turn (--impls sdpa runs all three); a backend that
   sdpa-efficient      refuses the shape is reported "unavailable". PyTorch's no-bias floor:
@@ -61,7 +64,7 @@ import inductor_cache  # noqa: F401  (before torch: Inductor's cache for this CP
 import torch
 import torch.nn.functional as F
 
-IMPLS = ("flex-alibi", "flex-alibi-learned", "sdpa", "sdpa-bias")
+IMPLS = ("flex-alibi", "flex-alibi-learned", "flex-offsets", "sdpa", "sdpa-bias")
 # --impls sdpa expands to one case per fused SDPA backend: (reported impl, SDPBackend name).
 SDPA_BACKENDS = (
     ("sdpa-flash", "FLASH_ATTENTION"),
@@ -157,6 +160,19 @@ def alibi_score_mod(slopes: torch.Tensor, causal: bool):
     return score_mod
 
 
+def offsets_score_mod(table: torch.Tensor, length: int):
+    """FlexAttention score_mod adding table[h, (j - i) + length - 1]: a bias of the offset alone."""
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return score + table[h, kv_idx - q_idx + length - 1]
+    return score_mod
+
+
+def offsets_table(heads: int, length: int, device) -> torch.Tensor:
+    """A fixed (H, 2T - 1) float32 table of offsets j - i = -(T - 1) .. T - 1, seeded by T."""
+    generator = torch.Generator().manual_seed(length)
+    return (torch.randn(heads, 2 * length - 1, generator=generator) * 0.5).to(device)
+
+
 def causal_mask_mod(b, h, q_idx, kv_idx):
     """FlexAttention mask_mod: query i sees keys j <= i."""
     return q_idx >= kv_idx
@@ -164,11 +180,13 @@ def causal_mask_mod(b, h, q_idx, kv_idx):
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         slopes: Optional[torch.Tensor], causal: bool,
-                        score_budget_bytes: int = 1 << 30) -> torch.Tensor:
+                        score_budget_bytes: int = 1 << 30,
+                        table: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Plain-math float32 attention: softmax(q k^T / sqrt(D) + bias) v; (B, H, T, D) float32.
 
-    bias: ALiBi from `slopes` (None: the causal mask alone). Computed one head and a few batch
-    rows at a time so the float32 scores stay near `score_budget_bytes` at any T.
+    bias: ALiBi from `slopes` (None: the causal mask alone), or table[h, (j - i) + T - 1] when
+    `table` is given. Computed one head and a few batch rows at a time so the float32 scores stay
+    near `score_budget_bytes` at any T.
     """
     batch, heads, length, head_dim = q.shape
     scale = head_dim ** -0.5
@@ -176,6 +194,9 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     rows = max(1, score_budget_bytes // (4 * length * length))        # batch rows per chunk
     for h in range(heads):
         bias = alibi_bias_head(None if slopes is None else slopes[h], length, causal, q.device)
+        if table is not None:
+            pos = torch.arange(length, device=q.device)
+            bias = bias + table[h].to(q.device)[pos.view(1, -1) - pos.view(-1, 1) + length - 1]
         for b0 in range(0, batch, rows):
             b1 = min(batch, b0 + rows)
             qh, kh, vh = (t[b0:b1, h].float() for t in (q, k, v))    # (b, T, D)
@@ -246,13 +267,18 @@ class Shape:
             self._cache[key] = build()
         return self._cache[key]
 
-    def reference(self, alibi: bool) -> torch.Tensor:
-        """The float32 reference output, with the ALiBi bias or with the causal mask alone.
+    def reference(self, alibi) -> torch.Tensor:
+        """The float32 reference output: with the ALiBi bias (True), the causal mask alone
+        (False) or the offsets table ("offsets").
 
         Computed on the GPU, kept on the host: held on the device it would add B H T D floats
         to the peak memory of every case measured after it.
         """
         with torch.no_grad():
+            if alibi == "offsets":
+                return self.cached("reference-offsets", lambda: reference_attention(
+                    self.q, self.k, self.v, None, self.causal,
+                    table=offsets_table(self.heads, self.length, self.q.device)).cpu())
             return self.cached(f"reference-{alibi}", lambda: reference_attention(
                 self.q, self.k, self.v, self.slopes if alibi else None, self.causal).cpu())
 
@@ -291,7 +317,7 @@ class Case:
     """
     impl: str
     build: Callable[[], Callable]
-    alibi: bool = True                                      # reference with ALiBi, or without
+    alibi: object = True          # reference with ALiBi (True), without (False), or "offsets"
     context: Callable[[], object] = contextlib.nullcontext  # entered around check and timing
     extra_grads: tuple = ()         # leaves besides q, k, v whose gradients fwd+bwd asks for
     compiled: bool = False          # first call compiles: prime before the memory peak
@@ -336,6 +362,18 @@ def flex_case(shape: Shape, learned: bool) -> Case:
                 extra_grads=(slopes,) if learned else (), compiled=True)
 
 
+def flex_offsets_case(shape: Shape) -> Case:
+    table = offsets_table(shape.heads, shape.length, shape.q.device).requires_grad_(True)
+
+    def build():
+        flex = compiled_flex_attention()
+        score_mod = offsets_score_mod(table, shape.length)
+        block_mask = shape.block_mask()
+        return lambda q, k, v: flex(q, k, v, score_mod=score_mod, block_mask=block_mask)
+
+    return Case("flex-offsets", build, alibi="offsets", extra_grads=(table,), compiled=True)
+
+
 def sdpa_cases(shape: Shape) -> list:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     cases = []
@@ -363,6 +401,8 @@ def cases_for(impl: str, shape: Shape) -> list:
         return [flex_case(shape, learned=False)]
     if impl == "flex-alibi-learned":
         return [flex_case(shape, learned=True)]
+    if impl == "flex-offsets":
+        return [flex_offsets_case(shape)]
     if impl == "sdpa":
         return sdpa_cases(shape)
     return [sdpa_bias_case(shape)]

@@ -527,12 +527,13 @@ stage_routes() {
     ${ROUTES_ARGS:-} >"$OUT/routes_bench.log" 2>&1 || rc=1
   cat "$OUT/routes_bench.log"
   # FlexAttention compiles each shape (tens of seconds); its learned-slopes backward is slow at
-  # 16384 (about 1 s a call on the H100, 2026-11-25), so that row is timed at 4096 only.
+  # 16384 (about 1 s a call on the H100, 2026-11-25), so it and the learned offsets table (the
+  # dense-bias anchor) are timed at 4096 only.
   PYTHONUNBUFFERED=1 timeout 200 python3 benchmarks/attention_pytorch.py --causal --head-dims 128 \
     --lengths 4096,16384 --impls flex-alibi,sdpa --out "$OUT/routes_pytorch.jsonl" \
     >"$OUT/routes_pytorch.log" 2>&1 || rc=1
   PYTHONUNBUFFERED=1 timeout 120 python3 benchmarks/attention_pytorch.py --causal --head-dims 128 \
-    --lengths 4096 --impls flex-alibi-learned --out "$OUT/routes_pytorch.jsonl" \
+    --lengths 4096 --impls flex-alibi-learned,flex-offsets --out "$OUT/routes_pytorch.jsonl" \
     >>"$OUT/routes_pytorch.log" 2>&1 || rc=1
   tail -30 "$OUT/routes_pytorch.log"
   return "$rc"

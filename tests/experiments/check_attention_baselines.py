@@ -162,6 +162,47 @@ def cpu_time_call(call, warmup, repeats, prime=False):
     return sorted(times)[len(times) // 2], 0
 
 
+# 5b. The offsets table (flex-offsets): flex's score_mod, the reference's table bias and a
+# differentiable materialised bias through SDPA agree, outputs and the table's gradient; and the
+# reference against a loop written from the definition.
+Ts = 6
+qs, ks, vs = (torch.randn(1, 2, Ts, 8) for _ in range(3))
+small = ap.offsets_table(2, Ts, "cpu")
+looped = torch.zeros(1, 2, Ts, 8)
+for h in range(2):
+    for i in range(Ts):
+        logits = torch.stack([qs[0, h, i] @ ks[0, h, j] / math.sqrt(8) + small[h, j - i + Ts - 1] for j in range(i + 1)])
+        looped[0, h, i] = torch.softmax(logits, 0) @ vs[0, h, : i + 1]
+check("offsets reference == loop from the definition",
+      ap.relative_error(ap.reference_attention(qs, ks, vs, None, True, table=small), looped) < 1e-6)
+table = ap.offsets_table(H, T, "cpu")
+pos = torch.arange(T)
+for causal in (True, False):
+    bm = create_block_mask(ap.causal_mask_mod, B=None, H=None, Q_LEN=T, KV_LEN=T, device="cpu") if causal else None
+    out = flex_attention(q, k, v, score_mod=ap.offsets_score_mod(table, T), block_mask=bm)
+    ref = ap.reference_attention(q, k, v, None, causal, table=table)
+    check(f"flex offsets == reference ({causal=})", ap.relative_error(out, ref) < 1e-5)
+    check(f"  ... and sensitive to the table ({causal=})",
+          ap.relative_error(out, ap.reference_attention(q, k, v, None, causal, table=table * 1.05)) > 1e-3)
+    lt = table.clone().requires_grad_(True)
+    dout = torch.randn(B, H, T, D)
+    qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+    try:
+        g_flex = torch.autograd.grad(flex_attention(qg, kg, vg, score_mod=ap.offsets_score_mod(lt, T), block_mask=bm),
+                                     (qg, kg, vg, lt), dout)
+    except NotImplementedError as e:
+        print(f"SKIP  flex offsets backward on CPU: {str(e).splitlines()[0]}")
+        continue
+    lt2 = table.clone().requires_grad_(True)
+    qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+    bias = lt2[:, pos.view(1, -1) - pos.view(-1, 1) + T - 1].unsqueeze(0)
+    if causal:
+        bias = bias.masked_fill(pos.view(1, -1) > pos.view(-1, 1), -math.inf)
+    g_ref = torch.autograd.grad(F.scaled_dot_product_attention(qg, kg, vg, attn_mask=bias), (qg, kg, vg, lt2), dout)
+    errs = [ap.relative_error(a, b) for a, b in zip(g_flex, g_ref)]
+    check(f"flex offsets grads q,k,v,table == reference ({causal=})", max(errs) < 1e-4,
+          " ".join(f"{e:.1e}" for e in errs))
+
 ap.time_call = cpu_time_call
 args = argparse.Namespace(warmup=1, repeats=3, tokens=512, heads=4, impls=list(ap.IMPLS),
                           passes=list(ap.PASSES))
@@ -192,7 +233,7 @@ statuses = {(r["impl"], r["mode"], r["pass"]): r["status"] for r in lines}
 keys = ["device", "date", "impl", "mode", "dtype", "head_dim", "seq_len", "batch", "heads", "pass",
         "status", "ms", "tflops", "peak_mem_bytes", "max_rel_err"]
 check("JSON keys and order", all(list(r) == keys for r in lines))
-for impl in ("flex-alibi", "flex-alibi-learned", "sdpa-bias"):
+for impl in ("flex-alibi", "flex-alibi-learned", "flex-offsets", "sdpa-bias"):
     for mode in ("causal", "bidirectional"):
         for p in ap.PASSES:
             st = statuses[(impl, mode, p)]
