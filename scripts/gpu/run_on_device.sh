@@ -518,9 +518,12 @@ stage_routes() {
   # same call for the anchors -> $OUT/routes.jsonl, $OUT/routes_pytorch.jsonl.
   local rc=0
   "$BUILD/extrap" --version 2>&1 | grep -E "^(libtorch|cuda|fused|cudnn)" | tee -a "$OUT/device.txt"
-  "$BUILD/tests/extrap_cuda_tests" "[gpu-routes]" --durations yes >"$OUT/routes_test.log" 2>&1 || rc=1
+  # The [gpu-routes] tests are [cuda] tests too: run here only when this call's test stage did not.
+  if [[ ! -f $OUT/test.log ]]; then
+    "$BUILD/tests/extrap_cuda_tests" "[gpu-routes]" --durations yes >"$OUT/routes_test.log" 2>&1 || rc=1
+    tail -6 "$OUT/routes_test.log"
+  fi
   # The routes not yet run on a GPU are opt-in (core/attention/gpu_routes.h): on for the timings.
-  tail -6 "$OUT/routes_test.log"
   # shellcheck disable=SC2086
   EXTRAP_GPU_NEW_ROUTES=1 "$BUILD/extrap" bench attention --device cuda --causal --head-dims 128 --lengths 4096,16384 \
     --impls auto,cudnn-alibi,fused-alibi,fused-learned,fused-none,offsets,reference-offsets,sdpa --out "$OUT/routes.jsonl" \
