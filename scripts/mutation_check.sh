@@ -300,7 +300,7 @@ core/base/files.cpp | if (fstatat(dir, name, &status, AT_SYMLINK_NOFOLLOW) != 0)
 core/train/trainer.cpp | if (state.leader && start == RunStart::resume && !checkpoint) say_restarted_log(c.out_dir); | if (false) say_restarted_log(c.out_dir); | a resume without a checkpoint retrains from step 0 without a word
 core/results/results_store.cpp | fs::file_size(target, error) > 0 && H5Fis_hdf5(target.c_str()) <= 0) | fs::file_size(target, error) > 0 && false) | a sweep's --out over a file that is not HDF5 is not refused before its lock is made
 core/attention/gpu_routes.cpp | if (!bias.paper_slopes) return "the slopes are not the paper's (learned, or set by hand)"; | ; | cuDNN's own slopes replace slopes that are not the paper's on a GPU
-core/attention/gpu_routes.cpp | if (!causal) return "cuDNN's ALiBi mask is causal only"; | ; | a bidirectional ALiBi call goes to cuDNN's causal-only mask
+core/attention/gpu_routes.cpp | if (!options.causal) why = "its ALiBi mask and band are used causally only"; | if (false) why = "its ALiBi mask and band are used causally only"; | a bidirectional ALiBi call goes to cuDNN's causal-only mask
 positions/alibi.cpp | torch::equal(slopes_.detach().cpu(), paper); | true; | alibi still claims the paper's slopes after a checkpoint or a plugin wrote others
 core/attention/gpu_routes.cpp | if (bias.is_none() && kernels.new_routes) { | if (bias.is_none()) { | SDPA, not yet run on a GPU, taken without EXTRAP_GPU_NEW_ROUTES=1
 core/attention/gpu_routes.cpp | if (why.empty() && !kernels.new_routes) why = not_yet; | ; | cuDNN's ALiBi, not yet run on a GPU, taken without EXTRAP_GPU_NEW_ROUTES=1

@@ -589,8 +589,8 @@ torch::Tensor run_gpu_route(GpuRoute route, const torch::Tensor& q, const torch:
   switch (route) {
     case GpuRoute::Sdpa:
       return at::scaled_dot_product_attention(q, k, v, {}, options.training ? options.dropout : 0.0, options.causal);
-    case GpuRoute::CudnnAlibi:
-      return cuda_attention()->cudnn_alibi(q, k, v);
+    case GpuRoute::Cudnn:
+      return cuda_attention()->cudnn(q, k, v, bias.kind == AttentionBias::Kind::Linear, bias.window);
     case GpuRoute::ExtrapFused:
       return cuda_attention()->attention(q, k, v, bias, options.causal);
     case GpuRoute::Reference:

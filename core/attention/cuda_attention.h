@@ -26,11 +26,13 @@ struct CudaAttention {
                          FusedAlibiLayout layout, bool causal);
   // The kernels' tile shapes in force (flash_dispatch.h), e.g. "fwd_rows=auto".
   std::string (*kernel_shapes)();
-  // cuDNN's fused attention with its ALiBi mask (core/attention/cuda/cudnn_attention.h); null
-  // where libextrap_cuda.so was built without the cuDNN frontend's headers.
-  std::string (*cudnn_alibi_unsupported_reason)(const torch::Tensor& q, const torch::Tensor& k,
-                                                const torch::Tensor& v, const AttentionBias& bias, bool causal);
-  torch::Tensor (*cudnn_alibi)(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v);
+  // cuDNN's fused causal attention with its ALiBi mask and/or diagonal band
+  // (core/attention/cuda/cudnn_attention.h); null where libextrap_cuda.so was built without the
+  // cuDNN frontend's headers.
+  std::string (*cudnn_unsupported_reason)(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                          const AttentionBias& bias, bool causal);
+  torch::Tensor (*cudnn)(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool alibi,
+                         int64_t window);
   // The slopes cuDNN's ALiBi mask uses for H heads (the route table's condition is that they are
   // the paper's; tests/attention/test_gpu_routes_cuda.cpp checks it on any machine).
   std::vector<float> (*cudnn_alibi_slopes)(int64_t heads);

@@ -16,19 +16,18 @@ GpuKernels gpu_kernels_present() {
   const CudaAttention* cuda = cuda_attention();
   if (!cuda) return kernels;
   kernels.extrap_fused = cuda->unsupported_reason;
-  if (cuda->cudnn_alibi_unsupported_reason) kernels.cudnn_alibi = cuda->cudnn_alibi_unsupported_reason;
+  if (cuda->cudnn_unsupported_reason) kernels.cudnn = cuda->cudnn_unsupported_reason;
   return kernels;
 }
 
 namespace {
 
-// Why cuDNN's ALiBi mask does not compute this bias ("" where it does): cuDNN adds
+// Why cuDNN's ALiBi mask does not compute this linear bias ("" where it does): cuDNN adds
 // m_h * (j - i) with the paper's slopes for H heads (computed by cuDNN) to the scaled scores of a
-// causal call, and returns no gradient for the slopes.
-std::string not_cudnn_alibi(const AttentionBias& bias, int64_t heads, bool causal) {
+// causal call (the row checks the call is causal), and returns no gradient for the slopes.
+std::string not_cudnn_alibi(const AttentionBias& bias, int64_t heads) {
   if (!bias.paper_slopes) return "the slopes are not the paper's (learned, or set by hand)";
   if (bias.slopes_left.requires_grad() || bias.slopes_right.requires_grad()) return "the slopes require grad";
-  if (!causal) return "cuDNN's ALiBi mask is causal only";
   if (bias.positions.defined()) return "sampled positions";
   if (bias.look_left.size(0) != heads) return "the bias has " + std::to_string(bias.look_left.size(0)) + " heads";
   if (!bias.look_left.all().item<bool>()) return "a head does not look left";
@@ -61,20 +60,24 @@ GpuRouteChoice choose_gpu_route(const torch::Tensor& q, const torch::Tensor& k, 
   if (bias.has_options()) fused_problem = "the options (" + bias.describe() + ") are the reference's";
   else if (dropout) fused_problem = "attention dropout " + std::to_string(options.dropout) + " while training";
 
-  if (bias.kind == AttentionBias::Kind::Linear) {
-    // Row 2: the paper's causal ALiBi on cuDNN.
-    std::string why = fused_problem;
-    if (why.empty()) why = not_cudnn_alibi(bias, q.size(1), options.causal);
+  {
+    // Row 2: cuDNN, causal: the paper's ALiBi (its ALiBi mask), a window (its diagonal band), or
+    // both. A window is the one option it takes.
+    std::string why;
+    if (!options.causal) why = "its ALiBi mask and band are used causally only";
+    else if (dropout) why = "attention dropout " + std::to_string(options.dropout) + " while training";
+    else if (bias.chunk > 0 || bias.logit_scale.defined() || bias.sink.defined() || bias.far_queries.defined())
+      why = "of the options it takes a window only (" + bias.describe() + ")";
+    else if (bias.kind == AttentionBias::Kind::Linear) why = not_cudnn_alibi(bias, q.size(1));
+    else if (bias.kind != AttentionBias::Kind::None) why = "the bias is neither none nor the paper's ALiBi";
     if (why.empty() && !kernels.new_routes) why = not_yet;
-    if (why.empty()) why = kernels.cudnn_alibi ? kernels.cudnn_alibi(q, k, v, bias, options.causal)
-                                               : "not built (no cuDNN frontend headers, or a CPU-only LibTorch)";
+    if (why.empty()) why = kernels.cudnn ? kernels.cudnn(q, k, v, bias, options.causal)
+                                         : "not built (no cuDNN frontend headers, or a CPU-only LibTorch)";
     if (why.empty()) {
-      choice.route = GpuRoute::CudnnAlibi;
+      choice.route = GpuRoute::Cudnn;
       return choice;
     }
-    passed("cudnn-alibi", why);
-  } else {
-    passed("cudnn-alibi", "the bias is not linear");
+    passed("cudnn", why);
   }
   // Rows 3 and 4: extrap's kernels, the biases described by slopes or by offset.
   std::string why = fused_problem;

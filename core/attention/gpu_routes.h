@@ -4,22 +4,24 @@
 //   bias                                  route          why
 //   none (no options)                     sdpa           LibTorch's scaled_dot_product_attention:
 //                                                        cuDNN on Hopper, flash elsewhere
-//   causal ALiBi, the paper's slopes      cudnn-alibi    cuDNN's fused attention with its ALiBi
-//                                                        mask (forward and backward), where built
+//   causal: the paper's ALiBi, a         cudnn          cuDNN's fused attention with its ALiBi
+//   window (none or the paper's ALiBi                    mask and diagonal band (forward and
+//   with `attention.window`), or both                    backward), where built
 //   other linear biases (learned slopes   extrap-fused   extrap's kernels: the only ones that take
 //   and their gradients, symmetric,                      per-head slopes and return their gradient
 //   nonsymmetric, the paper's slopes
 //   without cuDNN)
 //   dense biases of j - i alone (T5,      extrap-fused   extrap's kernels, reading a per-head table
 //   KERPLE, Sandwich: by_offset)                         of the call's offsets; its gradient too
-//   everything else (FIRE, window,        reference      T x T scores in float32
-//   chunk, sink, logit scale, attention
-//   dropout with a bias, ...)
+//   everything else (FIRE, the other      reference      T x T scores in float32
+//   biases with a window, chunk, sink,
+//   logit scale, attention dropout with
+//   a bias, ...)
 //
 // Until they have run on a GPU (issue 66), the routes written on 2026-11-28 without one (SDPA,
-// cuDNN's ALiBi, extrap's kernels for dense biases of j - i) are opt-in:
+// cuDNN's, extrap's kernels for dense biases of j - i) are opt-in:
 // EXTRAP_GPU_NEW_ROUTES=1 takes them; unset (or 0), a call goes where it went before: no bias
-// and the paper's ALiBi to extrap's kernels, dense biases to the reference.
+// and the paper's ALiBi to extrap's kernels, dense biases and windows to the reference.
 //
 // Each row falls to the next one that takes the call (the paper's ALiBi to extrap's kernels,
 // those to the reference), and every choice carries the reason the faster routes passed: what
@@ -38,12 +40,12 @@
 
 namespace extrap {
 
-enum class GpuRoute { Sdpa, CudnnAlibi, ExtrapFused, Reference };
+enum class GpuRoute { Sdpa, Cudnn, ExtrapFused, Reference };
 
 inline const char* to_string(GpuRoute route) {
   switch (route) {
     case GpuRoute::Sdpa: return "sdpa";
-    case GpuRoute::CudnnAlibi: return "cudnn-alibi";
+    case GpuRoute::Cudnn: return "cudnn";
     case GpuRoute::ExtrapFused: return "extrap-fused";
     case GpuRoute::Reference: return "reference";
   }
@@ -55,7 +57,7 @@ inline const char* to_string(GpuRoute route) {
 struct GpuKernels {
   using Reason = std::function<std::string(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                            const AttentionBias& bias, bool causal)>;
-  Reason cudnn_alibi;   // cuDNN's fused attention with its ALiBi mask (core/attention/cuda/cudnn_attention.h)
+  Reason cudnn;         // cuDNN's fused attention, ALiBi and band masks (core/attention/cuda/cudnn_attention.h)
   Reason extrap_fused;  // extrap's fused kernels (core/attention/cuda/fused_attention.h)
   // Whether the routes not yet run on a GPU are taken (EXTRAP_GPU_NEW_ROUTES, above).
   bool new_routes = false;

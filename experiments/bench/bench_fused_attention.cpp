@@ -265,13 +265,13 @@ AttentionFn attention_fn(const std::string& impl, bool causal, const AttentionBi
       return attention(a, b, c, paper, attention_options);
     };
   } else if (impl == "cudnn-alibi") {
-    if (!cuda_attention()->cudnn_alibi)
+    if (!cuda_attention()->cudnn)
       unavailable = "unavailable (built without the cuDNN frontend)";
     else if (!causal)
       unavailable = "unavailable (cuDNN's ALiBi is causal only)";
     else
       fn = [](const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c) {
-        return cuda_attention()->cudnn_alibi(a, b, c);
+        return cuda_attention()->cudnn(a, b, c, /*alibi=*/true, /*window=*/0);
       };
   } else if (impl == "offsets" || impl == "reference-offsets") {
     // A learned table over the offsets of 2^24 tokens would be large: it covers the call's

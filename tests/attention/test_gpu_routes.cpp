@@ -16,7 +16,7 @@ namespace {
 // biases described by slopes or by offset (none, linear, dense by_offset), as theirs do.
 GpuKernels stand_ins() {
   GpuKernels kernels;
-  kernels.cudnn_alibi = [](const torch::Tensor& q, const torch::Tensor&, const torch::Tensor&, const AttentionBias&,
+  kernels.cudnn = [](const torch::Tensor& q, const torch::Tensor&, const torch::Tensor&, const AttentionBias&,
                            bool) { return q.size(3) == 96 ? std::string("head dimension 96") : std::string(); };
   kernels.extrap_fused = [](const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const AttentionBias& b,
                             bool) {
@@ -72,7 +72,7 @@ TEST_CASE("GPU routes: the paper's causal ALiBi goes to cuDNN, every other linea
           "[attention][gpu-routes]") {
   Call call;
   const auto cudnn = call.route(marked_alibi());
-  CHECK(cudnn.route == GpuRoute::CudnnAlibi);
+  CHECK(cudnn.route == GpuRoute::Cudnn);
   CHECK(mentions(cudnn.passed_over, "sdpa: it adds no bias"));
 
   // Each condition of cuDNN's row, broken alone, hands the call to extrap's kernels with its reason.
@@ -80,7 +80,7 @@ TEST_CASE("GPU routes: the paper's causal ALiBi goes to cuDNN, every other linea
     const auto choice = c.route(bias);
     INFO(choice.passed_over);
     CHECK(choice.route == GpuRoute::ExtrapFused);
-    CHECK(mentions(choice.passed_over, "cudnn-alibi: " + reason));
+    CHECK(mentions(choice.passed_over, "cudnn: " + reason));
   };
   auto unmarked = marked_alibi();
   unmarked.paper_slopes = false;
@@ -92,7 +92,7 @@ TEST_CASE("GPU routes: the paper's causal ALiBi goes to cuDNN, every other linea
   symmetric.paper_slopes = true;
   Call bidirectional;
   bidirectional.options.causal = false;
-  fused_because(symmetric, "cuDNN's ALiBi mask is causal only", bidirectional);
+  fused_because(symmetric, "its ALiBi mask and band are used causally only", bidirectional);
   fused_because(marked_alibi().at_positions(torch::arange(16)), "sampled positions", call);
   auto one_head_right = AttentionBias::linear(torch::rand({4}), torch::rand({4}),
                                               torch::tensor({true, true, false, true}), torch::zeros({4}, torch::kBool));
@@ -102,43 +102,59 @@ TEST_CASE("GPU routes: the paper's causal ALiBi goes to cuDNN, every other linea
   d96.q = torch::zeros({1, 4, 16, 96});
   fused_because(marked_alibi(), "head dimension 96", d96);
   auto without_cudnn = stand_ins();
-  without_cudnn.cudnn_alibi = nullptr;
+  without_cudnn.cudnn = nullptr;
   const auto unbuilt = call.route(marked_alibi(), without_cudnn);
   CHECK(unbuilt.route == GpuRoute::ExtrapFused);
-  CHECK(mentions(unbuilt.passed_over, "cudnn-alibi: not built"));
+  CHECK(mentions(unbuilt.passed_over, "cudnn: not built"));
 }
 
 TEST_CASE("GPU routes: options, dropout with a bias, dense biases not by offset and no CUDA half go to the reference",
           "[attention][gpu-routes]") {
   Call call;
-  for (const char* option : {"window", "chunk", "sink"}) {
+  for (const char* option : {"chunk", "sink"}) {
     auto bias = marked_alibi();
-    if (option == std::string("window")) bias.window = 8;
     if (option == std::string("chunk")) bias.chunk = 8;
     if (option == std::string("sink")) bias.sink = torch::zeros({4});
     const auto choice = call.route(bias);
     INFO(option << ": " << choice.passed_over);
     CHECK(choice.route == GpuRoute::Reference);
+    CHECK(mentions(choice.passed_over, "cudnn: of the options it takes a window only"));
     CHECK(mentions(choice.passed_over, "extrap-fused: the options"));
   }
+  // A causal window, of no bias or on the paper's ALiBi, is cuDNN's diagonal band; bidirectional,
+  // with other slopes or without the new routes, the reference's.
   auto windowed_none = AttentionBias::none();
   windowed_none.window = 8;
-  CHECK(call.route(windowed_none).route == GpuRoute::Reference);
+  auto windowed_alibi = marked_alibi();
+  windowed_alibi.window = 8;
+  CHECK(call.route(windowed_none).route == GpuRoute::Cudnn);
+  CHECK(call.route(windowed_alibi).route == GpuRoute::Cudnn);
+  auto windowed_other = AttentionBias::linear_causal(torch::rand({4}));
+  windowed_other.window = 8;
+  CHECK(call.route(windowed_other).route == GpuRoute::Reference);
+  Call both_ways;
+  both_ways.options.causal = false;
+  const auto bidirectional_window = both_ways.route(windowed_none);
+  CHECK(bidirectional_window.route == GpuRoute::Reference);
+  CHECK(mentions(bidirectional_window.passed_over, "cudnn: its ALiBi mask and band are used causally only"));
+  auto proven = stand_ins();
+  proven.new_routes = false;
+  CHECK(call.route(windowed_none, proven).route == GpuRoute::Reference);
 
   Call dropout;
   dropout.options.training = true;
   dropout.options.dropout = 0.1;
   const auto with_dropout = dropout.route(marked_alibi());
   CHECK(with_dropout.route == GpuRoute::Reference);
-  CHECK(mentions(with_dropout.passed_over, "cudnn-alibi: attention dropout"));
+  CHECK(mentions(with_dropout.passed_over, "cudnn: attention dropout"));
   dropout.options.training = false;  // evaluation: dropout is off
-  CHECK(dropout.route(marked_alibi()).route == GpuRoute::CudnnAlibi);
+  CHECK(dropout.route(marked_alibi()).route == GpuRoute::Cudnn);
 
   const auto dense = call.route(AttentionBias::dense_blocks([](int64_t q0, int64_t q1, int64_t k0, int64_t k1) {
     return torch::zeros({4, q1 - q0, k1 - k0});
   }));
   CHECK(dense.route == GpuRoute::Reference);
-  CHECK(mentions(dense.passed_over, "cudnn-alibi: the bias is not linear"));
+  CHECK(mentions(dense.passed_over, "cudnn: the bias is neither none nor the paper's ALiBi"));
   CHECK(mentions(dense.passed_over, "extrap-fused: not by offset"));
   // A bias of j - i alone (T5, KERPLE, Sandwich) goes to extrap's kernels, unless an option or
   // dropout is set.
@@ -189,7 +205,7 @@ TEST_CASE("GPU routes not yet run on a GPU are taken only with EXTRAP_GPU_NEW_RO
   CHECK(mentions(none.passed_over, "sdpa: not yet run on a GPU (EXTRAP_GPU_NEW_ROUTES=1 takes it)"));
   const auto alibi = call.route(marked_alibi(), proven);
   CHECK(alibi.route == GpuRoute::ExtrapFused);
-  CHECK(mentions(alibi.passed_over, "cudnn-alibi: not yet run on a GPU"));
+  CHECK(mentions(alibi.passed_over, "cudnn: not yet run on a GPU"));
   const auto offsets = call.route(
       AttentionBias::dense_by_offset([](int64_t lo, int64_t hi) { return torch::zeros({4, hi - lo}); }), proven);
   CHECK(offsets.route == GpuRoute::Reference);

@@ -26,7 +26,7 @@ using extrap::testing::have_cuda;
 namespace {
 
 bool have_cudnn_attention() {
-  if (cuda_attention() && cuda_attention()->cudnn_alibi) return true;
+  if (cuda_attention() && cuda_attention()->cudnn) return true;
   extrap::testing::skip_test("libextrap_cuda.so was built without the cuDNN frontend (scripts/cudnn_frontend.sh)");
   return false;
 }
@@ -124,13 +124,21 @@ TEST_CASE("every GPU route matches the float64 reference: outputs and gradients"
   // With the new routes (EXTRAP_GPU_NEW_ROUTES=1) and without (where calls went before them).
   for (const bool new_routes : {true, false}) {
     const NewRoutes setting(new_routes ? "1" : "0");
-    const bool cudnn = new_routes && cuda_attention() && cuda_attention()->cudnn_alibi;
+    const bool cudnn = new_routes && cuda_attention() && cuda_attention()->cudnn;
+    const auto windowed = [](AttentionBias bias) {
+      bias.window = 64;
+      return bias;
+    };
     std::vector<Row> rows{
         {"none, causal", fixed(AttentionBias::none()), true, new_routes ? GpuRoute::Sdpa : GpuRoute::ExtrapFused},
         {"none, bidirectional", fixed(AttentionBias::none()), false,
          new_routes ? GpuRoute::Sdpa : GpuRoute::ExtrapFused},
         {"the paper's ALiBi", fixed(paper_alibi(heads, device)), true,
-         cudnn ? GpuRoute::CudnnAlibi : GpuRoute::ExtrapFused},
+         cudnn ? GpuRoute::Cudnn : GpuRoute::ExtrapFused},
+        {"window 64, no bias", fixed(windowed(AttentionBias::none())), true,
+         cudnn ? GpuRoute::Cudnn : GpuRoute::Reference},
+        {"window 64, the paper's ALiBi", fixed(windowed(paper_alibi(heads, device))), true,
+         cudnn ? GpuRoute::Cudnn : GpuRoute::Reference},
         {"ALiBi, other slopes", fixed(AttentionBias::linear_causal(learned)), true, GpuRoute::ExtrapFused},
         {"symmetric ALiBi", fixed(AttentionBias::linear_symmetric(learned)), false, GpuRoute::ExtrapFused},
         {"learned offsets, causal", offsets, true, new_routes ? GpuRoute::ExtrapFused : GpuRoute::Reference},
@@ -201,18 +209,21 @@ TEST_CASE("GPU routes under train.precision bf16: float32 inputs, bfloat16 kerne
   }
 }
 
-TEST_CASE("cuDNN's ALiBi refuses what it does not compute, in one line", "[cuda][gpu-routes]") {
+TEST_CASE("cuDNN's attention refuses what it does not compute, in one line", "[cuda][gpu-routes]") {
   if (!have_cuda() || !have_cudnn_attention()) return;
   const auto bf16 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
   const auto q = torch::randn({1, 2, 16, 64}, bf16);
-  const auto& reason = cuda_attention()->cudnn_alibi_unsupported_reason;
+  const auto& reason = cuda_attention()->cudnn_unsupported_reason;
   const auto bias = paper_alibi(2, torch::kCUDA);
   CHECK(reason(q, q, q, bias, true).empty());
-  CHECK(reason(q, q, q, bias, false).find("causal only") != std::string::npos);
+  CHECK(reason(q, q, q, bias, false).find("causally only") != std::string::npos);
+  auto chunked = bias;
+  chunked.chunk = 8;
+  CHECK(reason(q, q, q, chunked, true).find("a window only") != std::string::npos);
   const auto q32 = q.to(torch::kFloat32);
   CHECK(reason(q32, q32, q32, bias, true).find("bfloat16 or float16") != std::string::npos);
   const auto q20 = torch::randn({1, 2, 16, 20}, bf16);
   CHECK(reason(q20, q20, q20, bias, true).find("head dimension") != std::string::npos);
   using Catch::Matchers::Contains;
-  CHECK_THROWS_WITH(cuda_attention()->cudnn_alibi(q32, q32, q32), Contains("bfloat16 or float16"));
+  CHECK_THROWS_WITH(cuda_attention()->cudnn(q32, q32, q32, true, 0), Contains("bfloat16 or float16"));
 }

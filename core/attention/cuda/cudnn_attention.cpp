@@ -1,5 +1,5 @@
-// cuDNN's fused attention with its ALiBi mask (core/attention/cuda/cudnn_attention.h): the
-// frontend's SDPA graphs, forward and backward, cached per shape and layout, as a LibTorch
+// cuDNN's fused attention with its ALiBi mask and diagonal band (core/attention/cuda/cudnn_attention.h):
+// the frontend's SDPA graphs, forward and backward, cached per shape and layout, as a LibTorch
 // autograd function. Compiled with hidden visibility (core/attention/cuda/CMakeLists.txt) so the
 // frontend's inline functions bind to this copy, never to another in a LibTorch library.
 #include "core/attention/cuda/cudnn_attention.h"
@@ -33,9 +33,15 @@ struct Built {
   std::string error;
 };
 
-// Shape, dtype, device and q, k, v strides: what a graph is built for. The outputs, dO and the
-// row statistics are always contiguous.
+// The masks, shape, dtype, device and q, k, v strides: what a graph is built for. The outputs, dO
+// and the row statistics are always contiguous.
 using Key = std::vector<int64_t>;
+
+// What a call adds to causal attention.
+struct Masks {
+  bool alibi = false;
+  int64_t window = 0;  // 0: none
+};
 
 std::mutex cache_mutex;
 std::map<Key, Built>& cache() {
@@ -43,8 +49,8 @@ std::map<Key, Built>& cache() {
   return *built;
 }
 
-Key key_of(bool backward, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
-  Key key{backward, q.device().index(), int64_t(q.scalar_type())};
+Key key_of(bool backward, Masks masks, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+  Key key{backward, masks.alibi, masks.window, q.device().index(), int64_t(q.scalar_type())};
   for (const auto size : q.sizes()) key.push_back(size);
   for (const auto* t : {&q, &k, &v})
     for (const auto stride : t->strides()) key.push_back(stride);
@@ -73,7 +79,7 @@ cudnnHandle_t handle_on_current_stream() {
 }
 
 // Builds the forward (O and the row log-sum-exp) or backward (dQ, dK, dV) graph for this layout.
-Built build(bool backward, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+Built build(bool backward, Masks masks, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
   Built built;
   auto g = std::make_shared<fe::graph::Graph>();
   g->set_io_data_type(q.scalar_type() == torch::kBFloat16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
@@ -86,11 +92,12 @@ Built build(bool backward, const torch::Tensor& q, const torch::Tensor& k, const
   const float scale = float(1.0 / std::sqrt(double(q.size(3))));
   if (!backward) {
     auto options = fe::graph::SDPA_attributes()
-                       .set_name("extrap_alibi")
+                       .set_name("extrap_attention")
                        .set_generate_stats(true)
                        .set_attn_scale(scale)
                        .set_causal_mask(true)
-                       .set_alibi_mask(true);
+                       .set_alibi_mask(masks.alibi);
+    if (masks.window > 0) options.set_diagonal_band_left_bound(int(masks.window));
     auto [O, stats] = g->sdpa(Q, K, V, options);
     O->set_output(true).set_uid(kO).set_dim(dims).set_stride(contiguous_strides(q));
     stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT).set_dim(stats_dims(q))
@@ -105,10 +112,11 @@ Built build(bool backward, const torch::Tensor& q, const torch::Tensor& k, const
                                      .set_stride(stats_strides(q))
                                      .set_data_type(fe::DataType_t::FLOAT));
     auto options = fe::graph::SDPA_backward_attributes()
-                       .set_name("extrap_alibi_backward")
+                       .set_name("extrap_attention_backward")
                        .set_attn_scale(scale)
                        .set_causal_mask(true)
-                       .set_alibi_mask(true);
+                       .set_alibi_mask(masks.alibi);
+    if (masks.window > 0) options.set_diagonal_band_left_bound(int(masks.window));
     auto [dQ, dK, dV] = g->sdpa_backward(Q, K, V, O, dO, stats, options);
     dQ->set_output(true).set_uid(kDQ).set_dim(dims).set_stride(contiguous_strides(q));
     dK->set_output(true).set_uid(kDK).set_dim(dims).set_stride(contiguous_strides(q));
@@ -146,8 +154,9 @@ bool capturing() {
 
 // The cached graph for this layout, built now if it is new (outside a CUDA graph capture).
 // Call with cache_mutex held.
-const Built& graph_for(bool backward, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
-  const Key key = key_of(backward, q, k, v);
+const Built& graph_for(bool backward, Masks masks, const torch::Tensor& q, const torch::Tensor& k,
+                       const torch::Tensor& v) {
+  const Key key = key_of(backward, masks, q, k, v);
   auto found = cache().find(key);
   if (found != cache().end()) return found->second;
   if (capturing()) {
@@ -155,7 +164,7 @@ const Built& graph_for(bool backward, const torch::Tensor& q, const torch::Tenso
                                "no cuDNN graph was built for this shape before the CUDA graph capture"};
     return refused;
   }
-  return cache().emplace(key, build(backward, q, k, v)).first->second;
+  return cache().emplace(key, build(backward, masks, q, k, v)).first->second;
 }
 
 // The layout cuDNN reads: unit stride on D, other strides multiples of 8 elements, a 16-byte
@@ -188,22 +197,25 @@ void execute(const Built& built, std::unordered_map<int64_t, void*>& pack, const
   TORCH_CHECK(status.is_good(), "cuDNN attention: execute failed: ", first_line(status.get_message()));
 }
 
-struct CudnnAlibiFunction : public torch::autograd::Function<CudnnAlibiFunction> {
+struct CudnnAttentionFunction : public torch::autograd::Function<CudnnAttentionFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q_in, const torch::Tensor& k_in,
-                               const torch::Tensor& v_in) {
+                               const torch::Tensor& v_in, bool alibi, int64_t window) {
+    const Masks masks{alibi, window};
     const c10::cuda::CUDAGuard guard(q_in.device());
     const auto q = in_layout(q_in), k = in_layout(k_in), v = in_layout(v_in);
     auto o = torch::empty(q.sizes(), q.options().memory_format(torch::MemoryFormat::Contiguous));
     auto stats = torch::empty({q.size(0), q.size(1), q.size(2), 1}, q.options().dtype(torch::kFloat32));
     {
       std::lock_guard<std::mutex> lock(cache_mutex);
-      const Built& built = graph_for(false, q, k, v);
+      const Built& built = graph_for(false, masks, q, k, v);
       TORCH_CHECK(built.graph, "cuDNN attention: ", built.error);
       std::unordered_map<int64_t, void*> pack{{kQ, q.data_ptr()}, {kK, k.data_ptr()}, {kV, v.data_ptr()},
                                               {kO, o.data_ptr()}, {kStats, stats.data_ptr()}};
       execute(built, pack, q);
     }
     ctx->save_for_backward({q, k, v, o, stats});
+    ctx->saved_data["alibi"] = alibi;
+    ctx->saved_data["window"] = window;
     return o;
   }
 
@@ -215,7 +227,8 @@ struct CudnnAlibiFunction : public torch::autograd::Function<CudnnAlibiFunction>
     auto dq = torch::empty_like(o), dk = torch::empty_like(o), dv = torch::empty_like(o);
     {
       std::lock_guard<std::mutex> lock(cache_mutex);
-      const Built& built = graph_for(true, q, k, v);
+      const Masks masks{ctx->saved_data["alibi"].toBool(), ctx->saved_data["window"].toInt()};
+      const Built& built = graph_for(true, masks, q, k, v);
       TORCH_CHECK(built.graph, "cuDNN attention: ", built.error);
       std::unordered_map<int64_t, void*> pack{{kQ, q.data_ptr()},       {kK, k.data_ptr()},   {kV, v.data_ptr()},
                                               {kO, o.data_ptr()},       {kDO, dout.data_ptr()},
@@ -223,30 +236,37 @@ struct CudnnAlibiFunction : public torch::autograd::Function<CudnnAlibiFunction>
                                               {kDV, dv.data_ptr()}};
       execute(built, pack, q);
     }
-    return {dq, dk, dv};
+    return {dq, dk, dv, {}, {}};  // q, k, v, alibi, window
   }
 };
 
 }  // namespace
 
-std::string cudnn_alibi_unsupported_reason(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                           const AttentionBias&, bool causal) {
-  if (!causal) return "cuDNN's ALiBi mask is causal only";
+std::string cudnn_unsupported_reason(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                     const AttentionBias& bias, bool causal) {
+  if (!causal) return "cuDNN's ALiBi mask and band are used causally only";
+  if (bias.kind != AttentionBias::Kind::None && bias.kind != AttentionBias::Kind::Linear)
+    return "the bias is neither none nor ALiBi";
+  if (bias.chunk > 0 || bias.logit_scale.defined() || bias.sink.defined() || bias.far_queries.defined())
+    return "of the options it takes a window only, got " + bias.describe();
   if (auto problem = cudnn_input_problem(q, k, v); !problem.empty()) return problem;
+  const Masks masks{bias.kind == AttentionBias::Kind::Linear, bias.window};
   const c10::cuda::CUDAGuard guard(q.device());
   const auto ql = in_layout(q), kl = in_layout(k), vl = in_layout(v);
   std::lock_guard<std::mutex> lock(cache_mutex);
-  if (const Built& forward = graph_for(false, ql, kl, vl); !forward.graph) return forward.error;
+  if (const Built& forward = graph_for(false, masks, ql, kl, vl); !forward.graph) return forward.error;
   // The backward graph too where this call will be differentiated: built here, before any capture.
   if (torch::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad()))
-    if (const Built& backward = graph_for(true, ql, kl, vl); !backward.graph) return backward.error;
+    if (const Built& backward = graph_for(true, masks, ql, kl, vl); !backward.graph) return backward.error;
   return "";
 }
 
-torch::Tensor cudnn_alibi_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+torch::Tensor cudnn_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool alibi,
+                              int64_t window) {
   const auto problem = cudnn_input_problem(q, k, v);
   TORCH_CHECK(problem.empty(), "cuDNN attention: ", problem);
-  return CudnnAlibiFunction::apply(q, k, v);
+  TORCH_CHECK(window >= 0, "cuDNN attention: window ", window, " (0: none)");
+  return CudnnAttentionFunction::apply(q, k, v, alibi, window);
 }
 
 std::vector<float> cudnn_alibi_slopes(int64_t heads) { return fe::detail::get_alibi_slope(heads); }

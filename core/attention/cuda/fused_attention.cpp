@@ -464,7 +464,7 @@ std::string kernel_shapes() {
 }
 
 // Runs when libextrap_cuda.so loads (core/runtime/cuda_support.h).
-// cuDNN's ALiBi where libextrap_cuda.so was built with the frontend (EXTRAP_CUDNN_FRONTEND).
+// cuDNN's attention where libextrap_cuda.so was built with the frontend (EXTRAP_CUDNN_FRONTEND).
 const bool registered_fused_attention = [] {
   CudaAttention entry{};
   entry.unsupported_reason = &fused_attention_unsupported_reason;
@@ -472,8 +472,8 @@ const bool registered_fused_attention = [] {
   entry.alibi = &fused_attention_alibi;
   entry.kernel_shapes = &kernel_shapes;
 #ifdef EXTRAP_CUDNN_FRONTEND
-  entry.cudnn_alibi_unsupported_reason = &cudnn_alibi_unsupported_reason;
-  entry.cudnn_alibi = &cudnn_alibi_attention;
+  entry.cudnn_unsupported_reason = &cudnn_unsupported_reason;
+  entry.cudnn = &cudnn_attention;
   entry.cudnn_alibi_slopes = &cudnn_alibi_slopes;
   entry.cudnn_description = &cudnn_description;
 #endif
