@@ -162,8 +162,10 @@ struct AttentionBias {
   // No bias and none of the options above: plain (causal) attention.
   bool is_none() const { return kind == Kind::None && !has_options(); }
   // Whether any of window, chunk, logit_scale, sink or the far queries and keys is set.
-  bool has_options() const {
-    return window > 0 || chunk > 0 || logit_scale.defined() || sink.defined() || far_queries.defined();
+  bool has_options() const { return window > 0 || has_options_besides_window(); }
+  // The same but the window (the one option cuDNN's band computes, core/attention/gpu_routes.h).
+  bool has_options_besides_window() const {
+    return chunk > 0 || logit_scale.defined() || sink.defined() || far_queries.defined();
   }
   // Refuses, naming `who`, a logit_scale that is set but not (heads, queries).
   void check_logit_scale(int64_t heads, int64_t queries, const char* who) const;

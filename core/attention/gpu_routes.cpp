@@ -54,42 +54,35 @@ GpuRouteChoice choose_gpu_route(const torch::Tensor& q, const torch::Tensor& k, 
   }
   passed("sdpa", bias.is_none() ? not_yet : "it adds no bias (" + bias.describe() + ")");
 
-  const bool dropout = options.training && options.dropout > 0;
-  // What every fused route needs besides its own conditions.
-  std::string fused_problem;
-  if (bias.has_options()) fused_problem = "the options (" + bias.describe() + ") are the reference's";
-  else if (dropout) fused_problem = "attention dropout " + std::to_string(options.dropout) + " while training";
+  // Takes `route` where nothing in `why` stands in its way and its kernel takes the call; else
+  // records why it passed.
+  const auto offer = [&](GpuRoute route, std::string why, const GpuKernels::Reason& kernel, const char* absent) {
+    if (why.empty()) why = kernel ? kernel(q, k, v, bias, options.causal) : absent;
+    if (why.empty()) choice.route = route;
+    else passed(to_string(route), why);
+    return why.empty();
+  };
+  const std::string dropout = options.training && options.dropout > 0
+                                  ? "attention dropout " + std::to_string(options.dropout) + " while training"
+                                  : "";
 
-  {
-    // Row 2: cuDNN, causal: the paper's ALiBi (its ALiBi mask), a window (its diagonal band), or
-    // both. A window is the one option it takes.
-    std::string why;
-    if (!options.causal) why = "its ALiBi mask and band are used causally only";
-    else if (dropout) why = "attention dropout " + std::to_string(options.dropout) + " while training";
-    else if (bias.chunk > 0 || bias.logit_scale.defined() || bias.sink.defined() || bias.far_queries.defined())
-      why = "of the options it takes a window only (" + bias.describe() + ")";
-    else if (bias.kind == AttentionBias::Kind::Linear) why = not_cudnn_alibi(bias, q.size(1));
-    else if (bias.kind != AttentionBias::Kind::None) why = "the bias is neither none nor the paper's ALiBi";
-    if (why.empty() && !kernels.new_routes) why = not_yet;
-    if (why.empty()) why = kernels.cudnn ? kernels.cudnn(q, k, v, bias, options.causal)
-                                         : "not built (no cuDNN frontend headers, or a CPU-only LibTorch)";
-    if (why.empty()) {
-      choice.route = GpuRoute::Cudnn;
-      return choice;
-    }
-    passed("cudnn", why);
-  }
-  // Rows 3 and 4: extrap's kernels, the biases described by slopes or by offset.
-  std::string why = fused_problem;
+  // Row 2: cuDNN, causal: the paper's ALiBi (its ALiBi mask), a window (its diagonal band), or
+  // both. A window is the one option it takes.
+  std::string why;
+  if (!options.causal) why = "its ALiBi mask and band are used causally only";
+  else if (!dropout.empty()) why = dropout;
+  else if (bias.has_options_besides_window()) why = "of the options it takes a window only (" + bias.describe() + ")";
+  else if (bias.kind == AttentionBias::Kind::Linear) why = not_cudnn_alibi(bias, q.size(1));
+  else if (bias.kind != AttentionBias::Kind::None) why = "the bias is neither none nor the paper's ALiBi";
+  if (why.empty() && !kernels.new_routes) why = not_yet;
+  if (offer(GpuRoute::Cudnn, why, kernels.cudnn, "not built (no cuDNN frontend headers, or a CPU-only LibTorch)"))
+    return choice;
+
+  // Rows 3 and 4: extrap's kernels, the biases described by slopes or by offset; no option.
+  why = bias.has_options() ? "the options (" + bias.describe() + ") are the reference's" : dropout;
   if (why.empty() && bias.kind == AttentionBias::Kind::Dense && !kernels.new_routes)
     why = "its offsets mode is " + not_yet;
-  if (why.empty()) why = kernels.extrap_fused ? kernels.extrap_fused(q, k, v, bias, options.causal)
-                                              : "not loaded (libextrap_cuda.so)";
-  if (why.empty()) {
-    choice.route = GpuRoute::ExtrapFused;
-    return choice;
-  }
-  passed("extrap-fused", why);
+  if (offer(GpuRoute::ExtrapFused, why, kernels.extrap_fused, "not loaded (libextrap_cuda.so)")) return choice;
   choice.route = GpuRoute::Reference;
   return choice;
 }

@@ -6,20 +6,26 @@
 
 namespace extrap {
 
-bool environment_switch(const char* name, const std::string& off, const std::string& on) {
+namespace {
+
+// "1" on, "0" off, unset `unset`; anything else refused, naming the default.
+bool environment_flag(const char* name, bool unset, const std::string& off, const std::string& on) {
   const char* flag = std::getenv(name);
-  if (!flag || std::string(flag) == "1") return true;
+  if (!flag) return unset;
+  if (std::string(flag) == "1") return true;
   if (std::string(flag) == "0") return false;
   throw ConfigError("environment variable " + std::string(name) + "=" + flag + ": expected 0 (" + off +
-                    ") or 1 (" + on + ")");
+                    (unset ? "" : ", the default") + ") or 1 (" + on + ")");
+}
+
+}  // namespace
+
+bool environment_switch(const char* name, const std::string& off, const std::string& on) {
+  return environment_flag(name, true, off, on);
 }
 
 bool environment_opt_in(const char* name, const std::string& off, const std::string& on) {
-  const char* flag = std::getenv(name);
-  if (!flag || std::string(flag) == "0") return false;
-  if (std::string(flag) == "1") return true;
-  throw ConfigError("environment variable " + std::string(name) + "=" + flag + ": expected 0 (" + off +
-                    ", the default) or 1 (" + on + ")");
+  return environment_flag(name, false, off, on);
 }
 
 }  // namespace extrap

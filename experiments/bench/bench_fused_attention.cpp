@@ -248,6 +248,17 @@ struct Shape {
   double forward_flops = 0;
 };
 
+// What `auto` hands attention(): the paper's ALiBi as the alibi method describes it (its slopes
+// marked as the paper's where causal), and training's options.
+std::pair<AttentionBias, AttentionOptions> auto_call(const AttentionBias& alibi, bool causal) {
+  AttentionBias paper = alibi;
+  paper.paper_slopes = causal;  // what positions/alibi.cpp says of its slopes
+  AttentionOptions options;
+  options.causal = causal;
+  options.training = true;
+  return {paper, options};
+}
+
 // The call an implementation makes on (q, k, v); empty where this build lacks it, with the
 // reason in `unavailable`. sdpa-bias reads `materialised`, the (H, T, T) ALiBi bias, which the
 // caller builds untimed.
@@ -256,12 +267,9 @@ AttentionFn attention_fn(const std::string& impl, bool causal, const AttentionBi
   AttentionFn fn;
   unavailable = "unavailable (LibTorch < 2.0)";
   if (impl == "auto") {
-    AttentionBias paper = alibi;
-    paper.paper_slopes = causal;  // what positions/alibi.cpp says of its slopes
-    AttentionOptions attention_options;
-    attention_options.causal = causal;
-    attention_options.training = true;
-    fn = [paper, attention_options](const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c) {
+    const auto [paper, attention_options] = auto_call(alibi, causal);
+    fn = [paper = paper, attention_options = attention_options](const torch::Tensor& a, const torch::Tensor& b,
+                                                                const torch::Tensor& c) {
       return attention(a, b, c, paper, attention_options);
     };
   } else if (impl == "cudnn-alibi") {
@@ -400,11 +408,7 @@ void bench_shape(const CudaBenchOptions& o, const CudaBenchPlan& plan, const Sha
     // What `auto` runs: the route of the GPU table for this shape (its line names it).
     std::string shown = impl;
     if (impl == "auto") {
-      AttentionBias paper = alibi;
-      paper.paper_slopes = shape.causal;
-      AttentionOptions attention_options;
-      attention_options.causal = shape.causal;
-      attention_options.training = true;
+      const auto [paper, attention_options] = auto_call(alibi, shape.causal);
       shown = std::string("auto:") +
               to_string(choose_gpu_route(shape.q.detach().requires_grad_(true), shape.k, shape.v, paper,
                                          attention_options, gpu_kernels_present())

@@ -4,6 +4,8 @@
 // frontend's inline functions bind to this copy, never to another in a LibTorch library.
 #include "core/attention/cuda/cudnn_attention.h"
 
+#include "core/attention/cuda/vector_layout.h"
+
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cudnn/Handle.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -167,14 +169,6 @@ const Built& graph_for(bool backward, Masks masks, const torch::Tensor& q, const
   return cache().emplace(key, build(backward, masks, q, k, v)).first->second;
 }
 
-// The layout cuDNN reads: unit stride on D, other strides multiples of 8 elements, a 16-byte
-// aligned base; anything else is copied.
-bool cudnn_layout(const torch::Tensor& t) {
-  return t.stride(3) == 1 && t.stride(0) % 8 == 0 && t.stride(1) % 8 == 0 && t.stride(2) % 8 == 0 &&
-         reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16 == 0;
-}
-torch::Tensor in_layout(const torch::Tensor& t) { return cudnn_layout(t) ? t : t.contiguous(); }
-
 std::string cudnn_input_problem(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
   if (!q.defined() || !k.defined() || !v.defined()) return "q, k and v must be defined";
   if (q.dim() != 4 || k.sizes() != q.sizes() || v.sizes() != q.sizes())
@@ -202,7 +196,7 @@ struct CudnnAttentionFunction : public torch::autograd::Function<CudnnAttentionF
                                const torch::Tensor& v_in, bool alibi, int64_t window) {
     const Masks masks{alibi, window};
     const c10::cuda::CUDAGuard guard(q_in.device());
-    const auto q = in_layout(q_in), k = in_layout(k_in), v = in_layout(v_in);
+    const auto q = in_vector_layout(q_in), k = in_vector_layout(k_in), v = in_vector_layout(v_in);
     auto o = torch::empty(q.sizes(), q.options().memory_format(torch::MemoryFormat::Contiguous));
     auto stats = torch::empty({q.size(0), q.size(1), q.size(2), 1}, q.options().dtype(torch::kFloat32));
     {
@@ -247,12 +241,11 @@ std::string cudnn_unsupported_reason(const torch::Tensor& q, const torch::Tensor
   if (!causal) return "cuDNN's ALiBi mask and band are used causally only";
   if (bias.kind != AttentionBias::Kind::None && bias.kind != AttentionBias::Kind::Linear)
     return "the bias is neither none nor ALiBi";
-  if (bias.chunk > 0 || bias.logit_scale.defined() || bias.sink.defined() || bias.far_queries.defined())
-    return "of the options it takes a window only, got " + bias.describe();
+  if (bias.has_options_besides_window()) return "of the options it takes a window only, got " + bias.describe();
   if (auto problem = cudnn_input_problem(q, k, v); !problem.empty()) return problem;
   const Masks masks{bias.kind == AttentionBias::Kind::Linear, bias.window};
   const c10::cuda::CUDAGuard guard(q.device());
-  const auto ql = in_layout(q), kl = in_layout(k), vl = in_layout(v);
+  const auto ql = in_vector_layout(q), kl = in_vector_layout(k), vl = in_vector_layout(v);
   std::lock_guard<std::mutex> lock(cache_mutex);
   if (const Built& forward = graph_for(false, masks, ql, kl, vl); !forward.graph) return forward.error;
   // The backward graph too where this call will be differentiated: built here, before any capture.

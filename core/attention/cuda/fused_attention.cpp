@@ -4,6 +4,7 @@
 #include "core/attention/cuda/fused_attention.h"
 
 #include "core/attention/cuda/flash_dispatch.h"
+#include "core/attention/cuda/vector_layout.h"
 #ifdef EXTRAP_CUDNN_FRONTEND
 #include "core/attention/cuda/cudnn_attention.h"
 #endif
@@ -54,19 +55,8 @@ std::string input_problem(const torch::Tensor& q, const torch::Tensor& k, const 
   return "";
 }
 
-// The kernels read 16-byte vectors: unit stride on D, other strides multiples of 8
-// elements, a 16-byte aligned base. Anything else is copied to contiguous memory.
-bool kernel_layout(const torch::Tensor& t) {
-  return t.stride(3) == 1 && t.stride(0) % 8 == 0 && t.stride(1) % 8 == 0 && t.stride(2) % 8 == 0 &&
-         reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16 == 0;
-}
-
-torch::Tensor in_kernel_layout(const torch::Tensor& t) {
-  return kernel_layout(t) ? t : t.contiguous();
-}
-
 cuda::TensorView view_of(const torch::Tensor& t) {
-  TORCH_CHECK(kernel_layout(t), "fused attention: tensor of sizes ", t.sizes(), " and strides ",
+  TORCH_CHECK(vector_layout(t), "fused attention: tensor of sizes ", t.sizes(), " and strides ",
               t.strides(), " is not in the kernels' layout");
   return {t.data_ptr(), t.stride(0), t.stride(1), t.stride(2)};
 }
@@ -171,7 +161,7 @@ class FusedAttentionFunction : public torch::autograd::Function<FusedAttentionFu
                                const torch::Tensor& slopes_right, const torch::Tensor& offsets, int64_t mode,
                                bool causal, std::vector<int64_t> bits, bool slope_grads, int64_t offsets_origin,
                                bool offsets_grad) {
-    const auto qk = in_kernel_layout(q), kk = in_kernel_layout(k), vk = in_kernel_layout(v);
+    const auto qk = in_vector_layout(q), kk = in_vector_layout(k), vk = in_vector_layout(v);
     KernelBias kb = kernel_bias_from(mode, bits, device_slopes(slopes_left, q.device()),
                                      device_slopes(slopes_right, q.device()), slope_grads, offsets.detach(),
                                      offsets_origin, offsets_grad);
@@ -207,7 +197,7 @@ class FusedAttentionFunction : public torch::autograd::Function<FusedAttentionFu
                                            ctx->saved_data["bits"].toIntVector(), saved[5],
                                            saved[6], slope_grads, saved[7],
                                            ctx->saved_data["offsets_origin"].toInt(), offsets_grad);
-    const auto dout = in_kernel_layout(grads[0]);
+    const auto dout = in_vector_layout(grads[0]);
     auto dq = torch::empty(q.sizes(), q.options());
     auto dk = torch::empty(k.sizes(), k.options());
     auto dv = torch::empty(v.sizes(), v.options());
