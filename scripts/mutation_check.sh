@@ -100,7 +100,7 @@ core/kernels/qkv_heads.cpp | if (x->size(i) > 1 && x->stride(i) != strides[size_
 core/attention/fused_cpu_attention.cpp | dk = dqkv.select(2, 1).permute({0, 2, 1, 3}); | dk = dqkv.select(2, 2).permute({0, 2, 1, 3}); | the fused attention writes dK over dV in the packed gradient
 core/kernels/cpu_linear.cpp | for (int64_t i = blk * kSumRows; i < std::min(N, (blk + 1) * kSumRows); ++i) | for (int64_t i = blk * kSumRows; i < std::min(N, (blk + 1) * kSumRows) - 1; ++i) | the bfloat16 bias gradient skips the last row of each block
 core/kernels/residual_norm.cpp | if (lowp) narrow(out, lowp + i * D, D); | if (lowp) narrow(hp + i * D, lowp + i * D, D); | the LayerNorm's bfloat16 copy rounds h instead of u
-core/kernels/residual_norm.cpp | if (du_low.defined()) du_low = du_low.to(torch::kBFloat16).contiguous(); | if (du_low.defined()) du_low = torch::Tensor(); | the bfloat16 copy's gradient dropped
+core/kernels/residual_norm.cpp | b.du_low = grads[first_u + 1].to(torch::kBFloat16).contiguous(); | b.du_low = torch::Tensor(); | the bfloat16 copy's gradient dropped
 core/attention/fused_cpu_attention.cpp | last = std::min(keys.last, k0 + n - 1) - i; | last = std::min(keys.last, k0 + n) - i; | the fused CPU attention's softmax counts a row's padding past the last key
 core/attention/fused_cpu_attention.cpp | const float wall = d < first | const float wall = d < first - 1.0f | the fused CPU attention lets a row see one key left of its window or chunk
 core/attention/fused_cpu_attention.cpp | for (int64_t l = 0; l < kLanes; ++l) total += sum[l]; | for (int64_t l = 1; l < kLanes; ++l) total += sum[l]; | the softmax's sum drops one lane of every group
@@ -304,6 +304,10 @@ core/attention/gpu_routes.cpp | if (!options.causal) why = "its ALiBi mask and b
 positions/alibi.cpp | torch::equal(slopes_.detach().cpu(), paper); | true; | alibi still claims the paper's slopes after a checkpoint or a plugin wrote others
 core/attention/gpu_routes.cpp | if (bias.is_none() && kernels.new_routes) { | if (bias.is_none()) { | SDPA, not yet run on a GPU, taken without EXTRAP_GPU_NEW_ROUTES=1
 core/attention/gpu_routes.cpp | if (why.empty() && !kernels.new_routes) why = not_yet; | ; | cuDNN's ALiBi, not yet run on a GPU, taken without EXTRAP_GPU_NEW_ROUTES=1
+core/kernels/cuda/residual_norm_kernels.cuh | for (int w = 0; w < kWarps; ++w) total += scratch[w]; | for (int w = 0; w < 1; ++w) total += scratch[w]; | the CUDA LayerNorm's block sums count the first warp only
+core/kernels/cuda/residual_norm_kernels.cuh | for (int64_t b = 0; b < p.blocks; ++b) total += p.partial[b * 2 * p.width + j]; | for (int64_t b = 1; b < p.blocks; ++b) total += p.partial[b * 2 * p.width + j]; | the CUDA LayerNorm's weight gradients leave out the first block's rows
+core/kernels/cuda/residual_norm_kernels.cuh | if (p.dh) dx = p.dh[first + j] + dx; | if (p.dh) dx = dx; | the residual's own gradient dropped in the CUDA LayerNorm's backward
+core/kernels/cuda/simt_host.h | word += 0x7fffu + ((word >> 16) & 1u); | word += 0u; | the SIMT emulation's bfloat16 truncates instead of rounding to nearest even
 EOF
 )
 

@@ -8,6 +8,7 @@
 #include "core/attention/gpu_routes.h"
 #include "core/attention/householder.h"
 #include "core/attention/stick_breaking.h"
+#include "core/base/environment.h"
 #include "core/base/yaml_options.h"
 #include "core/kernels/bf16_gemm.h"
 #include "core/kernels/precision.h"

@@ -5,11 +5,6 @@
 
 namespace extrap {
 
-bool gpu_new_routes_on() {
-  return environment_opt_in("EXTRAP_GPU_NEW_ROUTES", "the GPU routes that have run on a GPU",
-                            "also SDPA, cuDNN's ALiBi and the offsets kernels, not yet run on a GPU");
-}
-
 GpuKernels gpu_kernels_present() {
   GpuKernels kernels;
   kernels.new_routes = gpu_new_routes_on();

@@ -63,10 +63,6 @@ struct GpuKernels {
   bool new_routes = false;
 };
 
-// EXTRAP_GPU_NEW_ROUTES: unset or 0 off, 1 on; anything else is refused (ConfigError naming it).
-// Read at every call (the [gpu-routes] tests set it).
-bool gpu_new_routes_on();
-
 // What this process has: the functions libextrap_cuda.so registered (core/attention/cuda_attention.h).
 GpuKernels gpu_kernels_present();
 

@@ -38,8 +38,10 @@ Float32Region::~Float32Region() {
   if (was_enabled_) at::autocast::set_autocast_enabled(device_, true);
 }
 
-bool cpu_autocast_bf16() {
-  return at::autocast::is_autocast_enabled(at::kCPU) && at::autocast::get_autocast_dtype(at::kCPU) == at::kBFloat16;
+bool cpu_autocast_bf16() { return autocast_bf16(at::kCPU); }
+
+bool autocast_bf16(c10::DeviceType device) {
+  return at::autocast::is_autocast_enabled(device) && at::autocast::get_autocast_dtype(device) == at::kBFloat16;
 }
 
 bool cpu_has_fast_bf16() {

@@ -63,6 +63,8 @@ class Float32Region {
 // Whether bfloat16 autocast is on for CPU tensors now (a ComputePrecision of bf16 on the CPU is
 // open): the fused CPU paths that produce autocast's dtypes themselves ask this.
 bool cpu_autocast_bf16();
+// The same for tensors of `device` (a bf16 ComputePrecision open on it).
+bool autocast_bf16(c10::DeviceType device);
 
 // Whether matrix products run in bf16 on this machine's CPU at hardware speed (AVX512_BF16 or
 // AMX) and cpu_isa() is not capped below AVX-512.

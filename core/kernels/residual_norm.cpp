@@ -2,11 +2,14 @@
 
 #include "core/base/environment.h"
 #include "core/kernels/cpu_vector_math.h"
+#include "core/kernels/cuda/residual_norm_params.h"
 #include "core/kernels/precision.h"
 
 #include <ATen/Parallel.h>
+#include <c10/core/DeviceGuard.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <tuple>
 #include <vector>
@@ -77,9 +80,154 @@ EXTRAP_ISA_KERNEL(void, backward_row, (const float* du, const float* h, float me
 // output, for a float32 u whose one reader is a bf16 autocast product).
 enum UMode : int64_t { kUFloat = 0, kUBFloat16 = 1, kUBoth = 2 };
 
+// The forward's operands and outputs, for either device's row loop. y and u_low are undefined
+// where absent; h is x itself without a y; u is float32 or bfloat16.
+struct ForwardRows {
+  torch::Tensor x, y, weight, bias, h, u, u_low, mean, rstd;
+  float eps;
+};
+
+void forward_rows_cpu(const ForwardRows& f) {
+  const int64_t D = f.x.size(-1), N = f.x.numel() / D;
+  RowOf yrow;  // y's rows where there is a y
+  if (f.y.defined())
+    yrow = f.y.scalar_type() == torch::kBFloat16 ? RowOf{nullptr, static_cast<const uint16_t*>(f.y.data_ptr())}
+                                                 : RowOf{f.y.data_ptr<float>(), nullptr};
+  auto* lowp = f.u_low.defined() ? static_cast<c10::BFloat16*>(f.u_low.data_ptr()) : nullptr;
+  const float* xp = f.x.data_ptr<float>();
+  float* hp = f.h.data_ptr<float>();
+  const float *gamma = f.weight.data_ptr<float>(), *beta = f.bias.data_ptr<float>();
+  float *mp = f.mean.data_ptr<float>(), *rp = f.rstd.data_ptr<float>();
+  const bool u_bf16 = f.u.scalar_type() == torch::kBFloat16;
+  void* up = f.u.data_ptr();
+  at::parallel_for(0, N, kRowsPerBlock, [&](int64_t begin, int64_t end) {
+    std::vector<float> row(size_t(u_bf16 ? D : 0));
+    for (int64_t i = begin; i < end; ++i) {
+      if (yrow.f || yrow.b) {
+        const RowOf yi = yrow.f ? RowOf{yrow.f + i * D, nullptr} : RowOf{nullptr, yrow.b + i * D};
+        add_rows(xp + i * D, yi, hp + i * D, D);
+      }
+      float* out = u_bf16 ? row.data() : static_cast<float*>(up) + i * D;
+      normalise_row(hp + i * D, gamma, beta, f.eps, D, out, mp[i], rp[i]);
+      if (u_bf16) narrow(out, static_cast<c10::BFloat16*>(up) + i * D, D);
+      if (lowp) narrow(out, lowp + i * D, D);
+    }
+  });
+}
+
+cuda::RowType row_type(const torch::Tensor& t) {
+  if (!t.defined()) return cuda::RowType::none;
+  return t.scalar_type() == torch::kBFloat16 ? cuda::RowType::bfloat16 : cuda::RowType::float32;
+}
+
+void forward_rows_cuda(const ForwardRows& f) {
+  cuda::AddLayerNormForward p;
+  p.width = f.x.size(-1);
+  p.rows = f.x.numel() / p.width;
+  p.eps = f.eps;
+  p.x = f.x.data_ptr<float>();
+  if (f.y.defined()) {
+    p.y = f.y.data_ptr();
+    p.y_type = row_type(f.y);
+    p.h = f.h.data_ptr<float>();
+  }
+  p.gamma = f.weight.data_ptr<float>();
+  p.beta = f.bias.data_ptr<float>();
+  if (f.u.scalar_type() == torch::kBFloat16) p.u_bf16 = f.u.data_ptr();
+  else p.u = f.u.data_ptr<float>();
+  if (f.u_low.defined()) p.u_bf16 = f.u_low.data_ptr();
+  p.mean = f.mean.data_ptr<float>();
+  p.rstd = f.rstd.data_ptr<float>();
+  const c10::DeviceGuard guard(f.x.device());
+  cuda_add_layer_norm()->forward(p);
+}
+
+// The backward's operands and outputs. dh, du (float32 or bfloat16, u's dtype) and du_low
+// (bfloat16) are undefined where nothing read that output; dy_bf16 is defined for a bfloat16 y.
+struct BackwardRows {
+  torch::Tensor h, weight, mean, rstd, dh, du, du_low, dx, dy_bf16, dweight, dbias;
+};
+
+void backward_rows_cpu(const BackwardRows& b) {
+  const int64_t D = b.h.size(-1), N = b.h.numel() / D;
+  const bool du_bf16 = b.du.defined() && b.du.scalar_type() == torch::kBFloat16;
+  const int64_t blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
+  std::vector<float> partial(size_t(blocks * 2 * D), 0.0f);  // per block: dgamma, then dbeta
+  const float *hp = b.h.data_ptr<float>(), *gamma = b.weight.data_ptr<float>();
+  const float *mp = b.mean.data_ptr<float>(), *rp = b.rstd.data_ptr<float>();
+  const float* dhp = b.dh.defined() ? b.dh.data_ptr<float>() : nullptr;
+  const void* dup = b.du.defined() ? b.du.data_ptr() : nullptr;
+  const auto* dlowp = b.du_low.defined() ? static_cast<const c10::BFloat16*>(b.du_low.data_ptr()) : nullptr;
+  float* dxp = b.dx.data_ptr<float>();
+  auto* dyp = b.dy_bf16.defined() ? static_cast<c10::BFloat16*>(b.dy_bf16.data_ptr()) : nullptr;
+  at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
+    std::vector<float> xhat(static_cast<size_t>(D)), du_row(static_cast<size_t>(D)), low_row;
+    for (int64_t blk = first; blk < last; ++blk) {
+      float* dgamma = partial.data() + blk * 2 * D;
+      for (int64_t i = blk * kRowsPerBlock; i < std::min(N, (blk + 1) * kRowsPerBlock); ++i) {
+        const float* dui = dup ? static_cast<const float*>(dup) + i * D : nullptr;
+        if (du_bf16) {
+          widen(static_cast<const c10::BFloat16*>(dup) + i * D, du_row.data(), D);
+          dui = du_row.data();
+        }
+        if (dlowp) {  // the bfloat16 copy's gradient, alone or added to u's
+          if (!dui) {
+            widen(dlowp + i * D, du_row.data(), D);
+          } else {
+            low_row.resize(size_t(D));
+            widen(dlowp + i * D, low_row.data(), D);
+            add_rows(dui, RowOf{low_row.data(), nullptr}, du_row.data(), D);
+          }
+          dui = du_row.data();
+        }
+        if (!dui) {  // nothing read u: its gradient is zero
+          std::fill(du_row.begin(), du_row.end(), 0.0f);
+          dui = du_row.data();
+        }
+        backward_row(dui, hp + i * D, mp[i], rp[i], dhp ? dhp + i * D : nullptr, gamma, D, dxp + i * D, dgamma,
+                     dgamma + D, xhat.data());
+        if (dyp) narrow(dxp + i * D, dyp + i * D, D);
+      }
+    }
+  });
+  float *dw = b.dweight.data_ptr<float>(), *db = b.dbias.data_ptr<float>();
+  std::fill(dw, dw + D, 0.0f);
+  std::fill(db, db + D, 0.0f);
+  for (int64_t blk = 0; blk < blocks; ++blk)  // in block order, whatever the thread count
+    for (int64_t j = 0; j < D; ++j) {
+      dw[j] += partial[size_t(blk * 2 * D + j)];
+      db[j] += partial[size_t(blk * 2 * D + D + j)];
+    }
+}
+
+void backward_rows_cuda(const BackwardRows& b) {
+  const CudaAddLayerNorm* kernels = cuda_add_layer_norm();
+  cuda::AddLayerNormBackward p;
+  p.width = b.h.size(-1);
+  p.rows = b.h.numel() / p.width;
+  p.h = b.h.data_ptr<float>();
+  p.mean = b.mean.data_ptr<float>();
+  p.rstd = b.rstd.data_ptr<float>();
+  p.gamma = b.weight.data_ptr<float>();
+  p.du = b.du.defined() ? b.du.data_ptr() : nullptr;
+  p.du_type = row_type(b.du);
+  p.du_copy = b.du_low.defined() ? b.du_low.data_ptr() : nullptr;
+  p.dh = b.dh.defined() ? b.dh.data_ptr<float>() : nullptr;
+  p.dx = b.dx.data_ptr<float>();
+  p.dy_bf16 = b.dy_bf16.defined() ? b.dy_bf16.data_ptr() : nullptr;
+  const c10::DeviceGuard guard(b.h.device());
+  p.blocks = kernels->backward_blocks(p.rows, b.h.get_device());
+  const auto partial = torch::empty({p.blocks, 2, p.width}, b.h.options());
+  p.partial = partial.data_ptr<float>();
+  p.dgamma = b.dweight.data_ptr<float>();
+  p.dbeta = b.dbias.data_ptr<float>();
+  kernels->backward(p);
+}
+
 // kAdd: inputs x, weight, bias, eps, u_mode, y -> outputs {h, u[, u_low]}; otherwise inputs x,
 // weight, bias, eps, u_mode -> outputs {u[, u_low]} (h is x). Autograd takes no undefined
-// tensors as inputs.
+// tensors as inputs. The row loops run on x's device: the CPU loops above, or the CUDA kernels
+// (core/kernels/cuda/residual_norm_kernels.cuh), the same arithmetic.
 template <bool kAdd>
 class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFunction<kAdd>> {
  public:
@@ -88,48 +236,30 @@ class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFuncti
                                                 const torch::Tensor& weight, const torch::Tensor& bias, double eps,
                                                 int64_t u_mode, const Y&... y) {
     static_assert(sizeof...(Y) == (kAdd ? 1 : 0));
-    const int64_t D = x.size(-1), N = x.numel() / D;
-    const auto h = kAdd ? torch::empty_like(x) : x;
-    auto u = torch::empty(x.sizes(), x.options().dtype(u_mode == kUBFloat16 ? torch::kBFloat16 : torch::kFloat32));
-    const auto u_low = u_mode == kUBoth ? torch::empty(x.sizes(), x.options().dtype(torch::kBFloat16)) : torch::Tensor();
-    auto* lowp = u_low.defined() ? static_cast<c10::BFloat16*>(u_low.data_ptr()) : nullptr;
-    auto mean = torch::empty({N}, x.options()), rstd = torch::empty({N}, x.options());
-    RowOf yrow;  // y's rows where there is a y
-    bool y_bf16 = false;
-    if constexpr (kAdd) {
-      const torch::Tensor& yt = std::get<0>(std::forward_as_tuple(y...));
-      y_bf16 = yt.scalar_type() == torch::kBFloat16;
-      yrow = y_bf16 ? RowOf{nullptr, static_cast<const uint16_t*>(yt.data_ptr())} : RowOf{yt.data_ptr<float>(), nullptr};
-    }
-    const float* xp = x.data_ptr<float>();
-    float* hp = h.data_ptr<float>();
-    const float *gamma = weight.data_ptr<float>(), *beta = bias.data_ptr<float>();
-    float *mp = mean.data_ptr<float>(), *rp = rstd.data_ptr<float>();
-    const bool u_bf16 = u.scalar_type() == torch::kBFloat16;
-    void* up = u.data_ptr();
-    at::parallel_for(0, N, kRowsPerBlock, [&](int64_t begin, int64_t end) {
-      std::vector<float> row(size_t(u_bf16 ? D : 0));
-      for (int64_t i = begin; i < end; ++i) {
-        if (kAdd) {
-          const RowOf yi = yrow.f ? RowOf{yrow.f + i * D, nullptr} : RowOf{nullptr, yrow.b + i * D};
-          add_rows(xp + i * D, yi, hp + i * D, D);
-        }
-        float* out = u_bf16 ? row.data() : static_cast<float*>(up) + i * D;
-        normalise_row(hp + i * D, gamma, beta, float(eps), D, out, mp[i], rp[i]);
-        if (u_bf16) narrow(out, static_cast<c10::BFloat16*>(up) + i * D, D);
-        if (lowp) narrow(out, lowp + i * D, D);
-      }
-    });
-    ctx->save_for_backward({h, weight, mean, rstd});
-    ctx->saved_data["y_bf16"] = y_bf16;
+    const int64_t N = x.numel() / x.size(-1);
+    ForwardRows f;
+    f.x = x;
+    if constexpr (kAdd) f.y = std::get<0>(std::forward_as_tuple(y...));
+    f.weight = weight;
+    f.bias = bias;
+    f.eps = float(eps);
+    f.h = kAdd ? torch::empty_like(x) : x;
+    f.u = torch::empty(x.sizes(), x.options().dtype(u_mode == kUBFloat16 ? torch::kBFloat16 : torch::kFloat32));
+    if (u_mode == kUBoth) f.u_low = torch::empty(x.sizes(), x.options().dtype(torch::kBFloat16));
+    f.mean = torch::empty({N}, x.options());
+    f.rstd = torch::empty({N}, x.options());
+    if (x.is_cuda()) forward_rows_cuda(f);
+    else forward_rows_cpu(f);
+    ctx->save_for_backward({f.h, weight, f.mean, f.rstd});
+    ctx->saved_data["y_bf16"] = f.y.defined() && f.y.scalar_type() == torch::kBFloat16;
     // An output nobody read (h after the last block; the float32 u where the position method
     // reads only the bfloat16 copy's product) gets no gradient, rather than a tensor of zeros
     // that autograd would fill and the backward would read: 4 MB a step at the quick shape.
     ctx->set_materialize_grads(false);
     torch::autograd::variable_list out;
-    if (kAdd) out.push_back(h);
-    out.push_back(u);
-    if (u_low.defined()) out.push_back(u_low);
+    if (kAdd) out.push_back(f.h);
+    out.push_back(f.u);
+    if (f.u_low.defined()) out.push_back(f.u_low);
     return out;
   }
 
@@ -139,68 +269,31 @@ class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFuncti
                 "the fused residual add and LayerNorm (core/kernels/residual_norm.h) has no double backward "
                 "(create_graph); run with EXTRAP_FUSED_LAYER_NORM=0");
     const auto saved = ctx->get_saved_variables();
-    const auto &h = saved[0], &weight = saved[1], &mean = saved[2], &rstd = saved[3];
-    const int64_t D = h.size(-1), N = h.numel() / D;
-    const torch::Tensor dh = kAdd && grads[0].defined() ? grads[0].to(torch::kFloat32).contiguous() : torch::Tensor();
+    BackwardRows b;
+    b.h = saved[0];
+    b.weight = saved[1];
+    b.mean = saved[2];
+    b.rstd = saved[3];
+    if (kAdd && grads[0].defined()) b.dh = grads[0].to(torch::kFloat32).contiguous();
     // u's gradient: float32 or bfloat16 (u's dtype), plus the bfloat16 copy's where there is one;
     // the row loop adds them.
     const size_t first_u = kAdd ? 1 : 0;
-    torch::Tensor du = grads[first_u];
-    torch::Tensor du_low = grads.size() > first_u + 1 ? grads[first_u + 1] : torch::Tensor();
-    if (du_low.defined()) du_low = du_low.to(torch::kBFloat16).contiguous();
-    if (!du.defined() && !du_low.defined()) du = torch::zeros(h.sizes(), h.options());
-    if (du.defined()) du = du.contiguous();
-    const bool du_bf16 = du.defined() && du.scalar_type() == torch::kBFloat16;
-    if (du.defined() && !du_bf16) du = du.to(torch::kFloat32);
-    const bool y_bf16 = ctx->saved_data["y_bf16"].toBool();
-
-    auto dx = torch::empty_like(h);
-    torch::Tensor dy_bf16 = kAdd && y_bf16 ? torch::empty(h.sizes(), h.options().dtype(torch::kBFloat16))
-                                           : torch::Tensor();
-    const int64_t blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
-    std::vector<float> partial(size_t(blocks * 2 * D), 0.0f);  // per block: dgamma, then dbeta
-    const float *hp = h.data_ptr<float>(), *gamma = weight.data_ptr<float>();
-    const float *mp = mean.data_ptr<float>(), *rp = rstd.data_ptr<float>();
-    const float* dhp = dh.defined() ? dh.data_ptr<float>() : nullptr;
-    const void* dup = du.defined() ? du.data_ptr() : nullptr;
-    const auto* dlowp = du_low.defined() ? static_cast<const c10::BFloat16*>(du_low.data_ptr()) : nullptr;
-    float* dxp = dx.data_ptr<float>();
-    auto* dyp = dy_bf16.defined() ? static_cast<c10::BFloat16*>(dy_bf16.data_ptr()) : nullptr;
-    at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
-      std::vector<float> xhat(static_cast<size_t>(D)), du_row(static_cast<size_t>(D)), low_row;
-      for (int64_t blk = first; blk < last; ++blk) {
-        float* dgamma = partial.data() + blk * 2 * D;
-        for (int64_t i = blk * kRowsPerBlock; i < std::min(N, (blk + 1) * kRowsPerBlock); ++i) {
-          const float* dui = dup ? static_cast<const float*>(dup) + i * D : nullptr;
-          if (du_bf16) {
-            widen(static_cast<const c10::BFloat16*>(dup) + i * D, du_row.data(), D);
-            dui = du_row.data();
-          }
-          if (dlowp) {  // the bfloat16 copy's gradient, alone or added to u's
-            if (!dui) {
-              widen(dlowp + i * D, du_row.data(), D);
-            } else {
-              low_row.resize(size_t(D));
-              widen(dlowp + i * D, low_row.data(), D);
-              add_rows(dui, RowOf{low_row.data(), nullptr}, du_row.data(), D);
-            }
-            dui = du_row.data();
-          }
-          backward_row(dui, hp + i * D, mp[i], rp[i], dhp ? dhp + i * D : nullptr, gamma, D, dxp + i * D, dgamma,
-                       dgamma + D, xhat.data());
-          if (dyp) narrow(dxp + i * D, dyp + i * D, D);
-        }
-      }
-    });
-    auto dweight = torch::zeros({D}, h.options()), dbias = torch::zeros({D}, h.options());
-    float *dw = dweight.data_ptr<float>(), *db = dbias.data_ptr<float>();
-    for (int64_t blk = 0; blk < blocks; ++blk)  // in block order, whatever the thread count
-      for (int64_t j = 0; j < D; ++j) {
-        dw[j] += partial[size_t(blk * 2 * D + j)];
-        db[j] += partial[size_t(blk * 2 * D + D + j)];
-      }
-    torch::autograd::variable_list out = {dx, dweight, dbias, torch::Tensor(), torch::Tensor()};
-    if (kAdd) out.push_back(dy_bf16.defined() ? dy_bf16 : dx);
+    b.du = grads[first_u];
+    if (b.du.defined()) {
+      b.du = b.du.contiguous();
+      if (b.du.scalar_type() != torch::kBFloat16) b.du = b.du.to(torch::kFloat32);
+    }
+    if (grads.size() > first_u + 1 && grads[first_u + 1].defined())
+      b.du_low = grads[first_u + 1].to(torch::kBFloat16).contiguous();
+    b.dx = torch::empty_like(b.h);
+    if (kAdd && ctx->saved_data["y_bf16"].toBool())
+      b.dy_bf16 = torch::empty(b.h.sizes(), b.h.options().dtype(torch::kBFloat16));
+    b.dweight = torch::empty({b.h.size(-1)}, b.h.options());
+    b.dbias = torch::empty({b.h.size(-1)}, b.h.options());
+    if (b.h.is_cuda()) backward_rows_cuda(b);
+    else backward_rows_cpu(b);
+    torch::autograd::variable_list out = {b.dx, b.dweight, b.dbias, torch::Tensor(), torch::Tensor()};
+    if (kAdd) out.push_back(b.dy_bf16.defined() ? b.dy_bf16 : b.dx);
     return out;
   }
 };
@@ -214,18 +307,42 @@ bool fused_layer_norm_switched_on() {
   return on;
 }
 
+namespace {
+
+CudaAddLayerNorm registered_cuda{};
+std::atomic<bool> cuda_present{false};
+
+}  // namespace
+
+void register_cuda_add_layer_norm(const CudaAddLayerNorm& entry) {
+  registered_cuda = entry;
+  cuda_present.store(true, std::memory_order_release);
+}
+
+const CudaAddLayerNorm* cuda_add_layer_norm() {
+  return cuda_present.load(std::memory_order_acquire) ? &registered_cuda : nullptr;
+}
+
 bool add_layer_norm_fused_takes(const torch::Tensor& x, const torch::Tensor& y, const torch::nn::LayerNorm& norm) {
   if (!fused_layer_norm_switched_on() || !torch::GradMode::is_enabled()) return false;
   const auto& weight = norm->weight;
   const auto& bias = norm->bias;
-  if (!weight.defined() || !bias.defined() || norm->options.normalized_shape().size() != 1) return false;
-  const auto cpu_float = [](const torch::Tensor& t) {
-    return t.device().is_cpu() && t.scalar_type() == torch::kFloat32 && t.is_contiguous();
-  };
-  if (!cpu_float(x) || !cpu_float(weight) || !cpu_float(bias) || x.dim() < 1 || x.numel() == 0 ||
-      x.size(-1) != weight.numel() || bias.numel() != weight.numel())
+  if (!weight.defined() || !bias.defined() || norm->options.normalized_shape().size() != 1 || x.dim() < 1 ||
+      x.numel() == 0)
     return false;
-  if (y.defined() && (!y.device().is_cpu() || y.sizes() != x.sizes() ||
+  // The CPU loops take any width; the CUDA kernels rows of up to kAddLayerNormMaxWidth, where
+  // libextrap_cuda.so has loaded and the GPU paths not yet run on a GPU are asked for.
+  const auto device = x.device();
+  if (device.is_cuda() && (!cuda_add_layer_norm() || !gpu_new_routes_on() || x.size(-1) > cuda::kAddLayerNormMaxWidth))
+    return false;
+  if (!device.is_cpu() && !device.is_cuda()) return false;
+  const auto float_here = [&](const torch::Tensor& t) {
+    return t.device() == device && t.scalar_type() == torch::kFloat32 && t.is_contiguous();
+  };
+  if (!float_here(x) || !float_here(weight) || !float_here(bias) || x.size(-1) != weight.numel() ||
+      bias.numel() != weight.numel())
+    return false;
+  if (y.defined() && (y.device() != device || y.sizes() != x.sizes() ||
                       (y.scalar_type() != torch::kFloat32 && y.scalar_type() != torch::kBFloat16)))
     return false;
   return x.requires_grad() || (y.defined() && y.requires_grad()) || weight.requires_grad() ||
@@ -264,7 +381,7 @@ std::pair<torch::Tensor, torch::Tensor> add_layer_norm(const torch::Tensor& x, c
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> add_layer_norm_with_copy(const torch::Tensor& x,
                                                                                 const torch::Tensor& y,
                                                                                 const torch::nn::LayerNorm& norm) {
-  if (!add_layer_norm_fused_takes(x, y, norm) || !cpu_autocast_bf16()) {
+  if (!add_layer_norm_fused_takes(x, y, norm) || !autocast_bf16(x.device().type())) {
     auto [h, u] = add_layer_norm(x, y, norm);
     return {h, u, torch::Tensor()};
   }

@@ -1,5 +1,5 @@
 // The residual add and the LayerNorm after it, h = x + y and u = layer_norm(h), in one pass
-// over the rows on the CPU, forward and backward.
+// over the rows on the CPU or a GPU, forward and backward.
 //
 // Unfused, LayerNorm's forward and backward, the residual adds and the float32 <-> bfloat16
 // casts around them are each a separate pass over (B, T, d_model) with its own operator call
@@ -12,13 +12,18 @@
 // centred squares): LibTorch's layer_norm to float32 rounding, not bit for bit. y in bfloat16
 // (an autocast linear layer's output) is widened exactly, as LibTorch's mixed add does; a
 // bfloat16 u is float32's rounded to nearest even, as autocast's cast. Weight and bias
-// gradients are summed in fixed blocks of rows, so they do not depend on the thread count.
+// gradients are summed in fixed blocks of rows, so they do not depend on the thread count (on a
+// GPU: on the device's multiprocessor count).
 //
 // Taken while gradients are recorded, for float32 x with the LayerNorm's last dimension,
-// contiguous, on the CPU, with an affine LayerNorm, unless EXTRAP_FUSED_LAYER_NORM=0 (for A/B
-// runs). Everything else (evaluation, GPUs) runs x + y and the LayerNorm module. No double
-// backward (create_graph): refused by name.
+// contiguous, with an affine LayerNorm, unless EXTRAP_FUSED_LAYER_NORM=0 (for A/B runs): on the
+// CPU, and on a GPU (the same arithmetic as CUDA kernels, core/kernels/cuda/, rows of up to 4096)
+// with EXTRAP_GPU_NEW_ROUTES=1 until they have run on one (core/base/environment.h). Everything
+// else (evaluation, other devices) runs x + y and the LayerNorm module. No double backward
+// (create_graph): refused by name.
 #pragma once
+
+#include "core/kernels/cuda/residual_norm_params.h"
 
 #include <torch/torch.h>
 
@@ -50,5 +55,16 @@ bool add_layer_norm_fused_takes(const torch::Tensor& x, const torch::Tensor& y, 
 // EXTRAP_FUSED_LAYER_NORM, read once; throws ConfigError for a value other than 0 or 1 (the CLI
 // reads it at start).
 bool fused_layer_norm_switched_on();
+
+// The CUDA kernels' entry points (core/kernels/cuda/residual_norm_launch.h) on the current
+// device's current stream, registered by libextrap_cuda.so when it loads
+// (core/runtime/cuda_support.h); null until then.
+struct CudaAddLayerNorm {
+  void (*forward)(const cuda::AddLayerNormForward& params);
+  void (*backward)(const cuda::AddLayerNormBackward& params);
+  int64_t (*backward_blocks)(int64_t rows, int device);
+};
+void register_cuda_add_layer_norm(const CudaAddLayerNorm& entry);
+const CudaAddLayerNorm* cuda_add_layer_norm();
 
 }  // namespace extrap

@@ -208,7 +208,7 @@ std::pair<torch::Tensor, torch::Tensor> BlockImpl::forward_residual(const torch:
   // The feed-forward LayerNorm's output goes only to ffn_in: under bf16 autocast it may leave
   // the LayerNorm in bfloat16, the cast autocast would make. The attention's input stays float32
   // (position methods read it), with a bfloat16 copy from the same pass for the q, k, v product.
-  const auto ffn_dtype = base.device().is_cpu() && cpu_autocast_bf16() ? torch::kBFloat16 : torch::kFloat32;
+  const auto ffn_dtype = autocast_bf16(base.device().type()) ? torch::kBFloat16 : torch::kFloat32;
   auto [x, normed, normed_low] = add_layer_norm_with_copy(base, delta, ln_attention);
   auto [h, ffn_input] = add_layer_norm(
       x, attention->forward(normed, position, positions, attention_options, cache, normed_low), ln_ffn, ffn_dtype);

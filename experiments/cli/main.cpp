@@ -1,7 +1,7 @@
 // extrap: the command-line front end. `extrap COMMAND [args]`; `extrap COMMAND --help`.
 #include "core/attention/cuda_attention.h"
-#include "core/attention/gpu_routes.h"
 #include "core/base/allocator.h"
+#include "core/base/environment.h"
 #include "core/base/yaml_options.h"
 #include "core/kernels/bf16_gemm.h"
 #include "core/kernels/cpu_linear.h"

@@ -30,6 +30,8 @@
 #   paper     configs/gpu_paper.yaml (5 methods at L 512 to 16x L) and its report -> $OUT/gpu_paper*
 #             (PAPER_ARGS: more sweep arguments, e.g. "--set base.train.cuda_graph=off")
 #   trainbench  extrap bench train against benchmarks/train_pytorch.py (eager, compiled)
+#   trainab   issue 66 part 2: GPT-2-small training with the new GPU paths off, the attention
+#             routes alone, routes and the CUDA LayerNorms; torch.compile once -> $OUT/trainab.log
 #   testshapes  the reference test under each forward tile shape (EXTRAP_FLASH_FWD_ROWS) and
 #             dQ atomic width (EXTRAP_FLASH_BWD_ATOMICS; flash_dispatch.h)
 #   atomics   the backward under each dQ atomic width, alternating -> $OUT/atomics.jsonl
@@ -499,6 +501,31 @@ stage_trainbench() {
   } >"$log" 2>&1
   local rc=$?
   grep -E "^###|^tokens/s|^peak|^model FLOPs|^matrix-product|^MFU|Error|error" "$log" | tail -80
+  return "$rc"
+}
+
+stage_trainab() {
+  # Issue 66, part 2: the GPT-2-small-shaped training step (train_shape_args gpt2) with the GPU
+  # paths not yet run on a GPU off (EXTRAP_GPU_NEW_ROUTES=0: extrap's fused attention, LibTorch's
+  # adds and LayerNorms), on but with LibTorch's LayerNorms (EXTRAP_FUSED_LAYER_NORM=0: the
+  # attention routes alone), and on (also the CUDA residual add and LayerNorm), alternating, then
+  # torch.compile once for the anchor -> $OUT/trainab.log.
+  local log=$OUT/trainab.log round args
+  mapfile -t args < <(train_shape_args gpt2)
+  {
+    for round in $(seq "${TRAINAB_ROUNDS:-2}"); do
+      echo "### round $round: new paths off"
+      EXTRAP_GPU_NEW_ROUTES=0 "$BUILD/extrap" bench train "${args[@]}" --steps 20 --warmup 5
+      echo "### round $round: new routes, LibTorch's LayerNorms"
+      EXTRAP_GPU_NEW_ROUTES=1 EXTRAP_FUSED_LAYER_NORM=0 "$BUILD/extrap" bench train "${args[@]}" --steps 20 --warmup 5
+      echo "### round $round: new routes and the fused LayerNorms"
+      EXTRAP_GPU_NEW_ROUTES=1 "$BUILD/extrap" bench train "${args[@]}" --steps 20 --warmup 5
+    done
+    echo "### pytorch compiled"
+    python3 benchmarks/train_pytorch.py "${args[@]}" --steps 20 --warmup 5 --compile
+  } >"$log" 2>&1
+  local rc=$?
+  grep -E "^###|^tokens/s|^peak|^MFU|Error|error" "$log" | tail -60
   return "$rc"
 }
 

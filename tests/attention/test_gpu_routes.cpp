@@ -2,6 +2,7 @@
 // takes, and why the faster ones passed, with stand-in kernels. The routes' numbers are tested on
 // a GPU (tests/attention/test_fused_cuda_attention.cpp).
 #include "core/attention/gpu_routes.h"
+#include "core/base/environment.h"
 #include "positions/position.h"
 
 #include <catch2/catch.hpp>
