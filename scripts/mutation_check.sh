@@ -308,6 +308,10 @@ core/kernels/cuda/residual_norm_kernels.cuh | for (int w = 0; w < kWarps; ++w) t
 core/kernels/cuda/residual_norm_kernels.cuh | for (int64_t b = 0; b < p.blocks; ++b) total += p.partial[b * 2 * p.width + j]; | for (int64_t b = 1; b < p.blocks; ++b) total += p.partial[b * 2 * p.width + j]; | the CUDA LayerNorm's weight gradients leave out the first block's rows
 core/kernels/cuda/residual_norm_kernels.cuh | if (p.dh) dx = p.dh[first + j] + dx; | if (p.dh) dx = dx; | the residual's own gradient dropped in the CUDA LayerNorm's backward
 core/kernels/cuda/simt_host.h | word += 0x7fffu + ((word >> 16) & 1u); | word += 0u; | the SIMT emulation's bfloat16 truncates instead of rounding to nearest even
+core/kernels/cuda/cross_entropy_kernels.cuh | s.rest = (s.at_max + s.rest) * simt::exp(s.max - x); | s.rest = s.rest * simt::exp(s.max - x); | the CUDA loss forgets the terms at the old maximum when a larger logit comes
+core/kernels/cuda/cross_entropy_kernels.cuh | if (j == target) out -= g; | if (j == target + 1) out -= g; | the CUDA loss's gradient subtracts the one-hot at the next class
+core/kernels/cuda/cross_entropy_kernels.cuh | for (int w = 1; w < kWarps; ++w) | for (int w = 1; w < kWarps - 1; ++w) | the CUDA loss's row sum leaves out the last warp's logits
+core/kernels/cuda/cross_entropy_kernels.cuh | for (int i = 0; i < kThreads; ++i) total += partial[i]; | for (int i = 1; i < kThreads; ++i) total += partial[i]; | the CUDA loss's total leaves out the first thread's rows
 EOF
 )
 

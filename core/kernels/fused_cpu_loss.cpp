@@ -1,8 +1,12 @@
 #include "core/kernels/fused_cpu_loss.h"
 
+#include "core/base/environment.h"
 #include "core/kernels/cpu_vector_math.h"
 
 #include <ATen/Parallel.h>
+#include <c10/core/DeviceGuard.h>
+
+#include <atomic>
 
 #include <cmath>
 #include <vector>
@@ -58,10 +62,60 @@ const float* row_of(const torch::Tensor& logits, int64_t i, std::vector<float>& 
   return buffer.data();
 }
 
+CudaCrossEntropy registered_cuda_loss{};
+std::atomic<bool> cuda_loss_present{false};
+
+// The rows both CUDA passes read; `lse` (N) float32 on the logits' device.
+cuda::CrossEntropyRows cuda_rows(const torch::Tensor& logits, const torch::Tensor& targets, int64_t ignore_index,
+                                 const torch::Tensor& lse) {
+  cuda::CrossEntropyRows r;
+  r.rows = logits.size(0);
+  r.classes = logits.size(1);
+  r.logits = logits.data_ptr();
+  r.logits_type = logits.scalar_type() == torch::kBFloat16 ? cuda::RowType::bfloat16 : cuda::RowType::float32;
+  r.targets = targets.data_ptr<int64_t>();
+  r.ignore_index = ignore_index;
+  r.lse = lse.data_ptr<float>();
+  return r;
+}
+
+// The forward on a GPU (core/kernels/cuda/cross_entropy_kernels.cuh): the same arithmetic, the
+// rows' losses summed on the device in a fixed order; no wait for the device.
+torch::Tensor forward_cuda(torch::autograd::AutogradContext* ctx, const torch::Tensor& logits,
+                           const torch::Tensor& targets, int64_t ignore_index) {
+  const int64_t N = logits.size(0);
+  const auto floats = logits.options().dtype(torch::kFloat32);
+  auto lse = torch::empty({N}, floats), loss = torch::empty({}, floats);
+  auto row_loss = torch::empty({N}, logits.options().dtype(torch::kFloat64));
+  cuda::CrossEntropyForward p;
+  static_cast<cuda::CrossEntropyRows&>(p) = cuda_rows(logits, targets, ignore_index, lse);
+  p.row_loss = row_loss.data_ptr<double>();
+  p.loss = loss.data_ptr<float>();
+  const c10::DeviceGuard guard(logits.device());
+  registered_cuda_loss.forward(p);
+  ctx->save_for_backward({logits, targets, lse});
+  ctx->saved_data["ignore_index"] = ignore_index;
+  return loss;
+}
+
+torch::Tensor backward_cuda(const torch::Tensor& logits, const torch::Tensor& targets, const torch::Tensor& lse,
+                            int64_t ignore_index, const torch::Tensor& grad_loss) {
+  const auto g = grad_loss.to(logits.device(), torch::kFloat32).contiguous();
+  auto grad = torch::empty_like(logits);
+  cuda::CrossEntropyBackward p;
+  static_cast<cuda::CrossEntropyRows&>(p) = cuda_rows(logits, targets, ignore_index, lse);
+  p.grad_loss = g.data_ptr<float>();
+  p.grad = grad.data_ptr();
+  const c10::DeviceGuard guard(logits.device());
+  registered_cuda_loss.backward(p);
+  return grad;
+}
+
 class CrossEntropySumFunction : public torch::autograd::Function<CrossEntropySumFunction> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& logits,
                                const torch::Tensor& targets, int64_t ignore_index) {
+    if (logits.is_cuda()) return forward_cuda(ctx, logits, targets, ignore_index);
     const int64_t N = logits.size(0), V = logits.size(1);
     const auto* target = targets.data_ptr<int64_t>();
     for (int64_t i = 0; i < N; ++i)
@@ -95,6 +149,7 @@ class CrossEntropySumFunction : public torch::autograd::Function<CrossEntropySum
     const auto saved = ctx->get_saved_variables();
     const auto &logits = saved[0], &targets = saved[1], &lse = saved[2];
     const int64_t ignore_index = ctx->saved_data["ignore_index"].toInt();
+    if (logits.is_cuda()) return {backward_cuda(logits, targets, lse, ignore_index, grads[0]), torch::Tensor(), torch::Tensor()};
     const int64_t N = logits.size(0), V = logits.size(1);
     const float g = grads[0].item<float>();
     auto grad = torch::empty_like(logits);
@@ -120,8 +175,23 @@ class CrossEntropySumFunction : public torch::autograd::Function<CrossEntropySum
 
 }  // namespace
 
+void register_cuda_cross_entropy(const CudaCrossEntropy& entry) {
+  registered_cuda_loss = entry;
+  cuda_loss_present.store(true, std::memory_order_release);
+}
+
+const CudaCrossEntropy* cuda_cross_entropy() {
+  return cuda_loss_present.load(std::memory_order_acquire) ? &registered_cuda_loss : nullptr;
+}
+
 std::string cross_entropy_sum_unsupported_reason(const torch::Tensor& logits, const torch::Tensor& targets) {
-  if (!logits.device().is_cpu() || !targets.device().is_cpu()) return "not CPU tensors";
+  if (logits.device() != targets.device()) return "logits and targets on different devices";
+  if (logits.is_cuda()) {
+    if (!cuda_cross_entropy()) return "libextrap_cuda.so has not loaded";
+    if (!gpu_new_routes_on()) return "the CUDA loss has not yet run on a GPU (EXTRAP_GPU_NEW_ROUTES=1 takes it)";
+  } else if (!logits.device().is_cpu()) {
+    return "not CPU or CUDA tensors";
+  }
   if (logits.dim() != 2 || targets.dim() != 1 || targets.size(0) != logits.size(0))
     return "logits not (N, V) with N targets";
   if (logits.size(1) == 0) return "no classes";

@@ -1,7 +1,7 @@
 // The CUDA residual add and LayerNorm (core/kernels/cuda/) through add_layer_norm() on a GPU:
 // every output and gradient against float64 autograd on the CPU, for each y, u and width kind;
 // when it is taken (EXTRAP_GPU_NEW_ROUTES=1, rows up to 4096); a model's bf16 training step with
-// it against the same step without. tests/kernels/test_residual_norm_simt.cpp runs the same
+// it (and the CUDA loss) against the same step without. tests/kernels/test_residual_norm_simt.cpp runs the same
 // kernels' source on CPU threads on any machine.
 #include <catch2/catch.hpp>
 
@@ -24,13 +24,6 @@ torch::nn::LayerNorm cuda_norm(int64_t D) {
   }
   norm->to(torch::kCUDA);
   return norm;
-}
-
-// max_relative_error below `tolerance`, or within it of zero for a reference of zeros.
-void check_against_reference(const torch::Tensor& got, const torch::Tensor& expected, double tolerance) {
-  const auto got_cpu = got.detach().cpu();
-  if (expected.abs().max().item<double>() < 1e-9) CHECK(got_cpu.abs().max().item<double>() < tolerance);
-  else CHECK(max_relative_error(got_cpu, expected) < tolerance);
 }
 
 }  // namespace
@@ -76,12 +69,12 @@ TEST_CASE("add_layer_norm on CUDA: every output and gradient equals float64's, f
         if (u_low.defined()) loss64 = loss64 + (u64 * gl.to(torch::kFloat64)).sum();
         loss64.backward();
 
-        check_against_reference(h, h64.detach(), 1e-6);
-        check_against_reference(u, u64.detach(), u_kind == 1 ? 1.0 / 128 : 1e-5);
-        check_against_reference(x.grad(), x64.grad(), 1e-5);
-        if (y.defined()) check_against_reference(y.grad(), y64.grad(), y_kind == 2 ? 1.0 / 128 : 1e-5);
-        check_against_reference(norm->weight.grad(), w64.grad(), 1e-5);
-        check_against_reference(norm->bias.grad(), b64.grad(), 1e-5);
+        CHECK(max_scaled_error(h, h64.detach()) < 1e-6);
+        CHECK(max_scaled_error(u, u64.detach()) < (u_kind == 1 ? 1.0 / 128 : 1e-5));
+        CHECK(max_scaled_error(x.grad(), x64.grad()) < 1e-5);
+        if (y.defined()) CHECK(max_scaled_error(y.grad(), y64.grad()) < (y_kind == 2 ? 1.0 / 128 : 1e-5));
+        CHECK(max_scaled_error(norm->weight.grad(), w64.grad()) < 1e-5);
+        CHECK(max_scaled_error(norm->bias.grad(), b64.grad()) < 1e-5);
       }
     }
   }
@@ -110,9 +103,10 @@ TEST_CASE("add_layer_norm on CUDA: taken with EXTRAP_GPU_NEW_ROUTES=1 for rows u
   CHECK_FALSE(add_layer_norm_fused_takes(x64, {}, narrow));  // evaluation: LibTorch's ops
 }
 
-TEST_CASE("a bf16 training step on CUDA with the fused adds and LayerNorms equals the step without", "[cuda][layer_norm]") {
+TEST_CASE("a bf16 training step on CUDA with the fused adds, LayerNorms and loss equals the step without", "[cuda][layer_norm][loss]") {
   // FIRE's attention takes the reference path with or without EXTRAP_GPU_NEW_ROUTES, so the
-  // LayerNorms are the one difference between the two steps.
+  // LayerNorms and the loss (core/kernels/fused_cpu_loss.h, also CUDA kernels with the switch) are
+  // the differences between the two steps.
   if (!have_cuda()) return;
   Config config = tiny_config("fire");
   config.model.d_model = 64;

@@ -13,6 +13,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
@@ -75,6 +76,14 @@ inline nlohmann::json read_json(const fs::path& path) { return nlohmann::json::p
 // max |got - expected| / max |expected|, in float64 (`expected` is the float64 reference).
 inline double max_relative_error(const torch::Tensor& got, const torch::Tensor& expected) {
   return ((got.to(torch::kFloat64) - expected).abs().max() / expected.abs().max()).item<double>();
+}
+
+// max |got - expected| over the larger of max |expected| and 1e-6: max_relative_error, except
+// where the reference is zero but for float64's rounding (the loss of a single class, LayerNorm's
+// gradients along a row of one value), whose scale would make any rounding a relative error of 1.
+inline double max_scaled_error(const torch::Tensor& got, const torch::Tensor& expected) {
+  const double scale = std::max(expected.abs().max().item<double>(), 1e-6);
+  return (got.detach().cpu().to(torch::kFloat64) - expected).abs().max().item<double>() / scale;
 }
 
 // Causal attention with every other option at its default.

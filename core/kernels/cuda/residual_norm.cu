@@ -1,5 +1,6 @@
 #include "core/kernels/cuda/residual_norm_kernels.cuh"
 #include "core/kernels/cuda/residual_norm_launch.h"
+#include "core/kernels/cuda/stream_launch.cuh"
 
 #include <cuda_runtime.h>
 
@@ -13,26 +14,14 @@ namespace {
 
 constexpr int kMaxDevices = 64;
 
-// launch(kernel, blocks, threads, params) for the dispatchers: on `stream`, failures thrown.
-struct StreamLaunch {
-  cudaStream_t stream;
-  template <class Kernel, class Params>
-  void operator()(Kernel kernel, int64_t blocks, int threads, const Params& params) const {
-    kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(params);
-    const cudaError_t status = cudaGetLastError();
-    if (status != cudaSuccess)
-      throw std::runtime_error(std::string("add_layer_norm on CUDA: launch failed: ") + cudaGetErrorString(status));
-  }
-};
-
 }  // namespace
 
 void add_layer_norm_forward(const AddLayerNormForward& params, cudaStream_t stream) {
-  dispatch_add_layer_norm_forward(params, StreamLaunch{stream});
+  dispatch_add_layer_norm_forward(params, StreamLaunch{stream, "add_layer_norm"});
 }
 
 void add_layer_norm_backward(const AddLayerNormBackward& params, cudaStream_t stream) {
-  dispatch_add_layer_norm_backward(params, StreamLaunch{stream});
+  dispatch_add_layer_norm_backward(params, StreamLaunch{stream, "add_layer_norm"});
 }
 
 int64_t add_layer_norm_backward_blocks(int64_t rows, int device) {

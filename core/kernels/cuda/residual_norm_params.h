@@ -3,13 +3,11 @@
 // u = (h - mean) rstd gamma + beta over rows of `width` float32 values.
 #pragma once
 
+#include "core/kernels/cuda/row_type.h"
+
 #include <cstdint>
 
 namespace extrap::cuda {
-
-// What a bfloat16-or-float32 operand is: absent, float32 or bfloat16 (the bits of
-// __nv_bfloat16 / c10::BFloat16).
-enum class RowType : int { none = 0, float32 = 1, bfloat16 = 2 };
 
 // The widest row the kernels take: 128 threads a row, at most 32 values each.
 constexpr int64_t kAddLayerNormMaxWidth = 4096;
