@@ -1,23 +1,17 @@
 #include "core/attention/cuda_attention.h"
 
-#include <atomic>
+#include "core/base/late_registration.h"
 
 namespace extrap {
 
 namespace {
 
-CudaAttention registered{};
-std::atomic<bool> present{false};
+LateRegistration<CudaAttention> registered_attention;
 
 }  // namespace
 
-void register_cuda_attention(const CudaAttention& entry) {
-  registered = entry;
-  present.store(true, std::memory_order_release);
-}
+void register_cuda_attention(const CudaAttention& entry) { registered_attention.set(entry); }
 
-const CudaAttention* cuda_attention() {
-  return present.load(std::memory_order_acquire) ? &registered : nullptr;
-}
+const CudaAttention* cuda_attention() { return registered_attention.get(); }
 
 }  // namespace extrap

@@ -1,12 +1,12 @@
 #include "core/kernels/fused_cpu_loss.h"
 
 #include "core/base/environment.h"
+#include "core/base/late_registration.h"
 #include "core/kernels/cpu_vector_math.h"
 
 #include <ATen/Parallel.h>
 #include <c10/core/DeviceGuard.h>
 
-#include <atomic>
 
 #include <cmath>
 #include <vector>
@@ -62,8 +62,7 @@ const float* row_of(const torch::Tensor& logits, int64_t i, std::vector<float>& 
   return buffer.data();
 }
 
-CudaCrossEntropy registered_cuda_loss{};
-std::atomic<bool> cuda_loss_present{false};
+LateRegistration<CudaCrossEntropy> registered_cross_entropy;
 
 // The rows both CUDA passes read; `lse` (N) float32 on the logits' device.
 cuda::CrossEntropyRows cuda_rows(const torch::Tensor& logits, const torch::Tensor& targets, int64_t ignore_index,
@@ -92,7 +91,7 @@ torch::Tensor forward_cuda(torch::autograd::AutogradContext* ctx, const torch::T
   p.row_loss = row_loss.data_ptr<double>();
   p.loss = loss.data_ptr<float>();
   const c10::DeviceGuard guard(logits.device());
-  registered_cuda_loss.forward(p);
+  registered_cross_entropy.get()->forward(p);
   ctx->save_for_backward({logits, targets, lse});
   ctx->saved_data["ignore_index"] = ignore_index;
   return loss;
@@ -107,7 +106,7 @@ torch::Tensor backward_cuda(const torch::Tensor& logits, const torch::Tensor& ta
   p.grad_loss = g.data_ptr<float>();
   p.grad = grad.data_ptr();
   const c10::DeviceGuard guard(logits.device());
-  registered_cuda_loss.backward(p);
+  registered_cross_entropy.get()->backward(p);
   return grad;
 }
 
@@ -175,14 +174,9 @@ class CrossEntropySumFunction : public torch::autograd::Function<CrossEntropySum
 
 }  // namespace
 
-void register_cuda_cross_entropy(const CudaCrossEntropy& entry) {
-  registered_cuda_loss = entry;
-  cuda_loss_present.store(true, std::memory_order_release);
-}
+void register_cuda_cross_entropy(const CudaCrossEntropy& entry) { registered_cross_entropy.set(entry); }
 
-const CudaCrossEntropy* cuda_cross_entropy() {
-  return cuda_loss_present.load(std::memory_order_acquire) ? &registered_cuda_loss : nullptr;
-}
+const CudaCrossEntropy* cuda_cross_entropy() { return registered_cross_entropy.get(); }
 
 std::string cross_entropy_sum_unsupported_reason(const torch::Tensor& logits, const torch::Tensor& targets) {
   if (logits.device() != targets.device()) return "logits and targets on different devices";

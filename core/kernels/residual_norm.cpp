@@ -1,6 +1,7 @@
 #include "core/kernels/residual_norm.h"
 
 #include "core/base/environment.h"
+#include "core/base/late_registration.h"
 #include "core/kernels/cpu_vector_math.h"
 #include "core/kernels/cuda/residual_norm_params.h"
 #include "core/kernels/precision.h"
@@ -9,7 +10,6 @@
 #include <c10/core/DeviceGuard.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <tuple>
 #include <vector>
@@ -309,19 +309,13 @@ bool fused_layer_norm_switched_on() {
 
 namespace {
 
-CudaAddLayerNorm registered_cuda{};
-std::atomic<bool> cuda_present{false};
+LateRegistration<CudaAddLayerNorm> registered_add_layer_norm;
 
 }  // namespace
 
-void register_cuda_add_layer_norm(const CudaAddLayerNorm& entry) {
-  registered_cuda = entry;
-  cuda_present.store(true, std::memory_order_release);
-}
+void register_cuda_add_layer_norm(const CudaAddLayerNorm& entry) { registered_add_layer_norm.set(entry); }
 
-const CudaAddLayerNorm* cuda_add_layer_norm() {
-  return cuda_present.load(std::memory_order_acquire) ? &registered_cuda : nullptr;
-}
+const CudaAddLayerNorm* cuda_add_layer_norm() { return registered_add_layer_norm.get(); }
 
 bool add_layer_norm_fused_takes(const torch::Tensor& x, const torch::Tensor& y, const torch::nn::LayerNorm& norm) {
   if (!fused_layer_norm_switched_on() || !torch::GradMode::is_enabled()) return false;
