@@ -30,8 +30,8 @@ bool environment_opt_in(const char* name, const std::string& off, const std::str
 
 bool gpu_new_routes_on() {
   return environment_opt_in("EXTRAP_GPU_NEW_ROUTES", "the GPU paths that have run on a GPU",
-                            "also SDPA, cuDNN's attention, the offsets kernels and the CUDA residual add and "
-                            "LayerNorm, not yet run on a GPU");
+                            "also SDPA, cuDNN's attention, the offsets kernels, the CUDA residual add and "
+                            "LayerNorm and the CUDA loss, not yet run on a GPU");
 }
 
 }  // namespace extrap
