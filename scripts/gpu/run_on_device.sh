@@ -30,8 +30,9 @@
 #   paper     configs/gpu_paper.yaml (5 methods at L 512 to 16x L) and its report -> $OUT/gpu_paper*
 #             (PAPER_ARGS: more sweep arguments, e.g. "--set base.train.cuda_graph=off")
 #   trainbench  extrap bench train against benchmarks/train_pytorch.py (eager, compiled)
-#   trainab   issue 66 part 2: GPT-2-small training with the new GPU paths off, the attention
-#             routes alone, routes and the CUDA LayerNorms; torch.compile once -> $OUT/trainab.log
+#   trainab   issue 66 part 2: GPT-2-small training (ALiBi) with the new GPU paths off, on without
+#             the CUDA LayerNorms, and on; rotary with them on; torch.compile once; the quick
+#             shape against eager PyTorch -> $OUT/trainab.log
 #   testshapes  the reference test under each forward tile shape (EXTRAP_FLASH_FWD_ROWS) and
 #             dQ atomic width (EXTRAP_FLASH_BWD_ATOMICS; flash_dispatch.h)
 #   atomics   the backward under each dQ atomic width, alternating -> $OUT/atomics.jsonl
@@ -505,23 +506,32 @@ stage_trainbench() {
 }
 
 stage_trainab() {
-  # Issue 66, part 2: the GPT-2-small-shaped training step (train_shape_args gpt2) with the GPU
-  # paths not yet run on a GPU off (EXTRAP_GPU_NEW_ROUTES=0: extrap's fused attention, LibTorch's
-  # adds and LayerNorms), on but with LibTorch's LayerNorms (EXTRAP_FUSED_LAYER_NORM=0: the
-  # attention routes alone), and on (also the CUDA residual add and LayerNorm), alternating, then
-  # torch.compile once for the anchor -> $OUT/trainab.log.
-  local log=$OUT/trainab.log round args
+  # Issue 66, part 2: the GPT-2-small-shaped training step (train_shape_args gpt2, ALiBi) with
+  # the GPU paths not yet run on a GPU off (EXTRAP_GPU_NEW_ROUTES=0: extrap's fused attention,
+  # LibTorch's adds, LayerNorms and loss), on but with LibTorch's LayerNorms
+  # (EXTRAP_FUSED_LAYER_NORM=0), and on; then rotary with them on (the target "ALiBi within 3% of
+  # rotary": SDPA against cuDNN's ALiBi), alternating. Then once each: torch.compile (the anchor,
+  # 1.1x), and the quick shape with the new paths on against eager PyTorch (the target "the
+  # quick shape's 4.8x over eager kept") -> $OUT/trainab.log.
+  local log=$OUT/trainab.log round args quick
   mapfile -t args < <(train_shape_args gpt2)
+  mapfile -t quick < <(train_shape_args quick)
   {
     for round in $(seq "${TRAINAB_ROUNDS:-2}"); do
-      echo "### round $round: new paths off"
+      echo "### round $round: alibi, new paths off"
       EXTRAP_GPU_NEW_ROUTES=0 "$BUILD/extrap" bench train "${args[@]}" --steps 20 --warmup 5
-      echo "### round $round: new routes, LibTorch's LayerNorms"
+      echo "### round $round: alibi, new paths on, LibTorch's LayerNorms"
       EXTRAP_GPU_NEW_ROUTES=1 EXTRAP_FUSED_LAYER_NORM=0 "$BUILD/extrap" bench train "${args[@]}" --steps 20 --warmup 5
-      echo "### round $round: new routes and the fused LayerNorms"
+      echo "### round $round: alibi, new paths on"
       EXTRAP_GPU_NEW_ROUTES=1 "$BUILD/extrap" bench train "${args[@]}" --steps 20 --warmup 5
+      echo "### round $round: rotary, new paths on"
+      EXTRAP_GPU_NEW_ROUTES=1 "$BUILD/extrap" bench train "${args[@]}" --set position.name=rotary --steps 20 --warmup 5
     done
-    echo "### pytorch compiled"
+    echo "### quick: alibi, new paths on"
+    EXTRAP_GPU_NEW_ROUTES=1 "$BUILD/extrap" bench train "${quick[@]}" --steps 20 --warmup 5
+    echo "### quick: pytorch eager"
+    python3 benchmarks/train_pytorch.py "${quick[@]}" --steps 20 --warmup 5
+    echo "### gpt2: pytorch compiled"
     python3 benchmarks/train_pytorch.py "${args[@]}" --steps 20 --warmup 5 --compile
   } >"$log" 2>&1
   local rc=$?
@@ -588,7 +598,7 @@ for stage in "${stages[@]}"; do
     "stage_$stage"
     rc=$?
   else
-    echo "unknown stage '$stage' (build, test, graphdiag, testshapes, atomics, tune, profile, smoke, flow, gpuflow, paper, trainbench, stepbench, graphbench, graphsmoke, sanitize, bench, pybench)"
+    echo "unknown stage '$stage' ($(declare -F | sed -n 's/^declare -f stage_//p' | paste -sd ' '))"
     rc=2
   fi
   summary "$stage: $([[ $rc == 0 ]] && echo ok || echo "FAILED ($rc)") in $((SECONDS - start)) s"
