@@ -97,7 +97,7 @@ core/kernels/residual_norm.cpp | dx[j] = dh[j] + rstd * (du[j] * gamma[j] - a - 
 core/kernels/residual_norm.cpp | std::sqrt(squares / float(D) + eps) | std::sqrt(squares / float(D - 1) + eps) | the fused LayerNorm with the unbiased variance
 core/kernels/qkv_heads.cpp | auto slot = packed.select(2, i).permute({0, 2, 1, 3}); | auto slot = packed.select(2, 2 - i).permute({0, 2, 1, 3}); | split_heads' copied gradients put q's where v's belongs
 core/kernels/qkv_heads.cpp | if (x->size(i) > 1 && x->stride(i) != strides[size_t(i)]) return false; | if (false) return false; | slices of a wider buffer taken for packed q, k, v
-core/attention/fused_cpu_attention.cpp | dk = dqkv.select(2, 1).permute({0, 2, 1, 3}); | dk = dqkv.select(2, 2).permute({0, 2, 1, 3}); | the fused attention writes dK over dV in the packed gradient
+core/kernels/qkv_heads.cpp | return {slice(0), slice(1), slice(2)}; | return {slice(0), slice(2), slice(2)}; | attention kernels write dK over dV in the packed gradient
 core/kernels/cpu_linear.cpp | for (int64_t i = blk * kSumRows; i < std::min(N, (blk + 1) * kSumRows); ++i) | for (int64_t i = blk * kSumRows; i < std::min(N, (blk + 1) * kSumRows) - 1; ++i) | the bfloat16 bias gradient skips the last row of each block
 core/kernels/residual_norm.cpp | if (lowp) narrow(out, lowp + i * D, D); | if (lowp) narrow(hp + i * D, lowp + i * D, D); | the LayerNorm's bfloat16 copy rounds h instead of u
 core/kernels/residual_norm.cpp | b.du_low = grads[first_u + 1].to(torch::kBFloat16).contiguous(); | b.du_low = torch::Tensor(); | the bfloat16 copy's gradient dropped

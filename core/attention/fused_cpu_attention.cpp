@@ -730,7 +730,7 @@ class FusedCpuAttentionFunction : public torch::autograd::Function<FusedCpuAtten
                                const torch::Tensor& logit_scale, const torch::Tensor& by_offset,
                                const Problem* problem) {
     const Problem& p = *problem;
-    auto out = torch::empty({p.batch, p.length, p.heads, p.dim}, q.options()).permute({0, 2, 1, 3});
+    auto out = empty_heads_major(q);
     auto lse = torch::empty({p.batch, p.heads, p.length}, q.options().dtype(torch::kFloat32));
     const bool bf16_products = q.scalar_type() == torch::kBFloat16 && bf16_gemm::available();
     (bf16_products ? forward_kernel_bf16 : forward_kernel)(p, Operand(q), Operand(k), Operand(v), Destination(out),
@@ -780,18 +780,7 @@ class FusedCpuAttentionFunction : public torch::autograd::Function<FusedCpuAtten
     // dQ, dK and dV as (B, H, T, D) views: of one (B, T, 3, H, D) buffer when q, k and v are
     // such slices (split_heads() then hands the buffer on as the projection's gradient, with no
     // copy), else of (B, T, H, D) tensors.
-    torch::Tensor dq, dk, dv;
-    if (packed_heads(q, k, v)) {
-      const auto dqkv = torch::empty({p.batch, p.length, 3, p.heads, p.dim}, q.options());
-      dq = dqkv.select(2, 0).permute({0, 2, 1, 3});
-      dk = dqkv.select(2, 1).permute({0, 2, 1, 3});
-      dv = dqkv.select(2, 2).permute({0, 2, 1, 3});
-    } else {
-      const auto heads_major = [&] {
-        return torch::empty({p.batch, p.length, p.heads, p.dim}, q.options()).permute({0, 2, 1, 3});
-      };
-      dq = heads_major(), dk = heads_major(), dv = heads_major();
-    }
+    const auto [dq, dk, dv] = empty_head_gradients(q, k, v);
     const bool bf16_products = ctx->saved_data["bf16_products"].toBool();
     (bf16_products ? backward_kernel_bf16 : backward_kernel)(p, Operand(q), Operand(k), Operand(v),
                                                              lse.data_ptr<float>(), Operand(dout), Destination(dq),
@@ -865,8 +854,7 @@ torch::Tensor fused_cpu_attention(const torch::Tensor& q, const torch::Tensor& k
   const bool wants_gradient = torch::GradMode::is_enabled() && (needs(q) || needs(k) || needs(v) || needs(bias.sink) ||
                                                                 needs(bias.logit_scale) || needs(by_offset));
   if (!wants_gradient && q.scalar_type() == torch::kFloat32) {
-    auto out = torch::empty({problem.batch, problem.length, problem.heads, problem.dim}, q.options())
-                   .permute({0, 2, 1, 3});
+    auto out = empty_heads_major(q);
     forward_inference_kernel(problem, Operand(q), Operand(k), Operand(v), Destination(out));
     return out;
   }

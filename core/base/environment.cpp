@@ -30,8 +30,9 @@ bool environment_opt_in(const char* name, const std::string& off, const std::str
 
 bool gpu_new_routes_on() {
   return environment_opt_in("EXTRAP_GPU_NEW_ROUTES", "the GPU paths that have run on a GPU",
-                            "also SDPA, cuDNN's attention, the offsets kernels, the CUDA residual add and "
-                            "LayerNorm and the CUDA loss, not yet run on a GPU");
+                            "also SDPA, cuDNN's attention, the offsets kernels, extrap's attention writing "
+                            "the projections' layouts, the CUDA residual add and LayerNorm and the CUDA loss, "
+                            "not yet run on a GPU");
 }
 
 }  // namespace extrap

@@ -20,8 +20,9 @@ bool environment_opt_in(const char* name, const std::string& off, const std::str
 // EXTRAP_GPU_NEW_ROUTES, an opt-in for the GPU paths written without a GPU and not yet run on one
 // (the attention routes of core/attention/gpu_routes.h: SDPA, cuDNN, the offsets kernels; the
 // CUDA residual add and LayerNorm of core/kernels/residual_norm.h; the CUDA loss of
-// core/kernels/fused_cpu_loss.h). Unset or 0: every call goes where it went before them. Read at
-// every call (tests set it).
+// core/kernels/fused_cpu_loss.h; extrap's CUDA attention writing its output and gradients in the
+// projections' layouts, core/kernels/qkv_heads.h). Unset or 0: every call goes where it went
+// before them. Read at every call (tests set it).
 bool gpu_new_routes_on();
 
 }  // namespace extrap

@@ -57,12 +57,37 @@ bool packed_heads(const torch::Tensor& q, const torch::Tensor& k, const torch::T
   if (q.scalar_type() != k.scalar_type() || q.scalar_type() != v.scalar_type()) return false;
   if (!q.has_storage() || !k.has_storage() || !v.has_storage()) return false;
   if (!k.storage().is_alias_of(q.storage()) || !v.storage().is_alias_of(q.storage())) return false;
-  const auto H = q.size(1), T = q.size(2), D = q.size(3);
-  const std::vector<int64_t> strides{T * 3 * H * D, D, 3 * H * D, 1};
+  const auto H = q.size(1), D = q.size(3);
+  const auto strides = packed_head_strides(q.sizes());
   for (const auto* x : {&q, &k, &v})
     for (int64_t i = 0; i < 4; ++i)
       if (x->size(i) > 1 && x->stride(i) != strides[size_t(i)]) return false;
   return k.storage_offset() == q.storage_offset() + H * D && v.storage_offset() == q.storage_offset() + 2 * H * D;
+}
+
+std::vector<int64_t> heads_major_strides(at::IntArrayRef sizes) {
+  TORCH_CHECK(sizes.size() == 4, "heads_major_strides: expected (B, H, T, D), got ", sizes);
+  const auto H = sizes[1], T = sizes[2], D = sizes[3];
+  return {T * H * D, D, H * D, 1};
+}
+
+std::vector<int64_t> packed_head_strides(at::IntArrayRef sizes) {
+  TORCH_CHECK(sizes.size() == 4, "packed_head_strides: expected (B, H, T, D), got ", sizes);
+  const auto H = sizes[1], T = sizes[2], D = sizes[3];
+  return {T * 3 * H * D, D, 3 * H * D, 1};
+}
+
+torch::Tensor empty_heads_major(const torch::Tensor& like) {
+  return torch::empty_strided(like.sizes(), heads_major_strides(like.sizes()), like.options());
+}
+
+std::array<torch::Tensor, 3> empty_head_gradients(const torch::Tensor& q, const torch::Tensor& k,
+                                                  const torch::Tensor& v) {
+  if (!packed_heads(q, k, v)) return {empty_heads_major(q), empty_heads_major(k), empty_heads_major(v)};
+  const auto packed = torch::empty({q.size(0), q.size(2), 3, q.size(1), q.size(3)}, q.options());
+  const auto strides = packed_head_strides(q.sizes());
+  const auto slice = [&](int64_t i) { return packed.as_strided(q.sizes(), strides, i * q.size(1) * q.size(3)); };
+  return {slice(0), slice(1), slice(2)};
 }
 
 }  // namespace extrap

@@ -14,6 +14,7 @@
 #include <torch/torch.h>
 
 #include <array>
+#include <vector>
 
 namespace extrap {
 
@@ -24,5 +25,20 @@ std::array<torch::Tensor, 3> split_heads(const torch::Tensor& x, int64_t heads);
 // Whether q, k and v are the (B, T, 3, H, Dh) slices of one tensor, in that order (as
 // split_heads() returns them).
 bool packed_heads(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v);
+
+// What attention kernels write, so that nothing is copied on the way back to the projections:
+// an uninitialised (B, H, T, Dh) tensor like `like`, laid out as (B, T, H, Dh), in which the
+// model's merge of the heads, y.transpose(1, 2).reshape(B, T, H * Dh), is a view;
+torch::Tensor empty_heads_major(const torch::Tensor& like);
+// and uninitialised gradients for q, k and v: views of one (B, T, 3, H, Dh) buffer when q, k
+// and v are such slices (split_heads() then hands the buffer on as the projection's gradient),
+// else each heads-major like its input.
+std::array<torch::Tensor, 3> empty_head_gradients(const torch::Tensor& q, const torch::Tensor& k,
+                                                  const torch::Tensor& v);
+
+// The element strides of those layouts for (B, H, T, Dh) sizes (for kernels told them apart
+// from a tensor): heads-major, and a (B, T, 3, H, Dh) buffer's slice.
+std::vector<int64_t> heads_major_strides(at::IntArrayRef sizes);
+std::vector<int64_t> packed_head_strides(at::IntArrayRef sizes);
 
 }  // namespace extrap

@@ -2,12 +2,13 @@
 // attention dispatcher as the models call it: the route the table picks is the one expected,
 // and its outputs and q, k, v gradients are within twice LibTorch's own low-precision error
 // (tests/support/low_precision_check.h), for bfloat16 and float16, head dimensions 64
-// and 128, and odd lengths. Without a CUDA device the GPU tests skip; the check of cuDNN's
+// and 128, odd lengths, and q, k, v as separate tensors or as the model's views of one projection. Without a CUDA device the GPU tests skip; the check of cuDNN's
 // slopes runs wherever libextrap_cuda.so was built with the cuDNN frontend.
 #include "core/attention/attention.h"
 #include "core/attention/cuda_attention.h"
 #include "core/attention/gpu_routes.h"
 #include "core/kernels/precision.h"
+#include "core/kernels/qkv_heads.h"
 #include "positions/alibi_slopes.h"
 #include "tests/support/low_precision_check.h"
 #include "tests/support/test_support.h"
@@ -50,11 +51,26 @@ struct Learned {
 };
 using BiasMaker = std::function<Learned(torch::ScalarType)>;  // the leaf's dtype
 
+// packed: q, k and v as the model makes them, split_heads() views of one (B, T, 3 H D) projection,
+// and dout in the layout the model's merge of the heads hands back (heads-major); else each its own
+// contiguous leaf.
 Grads run(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& dout,
-          const BiasMaker& make_bias, AttentionOptions options, torch::ScalarType type) {
+          const BiasMaker& make_bias, AttentionOptions options, torch::ScalarType type, bool packed = false) {
+  const Learned learned = make_bias(type == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32);
+  if (packed) {
+    const auto B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
+    const auto heads_last = [](const torch::Tensor& t) { return t.detach().permute({0, 2, 1, 3}); };  // (B, T, H, D)
+    auto x = torch::stack({heads_last(q), heads_last(k), heads_last(v)}, 2).reshape({B, T, 3 * H * D}).to(type);
+    x.requires_grad_(true);
+    const auto [q2, k2, v2] = split_heads(x, H);
+    auto out = attention(q2, k2, v2, learned.bias, options);
+    out.backward(heads_last(dout).contiguous().permute({0, 2, 1, 3}).to(out.scalar_type()));
+    const auto grad = x.grad().view({B, T, 3, H, D});
+    const auto part = [&](int64_t i) { return grad.select(2, i).permute({0, 2, 1, 3}); };
+    return {out.detach(), part(0), part(1), part(2), learned.leaf.defined() ? learned.leaf.grad() : torch::Tensor()};
+  }
   auto q2 = q.detach().to(type).requires_grad_(true), k2 = k.detach().to(type).requires_grad_(true),
        v2 = v.detach().to(type).requires_grad_(true);
-  const Learned learned = make_bias(type == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32);
   auto out = attention(q2, k2, v2, learned.bias, options);
   out.backward(dout.to(out.scalar_type()));
   return {out.detach(), q2.grad(), k2.grad(), v2.grad(), learned.leaf.defined() ? learned.leaf.grad() : torch::Tensor()};
@@ -146,11 +162,16 @@ TEST_CASE("every GPU route matches the float64 reference: outputs and gradients"
          new_routes ? GpuRoute::ExtrapFused : GpuRoute::Reference}};
     for (const auto type : {torch::kBFloat16, torch::kHalf}) {
       for (const int64_t head_dim : {64, 128}) {
-        for (const int64_t length : {1, 17, 100, 257, 1000}) {
+        // Lengths, and at two of them the model's layout too (packed: split_heads views, out and
+        // the gradients in the layouts that go back to the projections uncopied).
+        const std::vector<std::pair<int64_t, bool>> shapes{{1, false},   {17, false},  {17, true}, {100, false},
+                                                           {257, false}, {257, true}, {1000, false}};
+        for (const auto& [length, packed] : shapes) {
           for (const Row& row : rows) {
             std::ostringstream where;
             where << (new_routes ? "new routes, " : "proven routes, ") << row.name << ", "
-                  << (type == torch::kBFloat16 ? "bf16" : "fp16") << ", D " << head_dim << ", T " << length;
+                  << (type == torch::kBFloat16 ? "bf16" : "fp16") << ", D " << head_dim << ", T " << length
+                  << (packed ? ", q, k, v split from one projection" : "");
             INFO(where.str());
             const auto options = torch::TensorOptions().device(device).dtype(type);
             const auto q = torch::randn({batch, heads, length, head_dim}, options),
@@ -164,7 +185,11 @@ TEST_CASE("every GPU route matches the float64 reference: outputs and gradients"
                                                  gpu_kernels_present());
             INFO("route " << to_string(choice.route) << " (passed over: " << choice.passed_over << ")");
             CHECK(choice.route == row.expected);
-            const Grads routed = run(q, k, v, dout, row.bias, attention_options, type);
+            const Grads routed = run(q, k, v, dout, row.bias, attention_options, type, packed);
+            // With the new paths, extrap's kernels and cuDNN's write the output heads-major: the
+            // merge of the heads is a view.
+            if (new_routes && (choice.route == GpuRoute::Cudnn || choice.route == GpuRoute::ExtrapFused))
+              CHECK(routed.out.transpose(1, 2).is_contiguous());
             AttentionOptions reference_options = attention_options;
             reference_options.backend = AttentionBackend::Reference;
             const Grads ref = run(q, k, v, dout, row.bias, reference_options, torch::kFloat64);

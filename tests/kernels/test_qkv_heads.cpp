@@ -1,7 +1,8 @@
 // split_heads (core/kernels/qkv_heads.h): q, k and v as views of the fused projection, and the
 // projection's gradient from theirs: equal to LibTorch's view + permute + unbind in every case
 // (all three gradients, some missing, gradients in any layout), and the very buffer the fused
-// CPU attention writes when it writes the three as slices of one.
+// CPU attention writes when it writes the three as slices of one; the layouts attention kernels
+// allocate their output and gradients in (empty_heads_major, empty_head_gradients).
 #include "core/attention/attention.h"
 #include "core/attention/fused_cpu_attention.h"
 #include "core/kernels/qkv_heads.h"
@@ -16,9 +17,10 @@ namespace {
 constexpr int64_t B = 2, T = 5, H = 3, D = 4;
 
 // LibTorch's own split, the reference.
-std::vector<torch::Tensor> unbind_heads(const torch::Tensor& x) {
-  return x.view({B, T, 3, H, D}).permute({2, 0, 3, 1, 4}).unbind(0);
+std::vector<torch::Tensor> unbind_heads_of(const torch::Tensor& x, int64_t batch) {
+  return x.view({batch, T, 3, H, D}).permute({2, 0, 3, 1, 4}).unbind(0);
 }
+std::vector<torch::Tensor> unbind_heads(const torch::Tensor& x) { return unbind_heads_of(x, B); }
 
 }  // namespace
 
@@ -76,6 +78,44 @@ TEST_CASE("split_heads: gradients that are slices of one buffer are the projecti
   const auto wide = torch::randn({B, T, 4, H, D});
   REQUIRE_FALSE(packed_heads(wide.select(2, 0).permute({0, 2, 1, 3}), wide.select(2, 1).permute({0, 2, 1, 3}),
                              wide.select(2, 2).permute({0, 2, 1, 3})));
+}
+
+TEST_CASE("what attention kernels write: heads-major outputs merge without a copy, packed gradients go back uncopied", "[qkv_heads]") {
+  torch::manual_seed(5);
+  for (const int64_t batch : {int64_t(1), B}) {
+    INFO("batch " << batch);
+    auto x = torch::randn({batch, T, 3 * H * D}, torch::requires_grad());
+    const auto [q, k, v] = split_heads(x, H);
+    // The output: (B, H, T, D) whose merge y.transpose(1, 2).reshape(B, T, H D) is a view of it,
+    // element (b, h, t, d) at the merged tensor's (b, t, h D + d).
+    const auto out = empty_heads_major(q);
+    REQUIRE(out.sizes() == q.sizes());
+    REQUIRE(out.scalar_type() == q.scalar_type());
+    REQUIRE(out.strides() == torch::IntArrayRef(heads_major_strides(q.sizes())));
+    out.copy_(torch::randn(q.sizes()));
+    const auto merged = out.transpose(1, 2).reshape({batch, T, H * D});
+    REQUIRE(merged.data_ptr() == out.data_ptr());
+    for (int64_t h = 0; h < H; ++h)
+      REQUIRE(torch::equal(merged.narrow(2, h * D, D), out.select(1, h)));
+    // The gradients of split_heads' views: slices of one buffer, which split_heads hands on.
+    const auto [dq, dk, dv] = empty_head_gradients(q, k, v);
+    REQUIRE(packed_heads(dq, dk, dv));
+    for (const auto* g : {&dq, &dk, &dv}) REQUIRE(g->strides() == torch::IntArrayRef(packed_head_strides(q.sizes())));
+    dq.copy_(torch::randn(q.sizes())), dk.copy_(torch::randn(q.sizes())), dv.copy_(torch::randn(q.sizes()));
+    const auto grad = torch::autograd::grad({q, k, v}, {x}, {dq, dk, dv}, true)[0];
+    REQUIRE(grad.data_ptr() == dq.data_ptr());
+    const auto reference = torch::autograd::grad(unbind_heads_of(x, batch), {x}, {dq, dk, dv}, true)[0];
+    REQUIRE(torch::equal(grad, reference));
+    // Inputs that are not one projection's slices: a heads-major tensor each.
+    const auto qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+    const auto separate = empty_head_gradients(qc, kc, vc);
+    REQUIRE_FALSE(packed_heads(separate[0], separate[1], separate[2]));
+    for (const auto& g : separate) {
+      REQUIRE(g.sizes() == q.sizes());
+      REQUIRE(g.strides() == torch::IntArrayRef(heads_major_strides(q.sizes())));
+    }
+    REQUIRE(separate[0].data_ptr() != separate[1].data_ptr());
+  }
 }
 
 TEST_CASE("fused CPU attention on split_heads views: gradients written into the projection's layout, equal to the float64 reference", "[qkv_heads][attention][fused_cpu]") {

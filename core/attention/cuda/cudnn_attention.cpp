@@ -5,6 +5,7 @@
 #include "core/attention/cuda/cudnn_attention.h"
 
 #include "core/attention/cuda/vector_layout.h"
+#include "core/kernels/qkv_heads.h"
 
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cudnn/Handle.h>
@@ -35,8 +36,10 @@ struct Built {
   std::string error;
 };
 
-// The masks, shape, dtype, device and q, k, v strides: what a graph is built for. The outputs, dO
-// and the row statistics are always contiguous.
+// The masks, shape, dtype, device, q, k, v strides, and for the backward whether q, k and v are
+// slices of one projection (packed_heads: dQ, dK and dV are then written as such slices): what a
+// graph is built for. O and dO are always heads-major (empty_heads_major), the row statistics
+// contiguous, and dQ, dK, dV heads-major where they are not packed.
 using Key = std::vector<int64_t>;
 
 // What a call adds to causal attention.
@@ -52,15 +55,12 @@ std::map<Key, Built>& cache() {
 }
 
 Key key_of(bool backward, Masks masks, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
-  Key key{backward, masks.alibi, masks.window, q.device().index(), int64_t(q.scalar_type())};
+  Key key{backward, masks.alibi, masks.window, q.device().index(), int64_t(q.scalar_type()),
+          backward && packed_heads(q, k, v)};
   for (const auto size : q.sizes()) key.push_back(size);
   for (const auto* t : {&q, &k, &v})
     for (const auto stride : t->strides()) key.push_back(stride);
   return key;
-}
-
-std::vector<int64_t> contiguous_strides(const torch::Tensor& t) {
-  return {t.size(1) * t.size(2) * t.size(3), t.size(2) * t.size(3), t.size(3), 1};
 }
 
 std::vector<int64_t> stats_dims(const torch::Tensor& q) { return {q.size(0), q.size(1), q.size(2), 1}; }
@@ -101,12 +101,12 @@ Built build(bool backward, Masks masks, const torch::Tensor& q, const torch::Ten
                        .set_alibi_mask(masks.alibi);
     if (masks.window > 0) options.set_diagonal_band_left_bound(int(masks.window));
     auto [O, stats] = g->sdpa(Q, K, V, options);
-    O->set_output(true).set_uid(kO).set_dim(dims).set_stride(contiguous_strides(q));
+    O->set_output(true).set_uid(kO).set_dim(dims).set_stride(heads_major_strides(q.sizes()));
     stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT).set_dim(stats_dims(q))
         .set_stride(stats_strides(q));
   } else {
-    const auto O = input(*g, "O", kO, dims, contiguous_strides(q));
-    const auto dO = input(*g, "dO", kDO, dims, contiguous_strides(q));
+    const auto O = input(*g, "O", kO, dims, heads_major_strides(q.sizes()));
+    const auto dO = input(*g, "dO", kDO, dims, heads_major_strides(q.sizes()));
     const auto stats = g->tensor(fe::graph::Tensor_attributes()
                                      .set_name("stats")
                                      .set_uid(kStats)
@@ -120,9 +120,11 @@ Built build(bool backward, Masks masks, const torch::Tensor& q, const torch::Ten
                        .set_alibi_mask(masks.alibi);
     if (masks.window > 0) options.set_diagonal_band_left_bound(int(masks.window));
     auto [dQ, dK, dV] = g->sdpa_backward(Q, K, V, O, dO, stats, options);
-    dQ->set_output(true).set_uid(kDQ).set_dim(dims).set_stride(contiguous_strides(q));
-    dK->set_output(true).set_uid(kDK).set_dim(dims).set_stride(contiguous_strides(q));
-    dV->set_output(true).set_uid(kDV).set_dim(dims).set_stride(contiguous_strides(q));
+    // The layouts empty_head_gradients gives them.
+    const auto strides = packed_heads(q, k, v) ? packed_head_strides(q.sizes()) : heads_major_strides(q.sizes());
+    dQ->set_output(true).set_uid(kDQ).set_dim(dims).set_stride(strides);
+    dK->set_output(true).set_uid(kDK).set_dim(dims).set_stride(strides);
+    dV->set_output(true).set_uid(kDV).set_dim(dims).set_stride(strides);
   }
   const cudnnHandle_t handle = handle_on_current_stream();
   for (const auto& [step, status] :
@@ -185,6 +187,17 @@ std::string cudnn_input_problem(const torch::Tensor& q, const torch::Tensor& k, 
   return "";
 }
 
+// x (shaped like `like`) in like's heads-major layout, as the graphs read dO: x itself where its
+// elements already sit so (a dimension of size 1 may have any stride), else a copy.
+torch::Tensor in_layout_of(const torch::Tensor& like, const torch::Tensor& x) {
+  bool same = reinterpret_cast<std::uintptr_t>(x.data_ptr()) % 16 == 0;
+  for (int64_t d = 0; d < 4 && same; ++d) same = x.size(d) == 1 || x.stride(d) == like.stride(d);
+  if (same) return x.as_strided(like.sizes(), like.strides());
+  auto copy = empty_heads_major(like);
+  copy.copy_(x);
+  return copy;
+}
+
 void execute(const Built& built, std::unordered_map<int64_t, void*>& pack, const torch::Tensor& like) {
   const auto workspace = torch::empty({std::max<int64_t>(built.workspace, 1)}, like.options().dtype(torch::kUInt8));
   auto status = built.graph->execute(handle_on_current_stream(), pack, workspace.data_ptr());
@@ -197,7 +210,7 @@ struct CudnnAttentionFunction : public torch::autograd::Function<CudnnAttentionF
     const Masks masks{alibi, window};
     const c10::cuda::CUDAGuard guard(q_in.device());
     const auto q = in_vector_layout(q_in), k = in_vector_layout(k_in), v = in_vector_layout(v_in);
-    auto o = torch::empty(q.sizes(), q.options().memory_format(torch::MemoryFormat::Contiguous));
+    auto o = empty_heads_major(q);  // the model merges the heads from it without a copy
     auto stats = torch::empty({q.size(0), q.size(1), q.size(2), 1}, q.options().dtype(torch::kFloat32));
     {
       std::lock_guard<std::mutex> lock(cache_mutex);
@@ -217,8 +230,8 @@ struct CudnnAttentionFunction : public torch::autograd::Function<CudnnAttentionF
     const auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &k = saved[1], &v = saved[2], &o = saved[3], &stats = saved[4];
     const c10::cuda::CUDAGuard guard(q.device());
-    const auto dout = grads[0].to(q.scalar_type()).contiguous();
-    auto dq = torch::empty_like(o), dk = torch::empty_like(o), dv = torch::empty_like(o);
+    const auto dout = in_layout_of(o, grads[0].to(q.scalar_type()));
+    auto [dq, dk, dv] = empty_head_gradients(q, k, v);
     {
       std::lock_guard<std::mutex> lock(cache_mutex);
       const Masks masks{ctx->saved_data["alibi"].toBool(), ctx->saved_data["window"].toInt()};

@@ -7,11 +7,14 @@
 #include "core/attention/cuda/vector_layout.h"
 #ifdef EXTRAP_CUDNN_FRONTEND
 #include "core/attention/cuda/cudnn_attention.h"
+#include "core/base/environment.h"
+#include "core/kernels/qkv_heads.h"
 #endif
 
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <exception>
@@ -165,7 +168,8 @@ class FusedAttentionFunction : public torch::autograd::Function<FusedAttentionFu
     KernelBias kb = kernel_bias_from(mode, bits, device_slopes(slopes_left, q.device()),
                                      device_slopes(slopes_right, q.device()), slope_grads, offsets.detach(),
                                      offsets_origin, offsets_grad);
-    auto out = torch::empty(q.sizes(), q.options());                       // (B, H, T, D)
+    // (B, H, T, D); laid out as (B, T, H, D) with the new GPU paths (not yet run on a GPU).
+    auto out = gpu_new_routes_on() ? empty_heads_major(q) : torch::empty(q.sizes(), q.options());
     auto lse = torch::empty({q.size(0), q.size(1), q.size(2)},
                             q.options().dtype(torch::kFloat32));             // (B, H, T)
     fused_detail::forward_into(qk, kk, vk, kb, causal, out, lse);
@@ -198,9 +202,11 @@ class FusedAttentionFunction : public torch::autograd::Function<FusedAttentionFu
                                            saved[6], slope_grads, saved[7],
                                            ctx->saved_data["offsets_origin"].toInt(), offsets_grad);
     const auto dout = in_vector_layout(grads[0]);
-    auto dq = torch::empty(q.sizes(), q.options());
-    auto dk = torch::empty(k.sizes(), k.options());
-    auto dv = torch::empty(v.sizes(), v.options());
+    // With the new GPU paths, one (B, T, 3, H, D) buffer where q, k and v are its slices.
+    auto [dq, dk, dv] = gpu_new_routes_on() ? empty_head_gradients(q, k, v)
+                                            : std::array<torch::Tensor, 3>{torch::empty(q.sizes(), q.options()),
+                                                                           torch::empty(k.sizes(), k.options()),
+                                                                           torch::empty(v.sizes(), v.options())};
     torch::Tensor dslopes_left, dslopes_right;
     if (slope_grads) {
       dslopes_left = torch::zeros({q.size(1)}, q.options().dtype(torch::kFloat32));
