@@ -947,6 +947,10 @@ def check_results_file(path):
     """Refuses, before anything is read, what is not a results file this report reads: an
     empty file, a file that is not HDF5 or lacks the results file's header and tables, one of
     another format version. A path that cannot be opened at all raises h5py's OSError."""
+    if os.path.isdir(path):
+        raise ReadError("it is a directory, not a results file")
+    if not os.path.exists(path):
+        raise ReadError("no such file")
     if os.path.isfile(path) and os.path.getsize(path) == 0:
         raise ReadError("the file is empty (0 bytes), not a results file")
     if os.path.isfile(path) and not h5py.is_hdf5(path):
@@ -1224,7 +1228,7 @@ def write_report(results_path, out_dir):
         check_results_file(results_path)
         header, points, runs = load(results_path)
     except (OSError, KeyError) as e:
-        raise ReadError(e)
+        raise ReadError((str(e).splitlines() or [type(e).__name__])[0])  # h5py's messages run on
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise NotADirectoryError(errno.ENOTDIR, "is a file, not a directory (report.md and its "
                                  "plots go in a directory)", out_dir)

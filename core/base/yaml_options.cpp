@@ -29,6 +29,21 @@ template <> std::string type_name<std::vector<int64_t>>() { return "list of inte
 template <> std::string type_name<std::vector<double>>() { return "list of numbers"; }
 template <> std::string type_name<std::vector<std::string>>() { return "list of strings"; }
 
+std::string scalar_problem(const YAML::Node& value, bool integer) {
+  const std::string& text = value.Scalar();
+  // A parsed plain scalar is tagged "?", a quoted one "!", an explicit string !!str; nodes made in
+  // code (--set values, sweep grids) have no tag.
+  const std::string& tag = value.Tag();
+  if (tag == "!" || tag == "tag:yaml.org,2002:str")
+    return "the string '" + text + "' (numbers and true/false are written without quotes or tags)";
+  if (!integer) return "";
+  size_t digits = text.size() > 1 && (text[0] == '-' || text[0] == '+') ? 1 : 0;
+  const bool decimal = digits < text.size() && text.find_first_not_of("0123456789", digits) == std::string::npos;
+  if (decimal && (text[digits] != '0' || text.size() == digits + 1)) return "";
+  if (decimal) return "'" + text + "' (a leading zero: integers are written in decimal without one)";
+  return "'" + text + "'";  // 0x14, 1e3, 2.5, abc: not a decimal integer
+}
+
 template <class T>
 std::string format_default(const T& value) {
   YAML::Emitter out;
@@ -174,13 +189,16 @@ YAML::Node without_marks(const YAML::Node& node) {
 
 namespace {
 
-// Refuses a key given twice in one map, anywhere under `node`.
+// Refuses a key given twice in one map, and a key that is a list or a map, anywhere under `node`.
 void refuse_repeated_keys(const YAML::Node& node, const std::string& source) {
   if (node.IsSequence())
     for (const auto& item : node) refuse_repeated_keys(item, source);
   if (!node.IsMap()) return;
   std::map<std::string, int> first_line;
   for (const auto& entry : node) {
+    if (entry.first.IsSequence() || entry.first.IsMap())
+      throw ConfigError(source + ":" + std::to_string(entry.first.Mark().line + 1) + ": a key is a name, got " +
+                        (entry.first.IsSequence() ? "the list " : "the map ") + flow_text(entry.first));
     if (entry.first.IsScalar()) {
       const int line = entry.first.Mark().line + 1;
       const auto [found, added] = first_line.emplace(entry.first.Scalar(), line);
@@ -240,6 +258,9 @@ YAML::Node parse_yaml_text(const std::string& text, const std::string& source) {
     throw ConfigError(source + ":" + std::to_string(e.mark.line + 1) + ": YAML syntax error: " + e.msg);
   }
   if (!node || node.IsNull()) return YAML::Node(YAML::NodeType::Map);
+  if (!node.IsMap())
+    throw ConfigError(source + ":" + std::to_string(node.Mark().line + 1) + ": the document must be a map of key: value, got " +
+                      (node.IsSequence() ? "a list" : "'" + flow_text(node) + "'"));
   refuse_repeated_keys(node, source);
   return node;
 }

@@ -184,6 +184,26 @@ template <class T>
 std::string type_name();
 template <class T>
 std::string format_default(const T& value);
+
+// Why a scalar cannot be read as written as a number, an integer or true/false ("" if it can):
+// quoted or tagged a string ("20", !!str 0.5), or for an integer anything but plain decimal
+// digits (yaml-cpp would read 010 as octal 8 and 0x14 as hexadecimal 20).
+std::string scalar_problem(const YAML::Node& value, bool integer);
+
+// The scalar problems of a value read as T: its own, or its first item's for a list.
+template <class T>
+std::string value_problem(const YAML::Node& value) {
+  if constexpr (std::is_same_v<T, std::vector<int64_t>> || std::is_same_v<T, std::vector<double>>) {
+    if (!value.IsSequence()) return "";
+    for (const auto& item : value)
+      if (auto problem = value_problem<typename T::value_type>(item); !problem.empty()) return problem;
+    return "";
+  } else if constexpr (std::is_arithmetic_v<T>) {
+    return value.IsScalar() ? scalar_problem(value, std::is_integral_v<T> && !std::is_same_v<T, bool>) : "";
+  } else {
+    return "";
+  }
+}
 }  // namespace detail
 
 template <class T>
@@ -211,6 +231,8 @@ void OptionReader::read(const std::string& key, T& field, const std::string& hel
     }
     if (!has(key)) return;
     const YAML::Node value = node_[key];
+    if (auto problem = detail::value_problem<T>(value); !problem.empty())
+      fail(key, "expected " + detail::type_name<T>() + ", got " + problem);
     try {
       field = value.as<T>();
     } catch (const YAML::Exception&) {

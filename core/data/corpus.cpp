@@ -30,10 +30,14 @@ struct SplitSource {
 };
 
 std::string read_text(const fs::path& path) {
+  // A directory opens as a stream on Linux and reports a size of 2^63 - 1: refused by name.
+  std::error_code error;
+  if (fs::is_directory(path, error)) throw ConfigError("corpus file '" + path.string() + "' is a directory, not a file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError("cannot read corpus file '" + path.string() + "'");
   in.seekg(0, std::ios::end);
   const std::streamoff size = in.tellg();
+  if (size < 0) throw ConfigError("cannot read corpus file '" + path.string() + "' (it has no size)");
   in.seekg(0, std::ios::beg);
   std::string text(static_cast<size_t>(size), '\0');
   if (size > 0 && !in.read(text.data(), size)) {
@@ -388,9 +392,10 @@ namespace {
 // The three splits as the options find them, the training split not empty.
 std::array<SplitSource, 3> read_splits(const CorpusOptions& options) {
   const fs::path source(options.path);
-  if (options.path.empty() || !fs::exists(source)) {
-    throw ConfigError("corpus path '" + options.path + "' does not exist");
-  }
+  if (options.path.empty())
+    throw ConfigError("data.path is not set: the config (or --set data.path=...) names the corpus directory or text "
+                      "file");
+  if (!fs::exists(source)) throw ConfigError("corpus path '" + options.path + "' does not exist");
   const bool directory = fs::is_directory(source);
   const bool ids = options.tokenizer == Tokenizer::ids;
   if (ids && !directory)

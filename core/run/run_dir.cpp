@@ -67,9 +67,11 @@ RunDirectory::RunDirectory(const Config& config, const Corpus& corpus, RunStart 
                           fingerprint_.hash + ")");
     }
   } catch (...) {
-    if (created) {
+    // Only under its lock: where another process holds it (two starts at once, each seeing a part
+    // of RUN's path made), RUN is that process's run, whoever made the directory.
+    if (created && lock_) {
+      remove_tree(path_, error);  // still locked: no other start gets in between
       lock_.reset();
-      remove_tree(path_, error);
     }
     throw;
   }

@@ -1,5 +1,7 @@
 #include "core/runtime/distributed.h"
 
+#include "core/base/environment.h"
+
 #include "core/base/yaml_options.h"
 #include "core/runtime/cuda_support.h"
 
@@ -70,7 +72,8 @@ double distributed_timeout_seconds() {
 }
 
 std::optional<LaunchEnvironment> launch_environment() {
-  if (variable("EXTRAP_DISTRIBUTED") == std::string("0")) return std::nullopt;
+  if (!environment_switch("EXTRAP_DISTRIBUTED", "ignore a launcher's variables", "join the launch a launcher's variables describe"))
+    return std::nullopt;
   LaunchEnvironment env;
   env.timeout_seconds = distributed_timeout_seconds();
   const std::string why_master =

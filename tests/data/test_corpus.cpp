@@ -369,6 +369,20 @@ TEST_CASE("corpus errors name the path at fault", "[corpus]") {
   write_text(blank / "train.txt", "");
   CHECK_THAT(message(options_for(dir, blank, "word")), Catch::Contains("is empty"));
 
+  // A split that is a directory (a stream on Linux whose size reads as 2^63 - 1): named, not
+  // "out of memory"; for both tokenizers and both split names.
+  const fs::path folder = dir.root / "folder";
+  fs::create_directories(folder / "valid.txt");
+  write_text(folder / "train.txt", "a b\n");
+  write_text(folder / "test.txt", "a b\n");
+  for (const char* tokenizer : {"word", "byte"})
+    CHECK_THAT(message(options_for(dir, folder, tokenizer)),
+               Catch::Equals("corpus file '" + (folder / "valid.txt").string() + "' is a directory, not a file"));
+  fs::create_directories(folder / "wiki.train.tokens");
+  CHECK_THAT(message(options_for(dir, folder, "byte")), Catch::Contains("wiki.train.tokens' is a directory"));
+  // No path at all (an empty config file): the key to set.
+  CHECK_THAT(message(options_for(dir, "", "byte")), Catch::StartsWith("data.path is not set"));
+
   // The tokenizer is an enum, decoded once with the config: an unknown one names the key.
   CHECK_THROWS_WITH(extrap::load_config("", {"data.tokenizer=bpe"}),
                     Catch::Contains("data.tokenizer") && Catch::Contains("'bpe' is not one of byte | word"));

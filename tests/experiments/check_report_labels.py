@@ -174,9 +174,10 @@ def check_seeds_and_grid(work):
 def check_refusals(work):
     """What is not a results file of this format is refused in one line naming it, before
     anything is read or written."""
-    empty, text, other, future, tables = (os.path.join(work, n) for n in (
-        "empty.h5", "text.h5", "other.h5", "future.h5", "tables.h5"))
+    empty, text, other, future, tables, folder, missing = (os.path.join(work, n) for n in (
+        "empty.h5", "text.h5", "other.h5", "future.h5", "tables.h5", "folder.h5", "missing.h5"))
     open(empty, "w").close()
+    os.mkdir(folder)
     with open(text, "w") as f:
         f.write("run_id,perplexity\n")
     with h5py.File(other, "w") as f:
@@ -191,7 +192,9 @@ def check_refusals(work):
                          (text, "not an extrap results file (not an HDF5 file)"),
                          (other, "not an extrap results file (no format_version)"),
                          (future, "results format 2, this report reads format 1 (written by extrap 0.11.0)"),
-                         (tables, "not an extrap results file (no /summary)")):
+                         (tables, "not an extrap results file (no /summary)"),
+                         (folder, "it is a directory, not a results file"),
+                         (missing, "no such file")):
         out = os.path.join(work, "refused")
         done = subprocess.run([sys.executable, os.path.join(source_dir, "analysis", "report.py"), path,
                                "--out", out], capture_output=True, text=True)

@@ -145,8 +145,12 @@ TEST_CASE("sweep grid expansion: nested-loop order and count with overrides and 
   require_one_line_error(out, "key 'grid.position.name' (set on the command line or by a sweep's grid): lies inside "
                               "the axis 'position'");
   // Values written differently that resolve to one config: one model trained twice.
-  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "grid.train.seed=[1, 01]"}, &out) == 2);
-  require_one_line_error(out, "grid points alibi-seed1 and alibi-seed01 resolve to the same config");
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "grid.train.seed=[1, +1]"}, &out) == 2);
+  require_one_line_error(out, "grid points alibi-seed1 and alibi-seed+1 resolve to the same config");
+  // An integer with a leading zero (yaml-cpp would read 010 as octal 8): refused, never trained as 8.
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "grid.train.seed=[8, 010]"}, &out) == 2);
+  require_one_line_error(out, "(grid point alibi-seed010): key 'train.seed' (set on the command line or by a sweep's "
+                              "grid): expected integer, got '010' (a leading zero");
   CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "grid.train.lr=[0.001, 1e-3]"}, &out) == 2);
   require_one_line_error(out, "resolve to the same config");
   // A grid too large to list (1001 x 1001 points).

@@ -168,6 +168,40 @@ TEST_CASE("config: bad --set and bad files are clear errors", "[config]") {
                Catch::Contains("--set 'position={name: alibi, name: rotary}'") && Catch::Contains("given twice"));
   const auto apart = write_yaml("extrap-apart.yaml", "model: {layers: 2}\ntrain: {steps: 2}\nposition: {name: alibi}\n");
   REQUIRE(load_config(apart, {}).model.layers == 2);
+  // A document or a key that is not what a config is: one line naming the file and line.
+  REQUIRE(error_of([&] { load_config(write_yaml("extrap-scalar.yaml", "just a string\n"), {}); }) ==
+          write_yaml("extrap-scalar.yaml", "just a string\n") +
+              ":1: the document must be a map of key: value, got 'just a string'");
+  REQUIRE_THAT(error_of([&] { load_config(write_yaml("extrap-list.yaml", "- a\n- b\n"), {}); }),
+               Catch::EndsWith("extrap-list.yaml:1: the document must be a map of key: value, got a list"));
+  REQUIRE_THAT(error_of([&] { load_config(write_yaml("extrap-listkey.yaml", "train:\n  [steps]: 20\n"), {}); }),
+               Catch::EndsWith("extrap-listkey.yaml:2: a key is a name, got the list [steps]"));
+  // Numbers as written: yaml-cpp reads 010 as octal 8 and 0x14 as 20, and takes quoted "20" and
+  // "false" as a number and a boolean; each is refused, never trained as something else.
+  for (const auto& [text, got] : std::vector<std::pair<std::string, std::string>>{
+           {"steps: 010", "'010' (a leading zero"},
+           {"steps: 0x14", "'0x14'"},
+           {"steps: \"20\"", "the string '20' (numbers and true/false are written without quotes"},
+           {"steps: !!str 20", "the string '20'"},
+           {"lr: '0.002'", "the string '0.002'"}}) {
+    INFO(text);
+    const auto file = write_yaml("extrap-number.yaml", "train:\n  " + text + "\n");
+    REQUIRE_THAT(error_of([&] { load_config(file, {}); }),
+                 Catch::Contains("extrap-number.yaml:2: key 'train.") && Catch::Contains(": expected ") &&
+                     Catch::Contains(", got " + got));
+  }
+  const auto quoted_bool = write_yaml("extrap-bool.yaml", "model:\n  tie_embeddings: \"false\"\n");
+  REQUIRE_THAT(error_of([&] { load_config(quoted_bool, {}); }),
+               Catch::Contains("key 'model.tie_embeddings': expected true/false, got the string 'false'"));
+  for (const auto* plain : {"steps: 20", "steps: -0", "steps: +7", "steps: 0"}) {
+    INFO(plain);
+    const auto file = write_yaml("extrap-plain.yaml", std::string("train:\n  ") + plain + "\n");
+    CHECK(error_of([&] { load_config(file, {}); }).find("expected integer") == std::string::npos);
+  }
+  REQUIRE(load_config(write_yaml("extrap-plain.yaml", "train:\n  steps: 20\n  seed: -3\n"), {}).train.steps == 20);
+  REQUIRE_THAT(error_of([] { load_config("", {"train.seed=010"}); }),
+               Catch::Contains("key 'train.seed' (set on the command line or by a sweep's grid): expected integer, got "
+                               "'010' (a leading zero"));
   // A directory where a config file belongs.
   const std::string directory = (fs::temp_directory_path() / "extrap-config-directory").string();
   fs::create_directories(directory);

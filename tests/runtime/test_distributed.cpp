@@ -170,6 +170,8 @@ TEST_CASE("distributed: the launcher's environment is read or refused by name", 
     CHECK_THROWS_WITH(launch_environment(), Catch::Contains(named));
   };
   refused({{"RANK", "0"}}, "WORLD_SIZE");
+  // EXTRAP_DISTRIBUTED is 0 or 1: "false" must not silently join the launch.
+  refused({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"EXTRAP_DISTRIBUTED", "false"}}, "EXTRAP_DISTRIBUTED=false");
   refused({{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "x"}, {"MASTER_PORT", "1"}}, "RANK=2");
   refused({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "1"}}, "MASTER_ADDR");
   refused({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "x"}, {"MASTER_PORT", "99999"}},
