@@ -312,6 +312,7 @@ core/kernels/cuda/cross_entropy_kernels.cuh | s.rest = (s.at_max + s.rest) * sim
 core/kernels/cuda/cross_entropy_kernels.cuh | if (j == target) out -= g; | if (j == target + 1) out -= g; | the CUDA loss's gradient subtracts the one-hot at the next class
 core/kernels/cuda/cross_entropy_kernels.cuh | for (int w = 1; w < kWarps; ++w) | for (int w = 1; w < kWarps - 1; ++w) | the CUDA loss's row sum leaves out the last warp's logits
 core/kernels/cuda/cross_entropy_kernels.cuh | for (int i = 0; i < kThreads; ++i) total += partial[i]; | for (int i = 1; i < kThreads; ++i) total += partial[i]; | the CUDA loss's total leaves out the first thread's rows
+core/base/yaml_options.cpp | if (decimal) return "'" + text + "' (a leading zero: integers are written in decimal without one)"; | if (decimal) return ""; | an integer with a leading zero read as octal (seed 010 trained as 8)
 EOF
 )
 
