@@ -511,6 +511,10 @@ void read_output(const OptionReader& root, SweepSpec& spec) {
 // The keys of a sweep file, read (or, from a documenter, listed) in order.
 void read_sweep_keys(const OptionReader& root, YAML::Node& doc, SweepSpec& spec) {
   root.read("name", spec.name, "sweep name (default: the file's name)");
+  // It names results/NAME.h5 and runs/NAME: a name, not a path that leads elsewhere.
+  if (root.has("name") && (spec.name.empty() || spec.name[0] == '.' || spec.name.find('/') != std::string::npos))
+    root.fail("name", "'" + spec.name + "' is not a file name (no '/', not empty, not starting with '.'); "
+                      "output.path and output.run_root place the results elsewhere");
   root.accept("base", "the base config: a full `extrap train` config, or the path of one");
   root.accept("grid", "dotted config keys -> lists of values; every combination is a run "
                       "(grid.position: a list of methods, each a name or {name: ..., options})");

@@ -147,6 +147,12 @@ TEST_CASE("sweep grid expansion: nested-loop order and count with overrides and 
   // Values written differently that resolve to one config: one model trained twice.
   CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "grid.train.seed=[1, +1]"}, &out) == 2);
   require_one_line_error(out, "grid points alibi-seed1 and alibi-seed+1 resolve to the same config");
+  // A name that is a path would put the results and runs outside results/ and runs/.
+  for (const char* name : {"../../evil", "a/b", ".hidden"}) {
+    CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", std::string("name=") + name}, &out) == 2);
+    require_one_line_error(out, std::string("key 'name' (set on the command line or by a sweep's grid): '") + name +
+                                    "' is not a file name");
+  }
   // An integer with a leading zero (yaml-cpp would read 010 as octal 8): refused, never trained as 8.
   CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "grid.train.seed=[8, 010]"}, &out) == 2);
   require_one_line_error(out, "(grid point alibi-seed010): key 'train.seed' (set on the command line or by a sweep's "
