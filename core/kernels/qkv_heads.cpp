@@ -85,8 +85,7 @@ std::array<torch::Tensor, 3> empty_head_gradients(const torch::Tensor& q, const 
                                                   const torch::Tensor& v) {
   if (!packed_heads(q, k, v)) return {empty_heads_major(q), empty_heads_major(k), empty_heads_major(v)};
   const auto packed = torch::empty({q.size(0), q.size(2), 3, q.size(1), q.size(3)}, q.options());
-  const auto strides = packed_head_strides(q.sizes());
-  const auto slice = [&](int64_t i) { return packed.as_strided(q.sizes(), strides, i * q.size(1) * q.size(3)); };
+  const auto slice = [&](int64_t i) { return packed.select(2, i).permute({0, 2, 1, 3}); };
   return {slice(0), slice(1), slice(2)};
 }
 

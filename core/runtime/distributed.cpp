@@ -1,7 +1,6 @@
 #include "core/runtime/distributed.h"
 
 #include "core/base/environment.h"
-
 #include "core/base/yaml_options.h"
 #include "core/runtime/cuda_support.h"
 

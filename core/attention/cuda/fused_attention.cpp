@@ -5,10 +5,10 @@
 
 #include "core/attention/cuda/flash_dispatch.h"
 #include "core/attention/cuda/vector_layout.h"
-#ifdef EXTRAP_CUDNN_FRONTEND
-#include "core/attention/cuda/cudnn_attention.h"
 #include "core/base/environment.h"
 #include "core/kernels/qkv_heads.h"
+#ifdef EXTRAP_CUDNN_FRONTEND
+#include "core/attention/cuda/cudnn_attention.h"
 #endif
 
 #include <ATen/cuda/CUDAContext.h>
