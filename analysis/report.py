@@ -45,7 +45,9 @@ Reads only what the file documents (core/results/results_store.h): the /summary 
 /position_bins, /retrieval, /longppl and /attention_profile tables, and the /runs/<id> attributes and curves. Needs h5py,
 numpy and matplotlib: the project's environment (.venv, made by scripts/setup.sh) has them.
 An empty file, a file that is not a results file and one of another format version are
-refused in one line before anything is read.
+refused in one line before anything is read, as is a file whose numbers disagree with each
+other (a perplexity that is not exp(nll_sum / scored_tokens), loss-by-position bins that do not
+add up to their point): a file changed after extrap wrote it.
 """
 import argparse
 import collections
@@ -125,6 +127,42 @@ def load(path):
             for index, group in rows_by_summary_row(f["attention_profile"][...], len(points)):
                 points[index]["attention_profile"] = group
     return header, points, runs
+
+
+# The largest mean NLL whose exp is a finite double: past it, extrap records perplexity inf.
+LARGEST_FINITE_LOG = math.log(sys.float_info.max)
+
+
+def point_name(index, p):
+    return "row %d of /summary (run %s, %s at %s)" % (index, p["run_id"], p["mode"], p["eval_length"])
+
+
+def check_point_numbers(points):
+    """Refuses a file whose numbers disagree with each other, in one line naming the row: a
+    point recorded ok (text or retrieval) has a positive token count, a finite NLL sum and the
+    perplexity exp(nll_sum / scored_tokens) (inf only where the mean NLL overflows a double),
+    and its loss-by-position bins add up to its NLL sum and token count. extrap writes each
+    from the same sums; a file where they differ was changed after it was written."""
+    for index, p in enumerate(points):
+        if p["status"] != "ok" or is_profile_mode(p["mode"]):
+            continue
+        name = point_name(index, p)
+        nll, tokens, ppl = p["nll_sum"], p["scored_tokens"], p["perplexity"]
+        if not tokens > 0 or not math.isfinite(nll):
+            raise ReadError("%s: status ok but nll_sum %r over scored_tokens %r" % (name, nll, tokens))
+        mean = nll / tokens
+        expected = math.exp(mean) if mean <= LARGEST_FINITE_LOG else math.inf
+        if not (ppl == expected or (math.isfinite(ppl) and math.isfinite(expected)
+                                    and abs(ppl - expected) <= 1e-9 * expected)):
+            raise ReadError("%s: perplexity %r is not exp(nll_sum / scored_tokens) = %r; the file was "
+                            "changed after extrap wrote it" % (name, ppl, expected))
+        bins = p.get("by_position")
+        if bins is not None and len(bins):
+            bin_nll, bin_tokens = float(np.sum(bins["nll_sum"])), int(np.sum(bins["scored_tokens"]))
+            if bin_tokens != tokens or abs(bin_nll - nll) > 1e-9 * max(abs(nll), 1.0):
+                raise ReadError("%s: its /position_bins add up to nll_sum %r over %d tokens, the row "
+                                "says %r over %d; the file was changed after extrap wrote it"
+                                % (name, bin_nll, bin_tokens, nll, tokens))
 
 
 def rows_by_summary_row(table, count):
@@ -1227,6 +1265,7 @@ def write_report(results_path, out_dir):
     try:
         check_results_file(results_path)
         header, points, runs = load(results_path)
+        check_point_numbers(points)
     except (OSError, KeyError) as e:
         raise ReadError((str(e).splitlines() or [type(e).__name__])[0])  # h5py's messages run on
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):

@@ -313,6 +313,9 @@ core/kernels/cuda/cross_entropy_kernels.cuh | if (j == target) out -= g; | if (j
 core/kernels/cuda/cross_entropy_kernels.cuh | for (int w = 1; w < kWarps; ++w) | for (int w = 1; w < kWarps - 1; ++w) | the CUDA loss's row sum leaves out the last warp's logits
 core/kernels/cuda/cross_entropy_kernels.cuh | for (int i = 0; i < kThreads; ++i) total += partial[i]; | for (int i = 1; i < kThreads; ++i) total += partial[i]; | the CUDA loss's total leaves out the first thread's rows
 core/base/yaml_options.cpp | if (decimal) return "'" + text + "' (a leading zero: integers are written in decimal without one)"; | if (decimal) return ""; | an integer with a leading zero read as octal (seed 010 trained as 8)
+analysis/report.py | if not (ppl == expected or (math.isfinite(ppl) and math.isfinite(expected) | if False and not (ppl == expected or (math.isfinite(ppl) and math.isfinite(expected) | the report takes a perplexity that is not exp(nll_sum / scored_tokens)
+analysis/report.py | if bin_tokens != tokens or abs(bin_nll - nll) > 1e-9 * max(abs(nll), 1.0): | if bin_tokens != tokens: | the report takes loss-by-position bins whose NLL does not add up to their point
+core/run/run_dir.cpp | remove_stale_temporaries(path_);  // of a process killed mid-write (config.yaml.tmp.<pid>) | ;  // of a process killed mid-write | a killed writer's config.yaml.tmp.<pid> stays in the run directory
 EOF
 )
 

@@ -5,6 +5,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -105,6 +106,23 @@ void write_file_atomic(const fs::path& path, std::initializer_list<std::string_v
     fs::remove(tmp, ignored);
     throw;
   }
+}
+
+int remove_stale_temporaries(const fs::path& directory) {
+  int removed = 0;
+  std::error_code error;
+  for (fs::directory_iterator it(directory, error), end; !error && it != end; it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    const auto at = name.rfind(".tmp.");
+    if (at == std::string::npos || at == 0) continue;
+    const std::string digits = name.substr(at + 5);
+    if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    const pid_t pid = pid_t(std::stol(digits));
+    if (pid <= 0 || ::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive (this process too), or not ours to judge
+    std::error_code ignored;
+    if (it->is_regular_file(ignored) && fs::remove(it->path(), ignored)) ++removed;
+  }
+  return removed;
 }
 
 void write_file_atomic(const fs::path& path, std::string_view bytes, const fs::path& tmp_name) {

@@ -34,6 +34,10 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view bytes
 void write_file_atomic(const std::filesystem::path& path,
                        std::initializer_list<std::string_view> parts,
                        const std::filesystem::path& tmp = {});
+// Removes the files write_file_atomic left in `directory` (its own entries, not below) when a
+// process was killed between writing and renaming: NAME.tmp.<pid> where no process <pid> runs
+// any more. Call it only while holding the directory's lock. Returns how many it removed.
+int remove_stale_temporaries(const std::filesystem::path& directory);
 void fsync_directory(const std::filesystem::path& directory);
 // Makes `tmp` durable and moves it over `path` in one step (rename, then fsync the directory).
 void publish_file(const std::filesystem::path& tmp, const std::filesystem::path& path);

@@ -50,6 +50,7 @@ RunDirectory::RunDirectory(const Config& config, const Corpus& corpus, RunStart 
   try {
     lock_ = std::make_unique<FileLock>(path_ / "lock", path_.string(), "trained",
                                        "wait for it to finish or use another train.out_dir");
+    remove_stale_temporaries(path_);  // of a process killed mid-write (config.yaml.tmp.<pid>)
     const fs::path identity = path_ / "fingerprint.yaml";
     if (start == RunStart::overwrite) {
       for (const char* name : {"checkpoint", "checkpoint.old", "checkpoint.tmp", "fingerprint.yaml",

@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <ctime>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 #include <thread>
 
@@ -97,6 +98,14 @@ int configure_threads(int64_t requested) {
   const auto& ranks = ProcessGroup::environment();
   const int threads = requested > 0 ? int(requested)
                                     : std::max(1, available_cores() / (ranks ? ranks->local_world_size : 1));
+  // More threads than cores take turns on them: slower than one a core, never faster. Said once.
+  const int cores = available_cores();
+  static bool warned = false;
+  if (requested > cores && !warned) {
+    warned = true;
+    std::cerr << "extrap: warning: " << requested << " CPU threads on " << cores
+              << " cores: threads beyond one a core take turns and slow the run (0: one a core)\n";
+  }
   torch::set_num_threads(threads);
   return threads;
 }

@@ -6,6 +6,7 @@
 #include "tests/support/test_support.h"
 
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -104,4 +105,26 @@ TEST_CASE("remove_tree removes a directory and what is under it, a link but not 
     CHECK_THROWS_AS(extrap::remove_tree(kept / "locked"), fs::filesystem_error);
     fs::permissions(kept / "locked", fs::perms::owner_all);
   }
+}
+
+TEST_CASE("remove_stale_temporaries removes what a killed writer left, nothing a live one writes",
+          "[files]") {
+  namespace fs = std::filesystem;
+  extrap::testing::TempDir d("stale-temporaries");
+  const pid_t child = fork();  // a pid that ran and is gone
+  if (child == 0) _exit(0);
+  REQUIRE(child > 0);
+  REQUIRE(waitpid(child, nullptr, 0) == child);
+  const std::string dead = std::to_string(child), alive = std::to_string(getpid());
+  for (const std::string& name : {"config.yaml.tmp." + dead, "config.yaml.tmp." + alive, "eval.json.tmp." + dead,
+                                 "notes.tmp.x" + dead, ".tmp." + dead, std::string("config.yaml")})
+    extrap::write_file_durable(d.root / name, "x");
+  fs::create_directories(d.root / "checkpoint");
+  extrap::write_file_durable(d.root / "checkpoint" / ("model.pt.tmp." + dead), "x");  // not below
+  CHECK(extrap::remove_stale_temporaries(d.root) == 2);
+  CHECK(!fs::exists(d.root / ("config.yaml.tmp." + dead)));
+  CHECK(!fs::exists(d.root / ("eval.json.tmp." + dead)));
+  for (const std::string& name : {"config.yaml.tmp." + alive, "notes.tmp.x" + dead, ".tmp." + dead, std::string("config.yaml"),
+                                 "checkpoint/model.pt.tmp." + dead})
+    CHECK(fs::exists(d.root / name));
 }

@@ -65,6 +65,8 @@ SUMMARY = np.dtype([("run_id", STR), ("position", STR), ("train_length", "<i8"),
                     ("mode", STR), ("stride", "<i8"), ("eval_length", "<i8"), ("perplexity", "<f8"),
                     ("nll_sum", "<f8"), ("scored_tokens", "<i8"), ("bits_per_byte", "<f8"),
                     ("seconds", "<f8"), ("status", STR)])
+BINS = np.dtype([("summary_row", "<i8"), ("begin", "<i8"), ("end", "<i8"), ("nll_sum", "<f8"),
+                 ("scored_tokens", "<i8")])
 SPEC = "name: tiny\ngrid:\n  position: [{name: alibi}, {name: rotary}]\n  train.seed: [1, 2]\n"
 FAILED = "failed: validation needs 17 tokens; the validation split has 0"
 
@@ -188,13 +190,37 @@ def check_refusals(work):
     write_tiny(tables, {"alibi-seed1": tiny_run("alibi", 1)})
     with h5py.File(tables, "r+") as f:
         del f["summary"]
+    # Numbers that disagree: a perplexity edited by hand, an ok point without tokens.
+    edited, tokenless = os.path.join(work, "edited.h5"), os.path.join(work, "tokenless.h5")
+    for path, column, value in ((edited, "perplexity", 30.0), (tokenless, "scored_tokens", 0)):
+        write_tiny(path, {"alibi-seed1": tiny_run("alibi", 1)})
+        with h5py.File(path, "r+") as f:
+            rows = f["summary"][...]
+            rows[1][column] = value
+            f["summary"][...] = rows
+    binned = os.path.join(work, "binned.h5")
+    write_tiny(binned, {"alibi-seed1": tiny_run("alibi", 1)})
+    with h5py.File(binned, "r+") as f:  # row 0's bins hold its 512 tokens but 3/4 of its NLL
+        nll = float(f["summary"][0]["nll_sum"])
+        f["position_bins"] = np.array([(0, 0, 8, nll / 2, 256), (0, 8, 16, nll / 4, 256)], dtype=BINS)
+    binned_reason = ("row 0 of /summary (run alibi-seed1, nonoverlapping at 16): its /position_bins add up "
+                     "to nll_sum %r over 512 tokens, the row says %r over 512; the file was changed after "
+                     "extrap wrote it" % (nll / 2 + nll / 4, nll))
+    edited_reason = ("row 1 of /summary (run alibi-seed1, nonoverlapping at 32): perplexity 30.0 is not "
+                     "exp(nll_sum / scored_tokens) = %r; the file was changed after extrap wrote it"
+                     % math.exp(math.log(23.0) * 512 / 512))
+    tokenless_reason = ("row 1 of /summary (run alibi-seed1, nonoverlapping at 32): status ok but nll_sum "
+                        "%r over scored_tokens 0" % (math.log(23.0) * 512))
     for path, reason in ((empty, "the file is empty (0 bytes), not a results file"),
                          (text, "not an extrap results file (not an HDF5 file)"),
                          (other, "not an extrap results file (no format_version)"),
                          (future, "results format 2, this report reads format 1 (written by extrap 0.11.0)"),
                          (tables, "not an extrap results file (no /summary)"),
                          (folder, "it is a directory, not a results file"),
-                         (missing, "no such file")):
+                         (missing, "no such file"),
+                         (edited, edited_reason),
+                         (tokenless, tokenless_reason),
+                         (binned, binned_reason)):
         out = os.path.join(work, "refused")
         done = subprocess.run([sys.executable, os.path.join(source_dir, "analysis", "report.py"), path,
                                "--out", out], capture_output=True, text=True)

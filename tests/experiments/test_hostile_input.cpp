@@ -10,6 +10,10 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include <sched.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "core/base/files.h"
 #include "core/results/results_store.h"
 #include "tests/support/cli_harness.h"
@@ -70,6 +74,27 @@ TEST_CASE("absurd sizes and learning rates are refused, an overflowing perplexit
                 &out) == 2);
   require_one_line_error(out, "CPU threads 100000: must be 0 (all cores) to 1024");
   CHECK(!fs::exists(d.root / "runs/th"));
+  // More threads than cores run, with one warning line (they take turns on the cores).
+  cpu_set_t cores;
+  REQUIRE(sched_getaffinity(0, sizeof(cores), &cores) == 0);
+  const std::string many = std::to_string(CPU_COUNT(&cores) + 1);
+  CHECK(run_cli(d, {"train", "-c", "t.yaml", "--no-eval", "--set", "train.threads=" + many, "--set",
+                    "train.steps=1", "--set", "train.out_dir=runs/many"}, &out) == 0);
+  CHECK(out.find("extrap: warning: " + many + " CPU threads on " + std::to_string(CPU_COUNT(&cores)) +
+                 " cores: threads beyond one a core take turns") != std::string::npos);
+  // What a process killed between writing and renaming left (config.yaml.tmp.<pid>) goes when
+  // the run directory is next taken; a live process's stays.
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  REQUIRE(waitpid(child, nullptr, 0) == child);
+  const fs::path stale = d.root / ("runs/many/config.yaml.tmp." + std::to_string(child));
+  const fs::path live = d.root / ("runs/many/config.yaml.tmp." + std::to_string(getpid()));
+  write_text(stale, "data: {");
+  write_text(live, "data: {");
+  CHECK(run_cli(d, {"train", "-c", "t.yaml", "--no-eval", "--resume", "--set", "train.steps=1", "--set",
+                    "train.out_dir=runs/many"}, &out) == 0);
+  CHECK(!fs::exists(stale));
+  CHECK(fs::exists(live));
   // A wide model's untrained loss is above 2 ln V (its tied embeddings favour the input token
   // by about sqrt(d_model)); at a learning rate that changes nothing it is no divergence.
   REQUIRE(run_cli(d, {"train", "-c", "t.yaml", "--no-eval", "--set", "model.d_model=256", "--set", "train.lr=1e-9",

@@ -8,20 +8,13 @@
 #include "core/kernels/residual_norm.h"
 #include "core/model/model.h"
 #include "tests/support/cli_harness.h"
+#include "tests/support/norm_support.h"
 #include "tests/support/test_support.h"
 
 using namespace extrap;
 using namespace extrap::testing;
 
 namespace {
-
-torch::nn::LayerNorm random_norm(int64_t D) {
-  torch::nn::LayerNorm norm(torch::nn::LayerNormOptions({D}));
-  torch::NoGradGuard no_grad;
-  norm->weight.copy_(1 + 0.5 * torch::randn({D}));
-  norm->bias.copy_(0.5 * torch::randn({D}));
-  return norm;
-}
 
 struct Float64Case {
   torch::Tensor h, u, dx, dy, dw, db;
@@ -60,7 +53,7 @@ TEST_CASE("add_layer_norm in float32: h, u and every gradient equal float64's to
     for (const bool with_y : {true, false}) {
       for (const bool h_used : {true, false}) {
         INFO("D " << D << (with_y ? ", with y" : ", no y") << (h_used ? ", h used" : ", h unused"));
-        auto norm = random_norm(D);
+        auto norm = random_layer_norm(D);
         norm->weight.mutable_grad() = torch::Tensor();
         const auto x = (3 + 2 * torch::randn({3, 70, D})).requires_grad_();
         const auto y = with_y ? torch::randn({3, 70, D}).requires_grad_() : torch::Tensor();
@@ -83,7 +76,7 @@ TEST_CASE("add_layer_norm in float32: h, u and every gradient equal float64's to
 
 TEST_CASE("add_layer_norm with a bfloat16 y and a bfloat16 u: y widened exactly, u rounded once, dy in bfloat16", "[layer_norm]") {
   torch::manual_seed(22);
-  auto norm = random_norm(128);
+  auto norm = random_layer_norm(128);
   const auto x = torch::randn({2, 64, 128}).requires_grad_();
   const auto y = torch::randn({2, 64, 128}).to(torch::kBFloat16).requires_grad_();
   const auto gh = torch::randn({2, 64, 128}), gu = torch::randn({2, 64, 128}).to(torch::kBFloat16);
@@ -105,7 +98,7 @@ TEST_CASE("add_layer_norm_with_copy: u in float32 and its bfloat16 rounding from
   const auto gh = torch::randn({2, 70, 128}), gu = torch::randn({2, 70, 128}),
              gl = torch::randn({2, 70, 128}).to(torch::kBFloat16);
   {
-    auto norm = random_norm(128);
+    auto norm = random_layer_norm(128);
     const auto [h, u, u_low] = add_layer_norm_with_copy(x0.clone().requires_grad_(), y0, norm);
     REQUIRE_FALSE(u_low.defined());  // no autocast: no copy
   }
@@ -114,7 +107,7 @@ TEST_CASE("add_layer_norm_with_copy: u in float32 and its bfloat16 rounding from
   for (const bool with_y : {true, false}) {
     for (const int reads : {0, 1, 2}) {
       INFO((with_y ? "with y, " : "no y, ") << (reads == 0 ? "u and the copy" : reads == 1 ? "the copy only" : "u only"));
-      auto norm = random_norm(128);
+      auto norm = random_layer_norm(128);
       const auto x = x0.clone().requires_grad_();
       const auto y = with_y ? y0.clone().requires_grad_() : torch::Tensor();
       torch::Tensor h, u, u_low;
@@ -140,7 +133,7 @@ TEST_CASE("add_layer_norm_with_copy: u in float32 and its bfloat16 rounding from
 
 TEST_CASE("add_layer_norm: the weight and bias gradients do not depend on the thread count", "[layer_norm]") {
   torch::manual_seed(23);
-  auto norm = random_norm(96);
+  auto norm = random_layer_norm(96);
   const auto x0 = torch::randn({5, 300, 96}), y0 = torch::randn({5, 300, 96}), gu = torch::randn({5, 300, 96});
   const int threads = torch::get_num_threads();
   std::vector<torch::Tensor> grads;
@@ -159,7 +152,7 @@ TEST_CASE("add_layer_norm: the weight and bias gradients do not depend on the th
 
 TEST_CASE("add_layer_norm leaves evaluation and float64 to LibTorch, with training's numbers", "[layer_norm]") {
   torch::manual_seed(24);
-  auto norm = random_norm(64);
+  auto norm = random_layer_norm(64);
   const auto x = torch::randn({4, 10, 64}), y = torch::randn({4, 10, 64});
   REQUIRE(add_layer_norm_fused_takes(x, y, norm));  // the norm's weight trains
   const auto trained = add_layer_norm(x, y, norm).second.detach();
@@ -201,7 +194,7 @@ TEST_CASE("a model's loss and gradients with the fused adds and LayerNorms equal
 }
 
 TEST_CASE("add_layer_norm refuses a double backward by name", "[layer_norm]") {
-  auto norm = random_norm(8);
+  auto norm = random_layer_norm(8);
   const auto x = torch::randn({4, 8}).requires_grad_(), y = torch::randn({4, 8}).requires_grad_();
   const auto loss = add_layer_norm(x, y, norm).second.pow(2).sum();
   REQUIRE_THROWS_WITH(torch::autograd::grad({loss}, {x}, {}, /*retain_graph=*/true, /*create_graph=*/true),

@@ -8,6 +8,7 @@
 #include "core/kernels/precision.h"
 #include "core/kernels/residual_norm.h"
 #include "core/model/model.h"
+#include "tests/support/norm_support.h"
 #include "tests/support/test_support.h"
 
 using namespace extrap;
@@ -16,12 +17,7 @@ using namespace extrap::testing;
 namespace {
 
 torch::nn::LayerNorm cuda_norm(int64_t D) {
-  torch::nn::LayerNorm norm(torch::nn::LayerNormOptions({D}));
-  {
-    torch::NoGradGuard no_grad;
-    norm->weight.copy_(1 + 0.5 * torch::randn({D}));
-    norm->bias.copy_(0.5 * torch::randn({D}));
-  }
+  auto norm = random_layer_norm(D);
   norm->to(torch::kCUDA);
   return norm;
 }
