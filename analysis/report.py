@@ -93,6 +93,7 @@ def load(path):
     with h5py.File(path, "r") as f:
         header = {k: attribute(v) for k, v in f.attrs.items()}
         summary = f["summary"][...]
+        check_summary_rows(summary, f["runs"])
         points = []
         for row in summary:
             point = {name: attribute(row[name]) for name in summary.dtype.names}
@@ -135,6 +136,37 @@ LARGEST_FINITE_LOG = math.log(sys.float_info.max)
 
 def point_name(index, p):
     return "row %d of /summary (run %s, %s at %s)" % (index, p["run_id"], p["mode"], p["eval_length"])
+
+
+NUMBER_COLUMNS = ("train_length", "seed", "stride", "eval_length", "perplexity", "nll_sum", "scored_tokens",
+                  "bits_per_byte", "seconds")
+
+
+def check_summary_rows(summary, runs):
+    """Refuses a /summary that extrap cannot have written, in one line naming the row or column:
+    a number column that holds something else, a row of a run /runs does not have, two rows of
+    one (run, mode, length), a length below 1, a status other than ok or failed. Such rows would
+    be pooled as seeds, or tabled as failures, in silence."""
+    for column in NUMBER_COLUMNS:
+        if column in summary.dtype.names and summary.dtype[column].kind not in "iuf":
+            raise ReadError("column %s of /summary holds %s, not numbers" % (column, summary.dtype[column]))
+    seen = {}
+    for index, row in enumerate(summary):
+        run_id, mode, length = text(row["run_id"]), text(row["mode"]), int(row["eval_length"])
+        if run_id not in runs:
+            raise ReadError("row %d of /summary is of run %s, which /runs does not have" % (index, run_id))
+        if length < 1 or int(row["train_length"]) < 1:
+            raise ReadError("row %d of /summary (run %s, %s): lengths %d and %d; both are at least 1"
+                            % (index, run_id, mode, int(row["train_length"]), length))
+        status = text(row["status"])
+        if status != "ok" and not status.startswith("failed: "):
+            raise ReadError("row %d of /summary (run %s, %s at %d): status '%s'; extrap writes 'ok' or "
+                            "'failed: <reason>'" % (index, run_id, mode, length, status))
+        key = (run_id, mode, length)
+        if key in seen:
+            raise ReadError("rows %d and %d of /summary are both run %s, %s at %d; the file was changed "
+                            "after extrap wrote it" % (seen[key], index, run_id, mode, length))
+        seen[key] = index
 
 
 def check_point_numbers(points):

@@ -316,6 +316,10 @@ core/base/yaml_options.cpp | if (decimal) return "'" + text + "' (a leading zero
 analysis/report.py | if not (ppl == expected or (math.isfinite(ppl) and math.isfinite(expected) | if False and not (ppl == expected or (math.isfinite(ppl) and math.isfinite(expected) | the report takes a perplexity that is not exp(nll_sum / scored_tokens)
 analysis/report.py | if bin_tokens != tokens or abs(bin_nll - nll) > 1e-9 * max(abs(nll), 1.0): | if bin_tokens != tokens: | the report takes loss-by-position bins whose NLL does not add up to their point
 core/run/run_dir.cpp | remove_stale_temporaries(path_);  // of a process killed mid-write (config.yaml.tmp.<pid>) | ;  // of a process killed mid-write | a killed writer's config.yaml.tmp.<pid> stays in the run directory
+analysis/report.py | if key in seen: | if False: | the report pools two rows of one (run, mode, length) as two seeds
+core/runtime/distributed.cpp | if (!the_command_line.empty()) the_group->check_same("command line", the_command_line); | ; | ranks started with different commands or flags run on into collectives that do not match
+experiments/cli/cli_train.cpp | ranks->check_same("checkpoint or data", YAML::Dump(identity)); | ; | data-parallel eval over two different copies of a run prints their mixed sum as one run's
+core/run/run_dir.cpp | const bool owned = first.rfind("checkpoint", 0) == 0 | const bool owned = first.rfind("checkpoint", 0) == 99 | export --overwrite replaces the run's own checkpoint/model.pt
 EOF
 )
 

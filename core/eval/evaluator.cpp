@@ -131,7 +131,7 @@ void check_eval_length(const EvalSpec& spec, int64_t available, int64_t split_to
   const int64_t needed = window_tokens(spec.length, causal);
   if (available < needed) {
     std::string what = std::to_string(available) + " tokens";
-    if (available < split_tokens) what += " (the first eval.max_tokens of " + std::to_string(split_tokens) + ")";
+    if (available < split_tokens) what += " (the first " + spec.max_tokens_source + " of " + std::to_string(split_tokens) + ")";
     throw EvalFailure("evaluation length " + std::to_string(spec.length) + " needs at least " +
                       std::to_string(needed) + " tokens; the split has " + what);
   }
@@ -314,7 +314,9 @@ EvalResult evaluate(TransformerLM& model, const Corpus& corpus, const TokenStrea
                                         int64_t(windows.size())),
                       spec.length, spec.streaming.active() ? spec.streaming.cache : -1);
   // Batch windows of equal size together.
-  std::map<int64_t, std::vector<EvalWindow>> by_size;
+  // Longest first: a length the model cannot take (learned positions, memory) fails at once and
+  // names the full window, not the short last one.
+  std::map<int64_t, std::vector<EvalWindow>, std::greater<int64_t>> by_size;
   for (const auto& w : windows) by_size[w.size].push_back(w);
   // Summed NLL and scored tokens by position in the window, in float64.
   auto position_nll = torch::zeros({spec.length}, torch::kFloat64);
@@ -327,6 +329,17 @@ EvalResult evaluate(TransformerLM& model, const Corpus& corpus, const TokenStrea
   // Data parallel: batch k (in this order) is rank k % world's; the sums are reduced below.
   ProcessGroup* ranks = ProcessGroup::get(device);
   if (ranks) device = ranks->device();
+  // The windows this process scores (with ranks, its batches), for spec.on_progress.
+  int64_t own_windows = 0, done_windows = 0;
+  {
+    int64_t number = -1;
+    for (const auto& [size, group] : by_size) {
+      const int64_t per_batch = std::max<int64_t>(1, spec.batch_tokens / size);
+      for (size_t first = 0; first < group.size(); first += per_batch)
+        if (!ranks || ++number % ranks->size() == ranks->rank())
+          own_windows += std::min<int64_t>(per_batch, int64_t(group.size() - first));
+    }
+  }
   int64_t batch_number = -1;
   // With ranks, an error in one rank's batches (a length a method refuses, say) is agreed on
   // by all of them below, so that they fail alike instead of waiting for each other.
@@ -339,6 +352,8 @@ EvalResult evaluate(TransformerLM& model, const Corpus& corpus, const TokenStrea
         const EvalBatch batch = batch_inputs(group, first, count, size, stream, causal, spec, corpus);
         score_batch(model, batch, size, device, position_nll, position_tokens, position_bytes,
                     spec.keep_token_nll ? &token_sums : nullptr);
+        done_windows += count;
+        if (spec.on_progress) spec.on_progress(done_windows, own_windows);
       }
     }
   });

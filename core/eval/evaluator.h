@@ -14,6 +14,7 @@
 #include "core/model/model.h"
 
 #include <cmath>
+#include <functional>
 #include <vector>
 
 namespace extrap {
@@ -40,6 +41,7 @@ struct EvalSpec {
   int64_t length = 512;
   int64_t stride = 0;            // 0 or >= length: non-overlapping
   int64_t max_tokens = 0;        // use the first N tokens of the stream (0: all)
+  std::string max_tokens_source = "eval.max_tokens";  // where max_tokens came from, for messages
   int64_t batch_tokens = 16384;  // tokens per forward pass (windows are batched)
   // masked LM only
   double mask_prob = 0.15;
@@ -52,6 +54,9 @@ struct EvalSpec {
   // cache of streaming.cache tokens with streaming.sinks sinks. Refused with a stride, a RoPE
   // scaling or a masked LM.
   StreamingCache streaming;
+  // Called after each forward pass with the windows this process has scored and all it will
+  // (with data-parallel ranks, this rank's share): a progress display's input.
+  std::function<void(int64_t done, int64_t total)> on_progress;
 };
 
 // The mean NLL by position in the window: the scored tokens at window positions

@@ -163,6 +163,7 @@ RetrievalResult evaluate_retrieval(TransformerLM& model, const Corpus& corpus,
       cell.correct += correct;
       result.correct_by_trial[first + size_t(b)] = correct;
     }
+    if (spec.on_progress) spec.on_progress(int64_t(first) + count, int64_t(trials.size()));
   }
   const RetrievalCell total = retrieval_totals(result.cells);
   if (!std::isfinite(total.answer_nll))

@@ -32,6 +32,8 @@ struct RetrievalSpec {
   int64_t seed = 1;
   int64_t batch_tokens = 16384;                      // tokens per forward pass
   RopeScaling rope_scaling;                          // rotary and xpos models
+  // Called after each forward pass with the instances scored and all of them.
+  std::function<void(int64_t done, int64_t total)> on_progress;
 };
 
 // One depth of a retrieval evaluation.

@@ -130,6 +130,9 @@ ExportSummary export_run(const fs::path& run_dir, const fs::path& out, const Exp
     throw ConfigError("--out '" + out.string() + "': name the .safetensors file to write");
   if (fs::is_directory(out))
     throw ConfigError("--out " + out.string() + ": is a directory; name the .safetensors file to write");
+  refuse_run_file(out, "--out");
+  refuse_run_file(out.string() + ".tokenizer.model", "--out");  // the companions written beside it
+  refuse_run_file(out.string() + ".vocab.json", "--out");
   if (fs::exists(out) && !options.overwrite)
     throw ConfigError(out.string() + " exists (add --overwrite to replace it)");
   const fs::path directory = fs::absolute(out).parent_path();

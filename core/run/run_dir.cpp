@@ -87,6 +87,21 @@ fs::path enclosing_run_directory(const fs::path& path) {
   return {};
 }
 
+void refuse_run_file(const fs::path& path, const std::string& flag) {
+  const fs::path run = enclosing_run_directory(path);
+  if (run.empty()) return;
+  std::error_code error;
+  const fs::path inside = fs::absolute(path, error).lexically_normal().lexically_relative(run.lexically_normal());
+  const std::string first = inside.empty() ? std::string() : inside.begin()->string();
+  const bool owned = first.rfind("checkpoint", 0) == 0 ||
+                     (inside == first && (first == "fingerprint.yaml" || first == "config.yaml" ||
+                                          first == "metrics.jsonl" || first == "eval.json" || first == "lock"));
+  if (owned)
+    throw ConfigError(flag + " " + path.string() + ": is a file of the run directory " + run.string() +
+                      " (" + inside.string() + "), which training, evaluation and --resume read; "
+                      "write it beside them under another name");
+}
+
 void check_vocabulary(const VerifiedCheckpoint& checkpoint, const Corpus& corpus) {
   const std::string now = hex64(corpus.vocabulary_hash());
   if (checkpoint.manifest.vocabulary != now)

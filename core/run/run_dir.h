@@ -62,6 +62,10 @@ class RunDirectory {
 // The run directory `path` lies in (the nearest folder above it holding fingerprint.yaml), or an
 // empty path: where another command's output would overwrite a run's own files.
 std::filesystem::path enclosing_run_directory(const std::filesystem::path& path);
+// Refuses (ConfigError naming `flag`) a path that is one of a run directory's own files, or lies
+// in its checkpoint: what train writes and eval and --resume read (fingerprint.yaml, config.yaml,
+// metrics.jsonl, eval.json, lock, checkpoint*/). Other files in a run directory are allowed.
+void refuse_run_file(const std::filesystem::path& path, const std::string& flag);
 
 // Refuses a checkpoint whose vocabulary differs from `corpus`'s (evaluating or resuming a model
 // against another vocabulary gives meaningless numbers).

@@ -151,12 +151,22 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const LaunchEnvironment& 
 
 std::mutex group_mutex;
 ProcessGroup* the_group = nullptr;  // created once, never destroyed before exit
+std::string the_command_line;       // YAML {command, arguments}; "" until set_command_line
 
 }  // namespace
 
 const std::optional<LaunchEnvironment>& ProcessGroup::environment() {
   static const std::optional<LaunchEnvironment> env = launch_environment();
   return env;
+}
+
+void ProcessGroup::set_command_line(const std::string& command, const std::vector<std::string>& args) {
+  YAML::Node node(YAML::NodeType::Map);
+  node["command"] = command;
+  node["arguments"] = YAML::Node(YAML::NodeType::Sequence);
+  for (const auto& a : args) node["arguments"].push_back(a);
+  std::lock_guard<std::mutex> lock(group_mutex);
+  the_command_line = YAML::Dump(node);
 }
 
 ProcessGroup* ProcessGroup::existing() {
@@ -182,6 +192,7 @@ ProcessGroup* ProcessGroup::get(torch::Device device) {
     return the_group;
   }
   the_group = new ProcessGroup(*env, device);
+  if (!the_command_line.empty()) the_group->check_same("command line", the_command_line);
   return the_group;
 }
 

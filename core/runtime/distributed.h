@@ -78,6 +78,11 @@ class ProcessGroup {
   static const std::optional<LaunchEnvironment>& environment();
   // Whether this process may write files and print results: not a rank, or rank 0.
   static bool leader();
+  // The command this process runs (`extrap COMMAND ARGS...`), set by main before the command
+  // starts: the first thing a new group does is compare it across the ranks (check_same), so
+  // that ranks started with different commands or flags are refused in one line rather than
+  // failing in a collective that does not match.
+  static void set_command_line(const std::string& command, const std::vector<std::string>& args);
 
   int rank() const { return env_.rank; }
   int size() const { return env_.world_size; }

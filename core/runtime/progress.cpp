@@ -57,6 +57,15 @@ void StatusLine::line(const std::string& text) {
   last_draw_ = -1;
 }
 
+void StatusLine::clear() {
+  if (redraw_ && drawn_) {
+    std::fputs("\r\033[K", stderr);
+    std::fflush(stderr);
+  }
+  drawn_ = false;
+  last_draw_ = -1;
+}
+
 void StatusLine::finish() {
   if (redraw_ && drawn_) std::fputc('\n', stderr);
   drawn_ = false;

@@ -21,6 +21,8 @@ class StatusLine {
   void line(const std::string& text);
   // Ends the status line (a terminal only): what was drawn stays.
   void finish();
+  // Erases the status line (a terminal only), for output that takes its place.
+  void clear();
 
  private:
   bool redraw_;

@@ -5,12 +5,32 @@
 #include "core/base/files.h"
 #include "core/runtime/cuda_support.h"
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 
 namespace po = boost::program_options;
 
 namespace extrap::cli {
+
+std::function<void(int64_t, int64_t)> progress_display(StatusLine& line, const std::string& what,
+                                                       const std::string& unit) {
+  const auto start = std::chrono::steady_clock::now();
+  return [&line, what, unit, start](int64_t done, int64_t total) {
+    if (!line.redraws()) return;
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const bool last = done >= total;
+    std::string text = what + ": " + std::to_string(done) + "/" + std::to_string(total) + " " + unit + ", " +
+                       format_duration(seconds);
+    if (!last && done > 0)
+      text += ", about " + format_duration(seconds * double(total - done) / double(done)) + " left";
+    line.status(text, last);
+  };
+}
 
 std::string json_written_by(const std::string& command) { return "extrap " + command + " --json"; }
 
@@ -23,6 +43,13 @@ void check_json_path(const std::string& path, const std::string& command) {
   if (const fs::path run = enclosing_run_directory(path); !run.empty())
     throw ConfigError(flag + ": lies inside the run directory " + run.string() +
                       ", whose own files it could overwrite; write it outside the run");
+  // A folder that is missing or cannot be written is said now, not after the evaluation.
+  const fs::path folder = fs::absolute(path, error).parent_path();
+  if (!fs::is_directory(folder, error))
+    throw ConfigError(flag + ": the directory " + folder.string() + " does not exist");
+  if (::access(folder.c_str(), W_OK | X_OK) != 0)
+    throw ConfigError(flag + ": the directory " + folder.string() + " is not writable (" +
+                      std::strerror(errno) + ")");
   if (!fs::exists(path, error)) return;
   bool ours = false;
   try {

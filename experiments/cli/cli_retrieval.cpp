@@ -103,9 +103,12 @@ int evaluate_retrieval_all(TransformerLM& model, const Corpus& corpus, Retrieval
   int failures = 0;
   for (int64_t length : lengths) {
     spec.length = length;
+    StatusLine progress(ProcessGroup::leader());
+    spec.on_progress = progress_display(progress, "length " + std::to_string(length), "instances");
     const std::string failure = failure_of([&] {
       spec.rope_scaling = rope_scaling_for(rope, rope_factor, train_length, length);
       const RetrievalResult r = evaluate_retrieval(model, corpus, spec, device);
+      progress.clear();
       std::printf("%-10lld", (long long)length);
       nlohmann::json cells = nlohmann::json::array();
       for (const auto& c : r.cells) {
@@ -122,6 +125,7 @@ int evaluate_retrieval_all(TransformerLM& model, const Corpus& corpus, Retrieval
                          {"cells", cells}});
     });
     if (!failure.empty()) {
+      progress.clear();
       ++failures;
       print_failed_length(length, failure, rows);
     }

@@ -1,5 +1,6 @@
 // `extrap train` and `extrap eval`.
 #include "core/base/files.h"
+#include "core/base/hashing.h"
 #include "core/eval/evaluator.h"
 #include "core/runtime/sysinfo.h"
 #include "core/train/trainer.h"
@@ -117,11 +118,19 @@ int evaluate_all(TransformerLM& model, const Corpus& corpus, const Config& confi
     }
     for (int64_t stride : strides) for (RopeScalingKind kind : variants) {
       EvalSpec spec = eval_spec_for(config, length, stride);
+      spec.max_tokens_source = limit_source;
       spec.streaming = streaming;
       const std::string variant = rope_variant_label(kind, rope_factor);
+      StatusLine progress(ProcessGroup::leader());
+      spec.on_progress = progress_display(
+          progress, "length " + std::to_string(length) +
+                        (stride > 0 ? ", stride " + std::to_string(stride) : std::string()) +
+                        (variant.empty() ? std::string() : ", " + variant),
+          "windows");
       const std::string failure = failure_of([&] {
         spec.rope_scaling = rope_scaling_for(kind, rope_factor, config.train.seq_len, length);
         const EvalResult r = evaluate(model, corpus, stream, spec, device);
+        progress.clear();
         print_eval_row(r, scaled ? rope_column(spec.rope_scaling) : "");
         if (rows)
           rows->push_back(with_streaming({{"length", r.length}, {"stride", r.stride}, {"status", "ok"},
@@ -140,12 +149,13 @@ int evaluate_all(TransformerLM& model, const Corpus& corpus, const Config& confi
                            {"by_position", bins_json(r.by_position)}}));
       });
       if (!failure.empty()) {
+        progress.clear();
         ++failures;
         if (rows)
           rows->push_back(with_streaming({{"length", length}, {"stride", stride > 0 ? stride : length},
                                           {"rope_scaling", variant.empty() ? "none" : variant},
                                           {"status", "failed"}, {"error", failure}}));
-        std::printf("%-10lld %-8lld failed: %s%s\n", (long long)length, (long long)stride,
+        std::printf("%-10lld %-8lld failed: %s%s\n", (long long)length, (long long)(stride > 0 ? stride : length),
                     failure.c_str(), scaled ? (" (" + rope_scaling_name(kind) + ")").c_str() : "");
         std::fflush(stdout);
       }
@@ -391,6 +401,12 @@ void apply_eval_options(const EvalOptions& opt, Split which, const std::vector<R
     throw ConfigError("--rope-scaling: run " + opt.run_dir + " uses position method '" +
                       position_label(config) + "', which has no rotary angles to scale (rotary and "
                       "xpos have)");
+  // What only a causal model has: refused before anything is evaluated, like --longppl.
+  if (!config.model.causal() && (opt.streaming.active() || !opt.retrieval.empty()))
+    throw ConfigError(std::string(opt.streaming.active() ? "--streaming" : "--retrieval") + ": run " +
+                      opt.run_dir + " is a masked LM; " +
+                      (opt.streaming.active() ? "StreamingLLM reads a causal model's stream through its cache"
+                                              : "retrieval scores a causal model's greedy answer"));
   if (!opt.attention.empty())
     run.model->set_attention_backend(parse_enum<AttentionBackend>(opt.attention, "--attention"));
   config.eval.lengths = opt.lengths;
@@ -456,6 +472,16 @@ int eval(const Args& args) {
   apply_eval_options(opt, which, variants, config, run);
   // The device the run trained on unless --device names another; the checkpoint loads on the CPU.
   const torch::Device device = command_device(opt.device, config.train.device, opt.run_dir, "evaluate");
+  // Data parallel: every rank scores its share of the windows with its own copy of the run, so
+  // the copies must be one (a stale copy on one node's disk would mix two models' numbers).
+  if (ProcessGroup* ranks = ProcessGroup::get(device)) {
+    YAML::Node identity;
+    identity["checkpoint"]["step"] = run.step;
+    identity["checkpoint"]["fingerprint"] = checkpoint.manifest.fingerprint;
+    identity["checkpoint"]["model.pt"] = hex64(content_hash(*checkpoint.model_bytes));
+    identity["corpus"] = corpus.identity();
+    ranks->check_same("checkpoint or data", YAML::Dump(identity));
+  }
   run.model->to(device);
   std::cout << "run " << opt.run_dir << " (" << position_label(config) << ", trained " << run.step
             << " steps at L = " << config.train.seq_len << "):\n";

@@ -6,6 +6,7 @@
 #include "core/eval/longppl.h"
 #include "core/eval/retrieval_eval.h"
 #include "core/runtime/failure.h"
+#include "core/runtime/progress.h"
 #include "experiments/sweep/sweep.h"
 
 #include <boost/program_options.hpp>
@@ -88,6 +89,12 @@ torch::Device command_device(const std::string& requested, Device trained, const
 // "written_by" field); checked before the command does any work. json_written_by(command) is
 // that field's value, which every --json document carries.
 void check_json_path(const std::string& path, const std::string& command);
+
+// An evaluation's progress on `line` (a terminal, rank 0 only): "WHAT: 12/40 UNIT, 1m05s, about
+// 3m20s left", for EvalSpec::on_progress and RetrievalSpec::on_progress. Clear the line before
+// printing the evaluation's row.
+std::function<void(int64_t, int64_t)> progress_display(StatusLine& line, const std::string& what,
+                                                       const std::string& unit);
 std::string json_written_by(const std::string& command);
 
 // Parses `args` against `options` (+ positional names, + `hidden` options that --help does

@@ -151,6 +151,7 @@ int main(int argc, char** argv) {
       // Only rank 0 prints results; every rank still reports its errors on stderr.
       if (env->rank != 0 && !std::freopen("/dev/null", "w", stdout))
         throw std::runtime_error("cannot redirect rank " + std::to_string(env->rank) + "'s stdout");
+      extrap::ProcessGroup::set_command_line(name, args);
     }
     code = found->second.run(args);
     // Rank 0 serves the store: no rank leaves while another may still use it.

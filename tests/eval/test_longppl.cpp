@@ -257,7 +257,12 @@ TEST_CASE("extrap eval --longppl: the rows of an in-process evaluation, another 
            {{"eval", "--checkpoint", "runs/a", "--length", "48", "--longppl", "--retrieval", "passkey"},
             "one at a time"},
            {{"eval", "--checkpoint", "runs/a", "--length", "48", "--longppl", "--stride", "8"},
-            "--stride is not taken with --longppl"}}) {
+            "--stride is not taken with --longppl"},
+           // What only a causal model has, on a masked LM (docs/refusals.md), before any row.
+           {{"eval", "--checkpoint", "runs/mlm", "--length", "16", "--streaming", "8"},
+            "--streaming: run runs/mlm is a masked LM; StreamingLLM reads a causal model's stream"},
+           {{"eval", "--checkpoint", "runs/mlm", "--length", "48", "--retrieval", "passkey"},
+            "--retrieval: run runs/mlm is a masked LM; retrieval scores a causal model's greedy answer"}}) {
     CHECK(run_cli(d, args, &out) == 2);
     require_one_line_error(out, expected);
   }

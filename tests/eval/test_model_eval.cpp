@@ -114,8 +114,16 @@ TEST_CASE("non-overlapping and sliding-window perplexity equal a brute-force com
       spec.stride = S;
       spec.max_tokens = n;
       spec.batch_tokens = 24;  // several batches and a ragged last window
+      std::vector<std::pair<int64_t, int64_t>> progress;  // (done, total) after each batch
+      spec.on_progress = [&](int64_t done, int64_t total) { progress.emplace_back(done, total); };
       auto r = evaluate(model, corpus, corpus.valid, spec);
       REQUIRE(r.scored_tokens == n - 1);
+      REQUIRE(progress.size() >= 2);
+      for (size_t i = 0; i < progress.size(); ++i) {
+        CHECK(progress[i].second == r.windows);
+        CHECK(progress[i].first > (i ? progress[i - 1].first : 0));
+      }
+      CHECK(progress.back().first == r.windows);
       const double expected = brute_force_nll(model, corpus.valid, n, L, S);
       REQUIRE(r.nll_sum == Approx(expected).epsilon(1e-5));
       REQUIRE(r.perplexity == Approx(std::exp(expected / double(n - 1))).epsilon(1e-5));

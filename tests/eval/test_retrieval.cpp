@@ -233,9 +233,17 @@ TEST_CASE("a small model trained on passkey: accuracy by length, each verdict eq
   int64_t verdicts_correct = 0, verdicts_wrong = 0;
   for (int64_t length : {int64_t(103), int64_t(160)}) {
     spec.length = length;
+    std::vector<int64_t> done;  // instances scored after each forward pass, of 18
+    spec.on_progress = [&](int64_t scored, int64_t total) {
+      CHECK(total == 18);
+      done.push_back(scored);
+    };
     const RetrievalResult r = evaluate_retrieval(model, corpus, spec);
     CAPTURE(length, r.correct, r.trials);
     REQUIRE(r.trials == 18);
+    REQUIRE(!done.empty());
+    CHECK(std::is_sorted(done.begin(), done.end()));
+    CHECK(done.back() == 18);
     REQUIRE(r.cells.size() == 3);
     REQUIRE(int64_t(r.correct_by_trial.size()) == r.trials);
     if (length == 103) REQUIRE(r.accuracy >= 0.8);  // the training length: learned

@@ -190,43 +190,88 @@ def check_refusals(work):
     write_tiny(tables, {"alibi-seed1": tiny_run("alibi", 1)})
     with h5py.File(tables, "r+") as f:
         del f["summary"]
-    # Numbers that disagree: a perplexity edited by hand, an ok point without tokens.
-    edited, tokenless = os.path.join(work, "edited.h5"), os.path.join(work, "tokenless.h5")
-    for path, column, value in ((edited, "perplexity", 30.0), (tokenless, "scored_tokens", 0)):
-        write_tiny(path, {"alibi-seed1": tiny_run("alibi", 1)})
-        with h5py.File(path, "r+") as f:
-            rows = f["summary"][...]
-            rows[1][column] = value
-            f["summary"][...] = rows
-    binned = os.path.join(work, "binned.h5")
-    write_tiny(binned, {"alibi-seed1": tiny_run("alibi", 1)})
-    with h5py.File(binned, "r+") as f:  # row 0's bins hold its 512 tokens but 3/4 of its NLL
-        nll = float(f["summary"][0]["nll_sum"])
-        f["position_bins"] = np.array([(0, 0, 8, nll / 2, 256), (0, 8, 16, nll / 4, 256)], dtype=BINS)
-    binned_reason = ("row 0 of /summary (run alibi-seed1, nonoverlapping at 16): its /position_bins add up "
-                     "to nll_sum %r over 512 tokens, the row says %r over 512; the file was changed after "
-                     "extrap wrote it" % (nll / 2 + nll / 4, nll))
-    edited_reason = ("row 1 of /summary (run alibi-seed1, nonoverlapping at 32): perplexity 30.0 is not "
-                     "exp(nll_sum / scored_tokens) = %r; the file was changed after extrap wrote it"
-                     % math.exp(math.log(23.0) * 512 / 512))
-    tokenless_reason = ("row 1 of /summary (run alibi-seed1, nonoverlapping at 32): status ok but nll_sum "
-                        "%r over scored_tokens 0" % (math.log(23.0) * 512))
     for path, reason in ((empty, "the file is empty (0 bytes), not a results file"),
                          (text, "not an extrap results file (not an HDF5 file)"),
                          (other, "not an extrap results file (no format_version)"),
                          (future, "results format 2, this report reads format 1 (written by extrap 0.11.0)"),
                          (tables, "not an extrap results file (no /summary)"),
                          (folder, "it is a directory, not a results file"),
-                         (missing, "no such file"),
-                         (edited, edited_reason),
-                         (tokenless, tokenless_reason),
-                         (binned, binned_reason)):
-        out = os.path.join(work, "refused")
-        done = subprocess.run([sys.executable, os.path.join(source_dir, "analysis", "report.py"), path,
-                               "--out", out], capture_output=True, text=True)
-        assert done.returncode == 1 and done.stdout == "", (path, done)
-        assert done.stderr == "report: cannot read %s: %s\n" % (path, reason), (path, done.stderr)
-        assert not os.path.exists(out), path
+                         (missing, "no such file")):
+        assert_refused(work, path, reason)
+
+
+def assert_refused(work, path, reason):
+    """report.py refuses `path` with exit 1 and the one line "report: cannot read PATH: REASON",
+    writing nothing."""
+    out = os.path.join(work, "refused")
+    done = subprocess.run([sys.executable, os.path.join(source_dir, "analysis", "report.py"), path,
+                           "--out", out], capture_output=True, text=True)
+    assert done.returncode == 1 and done.stdout == "", (path, done)
+    assert done.stderr == "report: cannot read %s: %s\n" % (path, reason), (path, done.stderr)
+    assert not os.path.exists(out), path
+
+
+def tampered(work, name, edit):
+    """A tiny file of one run, alibi-seed1 at 16 and 32, whose /summary rows `edit` changed."""
+    path = os.path.join(work, name + ".h5")
+    write_tiny(path, {"alibi-seed1": tiny_run("alibi", 1)})
+    with h5py.File(path, "r+") as f:
+        rows = f["summary"][...]
+        rows = edit(rows)
+        del f["summary"]
+        f.create_dataset("summary", data=rows, maxshape=(None,), chunks=(64,))
+    return path
+
+
+def set_cell(row, column, value):
+    def edit(rows):
+        rows[row][column] = value
+        return rows
+    return edit
+
+
+def as_words(rows):
+    """The rows with their perplexity written as a string."""
+    words = np.empty(len(rows), dtype=[(n, STR if n == "perplexity" else rows.dtype[n]) for n in rows.dtype.names])
+    for n in rows.dtype.names:
+        words[n] = [repr(float(v)) for v in rows[n]] if n == "perplexity" else rows[n]
+    return words
+
+
+def check_tampered(work):
+    """A file whose rows extrap cannot have written (changed by hand, merged by hand) is refused
+    in one line naming the row, rather than pooled or tabled in silence."""
+    nll = math.log(23.0) * 512  # row 1: perplexity 23 over 512 tokens
+    cases = [
+        (tampered(work, "edited", set_cell(1, "perplexity", 30.0)),
+         "row 1 of /summary (run alibi-seed1, nonoverlapping at 32): perplexity 30.0 is not exp(nll_sum / "
+         "scored_tokens) = %r; the file was changed after extrap wrote it" % math.exp(nll / 512)),
+        (tampered(work, "tokenless", set_cell(1, "scored_tokens", 0)),
+         "row 1 of /summary (run alibi-seed1, nonoverlapping at 32): status ok but nll_sum %r over "
+         "scored_tokens 0" % nll),
+        (tampered(work, "status", set_cell(1, "status", "fine")),
+         "row 1 of /summary (run alibi-seed1, nonoverlapping at 32): status 'fine'; extrap writes 'ok' or "
+         "'failed: <reason>'"),
+        (tampered(work, "stranger", set_cell(1, "run_id", "alibi-seed3")),
+         "row 1 of /summary is of run alibi-seed3, which /runs does not have"),
+        (tampered(work, "twice", lambda rows: np.concatenate([rows, rows[1:2]])),
+         "rows 1 and 2 of /summary are both run alibi-seed1, nonoverlapping at 32; the file was changed "
+         "after extrap wrote it"),
+        (tampered(work, "zero", set_cell(1, "eval_length", 0)),
+         "row 1 of /summary (run alibi-seed1, nonoverlapping): lengths 16 and 0; both are at least 1"),
+        (tampered(work, "words", as_words),
+         "column perplexity of /summary holds object, not numbers"),
+    ]
+    binned = os.path.join(work, "binned.h5")
+    write_tiny(binned, {"alibi-seed1": tiny_run("alibi", 1)})
+    with h5py.File(binned, "r+") as f:  # row 0's bins hold its 512 tokens but 3/4 of its NLL
+        nll = float(f["summary"][0]["nll_sum"])
+        f["position_bins"] = np.array([(0, 0, 8, nll / 2, 256), (0, 8, 16, nll / 4, 256)], dtype=BINS)
+    cases.append((binned, "row 0 of /summary (run alibi-seed1, nonoverlapping at 16): its /position_bins add "
+                  "up to nll_sum %r over 512 tokens, the row says %r over 512; the file was changed after "
+                  "extrap wrote it" % (nll / 2 + nll / 4, nll)))
+    for path, reason in cases:
+        assert_refused(work, path, reason)
 
 
 def check_function_lengths():
@@ -246,5 +291,6 @@ with tempfile.TemporaryDirectory() as work:
     check_unrecorded_vocabulary(work)
     check_seeds_and_grid(work)
     check_refusals(work)
+    check_tampered(work)
 check_function_lengths()
 print("report header ok")

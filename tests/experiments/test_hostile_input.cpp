@@ -222,6 +222,17 @@ TEST_CASE("the --json of eval, train and task never overwrites what it did not w
   CHECK(read_text(d.root / "notes.json") == "{\"mine\": 1}\n");
   CHECK(run_cli(d, {"eval", "--checkpoint", "runs/a", "-L", "16", "--json", "runs"}, &out) == 2);
   require_one_line_error(out, "is a directory");
+  // A folder that is missing, or one that cannot be written, is said before the evaluation.
+  CHECK(run_cli(d, {"eval", "--checkpoint", "runs/a", "-L", "16", "--json", "missing/e.json"}, &out) == 2);
+  require_one_line_error(out, "extrap eval --json missing/e.json: the directory ");
+  CHECK(out.find("perplexity") == std::string::npos);  // no row was computed
+  if (geteuid() != 0) {  // root writes anywhere
+    fs::create_directories(d.root / "locked");
+    fs::permissions(d.root / "locked", fs::perms::owner_read | fs::perms::owner_exec);
+    CHECK(run_cli(d, {"eval", "--checkpoint", "runs/a", "-L", "16", "--json", "locked/e.json"}, &out) == 2);
+    require_one_line_error(out, "is not writable (Permission denied)");
+    fs::permissions(d.root / "locked", fs::perms::owner_all);
+  }
   // An earlier output of the same command is replaced; another command's is not.
   REQUIRE(run_cli(d, {"eval", "--checkpoint", "runs/a", "-L", "16", "--json", "e.json"}, &out) == 0);
   REQUIRE(run_cli(d, {"eval", "--checkpoint", "runs/a", "-L", "16", "32", "--json", "e.json"}, &out) == 0);

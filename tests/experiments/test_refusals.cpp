@@ -148,7 +148,7 @@ TEST_CASE("non-finite numbers and lengths the data cannot fill are failures, nev
                   &out) == 0);
   CHECK(run_cli(d, {"eval", "--checkpoint", "runs/ok", "-L", "16", "5000"}, &out) == 1);
   CHECK(out.find("scoring all 2400 tokens of the valid split") != std::string::npos);
-  require_one_line_error(out, "5000       0        failed: evaluation length 5000 needs at least "
+  require_one_line_error(out, "5000       5000     failed: evaluation length 5000 needs at least "
                               "5001 tokens; the split has 2400 tokens");
   CHECK(run_cli(d, {"eval", "--checkpoint", "runs/ok", "-L", "16", "-S", "0"}, &out) == 2);
   require_one_line_error(out, "--stride 0: must be at least 1");

@@ -293,6 +293,18 @@ TEST_CASE("export: refusals name the file and write nothing", "[export]") {
   CHECK(out.find("runs/none") != std::string::npos);
   CHECK_FALSE(fs::exists(d.root / "x.safetensors"));
 
+  // The run's own files are refused even with --overwrite (it replaced the trained model); a
+  // new file beside them is written.
+  const std::string model_pt = read_text(d.root / run / "checkpoint" / "model.pt");
+  for (const std::string& own : {run + "/checkpoint/model.pt", run + "/config.yaml", run + "/../" +
+                                 fs::path(run).filename().string() + "/checkpoint.old/model.pt"}) {
+    CHECK(run_cli(d, {"export", "--checkpoint", run, "--out", own, "--overwrite"}, &out) == 2);
+    CHECK(out.find("--out " + own + ": is a file of the run directory ") != std::string::npos);
+  }
+  CHECK(read_text(d.root / run / "checkpoint" / "model.pt") == model_pt);
+  CHECK(run_cli(d, {"export", "--checkpoint", run, "--out", run + "/model.safetensors"}, &out) == 0);
+  CHECK(read_text(d.root / run / "model.safetensors") == first);
+
   // A damaged checkpoint is refused before anything is written.
   const fs::path model_file = d.root / run / "checkpoint" / "model.pt";
   fs::resize_file(model_file, fs::file_size(model_file) / 2);

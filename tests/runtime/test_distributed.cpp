@@ -297,20 +297,46 @@ TEST_CASE("distributed: a hung rank is named within the timeout", "[distributed]
   CHECK(text.find("rank 1 stopped responding") != std::string::npos);
 }
 
-TEST_CASE("distributed: ranks started with different configs are refused", "[distributed]") {
-  SweepDir d;
-  write_train_config(d);
+// Starts rank 0 in `d0` and rank 1 in `d1` (each its own working directory), waits for both, and
+// returns rank 0's output; both must fail.
+std::string refused_pair(const TempDir& d0, const std::vector<std::string>& args0, const TempDir& d1,
+                         const std::vector<std::string>& args1) {
   const int port = test_port();
-  const pid_t rank0 = spawn_rank(d, 0, 2, port, train_args("runs/x"), {"EXTRAP_DIST_TIMEOUT=20"});
-  const pid_t rank1 =
-      spawn_rank(d, 1, 2, port, train_args("runs/x", {"--set", "train.lr=0.002"}), {"EXTRAP_DIST_TIMEOUT=20"});
+  const pid_t rank0 = spawn_rank(d0, 0, 2, port, args0, {"EXTRAP_DIST_TIMEOUT=20"});
+  const pid_t rank1 = spawn_rank(d1, 1, 2, port, args1, {"EXTRAP_DIST_TIMEOUT=20"});
   CHECK(wait_exit(rank0) != 0);
   CHECK(wait_exit(rank1) != 0);
-  const std::string text = read_text(d.root / "rank0.log");
-  INFO(text);
+  return read_text(d0.root / "rank0.log");
+}
+
+TEST_CASE("distributed: ranks started with different configs are refused", "[distributed]") {
+  SweepDir d, elsewhere;  // elsewhere: another node's disk, the same relative paths
+  write_train_config(d);
+  std::string other = read_text(d.root / "train.yaml");
+  REQUIRE(other.find("lr: 0.003") != std::string::npos);
+  write_text(elsewhere.root / "train.yaml", other.replace(other.find("lr: 0.003"), 9, "lr: 0.002"));
+  // Another flag on one rank: its command line.
+  std::string text = refused_pair(d, train_args("runs/x"), d, train_args("runs/x", {"--set", "train.lr=0.002"}));
+  CHECK(text.find("rank 1 was started with another command line than rank 0: first difference at "
+                  "'arguments'") != std::string::npos);
+  // The same command line on another disk whose config differs: the config.
+  text = refused_pair(d, train_args("runs/x"), elsewhere, train_args("runs/x"));
   CHECK(text.find("rank 1 was started with another config or data than rank 0: first difference "
                   "at 'config.train.lr'") != std::string::npos);
   CHECK(!has_checkpoint(d.root / "runs/x"));
+  CHECK(!has_checkpoint(elsewhere.root / "runs/x"));
+  // Another command (it would wait in a collective the other never reaches).
+  REQUIRE(run_cli(d, train_args("runs/one", {"--set", "train.steps=4"})) == 0);
+  REQUIRE(run_cli(elsewhere, train_args("runs/one", {"--set", "train.steps=4"})) == 0);
+  const std::vector<std::string> eval = {"eval", "--checkpoint", "runs/one", "--length", "16"};
+  text = refused_pair(d, train_args("runs/z"), d, eval);
+  CHECK(text.find("rank 1 was started with another command line than rank 0: first difference at "
+                  "'command': train on rank 0, eval on rank 1") != std::string::npos);
+  // One evaluation command over two copies of a run that differ: each rank would score its
+  // windows with its own model and the sum would be printed as one run's.
+  text = refused_pair(d, eval, elsewhere, eval);
+  CHECK(text.find("rank 1 was started with another checkpoint or data than rank 0: first difference "
+                  "at 'checkpoint.fingerprint'") != std::string::npos);
 
   // A micro-batch that 3 ranks cannot share evenly (16 sequences).
   std::string output;
