@@ -127,6 +127,7 @@ def load(path):
         if "attention_profile" in f:
             for index, group in rows_by_summary_row(f["attention_profile"][...], len(points)):
                 points[index]["attention_profile"] = group
+    check_point_numbers(points)
     return header, points, runs
 
 
@@ -1297,7 +1298,6 @@ def write_report(results_path, out_dir):
     try:
         check_results_file(results_path)
         header, points, runs = load(results_path)
-        check_point_numbers(points)
     except (OSError, KeyError) as e:
         raise ReadError((str(e).splitlines() or [type(e).__name__])[0])  # h5py's messages run on
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):

@@ -329,32 +329,33 @@ EvalResult evaluate(TransformerLM& model, const Corpus& corpus, const TokenStrea
   // Data parallel: batch k (in this order) is rank k % world's; the sums are reduced below.
   ProcessGroup* ranks = ProcessGroup::get(device);
   if (ranks) device = ranks->device();
-  // The windows this process scores (with ranks, its batches), for spec.on_progress.
-  int64_t own_windows = 0, done_windows = 0;
-  {
-    int64_t number = -1;
-    for (const auto& [size, group] : by_size) {
-      const int64_t per_batch = std::max<int64_t>(1, spec.batch_tokens / size);
-      for (size_t first = 0; first < group.size(); first += per_batch)
-        if (!ranks || ++number % ranks->size() == ranks->rank())
-          own_windows += std::min<int64_t>(per_batch, int64_t(group.size() - first));
+  // This process's batches: `count` windows of `size` tokens from `first` in their group.
+  struct OwnBatch {
+    const std::vector<EvalWindow>* group;
+    size_t first;
+    int64_t count, size;
+  };
+  std::vector<OwnBatch> own;
+  int64_t own_windows = 0;
+  int64_t batch_number = -1;
+  for (const auto& [size, group] : by_size) {
+    const int64_t per_batch = std::max<int64_t>(1, spec.batch_tokens / size);
+    for (size_t first = 0; first < group.size(); first += per_batch) {
+      if (ranks && ++batch_number % ranks->size() != ranks->rank()) continue;
+      own.push_back({&group, first, std::min<int64_t>(per_batch, int64_t(group.size() - first)), size});
+      own_windows += own.back().count;
     }
   }
-  int64_t batch_number = -1;
   // With ranks, an error in one rank's batches (a length a method refuses, say) is agreed on
   // by all of them below, so that they fail alike instead of waiting for each other.
   const std::string local_failure = run_or_capture(ranks, [&] {
-    for (const auto& [size, group] : by_size) {
-      const int64_t per_batch = std::max<int64_t>(1, spec.batch_tokens / size);
-      for (size_t first = 0; first < group.size(); first += per_batch) {
-        if (ranks && ++batch_number % ranks->size() != ranks->rank()) continue;
-        const int64_t count = std::min<int64_t>(per_batch, int64_t(group.size() - first));
-        const EvalBatch batch = batch_inputs(group, first, count, size, stream, causal, spec, corpus);
-        score_batch(model, batch, size, device, position_nll, position_tokens, position_bytes,
-                    spec.keep_token_nll ? &token_sums : nullptr);
-        done_windows += count;
-        if (spec.on_progress) spec.on_progress(done_windows, own_windows);
-      }
+    int64_t done_windows = 0;
+    for (const OwnBatch& b : own) {
+      const EvalBatch batch = batch_inputs(*b.group, b.first, b.count, b.size, stream, causal, spec, corpus);
+      score_batch(model, batch, b.size, device, position_nll, position_tokens, position_bytes,
+                  spec.keep_token_nll ? &token_sums : nullptr);
+      done_windows += b.count;
+      if (spec.on_progress) spec.on_progress(done_windows, own_windows);
     }
   });
   if (ranks) {

@@ -96,10 +96,9 @@ int configure_threads(int64_t requested) {
                       " cores)");
   // Data-parallel ranks on one machine share its cores.
   const auto& ranks = ProcessGroup::environment();
-  const int threads = requested > 0 ? int(requested)
-                                    : std::max(1, available_cores() / (ranks ? ranks->local_world_size : 1));
-  // More threads than cores take turns on them: slower than one a core, never faster. Said once.
   const int cores = available_cores();
+  const int threads = requested > 0 ? int(requested) : std::max(1, cores / (ranks ? ranks->local_world_size : 1));
+  // More threads than cores take turns on them: slower than one a core, never faster. Said once.
   static bool warned = false;
   if (requested > cores && !warned) {
     warned = true;

@@ -401,12 +401,15 @@ void apply_eval_options(const EvalOptions& opt, Split which, const std::vector<R
     throw ConfigError("--rope-scaling: run " + opt.run_dir + " uses position method '" +
                       position_label(config) + "', which has no rotary angles to scale (rotary and "
                       "xpos have)");
-  // What only a causal model has: refused before anything is evaluated, like --longppl.
-  if (!config.model.causal() && (opt.streaming.active() || !opt.retrieval.empty()))
-    throw ConfigError(std::string(opt.streaming.active() ? "--streaming" : "--retrieval") + ": run " +
-                      opt.run_dir + " is a masked LM; " +
-                      (opt.streaming.active() ? "StreamingLLM reads a causal model's stream through its cache"
-                                              : "retrieval scores a causal model's greedy answer"));
+  // What only a causal model has (one of them at a time), refused before anything is evaluated.
+  if (!config.model.causal()) {
+    const auto refuse = [&](const std::string& flag, const std::string& why) {
+      throw ConfigError(flag + ": run " + opt.run_dir + " is a masked LM; " + why);
+    };
+    if (opt.streaming.active()) refuse("--streaming", "StreamingLLM reads a causal model's stream through its cache");
+    if (!opt.retrieval.empty()) refuse("--retrieval", "retrieval scores a causal model's greedy answer");
+    if (opt.longppl) refuse("--longppl", "LongPPL scores a causal model's next-token predictions");
+  }
   if (!opt.attention.empty())
     run.model->set_attention_backend(parse_enum<AttentionBackend>(opt.attention, "--attention"));
   config.eval.lengths = opt.lengths;
@@ -436,9 +439,6 @@ int write_eval_results(const EvalOptions& opt, nlohmann::json& document, const n
 int evaluate_longppl(const EvalOptions& opt, LoadedRun& run, const Corpus& corpus,
                      const Config& config, torch::Device device, nlohmann::json& rows,
                      nlohmann::json& document) {
-  if (!config.model.causal())
-    throw ConfigError("--longppl: run " + opt.run_dir + " is a masked LM; LongPPL scores a causal "
-                      "model's next-token predictions");
   LongPplSpec spec;
   spec.short_length = opt.longppl_short > 0 ? opt.longppl_short : config.train.seq_len;
   std::optional<LoadedRun> reference;

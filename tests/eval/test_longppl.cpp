@@ -262,7 +262,9 @@ TEST_CASE("extrap eval --longppl: the rows of an in-process evaluation, another 
            {{"eval", "--checkpoint", "runs/mlm", "--length", "16", "--streaming", "8"},
             "--streaming: run runs/mlm is a masked LM; StreamingLLM reads a causal model's stream"},
            {{"eval", "--checkpoint", "runs/mlm", "--length", "48", "--retrieval", "passkey"},
-            "--retrieval: run runs/mlm is a masked LM; retrieval scores a causal model's greedy answer"}}) {
+            "--retrieval: run runs/mlm is a masked LM; retrieval scores a causal model's greedy answer"},
+           {{"eval", "--checkpoint", "runs/mlm", "--length", "48", "--longppl"},
+            "--longppl: run runs/mlm is a masked LM; LongPPL scores a causal model's next-token predictions"}}) {
     CHECK(run_cli(d, args, &out) == 2);
     require_one_line_error(out, expected);
   }
