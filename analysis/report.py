@@ -19,7 +19,10 @@ Writes DIR/report.md and, next to it:
                             '_', e.g. retrieval_L16_retrieval_passkey_yarn.png) exact-match
                             accuracy as a heat map of instance length (rows, also as a
                             multiple of L) by depth of the key (columns, percent), one panel
-                            per method, colour scale 0 to 1, the accuracy written in each cell
+                            per method, colour scale 0 to 1, the accuracy written in each cell;
+                            depths that place the key alike at a length (a filler of few
+                            sentences: /retrieval's same_as) are one cell spanning their
+                            columns, their instances pooled, with where the key went
 and in report.md: one table per (training length, mode) in the shape of the ALiBi paper's
 extrapolation tables (evaluation lengths as rows, methods as columns), the same as ratios to
 the perplexity at the training length, LongPPL by evaluation length (with the number of key
@@ -667,20 +670,51 @@ def length_text(length, train_length):
 
 
 def pooled_retrieval(cell_arrays):
-    """The seeds' /retrieval rows of one point pooled: depth -> [correct, trials]."""
+    """The seeds' /retrieval rows of one point pooled: depth -> {"correct", "trials", "same_as",
+    "placed"}: same_as the asked depth whose row places every key where this depth's do (its own
+    where none earlier does, or where the file did not record it: extrap 0.11 and before), placed
+    the trial-weighted mean of where the keys went (percent; NaN where not recorded)."""
     counts = {}
     for cells in cell_arrays:
+        names = cells.dtype.names or ()
         for c in cells:
-            count = counts.setdefault(float(c["depth"]), [0, 0])
-            count[0] += int(c["correct"])
-            count[1] += int(c["trials"])
+            depth = float(c["depth"])
+            count = counts.setdefault(depth, {"correct": 0, "trials": 0, "same_as": depth,
+                                              "placed_sum": 0.0, "placed_trials": 0})
+            count["correct"] += int(c["correct"])
+            count["trials"] += int(c["trials"])
+            if "same_as" in names and math.isfinite(float(c["same_as"])):
+                count["same_as"] = float(c["same_as"])
+                count["placed_sum"] += float(c["placed_depth"]) * int(c["trials"])
+                count["placed_trials"] += int(c["trials"])
+    for count in counts.values():
+        trials = count.pop("placed_trials")
+        count["placed"] = count.pop("placed_sum") / trials if trials else float("nan")
     return counts
+
+
+def placement_groups(by_depth):
+    """The measurements of one point's pooled rows (pooled_retrieval): a list of (asked depths,
+    correct, trials, placed), one per group of depths that place the key alike, in depth order."""
+    groups = {}
+    for depth in sorted(by_depth):
+        c = by_depth[depth]
+        g = groups.setdefault(c["same_as"], [[], 0, 0, 0.0, 0])
+        g[0].append(depth)
+        g[1] += c["correct"]
+        g[2] += c["trials"]
+        if math.isfinite(c["placed"]):
+            g[3] += c["placed"] * c["trials"]
+            g[4] += c["trials"]
+    return [(d, correct, trials, placed / n if n else float("nan"))
+            for d, correct, trials, placed, n in groups.values()]
 
 
 def plot_retrieval(path, train_length, title, lengths, depths, methods, counts, failed):
     """Exact-match accuracy by instance length (rows) and depth (columns), one panel per method:
-    counts[(length, method)] = {depth: [correct, trials]}; failed: the (length, method) cells
-    with failures and no finished point, written "failed"."""
+    counts[(length, method)] = pooled_retrieval's rows; failed: the (length, method) cells
+    with failures and no finished point, written "failed". Depths that place the key alike at a
+    length are one measurement: one cell spanning their columns, with the depth it was placed at."""
     columns = min(3, len(methods))
     rows = (len(methods) + columns - 1) // columns
     fig, axes = plt.subplots(rows, columns, squeeze=False, constrained_layout=True,
@@ -691,26 +725,36 @@ def plot_retrieval(path, train_length, title, lengths, depths, methods, counts, 
     for panel, method in enumerate(methods):
         ax = axes[panel // columns][panel % columns]
         accuracy = np.full((len(lengths), len(depths)), np.nan)
+        labels = []  # (row, first column, last column, accuracy, placed)
         for i, length in enumerate(lengths):
             by_depth = counts.get((length, method), {})
-            for j, depth in enumerate(depths):
-                correct, trials = by_depth.get(depth, (0, 0))
-                if trials:
-                    accuracy[i, j] = correct / trials
+            for group, correct, trials, placed in placement_groups(by_depth):
+                columns_of = [depths.index(d) for d in group if d in depths]
+                if trials and columns_of:
+                    accuracy[i, columns_of] = correct / trials
+                    labels.append((i, min(columns_of), max(columns_of), correct / trials,
+                                   placed if len(group) > 1 else None))
         image = ax.imshow(np.ma.masked_invalid(accuracy), cmap=cmap, vmin=0.0, vmax=1.0,
                           origin="lower", aspect="auto")
+        for i, first, last, value, placed in labels:
+            color = "black" if value > 0.6 else "white"
+            ax.text((first + last) / 2, i, "%.2f" % value, ha="center", va="center", fontsize=8, color=color)
+            if placed is not None:  # one measurement over several columns: say where the keys went
+                ax.text((first + last) / 2, i - 0.3, "one cell, key at %.0f%%" % placed if math.isfinite(placed)
+                        else "one cell", ha="center", va="center", fontsize=6, color=color)
+                for edge in (first - 0.5, last + 0.5):
+                    ax.plot([edge, edge], [i - 0.5, i + 0.5], color="white", linewidth=1.5)
         for i, length in enumerate(lengths):
-            for j in range(len(depths)):
-                if math.isfinite(accuracy[i, j]):
-                    ax.text(j, i, "%.2f" % accuracy[i, j], ha="center", va="center", fontsize=8,
-                            color="black" if accuracy[i, j] > 0.6 else "white")
-                elif (length, method) in failed:
+            if (length, method) in failed:
+                for j in range(len(depths)):
                     ax.text(j, i, "failed", ha="center", va="center", fontsize=7, color="black")
+        ax.set_xlim(-0.5, len(depths) - 0.5)  # the cells' edges drawn above do not widen the axes
+        ax.set_ylim(-0.5, len(lengths) - 0.5)
         ax.set_xticks(range(len(depths)))
         ax.set_xticklabels(["%g" % d for d in depths])
         ax.set_yticks(range(len(lengths)))
         ax.set_yticklabels([length_text(l, train_length) for l in lengths])
-        ax.set_xlabel("depth of the key (%)")
+        ax.set_xlabel("depth of the key asked (%)")
         ax.set_ylabel("instance length (tokens)")
         ax.set_title(method, fontsize=10)
     for panel in range(len(methods), rows * columns):
@@ -719,6 +763,32 @@ def plot_retrieval(path, train_length, title, lengths, depths, methods, counts, 
     fig.suptitle("retrieval (%s), trained at L = %d" % (title, train_length), fontsize=11)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def placement_text(counts, lengths, train_length):
+    """The lengths at which asked depths place the key alike, in words: "At 128 (2x) depths 0,
+    25 and 50 (at 16% of the filler), and 75 and 100 (at 100%) place it alike." ("" where every
+    depth is its own measurement)."""
+    sentences = []
+    for l in lengths:
+        groups = {}
+        for (length, _), by_depth in counts.items():
+            if length == l:
+                for depths, _, _, placed in placement_groups(by_depth):
+                    if len(depths) > 1:
+                        groups[tuple(depths)] = placed
+        if not groups:
+            continue
+        parts = []
+        for depths, placed in sorted(groups.items()):
+            where = ("%.0f%%" % placed if math.isfinite(placed) else "one place") + ("" if parts else " of the filler")
+            parts.append("%s (at %s)" % (", ".join("%g" % d for d in depths[:-1]) + " and %g" % depths[-1], where))
+        sentences.append("At %s depths %s place it alike." % (length_text(l, train_length), ", and ".join(parts)))
+    if not sentences:
+        return ""
+    return (" The key goes at the filler's sentence boundary nearest the asked depth, and a short filler has few. "
+            + " ".join(sentences) + " Depths that place the key alike are one measurement, drawn as one cell with "
+            "their instances pooled.")
 
 
 def retrieval_section(out_dir, train_length, methods, retrieval, failures, notes):
@@ -744,8 +814,8 @@ def retrieval_section(out_dir, train_length, methods, retrieval, failures, notes
             for l in lengths:
                 by_depth = counts.get((l, m))
                 f = failures.get((train_length, mode, l, m))
-                correct = sum(c for c, _ in by_depth.values()) if by_depth else 0
-                trials = sum(t for _, t in by_depth.values()) if by_depth else 0
+                correct = sum(c["correct"] for c in by_depth.values()) if by_depth else 0
+                trials = sum(c["trials"] for c in by_depth.values()) if by_depth else 0
                 if trials:
                     row.append("%.0f%% (%d/%d)" % (100.0 * correct / trials, correct, trials)
                                + (" " + notes.mark(f[0]) if f else ""))
@@ -764,9 +834,10 @@ def retrieval_section(out_dir, train_length, methods, retrieval, failures, notes
                markdown_table(["method"] + [length_text(l, train_length) for l in lengths], rows), "",
                "Counted: exact match of greedy decoding (an instance is correct when greedy decoding after "
                "the question gives exactly the answer's tokens: the number and its full stop), over all depths "
-               "(%s%%); %s instances per length and depth in each run, the same instances for every method%s."
+               "(%s%%); %s instances per length and depth in each run, the same instances for every method%s.%s"
                % (", ".join("%g" % d for d in depths), instances,
-                  "; the counts are summed over seeds" if pooled else ""), ""]
+                  "; the counts are summed over seeds" if pooled else "",
+                  placement_text(counts, lengths, train_length)), ""]
     return md
 
 

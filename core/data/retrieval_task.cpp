@@ -243,13 +243,25 @@ std::vector<int64_t> TaskGenerator::boundaries(int64_t filler) const {
 
 int64_t TaskGenerator::nearest_boundary(const std::vector<int64_t>& boundaries, int64_t filler,
                                         double depth, TaskInstance& out) {
-  // The boundary nearest depth * filler (the lower on a tie).
+  // The boundary nearest depth * filler (the lower on a tie): boundaries are sorted, so it is
+  // the last one at or below the wanted position or the first one above it.
   const double wanted = depth * double(filler);
-  int64_t at = boundaries[0];
-  for (int64_t b : boundaries)
-    if (std::abs(double(b) - wanted) < std::abs(double(at) - wanted)) at = b;
+  const auto above = std::upper_bound(boundaries.begin(), boundaries.end(), wanted,
+                                      [](double w, int64_t b) { return w < double(b); });
+  int64_t at = above == boundaries.end() ? boundaries.back() : *above;
+  if (above != boundaries.begin() && std::abs(double(*(above - 1)) - wanted) <= std::abs(double(at) - wanted))
+    at = *(above - 1);
   out.depth = filler > 0 ? double(at) / double(filler) : depth;
+  out.filler = filler;
   return at;
+}
+
+std::vector<int64_t> TaskGenerator::key_placements(int64_t filler, const std::vector<double>& depths) const {
+  const std::vector<int64_t> starts = boundaries(filler);
+  std::vector<int64_t> out;
+  TaskInstance unused;
+  for (double depth : depths) out.push_back(nearest_boundary(starts, filler, depth, unused));
+  return out;
 }
 
 std::vector<int64_t> TaskGenerator::lay_out(int64_t filler, std::vector<Placement> placements,

@@ -82,6 +82,7 @@ struct TaskInstance {
   int64_t key_begin = 0;          // first token of the target's key sentence
   int64_t key_end = 0;            // one past its last token
   double depth = 0;               // where the key sentence went: filler tokens before it / all
+  int64_t filler = 0;             // the filler's tokens (key_placements() takes it)
   std::vector<int64_t> distractor_keys;    // multikey: the other keys, in text order
   std::vector<int64_t> distractor_begins;  // ... and where their sentences begin
   // variable_tracking: the chain's names in assignment order (the first is assigned `key`;
@@ -122,6 +123,11 @@ class TaskGenerator {
   TaskInstance make(int64_t length, double depth, uint64_t seed) const;
   // The text of tokens (bytes as they are; words joined by spaces).
   std::string text(const std::vector<int32_t>& tokens) const;
+  // Where make() puts the key sentence of an instance whose filler has `filler` tokens
+  // (TaskInstance::filler) at each of `depths` (in [0, 1]): the filler tokens before it. Two
+  // depths with the same placement give the same instance for the same seed: at short lengths
+  // the filler has few sentence boundaries, and several depths share one.
+  std::vector<int64_t> key_placements(int64_t filler, const std::vector<double>& depths) const;
 
  private:
   std::vector<int32_t> encode(const std::string& text) const;  // byte or word form of `text`

@@ -1,9 +1,11 @@
 #include "core/eval/retrieval_eval.h"
 
 #include "core/model/memory_estimate.h"
+#include "core/runtime/progress.h"
 
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <set>
 
 namespace extrap {
@@ -53,6 +55,63 @@ RetrievalCell retrieval_totals(const std::vector<RetrievalCell>& cells) {
   return total;
 }
 
+std::vector<RetrievalPlacement> retrieval_placement_groups(const std::vector<RetrievalCell>& cells) {
+  std::vector<RetrievalPlacement> groups;
+  for (const RetrievalCell& cell : cells) {
+    RetrievalPlacement* group = nullptr;
+    if (!cell.distinct())
+      for (auto& g : groups)
+        if (g.pooled.depth == cell.same_as) group = &g;
+    if (!group) {
+      groups.push_back({cell, {cell.depth}});
+      continue;
+    }
+    RetrievalCell& p = group->pooled;
+    const double weight = double(p.trials) + double(cell.trials);
+    if (weight > 0)
+      p.placed_depth = (p.placed_depth * double(p.trials) + cell.placed_depth * double(cell.trials)) / weight;
+    p.trials += cell.trials;
+    p.correct += cell.correct;
+    p.answer_nll += cell.answer_nll;
+    p.answer_tokens += cell.answer_tokens;
+    group->depths.push_back(cell.depth);
+  }
+  return groups;
+}
+
+namespace {
+// Each cell's placed_depth (the mean of its instances' depths) and same_as: cells c and d place
+// alike when, for every filler length among the instances, the generator puts the key at the
+// same boundary at c's depth as at d's.
+void record_placements(const TaskGenerator& generator, const std::vector<double>& depths,
+                       const std::vector<std::pair<size_t, const TaskInstance*>>& instances,
+                       std::vector<RetrievalCell>& cells) {
+  std::vector<double> fractions;
+  for (double d : depths) fractions.push_back(d / 100.0);
+  std::map<int64_t, std::vector<int64_t>> placements;  // filler length -> each depth's boundary
+  std::vector<double> placed_sum(cells.size(), 0.0);
+  std::vector<int64_t> count(cells.size(), 0);
+  for (const auto& [cell, instance] : instances) {
+    if (!placements.count(instance->filler))
+      placements[instance->filler] = generator.key_placements(instance->filler, fractions);
+    placed_sum[cell] += instance->depth * 100.0;
+    ++count[cell];
+  }
+  for (size_t c = 0; c < cells.size(); ++c) {
+    cells[c].placed_depth = count[c] > 0 ? placed_sum[c] / double(count[c]) : NAN;
+    cells[c].same_as = cells[c].depth;
+    for (size_t e = 0; e < c; ++e) {
+      bool alike = true;
+      for (const auto& [filler, at] : placements) alike = alike && at[c] == at[e];
+      if (alike) {
+        cells[c].same_as = cells[e].same_as;
+        break;
+      }
+    }
+  }
+}
+}  // namespace
+
 void check_retrieval_spec(const RetrievalSpec& spec) {
   if (spec.task == RetrievalTask::none) throw ConfigError("retrieval: no task named");
   if (spec.depths.empty()) throw ConfigError("retrieval depths: give at least one (percent)");
@@ -78,6 +137,45 @@ void check_instance_memory(int64_t length, int64_t instances) {
   check_memory(int64_t(bytes),
                std::to_string(instances) + " retrieval instance(s) of " + std::to_string(length) + " tokens",
                "give a shorter retrieval length");
+}
+
+RetrievalWork estimate_retrieval_work(TransformerLM& model, const RetrievalSpec& spec, torch::Device device) {
+  RetrievalWork work;
+  work.instances = int64_t(spec.depths.size()) * spec.samples;
+  const ModelConfig& m = model->config();
+  const int64_t vocab = model->vocab_size();
+  // A window holds the question and the answer's rows: a few dozen scored positions each.
+  constexpr int64_t kScored = 16;
+  work.flops = forward_flops(m, vocab, work.instances, spec.length, work.instances * kScored);
+  // The rate: one window of up to 512 tokens, timed on its second pass (the first allocates).
+  const int64_t probe = std::min<int64_t>(spec.length, 512);
+  torch::NoGradGuard no_grad;
+  EvaluationScope scope(model, RopeScaling{});
+  const auto tokens = torch::zeros({1, probe}, torch::TensorOptions().dtype(torch::kLong).device(device));
+  double seconds = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    const auto start = std::chrono::steady_clock::now();
+    auto hidden = model->hidden(tokens);
+    model->logits(hidden.narrow(1, probe - 1, 1));
+    if (device.is_cuda()) hidden.cpu();  // waits for the device
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  const double rate = forward_flops(m, vocab, 1, probe, 1) / std::max(seconds, 1e-9);
+  if (std::isfinite(rate) && rate > 0) work.seconds = work.flops / rate;
+  return work;
+}
+
+std::string RetrievalWork::warning(const std::string& who, double threshold) const {
+  if (!(seconds > threshold)) return "";
+  char days[32];
+  std::snprintf(days, sizeof days, "%.0f days", seconds / 86400);
+  char text[400];
+  std::snprintf(text, sizeof text,
+                "%s: %lld instance(s), about %.2g floating-point operations: about %s at the rate this model "
+                "computes here (fewer samples or depths, or a shorter length, finish sooner)",
+                who.c_str(), (long long)instances, flops,
+                seconds > 2 * 86400 ? days : format_duration(seconds).c_str());
+  return text;
 }
 
 RetrievalResult evaluate_retrieval(TransformerLM& model, const Corpus& corpus,
@@ -110,11 +208,16 @@ RetrievalResult evaluate_retrieval(TransformerLM& model, const Corpus& corpus,
   result.length = spec.length;
   result.correct_by_trial.assign(size_t(spec.depths.size()) * size_t(spec.samples), 0);
   for (size_t c = 0; c < spec.depths.size(); ++c) {
-    result.cells.push_back({spec.depths[c], 0, 0, 0.0, 0});
+    result.cells.push_back({spec.depths[c], 0, 0, 0.0, 0, NAN, NAN});
     for (int64_t s = 0; s < spec.samples; ++s)
       trials.push_back(
           {c, generator.make(spec.length, spec.depths[c] / 100.0,
                              retrieval_instance_seed(spec.seed, spec.length, spec.depths[c], s))});
+  }
+  {
+    std::vector<std::pair<size_t, const TaskInstance*>> instances;
+    for (const Trial& t : trials) instances.push_back({t.cell, &t.instance});
+    record_placements(generator, spec.depths, instances, result.cells);
   }
   const int64_t banned = corpus.byte_level() ? corpus.mask_token : -1;
   const GreedyStep step = model_greedy_step(model, banned, device);

@@ -37,17 +37,42 @@ struct RetrievalSpec {
 };
 
 // One depth of a retrieval evaluation.
+//
+// Each instance's key sits at the filler's sentence boundary nearest to the asked depth. A short
+// filler has few boundaries, and then several asked depths put the key at the same one: at 128
+// bytes depths 0, 25 and 50 share a boundary. Such depths are one measurement (the same instances
+// but for the seed), so each cell also says where its keys went and which earlier cell placed
+// them alike: a table shows a group of such cells once, their counts pooled
+// (retrieval_placement_groups).
 struct RetrievalCell {
-  double depth = 0;          // percent, as asked (each instance's key sits at the filler
-                             // sentence boundary nearest to it)
+  double depth = 0;          // percent, as asked
   int64_t trials = 0;
   int64_t correct = 0;
   double answer_nll = 0;     // the answer tokens' summed NLL over the trials (nats)
   int64_t answer_tokens = 0;
+  // Percent: the mean over the trials of where the key went (filler tokens before it / all).
+  // NaN in results files written before it was recorded.
+  double placed_depth = NAN;
+  // The asked depth of the first cell of the evaluation (in the order of its depths) that puts
+  // every instance's key where this cell does, for every filler length its instances have: this
+  // cell's own depth when no earlier one does. NaN where not recorded (as placed_depth).
+  double same_as = NAN;
+  // Whether the cell is the first of its group (same_as is its own depth, or not recorded).
+  bool distinct() const { return std::isnan(same_as) || same_as == depth; }
 };
 
 // The cells of all depths added up (trials, correct, answer_nll, answer_tokens; depth 0).
 RetrievalCell retrieval_totals(const std::vector<RetrievalCell>& cells);
+
+// The cells as measurements: one per group of cells that place the key alike (same_as), in
+// the order of their first cells, each with the group's counts summed, its first cell's depth,
+// and placed_depth the trial-weighted mean of the group's. `depths` lists each group's asked
+// depths. Cells without a recorded placement are groups of their own.
+struct RetrievalPlacement {
+  RetrievalCell pooled;
+  std::vector<double> depths;
+};
+std::vector<RetrievalPlacement> retrieval_placement_groups(const std::vector<RetrievalCell>& cells);
 
 struct RetrievalResult {
   int64_t length = 0;
@@ -69,6 +94,19 @@ void check_retrieval_spec(const RetrievalSpec& spec);
 // Refuses `instances` retrieval instances of `length` tokens that cannot fit in memory, before
 // any is built (a ConfigError naming the length; `extrap task --length`, evaluate_retrieval).
 void check_instance_memory(int64_t length, int64_t instances);
+
+// What evaluate_retrieval(model, corpus, spec) will cost: its forward passes over every instance
+// (forward_flops) and, at the rate this model computes here (timed now on one short window),
+// about how long. A retrieval at millions of tokens on a small model passes the memory checks
+// and can take days: said before it starts.
+struct RetrievalWork {
+  int64_t instances = 0;
+  double flops = 0;
+  double seconds = NAN;  // NaN where the rate could not be measured
+  // "" when it takes under `threshold` seconds; else a line saying how long, and what shortens it.
+  std::string warning(const std::string& who, double threshold = 300) const;
+};
+RetrievalWork estimate_retrieval_work(TransformerLM& model, const RetrievalSpec& spec, torch::Device device);
 
 // The most likely next token (never a banned one) of the model reading `sequence` (an
 // instance's `length` tokens), at position `row`.

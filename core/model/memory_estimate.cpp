@@ -98,6 +98,13 @@ int64_t parameter_count_estimate(const Config& c, int64_t vocab_size) {
   return total;
 }
 
+double forward_flops(const ModelConfig& m, int64_t vocab_size, int64_t windows, int64_t length, int64_t scored) {
+  const double d = double(m.d_model), tokens = double(windows) * double(length);
+  const double projections = 4.0 * d * d + 2.0 * d * double(m.d_ffn);   // q, k, v, out; the FFN's two
+  const double pairs = double(windows) * double(length) * (double(length) + 1.0) / 2.0;
+  return double(m.layers) * (2.0 * tokens * projections + 4.0 * pairs * d) + 2.0 * double(scored) * d * double(vocab_size);
+}
+
 int64_t vocabulary_parameters(const ModelConfig& m, int64_t vocab_size) {
   if (!m.adaptive()) return mul(vocab_size, m.d_model);
   // Each band's embedding and projection, and the clusters' logits (core/model/adaptive.h).

@@ -38,6 +38,13 @@ MemoryEstimate estimate_training_memory(const Config& config, int64_t vocab_size
 int64_t available_memory_bytes();
 std::string format_bytes(int64_t bytes);  // "1.5 GiB", "320 MiB"
 
+// Floating-point operations of a forward pass over `windows` windows of `length` tokens (causal
+// attention: each query against the keys up to it), with the output projection at `scored`
+// positions of all of them: 2 x tokens x the blocks' projection weights, 2 x 2 x layers x the
+// attended pairs x d_model for q.k and the weighted values, 2 x scored x d_model x vocabulary.
+// What an evaluation will cost, said before a long one starts.
+double forward_flops(const ModelConfig& model, int64_t vocab_size, int64_t windows, int64_t length, int64_t scored);
+
 // Refuses (ConfigError) a training config whose estimate exceeds the available memory.
 void check_training_memory(const Config& config, int64_t vocab_size);
 // Refuses (ConfigError) `bytes` needed for `what` when more than is available.

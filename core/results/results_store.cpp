@@ -213,15 +213,19 @@ H5::CompType bin_type() {
 
 // A row of /retrieval: one depth of the retrieval point in row `summary_row` of /summary.
 struct RetrievalRow {
-  int64_t summary_row;
-  double depth;
-  int64_t trials;
-  int64_t correct;
-  double answer_nll;
-  int64_t answer_tokens;
+  int64_t summary_row = 0;
+  double depth = 0;
+  int64_t trials = 0;
+  int64_t correct = 0;
+  double answer_nll = 0;
+  int64_t answer_tokens = 0;
+  double placed_depth = NAN;  // both NaN where the file's /retrieval predates them
+  double same_as = NAN;
 };
 
-H5::CompType retrieval_type() {
+// The columns of /retrieval; `placement` adds placed_depth and same_as, which older
+// files lack: read without them, those rows keep NaN.
+H5::CompType retrieval_type(bool placement = true) {
   const auto& i64 = H5::PredType::NATIVE_INT64;
   const auto& f64 = H5::PredType::NATIVE_DOUBLE;
   H5::CompType type(sizeof(RetrievalRow));
@@ -231,7 +235,34 @@ H5::CompType retrieval_type() {
   type.insertMember("correct", HOFFSET(RetrievalRow, correct), i64);
   type.insertMember("answer_nll", HOFFSET(RetrievalRow, answer_nll), f64);
   type.insertMember("answer_tokens", HOFFSET(RetrievalRow, answer_tokens), i64);
+  if (placement) {
+    type.insertMember("placed_depth", HOFFSET(RetrievalRow, placed_depth), f64);
+    type.insertMember("same_as", HOFFSET(RetrievalRow, same_as), f64);
+  }
   return type;
+}
+
+// Whether the file's /retrieval has the placement columns.
+bool retrieval_has_placement(const H5::DataSet& dataset) {
+  const H5::CompType stored = dataset.getCompType();
+  for (int i = 0; i < stored.getNmembers(); ++i)
+    if (stored.getMemberName(unsigned(i)) == "placed_depth") return true;
+  return false;
+}
+
+// /retrieval of an older file, rewritten with the placement columns (its rows NaN there), so that
+// the rows appended next keep theirs.
+void add_retrieval_placement(H5::H5File& file) {
+  H5::DataSet old = file.openDataSet("retrieval");
+  if (retrieval_has_placement(old)) return;
+  hsize_t count = 0;
+  old.getSpace().getSimpleExtentDims(&count);
+  std::vector<RetrievalRow> rows(count);
+  if (count > 0) old.read(rows.data(), retrieval_type(false));
+  old.close();
+  file.unlink("retrieval");
+  H5::DataSet dataset = create_rows(file, "retrieval", retrieval_type());
+  append_rows(dataset, retrieval_type(), rows.data(), rows.size());
 }
 
 // A row of /longppl: LongPPL of the non-overlapping point in row `summary_row` of /summary.
@@ -346,10 +377,11 @@ void write_point(H5::H5File& file, const PointRecord& p) {
   }
   if (!p.retrieval.empty()) {
     if (!file.nameExists("retrieval")) create_rows(file, "retrieval", retrieval_type());
+    add_retrieval_placement(file);
     std::vector<RetrievalRow> rows;
     for (const auto& c : p.retrieval)
       rows.push_back({int64_t(summary_rows), c.depth, c.trials, c.correct, c.answer_nll,
-                      c.answer_tokens});
+                      c.answer_tokens, c.placed_depth, c.same_as});
     H5::DataSet dataset = file.openDataSet("retrieval");
     append_rows(dataset, retrieval_type(), rows.data(), rows.size());
   }
@@ -437,7 +469,7 @@ std::map<int64_t, std::vector<Record>> read_by_summary_row(H5::H5File& file, con
 PositionBin bin_record(const BinRow& r) { return {r.begin, r.end, r.nll_sum, r.scored_tokens}; }
 
 RetrievalCell retrieval_record(const RetrievalRow& r) {
-  return {r.depth, r.trials, r.correct, r.answer_nll, r.answer_tokens};
+  return {r.depth, r.trials, r.correct, r.answer_nll, r.answer_tokens, r.placed_depth, r.same_as};
 }
 
 ProfileCell profile_record(const ProfileRow& r) {
@@ -665,8 +697,9 @@ void ResultsStore::load() {
     if (count > 0) {
       summary.read(rows.data(), type);
       const auto bins = read_by_summary_row(file, "position_bins", bin_type(), bin_record);
+      const bool placement = !file.nameExists("retrieval") || retrieval_has_placement(file.openDataSet("retrieval"));
       const auto retrieval =
-          read_by_summary_row(file, "retrieval", retrieval_type(), retrieval_record);
+          read_by_summary_row(file, "retrieval", retrieval_type(placement), retrieval_record);
       const auto longppl = read_by_summary_row(file, "longppl", longppl_type(), longppl_record);
       const auto profiles =
           read_by_summary_row(file, "attention_profile", profile_type(), profile_record);

@@ -27,9 +27,15 @@
 //                          (core/eval/evaluator.h, PositionBin); a point's rows together. Absent
 //                          in files written before extrap 0.3.
 //   /retrieval             compound, extendable: (summary_row, depth, trials, correct,
-//                          answer_nll, answer_tokens): a retrieval point's exact-match counts at
-//                          one key depth (percent; core/eval/retrieval_eval.h); a point's rows
-//                          together. A retrieval point's /summary row (mode
+//                          answer_nll, answer_tokens, placed_depth, same_as): a retrieval point's
+//                          exact-match counts at one key depth (percent, as asked;
+//                          core/eval/retrieval_eval.h, RetrievalCell), where its keys went
+//                          (placed_depth, percent, the mean over its trials) and the asked depth
+//                          of the point's first row that places every key alike (same_as: its
+//                          own depth, or an earlier row's, whose row measures the same thing);
+//                          a point's rows together. Files of extrap 0.11 and before lack the
+//                          last two columns (read as NaN: not recorded); a point appended to
+//                          such a file rewrites /retrieval with them. A retrieval point's /summary row (mode
 //                          "retrieval_<task>[+<variant>]", eval_length the instance length,
 //                          stride = eval_length) holds the answers' NLL: nll_sum and
 //                          scored_tokens over the answer tokens, perplexity their exp(mean);

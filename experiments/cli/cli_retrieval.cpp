@@ -28,6 +28,21 @@ Corpus byte_corpus() {
   return corpus;
 }
 
+// The depths of a length that place the key alike, said in one line under its row.
+std::string placement_note(int64_t length, const std::vector<RetrievalPlacement>& groups) {
+  std::string text;
+  for (const auto& g : groups) {
+    if (g.depths.size() < 2) continue;
+    std::string depths;
+    for (double d : g.depths) depths += (depths.empty() ? "" : ", ") + number_text(d);
+    char placed[48];
+    std::snprintf(placed, sizeof placed, " (at %.0f%%%s)", g.pooled.placed_depth, text.empty() ? " of it" : "");
+    text += (text.empty() ? "" : " and ") + depths + placed;
+  }
+  return "  (length " + std::to_string(length) + ": the filler's few sentences place the key alike for depths " + text +
+         ": each group is one measurement, its instances pooled)";
+}
+
 }  // namespace
 
 int task(const Args& args) {
@@ -107,18 +122,34 @@ int evaluate_retrieval_all(TransformerLM& model, const Corpus& corpus, Retrieval
     spec.on_progress = progress_display(progress, "length " + std::to_string(length), "instances");
     const std::string failure = failure_of([&] {
       spec.rope_scaling = rope_scaling_for(rope, rope_factor, train_length, length);
+      if (const std::string warning = estimate_retrieval_work(model, spec, device)
+                                          .warning("extrap eval: retrieval at length " + std::to_string(length));
+          !warning.empty() && ProcessGroup::leader()) {
+        progress.clear();
+        std::cerr << warning << std::endl;
+      }
       const RetrievalResult r = evaluate_retrieval(model, corpus, spec, device);
       progress.clear();
       std::printf("%-10lld", (long long)length);
+      // A group of depths that place the key alike is one measurement: its pooled accuracy
+      // under its first depth, "=D%" under the others (D that first depth).
+      const std::vector<RetrievalPlacement> groups = retrieval_placement_groups(r.cells);
       nlohmann::json cells = nlohmann::json::array();
       for (const auto& c : r.cells) {
-        std::printf(" %8.2f", double(c.correct) / double(c.trials));
+        if (c.distinct()) {
+          for (const auto& g : groups)
+            if (g.pooled.depth == c.depth) std::printf(" %8.2f", double(g.pooled.correct) / double(g.pooled.trials));
+        } else {
+          std::printf(" %8s", ("=" + number_text(c.same_as) + "%").c_str());
+        }
         cells.push_back({{"depth", c.depth}, {"trials", c.trials}, {"correct", c.correct},
-                         {"answer_nll", c.answer_nll}, {"answer_tokens", c.answer_tokens}});
+                         {"answer_nll", c.answer_nll}, {"answer_tokens", c.answer_tokens},
+                         {"placed_depth", c.placed_depth}, {"same_as", c.same_as}});
       }
       const RetrievalCell total = retrieval_totals(r.cells);
       std::printf(" %9.3f %12.4f %8.2f\n", r.accuracy,
                   total.answer_nll / double(total.answer_tokens), r.seconds);
+      if (groups.size() < r.cells.size()) std::printf("%s\n", placement_note(length, groups).c_str());
       if (rows)
         rows->push_back({{"length", length}, {"status", "ok"}, {"accuracy", r.accuracy},
                          {"trials", r.trials}, {"correct", r.correct}, {"seconds", r.seconds},

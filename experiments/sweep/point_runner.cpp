@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <iostream>
 
 namespace extrap {
 
@@ -252,6 +253,12 @@ PointRecord evaluate_point(Trainer& trainer, const Corpus& corpus, const SweepPo
       RetrievalSpec spec = e.retrieval_spec;
       spec.rope_scaling =
           rope_scaling_for(e.rope_scaling, e.rope_factor, config.train.seq_len, e.length);
+      // A long one is said before it starts (even under --quiet: it may take days).
+      if (const std::string warning =
+              estimate_retrieval_work(trainer.model(), spec, torch_device(config.train.device))
+                  .warning("extrap sweep: " + point.id + " " + e.mode + " at length " + std::to_string(e.length));
+          !warning.empty())
+        std::cerr << warning << std::endl;
       const RetrievalResult r =
           evaluate_retrieval(trainer.model(), corpus, spec, torch_device(config.train.device));
       p.retrieval = r.cells;

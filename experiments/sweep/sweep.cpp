@@ -382,6 +382,10 @@ std::string number_difference(const PointRecord& a, const PointRecord& b) {
       return "retrieval at depth " + std::to_string(a.retrieval[i].depth) + ": " +
              std::to_string(a.retrieval[i].correct) + " of " + std::to_string(a.retrieval[i].trials) + " vs " +
              std::to_string(b.retrieval[i].correct) + " of " + std::to_string(b.retrieval[i].trials);
+    else if (!close(a.retrieval[i].same_as, b.retrieval[i].same_as, 0) && !std::isnan(a.retrieval[i].same_as) &&
+             !std::isnan(b.retrieval[i].same_as))
+      return "retrieval at depth " + std::to_string(a.retrieval[i].depth) + ": the key placed as at depth " +
+             both(a.retrieval[i].same_as, b.retrieval[i].same_as);
   if (a.longppl.has_value() != b.longppl.has_value()) return "LongPPL recorded in one file only";
   if (a.longppl) {
     const LongPplRecord &x = *a.longppl, &y = *b.longppl;

@@ -70,6 +70,7 @@ def capture(fig, path, *args, **kwargs):
                 "yticks": [t.get_text() for t in a.get_yticklabels()],
                 "xlabel": a.get_xlabel(), "ylabel": a.get_ylabel(),
                 "texts": {tuple(int(round(v)) for v in t.get_position()): t.get_text() for t in a.texts},
+                "raw_texts": [(tuple(float(v) for v in t.get_position()), t.get_text()) for t in a.texts],
             } for a in fig.axes if a.get_title() and a.images}
     drawn[os.path.basename(path)] = {
         "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(), "title": ax.get_title(),
@@ -451,7 +452,12 @@ SUMMARY = np.dtype([("run_id", STR), ("position", STR), ("train_length", "<i8"),
 BINS = np.dtype([("summary_row", "<i8"), ("begin", "<i8"), ("end", "<i8"), ("nll_sum", "<f8"),
                  ("scored_tokens", "<i8")])
 RETRIEVAL_ROW = np.dtype([("summary_row", "<i8"), ("depth", "<f8"), ("trials", "<i8"), ("correct", "<i8"),
-                          ("answer_nll", "<f8"), ("answer_tokens", "<i8")])
+                          ("answer_nll", "<f8"), ("answer_tokens", "<i8")])  # extrap 0.11's columns
+# With where each depth's keys went (placed_depth) and which asked depth places them alike (same_as).
+PLACED_ROW = np.dtype(RETRIEVAL_ROW.descr + [("placed_depth", "<f8"), ("same_as", "<f8")])
+# At 32 tokens depths 0 and 50 put the key at one boundary (3% of the filler): one measurement.
+PLACEMENT = {32: {0.0: (0.0, 3.0), 50.0: (0.0, 3.0), 100.0: (100.0, 100.0)},
+             64: {0.0: (0.0, 0.0), 50.0: (50.0, 48.0), 100.0: (100.0, 100.0)}}
 FAILURE = np.dtype([("length", "<i8"), ("reason", STR)])
 
 
@@ -502,8 +508,9 @@ def add_retrieval_points(run_id, m, s, summary, cells, written, eval_rows):
             ppl = 4321.0 + 37.123 * len(written) + 0.0071 * length
             depth_rows = [(d, TRIALS, c) for d, c in zip(DEPTHS, CORRECT[(mode, m, length, s)])]
             for d, trials, correct in depth_rows:
+                same_as, placed = PLACEMENT[length][d]
                 cells.append((len(summary), d, trials, correct, math.log(ppl) * trials * ANSWER_TOKENS,
-                              trials * ANSWER_TOKENS))
+                              trials * ANSWER_TOKENS, placed, same_as))
             tokens = len(DEPTHS) * TRIALS * ANSWER_TOKENS
             summary.append((run_id, m, L, s, mode, length, length, ppl, math.log(ppl) * tokens, tokens,
                             math.nan, 0.3, "ok"))
@@ -554,7 +561,7 @@ def write_run(g, run_id, index, m, s, summary, eval_rows, written):
             [(r["eval_length"], r["status"][len("failed: "):]) for r in bad], dtype=FAILURE))
 
 
-def write_results(path, with_retrieval):
+def write_results(path, with_retrieval, placement=False):
     """A results file in the documented schema: each run's perplexity points (and its retrieval
     points), runs interleaved in /summary as a sweep finishes them. Returns the retrieval
     points written: (mode, method, eval_length, seed) -> (status, [(depth, trials, correct)],
@@ -578,13 +585,20 @@ def write_results(path, with_retrieval):
         rows_dataset(f, "summary", summary)
         rows_dataset(f, "position_bins", np.array(bins, dtype=BINS))
         if with_retrieval:
-            rows_dataset(f, "retrieval", np.array(cells, dtype=RETRIEVAL_ROW))
+            rows = np.array(cells, dtype=PLACED_ROW)
+            rows_dataset(f, "retrieval", rows if placement else rows[list(RETRIEVAL_ROW.names)].astype(RETRIEVAL_ROW))
     return written
 
 
 def footnote(md, note):
     """The reason behind footnote [note] of the report's Failures section."""
     return md[md.index("## Failures"):].split("\n[%s] " % note)[1].split("\n")[0].rstrip()
+
+
+def retrieval_table(md, title):
+    """The accuracy table of the report's retrieval section `title`."""
+    part = md.split("\n### Retrieval accuracy, %s\n" % title)[1].split("\n### ")[0]
+    return part[part.index("| method |"):].split("\n\n")[0]
 
 
 def without_retrieval(md):
@@ -682,7 +696,7 @@ with tempfile.TemporaryDirectory() as work:
             m, panel = label.split(" + ")[0], figure[label]
             assert panel["clim"] == (0.0, 1.0), panel["clim"]
             assert panel["xticks"] == ["0", "50", "100"] and panel["yticks"] == lengths_text, panel
-            assert panel["xlabel"] == "depth of the key (%)" and panel["ylabel"] == "instance length (tokens)"
+            assert panel["xlabel"] == "depth of the key asked (%)" and panel["ylabel"] == "instance length (tokens)"
             accuracy = panel["accuracy"]
             assert accuracy.shape == (len(RETRIEVAL_LENGTHS), len(DEPTHS)), accuracy.shape
             for i, length in enumerate(RETRIEVAL_LENGTHS):
@@ -698,6 +712,34 @@ with tempfile.TemporaryDirectory() as work:
                         assert panel["texts"][(j, i)] == "failed", (label, panel["texts"])
     # The failed points of this file are all there: a whole cell, and one seed of two.
     assert "| learned | " in mixed_md and "| failed [" in mixed_md, mixed_md
+    assert "place the key alike" not in mixed_md and "one measurement" not in mixed_md, mixed_md
+
+    # --- depths that place the key alike: one measurement, never shown as two ---------------
+    # The same rows with /retrieval's placement columns: at 32 tokens depths 0 and 50 are one
+    # cell of the heat map (their seeds' and depths' instances pooled) spanning both columns, with
+    # one value and where the key went, and the section says so; at 64 every depth stands alone.
+    placed_h5, placed_dir = os.path.join(work, "placed.h5"), os.path.join(work, "placed")
+    assert write_results(placed_h5, with_retrieval=True, placement=True) == written
+    heat_maps.clear()
+    placed_md = render(placed_h5, placed_dir)
+    part = placed_md.split("\n### Retrieval accuracy, passkey\n")[1].split("\n### ")[0]
+    assert "At 32 (2x) depths 0 and 50 (at 3% of the filler) place it alike." in part, part
+    assert "At 64" not in part, part
+    assert "Depths that place the key alike are one measurement" in part, part
+    # The accuracy over all depths is the same table: placement changes no count.
+    assert retrieval_table(placed_md, "passkey") == retrieval_table(mixed_md, "passkey")
+    figure = heat_maps["retrieval_L16_retrieval_passkey.png"]
+    for m in ("alibi", "learned"):
+        panel = figure[m]
+        ok = [written[("retrieval_passkey", m, 32, s)][1] for s in SEEDS]
+        correct = sum(rows[j][2] for rows in ok if rows for j in (0, 1))
+        trials = sum(rows[j][1] for rows in ok if rows for j in (0, 1))
+        assert float(panel["accuracy"][0, 0]) == float(panel["accuracy"][0, 1]) == correct / trials, (m, panel)
+        # One value over columns 0 and 1 (drawn at 0.5), and what it is; column 2 its own.
+        row0 = sorted((x, -y, t) for (x, y), t in panel["raw_texts"] if abs(y) < 0.5)
+        assert [t for x, y, t in row0 if x == 0.5] == ["%.2f" % (correct / trials), "one cell, key at 3%"], row0
+        assert not [t for x, y, t in row0 if x in (0.0, 1.0)], row0
+        assert panel["lines"] == [-0.5, 1.5], panel["lines"]  # the cell's two edges
 
     # --- runs of different tokenizations: a bits-per-byte table, from /summary ---------------
     # One vocabulary (the files above): no such table. Then learned's runs on a SentencePiece
