@@ -6,7 +6,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <limits>
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -28,7 +30,7 @@ int64_t record_step(std::string_view line) {
 // the last kept one (a duplicated or out-of-order line), is skipped and described in `skipped`;
 // records of later steps (written after the checkpoint) and a torn last line are cut silently.
 struct KeptLines {
-  std::string text;  // the kept lines, each ending in '\n'
+  std::vector<std::pair<int64_t, std::string>> lines;  // (step, the line with its '\n')
   bool prefix = true;  // whether they are the file's first bytes (truncating keeps them)
   std::vector<std::string> skipped;
 };
@@ -36,7 +38,7 @@ struct KeptLines {
 KeptLines kept_lines(const std::string& text, int64_t step) {
   KeptLines out;
   int64_t previous = -1;
-  size_t begin = 0;
+  size_t begin = 0, kept_bytes = 0;
   for (int64_t number = 1; begin < text.size(); ++number) {
     const size_t end = text.find('\n', begin);
     if (end == std::string::npos) break;  // a torn last line
@@ -54,8 +56,9 @@ KeptLines kept_lines(const std::string& text, int64_t step) {
       out.skipped.push_back(where + " (step " + std::to_string(line_step) +
                             (line_step == previous ? " again" : " after step " + std::to_string(previous)) + ")");
     } else {
-      out.prefix = out.prefix && out.text.size() == end - line.size();
-      out.text.append(line).append("\n");
+      out.prefix = out.prefix && kept_bytes == end - line.size();
+      out.lines.push_back({line_step, std::string(line) + "\n"});
+      kept_bytes += line.size() + 1;
       previous = line_step;
       continue;
     }
@@ -63,19 +66,59 @@ KeptLines kept_lines(const std::string& text, int64_t step) {
   return out;
 }
 
+// The steps of `steps` (increasing) as ranges: "20-140, 200".
+std::string step_ranges(const std::vector<int64_t>& steps, int64_t every) {
+  std::string text;
+  for (size_t i = 0; i < steps.size();) {
+    size_t j = i;
+    while (j + 1 < steps.size() && steps[j + 1] - steps[j] <= every) ++j;
+    text += (text.empty() ? "" : ", ") + std::to_string(steps[i]) + (j > i ? "-" + std::to_string(steps[j]) : "");
+    i = j + 1;
+  }
+  return text;
+}
+
 }  // namespace
 
-MetricsLog::MetricsLog(const fs::path& path, int64_t step) : path_(path) {
+MetricsLog::MetricsLog(const fs::path& path, int64_t step, const std::vector<nlohmann::ordered_json>& saved)
+    : path_(path) {
   const std::string text = fs::exists(path) ? read_file(path) : std::string();
   KeptLines kept = step > 0 ? kept_lines(text, step) : KeptLines{};
   skipped_ = std::move(kept.skipped);
-  if (!kept.prefix) {
-    // Lines were skipped before kept ones: the kept lines replace the file in one rename.
-    write_file_atomic(path, kept.text);
+  // The checkpoint's records of steps the log lacks go back in, in step order.
+  std::vector<int64_t> restored;
+  if (step > 0) {
+    std::vector<std::pair<int64_t, std::string>> merged;
+    size_t k = 0;
+    for (const auto& record : saved) {
+      const int64_t at = record.at("step").get<int64_t>();
+      if (at > step) break;
+      for (; k < kept.lines.size() && kept.lines[k].first < at; ++k) merged.push_back(std::move(kept.lines[k]));
+      if (k < kept.lines.size() && kept.lines[k].first == at) continue;
+      merged.push_back({at, record.dump() + "\n"});
+      restored.push_back(at);
+    }
+    for (; k < kept.lines.size(); ++k) merged.push_back(std::move(kept.lines[k]));
+    kept.lines = std::move(merged);
+  }
+  if (!restored.empty()) {
+    int64_t every = std::numeric_limits<int64_t>::max();  // the log's spacing, for the ranges
+    for (size_t i = 1; i < saved.size(); ++i)
+      every = std::min(every, saved[i].at("step").get<int64_t>() - saved[i - 1].at("step").get<int64_t>());
+    restored_ = path.string() + ": the records of " + std::to_string(restored.size()) + " step(s) were missing (" +
+                step_ranges(restored, every) + "): restored from the checkpoint's curves (loss, lr, tokens, "
+                "validation loss), marked \"restored\": true, without their timing or the position method's values";
+  }
+  std::string kept_text;
+  for (const auto& [at, line] : kept.lines) kept_text += line;
+  if (!kept.prefix || !restored.empty()) {
+    // Lines were skipped before kept ones, or restored among them: the kept lines replace the
+    // file in one rename.
+    write_file_atomic(path, kept_text);
   }
   fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0) throw_write_error(path.string(), errno);
-  const off_t size = off_t(kept.text.size());
+  const off_t size = off_t(kept_text.size());
   if (::ftruncate(fd_, size) != 0 || ::lseek(fd_, size, SEEK_SET) < 0 || ::fdatasync(fd_) != 0) {
     const int error = errno;
     ::close(fd_);

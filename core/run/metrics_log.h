@@ -17,7 +17,9 @@
 // uninterrupted run. Only the lines' timing fields (tokens_per_second, seconds, time) can differ.
 // A line the log cannot keep (blank, not a record, a step repeated or out of order: an edited or
 // concatenated log) is skipped, never the valid lines after it, and skipped_text() names it;
-// the kept lines then replace the file in one rename.
+// the kept lines then replace the file in one rename. A record the log lacks (lines deleted or
+// the file truncated by hand) that the checkpoint holds goes back in from the checkpoint's
+// curves, with what they hold, marked "restored": true, and restored_text() names the steps.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -30,8 +32,10 @@ namespace extrap {
 
 class MetricsLog {
  public:
-  // Opens (creates) `path` for a run continuing from `step` (0: from the start).
-  MetricsLog(const std::filesystem::path& path, int64_t step);
+  // Opens (creates) `path` for a run continuing from `step` (0: from the start). `saved`: the
+  // records the checkpoint at `step` can rebuild, in step order (each an object with an integer
+  // "step"), which go in where the file lacks their step.
+  MetricsLog(const std::filesystem::path& path, int64_t step, const std::vector<nlohmann::ordered_json>& saved = {});
   ~MetricsLog();
   MetricsLog(const MetricsLog&) = delete;
   MetricsLog& operator=(const MetricsLog&) = delete;
@@ -43,11 +47,14 @@ class MetricsLog {
   const std::filesystem::path& path() const { return path_; }
   // What opening skipped ("" when nothing): "PATH: skipped 2 line(s) ...: line 5 (blank), ...".
   std::string skipped_text() const;
+  // What opening restored ("" when nothing): "PATH: the records of 3 step(s) were missing (20-60) ...".
+  const std::string& restored_text() const { return restored_; }
 
  private:
   std::filesystem::path path_;
   int fd_ = -1;
   std::vector<std::string> skipped_;  // "line 5 (blank)", one a skipped line
+  std::string restored_;
 };
 
 // The lines of a metrics log, parsed; a line that is not a JSON object with an integer "step"

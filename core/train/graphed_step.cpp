@@ -56,8 +56,9 @@ GraphedTrainingStep::GraphedTrainingStep(TransformerLM model, torch::optim::Adam
     inputs_.push_back(torch::zeros({micro_batch, config.seq_len}, tokens));
     targets_.push_back(torch::zeros({micro_batch, config.seq_len}, tokens));
     scored_.push_back(torch::ones({}, scalar));
+    divisors_.push_back(torch::ones({}, scalar));
   }
-  scored_host_.assign(size_t(config.accumulation), 1);
+  loaded_.resize(size_t(config.accumulation));
   lr_ = torch::zeros({}, scalar);
 }
 
@@ -75,9 +76,10 @@ void GraphedTrainingStep::load(const std::vector<MicroBatch>& batches, double lr
                                   " is not of the captured shape (micro-batch x seq_len)");
     inputs_[a].copy_(batch.inputs);
     targets_[a].copy_(batch.targets);
-    scored_host_[a] = std::max<int64_t>(batch.scored, 1);
-    scored_[a].fill_(double(scored_host_[a]));
+    loaded_[a] = {inputs_[a], targets_[a], batch.scored};
+    scored_[a].fill_(double(std::max<int64_t>(batch.scored, 1)));
   }
+  for (size_t a = 0; a < n; ++a) divisors_[a].fill_(micro_batch_divisor(loaded_, a));
   lr_.fill_(lr);
   for (auto& group : optimizer_.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
 }
@@ -85,8 +87,7 @@ void GraphedTrainingStep::load(const std::vector<MicroBatch>& batches, double lr
 // The trainer's eager step (Trainer::forward_backward and optimizer_step), on the loaded batch.
 double GraphedTrainingStep::eager_step() {
   optimizer_.zero_grad();
-  const auto loaded = [&](int64_t a) { return MicroBatch{inputs_[size_t(a)], targets_[size_t(a)], scored_host_[size_t(a)]}; };
-  const double loss = accumulate_gradients(model_, int64_t(inputs_.size()), loaded, config_.precision).item<double>();
+  const double loss = accumulate_gradients(model_, loaded_, config_.precision).item<double>();
   optimizer_step(optimizer_, config_.clip);
   return loss;
 }
@@ -110,16 +111,16 @@ void GraphedTrainingStep::prepare_capture() {
     }
 }
 
-// What the graph records: the eager step's operations, with the scored-token counts and the
-// learning rate read from device scalars and AdamW's counts from the device counters.
+// What the graph records: the eager step's operations, with the scored-token counts, the
+// micro-batches' divisors and the learning rate read from device scalars and AdamW's counts
+// from the device counters.
 void GraphedTrainingStep::captured_step() {
   optimizer_.zero_grad();  // the backward below makes the gradients, in the graph's memory
   torch::Tensor loss;
-  const double parts = double(inputs_.size());
   for (size_t a = 0; a < inputs_.size(); ++a) {
     const auto part = training_nll_sum(model_, inputs_[a], targets_[a], config_.precision) / scored_[a];
-    (part / parts).backward();
-    const auto share = part.detach() / parts;
+    (part / divisors_[a]).backward();
+    const auto share = part.detach() / divisors_[a];
     loss = loss.defined() ? loss + share : share;
   }
   loss_ = loss;

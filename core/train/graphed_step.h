@@ -36,7 +36,8 @@
 namespace extrap {
 
 // One micro-batch of a training step: token ids and targets (sequences, seq_len), targets -100
-// where not scored; `scored`, the count its summed NLL is divided by (at least 1 is taken).
+// where not scored; `scored`, the targets it scores, all ranks' (at least 1 is taken): its
+// summed NLL is divided by it, and the step's scored tokens are the micro-batches' together.
 struct MicroBatch {
   torch::Tensor inputs, targets;
   int64_t scored = 0;
@@ -67,7 +68,7 @@ class GraphedTrainingStep {
 
   // One optimiser step at learning rate `lr` (set on every parameter group) on
   // config.accumulation micro-batches of (micro_batch, seq_len) token ids, on any device.
-  // Returns the step's loss (the micro-batches' mean), read back from the device.
+  // Returns the step's loss (its summed NLL over its scored tokens), read back from the device.
   double step(const std::vector<MicroBatch>& batches, double lr);
 
   bool captured() const { return graph_ != nullptr; }
@@ -88,9 +89,10 @@ class GraphedTrainingStep {
   TransformerLM model_;
   torch::optim::AdamW& optimizer_;
   TrainConfig config_;
-  // What the graph reads: each micro-batch's tokens and scored-token count, the learning rate.
-  std::vector<torch::Tensor> inputs_, targets_, scored_;
-  std::vector<int64_t> scored_host_;
+  // What the graph reads: each micro-batch's tokens, scored-token count and divisor
+  // (micro_batch_divisor), the learning rate; the loaded micro-batches as the eager step takes them.
+  std::vector<torch::Tensor> inputs_, targets_, scored_, divisors_;
+  std::vector<MicroBatch> loaded_;
   torch::Tensor lr_;
   // AdamW's step counts on the device (one counter a distinct count, incremented in the graph)
   // and the parameters the graph steps, whose host counts advance after each replay.

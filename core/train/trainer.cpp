@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -118,16 +119,22 @@ torch::Tensor training_loss(TransformerLM& model, const torch::Tensor& inputs, c
   return training_nll_sum(model, inputs, targets, precision) / double(std::max<int64_t>(scored, 1));
 }
 
-torch::Tensor accumulate_gradients(TransformerLM& model, int64_t count,
-                                   const std::function<MicroBatch(int64_t)>& micro_batch, Precision precision) {
-  TORCH_CHECK(count >= 1, "accumulate_gradients: ", count, " micro-batches (at least one)");
+double micro_batch_divisor(const std::vector<MicroBatch>& batches, size_t a) {
+  int64_t total = 0;
+  for (const MicroBatch& b : batches) total += std::max<int64_t>(b.scored, 1);
+  return double(total) / double(std::max<int64_t>(batches[a].scored, 1));
+}
+
+torch::Tensor accumulate_gradients(TransformerLM& model, const std::vector<MicroBatch>& batches, Precision precision) {
+  TORCH_CHECK(!batches.empty(), "accumulate_gradients: no micro-batches (at least one)");
   torch::Tensor loss;
-  for (int64_t a = 0; a < count; ++a) {
-    const MicroBatch batch = micro_batch(a);
+  for (size_t a = 0; a < batches.size(); ++a) {
+    const MicroBatch& batch = batches[a];
     const auto part = training_loss(model, batch.inputs, batch.targets, batch.scored, precision);
-    (part / double(count)).backward();
+    const double divisor = micro_batch_divisor(batches, a);
+    (part / divisor).backward();
     // In float64, as the trainer added the loss up on the host before: the same sum, digit for digit.
-    const auto share = part.detach().to(torch::kFloat64) / double(count);
+    const auto share = part.detach().to(torch::kFloat64) / divisor;
     loss = loss.defined() ? loss + share : share;
   }
   return loss;
@@ -342,7 +349,7 @@ void say_restarted_log(const std::string& out_dir) {
     reached = "records up to step " + std::to_string(last);
   } catch (const std::exception&) {
   }
-  std::cerr << "extrap train: " << out_dir << " has no checkpoint to resume from (" << log.string() << " has "
+  std::cerr << "extrap: " << out_dir << " has no checkpoint to resume from (" << log.string() << " has "
             << reached << "): it trains from step 0, and that log starts again\n";
 }
 }  // namespace
@@ -410,6 +417,33 @@ void Trainer::resume(RunState& state) {
   if (!quiet && state.leader) std::cerr << "resuming " << c.out_dir << " from step " << state.step << "\n";
 }
 
+// The metrics lines a resumed run's curves can rebuild (MetricsLog restores those its log lacks):
+// a line for each step of the training and validation curves, with what they hold and what
+// follows from the config (the rate, the tokens), marked "restored".
+std::vector<nlohmann::ordered_json> Trainer::saved_metrics(const TrainSummary& summary) const {
+  const TrainConfig& c = config_.train;
+  std::map<int64_t, nlohmann::ordered_json> records;
+  for (const auto& point : summary.train_curve) {
+    auto& record = records[point.step];
+    record["step"] = point.step;
+    record["loss"] = point.loss;
+    record["lr"] = learning_rate(c, point.step);
+  }
+  for (const auto& point : summary.valid_curve) {
+    auto& record = records[point.step];
+    record["step"] = point.step;
+    record["valid_loss"] = point.loss;
+    record["valid_perplexity"] = std::exp(point.loss);
+  }
+  std::vector<nlohmann::ordered_json> out;
+  for (auto& [step, record] : records) {
+    record["tokens"] = step * tokens_per_step(c);
+    record["restored"] = true;
+    out.push_back(std::move(record));
+  }
+  return out;
+}
+
 // Before the first step: config.yaml and the manifest (rank 0), the display, throughput counts.
 void Trainer::prepare_training(RunState& state) {
   const TrainConfig& c = config_.train;
@@ -418,9 +452,11 @@ void Trainer::prepare_training(RunState& state) {
   if (state.leader) {
     write_file_atomic(fs::path(c.out_dir) / "config.yaml", YAML::Dump(config_.to_yaml()) + "\n");
     state.manifest.fingerprint = state.run_dir->fingerprint().hash;
-    state.metrics.emplace(state.run_dir->path() / "metrics.jsonl", state.step);
+    state.metrics.emplace(state.run_dir->path() / "metrics.jsonl", state.step, saved_metrics(state.summary));
     if (const std::string skipped = state.metrics->skipped_text(); !skipped.empty())
       std::cerr << skipped << "\n";  // even when quiet: lines of the run's log were dropped
+    if (const std::string& restored = state.metrics->restored_text(); !restored.empty())
+      std::cerr << restored << "\n";  // even when quiet: the log had lost lines
     // The evaluation `extrap train` saved describes the model as it was: it goes once the
     // model changes.
     if (state.step < c.steps) fs::remove(state.run_dir->path() / "eval.json");
@@ -526,8 +562,9 @@ double Trainer::forward_backward(RunState& state) {
   double step_loss = 0;
   // With ranks, an error is agreed on below, so that all ranks fail alike.
   const std::string local_failure = run_or_capture(group_, [&] {
-    const auto loss = accumulate_gradients(model_, c.accumulation, [&](int64_t a) { return micro_batch(state, a); },
-                                           c.precision);
+    std::vector<MicroBatch> batches;
+    for (int64_t a = 0; a < c.accumulation; ++a) batches.push_back(micro_batch(state, a));
+    const auto loss = accumulate_gradients(model_, batches, c.precision);
     step_loss = loss.item<double>();
   });
   if (group_) {

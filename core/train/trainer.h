@@ -84,13 +84,18 @@ torch::Tensor training_nll_sum(TransformerLM& model, const torch::Tensor& inputs
                                Precision precision);
 
 // One optimiser step's gradients, added to the parameters' .grad (zeroing them is the
-// caller's): for each of `count` micro-batches, micro_batch(a) (called in order, each just
-// before its forward pass), training_loss divided by `count`, backward. Returns the step's
-// loss, the micro-batches' mean, as a float64 scalar on the model's device, not read back (one
-// read a step, where wanted). The trainer's eager step, the graphed step's first (eager) step
-// and `extrap bench train`'s eager step.
-torch::Tensor accumulate_gradients(TransformerLM& model, int64_t count,
-                                   const std::function<MicroBatch(int64_t)>& micro_batch, Precision precision);
+// caller's), from all its micro-batches, drawn before the first forward pass: the gradient of the
+// step's summed NLL over the step's scored tokens (every micro-batch's `scored` together, all
+// ranks'), as one batch of them all would take it, whatever each micro-batch scores (a masked
+// LM's vary). Each micro-batch's training_loss (its own mean) is divided by
+// micro_batch_divisor(), backward. Returns the step's loss, that mean, as a float64 scalar on the
+// model's device, not read back (one read a step, where wanted). The trainer's eager step, the
+// graphed step's first (eager) step and `extrap bench train`'s eager step.
+torch::Tensor accumulate_gradients(TransformerLM& model, const std::vector<MicroBatch>& batches, Precision precision);
+// What micro-batch a's mean NLL is divided by for the step's: the step's scored tokens over its
+// own (the number of micro-batches where each scores alike, as a causal LM's do). At least 1
+// token a micro-batch is taken, as training_loss takes it.
+double micro_batch_divisor(const std::vector<MicroBatch>& batches, size_t a);
 
 class Trainer {
  public:
@@ -140,6 +145,7 @@ class Trainer {
   void validate_and_log(RunState& state);
   std::vector<std::pair<std::string, double>> position_log_values();
   void write_metrics(RunState& state);
+  std::vector<nlohmann::ordered_json> saved_metrics(const TrainSummary& summary) const;
   void check_divergence(int64_t step, const char* what, double loss, double first_loss) const;
   void save_run(RunState& state);
   TrainSummary finish(RunState& state);

@@ -196,12 +196,13 @@ int bench_train(const Args& args) {
   };
   auto eager_step = [&] {
     optimizer->zero_grad();
-    accumulate_gradients(model, t.accumulation, [&](int64_t) {
-      MicroBatch batch = random_batch();
-      batch.inputs = batch.inputs.to(device);
-      batch.targets = batch.targets.to(device);
-      return batch;
-    }, t.precision);
+    std::vector<MicroBatch> batches;
+    for (int64_t a = 0; a < t.accumulation; ++a) {
+      batches.push_back(random_batch());
+      batches.back().inputs = batches.back().inputs.to(device);
+      batches.back().targets = batches.back().targets.to(device);
+    }
+    accumulate_gradients(model, batches, t.precision);
     if (ranks) all_reduce_gradients(*ranks, model->parameters(), "the gradient all-reduce");
     training_step(*optimizer, t, t.lr);
   };

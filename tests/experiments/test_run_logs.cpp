@@ -42,6 +42,21 @@ std::vector<json> timeless_metrics(const fs::path& path) {
   return lines;
 }
 
+// The logged run trained straight in runs/a, and the command that trains it again in runs/b,
+// without and with --resume.
+struct LoggedRuns {
+  std::vector<std::string> b, b_resume;
+};
+LoggedRuns train_logged_runs(const SweepDir& d) {
+  write_text(d.root / "train.yaml", kLoggedRun);
+  REQUIRE(run_cli(d, {"train", "--config", "train.yaml", "--no-eval"}) == 0);
+  LoggedRuns runs;
+  runs.b = {"train", "--config", "train.yaml", "--no-eval", "--set", "train.out_dir=runs/b"};
+  runs.b_resume = runs.b;
+  runs.b_resume.push_back("--resume");
+  return runs;
+}
+
 }  // namespace
 
 TEST_CASE("train writes metrics.jsonl, eval.json and --json, and they agree with the run",
@@ -114,12 +129,7 @@ TEST_CASE("train writes metrics.jsonl, eval.json and --json, and they agree with
 TEST_CASE("metrics.jsonl after two kill -9s and resumptions is the uninterrupted run's",
           "[cli][run_logs]") {
   SweepDir d;
-  write_text(d.root / "train.yaml", kLoggedRun);
-  REQUIRE(run_cli(d, {"train", "--config", "train.yaml", "--no-eval"}) == 0);
-  const std::vector<std::string> b = {"train", "--config", "train.yaml", "--no-eval", "--set",
-                                      "train.out_dir=runs/b"};
-  std::vector<std::string> b_resume = b;
-  b_resume.push_back("--resume");
+  const auto [b, b_resume] = train_logged_runs(d);
 
   // Killed after step 7 (its last checkpoint is step 6, its last line step 5), then resumed and
   // killed after step 13 (checkpoint 12, line 10), when line 10 and more were written.
@@ -238,6 +248,65 @@ TEST_CASE("a run resumed with its checkpoint gone trains it from step 0 and says
                       Catch::Contains("metrics.jsonl has records up to step 20") &&
                       Catch::Contains("it trains from step 0, and that log starts again"));
   CHECK(timeless_metrics(d.root / "runs/a/metrics.jsonl") == straight);
+}
+
+// metrics.jsonl edited by hand before --resume: the lines the checkpoint's curves hold come back
+// (marked, with what the curves know), and the run says which steps it restored.
+TEST_CASE("a metrics log cut by hand gets its lines back from the checkpoint on --resume, and says so",
+          "[cli][run_logs]") {
+  SweepDir d;
+  const auto [b, b_resume] = train_logged_runs(d);
+  // Killed after step 13: checkpoint 12, lines of steps 5 and 10. The log then loses both.
+  kill_at(d, b, "step@ step 13 rank:1");
+  const fs::path log = d.root / "runs/b/metrics.jsonl";
+  REQUIRE(timeless_metrics(log).size() == 2);
+  write_text(log, "");
+  std::string out;
+  REQUIRE(run_cli(d, b_resume, &out) == 0);
+  CHECK_THAT(out, Catch::Contains("metrics.jsonl: the records of 2 step(s) were missing (5-10): restored from "
+                                  "the checkpoint's curves"));
+  const auto a = timeless_metrics(d.root / "runs/a/metrics.jsonl");
+  const auto resumed = read_metrics(log);
+  REQUIRE(a.size() == 4);
+  REQUIRE(resumed.size() == a.size());
+  for (size_t i = 0; i < 2; ++i) {  // steps 5 and 10: what the curves hold, bit for bit
+    INFO("line " << i + 1);
+    CHECK(resumed[i].at("restored") == true);
+    json expected = a[i];
+    expected.erase("position");  // the method's logged values are not in the curves
+    json got = resumed[i];
+    got.erase("restored");
+    CHECK(got == expected);
+  }
+  for (size_t i = 2; i < 4; ++i) CHECK(without_timing(resumed[i]) == a[i]);
+  // Resumed again with nothing missing: nothing restored, nothing said.
+  REQUIRE(run_cli(d, b_resume, &out) == 0);
+  CHECK(out.find("missing") == std::string::npos);
+  CHECK(read_metrics(log) == resumed);
+}
+
+// The same for a sweep's point: a sweep that grows needs the checkpoint to evaluate the new
+// lengths; gone, the point trains again from step 0, says so, and its log starts again rather than
+// mixing the old lines with the new.
+TEST_CASE("a sweep point whose checkpoint is gone trains again from step 0, says so, and its log starts again",
+          "[cli][run_logs][sweep]") {
+  SweepDir d;
+  const std::vector<std::string> one = {"grid.position=[{name: alibi}]", "grid.train.seed=[1]",
+                                        "eval.length_multiples=[1]", "eval.strides=[]",
+                                        "eval.attention_profile=false"};
+  std::string out;
+  REQUIRE(run_cli(d, sweep_with(one), &out) == 0);
+  const fs::path run = d.root / "runs/tiny/alibi-seed1";
+  const auto straight = timeless_metrics(run / "metrics.jsonl");
+  REQUIRE(straight.size() >= 2);
+  remove_tree(run / "checkpoint");
+  remove_tree(run / "checkpoint.old");
+  std::vector<std::string> longer = one;
+  longer.push_back("eval.length_multiples=[1, 2]");
+  REQUIRE(run_cli(d, sweep_with(longer), &out) == 0);
+  CHECK_THAT(out, Catch::Contains("runs/tiny/alibi-seed1 has no checkpoint to resume from") &&
+                      Catch::Contains("it trains from step 0, and that log starts again"));
+  CHECK(timeless_metrics(run / "metrics.jsonl") == straight);  // each step once, as trained
 }
 
 TEST_CASE("metrics_to_tensorboard.py writes the log as TensorBoard reads it back", "[cli][run_logs]") {

@@ -53,10 +53,11 @@ double eager_step(TransformerLM& model, torch::optim::AdamW& optimizer, const Tr
   for (auto& group : optimizer.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
   optimizer.zero_grad();
   double loss = 0;
-  for (const MicroBatch& m : b) {
+  for (size_t a = 0; a < b.size(); ++a) {
+    const MicroBatch& m = b[a];
     const auto part = training_loss(model, m.inputs.to(torch::kCUDA), m.targets.to(torch::kCUDA), m.scored, t.precision);
-    (part / double(b.size())).backward();
-    loss += part.item<double>() / double(b.size());
+    (part / micro_batch_divisor(b, a)).backward();
+    loss += part.item<double>() / micro_batch_divisor(b, a);
   }
   optimizer_step(optimizer, t.clip);
   return loss;

@@ -136,6 +136,59 @@ TEST_CASE("gradient accumulation: two micro-batches step as the whole batch does
   }
 }
 
+// The step's gradient itself, not only where AdamW takes it (AdamW is nearly blind to a constant
+// factor on the gradient; NAG and SGD step by it): the gradient of one batch's summed NLL over
+// its scored tokens, computed here from the logits, equals the accumulated one whether the batch
+// comes as 1, 2 or 4 micro-batches, also when they score different numbers of targets (a masked
+// LM's do). A mean of the micro-batches' means would weigh a micro-batch's tokens by its count.
+TEST_CASE("gradient accumulation: the accumulated gradient is one large batch's, whatever each micro-batch scores",
+          "[train]") {
+  for (const std::string objective : {"causal_lm", "masked_lm"}) {
+    CAPTURE(objective);
+    Config config = testing::tiny_config(objective == "causal_lm" ? "alibi" : "alibi_symmetric");
+    config.model.objective = objective == "causal_lm" ? Objective::causal_lm : Objective::masked_lm;
+    torch::manual_seed(4);
+    TransformerLM model = build_model(config, 257);
+    model->train();
+    const auto inputs = torch::randint(0, 256, {4, 16}, torch::kLong);
+    auto targets = torch::randint(0, 256, {4, 16}, torch::kLong);
+    // Rows scoring 16, 12, 3 and 9 targets: every split's micro-batches score differently.
+    const int64_t kept[] = {16, 12, 3, 9};
+    for (int64_t r = 0; r < 4; ++r) targets[r].narrow(0, kept[r], 16 - kept[r]).fill_(-100);
+    const int64_t scored = 16 + 12 + 3 + 9;
+
+    model->zero_grad();
+    const auto logits = model->forward(inputs).reshape({-1, 257}).to(torch::kFloat64);
+    const auto expected_loss = torch::nn::functional::cross_entropy(
+                                   logits, targets.reshape({-1}),
+                                   torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum)) /
+                               double(scored);
+    expected_loss.backward();
+    std::vector<torch::Tensor> expected;
+    for (const auto& p : model->parameters()) expected.push_back(p.grad().clone());
+
+    for (int64_t count : {1, 2, 4}) {
+      CAPTURE(count);
+      std::vector<MicroBatch> batches;
+      const int64_t rows = 4 / count;
+      for (int64_t a = 0; a < count; ++a) {
+        const auto t = targets.narrow(0, a * rows, rows);
+        batches.push_back({inputs.narrow(0, a * rows, rows), t, t.ne(-100).sum().item<int64_t>()});
+      }
+      model->zero_grad();
+      const double loss = accumulate_gradients(model, batches, Precision::fp32).item<double>();
+      CHECK(loss == Approx(expected_loss.item<double>()).epsilon(1e-6));
+      const auto parameters = model->parameters();
+      for (size_t i = 0; i < parameters.size(); ++i) {
+        CAPTURE(i);
+        const auto got = parameters[i].grad().to(torch::kFloat64);
+        const double scale = expected[i].abs().max().item<double>();
+        CHECK((got - expected[i]).abs().max().item<double>() <= 1e-5 * std::max(scale, 1e-3));
+      }
+    }
+  }
+}
+
 TEST_CASE("train.cuda_graph: auto trains eagerly on the CPU, on refuses naming why", "[train]") {
   auto corpus = testing::tiny_byte_corpus();
   Config config = testing::tiny_config("alibi");
