@@ -551,6 +551,11 @@ class ExtrapModel(nn.Module):
             return pe.to(torch.float32).to(device=w.device, dtype=w.dtype)
         return None
 
+    def check_window(self, length):
+        """Refuses a window of `length` tokens the model's positions cannot take (learned
+        positions past their table), before anything is computed."""
+        self._absolute_positions(0, length)
+
     def _rotary(self, kind, offset, T):  # (cos, sin), each (T, d_rot/2), or None
         if kind.method not in ("rotary", "p_rope"):
             return None
@@ -1150,9 +1155,8 @@ def main(argv=None):
             tokens = tokens[:args.max_tokens]
         for length in args.length:  # every refusal before any output
             check_length(model, len(tokens), length)
-        if not args.json:
-            print(f"{'length':>7} {'stride':>7} {'windows':>8} {'scored':>9} {'nll_sum':>16} "
-                  f"{'perplexity':>12}")
+            model.check_window(length)
+        header = not args.json  # printed with the first row: an error before it is the only line
         for length in args.length:
             for stride in [length] + sorted({s for s in args.stride if s < length}):
                 r = evaluate(model, tokens, length, stride, args.batch_windows)
@@ -1160,6 +1164,10 @@ def main(argv=None):
                     print(json.dumps({"length": length, "stride": stride, **{
                         k: r[k] for k in ("nll_sum", "scored_tokens", "perplexity")}}))
                 else:
+                    if header:
+                        print(f"{'length':>7} {'stride':>7} {'windows':>8} {'scored':>9} {'nll_sum':>16} "
+                              f"{'perplexity':>12}")
+                        header = False
                     label = "non-ov." if stride == length else str(stride)
                     print(f"{length:>7} {label:>7} {r['windows']:>8} {r['scored_tokens']:>9} "
                           f"{r['nll_sum']:>16.6f} {r['perplexity']:>12.6f}")

@@ -65,7 +65,7 @@ positions/rotation.cpp | return {cos * factor, sin * factor}; | return {cos * fa
 core/eval/evaluator.cpp | bin.nll_sum = position_nll.slice(0, bin.begin, bin.end).sum().item<double>(); | bin.nll_sum = position_nll.slice(0, bin.begin, bin.end - 1).sum().item<double>(); | a loss-by-position bin leaves out its last position
 core/eval/retrieval_eval.cpp | if (match != AnswerMatch::partial) return match == AnswerMatch::complete; | if (match != AnswerMatch::partial) return true; | retrieval counts an answer right that leaves every right answer
 core/eval/retrieval_eval.cpp | for (int64_t p = instance.prompt_length - 1; p < spec.length - 1; ++p) | for (int64_t p = instance.prompt_length; p < spec.length; ++p) | retrieval scores the answer one position late
-core/data/retrieval_task.cpp | if (std::abs(double(b) - wanted) < std::abs(double(at) - wanted)) at = b; | ; | the key sentence always goes first (depth ignored)
+core/data/retrieval_task.cpp | const double wanted = depth * double(filler); | const double wanted = 0; | the key sentence always goes first (depth ignored)
 core/data/retrieval_task.cpp |   out += '.'; |   ; | the answer loses its full stop (a longer number would match)
 core/train/trainer.cpp | if (fraction >= 1) return true; | if (fraction >= 1) return false; | data.task_fraction 1 trains on no task instance
 core/train/trainer.cpp | const int64_t first_row = group_ ? group_->rank() * share : 0; | const int64_t first_row = 0; | every data-parallel rank trains on the first share of the batch
@@ -109,7 +109,7 @@ core/kernels/cpu_vector_math.h | auto* bits = reinterpret_cast<uint16_t*>(to + r
 core/eval/evaluator.cpp | auto t = flat_targets.index_select(0, scored.narrow(0, c, len)); | auto t = flat_targets.index_select(0, scored.narrow(0, 0, len)); | every logit chunk of a batch scored against the first chunk's targets
 core/data/token_cache.cpp | header.source_bytes == key.source_bytes && header.source_hash == key.source_hash; | header.source_bytes == key.source_bytes; | the token cache trusts its source's size alone (a same-size edit reuses stale tokens)
 experiments/sweep/sweep_spec.cpp | length_of_multiple(m, point.config.train.seq_len, spec.source, "eval.retrieval.length_multiples")); | length_of_multiple(m, spec.base_config.train.seq_len, spec.source, "eval.retrieval.length_multiples")); | retrieval instance lengths from the base config's training length, not the grid point's
-core/train/trainer.cpp | (part / double(count)).backward(); | if (a == 0) (part / double(count)).backward(); | only the first micro-batch of an accumulated step reaches the gradient
+core/train/trainer.cpp | (part / divisor).backward(); | if (a == 0) (part / divisor).backward(); | only the first micro-batch of an accumulated step reaches the gradient
 core/eval/retrieval_eval.cpp | const TaskInstance& instance = trials[first + size_t(b)].instance; | const TaskInstance& instance = trials[size_t(b)].instance; | every retrieval batch is fed the first batch's instances
 core/attention/fused_cpu_attention.cpp | const int64_t block = turn % 2 == 0 ? turn / 2 : blocks - 1 - turn / 2; | const int64_t block = turn % 2 == 0 ? turn / 2 : blocks - 2 - turn / 2; | the inference kernel computes one query block twice and never the last
 core/runtime/cuda_support.cpp | if (mode == "0") return {State::switched_off, "EXTRAP_LOAD_CUDA=0"}; | if (mode == "x") return {State::switched_off, "EXTRAP_LOAD_CUDA=0"}; | EXTRAP_LOAD_CUDA=0 does not keep CUDA out
@@ -273,7 +273,7 @@ core/train/trainer.cpp | if (step == 1) state.first_loss = step_loss; | ; | a wi
 core/train/trainer.cpp | if (valid_tokens < window) | if (false) | a validation split that cannot fill one window is found only at the first validation, after training
 core/runtime/sysinfo.cpp | requested > kMostThreads) | requested > (int64_t(1) << 40)) | a thread count no CPU has reaches the thread pools (100,000 segfaulted)
 core/run/metrics_log.cpp | } else if (line_step <= previous) { | } else if (line_step < previous) { | a resumed run keeps a duplicated metrics.jsonl line
-core/run/metrics_log.cpp | out.prefix = out.prefix && out.text.size() == end - line.size(); | out.prefix = true; | a resumed run cuts metrics.jsonl to the kept size where it skipped a line (valid lines lost, garbage kept)
+core/run/metrics_log.cpp | out.prefix = out.prefix && kept_bytes == end - line.size(); | out.prefix = true; | a resumed run cuts metrics.jsonl to the kept size where it skipped a line (valid lines lost, garbage kept)
 core/run/checkpoint.cpp | const SharedFileLock reading(swap_lock_path(run_dir), SharedFileLock::Mode::shared); | ; | eval of a training run reads its checkpoint mid-swap (missing, corrupt or newer weights)
 core/base/yaml_options.cpp | if (!added) | if (false) | a YAML key given twice silently takes one of its values
 experiments/sweep/sweep.cpp | if (was.data_key == now.data_key && !was.tokens.empty() && !now.tokens.empty() && was.tokens != now.tokens) | if (false) | a grown sweep pools numbers of an edited validation text with the recorded ones
@@ -320,6 +320,15 @@ analysis/report.py | if key in seen: | if False: | the report pools two rows of 
 core/runtime/distributed.cpp | if (!the_command_line.empty()) the_group->check_same("command line", the_command_line); | ; | ranks started with different commands or flags run on into collectives that do not match
 experiments/cli/cli_train.cpp | ranks->check_same("checkpoint or data", YAML::Dump(identity)); | ; | data-parallel eval over two different copies of a run prints their mixed sum as one run's
 core/run/run_dir.cpp | const bool owned = first.rfind("checkpoint", 0) == 0 | const bool owned = first.rfind("checkpoint", 0) == 99 | export --overwrite replaces the run's own checkpoint/model.pt
+core/train/trainer.cpp | return double(total) / double(std::max<int64_t>(batches[a].scored, 1)); | return double(batches.size()); | an accumulated step is the mean of its micro-batches' means (a masked LM's tokens weighed by their micro-batch)
+core/train/trainer.cpp | batch.scored = batch.targets.ne(-100).sum().item<int64_t>(); | batch.scored = batch.targets.ne(-100).sum().item<int64_t>() / state.world; | each rank divides its NLL by its own tokens: data-parallel gradients the world size times one process's (AdamW hides it; NAG does not)
+core/eval/retrieval_eval.cpp | for (const auto& [filler, at] : placements) alike = alike && at[c] == at[e]; | for (const auto& [filler, at] : placements) alike = false; | retrieval depths that place the key alike shown as separate measurements
+core/run/metrics_log.cpp | if (k < kept.lines.size() && kept.lines[k].first == at) continue; | continue; | a metrics log cut by hand resumes without its missing steps, unsaid
+core/runtime/distributed.cpp | if (const size_t advice = out.find(" This is typically caused by"); advice != std::string::npos) { | if (const size_t advice = out.find(" This is typically caused by"); false) { | gloo's advice ("GLHF!") rides on extrap's rank-failure lines
+core/model/model.cpp | hasher.add(values.data_ptr(), size_t(values.nbytes())); | hasher.add(values.data_ptr(), size_t(values.numel())); | the weights digest covers each tensor's first bytes only (elements counted as bytes)
+experiments/sweep/point_runner.cpp | tokens.add(&n, sizeof n).add(stream.data(), size_t(n) * sizeof(int32_t)); | tokens.add(&n, sizeof n).add(stream.data(), size_t(n)); | the evaluated tokens' identity covers their first quarter (a token count taken as bytes)
+core/data/corpus.cpp | id["train"] = hex64(content_hash(train.data(), size_t(train.size()) * sizeof(int32_t))); | id["train"] = hex64(content_hash(train.data(), size_t(train.size()))); | the corpus identity covers the first quarter of the training tokens
+analysis/extrap_model.py | model.check_window(length) | pass | the Python reader prints its table before a length its learned positions cannot take is refused
 EOF
 )
 

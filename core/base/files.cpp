@@ -129,6 +129,16 @@ void write_file_atomic(const fs::path& path, std::string_view bytes, const fs::p
   write_file_atomic(path, {bytes}, tmp_name);
 }
 
+void check_output_folder(const std::filesystem::path& path, const std::string& who) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  const fs::path folder = fs::absolute(path, error).parent_path();
+  if (!fs::is_directory(folder, error))
+    throw ConfigError(who + ": the directory " + folder.string() + " does not exist");
+  if (::access(folder.c_str(), W_OK | X_OK) != 0)
+    throw ConfigError(who + ": the directory " + folder.string() + " is not writable (" + std::strerror(errno) + ")");
+}
+
 std::string read_file(const fs::path& path) {
   std::error_code error;
   if (fs::is_directory(path, error)) throw ConfigError(path.string() + ": is a directory, not a file");

@@ -42,6 +42,10 @@ void fsync_directory(const std::filesystem::path& directory);
 // Makes `tmp` durable and moves it over `path` in one step (rename, then fsync the directory).
 void publish_file(const std::filesystem::path& tmp, const std::filesystem::path& path);
 std::string read_file(const std::filesystem::path& path);  // ConfigError naming it
+// Refuses, before the work that would write it, a new file at `path` whose folder does not exist
+// or cannot be written: ConfigError "WHO: the directory D does not exist" (or "is not writable
+// (REASON)"). `who` names the option and path ("extrap eval --json out/r.json", "--out m.safetensors").
+void check_output_folder(const std::filesystem::path& path, const std::string& who);
 
 // Removes `path` and, where it is a directory, everything under it (a symbolic link itself,
 // never what it points to): what std::filesystem::remove_all does, which extrap never calls.

@@ -135,9 +135,7 @@ ExportSummary export_run(const fs::path& run_dir, const fs::path& out, const Exp
   refuse_run_file(out.string() + ".vocab.json", "--out");
   if (fs::exists(out) && !options.overwrite)
     throw ConfigError(out.string() + " exists (add --overwrite to replace it)");
-  const fs::path directory = fs::absolute(out).parent_path();
-  if (!fs::is_directory(directory))
-    throw ConfigError(out.string() + ": the directory " + directory.string() + " does not exist");
+  check_output_folder(out, "--out " + out.string());
 
   const VerifiedCheckpoint checkpoint = require_checkpoint(run_dir);
   const Config& config = checkpoint.config;

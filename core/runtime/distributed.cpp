@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <mutex>
+#include <regex>
 #include <thread>
 
 namespace extrap {
@@ -49,8 +50,8 @@ milliseconds to_ms(double seconds) { return milliseconds(int64_t(seconds * 1000.
 
 std::string error_text(const std::exception& e) {
   if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e))
-    return one_line(c10_error->what_without_backtrace());
-  return one_line(e.what());
+    return backend_error_text(c10_error->what_without_backtrace());
+  return backend_error_text(e.what());
 }
 
 bool loopback(const std::string& address) {
@@ -58,6 +59,18 @@ bool loopback(const std::string& address) {
 }
 
 }  // namespace
+
+std::string backend_error_text(const std::string& text) {
+  std::string out = one_line(text);
+  // gloo's advice after its own message, which ends "GLHF!" and an emoji: not extrap's to repeat.
+  if (const size_t advice = out.find(" This is typically caused by"); advice != std::string::npos) {
+    out.resize(advice);
+    if (!out.empty() && out.back() == '.') out.pop_back();
+  }
+  // Where in PyTorch's build tree the message was raised: "[/__w/pytorch/.../pair.cc:545] ".
+  static const std::regex location(R"(\[[^\]\s]*\.(cc|cpp|cu|h|hpp):[0-9]+\] ?)");
+  return std::regex_replace(out, location, "");
+}
 
 double distributed_timeout_seconds() {
   const auto timeout = variable("EXTRAP_DIST_TIMEOUT");

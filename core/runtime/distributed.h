@@ -141,6 +141,10 @@ void register_nccl_backend(NcclBackendFactory factory);
 
 // The one-line message of an error (LibTorch's without its backtrace).
 std::string failure_message(const std::exception& error);
+// A c10d or gloo error as extrap's lines quote it: one line, without the build-tree location
+// PyTorch prefixes ("[/__w/pytorch/.../pair.cc:545] ") and gloo's advice after its message
+// ("This is typically caused by ... GLHF!").
+std::string backend_error_text(const std::string& text);
 
 // Runs `work`. In one process its errors propagate; with ranks (`group` set) an error other
 // than a DistributedError is caught and its message returned, for all_reduce_agreeing to agree on

@@ -5,11 +5,7 @@
 #include "core/base/files.h"
 #include "core/runtime/cuda_support.h"
 
-#include <unistd.h>
-
-#include <cerrno>
 #include <chrono>
-#include <cstring>
 #include <filesystem>
 #include <iostream>
 
@@ -43,13 +39,7 @@ void check_json_path(const std::string& path, const std::string& command) {
   if (const fs::path run = enclosing_run_directory(path); !run.empty())
     throw ConfigError(flag + ": lies inside the run directory " + run.string() +
                       ", whose own files it could overwrite; write it outside the run");
-  // A folder that is missing or cannot be written is said now, not after the evaluation.
-  const fs::path folder = fs::absolute(path, error).parent_path();
-  if (!fs::is_directory(folder, error))
-    throw ConfigError(flag + ": the directory " + folder.string() + " does not exist");
-  if (::access(folder.c_str(), W_OK | X_OK) != 0)
-    throw ConfigError(flag + ": the directory " + folder.string() + " is not writable (" +
-                      std::strerror(errno) + ")");
+  check_output_folder(path, flag);  // said now, not after the evaluation
   if (!fs::exists(path, error)) return;
   bool ours = false;
   try {

@@ -229,27 +229,31 @@ TEST_CASE("cache: a same-size edit is seen by content and re-tokenised, and the 
     return load_corpus(options);
   };
 
-  SECTION("byte level: one letter of the valid split") {
-    const fs::path bytes = dir.root / "bytes";
-    fs::create_directories(bytes);
-    write_text(bytes / "train.txt", "some training text\n");
-    write_text(bytes / "valid.txt", "the validation text, long enough\n");
-    write_text(bytes / "test.txt", "test\n");
-    const auto options = options_for(dir, bytes, "byte");
-    const Corpus first = load_corpus(options);
-    const auto before = score(first, first.valid);
-    write_text(bytes / "valid.txt", "the validatiom text, long enough\n");
-    CaptureStderr captured;
-    const Corpus corpus = load_corpus(options);
-    CHECK(corpus.valid.cache_status() == CacheStatus::rebuilt_stale);
-    CHECK(corpus.train.cache_status() == CacheStatus::reused);
-    CHECK(captured.text.str().find("stale cache (source changed: 33 bytes") != std::string::npos);
-    const auto after = score(corpus, corpus.valid);
-    const Corpus reference = fresh(bytes, "byte");
-    CHECK(after == score(reference, reference.valid));
-    CHECK(after.first != before.first);
-    CHECK(after.second != before.second);
-  }
+  // One letter in the middle, then the last one alone (a hash of part of the text would pass it).
+  for (const auto& [valid, edited] : std::vector<std::pair<std::string, std::string>>{
+           {"the validation text, long enough\n", "the validatiom text, long enough\n"},
+           {"the validation text, long enough.", "the validation text, long enough!"}})
+    DYNAMIC_SECTION("byte level: " << edited) {
+      const fs::path bytes = dir.root / "bytes";
+      fs::create_directories(bytes);
+      write_text(bytes / "train.txt", "some training text\n");
+      write_text(bytes / "valid.txt", valid);
+      write_text(bytes / "test.txt", "test\n");
+      const auto options = options_for(dir, bytes, "byte");
+      const Corpus first = load_corpus(options);
+      const auto before = score(first, first.valid);
+      write_text(bytes / "valid.txt", edited);
+      CaptureStderr captured;
+      const Corpus corpus = load_corpus(options);
+      CHECK(corpus.valid.cache_status() == CacheStatus::rebuilt_stale);
+      CHECK(corpus.train.cache_status() == CacheStatus::reused);
+      CHECK(captured.text.str().find("stale cache (source changed: 33 bytes") != std::string::npos);
+      const auto after = score(corpus, corpus.valid);
+      const Corpus reference = fresh(bytes, "byte");
+      CHECK(after == score(reference, reference.valid));
+      CHECK(after.first != before.first);
+      CHECK(after.second != before.second);
+    }
   SECTION("word level: a word of the valid split swapped for another known word") {
     const fs::path tiny = dir.root / "tiny";
     write_wikitext(tiny);
@@ -320,6 +324,10 @@ TEST_CASE("cache: a corrupt file is detected and rebuilt, never used", "[corpus]
   }
   SECTION("a flipped payload byte") {
     damaged[damaged.size() - 3] ^= 0x10;
+    reason = "payload checksum";
+  }
+  SECTION("the payload's last byte flipped") {  // a checksum of part of the payload would pass it
+    damaged[damaged.size() - 1] ^= 0x01;
     reason = "payload checksum";
   }
   SECTION("a flipped header byte") {

@@ -103,6 +103,12 @@ TEST_CASE("checkpoints are verified: truncated, bit-flipped or another vocabular
   CHECK(out.find("the checkpoint is corrupt") != std::string::npos);
   CHECK(out.find("perplexity") == std::string::npos);
 
+  // Its last byte alone: a checksum of part of the file would pass it.
+  fs::copy(d.root / "runs/a", d.root / "runs/l", fs::copy_options::recursive);
+  flip_byte(d.root / "runs/l/checkpoint/model.pt", std::streamoff(fs::file_size(d.root / "runs/l/checkpoint/model.pt") - 1));
+  CHECK(run_cli(d, {"eval", "--checkpoint", "runs/l", "-L", "16"}, &out) == 2);
+  require_one_line_error(out, "runs/l/checkpoint/model.pt: checksum");
+
   fs::copy(d.root / "runs/a", d.root / "runs/m", fs::copy_options::recursive);
   fs::remove(d.root / "runs/m/checkpoint/manifest.json");
   CHECK(run_cli(d, {"eval", "--checkpoint", "runs/m", "-L", "16"}, &out) == 2);

@@ -100,11 +100,26 @@ TEST_CASE("a grown sweep refuses to pool numbers of an edited validation or trai
                   "(alibi-seed1 nonoverlapping L=16)", "runs/tiny/alibi-seed2");
   CHECK(run_cli(d, sweep_with(longer), &out) == 2);
   require_inputs_refused(d, out, before, "not evaluating alibi-seed1: the valid split of corpus (its first 1024 tokens) differs", "alibi-seed1");
+  // The last evaluated token alone, the text's size kept: a hash of part of the tokens (a prefix,
+  // bytes counted as tokens) would pass this one.
+  REQUIRE(valid.size() >= 1024);
+  std::string last_edited = valid;
+  last_edited[1023] = last_edited[1023] == 'x' ? 'y' : 'x';
+  write_text(d.root / "corpus/valid.txt", last_edited);
+  CHECK(run_cli(d, sweep_with(longer), &out) == 2);
+  require_inputs_refused(d, out, before, "not evaluating alibi-seed1: the valid split of corpus (its first 1024 tokens) differs", "alibi-seed1");
   write_text(d.root / "corpus/valid.txt", valid);
 
   // The training text edited: a new point would be a model of other text.
   const std::string train = read_text(d.root / "corpus/train.txt");
   write_text(d.root / "corpus/train.txt", train + "One more line of training text.\n");
+  CHECK(run_cli(d, sweep_with(seed2), &out) == 2);
+  require_inputs_refused(d, out, before, "the corpus corpus differs from the one the recorded points read",
+                  "alibi-seed1 nonoverlapping L=16", "runs/tiny/alibi-seed2");
+  // Its last training token alone, the size kept.
+  std::string train_edited = train;
+  train_edited[train.size() - 2] = train_edited[train.size() - 2] == 'x' ? 'y' : 'x';  // (the last is '\n')
+  write_text(d.root / "corpus/train.txt", train_edited);
   CHECK(run_cli(d, sweep_with(seed2), &out) == 2);
   require_inputs_refused(d, out, before, "the corpus corpus differs from the one the recorded points read",
                   "alibi-seed1 nonoverlapping L=16", "runs/tiny/alibi-seed2");

@@ -5,6 +5,8 @@
 #include "core/export/safetensors.h"
 #include "tests/support/cli_harness.h"
 
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -288,7 +290,15 @@ TEST_CASE("export: refusals name the file and write nothing", "[export]") {
   CHECK(read_text(d.root / "model.safetensors") == first);  // the same checkpoint, byte for byte
 
   CHECK(run_cli(d, {"export", "--checkpoint", run, "--out", "missing/model.safetensors"}, &out) == 2);
+  require_one_line_error(out, "--out missing/model.safetensors: the directory ");
   CHECK(out.find("does not exist") != std::string::npos);
+  if (geteuid() != 0) {  // root writes anywhere: said before the export, as --json's folder is
+    fs::create_directories(d.root / "locked");
+    fs::permissions(d.root / "locked", fs::perms::owner_read | fs::perms::owner_exec);
+    CHECK(run_cli(d, {"export", "--checkpoint", run, "--out", "locked/model.safetensors"}, &out) == 2);
+    require_one_line_error(out, "is not writable (Permission denied)");
+    fs::permissions(d.root / "locked", fs::perms::owner_all);
+  }
   CHECK(run_cli(d, {"export", "--checkpoint", "runs/none", "--out", "x.safetensors"}, &out) == 2);
   CHECK(out.find("runs/none") != std::string::npos);
   CHECK_FALSE(fs::exists(d.root / "x.safetensors"));
@@ -369,6 +379,16 @@ TEST_CASE("export: Python's extrap_model.py reproduces extrap eval, causal metho
   models.push_back({"side.safetensors", "causal_words.eval.json", "words/valid.txt",
                     "causal_words.logits.safetensors"});
   check_in_python(d, models);
+
+  // A length past the learned positions' table (48) is refused before any output: one line, no
+  // table header before it, whichever length comes first.
+  std::string output;
+  const int code = run_python(d, EXTRAP_SOURCE_DIR "/analysis/extrap_model.py " + models[2].model +
+                                     " --tokens-file bytes/valid.txt --length 16 64", &output);
+  INFO(output);
+  CHECK(code == 2);
+  CHECK_THAT(output, Catch::StartsWith("extrap_model.py: error: learned positions end at 48"));
+  CHECK(std::count(output.begin(), output.end(), '\n') == 1);
 }
 
 TEST_CASE("export: a sentencepiece model carries its tokenizer, and Python tokenises and scores as "

@@ -113,6 +113,18 @@ int test_port() { return free_port(); }
 
 }  // namespace
 
+// What gloo and c10d raise, as extrap's rank-failure lines quote it (seen when a peer is killed).
+TEST_CASE("distributed: a backend's error is quoted without its build path and gloo's advice", "[distributed]") {
+  CHECK(backend_error_text("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error "
+                           "[127.0.0.1]:40350: Connection reset by peer. This is typically caused by a remote "
+                           "worker hanging or bugs in the application. Check the logs of the remote worker "
+                           "before reporting an error. GLHF! \xf0\x9f\x8f\x96\xef\xb8\x8f") ==
+        "Read error [127.0.0.1]:40350: Connection reset by peer");
+  CHECK(backend_error_text("Connection closed by peer [10.0.0.2]:1234\nnext line") ==
+        "Connection closed by peer [10.0.0.2]:1234 next line");
+  CHECK(backend_error_text("timed out after 30 s.") == "timed out after 30 s.");
+}
+
 TEST_CASE("distributed: the launcher's environment is read or refused by name", "[distributed]") {
   struct Variables {
     static void clear() {
@@ -180,6 +192,20 @@ TEST_CASE("distributed: the launcher's environment is read or refused by name", 
   refused({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "x"}, {"MASTER_PORT", "1"},
            {"EXTRAP_DIST_TIMEOUT", "soon"}},
           "EXTRAP_DIST_TIMEOUT=soon");
+}
+
+// Under NAG without clipping the update is the gradient's scale (AdamW would hide a factor
+// on it): a sum over ranks where the mean belongs steps twice as far.
+TEST_CASE("distributed: 2 ranks take 1 process's NAG steps, unclipped", "[distributed]") {
+  SweepDir d;
+  write_train_config(d, "masked_lm");
+  const std::vector<std::string> nag = {"--set", "train.optimizer=nag", "--set", "train.clip=0",
+                                        "--set", "train.lr=0.05", "--set", "train.weight_decay=0"};
+  REQUIRE(run_cli(d, train_args("runs/one", nag)) == 0);
+  std::vector<std::string> two = nag;
+  two.insert(two.end(), {"--nproc", "2"});
+  REQUIRE(run_cli(d, train_args("runs/two", two)) == 0);
+  require_same_run(d, "runs/one", "runs/two", 1e-5);
 }
 
 TEST_CASE("distributed: 2 ranks train as 1 process on the same global batch", "[distributed]") {
@@ -263,6 +289,8 @@ TEST_CASE("distributed: a killed rank stops the others with its name, and --resu
   CHECK(seconds < 25);  // well within the 30 s timeout: a closed connection is noticed at once
   CHECK(text.find("(rank 0): error: rank 0 of 2: rank 1 stopped responding") != std::string::npos);
   CHECK(text.find("Traceback") == std::string::npos);
+  CHECK(text.find("GLHF") == std::string::npos);  // gloo's own advice is not extrap's line
+  CHECK(text.find("pair.cc") == std::string::npos);
   REQUIRE(require_checkpoint(d.root / "runs/killed").state.step == 4);
 
   std::string output;
