@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Load a model written by `extrap export` (format extrap-safetensors/1) and evaluate it in plain
+"""Load a model written by `extrap export` (format extrap-safetensors/2, or 1) and evaluate it in plain
 PyTorch: an independent reference for extrap's forward pass and perplexities, written from the
 format's definitions, never from the C++ code. Evaluated in float32 it reproduces extrap's
 perplexities to about 1e-5 relative; in float64 it measures how far float32 rounding moves them.
@@ -52,6 +52,16 @@ mass to the query's own value; causal only; model(..., return_attention=True) gi
 base and base_options; tensors position.base.NAME), B' = B with its masked entries 0, and f an MLP
 2H -> mlp_width -> H over the heads at each (i, j)).
 
+The block (metadata model; a format-1 file is GPT-2's: LayerNorm with biases, GELU mlp, full heads,
+sequential): norm layernorm or rmsnorm (x / sqrt(mean(x^2) + eps) w), norm_eps, bias (false: no bias
+in any linear layer or norm), ffn mlp, swiglu or geglu (W2 (act(g) o u) with [g, u] the rows of
+ffn_in, gate first), kv_heads (grouped-query attention: qkv's rows are H query, then kv_heads key,
+then kv_heads value heads, and query head h reads key head h // (H / kv_heads)), block sequential,
+parallel (x + attn(n1 x) + ffn(n2 x)) or parallel_shared (one norm, ln_attention), qk_norm (q_norm
+and k_norm over each head before the position method), embedding_norm (a norm after the scaled
+embedding). Rotary methods (rotary, xpos, p_rope) pair dimensions (2i, 2i+1), or with the option
+pairing "half" (i, i + d_rot/2), Hugging Face's rotate_half; xpos rotates its fraction of the head.
+
 Attention options (metadata "attention", REFERENCE.md "The 2024-26 wave"), in every layer: a
 learned sink logit per head (blocks.L.attention.sink), SSMax's per-head s times ln n_i
 (blocks.L.attention.ssmax; n_i the keys row i sees), Llama 4's temperature on q, a head-wise or
@@ -89,7 +99,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-FORMAT = "extrap-safetensors/1"
+FORMAT = "extrap-safetensors/2"
+FORMATS = ("extrap-safetensors/1", FORMAT)  # 1: before the architecture keys (GPT-2's block), read as such
 PATTERN = "pattern"  # metadata position of an export with a layer pattern: see metadata "layers"
 POSITION_METHODS = ("none", "sinusoidal", "learned", "rotary", "p_rope", "alibi", "alibi_symmetric",
                     "alibi_nonsymmetric", "alibi_learned", "t5_bias", "kerple_log", "kerple_power",
@@ -98,15 +109,17 @@ POSITION_METHODS = ("none", "sinusoidal", "learned", "rotary", "p_rope", "alibi"
 DAPE_BASES = ("alibi", "alibi_symmetric", "alibi_nonsymmetric", "alibi_learned", "t5_bias", "kerple_log",
               "kerple_power", "sandwich", "fire")
 CAUSAL_ONLY = ("xpos", "cope", "fox", "path", "stick_breaking")  # refused in a bidirectional (masked-LM) export
-POSITION_DEFAULTS = {"rotary": {"base": 10000.0, "fraction": 1.0}, "sinusoidal": {"base": 10000.0},
-                     "p_rope": {"base": 10000.0, "keep": 0.75},
+POSITION_DEFAULTS = {"rotary": {"base": 10000.0, "fraction": 1.0, "pairing": "interleaved"},
+                     "sinusoidal": {"base": 10000.0},
+                     "p_rope": {"base": 10000.0, "keep": 0.75, "pairing": "interleaved"},
                      "learned": {"max_length": 1024},
                      "alibi_learned": {"shared_across_layers": True},
                      "t5_bias": {"buckets": 32, "max_distance": 128, "shared_across_layers": True},
                      "kerple_log": {"shared_across_layers": True},
                      "kerple_power": {"shared_across_layers": True},
                      "sandwich": {"base": 10000.0, "scale": 8.0},
-                     "xpos": {"base": 10000.0, "scale_base": 512.0, "gamma": 0.4},
+                     "xpos": {"base": 10000.0, "scale_base": 512.0, "gamma": 0.4, "fraction": 1.0,
+                              "pairing": "interleaved"},
                      "fire": {"mlp_width": 32, "init_L": 512.0, "eps": 1e-6,
                               "shared_across_layers": False},
                      "path": {"rank": 32, "conv_size": 3, "forget_gate": False, "init_std": 0.02},
@@ -117,6 +130,13 @@ JSON_METADATA = ("position_options", "model", "data", "eval", "train", "vocabula
 # The attention options (metadata "attention"; an export without the key has none of them).
 ATTENTION_DEFAULTS = {"sink": False, "ssmax": False, "temperature": 0.0, "temperature_floor": 8192,
                       "gate": "none", "window": 0, "chunk": 0}
+# The architecture (metadata model; a format-1 file has none of these keys: GPT-2's block). Each
+# key's values as extrap writes them; anything else is refused by name.
+MODEL_DEFAULTS = {"ffn": "mlp", "norm": "layernorm", "bias": True, "block": "sequential", "qk_norm": False,
+                  "embedding_norm": False}
+MODEL_CHOICES = {"ffn": ("mlp", "swiglu", "geglu"), "norm": ("layernorm", "rmsnorm"), "bias": (True, False),
+                 "block": ("sequential", "parallel", "parallel_shared"), "qk_norm": (True, False),
+                 "embedding_norm": (True, False)}
 WORD_SPECIALS = {"<eos>": 0, "<unk>": 1, "<mask>": 2}
 MASK64 = 0xFFFF_FFFF_FFFF_FFFF
 SLOPE_RTOL = 2.4e-7  # two float32 ulps: the stored slopes are the definition rounded to float32
@@ -261,8 +281,8 @@ def _kind_metadata(where, method, options, attention):
 
 
 def _metadata(raw):
-    if raw.get("format") != FORMAT:
-        raise ValueError(f"metadata format is {raw.get('format')!r}, expected {FORMAT!r}")
+    if raw.get("format") not in FORMATS:
+        raise ValueError(f"metadata format is {raw.get('format')!r}, expected one of {', '.join(FORMATS)}")
     for key in ("position", "model", "data"):
         if key not in raw:
             raise ValueError(f"metadata has no {key!r}")
@@ -293,6 +313,27 @@ def _metadata(raw):
                               parsed.get("attention", {}))
         parsed["position_options"], parsed["attention"] = kind["position_options"], kind["attention"]
     return parsed
+
+
+class Norm(nn.Module):
+    """A LayerNorm, (x - mean) / sqrt(var + eps) w + b, or an RMSNorm, x / sqrt(mean(x^2) + eps) w + b,
+    over the last dimension (metadata model norm, norm_eps); without a bias (model bias false) b is
+    absent. Parameters weight and bias, as the file's tensors."""
+
+    def __init__(self, width, rms, eps, bias, kw):
+        super().__init__()
+        self.rms, self.eps = rms, eps
+        self.weight = nn.Parameter(torch.empty(width, **kw))
+        self.bias = nn.Parameter(torch.empty(width, **kw)) if bias else None
+
+    def forward(self, x):
+        if self.rms:
+            u = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        else:
+            centred = x - x.mean(-1, keepdim=True)
+            u = centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + self.eps)
+        u = u * self.weight
+        return u if self.bias is None else u + self.bias
 
 
 class LayerKind(nn.Module):
@@ -470,8 +511,19 @@ class ExtrapModel(nn.Module):
         if m.get("activation", "gelu") not in ("gelu", "relu"):
             raise ValueError(f"unknown activation {m['activation']!r}; supported: gelu, relu")
         self.act = F.relu if m.get("activation") == "relu" else F.gelu  # gelu: exact (erf)
+        # The architecture: every key's value checked, so that none is read as something else.
+        self.arch = {key: m.get(key, default) for key, default in MODEL_DEFAULTS.items()}
+        for key, value in self.arch.items():
+            if value not in MODEL_CHOICES[key] or (isinstance(value, bool) != isinstance(MODEL_CHOICES[key][0], bool)):
+                raise ValueError(f"metadata model: {key} {value!r} is not one of "
+                                 f"{', '.join(map(str, MODEL_CHOICES[key]))}")
+        self.kv_heads = int(m.get("kv_heads", self.heads))
+        if self.kv_heads < 1 or self.heads % self.kv_heads:
+            raise ValueError(f"metadata model: kv_heads {self.kv_heads} does not divide heads {self.heads}")
         D, Fd, V, H = self.d_model, int(m["d_ffn"]), int(metadata["data"]["vocab_size"]), self.heads
-        eps, kw = float(m.get("layer_norm_eps", 1e-5)), dict(device="meta", dtype=dtype)
+        eps, kw = float(m.get("norm_eps", m.get("layer_norm_eps", 1e-5))), dict(device="meta", dtype=dtype)
+        rms, bias, gated = self.arch["norm"] == "rmsnorm", self.arch["bias"], self.arch["ffn"] != "mlp"
+        Hkv, Dh = self.kv_heads, self.d_head
         # The kinds of layer and each layer's kind and its number among its kind's layers.
         if metadata["position"] == PATTERN:
             pattern, entries = metadata["layers"]["pattern"], metadata["layers"]["kinds"]
@@ -503,23 +555,29 @@ class ExtrapModel(nn.Module):
         for layer in range(self.layers):
             a = self.kinds[self.layer_kind[layer]].attention
             block = nn.Module()
-            block.ln_attention = nn.LayerNorm(D, eps, **kw)
-            block.ln_ffn = nn.LayerNorm(D, eps, **kw)
+            block.ln_attention = Norm(D, rms, eps, bias, kw)
+            block.ln_ffn = Norm(D, rms, eps, bias, kw) if self.arch["block"] != "parallel_shared" else None
             block.attention = nn.Module()
-            block.attention.qkv = nn.Linear(D, 3 * D, **kw)  # out features [3][H][Dh]
-            block.attention.out = nn.Linear(D, D, **kw)      # in features [H][Dh]
+            block.attention.qkv = nn.Linear(D, (H + 2 * Hkv) * Dh, bias=bias, **kw)  # out features: H q, Hkv k, Hkv v heads
+            block.attention.out = nn.Linear(D, D, bias=bias, **kw)                  # in features [H][Dh]
+            if self.arch["qk_norm"]:  # a norm of each head's q and k, shared by the heads
+                block.attention.q_norm = Norm(Dh, rms, eps, bias, kw)
+                block.attention.k_norm = Norm(Dh, rms, eps, bias, kw)
             if a["sink"]:  # each head's sink logit
                 block.attention.register_parameter("sink", nn.Parameter(torch.empty(H, **kw)))
             if a["ssmax"]:  # SSMax's s, per head
                 block.attention.register_parameter("ssmax", nn.Parameter(torch.empty(H, **kw)))
             if a["gate"] != "none":  # sigmoid(h W_g^T): one gate per head, or per feature
                 block.attention.gate = nn.Linear(D, H if a["gate"] == "headwise" else D, bias=False, **kw)
-            block.ffn_in, block.ffn_out = nn.Linear(D, Fd, **kw), nn.Linear(Fd, D, **kw)
+            # ffn_in's rows: the hidden units, or for a gated FFN [gate; up], 2 d_ffn
+            block.ffn_in = nn.Linear(D, 2 * Fd if gated else Fd, bias=bias, **kw)
+            block.ffn_out = nn.Linear(Fd, D, bias=bias, **kw)
             self.blocks.append(block)
         final_norm = m.get("final_norm", True)  # files older than the key: always a final LayerNorm
         if not isinstance(final_norm, bool):
             raise ValueError(f"metadata model: final_norm must be true or false, not {final_norm!r}")
-        self.ln_final = nn.LayerNorm(D, eps, **kw) if final_norm else None
+        self.ln_final = Norm(D, rms, eps, bias, kw) if final_norm else None
+        self.embedding_norm = Norm(D, rms, eps, bias, kw) if self.arch["embedding_norm"] else None
         self.head = None if m.get("tie_embeddings", True) else nn.Linear(D, V, bias=False, **kw)
         self._word_ids = None
         self.pieces = None  # sentencepiece: set by load() from the export's tokenizer model
@@ -566,6 +624,8 @@ class ExtrapModel(nn.Module):
         elif kind.method == "p_rope":  # rotary's frequencies over the head, the highest m kept
             m = math.floor(float(kind.options["keep"]) * (self.d_head // 2) + 1e-9)
             theta = [base ** (-2.0 * i / self.d_head) for i in range(m)]
+            if m and kind.options["pairing"] == "half":  # pairs (i, i + d/2): the others at angle 0
+                theta += [0.0] * (self.d_head // 2 - m)
         else:
             return None
         if not theta:
@@ -576,21 +636,21 @@ class ExtrapModel(nn.Module):
         return angle.cos().to(w.device, w.dtype), angle.sin().to(w.device, w.dtype)
 
     def _xpos(self, kind, offset, T):  # ((cos, sin) of the queries, (cos, sin) of the keys), or None
-        """xPos: the rotary rotation (fraction 1) with pair m of the query at position n scaled by
-        zeta_m^(n / scale_base) and of the key by zeta_m^(-n / scale_base), folded into the
+        """xPos: the rotary rotation of the first d = fraction d_head dimensions with pair m of the
+        query at position n scaled by zeta_m^(n / scale_base) and of the key by
+        zeta_m^(-n / scale_base), zeta_m = (2m + gamma d) / ((1 + gamma) d), folded into the
         tables. n is centred on the window's middle (scores are unchanged by any shift of n);
         computed in float64, rounded to the model's dtype."""
         if kind.method != "xpos":
             return None
-        dh = self.d_head
-        d_rot = 2 * (dh // 2)
+        d_rot = 2 * math.floor(float(kind.options["fraction"]) * self.d_head / 2 + 1e-9)
         if d_rot == 0:
             return None
         base, scale_base = float(kind.options["base"]), float(kind.options["scale_base"])
         gamma = float(kind.options["gamma"])
         theta = torch.tensor([base ** (-2.0 * i / d_rot) for i in range(d_rot // 2)],
                              dtype=torch.float64)
-        zeta = torch.tensor([(2.0 * i + gamma * dh) / ((1.0 + gamma) * dh)
+        zeta = torch.tensor([(2.0 * i + gamma * d_rot) / ((1.0 + gamma) * d_rot)
                              for i in range(d_rot // 2)], dtype=torch.float64)
         angle = torch.arange(offset, offset + T, dtype=torch.float64)[:, None] * theta
         n = (torch.arange(T, dtype=torch.float64) - T // 2)[:, None] / scale_base
@@ -607,10 +667,16 @@ class ExtrapModel(nn.Module):
         return (rotary, rotary) if rotary is not None else self._xpos(kind, offset, T)
 
     @staticmethod
-    def _rotate(x, cos, sin):  # x (B, H, T, Dh): pairs (2i, 2i+1) of the first d_rot dims rotated
+    def _rotate(x, cos, sin, half=False):
+        """x (B, H, T, Dh): the pairs of the first d_rot = 2 cos.shape[-1] dims rotated: (2i, 2i+1),
+        or with half (the method's pairing "half", as Hugging Face's rotate_half) (i, i + d_rot/2)."""
         d = 2 * cos.shape[-1]
-        x0, x1 = x[..., 0:d:2], x[..., 1:d:2]
-        rotated = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2)
+        if half:
+            x0, x1 = x[..., :d // 2], x[..., d // 2:d]
+            rotated = torch.cat((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
+        else:
+            x0, x1 = x[..., 0:d:2], x[..., 1:d:2]
+            rotated = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2)
         return torch.cat((rotated, x[..., d:]), dim=-1)
 
     def bias(self, layer, T, h=None, q=None, k=None):
@@ -808,15 +874,21 @@ class ExtrapModel(nn.Module):
         masks = [self._option_mask(kind, T) for kind in self.kinds]
         biases = {}  # layers that share a bias share one tensor
         attention = []
+        Hkv = self.kv_heads
         for layer, block in enumerate(self.blocks):
             kind, index = self.kind_of(layer)
             kind_rotations, temperature = rotations[self.layer_kind[layer]], temperatures[self.layer_kind[layer]]
             hidden_keys = masks[self.layer_kind[layer]]
             h = block.ln_attention(x)
-            qkv = block.attention.qkv(h).view(B, T, 3, H, Dh)
-            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, T, Dh)
+            qkv = block.attention.qkv(h).view(B, T, H + 2 * Hkv, Dh).transpose(1, 2)  # (B, H + 2 Hkv, T, Dh)
+            q, k, v = qkv[:, :H], qkv[:, H:H + Hkv], qkv[:, H + Hkv:]
+            if self.arch["qk_norm"]:  # each head's q and k normed before the position method
+                q, k = block.attention.q_norm(q), block.attention.k_norm(k)
             if kind_rotations is not None:  # queries and keys: xPos scales them differently
-                q, k = self._rotate(q, *kind_rotations[0]), self._rotate(k, *kind_rotations[1])
+                half = kind.options.get("pairing", "interleaved") == "half"
+                q, k = self._rotate(q, *kind_rotations[0], half), self._rotate(k, *kind_rotations[1], half)
+            if Hkv != H:  # grouped-query attention: query head h reads key and value head h // (H / Hkv)
+                k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
             if temperature is not None:
                 q = q * temperature
             if kind.method == "stick_breaking":  # no softmax: its own weights, the rest to v_i
@@ -845,15 +917,28 @@ class ExtrapModel(nn.Module):
             context = out.transpose(1, 2)  # (B, T, H, Dh)
             if kind.attention["gate"] != "none":
                 context = context * torch.sigmoid(block.attention.gate(h)).view(B, T, H, -1)
-            x = x + block.attention.out(context.reshape(B, T, H * Dh))  # head-major features
-            x = x + block.ffn_out(self.act(block.ffn_in(block.ln_ffn(x))))
+            a = block.attention.out(context.reshape(B, T, H * Dh))  # head-major features
+            if self.arch["block"] == "sequential":  # x + attn(n1 x), then + ffn(n2 .)
+                x = x + a
+                x = x + self._ffn(block, block.ln_ffn(x))
+            else:  # parallel: x + attn(n1 x) + ffn(n2 x); parallel_shared: n2 = n1
+                x = x + a + self._ffn(block, h if block.ln_ffn is None else block.ln_ffn(x))
         if self.ln_final is not None:
             x = self.ln_final(x)
         return (x, attention) if return_attention else x
 
-    def embed(self, tokens):  # (B, T) -> (B, T, D): the token embeddings times sqrt(d_model)
+    def _ffn(self, block, x):  # mlp: W2 act(W1 x); swiglu / geglu: W2 (act(g) o u), [g, u] = W1 x
+        a = block.ffn_in(x)
+        if self.arch["ffn"] == "mlp":
+            return block.ffn_out(self.act(a))
+        g, u = a.chunk(2, dim=-1)
+        gate = F.silu(g) if self.arch["ffn"] == "swiglu" else F.gelu(g)  # gelu: exact (erf)
+        return block.ffn_out(gate * u)
+
+    def embed(self, tokens):  # (B, T) -> (B, T, D): the token embeddings times sqrt(d_model), normed where asked
         x = self.embedding.weight[tokens] if self.adaptive is None else self.adaptive.embed(tokens)
-        return x * math.sqrt(self.d_model)
+        x = x * math.sqrt(self.d_model)
+        return x if self.embedding_norm is None else self.embedding_norm(x)
 
     # -- the attention options (metadata "attention", or each kind's)
     def _temperature(self, kind, offset, T):  # Llama 4: q at p times 1 + a ln(floor((p + 1) / F) + 1)
@@ -1012,7 +1097,7 @@ def _layout(model, names):
 
 
 def load(path, dtype=torch.float32, device="cpu", use_package=None):
-    """The ExtrapModel stored in an extrap-safetensors/1 file, in eval mode, weights in dtype."""
+    """The ExtrapModel stored in an extrap-safetensors file (format 1 or 2), in eval mode, weights in dtype."""
     tensors, raw = read_safetensors(path, use_package)
     metadata = _metadata(raw)
     try:

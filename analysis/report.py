@@ -1001,6 +1001,38 @@ def corpora_text(runs, configs):
                           for (corpus, split), vocab in without_unrecorded(corpora)])
 
 
+def model_shape(m):
+    """A run's model in words: layers, width, heads and feed-forward, then each architecture key
+    that is not GPT-2's default (core/model/config.h): key and value heads, the gated
+    feed-forward, RMSNorm, no biases, the block, QK-norm, the embedding norm, an untied head.
+    d_ffn 0 is given as the width its rule makes (ModelConfig::ffn_width)."""
+    d_model, heads = m.get("d_model", "?"), m.get("heads", "?")
+    ffn, d_ffn = m.get("ffn", "mlp"), m.get("d_ffn", "?")
+    if d_ffn == 0 and isinstance(d_model, int):
+        if ffn == "mlp":
+            d_ffn = 4 * d_model
+        else:
+            multiple = int(m.get("ffn_multiple", 256))
+            d_ffn = -(-(2 * 4 * d_model // 3) // multiple) * multiple
+    kv = m.get("kv_heads", 0)
+    parts = ["%s layer%s, d_model %s, %s heads%s, %s %s" % (
+        m.get("layers", "?"), "" if m.get("layers") == 1 else "s", d_model, heads,
+        " (%s key and value)" % kv if kv and kv != heads else "", "d_ffn" if ffn == "mlp" else ffn, d_ffn)]
+    if m.get("norm", "layernorm") != "layernorm":
+        parts.append(m["norm"])
+    if m.get("bias", True) is False:
+        parts.append("no biases")
+    if m.get("block", "sequential") != "sequential":
+        parts.append("%s block" % m["block"].replace("_", " "))
+    if m.get("qk_norm"):
+        parts.append("QK-norm")
+    if m.get("embedding_norm"):
+        parts.append("embedding norm")
+    if m.get("tie_embeddings", True) is False:
+        parts.append("untied head")
+    return ", ".join(parts)
+
+
 def trained_section(runs, labels, methods):
     """What was trained, from each run's resolved config (its `config` attribute) and the
     attributes training recorded: the corpus, its tokenizer and vocabulary, the splits trained
@@ -1029,9 +1061,7 @@ def trained_section(runs, labels, methods):
             continue
         model = [configs[i].get("model") or {} for i in ids]
         train = [configs[i].get("train") or {} for i in ids]
-        shape = ["%s layer%s, d_model %s, %s heads, d_ffn %s" % (
-                     m.get("layers", "?"), "" if m.get("layers") == 1 else "s", m.get("d_model", "?"),
-                     m.get("heads", "?"), m.get("d_ffn", "?")) for m in model]
+        shape = [model_shape(m) for m in model]
         tokens = ["{:,}".format(runs[i]["train_tokens"]) if runs[i].get("train_tokens") else "not recorded"
                   for i in ids]
         # 0 parameters: not recorded (a run that failed before its model was built).

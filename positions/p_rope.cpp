@@ -7,7 +7,8 @@
 //
 // Unlike rotary's `fraction`, which rotates the first dimensions with the whole range of
 // frequencies squeezed into them, p-RoPE keeps rotary's frequencies and drops the lowest ones.
-// Evaluation-time RoPE scaling applies to the frequencies kept.
+// Evaluation-time RoPE scaling applies to the frequencies kept. With `pairing: half` pair i is
+// the dimensions (i, i + d/2), as a Hugging Face model pairs them: the pairs i < m rotate.
 #include "positions/rotation.h"
 
 #include <cmath>
@@ -18,9 +19,11 @@ namespace {
 struct PRopeOptions {
   double base = 10000.0;
   double keep = 0.75;
+  RotaryPairing pairing = RotaryPairing::interleaved;
   void read(const OptionReader& r) {
     r.read("base", base, "wavelength base of the rotation angles (over the whole head, as rotary's)");
     r.read("keep", keep, "p: the fraction of pairs that rotate, the highest frequencies (0: NoPE, 1: rotary)");
+    read_pairing(r, pairing);
     if (!r.decoding()) return;
     r.above("base", base, 1);
     r.in_range("keep", keep, 0, 1, "[]");
@@ -41,13 +44,20 @@ class PRope : public PositionMethod {
     if (kept_ == 0) return;  // p = 0: nothing rotates
     TORCH_CHECK(q.size(-1) == d_head_ && k.size(-1) == d_head_, "p_rope: expected heads of ", d_head_,
                 " dimensions, got q ", q.sizes(), " and k ", k.sizes());
+    const bool half = options_.pairing == RotaryPairing::half;
     const auto tables = tables_.get(at.positions, q.device(), q.scalar_type(), [&] {
       // The whole head's frequencies (scaled where an evaluation asks), the highest m kept.
       auto [cos, sin] = scaled_rotary_angles(at.positions, d_head_, options_.base, tables_.scaling(), kept_);
-      return std::vector<torch::Tensor>{cos, sin};  // (T, m) each
+      if (half) {  // every pair (i, i + d/2) of the head, the unkept ones at angle 0: cos 1, sin 0 (exactly unrotated)
+        const int64_t rest = d_head_ / 2 - kept_;
+        cos = torch::cat({cos, torch::ones({cos.size(0), rest}, cos.options())}, 1);
+        sin = torch::cat({sin, torch::zeros({sin.size(0), rest}, sin.options())}, 1);
+      }
+      return std::vector<torch::Tensor>{cos, sin};  // (T, m) each, (T, d/2) with half pairs
     });
-    q = rotate_pairs(q, tables[0], tables[1], 2 * kept_);
-    k = rotate_pairs(k, tables[0], tables[1], 2 * kept_);
+    const int64_t rotated = half ? d_head_ : 2 * kept_;
+    q = rotate_pairs(q, tables[0], tables[1], rotated, options_.pairing);
+    k = rotate_pairs(k, tables[0], tables[1], rotated, options_.pairing);
   }
 
   bool set_rope_scaling(const RopeScaling& scaling) override {

@@ -1,12 +1,11 @@
 // `rotary`: rotary position embeddings (RoPE, Su et al., 2021), applied to q and k in every
-// layer. Convention: *interleaved pairs* (positions/rotation.h): dimensions (2i, 2i+1) of a
-// head form the complex number x[2i] + i x[2i+1], which at position p is multiplied by
-// exp(i p theta_i), theta_i = base^(-2i / d_rot), i = 0 .. d_rot/2 - 1. (GPT-NeoX instead
-// pairs dimension i with i + d_rot/2; the two are the same up to a fixed permutation of the
-// head dimensions, so neither is better, but checkpoints are not interchangeable.)
+// layer: pair i of a head, the complex number x[a] + i x[b], is multiplied at position p by
+// exp(i p theta_i), theta_i = base^(-2i / d_rot), i = 0 .. d_rot/2 - 1. `pairing` says which
+// dimensions pair (positions/rotation.h): interleaved (2i, 2i+1, the default) or half (i, i +
+// d_rot/2, GPT-NeoX's and Llama's).
 //
-// Only the first d_rot = fraction * d_head dimensions (rounded down to an even count) rotate;
-// the rest pass through unchanged. Because q_p . k_p' depends on p - p' only, the scores are
+// Only the first d_rot = fraction * d_head dimensions (rounded down to an even count; GPT-NeoX's
+// rotary_pct) rotate; the rest pass through unchanged. Because q_p . k_p' depends on p - p' only, the scores are
 // translation-invariant: the same window at any offset gives the same attention.
 #include "positions/rotation.h"
 
@@ -18,10 +17,12 @@ namespace {
 struct RotaryOptions {
   double base = 10000.0;
   double fraction = 1.0;
+  RotaryPairing pairing = RotaryPairing::interleaved;
   void read(const OptionReader& r) {
     r.read("base", base, "wavelength base of the rotation angles");
     r.read("fraction", fraction,
            "fraction of each head's dimensions that rotate (rounded down to an even count)");
+    read_pairing(r, pairing);
     if (!r.decoding()) return;
     r.above("base", base, 1);
     r.in_range("fraction", fraction, 0, 1, "(]");
@@ -47,8 +48,8 @@ class Rotary : public PositionMethod {
           scaled_rotary_angles(at.positions, rotated_, options_.base, tables_.scaling());
       return std::vector<torch::Tensor>{cos, sin};  // (T, d_rot/2) each
     });
-    q = rotate_pairs(q, tables[0], tables[1], rotated_);
-    k = rotate_pairs(k, tables[0], tables[1], rotated_);
+    q = rotate_pairs(q, tables[0], tables[1], rotated_, options_.pairing);
+    k = rotate_pairs(k, tables[0], tables[1], rotated_, options_.pairing);
   }
 
   bool set_rope_scaling(const RopeScaling& scaling) override {

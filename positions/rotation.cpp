@@ -178,12 +178,17 @@ void RotationTables::set_scaling(const RopeScaling& scaling) {
 }
 
 torch::Tensor rotate_pairs(const torch::Tensor& x, const torch::Tensor& cos,
-                           const torch::Tensor& sin, int64_t rotated) {
+                           const torch::Tensor& sin, int64_t rotated, RotaryPairing pairing) {
   const auto d = x.size(-1);
-  auto pairs = x.narrow(-1, 0, rotated).unflatten(-1, {rotated / 2, 2});  // (B, H, T, d/2, 2)
-  auto even = pairs.select(-1, 0), odd = pairs.select(-1, 1);             // (B, H, T, d/2)
-  auto turned = torch::stack({even * cos - odd * sin, even * sin + odd * cos}, -1)
-                    .flatten(-2);                                         // (B, H, T, d_rot)
+  torch::Tensor turned;  // (B, H, T, d_rot)
+  if (pairing == RotaryPairing::half) {
+    auto first = x.narrow(-1, 0, rotated / 2), second = x.narrow(-1, rotated / 2, rotated / 2);  // (B, H, T, d/2)
+    turned = torch::cat({first * cos - second * sin, first * sin + second * cos}, -1);
+  } else {
+    auto pairs = x.narrow(-1, 0, rotated).unflatten(-1, {rotated / 2, 2});  // (B, H, T, d/2, 2)
+    auto even = pairs.select(-1, 0), odd = pairs.select(-1, 1);             // (B, H, T, d/2)
+    turned = torch::stack({even * cos - odd * sin, even * sin + odd * cos}, -1).flatten(-2);
+  }
   if (rotated == d) return turned;
   return torch::cat({turned, x.narrow(-1, rotated, d - rotated)}, -1);    // (B, H, T, D)
 }

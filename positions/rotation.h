@@ -1,9 +1,12 @@
-// Rotation of query and key pairs, shared by `rotary` and `xpos`.
+// Rotation of query and key pairs, shared by `rotary`, `xpos` and `p_rope`.
 //
-// Convention: *interleaved pairs*, as in the RoFormer paper and torchscale's xPos. Dimensions
-// (2i, 2i+1) of a head form the complex number x[2i] + i x[2i+1], which at position p is
-// multiplied by exp(i p theta_i), theta_i = base^(-2i / d_rot), i = 0 .. d_rot/2 - 1. Only the
-// first d_rot dimensions rotate; the rest pass through unchanged.
+// Pair i of the first d_rot dimensions of a head, the complex number x[a] + i x[b], is multiplied
+// at position p by exp(i p theta_i), theta_i = base^(-2i / d_rot), i = 0 .. d_rot/2 - 1; the rest
+// pass through unchanged. Which dimensions pair (a method's `pairing` option):
+//   interleaved  a = 2i, b = 2i + 1, as the RoFormer paper and torchscale's xPos (the default);
+//   half         a = i, b = i + d_rot/2, as GPT-NeoX, Llama and every Hugging Face checkpoint
+//                (rotate_half). The two are the same up to a fixed permutation of the head's
+//                dimensions, so neither is better, but checkpoints are not interchangeable.
 #pragma once
 
 #include "positions/position.h"
@@ -14,6 +17,19 @@
 #include <vector>
 
 namespace extrap {
+
+enum class RotaryPairing { interleaved, half };
+template <>
+struct EnumNames<RotaryPairing> {
+  static constexpr std::array<std::pair<const char*, RotaryPairing>, 2> table{
+      {{"interleaved", RotaryPairing::interleaved}, {"half", RotaryPairing::half}}};
+};
+// A method's `pairing` option (rotary, xpos, p_rope), with its help text.
+inline void read_pairing(const OptionReader& r, RotaryPairing& pairing) {
+  r.read("pairing", pairing,
+         "which dimensions rotate together: interleaved (2i, 2i+1), or half (i, i + d/2: GPT-NeoX, Llama, Hugging "
+         "Face checkpoints)");
+}
 
 // theta_i = base^(-2i / rotated), i = 0 .. rotated/2 - 1: (rotated/2,) float64.
 torch::Tensor rotary_frequencies(int64_t rotated, double base);
@@ -86,9 +102,10 @@ class RotationTables {
   RopeScaling scaling_;  // none unless an evaluation asks
 };
 
-// x: (B, H, T, D). Rotates the pairs (2i, 2i+1) of the first `rotated` dimensions by the
-// (T, rotated/2) angles given as cos and sin.
+// x: (B, H, T, D). Rotates the pairs of the first `rotated` dimensions, (2i, 2i+1) or (i, i +
+// rotated/2) by `pairing`, by the (T, rotated/2) angles given as cos and sin.
 torch::Tensor rotate_pairs(const torch::Tensor& x, const torch::Tensor& cos,
-                           const torch::Tensor& sin, int64_t rotated);
+                           const torch::Tensor& sin, int64_t rotated,
+                           RotaryPairing pairing = RotaryPairing::interleaved);
 
 }  // namespace extrap

@@ -1,8 +1,8 @@
 // `xpos`: rotary embeddings with an exponential decay per rotated pair (xPos, Sun et al., 2022,
 // "A Length-Extrapolatable Transformer"; torchscale's xpos_relative_position.py). q and k are
-// rotated exactly as `rotary` rotates them (interleaved pairs, positions/rotation.h), and pair
-// k = 0 .. d/2 - 1 is also scaled: the query at position n by zeta_k^(n / scale_base) and the
-// key at position n by zeta_k^(-n / scale_base), with
+// rotated exactly as `rotary` rotates them (the first d = fraction * d_head dimensions, pairs as
+// `pairing` says: positions/rotation.h), and pair k = 0 .. d/2 - 1 is also scaled: the query at
+// position n by zeta_k^(n / scale_base) and the key at position n by zeta_k^(-n / scale_base), with
 //     zeta_k = (2k + gamma d) / ((1 + gamma) d),   gamma = 0.4, scale_base = 512,
 // so that q_i . k_j carries zeta_k^((i - j) / scale_base) <= 1 for j <= i: attention to far
 // keys decays smoothly, per frequency. The scale depends on i - j only: positions are counted
@@ -23,14 +23,20 @@ struct XposOptions {
   double base = 10000.0;
   double scale_base = 512.0;
   double gamma = 0.4;
+  double fraction = 1.0;
+  RotaryPairing pairing = RotaryPairing::interleaved;
   void read(const OptionReader& r) {
     r.read("base", base, "wavelength base of the rotation angles (as rotary)");
     r.read("scale_base", scale_base, "positions are divided by this in the decay exponent");
     r.read("gamma", gamma, "zeta_k = (2k + gamma d) / ((1 + gamma) d)");
+    r.read("fraction", fraction,
+           "fraction of each head's dimensions that rotate and decay (rounded down to an even count), as rotary's");
+    read_pairing(r, pairing);
     if (!r.decoding()) return;
     r.above("base", base, 1);
     r.above("scale_base", scale_base, 0);
     r.above("gamma", gamma, 0);
+    r.in_range("fraction", fraction, 0, 1, "(]");
   }
 };
 
@@ -41,6 +47,11 @@ class Xpos : public PositionMethod {
     if (d_head_ % 2 != 0)
       throw ConfigError("xpos: the head size " + std::to_string(d_head_) +
                         " is odd; xPos rotates and scales pairs of dimensions");
+    // The 1e-9 keeps e.g. 0.3 * 10 from flooring to 2.
+    rotated_ = 2 * int64_t(std::floor(options.fraction * double(d_head_) / 2.0 + 1e-9));
+    if (rotated_ < 2)
+      throw ConfigError("xpos: fraction " + number_text(options.fraction) + " of the head size " +
+                        std::to_string(d_head_) + " rotates no pair of dimensions");
   }
 
   void rotate_qk(torch::Tensor& q, torch::Tensor& k, const LayerInput& at) override {
@@ -49,12 +60,12 @@ class Xpos : public PositionMethod {
     // Rotation then scale, as one scaled rotation: (T, d/2) tables for q and for k.
     const auto tables = tables_.get(at.positions, q.device(), q.scalar_type(), [&] {
       auto [cos, sin] =
-          scaled_rotary_angles(at.positions, d_head_, options_.base, tables_.scaling());
+          scaled_rotary_angles(at.positions, rotated_, options_.base, tables_.scaling());
       auto [up, down] = scales(at.positions);
       return std::vector<torch::Tensor>{cos * up, sin * up, cos * down, sin * down};
     });
-    q = rotate_pairs(q, tables[0], tables[1], d_head_);
-    k = rotate_pairs(k, tables[2], tables[3], d_head_);
+    q = rotate_pairs(q, tables[0], tables[1], rotated_, options_.pairing);
+    k = rotate_pairs(k, tables[2], tables[3], rotated_, options_.pairing);
   }
 
   // The rotation's frequencies scale (and yarn's factor multiplies both tables); the decay
@@ -71,15 +82,16 @@ class Xpos : public PositionMethod {
     const double centre = positions.centre >= 0
                               ? double(positions.centre)
                               : std::floor((n[0].item<double>() + n[-1].item<double>()) / 2.0);
-    auto k = torch::arange(0, d_head_ / 2, torch::kFloat64);
-    auto log_zeta = torch::log((2.0 * k + options_.gamma * double(d_head_)) /
-                               ((1.0 + options_.gamma) * double(d_head_)));  // (d/2,)
+    auto k = torch::arange(0, rotated_ / 2, torch::kFloat64);
+    auto log_zeta = torch::log((2.0 * k + options_.gamma * double(rotated_)) /
+                               ((1.0 + options_.gamma) * double(rotated_)));  // (d/2,)
     auto exponent = ((n - centre) / options_.scale_base).unsqueeze(1) * log_zeta.unsqueeze(0);
     return {exponent.exp(), (-exponent).exp()};
   }
 
   XposOptions options_;
   int64_t d_head_;
+  int64_t rotated_;  // d: even, in [2, d_head]
   RotationTables tables_;
 };
 

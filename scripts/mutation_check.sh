@@ -90,14 +90,14 @@ core/kernels/cpu_linear.cpp | : onednn_product(x.t(), g.t(), {}).t().contiguous(
 core/kernels/fused_adamw.cpp | const float pi = p[i] * u.decay; | const float pi = p[i]; | the fused AdamW forgets the weight decay
 core/kernels/fused_adamw.cpp | const float g = grad[i] * u.scale; | const float g = grad[i]; | the fused AdamW ignores gradient clipping
 core/kernels/fused_adamw.cpp | scale = std::isnan(coefficient) ? coefficient : std::min(1.0f, coefficient); | scale = std::min(1.0f, coefficient); | a NaN gradient norm steps the finite parameters unclipped (clip_grad_norm_ makes them all NaN)
-core/kernels/gelu_linear.cpp | slope = cdf + x * e * 0.39894228040143268f; | slope = cdf; | GELU's slope without its x phi(x) term
+core/kernels/cpu_vector_math.h | slope = cdf + x * e * 0.39894228040143268f; | slope = cdf; | GELU's slope without its x phi(x) term
 core/kernels/gelu_linear.cpp | out[0] = onednn_product(g, w.t(), {}, slope); | out[0] = onednn_product(g, w.t(), {}); | the fused GELU's input gradient without GELU's slope
 core/kernels/residual_norm.cpp | dbeta[j] += du[j]; | dbeta[j] += du[j] * xhat[j]; | the fused LayerNorm's bias gradient summed as its weight's
 core/kernels/residual_norm.cpp | dx[j] = dh[j] + rstd * (du[j] * gamma[j] - a - xhat[j] * b); | dx[j] = rstd * (du[j] * gamma[j] - a - xhat[j] * b); | the residual's own gradient dropped where the LayerNorm's joins it
 core/kernels/residual_norm.cpp | std::sqrt(squares / float(D) + eps) | std::sqrt(squares / float(D - 1) + eps) | the fused LayerNorm with the unbiased variance
-core/kernels/qkv_heads.cpp | auto slot = packed.select(2, i).permute({0, 2, 1, 3}); | auto slot = packed.select(2, 2 - i).permute({0, 2, 1, 3}); | split_heads' copied gradients put q's where v's belongs
+core/kernels/qkv_heads.cpp | auto slot = packed.narrow(2, first[i], count[i]).permute({0, 2, 1, 3}); | auto slot = packed.narrow(2, first[2 - i], count[2 - i]).permute({0, 2, 1, 3}); | split_heads' copied gradients put q's where v's belongs
 core/kernels/qkv_heads.cpp | if (x->size(i) > 1 && x->stride(i) != strides[size_t(i)]) return false; | if (false) return false; | slices of a wider buffer taken for packed q, k, v
-core/kernels/qkv_heads.cpp | return {slice(0), slice(1), slice(2)}; | return {slice(0), slice(2), slice(2)}; | attention kernels write dK over dV in the packed gradient
+core/kernels/qkv_heads.cpp | return {slice(0, H), slice(H, Hkv), slice(H + Hkv, Hkv)}; | return {slice(0, H), slice(H + Hkv, Hkv), slice(H + Hkv, Hkv)}; | attention kernels write dK over dV in the packed gradient
 core/kernels/cpu_linear.cpp | for (int64_t i = blk * kSumRows; i < std::min(N, (blk + 1) * kSumRows); ++i) | for (int64_t i = blk * kSumRows; i < std::min(N, (blk + 1) * kSumRows) - 1; ++i) | the bfloat16 bias gradient skips the last row of each block
 core/kernels/residual_norm.cpp | if (lowp) narrow(out, lowp + i * D, D); | if (lowp) narrow(hp + i * D, lowp + i * D, D); | the LayerNorm's bfloat16 copy rounds h instead of u
 core/kernels/residual_norm.cpp | b.du_low = grads[first_u + 1].to(torch::kBFloat16).contiguous(); | b.du_low = torch::Tensor(); | the bfloat16 copy's gradient dropped
@@ -160,7 +160,7 @@ positions/sampling.cpp | narrow(0, 0, chunks - 1) + 1).sort()); | narrow(0, 0, c
 positions/dape.cpp | torch::linear(x, w1.to(x.scalar_type()), b1.to(x.scalar_type())), 0.01); | torch::linear(x, w1.to(x.scalar_type()), b1.to(x.scalar_type())), 0.2); | DAPE's LeakyReLU has the wrong negative slope
 core/attention/attention.cpp | const auto finite_base = base.masked_fill(base.isinf(), 0); | const auto finite_base = base; | DAPE's MLP reads the base's masked entries as -inf
 core/attention/attention.cpp | scores = scores + base + mixed + materialize_bias_block( | scores = scores + mixed + materialize_bias_block( | DAPE's logits leave out the base bias B
-core/attention/attention.cpp | q.device().is_cpu() && bias.kind != AttentionBias::Kind::ScoreMixing) {  // DAPE: the reference only | q.device().is_cpu()) {  // DAPE: the reference only | Auto sends a long DAPE evaluation to the efficient path, which refuses it
+core/attention/attention.cpp | if (inference && q.device().is_cpu() && bias.kind != AttentionBias::Kind::ScoreMixing &&  // DAPE: the reference only | if (inference && q.device().is_cpu() &&  // DAPE: the reference only | Auto sends a long DAPE evaluation to the efficient path, which refuses it
 positions/dape.cpp | parts.push_back(f(scores.narrow(2, r, n), base.narrow(1, r, n))); | parts.push_back(f(scores.narrow(2, r, n), base.narrow(1, 0, n))); | DAPE's evaluation blocks read the first rows' base bias
 core/attention/stick_breaking.cpp | auto visible = bias.stick_breaking_diagonal ? j <= i : j < i; | auto visible = j <= i; | stick-breaking lets every query take its own key
 core/attention/stick_breaking.cpp | const auto log_stay = torch::log_sigmoid(-rows.z) | const auto log_stay = torch::log_sigmoid(rows.z) | stick-breaking multiplies by sigmoid(z) instead of 1 - sigmoid(z) for the nearer keys
@@ -291,8 +291,8 @@ core/train/optimizer.cpp | for (auto& p : parameters) p.mul_(1 - lr * config.wei
 core/train/optimizer.cpp | .nesterov(true) | .nesterov(false) | NAG stepping as heavy-ball momentum
 core/model/model.cpp | return delta.defined() ? x + delta : x; | return x; | without a final LayerNorm, the last block's FFN output dropped
 core/model/model.cpp | torch::nn::init::xavier_uniform_(part, 1.0 / std::sqrt(2.0)); | torch::nn::init::xavier_uniform_(part, 1.0); | fairseq's q, k, v initialisation without its gain
-core/model/model.cpp | if (attention_options.training && options.activation_dropout() > 0) | if (false) | activation dropout never applied
-core/attention/attention.cpp | if (q.size(2) >= options.fused_cpu_min_length && q.scalar_type() == torch::kFloat32 && | if (q.size(2) > options.fused_cpu_min_length && q.scalar_type() == torch::kFloat32 && | evaluation takes the fused kernel from one query past its minimum
+core/model/model.cpp | const bool dropout = training && activation_dropout > 0; | const bool dropout = false; | activation dropout never applied
+core/attention/attention.cpp | return inference && q.size(2) >= options.fused_cpu_min_length && q.scalar_type() == torch::kFloat32 && | return inference && q.size(2) > options.fused_cpu_min_length && q.scalar_type() == torch::kFloat32 && | evaluation takes the fused kernel from one query past its minimum
 core/run/run_dir.cpp | if (fs::exists(dir / "fingerprint.yaml", error)) return dir; | if (false) return dir; | --json (and a sweep's --out) overwrites a run directory's own files
 core/train/trainer.cpp | before != c.validate_tokens && !checkpoint->state.valid_curve.empty()) | false) | a resumed run mixes validation curves measured on different tokens
 positions/t5_bias.cpp | torch::arange(lo, hi, by_offset.options()).clamp_(-reach, reach).add_(reach); | torch::arange(lo, hi, by_offset.options()).clamp_(-reach, reach).add_(reach - 1); | T5's device buckets read one offset to the left
@@ -329,6 +329,17 @@ core/model/model.cpp | hasher.add(values.data_ptr(), size_t(values.nbytes())); |
 experiments/sweep/point_runner.cpp | tokens.add(&n, sizeof n).add(stream.data(), size_t(n) * sizeof(int32_t)); | tokens.add(&n, sizeof n).add(stream.data(), size_t(n)); | the evaluated tokens' identity covers their first quarter (a token count taken as bytes)
 core/data/corpus.cpp | id["train"] = hex64(content_hash(train.data(), size_t(train.size()) * sizeof(int32_t))); | id["train"] = hex64(content_hash(train.data(), size_t(train.size()))); | the corpus identity covers the first quarter of the training tokens
 analysis/extrap_model.py | model.check_window(length) | pass | the Python reader prints its table before a length its learned positions cannot take is refused
+core/kernels/cpu_vector_math.h | slope = sigma * (1.0f + x * (1.0f - sigma)); | slope = sigma * (1.0f + x * sigma); | SiLU's slope wrong in the fused SwiGLU's backward
+core/kernels/glu_linear.cpp | dg[j] = ds[j] * u[j] * slope; | dg[j] = ds[j] * slope; | the fused GLU's gate gradient forgets the up projection's value
+core/kernels/residual_norm.cpp | const float a = rms ? 0.0f : sum_g / float(D), b = sum_gx / float(D); | const float a = sum_g / float(D), b = sum_gx / float(D); | the fused RMSNorm's backward subtracts the mean gradient as LayerNorm's does
+core/attention/fused_cpu_attention.cpp | const int64_t kvh = h / p.group(); | const int64_t kvh = h % p.kv_heads; | the fused forward gives query heads their key heads round-robin (repeat_kv groups consecutive heads)
+core/attention/attention.cpp | FullHeads out{k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), bias}; | FullHeads out{k.repeat({1, group, 1, 1}), v.repeat({1, group, 1, 1}), bias}; | the other paths tile the key heads instead of repeating each for its group
+positions/rotation.cpp | turned = torch::cat({first * cos - second * sin, first * sin + second * cos}, -1); | turned = torch::cat({first * cos + second * sin, first * sin + second * cos}, -1); | the half pairing rotates with a flipped sign
+core/model/config.cpp | return (width + ffn_multiple - 1) / ffn_multiple * ffn_multiple; | return width / ffn_multiple * ffn_multiple; | Llama's feed-forward width rounded down, not up
+core/model/model.cpp | return {x + a, feed_forward(ffn_input, attention_options)}; | return {x, feed_forward(ffn_input, attention_options)}; | the parallel block drops its attention branch
+core/model/model.cpp | k = k_norm->forward(k.to(torch::kFloat32)).to(v.scalar_type()); | k = q_norm->forward(k.to(torch::kFloat32)).to(v.scalar_type()); | QK-norm normalises k with q's gain
+analysis/extrap_model.py | k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1) | k, v = k.repeat(1, H // Hkv, 1, 1), v.repeat(1, H // Hkv, 1, 1) | the Python reader tiles the key heads instead of repeating each for its group
+analysis/extrap_model.py | u = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) | u = x * torch.rsqrt(x.var(-1, keepdim=True) + self.eps) | the Python reader's RMSNorm subtracts the mean
 EOF
 )
 

@@ -124,7 +124,7 @@ step_python() {
     rm -rf "$VENV"
     exit 1
   }
-  "$VENV/bin/python" -c 'import torch, numpy, h5py, matplotlib, safetensors, yaml, tensorboard, sentencepiece'
+  "$VENV/bin/python" -c 'import torch, numpy, h5py, matplotlib, safetensors, yaml, tensorboard, sentencepiece, transformers'
   echo "$stamp" >"$VENV/.extrap-stamp"
   cudnn_frontend_headers
 }

@@ -600,6 +600,51 @@ torch::Tensor run_gpu_route(GpuRoute route, const torch::Tensor& q, const torch:
   return attention_reference(q, k, v, bias, options);
 }
 
+// Whether the fused CPU kernel takes this call (dispatch's own choice of it): training from
+// fused_cpu_min_length queries (fused_cpu_takes), and evaluation's forward from as many queries
+// where it takes the bias (no T x T tensor, and faster from there). The kernel takes
+// grouped-query attention as it comes, one key and value head for a group of query heads.
+bool fused_cpu_route(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                     const AttentionBias& bias, const AttentionOptions& options) {
+  if (!q.device().is_cpu() || q.size(2) != k.size(2)) return false;
+  if (options.backend == AttentionBackend::Fused) return true;  // (refused with its reason where it does not take it)
+  if (options.backend != AttentionBackend::Auto) return false;
+  if (bias.kind == AttentionBias::Kind::StickBreaking || bias.kind == AttentionBias::Kind::ScoreMixing) return false;
+  if (fused_cpu_takes(q, k, v, bias, options)) return true;
+  const bool inference = !options.training && !torch::GradMode::is_enabled();
+  return inference && q.size(2) >= options.fused_cpu_min_length && q.scalar_type() == torch::kFloat32 &&
+         fused_cpu_attention_unsupported_reason(q, k, v, bias, options).empty();
+}
+
+// Grouped-query attention on the paths that take one key head per query head: k and v (and
+// Self-Extend's far keys) repeated for the query heads of their group (query head h reads key
+// head h / group, as Hugging Face's repeat_kv).
+struct FullHeads {
+  torch::Tensor k, v;
+  AttentionBias bias;
+};
+FullHeads full_heads(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const AttentionBias& bias) {
+  const int64_t group = q.size(1) / k.size(1);
+  FullHeads out{k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), bias};
+  if (bias.far_keys.defined() && bias.far_keys.size(1) != q.size(1))
+    out.bias.far_keys = bias.far_keys.repeat_interleave(group, 1);
+  return out;
+}
+
+// Whether the memory-efficient path takes this grouped-query call as it comes (its tiles take a
+// key head's group of query heads as one matrix): where dispatch would pick it for full heads,
+// for the biases it computes in tiles (not stick-breaking, PaTH or Self-Extend's, whose row
+// blocks take one key head per query head).
+bool efficient_takes_grouped(const torch::Tensor& q, const torch::Tensor& k, const AttentionBias& bias,
+                             const AttentionOptions& options) {
+  if (!q.device().is_cpu() || q.size(2) != k.size(2) || bias.far_queries.defined()) return false;
+  using Kind = AttentionBias::Kind;
+  if (bias.kind == Kind::StickBreaking || bias.kind == Kind::Householder || bias.kind == Kind::ScoreMixing) return false;
+  if (options.backend == AttentionBackend::Efficient) return true;
+  const bool inference = !options.training && !torch::GradMode::is_enabled();
+  return options.backend == AttentionBackend::Auto && inference && q.size(2) * k.size(2) > options.efficient_threshold;
+}
+
 torch::Tensor dispatch(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                        const AttentionBias& bias, const AttentionOptions& options) {
   // Under train.precision bf16 (autocast) attention stays float32: the scores carry the bias.
@@ -612,6 +657,10 @@ torch::Tensor dispatch(const torch::Tensor& q, const torch::Tensor& k, const tor
     // the bias and the softmax in float32 (as FlashAttention and SDPA do under autocast).
     if (q.is_cuda() && q.size(2) == k.size(2) &&
         (options.backend == AttentionBackend::Auto || options.backend == AttentionBackend::Fused)) {
+      if (k.size(1) != q.size(1)) {  // the GPU routes take one key head per query head
+        const FullHeads full = full_heads(q, k, v, bias);
+        return dispatch(q, full.k, full.v, full.bias, options);
+      }
       const auto qb = q.to(torch::kBFloat16), kb = k.to(torch::kBFloat16), vb = v.to(torch::kBFloat16);
       if (options.backend == AttentionBackend::Auto) {
         const GpuRoute route = choose_gpu_route(qb, kb, vb, bias, options, gpu_kernels_present()).route;
@@ -621,6 +670,15 @@ torch::Tensor dispatch(const torch::Tensor& q, const torch::Tensor& k, const tor
       }
     }
     return dispatch(q.to(torch::kFloat32), k.to(torch::kFloat32), v.to(torch::kFloat32), bias, options);
+  }
+  // The fused CPU kernel, where it takes the call (grouped-query attention as it comes), and the
+  // memory-efficient path (grouped too); every other path below takes one key and value head
+  // per query head.
+  if (fused_cpu_route(q, k, v, bias, options)) return fused_cpu_attention(q, k, v, bias, options);
+  if (k.size(1) != q.size(1)) {
+    if (efficient_takes_grouped(q, k, bias, options)) return attention_efficient(q, k, v, bias, options);
+    const FullHeads full = full_heads(q, k, v, bias);
+    return dispatch(q, full.k, full.v, full.bias, options);
   }
   // Fewer queries than keys (decoding with a KV cache): the queries are the last keys. Only
   // the reference path takes that, and it is what Auto picks.
@@ -638,7 +696,6 @@ torch::Tensor dispatch(const torch::Tensor& q, const torch::Tensor& k, const tor
     case AttentionBackend::Efficient:
       return attention_efficient(q, k, v, bias, options);
     case AttentionBackend::Fused:
-      if (fused_cpu_takes(q, k, v, bias, options)) return fused_cpu_attention(q, k, v, bias, options);
       TORCH_CHECK(q.is_cuda(),
                   "attention: the fused CPU kernel does not take this call (see fused_cpu_takes in "
                   "core/attention/fused_cpu_attention.h); the reference and efficient backends do");
@@ -663,19 +720,13 @@ torch::Tensor dispatch(const torch::Tensor& q, const torch::Tensor& k, const tor
         const GpuRoute route = choose_gpu_route(q, k, v, bias, options, gpu_kernels_present()).route;
         if (route != GpuRoute::Reference) return run_gpu_route(route, q, k, v, bias, options);
       }
-      // Training on the CPU: the fused kernel where it takes the call (core/attention/fused_cpu_attention.h).
-      if (fused_cpu_takes(q, k, v, bias, options)) return fused_cpu_attention(q, k, v, bias, options);
-      // Evaluation on the CPU: the fused kernel's forward where it takes the bias, from as many
-      // queries as training takes it (no T x T tensor, and faster from there); past
-      // efficient_threshold the memory-efficient path for the biases it does not take
+      // On the CPU the fused kernel took what it takes (fused_cpu_route). Evaluation past
+      // efficient_threshold: the memory-efficient path for the biases the kernel does not take
       // (benchmarks/compare_attention_paths.sh measured both crossings).
       const bool inference = !options.training && !torch::GradMode::is_enabled();
-      if (inference && q.device().is_cpu() && bias.kind != AttentionBias::Kind::ScoreMixing) {  // DAPE: the reference only
-        if (q.size(2) >= options.fused_cpu_min_length && q.scalar_type() == torch::kFloat32 &&
-            fused_cpu_attention_unsupported_reason(q, k, v, bias, options).empty())
-          return fused_cpu_attention(q, k, v, bias, options);
-        if (q.size(2) * k.size(2) > options.efficient_threshold) return attention_efficient(q, k, v, bias, options);
-      }
+      if (inference && q.device().is_cpu() && bias.kind != AttentionBias::Kind::ScoreMixing &&  // DAPE: the reference only
+          q.size(2) * k.size(2) > options.efficient_threshold)
+        return attention_efficient(q, k, v, bias, options);
       return attention_reference(q, k, v, bias, options);
     }
   }
@@ -690,8 +741,13 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
               "attention expects (B, H, T, D) tensors, got q ", q.sizes());
   TORCH_CHECK(q.size(2) <= k.size(2) && k.size(2) == v.size(2), "attention: ", q.size(2),
               " queries for ", k.size(2), " keys and ", v.size(2), " values");
+  TORCH_CHECK(k.size(1) == v.size(1) && k.size(1) >= 1 && q.size(1) % k.size(1) == 0, "attention: ", q.size(1),
+              " query heads for ", k.size(1), " key and ", v.size(1), " value heads (grouped-query attention: the key "
+              "heads divide the query heads)");
   if (observer) {
-    auto observed = observer->observe(q, k, v, bias, options);
+    // An observer sees one key and value head per query head.
+    const FullHeads full = k.size(1) == q.size(1) ? FullHeads{k, v, bias} : full_heads(q, k, v, bias);
+    auto observed = observer->observe(q, full.k, full.v, full.bias, options);
     if (observed.defined()) return observed;
   }
   return dispatch(q, k, v, bias, options);

@@ -232,10 +232,14 @@ struct AttentionOptions {
   int64_t fused_cpu_bf16_min_length = 64;
 };
 
-// q: (B, H, Tq, D), k and v: (B, H, Tk, D) with Tq <= Tk. Returns (B, H, Tq, D).
+// q: (B, H, Tq, D), k and v: (B, Hkv, Tk, D) with Tq <= Tk. Returns (B, H, Tq, D).
 // With Tq < Tk (decoding with a KV cache) the queries are the last Tq keys: query row r is
 // position Tk - Tq + r of the bias and of the causal mask. Only the reference path takes
 // Tq < Tk (Auto picks it; Efficient and Fused refuse).
+// Grouped-query attention (model.kv_heads): Hkv divides H, and query head h reads key and value
+// head h / (H / Hkv). The fused CPU kernel takes them as they are (each key head read once for its
+// group); every other path gets k and v repeated for the query heads of their group. A bias (and
+// every option) is per query head.
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const AttentionBias& bias, const AttentionOptions& options);
 

@@ -36,8 +36,11 @@ constexpr double kNegligibleShift = -64.0;  // see the online softmax in attend_
 
 // Everything a worker needs, shared read-only between threads.
 struct TiledProblem {
-  torch::Tensor q, k, v;  // (G, T, D) fp32, G = B * H
-  int64_t batch = 0, heads = 0, tq = 0, tk = 0, d = 0;
+  // q (G, T, D) fp32, G = B * H; k and v (B * kv_heads, T, D): with grouped-query attention the
+  // group of query heads h = kvh * group .. (kvh + 1) * group - 1 shares key and value head kvh,
+  // and a tile's products take the group's rows as one (group * bq, D) matrix against that head.
+  torch::Tensor q, k, v;
+  int64_t batch = 0, heads = 0, kv_heads = 0, tq = 0, tk = 0, d = 0;
   double scale = 1.0;  // 1 / sqrt(D), applied to each query tile
   bool causal = true;
   const AttentionBias* bias = nullptr;
@@ -88,7 +91,8 @@ void add_tile_bias(const TiledProblem& p, torch::Tensor& scores, Side side, int6
 void attend_query_block(const TiledProblem& p, int64_t q0, int64_t q1, torch::Tensor& score_buffer,
                         torch::Tensor& out) {
   const int64_t groups = p.q.size(0), rows = q1 - q0;
-  auto q_tile = p.q.narrow(1, q0, rows) * p.scale;                              // (G, bq, D)
+  const int64_t kv_groups = p.batch * p.kv_heads, group_rows = p.heads / p.kv_heads * rows;
+  auto q_tile = p.q.narrow(1, q0, rows) * p.scale;                              // (G, bq, D), contiguous
   auto running_max = torch::full({groups, rows, 1}, -kInfinity, q_tile.options());  // (G, bq, 1)
   auto running_sum = torch::zeros({groups, rows, 1}, q_tile.options());        // (G, bq, 1)
   auto accumulator = torch::zeros({groups, rows, p.d}, q_tile.options());      // (G, bq, D)
@@ -117,7 +121,8 @@ void attend_query_block(const TiledProblem& p, int64_t q0, int64_t q1, torch::Te
     if (p.bias->masks_all(q0, q1, k0, k1)) return;  // outside every row's window or chunk
     const int64_t cols = k1 - k0;
     auto scores = score_buffer.narrow(0, 0, groups * rows * cols).view({groups, rows, cols});
-    at::bmm_out(scores, q_tile, p.k.narrow(1, k0, cols).transpose(1, 2));  // (G, bq, bk)
+    auto group_scores = scores.view({kv_groups, group_rows, cols});  // (G, bq, bk), a key head's group at once
+    at::bmm_out(group_scores, q_tile.view({kv_groups, group_rows, p.d}), p.k.narrow(1, k0, cols).transpose(1, 2));
     auto scores_bh = scores.view({p.batch, p.heads, rows, cols});
     add_tile_bias(p, scores_bh, side, q0, q1, k0, k1);
     // Dense and cumulative tiles come from materialize_bias_block(), window and chunk included.
@@ -150,7 +155,8 @@ void attend_query_block(const TiledProblem& p, int64_t q0, int64_t q1, torch::Te
     // product runs several times slower (ALiBi tiles far from the diagonal are full of them).
     torch::threshold_(scores.sub_(shift), kNegligibleShift, -kInfinity).exp_();
     running_sum.mul_(rescale).add_(scores.sum(-1, /*keepdim=*/true));
-    accumulator.mul_(rescale).baddbmm_(scores, p.v.narrow(1, k0, cols));
+    accumulator.mul_(rescale);
+    accumulator.view({kv_groups, group_rows, p.d}).baddbmm_(group_scores, p.v.narrow(1, k0, cols));
     running_max = new_max;
   };
 
@@ -174,7 +180,7 @@ void check_efficient_inputs(const torch::Tensor& q, const torch::Tensor& k, cons
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
               "attention_efficient expects (B, H, T, D) tensors, got q ", q.sizes(), ", k ",
               k.sizes(), ", v ", v.sizes());
-  TORCH_CHECK(k.sizes() == v.sizes() && q.size(0) == k.size(0) && q.size(1) == k.size(1) &&
+  TORCH_CHECK(k.sizes() == v.sizes() && q.size(0) == k.size(0) && k.size(1) >= 1 && q.size(1) % k.size(1) == 0 &&
                   q.size(3) == k.size(3),
               "attention_efficient: q ", q.sizes(), ", k ", k.sizes(), " and v ", v.sizes(),
               " do not match");
@@ -215,6 +221,7 @@ TiledProblem tiled_problem(const torch::Tensor& q, const torch::Tensor& k, const
   TiledProblem p;
   p.batch = q.size(0);
   p.heads = q.size(1);
+  p.kv_heads = k.size(1);
   p.tq = q.size(2);
   p.tk = k.size(2);
   p.d = q.size(3);
@@ -226,8 +233,8 @@ TiledProblem tiled_problem(const torch::Tensor& q, const torch::Tensor& k, const
   // Computed in fp32 whatever the input type; contiguous() copies only when it must. Detached:
   // grad mode is per thread, and the worker threads do not inherit attention_efficient()'s guard.
   p.q = q.detach().to(torch::kFloat32).reshape({groups, p.tq, p.d}).contiguous();
-  p.k = k.detach().to(torch::kFloat32).reshape({groups, p.tk, p.d}).contiguous();
-  p.v = v.detach().to(torch::kFloat32).reshape({groups, p.tk, p.d}).contiguous();
+  p.k = k.detach().to(torch::kFloat32).reshape({p.batch * p.kv_heads, p.tk, p.d}).contiguous();
+  p.v = v.detach().to(torch::kFloat32).reshape({p.batch * p.kv_heads, p.tk, p.d}).contiguous();
   if (p.causal) p.any_right = false;
   if (bias.sink.defined()) {
     TORCH_CHECK(bias.sink.dim() == 1 && bias.sink.size(0) == p.heads, "attention_efficient: sink must be (",
@@ -300,7 +307,12 @@ torch::Tensor attention_efficient(const torch::Tensor& q, const torch::Tensor& k
                                   const EfficientAttentionBlocks& blocks) {
   // Stick-breaking has no softmax to run online: its own row-blocked path, which trains too.
   // PaTH's scores and Self-Extend's two sets of scores are not tiles of one score matrix: each
-  // comes a block of query rows at a time.
+  // comes a block of query rows at a time. These take one key head per query head.
+  const bool rows_at_a_time = bias.kind == AttentionBias::Kind::StickBreaking ||
+                              bias.kind == AttentionBias::Kind::Householder || bias.far_queries.defined();
+  TORCH_CHECK(!rows_at_a_time || k.size(1) == q.size(1), "attention_efficient: a ", bias.describe(),
+              " bias takes one key head per query head, got ", k.size(1), " for ", q.size(1),
+              " (attention() repeats them)");
   if (bias.kind == AttentionBias::Kind::StickBreaking)
     return stick_breaking_attention_blocked(q, k, v, bias, options, blocks.query_block);
   if (bias.kind == AttentionBias::Kind::Householder || bias.far_queries.defined())

@@ -21,8 +21,10 @@ struct EfficientAttentionBlocks {
   int64_t key_block = 512;
 };
 
-// Same contract as attention_reference(), computed in fp32 and returned in q's dtype. CPU
-// tensors only; inference only (throws if grad mode is on and an input or slope requires
+// Same contract as attention_reference(), computed in fp32 and returned in q's dtype, and k and
+// v may have fewer heads than q (grouped-query attention: query head h reads key head
+// h / (H / H_kv); each tile's products take a key head's group of queries at once, with no copy
+// of k and v per query head), except for stick-breaking, PaTH and Self-Extend. CPU tensors only; inference only (throws if grad mode is on and an input or slope requires
 // grad; no attention dropout), except stick-breaking, which goes to its row-blocked path with
 // its own backward (stick_breaking_attention_blocked, core/attention/stick_breaking.h). A dense bias's function is called once per tile, for tiles on
 // and below the diagonal only when causal, and from several threads at once: it must be

@@ -65,6 +65,10 @@ constexpr int64_t kOffsetPad = 16;
 
 struct Problem {
   int64_t batch = 0, heads = 0, length = 0, dim = 0;
+  // Grouped-query attention: k and v have kv_heads heads, query head h reads key and value head
+  // h / group (kv_heads == heads: one each).
+  int64_t kv_heads = 0;
+  int64_t group() const { return heads / kv_heads; }
   float scale = 1;
   bool causal = true;
   std::vector<HeadBias> bias;  // empty: no bias
@@ -81,10 +85,10 @@ struct Problem {
   // Head h's bias (none: both sides open, no slope).
   HeadBias head(int64_t h) const { return bias.empty() ? HeadBias{} : bias[size_t(h)]; }
 
-  // Sizes and scale from q (B, H, T, D); no bias yet.
-  static Problem of(const torch::Tensor& q, bool causal) {
+  // Sizes and scale from q (B, H, T, D) and k (B, Hkv, T, D); no bias yet.
+  static Problem of(const torch::Tensor& q, const torch::Tensor& k, bool causal) {
     Problem p;
-    p.batch = q.size(0), p.heads = q.size(1), p.length = q.size(2), p.dim = q.size(3);
+    p.batch = q.size(0), p.heads = q.size(1), p.length = q.size(2), p.dim = q.size(3), p.kv_heads = k.size(1);
     p.scale = float(1.0 / std::sqrt(double(q.size(3))));
     p.causal = causal;
     return p;
@@ -397,7 +401,8 @@ void forward_kernel(const Problem& p, const Operand& q, const Operand& k, const 
     std::vector<float> scores(size_t(std::min(kQueryBlock, T) * padded_keys(T))), qbuf, kbuf, vbuf, obuf;
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, h = bh % H;
-      const Rows qr = q.rows(b, h, T, D, qbuf), kr = k.rows(b, h, T, D, kbuf), vr = v.rows(b, h, T, D, vbuf);
+      const int64_t kvh = h / p.group();
+      const Rows qr = q.rows(b, h, T, D, qbuf), kr = k.rows(b, kvh, T, D, kbuf), vr = v.rows(b, kvh, T, D, vbuf);
       const Rows o = out.rows(b, h, obuf);
       float* lb = lse + bh * T;
       for (int64_t i0 = 0; i0 < T; i0 += kQueryBlock) {
@@ -428,14 +433,14 @@ void forward_kernel(const Problem& p, const Operand& q, const Operand& k, const 
 constexpr int64_t kKeyTile = 256;
 constexpr double kNegligible = 64.0;  // in logits: e^-64 of the row's largest
 
-// |k_t| of every key row of every (batch, head), for the bound above: (B * H, T).
+// |k_t| of every key row of every (batch, key head), for the bound above: (B * Hkv, T).
 std::vector<float> key_norms(const Problem& p, const Operand& k) {
   const int64_t T = p.length, D = p.dim;
-  std::vector<float> norms(size_t(p.batch * p.heads * T));
-  at::parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
+  std::vector<float> norms(size_t(p.batch * p.kv_heads * T));
+  at::parallel_for(0, p.batch * p.kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> unused;
     for (int64_t bh = begin; bh < end; ++bh) {
-      const Rows kr = k.rows(bh / p.heads, bh % p.heads, T, D, unused);
+      const Rows kr = k.rows(bh / p.kv_heads, bh % p.kv_heads, T, D, unused);
       for (int64_t t = 0; t < T; ++t)
         norms[size_t(bh * T + t)] = std::sqrt(dot(kr.data + t * kr.stride, kr.data + t * kr.stride, D));
     }
@@ -479,8 +484,9 @@ void forward_inference_kernel(const Problem& p, const Operand& q, const Operand&
     for (int64_t task = begin; task < end; ++task) {
       const int64_t bh = task / blocks, turn = task % blocks;
       const int64_t block = turn % 2 == 0 ? turn / 2 : blocks - 1 - turn / 2;
-      const int64_t b = bh / H, h = bh % H, i0 = block * kQueryBlock;
-      const Rows qr = q.rows(b, h, T, D, unused), kr = k.rows(b, h, T, D, unused), vr = v.rows(b, h, T, D, unused);
+      const int64_t b = bh / H, h = bh % H, i0 = block * kQueryBlock, kvh = h / p.group();
+      const int64_t bkv = b * p.kv_heads + kvh;  // the key head's row of `norms`
+      const Rows qr = q.rows(b, h, T, D, unused), kr = k.rows(b, kvh, T, D, unused), vr = v.rows(b, kvh, T, D, unused);
       const Rows o = out.rows(b, h, unused);
       const int64_t m = std::min(kQueryBlock, T - i0);
       const KeyRange keys = block_keys(p, h, i0, m);
@@ -490,7 +496,7 @@ void forward_inference_kernel(const Problem& p, const Operand& q, const Operand&
         for (int64_t r = 0; r < m; ++r) {
           const float* qi = qr.data + (i0 + r) * qr.stride;
           q_reach = std::max(q_reach, p.scale * std::sqrt(dot(qi, qi, D)));
-          own_keys = std::max(own_keys, norms[size_t(bh * T + i0 + r)]);
+          own_keys = std::max(own_keys, norms[size_t(bkv * T + i0 + r)]);
         }
       // A sink is a first column with the head's logit and no value: the running maximum starts
       // at it, the running sum at its e^0.
@@ -502,7 +508,7 @@ void forward_inference_kernel(const Problem& p, const Operand& q, const Operand&
         const int64_t w = std::min(kKeyTile, keys.last - k0), ws = padded_keys(w);
         if (!norms.empty() && (k0 + w <= i0 || k0 >= i0 + m)) {
           const bool left = k0 + w <= i0;
-          const float* tile_norms = norms.data() + bh * T + k0;
+          const float* tile_norms = norms.data() + bkv * T + k0;
           const NegligibleBound bound{q_reach * (*std::max_element(tile_norms, tile_norms + w) + own_keys),
                                       left ? hb.left : hb.right, left ? i0 - (k0 + w - 1) : k0 - (i0 + m - 1)};
           if (bound.negligible()) continue;
@@ -537,47 +543,53 @@ struct OptionGradientBuffers {
   }
 };
 
+// One task a (batch, key head): its key and value rows are read once for the query heads of its
+// group, whose dK and dV it adds up in place (no two tasks write one key head's gradients).
 void backward_kernel(const Problem& p, const Operand& q, const Operand& k, const Operand& v, const float* lse,
                      const Operand& dout, const Destination& dq, const Destination& dk, const Destination& dv,
                      OptionGradientBuffers option_grads) {
-  const int64_t T = p.length, D = p.dim, H = p.heads;
-  at::parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
+  const int64_t T = p.length, D = p.dim, H = p.heads, Hkv = p.kv_heads, G = p.group();
+  at::parallel_for(0, p.batch * Hkv, 1, [&](int64_t begin, int64_t end) {
     const int64_t block = std::min(kQueryBlock, T);
     std::vector<float> probs(size_t(block * padded_keys(T))), dscores(size_t(block * padded_keys(T)));
     std::vector<float> raw(p.logit_scale ? probs.size() : 0);  // the scores before the softmax (logit scale)
     std::vector<float> qbuf, kbuf, vbuf, gbuf, dqbuf, dkbuf, dvbuf;
-    for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / H, h = bh % H;
-      const Rows qr = q.rows(b, h, T, D, qbuf), kr = k.rows(b, h, T, D, kbuf), vr = v.rows(b, h, T, D, vbuf),
-                 go = dout.rows(b, h, T, D, gbuf);
-      const Rows dqr = dq.rows(b, h, dqbuf), dkr = dk.rows(b, h, dkbuf), dvr = dv.rows(b, h, dvbuf);
-      const float* lb = lse + bh * T;
+    for (int64_t bkv = begin; bkv < end; ++bkv) {
+      const int64_t b = bkv / Hkv, kvh = bkv % Hkv;
+      const Rows kr = k.rows(b, kvh, T, D, kbuf), vr = v.rows(b, kvh, T, D, vbuf);
+      const Rows dkr = dk.rows(b, kvh, dkbuf), dvr = dv.rows(b, kvh, dvbuf);
       for (int64_t t = 0; t < T; ++t) {
         std::fill(dkr.data + t * dkr.stride, dkr.data + t * dkr.stride + D, 0.0f);
         std::fill(dvr.data + t * dvr.stride, dvr.data + t * dvr.stride + D, 0.0f);
       }
-      for (int64_t i0 = 0; i0 < T; i0 += kQueryBlock) {
-        const int64_t m = std::min(kQueryBlock, T - i0);
-        const KeyRange keys = block_keys(p, h, i0, m);
-        const int64_t k0 = keys.first, n = keys.last - k0, ns = padded_keys(n);
-        const float *qi = qr.data + i0 * qr.stride, *gi = go.data + i0 * go.stride;
-        const float *kj = kr.data + k0 * kr.stride, *vj = vr.data + k0 * vr.stride;
-        gemm(false, true, m, n, D, p.scale, qi, qr.stride, kj, kr.stride, 0.0f, probs.data(), ns);
-        if (!raw.empty()) std::copy(probs.begin(), probs.begin() + m * ns, raw.begin());
-        probabilities_block(probs.data(), i0, m, k0, n, p, h, lb);
-        gemm(true, false, n, D, m, 1.0f, probs.data(), ns, gi, go.stride, 1.0f, dvr.data + k0 * dvr.stride,
-             dvr.stride);                                                                         // dV += P^T dO
-        gemm(false, true, m, n, D, 1.0f, gi, go.stride, vj, vr.stride, 0.0f, dscores.data(), ns);  // dP = dO V^T
-        softmax_backward_block(dscores.data(), probs.data(), i0, m, k0, n, ns, p, h, lb, raw.data(),
-                               option_grads.of(bh, T));  // dS
-        gemm(false, false, m, D, n, p.scale, dscores.data(), ns, kj, kr.stride, 0.0f, dqr.data + i0 * dqr.stride,
-             dqr.stride);  // dQ
-        gemm(true, false, n, D, m, p.scale, dscores.data(), ns, qi, qr.stride, 1.0f, dkr.data + k0 * dkr.stride,
-             dkr.stride);  // dK +=
+      for (int64_t h = kvh * G; h < (kvh + 1) * G; ++h) {
+        const int64_t bh = b * H + h;
+        const Rows qr = q.rows(b, h, T, D, qbuf), go = dout.rows(b, h, T, D, gbuf);
+        const Rows dqr = dq.rows(b, h, dqbuf);
+        const float* lb = lse + bh * T;
+        for (int64_t i0 = 0; i0 < T; i0 += kQueryBlock) {
+          const int64_t m = std::min(kQueryBlock, T - i0);
+          const KeyRange keys = block_keys(p, h, i0, m);
+          const int64_t k0 = keys.first, n = keys.last - k0, ns = padded_keys(n);
+          const float *qi = qr.data + i0 * qr.stride, *gi = go.data + i0 * go.stride;
+          const float *kj = kr.data + k0 * kr.stride, *vj = vr.data + k0 * vr.stride;
+          gemm(false, true, m, n, D, p.scale, qi, qr.stride, kj, kr.stride, 0.0f, probs.data(), ns);
+          if (!raw.empty()) std::copy(probs.begin(), probs.begin() + m * ns, raw.begin());
+          probabilities_block(probs.data(), i0, m, k0, n, p, h, lb);
+          gemm(true, false, n, D, m, 1.0f, probs.data(), ns, gi, go.stride, 1.0f, dvr.data + k0 * dvr.stride,
+               dvr.stride);                                                                         // dV += P^T dO
+          gemm(false, true, m, n, D, 1.0f, gi, go.stride, vj, vr.stride, 0.0f, dscores.data(), ns);  // dP = dO V^T
+          softmax_backward_block(dscores.data(), probs.data(), i0, m, k0, n, ns, p, h, lb, raw.data(),
+                                 option_grads.of(bh, T));  // dS
+          gemm(false, false, m, D, n, p.scale, dscores.data(), ns, kj, kr.stride, 0.0f, dqr.data + i0 * dqr.stride,
+               dqr.stride);  // dQ
+          gemm(true, false, n, D, m, p.scale, dscores.data(), ns, qi, qr.stride, 1.0f, dkr.data + k0 * dkr.stride,
+               dkr.stride);  // dK +=
+        }
+        dq.store(b, h, dqbuf);
       }
-      dq.store(b, h, dqbuf);
-      dk.store(b, h, dkbuf);
-      dv.store(b, h, dvbuf);
+      dk.store(b, kvh, dkbuf);
+      dv.store(b, kvh, dvbuf);
     }
   });
 }
@@ -596,28 +608,32 @@ int64_t bf16_query_block(const Problem& p) { return p.causal ? 16 : kQueryBlock;
 void forward_kernel_bf16(const Problem& p, const Operand& q, const Operand& k, const Operand& v,
                          const Destination& out, float* lse) {
   using namespace bf16_gemm;
-  const int64_t T = p.length, D = p.dim, H = p.heads, query_block = bf16_query_block(p);
-  at::parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
+  const int64_t T = p.length, D = p.dim, H = p.heads, Hkv = p.kv_heads, G = p.group(), query_block = bf16_query_block(p);
+  at::parallel_for(0, p.batch * Hkv, 1, [&](int64_t begin, int64_t end) {
     const int64_t block = std::min(query_block, T);
     std::vector<float> scores(size_t(block * padded_keys(T))), obuf(size_t(block * D));
     PackedA qa, pa;
     PackedB kt, vb;
-    for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / H, h = bh % H;
-      const auto *qb = q.bf16_at(b, h), *kb = k.bf16_at(b, h), *vsrc = v.bf16_at(b, h);
+    for (int64_t bkv = begin; bkv < end; ++bkv) {  // a key head, packed once for its group
+      const int64_t b = bkv / Hkv, kvh = bkv % Hkv;
+      const auto *kb = k.bf16_at(b, kvh), *vsrc = v.bf16_at(b, kvh);
       pack_b(kb, k.st, true, D, T, kt);     // B(d, t) = k[t][d]
       pack_b(vsrc, v.st, false, T, D, vb);  // B(t, d) = v[t][d]
-      float* lb = lse + bh * T;
-      for (int64_t i0 = 0; i0 < T; i0 += query_block) {
-        // Keys from 0 (a product takes a prefix of a packed operand): a window's or chunk's
-        // earlier keys are masked in the rows, not left out of the products.
-        const int64_t m = std::min(query_block, T - i0), n = block_keys(p, h, i0, m).last, ns = padded_keys(n);
-        pack_a(qb + i0 * q.st, q.st, false, m, D, qa);
-        multiply(qa, kt, m, n, p.scale, scores.data(), ns, false);
-        softmax_block(scores.data(), i0, m, 0, n, p, h, lb);
-        pack_a(scores.data(), ns, false, m, n, pa);
-        multiply(pa, vb, m, D, 1.0f, obuf.data(), D, false);
-        out.store_rows(b, h, i0, m, obuf.data());
+      for (int64_t h = kvh * G; h < (kvh + 1) * G; ++h) {
+        const int64_t bh = b * H + h;
+        const auto* qb = q.bf16_at(b, h);
+        float* lb = lse + bh * T;
+        for (int64_t i0 = 0; i0 < T; i0 += query_block) {
+          // Keys from 0 (a product takes a prefix of a packed operand): a window's or chunk's
+          // earlier keys are masked in the rows, not left out of the products.
+          const int64_t m = std::min(query_block, T - i0), n = block_keys(p, h, i0, m).last, ns = padded_keys(n);
+          pack_a(qb + i0 * q.st, q.st, false, m, D, qa);
+          multiply(qa, kt, m, n, p.scale, scores.data(), ns, false);
+          softmax_block(scores.data(), i0, m, 0, n, p, h, lb);
+          pack_a(scores.data(), ns, false, m, n, pa);
+          multiply(pa, vb, m, D, 1.0f, obuf.data(), D, false);
+          out.store_rows(b, h, i0, m, obuf.data());
+        }
       }
     }
   });
@@ -627,8 +643,8 @@ void backward_kernel_bf16(const Problem& p, const Operand& q, const Operand& k, 
                           const Operand& dout, const Destination& dq, const Destination& dk, const Destination& dv,
                           OptionGradientBuffers option_grads) {
   using namespace bf16_gemm;
-  const int64_t T = p.length, D = p.dim, H = p.heads, query_block = bf16_query_block(p);
-  at::parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
+  const int64_t T = p.length, D = p.dim, H = p.heads, Hkv = p.kv_heads, G = p.group(), query_block = bf16_query_block(p);
+  at::parallel_for(0, p.batch * Hkv, 1, [&](int64_t begin, int64_t end) {
     const int64_t block = std::min(query_block, T);
     const size_t scores_size = size_t(block * padded_keys(T));
     std::vector<float> probs(scores_size), dscores(scores_size), dqbuf(size_t(block * D));
@@ -636,38 +652,42 @@ void backward_kernel_bf16(const Problem& p, const Operand& q, const Operand& k, 
     std::vector<float> dkt(size_t(D * T)), dvt(size_t(D * T));
     PackedA qa, ga, qt, gt, sa;
     PackedB kt, vt, kb, pb, sb;
-    for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / H, h = bh % H;
-      const auto *qsrc = q.bf16_at(b, h), *ksrc = k.bf16_at(b, h), *vsrc = v.bf16_at(b, h), *gsrc = dout.bf16_at(b, h);
+    for (int64_t bkv = begin; bkv < end; ++bkv) {  // a key head: packed once, dK and dV summed over its group
+      const int64_t b = bkv / Hkv, kvh = bkv % Hkv;
+      const auto *ksrc = k.bf16_at(b, kvh), *vsrc = v.bf16_at(b, kvh);
       pack_b(ksrc, k.st, true, D, T, kt);   // B(d, t) = k[t][d], for S = q k^T
       pack_b(vsrc, v.st, true, D, T, vt);   // B(d, t) = v[t][d], for dP = dO v^T
       pack_b(ksrc, k.st, false, T, D, kb);  // B(t, d) = k[t][d], for dQ = dS k
       std::fill(dkt.begin(), dkt.end(), 0.0f);
       std::fill(dvt.begin(), dvt.end(), 0.0f);
-      const float* lb = lse + bh * T;
-      for (int64_t i0 = 0; i0 < T; i0 += query_block) {
-        const int64_t m = std::min(query_block, T - i0), n = block_keys(p, h, i0, m).last, ns = padded_keys(n);
-        const auto *qi = qsrc + i0 * q.st, *gi = gsrc + i0 * dout.st;
-        pack_a(qi, q.st, false, m, D, qa);
-        multiply(qa, kt, m, n, p.scale, probs.data(), ns, false);
-        if (!raw.empty()) std::copy(probs.begin(), probs.begin() + m * ns, raw.begin());
-        probabilities_block(probs.data(), i0, m, 0, n, p, h, lb);
-        pack_a(gi, dout.st, false, m, D, ga);
-        multiply(ga, vt, m, n, 1.0f, dscores.data(), ns, false);  // dP = dO v^T
-        softmax_backward_block(dscores.data(), probs.data(), i0, m, 0, n, ns, p, h, lb, raw.data(),
-                               option_grads.of(bh, T));  // dS
-        pack_a(gi, dout.st, true, D, m, gt);  // dO^T
-        pack_b(probs.data(), ns, false, m, n, pb);
-        multiply(gt, pb, D, n, 1.0f, dvt.data(), T, true);  // dV^T += dO^T P
-        pack_a(qi, q.st, true, D, m, qt);  // q^T
-        pack_b(dscores.data(), ns, false, m, n, sb);
-        multiply(qt, sb, D, n, p.scale, dkt.data(), T, true);  // dK^T += q^T dS / sqrt(d)
-        pack_a(dscores.data(), ns, false, m, n, sa);
-        multiply(sa, kb, m, D, p.scale, dqbuf.data(), D, false);  // dQ = dS k / sqrt(d)
-        dq.store_rows(b, h, i0, m, dqbuf.data());
+      for (int64_t h = kvh * G; h < (kvh + 1) * G; ++h) {
+        const int64_t bh = b * H + h;
+        const auto *qsrc = q.bf16_at(b, h), *gsrc = dout.bf16_at(b, h);
+        const float* lb = lse + bh * T;
+        for (int64_t i0 = 0; i0 < T; i0 += query_block) {
+          const int64_t m = std::min(query_block, T - i0), n = block_keys(p, h, i0, m).last, ns = padded_keys(n);
+          const auto *qi = qsrc + i0 * q.st, *gi = gsrc + i0 * dout.st;
+          pack_a(qi, q.st, false, m, D, qa);
+          multiply(qa, kt, m, n, p.scale, probs.data(), ns, false);
+          if (!raw.empty()) std::copy(probs.begin(), probs.begin() + m * ns, raw.begin());
+          probabilities_block(probs.data(), i0, m, 0, n, p, h, lb);
+          pack_a(gi, dout.st, false, m, D, ga);
+          multiply(ga, vt, m, n, 1.0f, dscores.data(), ns, false);  // dP = dO v^T
+          softmax_backward_block(dscores.data(), probs.data(), i0, m, 0, n, ns, p, h, lb, raw.data(),
+                                 option_grads.of(bh, T));  // dS
+          pack_a(gi, dout.st, true, D, m, gt);  // dO^T
+          pack_b(probs.data(), ns, false, m, n, pb);
+          multiply(gt, pb, D, n, 1.0f, dvt.data(), T, true);  // dV^T += dO^T P
+          pack_a(qi, q.st, true, D, m, qt);  // q^T
+          pack_b(dscores.data(), ns, false, m, n, sb);
+          multiply(qt, sb, D, n, p.scale, dkt.data(), T, true);  // dK^T += q^T dS / sqrt(d)
+          pack_a(dscores.data(), ns, false, m, n, sa);
+          multiply(sa, kb, m, D, p.scale, dqbuf.data(), D, false);  // dQ = dS k / sqrt(d)
+          dq.store_rows(b, h, i0, m, dqbuf.data());
+        }
       }
-      dk.store_transposed(b, h, dkt.data());
-      dv.store_transposed(b, h, dvt.data());
+      dk.store_transposed(b, kvh, dkt.data());
+      dv.store_transposed(b, kvh, dvt.data());
     }
   });
 }
@@ -695,8 +715,9 @@ void set_offsets(Problem& p, const torch::Tensor& by_offset) {
 }
 
 // `by_offset`: the bias's values by offset (AttentionBias::by_offset) where it is a dense one.
-Problem make_problem(const torch::Tensor& q, const AttentionBias& bias, bool causal, const torch::Tensor& by_offset) {
-  Problem p = Problem::of(q, causal);
+Problem make_problem(const torch::Tensor& q, const torch::Tensor& k, const AttentionBias& bias, bool causal,
+                     const torch::Tensor& by_offset) {
+  Problem p = Problem::of(q, k, causal);
   if (bias.kind == AttentionBias::Kind::Linear) {
     // Read through data pointers (an indexing select and an item() for each head, side and
     // tensor were 8 operator calls a head and layer; no measurable change in the step's time).
@@ -756,7 +777,7 @@ class FusedCpuAttentionFunction : public torch::autograd::Function<FusedCpuAtten
     const auto &q = saved[0], &k = saved[1], &v = saved[2], &lse = saved[3];
     const auto given = [](const torch::Tensor& x) { return x.numel() > 0 ? x : torch::Tensor(); };
     const auto sink = given(saved[4]), logit_scale = given(saved[5]), by_offset = given(saved[6]);
-    Problem p = Problem::of(q, ctx->saved_data["causal"].toBool());
+    Problem p = Problem::of(q, k, ctx->saved_data["causal"].toBool());
     if (by_offset.defined()) set_offsets(p, by_offset);
     const auto left = ctx->saved_data["left"].toDoubleVector(), right = ctx->saved_data["right"].toDoubleVector();
     for (size_t h = 0; h < left.size(); ++h) p.bias.push_back({float(left[h]), float(right[h])});
@@ -814,10 +835,15 @@ std::string fused_cpu_attention_unsupported_reason(const torch::Tensor& q, const
     if (x->scalar_type() != q.scalar_type()) return "q, k and v of different dtypes";
     if (x->scalar_type() != torch::kFloat32 && x->scalar_type() != torch::kBFloat16)
       return "not float32 or bfloat16";
-    if (x->dim() != 4 || x->sizes() != q.sizes()) return "q, k and v of different shapes";
+    // k and v: q's shape, or fewer heads that divide q's (grouped-query attention)
+    if (x->dim() != 4 || x->size(0) != q.size(0) || x->size(2) != q.size(2) || x->size(3) != q.size(3))
+      return "q, k and v of different shapes";
+    if (x != &q && (x->size(1) != k.size(1) || k.size(1) < 1 || q.size(1) % k.size(1) != 0))
+      return "q, k and v of different shapes";
     if (x->stride(3) != 1) return "head dimension not contiguous";
   }
-  if (q.size(2) * std::max<int64_t>({q.stride(2), 3 * q.size(1) * q.size(3), 1}) > std::numeric_limits<int>::max() / 2)
+  if (q.size(2) * std::max<int64_t>({q.stride(2), (q.size(1) + 2 * k.size(1)) * q.size(3), 1}) >
+      std::numeric_limits<int>::max() / 2)
     return "too long for 32-bit BLAS strides";
   if (options.training && options.dropout > 0) return "attention dropout";
   if (bias.kind == AttentionBias::Kind::Dense) {
@@ -847,7 +873,7 @@ torch::Tensor fused_cpu_attention(const torch::Tensor& q, const torch::Tensor& k
   const int64_t T = q.size(2);
   const auto by_offset = bias.kind == AttentionBias::Kind::Dense ? bias.by_offset(-(T - 1), options.causal ? 1 : T)
                                                                  : torch::Tensor();
-  Problem problem = make_problem(q, bias, options.causal, by_offset);
+  Problem problem = make_problem(q, k, bias, options.causal, by_offset);
   const auto scale = kernel_logit_scale(bias.logit_scale);  // kept alive for the kernels
   if (scale.defined()) problem.logit_scale = scale.data_ptr<float>();
   const auto needs = [](const torch::Tensor& x) { return x.defined() && x.requires_grad(); };

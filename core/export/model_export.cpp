@@ -53,15 +53,23 @@ json model_json(const ModelConfig& m) {
   return {{"layers", m.layers},
           {"d_model", m.d_model},
           {"heads", m.heads},
-          {"d_ffn", m.d_ffn},
+          {"kv_heads", m.key_value_heads()},  // resolved: heads without grouped-query attention
+          {"d_ffn", m.ffn_width()},           // resolved: the hidden width, also where d_ffn 0 asked for the rule
+          {"ffn", enum_name(m.ffn)},
           {"activation", enum_name(m.activation)},
+          {"norm", enum_name(m.norm)},
+          {"norm_eps", m.norm_eps},
+          {"bias", m.bias},
+          {"block", enum_name(m.block)},
+          {"qk_norm", m.qk_norm},
+          {"embedding_norm", m.embedding_norm},
           {"tie_embeddings", m.tie_embeddings},
           {"final_norm", m.final_norm},
           {"adaptive_cutoffs", m.adaptive_cutoffs},  // [] without adaptive bands (core/model/adaptive.h)
           {"adaptive_factor", m.adaptive_factor},
           {"objective", enum_name(m.objective)},
           {"causal", m.causal()},
-          {"layer_norm_eps", 1e-5}};  // torch::nn::LayerNorm's default, which the model uses
+          {"layer_norm_eps", m.norm_eps}};  // norm_eps under format 1's name
 }
 
 // The attention options every layer takes (their tensors: blocks.L.attention.sink, .ssmax and
@@ -152,7 +160,7 @@ ExportSummary export_run(const fs::path& run_dir, const fs::path& out, const Exp
                         " has non-finite values; refusing to export it");
 
   std::map<std::string, std::string> metadata;
-  metadata["format"] = "extrap-safetensors/1";
+  metadata["format"] = "extrap-safetensors/2";
   metadata["extrap_version"] = extrap_version();
   if (plan.patterned()) {  // each kind's method, options, tensors' description and attention options
     json kinds = json::object();

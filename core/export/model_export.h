@@ -7,7 +7,8 @@
 // softplus(raw)) and the metadata's "position_tensors" says how each maps.
 //
 // Metadata (string -> string; the values marked JSON are JSON text):
-//   format            "extrap-safetensors/1"
+//   format            "extrap-safetensors/2" (2: the architecture keys of model and the rotary
+//                     pairings; a reader of format 1 would ignore them, so refuses the file)
 //   extrap_version    the exporting binary's version
 //   position          the method's name; position_options (JSON): every option, defaults filled
 //   position_tensors  the method's own description of its tensors (PositionInfo::tensors)
@@ -17,8 +18,10 @@
 //                     {"position", "position_options", "position_tensors", "attention"}}}; kind
 //                     K's tensors are position_K.NAME, a per-layer table holding a row per layer
 //                     of the kind, in depth order
-//   model (JSON)      layers, d_model, heads, d_ffn, activation, tie_embeddings, objective,
-//                     causal, layer_norm_eps
+//   model (JSON)      layers, d_model, heads, kv_heads, d_ffn (the hidden width, resolved), ffn,
+//                     activation, norm, norm_eps, bias, block, qk_norm, embedding_norm,
+//                     tie_embeddings, final_norm, adaptive_cutoffs, adaptive_factor, objective,
+//                     causal, layer_norm_eps (= norm_eps)
 //   data (JSON)       path, name, tokenizer, vocab_size, mask_token, eos_token, unk_token
 //   train (JSON)      seq_len, mask_prob, steps (the checkpoint's step)
 //   eval (JSON)       mask_prob, mask_seed: masked-LM evaluation's fixed selection

@@ -11,6 +11,8 @@
 
 #include <c10/util/BFloat16.h>
 
+#include <cmath>
+
 #include <cstdint>
 
 
@@ -66,6 +68,29 @@ inline float log_float(float x) {
   y += -2.12194440e-4f * fe;
   y += -0.5f * z;
   return f + y + 0.693359375f * fe;
+}
+
+// gelu(x) = x Phi(x) and gelu'(x) = Phi(x) + x phi(x), Phi(x) = erfc(-x / sqrt 2) / 2,
+// phi(x) = exp(-x^2 / 2) / sqrt(2 pi). erfc(z) for z >= 0 by Abramowitz and Stegun 7.1.26:
+// t (a1 + t (a2 + ...)) exp(-z^2), t = 1 / (1 + p z); one exp serves erfc and phi.
+inline void gelu_and_slope(float x, float& value, float& slope) {
+  const float z = std::fabs(x) * 0.70710678118654752f;
+  const float t = 1.0f / (1.0f + 0.3275911f * z);
+  const float e = exp_float(-z * z);  // exp(-x^2 / 2)
+  const float poly =
+      t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
+  const float lower = 0.5f * poly * e;  // Phi(-|x|)
+  const float cdf = x >= 0.0f ? 1.0f - lower : lower;
+  value = x * cdf;
+  slope = cdf + x * e * 0.39894228040143268f;
+}
+
+// silu(x) = x sigma(x) and silu'(x) = sigma(x) (1 + x (1 - sigma(x))), sigma(x) = 1 / (1 + e^-x)
+// with exp_float (clamped, so that sigma is 0 or 1 far out, never NaN). Branch-free.
+inline void silu_and_slope(float x, float& value, float& slope) {
+  const float sigma = 1.0f / (1.0f + exp_float(-x));
+  value = x * sigma;
+  slope = sigma * (1.0f + x * (1.0f - sigma));
 }
 
 // float32 -> bfloat16 bits, rounding to nearest even, NaN kept NaN (c10::BFloat16's rounding),

@@ -16,21 +16,6 @@ namespace extrap {
 
 namespace {
 
-// gelu(x) = x Phi(x) and gelu'(x) = Phi(x) + x phi(x), Phi(x) = erfc(-x / sqrt 2) / 2,
-// phi(x) = exp(-x^2 / 2) / sqrt(2 pi). erfc(z) for z >= 0 by Abramowitz and Stegun 7.1.26:
-// t (a1 + t (a2 + ...)) exp(-z^2), t = 1 / (1 + p z); one exp serves erfc and phi.
-inline void gelu_and_slope(float x, float& value, float& slope) {
-  const float z = std::fabs(x) * 0.70710678118654752f;
-  const float t = 1.0f / (1.0f + 0.3275911f * z);
-  const float e = exp_float(-z * z);  // exp(-x^2 / 2)
-  const float poly =
-      t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
-  const float lower = 0.5f * poly * e;  // Phi(-|x|)
-  const float cdf = x >= 0.0f ? 1.0f - lower : lower;
-  value = x * cdf;
-  slope = cdf + x * e * 0.39894228040143268f;
-}
-
 EXTRAP_ISA_KERNEL(void, gelu_with_slope_float, (const float* x, float* value, float* slope, int64_t n), (x, value, slope, n)) {
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) gelu_and_slope(x[j], value[j], slope[j]);

@@ -107,11 +107,28 @@ void read_model_section(const OptionReader& root, Config& c) {
   r.read("layers", m.layers, "number of transformer blocks");
   r.read("d_model", m.d_model, "model width");
   r.read("heads", m.heads, "attention heads (d_model must divide evenly)");
-  r.read("d_ffn", m.d_ffn, "feed-forward hidden width");
+  r.read("kv_heads", m.kv_heads,
+         "key and value heads, grouped-query attention: each shared by heads / kv_heads query heads (0: heads; "
+         "1: multi-query)");
+  r.read("d_ffn", m.d_ffn,
+         "feed-forward hidden width (0: by rule: 4 d_model for the mlp; for swiglu and geglu Llama's, 2/3 of 4 "
+         "d_model rounded up to a multiple of ffn_multiple)");
+  r.read("ffn_multiple", m.ffn_multiple, "d_ffn 0 with swiglu or geglu: the multiple Llama's width is rounded up to");
+  r.read("ffn", m.ffn,
+         "feed-forward part: mlp (model.activation), or gated: swiglu (SiLU gate) or geglu (GELU gate), "
+         "W2 (act(W_g x) o W_u x)");
+  r.read("norm", m.norm, "every norm of the model: layernorm, or rmsnorm (no mean subtracted)");
+  r.read("norm_eps", m.norm_eps, "the norms' epsilon");
+  r.read("bias", m.bias, "biases in every linear layer and norm (false: none, as Llama and MPT)");
+  r.read("block", m.block,
+         "residual pattern: sequential; parallel (x + attn(n1 x) + ffn(n2 x), GPT-NeoX); parallel_shared (one "
+         "norm for both, GPT-J, PaLM, Falcon)");
+  r.read("qk_norm", m.qk_norm, "a norm of each head's q and k before the position method (OLMo 2, Qwen3, Gemma 3)");
+  r.read("embedding_norm", m.embedding_norm, "a norm right after the token embedding (BLOOM)");
   r.read("dropout", m.dropout, "dropout on embeddings, residual branches and the FFN");
   r.read("attention_dropout", m.attention_dropout, "dropout on attention probabilities");
   r.read("activation_dropout", m.activation_dropout, "dropout on the FFN's hidden activations");
-  r.read("activation", m.activation, "FFN activation");
+  r.read("activation", m.activation, "the mlp's activation (swiglu and geglu have their own)");
   r.read("tie_embeddings", m.tie_embeddings, "share input and output embedding matrices");
   r.read("init", m.init,
          "initialisation: LibTorch's Linear everywhere, or fairseq's attention projections (q, k, v Xavier "
@@ -135,7 +152,21 @@ void read_model_section(const OptionReader& root, Config& c) {
     r.at_least("layers", m.layers, 1);
     r.at_least("d_model", m.d_model, 1);
     r.at_least("heads", m.heads, 1);
-    r.at_least("d_ffn", m.d_ffn, 1);
+    r.at_least("kv_heads", m.kv_heads, 0);
+    if (m.kv_heads > 0 && m.heads % m.kv_heads != 0)
+      r.fail("kv_heads", std::to_string(m.kv_heads) + " does not divide heads " + std::to_string(m.heads) +
+                             ": each key and value head serves heads / kv_heads query heads");
+    r.at_least("d_ffn", m.d_ffn, 0);
+    r.at_least("ffn_multiple", m.ffn_multiple, 1);
+    if (m.ffn_multiple != ModelConfig().ffn_multiple && !(m.d_ffn == 0 && m.gated_ffn()))
+      r.fail("ffn_multiple", "is set but d_ffn is not 0 with a gated ffn (swiglu, geglu): nothing is rounded to it");
+    if (m.gated_ffn() && m.activation != ModelConfig().activation)
+      r.fail("activation", "is the mlp's; ffn " + enum_name(m.ffn) + " gates with " +
+                               (m.ffn == FfnKind::swiglu ? "SiLU" : "GELU") + " (leave activation out)");
+    if (!(m.norm_eps > 0) || !std::isfinite(m.norm_eps))
+      r.fail("norm_eps", "must be a finite number above 0, got " + number_text(m.norm_eps));
+    if (!m.bias && m.init == InitKind::fairseq)
+      r.fail("init", "fairseq zeroes the output projection's bias; with model.bias false there is none (use torch)");
     r.at_least("efficient_threshold", m.efficient_threshold, 1);
     r.in_range("attention_dropout", m.attention_dropout, 0, 1);
     if (m.d_model % m.heads != 0)
@@ -483,6 +514,16 @@ YAML::Node keys_affecting(const Config& config, std::initializer_list<Affects> k
   const ModelConfig m;
   const TrainConfig t;
   if (config.model.activation_dropout == m.activation_dropout) remove_key(out, "model.activation_dropout");
+  // The architectures of issue 77: only the keys that differ from GPT-2's block.
+  if (config.model.kv_heads == m.kv_heads) remove_key(out, "model.kv_heads");
+  if (config.model.ffn_multiple == m.ffn_multiple) remove_key(out, "model.ffn_multiple");
+  if (config.model.ffn == m.ffn) remove_key(out, "model.ffn");
+  if (config.model.norm == m.norm) remove_key(out, "model.norm");
+  if (config.model.norm_eps == m.norm_eps) remove_key(out, "model.norm_eps");
+  if (config.model.bias == m.bias) remove_key(out, "model.bias");
+  if (config.model.block == m.block) remove_key(out, "model.block");
+  if (config.model.qk_norm == m.qk_norm) remove_key(out, "model.qk_norm");
+  if (config.model.embedding_norm == m.embedding_norm) remove_key(out, "model.embedding_norm");
   if (config.model.final_norm == m.final_norm) remove_key(out, "model.final_norm");
   if (config.model.init == m.init) remove_key(out, "model.init");
   if (!config.model.adaptive()) {
@@ -528,6 +569,13 @@ YAML::Node Config::to_yaml() const {
   out["position"] = p;
   if (layers.IsMap() && layers["kinds"]) out["layers"]["kinds"] = YAML::Clone(layers["kinds"]);
   return out;
+}
+
+int64_t ModelConfig::ffn_width() const {
+  if (d_ffn > 0) return d_ffn;
+  if (!gated_ffn()) return 4 * d_model;
+  const int64_t width = 2 * (4 * d_model) / 3;
+  return (width + ffn_multiple - 1) / ffn_multiple * ffn_multiple;
 }
 
 int64_t LayerPlan::layers_of(int64_t kind) const {

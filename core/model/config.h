@@ -20,6 +20,18 @@
 namespace extrap {
 
 enum class Activation { gelu, relu };
+// model.norm: the normalisation of every norm of the model (the blocks', the final one, and
+// embedding_norm's and qk_norm's where asked): LayerNorm, or RMSNorm (Zhang and Sennrich, 2019;
+// Llama: x / sqrt(mean(x^2) + eps) times a weight, no mean subtracted).
+enum class NormKind { layernorm, rmsnorm };
+// model.ffn: the feed-forward part. mlp: W2 act(W1 x + b1) + b2 with model.activation; swiglu
+// and geglu (Shazeer, 2020; Llama, PaLM): W2 (act(W_g x) o (W_u x)) with SiLU or GELU (erf) on
+// the gate, W_g and W_u one product of 2 d_ffn outputs, the gate's first.
+enum class FfnKind { mlp, swiglu, geglu };
+// model.block: the residual pattern. sequential: x + attn(n1(x)), then + ffn(n2(.)) (GPT-2,
+// Llama); parallel: x + attn(n1(x)) + ffn(n2(x)) (GPT-NeoX, Pythia); parallel_shared: one norm
+// for both, x + attn(n(x)) + ffn(n(x)) (GPT-J, PaLM, Falcon).
+enum class BlockKind { sequential, parallel, parallel_shared };
 // model.init: LibTorch's Linear initialisation everywhere, or fairseq's for the attention
 // projections (q, k, v Xavier-uniform with gain 1/sqrt(2), the output Xavier-uniform with a zero
 // bias; fairseq's MultiheadAttention.reset_parameters), the rest as LibTorch's.
@@ -33,6 +45,22 @@ template <>
 struct EnumNames<Activation> {
   static constexpr std::array<std::pair<const char*, Activation>, 2> table{
       {{"gelu", Activation::gelu}, {"relu", Activation::relu}}};
+};
+template <>
+struct EnumNames<NormKind> {
+  static constexpr std::array<std::pair<const char*, NormKind>, 2> table{
+      {{"layernorm", NormKind::layernorm}, {"rmsnorm", NormKind::rmsnorm}}};
+};
+template <>
+struct EnumNames<FfnKind> {
+  static constexpr std::array<std::pair<const char*, FfnKind>, 3> table{
+      {{"mlp", FfnKind::mlp}, {"swiglu", FfnKind::swiglu}, {"geglu", FfnKind::geglu}}};
+};
+template <>
+struct EnumNames<BlockKind> {
+  static constexpr std::array<std::pair<const char*, BlockKind>, 3> table{
+      {{"sequential", BlockKind::sequential}, {"parallel", BlockKind::parallel},
+       {"parallel_shared", BlockKind::parallel_shared}}};
 };
 template <>
 struct EnumNames<InitKind> {
@@ -127,13 +155,22 @@ struct ModelConfig {
   int64_t layers = 4;
   int64_t d_model = 256;
   int64_t heads = 8;
-  int64_t d_ffn = 1024;
+  int64_t kv_heads = 0;             // grouped-query attention: K and V heads (0: heads; 1: multi-query)
+  int64_t d_ffn = 1024;             // 0: by rule (ffn_width)
+  int64_t ffn_multiple = 256;       // d_ffn 0 with a GLU: Llama's width rounded up to a multiple of this
   double dropout = 0.1;
   double attention_dropout = 0.0;
   double activation_dropout = 0.0;  // on the FFN's hidden activations
-  Activation activation = Activation::gelu;
+  Activation activation = Activation::gelu;  // the mlp's
+  FfnKind ffn = FfnKind::mlp;
+  NormKind norm = NormKind::layernorm;
+  double norm_eps = 1e-5;
+  bool bias = true;                 // false: no bias in any linear layer or norm (Llama, MPT)
+  BlockKind block = BlockKind::sequential;
+  bool qk_norm = false;             // a norm of each head's q and k (d_head wide) before the position method
+  bool embedding_norm = false;      // a norm right after the token embedding (BLOOM)
   bool tie_embeddings = true;
-  bool final_norm = true;           // a LayerNorm before the output projection
+  bool final_norm = true;           // a norm before the output projection
   InitKind init = InitKind::torch;
   // Adaptive input and softmax (core/model/adaptive.h): the band ends below V (empty: a plain
   // embedding and softmax), each band D / factor^k wide, the softmax's dropout.
@@ -146,6 +183,13 @@ struct ModelConfig {
   AttentionConfig attention_options;      // the `attention` section (every layer)
   bool causal() const { return objective == Objective::causal_lm; }
   bool adaptive() const { return !adaptive_cutoffs.empty(); }
+  int64_t key_value_heads() const { return kv_heads > 0 ? kv_heads : heads; }
+  int64_t d_head() const { return d_model / heads; }
+  bool gated_ffn() const { return ffn != FfnKind::mlp; }
+  // The feed-forward hidden width: d_ffn, or with d_ffn 0 by rule: 4 d_model for the mlp; for a GLU
+  // Llama's, 2/3 of 4 d_model (truncated) rounded up to a multiple of ffn_multiple (the same number of
+  // parameters as the mlp's 4 d_model in three matrices instead of two, to the rounding).
+  int64_t ffn_width() const;
 };
 
 struct TrainConfig {

@@ -83,9 +83,16 @@ std::string MemoryEstimate::parts() const {
 
 int64_t parameter_count_estimate(const Config& c, int64_t vocab_size) {
   const ModelConfig& m = c.model;
-  const int64_t d = m.d_model, f = m.d_ffn;
-  const int64_t per_layer = add(add(mul(mul(4, d), d), mul(mul(2, d), f)), add(mul(9, d), f));
+  const int64_t d = m.d_model, f = m.ffn_width(), kv = mul(m.key_value_heads(), m.d_head());
+  const int64_t b = m.bias ? 1 : 0, ffn_matrices = m.gated_ffn() ? 3 : 2;
+  const int64_t norms = m.block == BlockKind::parallel_shared ? 1 : 2;
+  // q, k, v and out; the feed-forward matrices; their biases; the norms (weight, and bias); qk_norm's.
+  int64_t per_layer = add(mul(d, add(mul(2, d), mul(2, kv))), mul(mul(ffn_matrices, d), f));
+  per_layer = add(per_layer, mul(b, add(add(mul(3, d), mul(2, kv)), mul(ffn_matrices - 1, f))));  // q, out, ffn_out; k, v; ffn_in
+  per_layer = add(per_layer, mul(mul(norms, d), 1 + b));
+  if (m.qk_norm) per_layer = add(per_layer, mul(mul(2, m.d_head()), 1 + b));
   int64_t total = add(vocabulary_parameters(m, vocab_size), mul(m.layers, per_layer));
+  if (m.embedding_norm) total = add(total, mul(d, 1 + b));
   const LayerPlan plan = layer_plan(c);
   for (int64_t kind : plan.layer_kind) {
     const AttentionConfig& a = plan.kinds[kind].attention;  // sink and SSMax (H,) each; the gate's projection
@@ -94,13 +101,15 @@ int64_t parameter_count_estimate(const Config& c, int64_t vocab_size) {
     if (a.gate != AttentionGate::none) total = add(total, mul(d, a.gate == AttentionGate::headwise ? m.heads : d));
   }
   if (!m.tie_embeddings) total = add(total, mul(vocab_size, d));
-  if (m.final_norm) total = add(total, mul(2, d));
+  if (m.final_norm) total = add(total, mul(d, 1 + b));
   return total;
 }
 
 double forward_flops(const ModelConfig& m, int64_t vocab_size, int64_t windows, int64_t length, int64_t scored) {
   const double d = double(m.d_model), tokens = double(windows) * double(length);
-  const double projections = 4.0 * d * d + 2.0 * d * double(m.d_ffn);   // q, k, v, out; the FFN's two
+  const double kv = double(m.key_value_heads() * m.d_head());
+  // q and out, k and v (grouped-query: kv_heads of them); the FFN's two or three
+  const double projections = 2.0 * d * d + 2.0 * d * kv + (m.gated_ffn() ? 3.0 : 2.0) * d * double(m.ffn_width());
   const double pairs = double(windows) * double(length) * (double(length) + 1.0) / 2.0;
   return double(m.layers) * (2.0 * tokens * projections + 4.0 * pairs * d) + 2.0 * double(scored) * d * double(vocab_size);
 }
@@ -137,7 +146,7 @@ MemoryEstimate estimate_training_memory(const Config& c, int64_t vocab_size) {
   const int64_t tokens = mul(micro, t.seq_len);
   const int64_t pairs = mul(t.seq_len, t.seq_len);
   const int64_t scores = mul(mul(micro, m.heads), pairs);
-  const int64_t common = add(mul(tokens, add(mul(10, m.d_model), mul(2, m.d_ffn))), mul(scores, 2));
+  const int64_t common = add(mul(tokens, add(mul(10, m.d_model), mul(m.gated_ffn() ? 4 : 2, m.ffn_width()))), mul(scores, 2));
   int64_t layers = 0;
   const LayerPlan plan = layer_plan(c);
   for (int64_t kind : plan.layer_kind) {
@@ -192,7 +201,7 @@ void check_training_memory(const Config& c, int64_t vocab_size) {
   if (c.train.device != Device::cpu) return;  // GPU memory is not estimated here
   const MemoryEstimate e = estimate_training_memory(c, vocab_size);
   const int64_t state = add(add(e.parameters, e.gradients), e.optimizer);
-  const std::string n = std::to_string(c.model.d_model), f = std::to_string(c.model.d_ffn),
+  const std::string n = std::to_string(c.model.d_model), f = std::to_string(c.model.ffn_width()),
                     l = std::to_string(c.model.layers), b = std::to_string(c.train.batch_tokens);
   // Name the keys behind the larger part, with their values.
   const std::string advice =

@@ -3,6 +3,7 @@
 #include "core/base/hashing.h"
 #include "core/kernels/cpu_linear.h"
 #include "core/kernels/gelu_linear.h"
+#include "core/kernels/glu_linear.h"
 #include "core/kernels/precision.h"
 #include "core/kernels/qkv_heads.h"
 #include "core/kernels/residual_norm.h"
@@ -30,10 +31,15 @@ SelfAttentionImpl::SelfAttentionImpl(SelfAttentionOptions options_) : options(st
 }
 
 void SelfAttentionImpl::reset() {
-  qkv = register_module("qkv", torch::nn::Linear(options.d_model(), 3 * options.d_model()));
-  out = register_module("out", torch::nn::Linear(options.d_model(), options.d_model()));
+  const int64_t D = options.d_model(), H = options.heads(), Dh = D / H, Hkv = options.key_value_heads();
+  qkv = register_module("qkv", torch::nn::Linear(torch::nn::LinearOptions(D, (H + 2 * Hkv) * Dh).bias(options.bias())));
+  out = register_module("out", torch::nn::Linear(torch::nn::LinearOptions(D, D).bias(options.bias())));
+  if (options.qk_norm()) {
+    const NormOptions per_head(Dh, options.norm(), options.norm_eps(), options.bias());
+    q_norm = register_module("q_norm", Norm(per_head));
+    k_norm = register_module("k_norm", Norm(per_head));
+  }
   const AttentionConfig& extras = options.extras();
-  const int64_t H = options.heads();
   // gpt-oss draws its sinks from N(0, 0.02), the initialiser of its other weights.
   if (extras.sink) sink = register_parameter("sink", torch::randn({H}) * 0.02);
   if (extras.ssmax) {
@@ -66,7 +72,11 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, PositionMethod&
   // Views of the projection (core/kernels/qkv_heads.h): their gradients go back into its layout with
   // no copy where the fused attention writes them there, else with one.
   const auto& input = projected.defined() ? projected : x;
-  auto [q, k, v] = split_heads(linear(qkv, input), H);  // (B, H, T, Dh)
+  auto [q, k, v] = split_heads(linear(qkv, input), H, options.key_value_heads());  // q (B, H, T, Dh), k, v (B, Hkv, T, Dh)
+  if (q_norm) {  // in float32 (as Hugging Face's RMSNorm computes), then back to the projection's dtype
+    q = q_norm->forward(q.to(torch::kFloat32)).to(v.scalar_type());
+    k = k_norm->forward(k.to(torch::kFloat32)).to(v.scalar_type());
+  }
   auto y = positions.stream_cache > 0 ? attend_streaming(q, k, v, x, position, positions, attention_options)
                                       : attend(q, k, v, x, position, positions, attention_options, cache);
   if (gate) {  // each head's output times sigmoid(x W_g): (B, T, H, 1) head-wise, (B, T, H, Dh) element-wise
@@ -164,8 +174,9 @@ torch::Tensor SelfAttentionImpl::attend_streaming(const torch::Tensor& q, const 
     const int64_t c = std::min(per_pass, T - first);
     const auto t = torch::arange(first, first + c, index_options).unsqueeze(1);  // (c, 1)
     const auto rows = torch::cat({sinks.expand({c, S}), t + recent}, 1).reshape({-1});  // (c W)
-    const auto gather = [&](const torch::Tensor& z) {  // (B, H, T, Dh) -> (B c, H, W, Dh)
-      return z.index_select(2, rows).view({B, H, c, W, Dh}).permute({0, 2, 1, 3, 4}).reshape({B * c, H, W, Dh});
+    const auto gather = [&](const torch::Tensor& z) {  // (B, heads, T, Dh) -> (B c, heads, W, Dh): k and v
+      const int64_t heads = z.size(1);                   // keep their kv_heads, the cache's size
+      return z.index_select(2, rows).view({B, heads, c, W, Dh}).permute({0, 2, 1, 3, 4}).reshape({B * c, heads, W, Dh});
     };
     const auto y = attend(gather(q), gather(k), gather(v), x.index_select(1, rows).view({B * c, W, D}),
                           position, TokenPositions::window(W), attention_options, nullptr,
@@ -175,20 +186,41 @@ torch::Tensor SelfAttentionImpl::attend_streaming(const torch::Tensor& q, const 
   return torch::cat(parts, 2);
 }
 
+torch::Tensor FeedForward::forward(const torch::nn::Linear& in, const torch::nn::Linear& out, const torch::Tensor& x,
+                                  bool training) const {
+  const auto a = linear(in, x);
+  const bool dropout = training && activation_dropout > 0;
+  if (kind != FfnKind::mlp) {
+    const GluGate gate = kind == FfnKind::swiglu ? GluGate::silu : GluGate::gelu;
+    if (dropout) return linear(out, torch::dropout(glu_reference(a, gate), activation_dropout, true));
+    return glu_linear(a, gate, out->weight, out->bias);
+  }
+  const bool relu = activation == Activation::relu;
+  if (dropout) return linear(out, torch::dropout(relu ? torch::relu(a) : torch::gelu(a), activation_dropout, true));
+  return relu ? linear(out, torch::relu(a)) : gelu_linear(a, out->weight, out->bias);
+}
+
 BlockImpl::BlockImpl(BlockOptions options_) : options(std::move(options_)) { reset(); }
 
 void BlockImpl::reset() {
-  ln_attention = register_module("ln_attention",
-                                 torch::nn::LayerNorm(torch::nn::LayerNormOptions({options.d_model()})));
+  const ModelConfig& m = options.model();
+  const int64_t D = m.d_model, F = m.ffn_width();
+  ffn = FeedForward{m.ffn, m.activation, m.activation_dropout};
+  ln_attention = register_module("ln_attention", Norm(NormOptions::of(m, D)));
   attention = register_module(
-      "attention", SelfAttention(SelfAttentionOptions(options.d_model(), options.heads())
-                                     .dropout(options.dropout())
-                                     .attention_dropout(options.attention_dropout())
+      "attention", SelfAttention(SelfAttentionOptions(D, m.heads)
+                                     .kv_heads(m.kv_heads)
+                                     .bias(m.bias)
+                                     .qk_norm(m.qk_norm)
+                                     .norm(m.norm)
+                                     .norm_eps(m.norm_eps)
+                                     .dropout(m.dropout)
+                                     .attention_dropout(m.attention_dropout)
                                      .layer_index(options.layer_index())
                                      .extras(options.extras())));
-  ln_ffn = register_module("ln_ffn", torch::nn::LayerNorm(torch::nn::LayerNormOptions({options.d_model()})));
-  ffn_in = register_module("ffn_in", torch::nn::Linear(options.d_model(), options.d_ffn()));
-  ffn_out = register_module("ffn_out", torch::nn::Linear(options.d_ffn(), options.d_model()));
+  if (m.block != BlockKind::parallel_shared) ln_ffn = register_module("ln_ffn", Norm(NormOptions::of(m, D)));
+  ffn_in = register_module("ffn_in", torch::nn::Linear(torch::nn::LinearOptions(D, ffn.input_width(F)).bias(m.bias)));
+  ffn_out = register_module("ffn_out", torch::nn::Linear(torch::nn::LinearOptions(F, D).bias(m.bias)));
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x, PositionMethod& position,
@@ -205,21 +237,47 @@ std::pair<torch::Tensor, torch::Tensor> BlockImpl::forward_residual(const torch:
                                                                     const TokenPositions& positions,
                                                                     const AttentionOptions& attention_options,
                                                                     KVCache::Layer* cache) {
-  // The feed-forward LayerNorm's output goes only to ffn_in: under bf16 autocast it may leave
-  // the LayerNorm in bfloat16, the cast autocast would make. The attention's input stays float32
-  // (position methods read it), with a bfloat16 copy from the same pass for the q, k, v product.
+  return options.model().block == BlockKind::sequential
+             ? sequential(base, delta, position, positions, attention_options, cache)
+             : parallel(base, delta, position, positions, attention_options, cache);
+}
+
+torch::Tensor BlockImpl::feed_forward(const torch::Tensor& x, const AttentionOptions& attention_options) {
+  auto f = ffn.forward(ffn_in, ffn_out, x, attention_options.training);
+  const double dropout = options.model().dropout;
+  if (attention_options.training && dropout > 0) f = torch::dropout(f, dropout, true);
+  return f;
+}
+
+// x = base + delta, h = x + attn(n1(x)), f = ffn(n2(h)): {h, f}.
+std::pair<torch::Tensor, torch::Tensor> BlockImpl::sequential(const torch::Tensor& base, const torch::Tensor& delta,
+                                                              PositionMethod& position, const TokenPositions& positions,
+                                                              const AttentionOptions& attention_options,
+                                                              KVCache::Layer* cache) {
+  // The feed-forward norm's output goes only to ffn_in: under bf16 autocast it may leave the norm
+  // in bfloat16, the cast autocast would make. The attention's input stays float32 (position
+  // methods read it), with a bfloat16 copy from the same pass for the q, k, v product.
   const auto ffn_dtype = autocast_bf16(base.device().type()) ? torch::kBFloat16 : torch::kFloat32;
-  auto [x, normed, normed_low] = add_layer_norm_with_copy(base, delta, ln_attention);
+  auto [x, normed, normed_low] = add_layer_norm_with_copy(base, delta, ln_attention->row_norm());
   auto [h, ffn_input] = add_layer_norm(
-      x, attention->forward(normed, position, positions, attention_options, cache, normed_low), ln_ffn, ffn_dtype);
-  auto f = linear(ffn_in, ffn_input);
-  const bool relu = options.activation() == Activation::relu;
-  if (attention_options.training && options.activation_dropout() > 0)
-    f = linear(ffn_out, torch::dropout(relu ? torch::relu(f) : torch::gelu(f), options.activation_dropout(), true));
-  else
-    f = relu ? linear(ffn_out, torch::relu(f)) : gelu_linear(f, ffn_out->weight, ffn_out->bias);
-  if (attention_options.training && options.dropout() > 0) f = torch::dropout(f, options.dropout(), true);
-  return {h, f};
+      x, attention->forward(normed, position, positions, attention_options, cache, normed_low), ln_ffn->row_norm(),
+      ffn_dtype);
+  return {h, feed_forward(ffn_input, attention_options)};
+}
+
+// x = base + delta, both branches read x: {x + attn(n1(x)), ffn(n2(x))}, n2 = n1 for parallel_shared.
+std::pair<torch::Tensor, torch::Tensor> BlockImpl::parallel(const torch::Tensor& base, const torch::Tensor& delta,
+                                                            PositionMethod& position, const TokenPositions& positions,
+                                                            const AttentionOptions& attention_options,
+                                                            KVCache::Layer* cache) {
+  auto [x, normed, normed_low] = add_layer_norm_with_copy(base, delta, ln_attention->row_norm());
+  torch::Tensor ffn_input = normed_low.defined() ? normed_low : normed;
+  if (ln_ffn) {
+    const auto ffn_dtype = autocast_bf16(base.device().type()) ? torch::kBFloat16 : torch::kFloat32;
+    ffn_input = add_layer_norm(x, {}, ln_ffn->row_norm(), ffn_dtype).second;
+  }
+  const auto a = attention->forward(normed, position, positions, attention_options, cache, normed_low);
+  return {x + a, feed_forward(ffn_input, attention_options)};
 }
 
 namespace {
@@ -266,26 +324,24 @@ TransformerLMImpl::TransformerLMImpl(const ModelConfig& config, int64_t vocab_si
 
   blocks = register_module("blocks", torch::nn::ModuleList());
   for (int64_t l = 0; l < config.layers; ++l) {
-    blocks->push_back(Block(BlockOptions(config.d_model, config.heads, config.d_ffn)
-                                .dropout(config.dropout)
-                                .attention_dropout(config.attention_dropout)
-                                .activation_dropout(config.activation_dropout)
-                                .activation(config.activation)
+    blocks->push_back(Block(BlockOptions(config)
                                 .layer_index(plan.layer_index[l])
                                 .extras(plan.kinds[plan.layer_kind[l]].attention)));
   }
   if (config.init == InitKind::fairseq) {
     torch::NoGradGuard no_grad;
+    const int64_t kv = config.key_value_heads() * config.d_head();
     for (size_t l = 0; l < blocks->size(); ++l) {
       auto& attention = *blocks[l]->as<Block>()->attention;
-      for (auto& part : attention.qkv->weight.chunk(3, 0))  // q, k, v: each (D, D)
+      for (auto& part : attention.qkv->weight.split_with_sizes({config.d_model, kv, kv}, 0))  // q (D, D); k, v
         torch::nn::init::xavier_uniform_(part, 1.0 / std::sqrt(2.0));
       torch::nn::init::xavier_uniform_(attention.out->weight);
-      attention.out->bias.zero_();
+      if (attention.out->bias.defined()) attention.out->bias.zero_();
     }
   }
-  if (config.final_norm)
-    ln_final = register_module("ln_final", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.d_model})));
+  if (config.embedding_norm)
+    embedding_norm = register_module("embedding_norm", Norm(NormOptions::of(config, config.d_model)));
+  if (config.final_norm) ln_final = register_module("ln_final", Norm(NormOptions::of(config, config.d_model)));
   if (!config.tie_embeddings)
     head = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(config.d_model, vocab_size).bias(false)));
 }
@@ -312,12 +368,13 @@ torch::Tensor TransformerLMImpl::nll(const torch::Tensor& hidden, const torch::T
 
 torch::Tensor TransformerLMImpl::embed(const torch::Tensor& tokens) {
   const auto x = adaptive_ ? adaptive_->embed(tokens) : embedding->forward(tokens);
-  return x * std::sqrt(double(config_.d_model));  // (B, T, D)
+  const auto scaled = x * std::sqrt(double(config_.d_model));  // (B, T, D)
+  return embedding_norm ? embedding_norm->forward(scaled) : scaled;
 }
 
 torch::Tensor TransformerLMImpl::final_hidden(const torch::Tensor& x, const torch::Tensor& delta,
                                               torch::ScalarType dtype) {
-  if (ln_final) return add_layer_norm(x, delta, ln_final, dtype).second;
+  if (ln_final) return add_layer_norm(x, delta, ln_final->row_norm(), dtype).second;
   return delta.defined() ? x + delta : x;
 }
 
@@ -444,7 +501,7 @@ PositionContext position_context(const ModelConfig& config) {
   context.num_layers = config.layers;
   context.num_heads = config.heads;
   context.d_model = config.d_model;
-  context.d_head = config.d_model / config.heads;
+  context.d_head = config.d_head();
   context.causal = config.causal();
   return context;
 }

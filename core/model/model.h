@@ -1,8 +1,19 @@
-// The transformer language model: pre-LayerNorm decoder (causal LM) or encoder (masked LM).
+// The transformer language model: pre-norm decoder (causal LM) or encoder (masked LM).
 //
-//   x = embed(tokens) * sqrt(d_model); x = position.embed(x)
-//   for each block:  x = x + Attn(LN(x));  x = x + FFN(LN(x))
-//   logits = LN(x) @ W_out   (W_out = the input embedding when tied)
+//   x = embed(tokens) * sqrt(d_model); [x = N(x)]; x = position.embed(x)
+//   for each block (model.block):
+//     sequential:       x = x + Attn(N1(x));  x = x + FFN(N2(x))
+//     parallel:         x = x + Attn(N1(x)) + FFN(N2(x))
+//     parallel_shared:  x = x + Attn(N(x)) + FFN(N(x))
+//   logits = N(x) @ W_out   (W_out = the input embedding when tied)
+//
+// A block is built from named parts chosen by the config, in the manner of torchtune's and
+// x-transformers' blocks: its norms (Norm: LayerNorm or RMSNorm, with or without a bias;
+// core/model/norm.h), its attention (SelfAttention: q, k and v heads, grouped-query where
+// model.kv_heads says, a norm of q and k where model.qk_norm says), its feed-forward part
+// (FeedForward: mlp, swiglu or geglu) and its residual pattern. The defaults are GPT-2's block
+// (LayerNorm with biases, GELU mlp, full multi-head attention), with the parameter names of
+// every run before these options.
 //
 // Attention goes through extrap::attention() with the position method's bias description;
 // the position method is a registered submodule, so its parameters train and checkpoint
@@ -12,6 +23,7 @@
 #include "core/attention/attention.h"
 #include "core/model/adaptive.h"
 #include "core/model/config.h"
+#include "core/model/norm.h"
 #include "positions/position.h"
 
 #include <torch/torch.h>
@@ -22,10 +34,18 @@ struct SelfAttentionOptions {
   SelfAttentionOptions(int64_t d_model, int64_t heads) : d_model_(d_model), heads_(heads) {}
   TORCH_ARG(int64_t, d_model);
   TORCH_ARG(int64_t, heads);
+  TORCH_ARG(int64_t, kv_heads) = 0;            // key and value heads (0: heads)
+  TORCH_ARG(bool, bias) = true;                // the projections' biases
+  TORCH_ARG(bool, qk_norm) = false;            // a norm of each head's q and k, d_head wide
+  TORCH_ARG(NormKind, norm) = NormKind::layernorm;  // qk_norm's kind and epsilon
+  TORCH_ARG(double, norm_eps) = 1e-5;
   TORCH_ARG(double, dropout) = 0.0;            // on the output projection
   TORCH_ARG(double, attention_dropout) = 0.0;  // on attention probabilities
   TORCH_ARG(int64_t, layer_index) = 0;
   TORCH_ARG(AttentionConfig, extras);  // sink, SSMax, temperature, gate, window, chunk
+
+ public:
+  int64_t key_value_heads() const { return kv_heads_ > 0 ? kv_heads_ : heads_; }
 };
 
 // The keys and values a causal model has computed, layer by layer, for generation. A forward
@@ -33,7 +53,7 @@ struct SelfAttentionOptions {
 // sequence block by block gives the logits of one forward pass over the whole sequence.
 struct KVCache {
   struct Layer {
-    torch::Tensor keys, values;  // (B, H, cached, d_head), rotated where the method rotates
+    torch::Tensor keys, values;  // (B, kv_heads, cached, d_head), rotated where the method rotates
     torch::Tensor state;         // the position method's (LayerInput::state)
   };
   // `planned`: the sequence's full length; position-dependent scales (xpos) are measured from
@@ -67,8 +87,9 @@ class SelfAttentionImpl : public torch::nn::Cloneable<SelfAttentionImpl> {
                         KVCache::Layer* cache = nullptr, const torch::Tensor& projected = {});
 
   SelfAttentionOptions options;
-  torch::nn::Linear qkv = nullptr;  // D -> 3D
+  torch::nn::Linear qkv = nullptr;  // D -> (H + 2 Hkv) d_head: the query heads, then the key heads, then the value heads
   torch::nn::Linear out = nullptr;  // D -> D
+  Norm q_norm = nullptr, k_norm = nullptr;  // model.qk_norm: over each head's d_head values, shared by the heads
   // The attention options' parameters, where set (extras): each head's sink logit (H,), SSMax's s
   // (H,), and the gate's projection (D -> H head-wise, D -> D element-wise, no bias).
   torch::Tensor sink, ssmax;
@@ -92,18 +113,28 @@ class SelfAttentionImpl : public torch::nn::Cloneable<SelfAttentionImpl> {
 };
 TORCH_MODULE(SelfAttention);
 
+// The feed-forward part of a block (model.ffn), over the two linear layers the block registers
+// as ffn_in and ffn_out (the names every checkpoint has):
+//   mlp:            ffn_out(act(ffn_in x)), act model.activation
+//   swiglu, geglu:  ffn_out(act(g) o u), [g, u] = ffn_in x (2 d_ffn wide, the gate's half first),
+//                   act SiLU or GELU (erf)
+// On the CPU in training the activation, its product and their backward are fused with ffn_out
+// (core/kernels/gelu_linear.h, core/kernels/glu_linear.h).
+struct FeedForward {
+  FfnKind kind = FfnKind::mlp;
+  Activation activation = Activation::gelu;
+  double activation_dropout = 0.0;  // on the hidden activations (the gated product's for a GLU)
+  // ffn_in's output width for a hidden width of d_ffn: 2 d_ffn for a GLU.
+  int64_t input_width(int64_t d_ffn) const { return kind == FfnKind::mlp ? d_ffn : 2 * d_ffn; }
+  torch::Tensor forward(const torch::nn::Linear& in, const torch::nn::Linear& out, const torch::Tensor& x,
+                        bool training) const;
+};
+
 struct BlockOptions {
-  BlockOptions(int64_t d_model, int64_t heads, int64_t d_ffn)
-      : d_model_(d_model), heads_(heads), d_ffn_(d_ffn) {}
-  TORCH_ARG(int64_t, d_model);
-  TORCH_ARG(int64_t, heads);
-  TORCH_ARG(int64_t, d_ffn);
-  TORCH_ARG(double, dropout) = 0.0;
-  TORCH_ARG(double, attention_dropout) = 0.0;
-  TORCH_ARG(double, activation_dropout) = 0.0;  // on the FFN's hidden activations
-  TORCH_ARG(Activation, activation) = Activation::gelu;
+  explicit BlockOptions(ModelConfig model) : model_(std::move(model)) {}
+  TORCH_ARG(ModelConfig, model);  // the block's shape and parts (model.*)
   TORCH_ARG(int64_t, layer_index) = 0;
-  TORCH_ARG(AttentionConfig, extras);
+  TORCH_ARG(AttentionConfig, extras);  // the layer's attention options
 };
 
 class BlockImpl : public torch::nn::Cloneable<BlockImpl> {
@@ -114,19 +145,31 @@ class BlockImpl : public torch::nn::Cloneable<BlockImpl> {
                         const TokenPositions& positions, const AttentionOptions& attention_options,
                         KVCache::Layer* cache = nullptr);
   // forward() of base + delta (delta undefined: base), with that residual add fused into the
-  // first LayerNorm (core/kernels/residual_norm.h), returning the block's residual stream and its
-  // feed-forward output unsummed, {h, f}, for the next LayerNorm to add: forward() is h + f.
+  // first norm (core/kernels/residual_norm.h), returning the block's residual stream and its
+  // last branch's output unsummed, {h, f}, for the next norm to add: forward() is h + f.
   std::pair<torch::Tensor, torch::Tensor> forward_residual(const torch::Tensor& base, const torch::Tensor& delta,
                                                            PositionMethod& position, const TokenPositions& positions,
                                                            const AttentionOptions& attention_options,
                                                            KVCache::Layer* cache = nullptr);
 
   BlockOptions options;
-  torch::nn::LayerNorm ln_attention = nullptr;
+  Norm ln_attention = nullptr;  // the attention's norm (parallel_shared: the block's one norm)
   SelfAttention attention = nullptr;
-  torch::nn::LayerNorm ln_ffn = nullptr;
+  Norm ln_ffn = nullptr;        // the feed-forward's norm (none for parallel_shared)
   torch::nn::Linear ffn_in = nullptr;
   torch::nn::Linear ffn_out = nullptr;
+  FeedForward ffn;
+
+ private:
+  // The residual patterns (model.block), each returning forward_residual's {h, f}.
+  std::pair<torch::Tensor, torch::Tensor> sequential(const torch::Tensor& base, const torch::Tensor& delta,
+                                                     PositionMethod& position, const TokenPositions& positions,
+                                                     const AttentionOptions& attention_options, KVCache::Layer* cache);
+  std::pair<torch::Tensor, torch::Tensor> parallel(const torch::Tensor& base, const torch::Tensor& delta,
+                                                   PositionMethod& position, const TokenPositions& positions,
+                                                   const AttentionOptions& attention_options, KVCache::Layer* cache);
+  // The feed-forward branch's output from its normed input, with the residual dropout.
+  torch::Tensor feed_forward(const torch::Tensor& x, const AttentionOptions& attention_options);
 };
 TORCH_MODULE(Block);
 
@@ -205,12 +248,13 @@ class TransformerLMImpl : public torch::nn::Module {
   torch::nn::Dropout embedding_dropout = nullptr;
   std::vector<std::shared_ptr<PositionMethod>> positions_;  // one per kind of layer (plan_.kinds)
   torch::nn::ModuleList blocks = nullptr;
-  torch::nn::LayerNorm ln_final = nullptr;  // only with model.final_norm
+  Norm embedding_norm = nullptr;  // only with model.embedding_norm
+  Norm ln_final = nullptr;  // only with model.final_norm
   torch::nn::Linear head = nullptr;  // only when embeddings are not tied
 
   // The token embeddings, times sqrt(d_model) (B, T, D).
   torch::Tensor embed(const torch::Tensor& tokens);
-  // The last block's output x + delta, through the final LayerNorm where the model has one.
+  // The last block's output x + delta, through the final norm where the model has one.
   torch::Tensor final_hidden(const torch::Tensor& x, const torch::Tensor& delta, torch::ScalarType dtype);
 
   // hidden(), with the final LayerNorm's output in `dtype` where the fused LayerNorm takes it

@@ -3,6 +3,7 @@
 // runs the same model, shapes and thread count in eager PyTorch for comparison.
 #include "core/kernels/cpu_linear.h"
 #include "core/kernels/gelu_linear.h"
+#include "core/kernels/glu_linear.h"
 #include "core/kernels/precision.h"
 #include "core/kernels/residual_norm.h"
 #include "core/model/config.h"
@@ -97,24 +98,32 @@ void print_step_paths(const Config& config, const torch::Device& device, const t
   ComputePrecision precision(t.precision, device.type());
   const auto probe = torch::empty({1, 1}, torch::TensorOptions().device(device));
   const bool onednn = onednn_linear_takes(probe, probe), onednn_bf16 = onednn_bf16_linear_takes(probe, probe);
-  bool gelu_fused = false;
-  if (config.model.activation == Activation::gelu) {
-    const auto activations = torch::empty({1, 1}, probe.options().dtype(
-        t.precision == Precision::bf16 ? torch::kBFloat16 : torch::kFloat32)).requires_grad_();
-    gelu_fused = gelu_linear_fused_takes(activations, probe);
+  const auto& m = config.model;
+  const auto activations = torch::empty({1, 2}, probe.options().dtype(
+      t.precision == Precision::bf16 ? torch::kBFloat16 : torch::kFloat32)).requires_grad_();
+  std::string ffn;
+  if (m.gated_ffn()) {
+    ffn = std::string(m.ffn == FfnKind::swiglu ? "SwiGLU" : "GeGLU") +
+          (glu_linear_fused_takes(activations, probe) ? " gate and product in one pass each way"
+                                                      : " as LibTorch runs it");
+  } else if (m.activation == Activation::gelu) {
+    ffn = gelu_linear_fused_takes(activations.narrow(-1, 0, 1), probe) ? "GELU backward folded into the next product"
+                                                      : "GELU as LibTorch runs it";
+  } else {
+    ffn = "ReLU as LibTorch runs it";
   }
-  torch::nn::LayerNorm norm(torch::nn::LayerNormOptions({4}));
-  norm->to(device);
-  const bool norm_fused =
-      add_layer_norm_fused_takes(torch::empty({1, 4}, probe.options()).requires_grad_(), {}, norm);
-  std::printf("paths: linear layers through %s, GELU %s, residual adds %s, optimiser step %s\n",
+  const char* norm_name = m.norm == NormKind::rmsnorm ? "RMSNorm" : "LayerNorm";
+  const auto weight = torch::ones({4}, probe.options());
+  const bool norm_fused = add_layer_norm_fused_takes(torch::empty({1, 4}, probe.options()).requires_grad_(), {},
+                                                     RowNorm(weight, m.bias ? torch::zeros_like(weight) : torch::Tensor(),
+                                                             m.norm_eps, m.norm == NormKind::rmsnorm));
+  std::printf("paths: linear layers through %s, %s, residual adds %s%s%s, optimiser step %s\n",
               onednn            ? "oneDNN (float32)"
               : onednn_bf16     ? "oneDNN (bfloat16, autocast's casts)"
               : t.precision == Precision::bf16 ? "LibTorch (autocast bfloat16)"
                                                : "LibTorch",
-              gelu_fused ? "backward folded into the next product" : "as LibTorch runs it",
-              norm_fused ? "fused with the LayerNorm after them" : "and LayerNorms as LibTorch runs them",
-              training_step_path(optimizer).c_str());
+              ffn.c_str(), norm_fused ? "fused with the " : "and ", norm_name,
+              norm_fused ? " after them" : "s as LibTorch runs them", training_step_path(optimizer).c_str());
 }
 
 // Model FLOPs utilisation: 6 x parameters a token (forward and backward products, the tied

@@ -169,6 +169,17 @@ int bench_generate(const Args& args) {
   }
   std::printf("speed-up of the cache: %.2fx; same tokens both ways: %s\n", rates[1] / rates[0],
               outputs[0] == outputs[1] ? "yes" : "no");
+  {  // The cache's size at the sequence's full length: keys and values of model.kv_heads heads.
+    torch::NoGradGuard no_grad;
+    std::vector<int64_t> all(prompt.begin(), prompt.end());
+    all.insert(all.end(), outputs[1].begin(), outputs[1].end());
+    KVCache cache(int64_t(all.size()));
+    model->hidden(torch::tensor(all, torch::kLong).unsqueeze(0), cache);
+    int64_t bytes = 0;
+    for (const auto& layer : cache.layers) bytes += layer.keys.nbytes() + layer.values.nbytes();
+    std::printf("KV cache at %lld tokens: %.1f KiB (%lld key and value heads of %lld)\n", (long long)all.size(),
+                double(bytes) / 1024.0, (long long)config.model.key_value_heads(), (long long)config.model.heads);
+  }
   return 0;
 }
 

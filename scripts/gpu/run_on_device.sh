@@ -29,6 +29,7 @@
 #             --jobs 1 and 2, the report (needs data/pydoc: carry "data")
 #   paper     configs/gpu_paper.yaml (5 methods at L 512 to 16x L) and its report -> $OUT/gpu_paper*
 #             (PAPER_ARGS: more sweep arguments, e.g. "--set base.train.cuda_graph=off")
+#   paper_modern  the same on a Llama-style block: configs/gpu_paper_modern.yaml -> $OUT/gpu_paper_modern*
 #   trainbench  extrap bench train against benchmarks/train_pytorch.py (eager, compiled)
 #   trainab   issue 66 part 2: GPT-2-small training (ALiBi) with the new GPU paths off, on without
 #             the CUDA LayerNorms, and on; rotary with them on; torch.compile once; the quick
@@ -364,21 +365,25 @@ stage_gpuflow() {
   return "$rc"
 }
 
-stage_paper() {
-  # configs/gpu_paper.yaml: the paper's comparison at L = 512, evaluated to 16x L, and its report
-  # (tables and figures) -> $OUT/gpu_paper.h5, $OUT/gpu_paper_report/.
-  local log=$OUT/paper.log
+paper_sweep() {
+  # configs/NAME.yaml, its sweep and report (tables and figures) -> $OUT/NAME.h5,
+  # $OUT/NAME_report/, the log in $OUT/NAME.log.
+  local name=$1 log=$OUT/$1.log
   {
     # shellcheck disable=SC2086
-    "$BUILD/extrap" sweep configs/gpu_paper.yaml --out "$OUT/gpu_paper.h5" \
-      --set output.run_root="$BUILD/runs/gpu_paper" ${PAPER_ARGS:-} &&
-    "$BUILD/extrap" report "$OUT/gpu_paper.h5" --out "$OUT/gpu_paper_report" --python "$(command -v python3)"
+    "$BUILD/extrap" sweep "configs/$name.yaml" --out "$OUT/$name.h5" \
+      --set output.run_root="$BUILD/runs/$name" ${PAPER_ARGS:-} &&
+    "$BUILD/extrap" report "$OUT/$name.h5" --out "$OUT/${name}_report" --python "$(command -v python3)"
   } >"$log" 2>&1
   local rc=$?
   grep -vE "^step [0-9]+/" "$log" | tail -40
-  [[ -f $OUT/gpu_paper_report/report.md ]] && grep '^|' "$OUT/gpu_paper_report/report.md" | head -30
+  [[ -f $OUT/${name}_report/report.md ]] && grep '^|' "$OUT/${name}_report/report.md" | head -30
   return "$rc"
 }
+
+# The paper's comparison at L = 512 on GPT-2's block, and on a Llama-style one.
+stage_paper() { paper_sweep gpu_paper; }
+stage_paper_modern() { paper_sweep gpu_paper_modern; }
 
 # bench train's arguments for the quick shape and a GPT-2-small-sized one (12 layers, d 768,
 # L 1024, 16k tokens a step, vocabulary 50304) on the GPU, bf16 autocast.

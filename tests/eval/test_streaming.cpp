@@ -6,6 +6,7 @@
 // evaluator, the command line and the refusals.
 #include "core/eval/evaluator.h"
 #include "core/model/model.h"
+#include "tests/support/architectures.h"
 #include "tests/support/cli_harness.h"
 #include "tests/support/test_support.h"
 
@@ -67,6 +68,7 @@ torch::Tensor streaming_by_definition(TransformerLM& model, const torch::Tensor&
   const int64_t T = tokens.size(1);
   auto x = module_of<torch::nn::EmbeddingImpl>(model, "embedding").forward(tokens) *
            std::sqrt(double(model->config().d_model));
+  if (model->config().embedding_norm) x = module_of<NormImpl>(model, "embedding_norm").forward(x);
   TokenPositions slots = TokenPositions::window(T);
   slots.sampled = torch::arange(T, torch::kLong).clamp_max(W - 1);
   x = model->position().embed(x, slots);
@@ -84,7 +86,7 @@ torch::Tensor streaming_by_definition(TransformerLM& model, const torch::Tensor&
     }
     x = torch::stack(rows, 1);
   }
-  return model->logits(module_of<torch::nn::LayerNormImpl>(model, "ln_final").forward(x));
+  return model->logits(module_of<NormImpl>(model, "ln_final").forward(x));
 }
 
 }  // namespace
@@ -172,6 +174,17 @@ TEST_CASE("StreamingLLM equals the definition layer by layer for every causal me
     torch::NoGradGuard no_grad;
     for (auto& p : model->parameters()) p.add_(torch::randn_like(p) * 0.05);
     models.emplace_back(method + " + sink, ssmax, temperature, gate" + (method == "rotary" ? ", window 7" : ""), model);
+  }
+  // Each architecture (grouped-query attention's windows gather the key heads alone).
+  for (const auto& arch : testing::architectures()) {
+    Config config = testing::tiny_config("alibi");
+    arch.apply(config);
+    torch::manual_seed(23);
+    auto model = build_model(config, 257);
+    model->eval();
+    torch::NoGradGuard no_grad;
+    for (auto& p : model->parameters()) p.add_(torch::randn_like(p) * 0.05);
+    models.emplace_back(std::string("architecture ") + arch.name, model);
   }
   for (auto& [name, model] : models) {
     INFO(name);

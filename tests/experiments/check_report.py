@@ -350,6 +350,9 @@ def check_trained(results, md, methods):
             # 0 parameters: not recorded (a run that failed before its model was built).
             recorded = ["{:,}".format(int(g.attrs["num_parameters"])) for g in group if g.attrs["num_parameters"]]
             assert cells[1] == (" / ".join(dict.fromkeys(recorded)) or "not recorded"), (m, cells)
+            mc = config["model"]
+            assert cells[2] == "%d layer%s, d_model %d, %d heads, d_ffn %d" % (
+                mc["layers"], "" if mc["layers"] == 1 else "s", mc["d_model"], mc["heads"], mc["d_ffn"]), (m, cells)
             assert cells[4] == str(config["train"]["steps"]), (m, cells)
             assert cells[5] == "{:,}".format(int(group[0].attrs["train_tokens"])), (m, cells)
             assert cells[7] == config["train"].get("precision", "fp32"), (m, cells)
@@ -609,6 +612,15 @@ def without_retrieval(md):
     body = re.sub(r"\n### Retrieval accuracy, .*?(?=\n##? |\n### |\Z)", "", body, flags=re.S)
     return body.split("\n## Failures")[0]
 
+
+# A model's architecture keys in the "What was trained" table; d_ffn 0 as its rule's width
+# (Llama's: 2/3 of 4 x 4096 = 10922.67, rounded up to a multiple of 256: 11008; the mlp: 4 d_model).
+assert report.model_shape({"layers": 32, "d_model": 4096, "heads": 32, "kv_heads": 8, "ffn": "swiglu", "d_ffn": 0,
+                           "norm": "rmsnorm", "bias": False, "tie_embeddings": False}) == (
+    "32 layers, d_model 4096, 32 heads (8 key and value), swiglu 11008, rmsnorm, no biases, untied head")
+assert report.model_shape({"layers": 1, "d_model": 64, "heads": 4, "d_ffn": 0, "block": "parallel_shared",
+                           "qk_norm": True, "embedding_norm": True}) == (
+    "1 layer, d_model 64, 4 heads, d_ffn 256, parallel shared block, QK-norm, embedding norm")
 
 with tempfile.TemporaryDirectory() as work:
     plain_h5, mixed_h5 = os.path.join(work, "plain.h5"), os.path.join(work, "mixed.h5")

@@ -224,9 +224,9 @@ TEST_CASE("sweep files: scalar grids, duplicates, empty evaluations and shards' 
   CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "jobs=0"}, &out) == 2);
   CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "base.train.lr="}, &out) == 2);
   require_one_line_error(out, "--set 'base.train.lr=': no value after '='");
-  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "base.model.d_ffn=0"}, &out) == 2);
+  CHECK(run_cli(d, {"sweep", "tiny.yaml", "--list", "--set", "base.model.d_ffn=-1"}, &out) == 2);
   require_one_line_error(out, "key 'model.d_ffn' (set on the command line or by a sweep's grid): "
-                              "must be at least 1, got 0");
+                              "must not be negative, got -1");
 
   // --shard with --out: each shard to its own file.
   REQUIRE(run_cli(d, {"sweep", "tiny.yaml", "--list", "--shard", "1/2", "--out", "results/x.h5"},

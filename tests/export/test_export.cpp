@@ -250,7 +250,7 @@ TEST_CASE("export: the file obeys the safetensors format and holds exactly the c
     }
 
     const auto& meta = file.metadata;
-    CHECK(meta.at("format") == "extrap-safetensors/1");
+    CHECK(meta.at("format") == "extrap-safetensors/2");
     CHECK(meta.at("position") == "alibi_learned");
     CHECK(json::parse(meta.at("position_options")) == json{{"shared_across_layers", false}});
     CHECK(meta.at("position_tensors").find("softplus") != std::string::npos);
@@ -272,7 +272,7 @@ TEST_CASE("export: resolved options fill every default and keep given values", "
         json{{"buckets", 8}, {"max_distance", 128}, {"shared_across_layers", false}, {"init_std", 0.02}});
   config.position_name = "rotary";
   config.position = YAML::Load("{name: rotary, base: 500}");
-  CHECK(json::parse(resolved_position_options(config)) == json{{"base", 500}, {"fraction", 1.0}});
+  CHECK(json::parse(resolved_position_options(config)) == json{{"base", 500}, {"fraction", 1.0}, {"pairing", "interleaved"}});
 }
 
 TEST_CASE("export: refusals name the file and write nothing", "[export]") {
@@ -389,6 +389,47 @@ TEST_CASE("export: Python's extrap_model.py reproduces extrap eval, causal metho
   CHECK(code == 2);
   CHECK_THAT(output, Catch::StartsWith("extrap_model.py: error: learned positions end at 48"));
   CHECK(std::count(output.begin(), output.end(), '\n') == 1);
+}
+
+// The architectures of model.* (issue 77): each option, exported, gives extrap's logits and every
+// evaluation in Python (analysis/extrap_model.py, float64 to 1e-5), causal and masked.
+TEST_CASE("export: a model of each architecture option, Python reproduces extrap eval", "[export][python][architectures]") {
+  ExportDir d;
+  std::vector<Compared> models{
+      train_eval_export(d, "llama", "{name: rotary, pairing: half}", true, "byte",
+                        ", norm: rmsnorm, ffn: swiglu, d_ffn: 0, ffn_multiple: 16, bias: false, kv_heads: 2, "
+                        "tie_embeddings: false"),
+      train_eval_export(d, "neox", "{name: rotary, pairing: half, fraction: 0.5}", true, "byte", ", block: parallel"),
+      train_eval_export(d, "gptj", "alibi", true, "byte", ", block: parallel_shared, ffn: geglu, kv_heads: 1"),
+      train_eval_export(d, "bloom", "alibi", true, "byte", ", embedding_norm: true, bias: false"),
+      train_eval_export(d, "qwen3", "{name: xpos, pairing: half, fraction: 0.5}", true, "byte",
+                        ", qk_norm: true, norm: rmsnorm, norm_eps: 0.000001"),
+      train_eval_export(d, "p_rope_half", "{name: p_rope, keep: 0.5, pairing: half}", true, "byte", ", kv_heads: 2"),
+      train_eval_export(d, "masked_llama", "alibi_symmetric", false, "byte",
+                        ", norm: rmsnorm, ffn: swiglu, d_ffn: 48, kv_heads: 2, block: parallel, qk_norm: true"),
+      train_eval_export(d, "qwen3_hf", "{name: rotary, pairing: half}", true, "byte",
+                        ", qk_norm: true, norm: rmsnorm, norm_eps: 0.000001, ffn: swiglu, d_ffn: 48, bias: false, "
+                        "kv_heads: 2, tie_embeddings: false")};
+  check_in_python(d, models);
+  // Hugging Face's own parts (LlamaRMSNorm, LlamaMLP, repeat_kv, rotate_half) and whole models
+  // (LlamaForCausalLM, Qwen3ForCausalLM) given extrap's weights give extrap's numbers.
+  std::string output;
+  const int code = run_python(d, EXTRAP_SOURCE_DIR "/tests/export/check_hf_parts.py llama " + models[0].model + " " +
+                                     models[0].logits + " qwen3 " + models.back().model + " " + models.back().logits,
+                              &output);
+  INFO(output);
+  REQUIRE(code == 0);
+  CHECK(output.find("ok " + models[0].model) != std::string::npos);
+  CHECK(output.find("ok " + models.back().model) != std::string::npos);
+  const SafetensorsFile llama = read_safetensors_checked(d.root / "llama.safetensors");
+  const json model = json::parse(llama.metadata.at("model"));
+  CHECK(model.at("kv_heads") == 2);
+  CHECK(model.at("d_ffn") == 96);  // Llama's rule: 2/3 of 4 x 32, rounded up to a multiple of 16
+  CHECK(model.at("norm") == "rmsnorm");
+  CHECK(llama.tensors.at("blocks.0.attention.qkv.weight").shape == std::vector<int64_t>{(4 + 2 * 2) * 8, 32});
+  CHECK(llama.tensors.at("blocks.0.ffn_in.weight").shape == std::vector<int64_t>{2 * 96, 32});
+  CHECK(llama.tensors.count("blocks.0.ffn_in.bias") == 0);
+  CHECK(read_safetensors_checked(d.root / "qwen3.safetensors").tensors.count("blocks.1.attention.k_norm.weight") == 1);
 }
 
 TEST_CASE("export: a sentencepiece model carries its tokenizer, and Python tokenises and scores as "
@@ -578,7 +619,8 @@ TEST_CASE("export: a model with a layer pattern exports each kind, Python reprod
   const json layers = json::parse(irope.metadata.at("layers"));
   CHECK(layers.at("pattern") == json{"rope_chunk", "nope_temp"});
   CHECK(layers.at("kinds").at("rope_chunk").at("position") == "rotary");
-  CHECK(layers.at("kinds").at("rope_chunk").at("position_options") == json{{"base", 500}, {"fraction", 1.0}});
+  CHECK(layers.at("kinds").at("rope_chunk").at("position_options") ==
+        json{{"base", 500}, {"fraction", 1.0}, {"pairing", "interleaved"}});
   CHECK(layers.at("kinds").at("rope_chunk").at("attention") ==
         json{{"sink", true}, {"ssmax", false}, {"temperature", 0.0}, {"temperature_floor", 8192},
              {"gate", "none"}, {"window", 0}, {"chunk", 12}});

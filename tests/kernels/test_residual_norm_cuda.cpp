@@ -76,6 +76,49 @@ TEST_CASE("add_layer_norm on CUDA: every output and gradient equals float64's, f
   }
 }
 
+TEST_CASE("add_layer_norm on CUDA with RMSNorm and without a bias: every output and gradient equals float64's", "[cuda][layer_norm]") {
+  if (!have_cuda()) return;
+  ScopedVariable on("EXTRAP_GPU_NEW_ROUTES", "1");
+  torch::manual_seed(32);
+  for (const int64_t D : {64, 1000, 4096}) {
+    for (const bool rms : {true, false}) {
+      for (const bool with_bias : {true, false}) {
+        if (!rms && with_bias) continue;  // the case above
+        INFO("width " << D << (rms ? " rmsnorm" : " layernorm") << (with_bias ? " with" : " without") << " a bias");
+        const int64_t B = 2, T = 77;
+        const auto x = (1 + 2 * torch::randn({B, T, D})).to(torch::kCUDA).requires_grad_();
+        const auto y = torch::randn({B, T, D}).to(torch::kCUDA).requires_grad_();
+        const auto w = (1 + 0.3 * torch::randn({D})).to(torch::kCUDA).requires_grad_();
+        const auto b = with_bias ? (0.3 * torch::randn({D})).to(torch::kCUDA).requires_grad_() : torch::Tensor();
+        const RowNorm norm(w, b, 1e-6, rms);
+        REQUIRE(add_layer_norm_fused_takes(x, y, norm));
+        auto [h, u] = add_layer_norm(x, y, norm);
+        const auto gh = torch::randn({B, T, D}), gu = torch::randn({B, T, D});
+        ((h * gh.to(torch::kCUDA)).sum() + (u * gu.to(torch::kCUDA)).sum()).backward();
+
+        // float64 on the CPU, from the definitions: (h - mean) / sqrt(var + eps), or
+        // h / sqrt(mean(h^2) + eps); times w, plus b where there is one.
+        const auto x64 = x.detach().cpu().to(torch::kFloat64).requires_grad_();
+        const auto y64 = y.detach().cpu().to(torch::kFloat64).requires_grad_();
+        const auto w64 = w.detach().cpu().to(torch::kFloat64).requires_grad_();
+        const auto b64 = with_bias ? b.detach().cpu().to(torch::kFloat64).requires_grad_() : torch::Tensor();
+        const auto h64 = x64 + y64;
+        const auto centred = rms ? h64 : h64 - h64.mean(-1, true);
+        auto u64 = centred / (centred.pow(2).mean(-1, true) + 1e-6).sqrt() * w64;
+        if (with_bias) u64 = u64 + b64;
+        ((h64 * gh.to(torch::kFloat64)).sum() + (u64 * gu.to(torch::kFloat64)).sum()).backward();
+
+        CHECK(max_scaled_error(h, h64.detach()) < 1e-6);
+        CHECK(max_scaled_error(u, u64.detach()) < 1e-5);
+        CHECK(max_scaled_error(x.grad(), x64.grad()) < 1e-5);
+        CHECK(max_scaled_error(y.grad(), y64.grad()) < 1e-5);
+        CHECK(max_scaled_error(w.grad(), w64.grad()) < 1e-5);
+        if (with_bias) CHECK(max_scaled_error(b.grad(), b64.grad()) < 1e-5);
+      }
+    }
+  }
+}
+
 TEST_CASE("add_layer_norm on CUDA: taken with EXTRAP_GPU_NEW_ROUTES=1 for rows up to 4096, else LibTorch's ops", "[cuda][layer_norm]") {
   if (!have_cuda()) return;
   torch::manual_seed(32);

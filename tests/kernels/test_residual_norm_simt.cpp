@@ -23,6 +23,8 @@ struct SimtCase {
   cuda::RowType y, du;
   bool u_float, u_bf16, du_copy, dh;
   int64_t blocks;
+  bool rms = false;   // an RMSNorm (model.norm: rmsnorm)
+  bool bias = true;   // with the norm's bias (model.bias)
 };
 
 std::string describe(const SimtCase& c) {
@@ -31,7 +33,8 @@ std::string describe(const SimtCase& c) {
   };
   return "rows " + std::to_string(c.rows) + " width " + std::to_string(c.width) + " y " + type(c.y) + " u" +
          (c.u_float ? " float32" : "") + (c.u_bf16 ? " bfloat16" : "") + " du " + type(c.du) +
-         (c.du_copy ? " +copy" : "") + (c.dh ? " dh" : "") + " blocks " + std::to_string(c.blocks);
+         (c.du_copy ? " +copy" : "") + (c.dh ? " dh" : "") + " blocks " + std::to_string(c.blocks) +
+         (c.rms ? " rmsnorm" : "") + (c.bias ? "" : " no bias");
 }
 
 torch::Tensor of_type(const torch::Tensor& t, cuda::RowType type) {
@@ -64,11 +67,12 @@ void run_case(const SimtCase& c) {
   f.rows = N;
   f.width = D;
   f.eps = eps;
+  f.rms = c.rms;
   f.x = x.data_ptr<float>();
   f.y = pointer(y);
   f.y_type = c.y;
   f.gamma = gamma.data_ptr<float>();
-  f.beta = beta.data_ptr<float>();
+  f.beta = c.bias ? beta.data_ptr<float>() : nullptr;
   f.h = h.defined() ? h.data_ptr<float>() : nullptr;
   f.u = u.defined() ? u.data_ptr<float>() : nullptr;
   f.u_bf16 = u_bf16.defined() ? u_bf16.data_ptr() : nullptr;
@@ -81,7 +85,10 @@ void run_case(const SimtCase& c) {
   const auto y64 = y.defined() ? y.to(torch::kFloat64).requires_grad_() : torch::Tensor();
   const auto g64 = gamma.to(torch::kFloat64).requires_grad_(), b64 = beta.to(torch::kFloat64).requires_grad_();
   const auto h64 = y.defined() ? x64 + y64 : x64;
-  const auto u64 = torch::layer_norm(h64, {D}, g64, b64, eps);
+  // LayerNorm from LibTorch in float64; RMSNorm from its definition, h / sqrt(mean(h^2) + eps) gamma.
+  auto u64 = c.rms ? h64 * (h64.pow(2).mean(-1, true) + eps).rsqrt() * g64
+                   : torch::layer_norm(h64, {D}, g64, c.bias ? b64 : torch::Tensor(), eps);
+  if (c.rms && c.bias) u64 = u64 + b64;
   auto du_total = torch::zeros({N, D}, torch::kFloat64);
   if (du.defined()) du_total += du.to(torch::kFloat64);
   if (du_copy.defined()) du_total += du_copy.to(torch::kFloat64);
@@ -90,8 +97,8 @@ void run_case(const SimtCase& c) {
   loss.backward();
 
   if (h.defined()) CHECK(torch::equal(h, x + y.to(torch::kFloat32)));  // one float32 rounding, as x + y
-  const auto mean64 = h64.detach().mean(-1);
-  const auto var64 = h64.detach().var(-1, /*unbiased=*/false);
+  const auto mean64 = c.rms ? torch::zeros({N}, torch::kFloat64) : h64.detach().mean(-1);
+  const auto var64 = c.rms ? h64.detach().pow(2).mean(-1) : h64.detach().var(-1, /*unbiased=*/false);
   CHECK(max_scaled_error(mean, mean64) < 1e-5);
   CHECK(max_relative_error(rstd, (var64 + eps).rsqrt()) < 1e-5);
   if (u.defined()) CHECK(max_scaled_error(u, u64.detach()) < 1e-5);
@@ -110,6 +117,7 @@ void run_case(const SimtCase& c) {
   b.mean = mean.data_ptr<float>();
   b.rstd = rstd.data_ptr<float>();
   b.gamma = gamma.data_ptr<float>();
+  b.rms = c.rms;
   b.du = pointer(du);
   b.du_type = c.du;
   b.du_copy = pointer(du_copy);
@@ -119,7 +127,7 @@ void run_case(const SimtCase& c) {
   b.blocks = c.blocks;
   b.partial = partial.data_ptr<float>();
   b.dgamma = dgamma.data_ptr<float>();
-  b.dbeta = dbeta.data_ptr<float>();
+  b.dbeta = c.bias ? dbeta.data_ptr<float>() : nullptr;
   cuda::dispatch_add_layer_norm_backward(b, simt::HostLaunch{});
 
   if (!du.defined() && !du_copy.defined() && !dh.defined()) {  // nothing read the outputs
@@ -131,7 +139,8 @@ void run_case(const SimtCase& c) {
   if (dy_bf16.defined()) CHECK(torch::equal(dy_bf16, dx.to(torch::kBFloat16)));
   if (du.defined() || du_copy.defined()) {
     CHECK(max_scaled_error(dgamma, g64.grad()) < 1e-5);
-    CHECK(max_scaled_error(dbeta, b64.grad()) < 1e-5);
+    if (c.bias) CHECK(max_scaled_error(dbeta, b64.grad()) < 1e-5);
+    else CHECK(torch::isnan(dbeta).all().item<bool>());  // no bias: nothing written
   }
 }
 
@@ -147,6 +156,10 @@ TEST_CASE("CUDA add_layer_norm's source on CPU threads: every output and gradien
     run_case({rows, width, T::float32, T::float32, true, false, false, true, rows});
     run_case({rows, width, T::bfloat16, T::bfloat16, false, true, false, true, 2});
     run_case({rows, width, T::none, T::float32, true, true, true, false, 1});
+    // RMSNorm (Llama's: no bias), and with a bias; a LayerNorm without its bias (MPT's).
+    run_case({rows, width, T::float32, T::float32, true, false, false, true, rows, true, false});
+    run_case({rows, width, T::bfloat16, T::bfloat16, false, true, false, true, 2, true, true});
+    run_case({rows, width, T::none, T::float32, true, true, true, false, 1, false, false});
   }
   // Each kind of y, u and gradient at one width; the backward's blocks from 1 to one a row, and
   // h's gradient present or not, in turn.

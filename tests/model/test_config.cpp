@@ -274,7 +274,7 @@ TEST_CASE("command line: inspect slopes and bias print exact values", "[cli]") {
 TEST_CASE("config: impossible values are refused naming the key and the value", "[config]") {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"model.d_model=0", "key 'model.d_model' (set on the command line or by a sweep's grid): must be at least 1, got 0"},
-      {"model.d_ffn=0", "'model.d_ffn'"},
+      {"model.d_ffn=-1", "'model.d_ffn'"},
       {"model.layers=-1", "'model.layers'"},
       {"train.lr=0", "key 'train.lr' (set on the command line or by a sweep's grid): must be a positive number, got 0"},
       {"train.lr=-0.5", "got -0.5"},
@@ -304,7 +304,7 @@ TEST_CASE("config: impossible values are refused naming the key and the value", 
   CHECK_THAT(error_of([] { load_config("", {"train.lr="}); }),
              Catch::Contains("--set 'train.lr=': no value after '='"));
   // A nested key in a file names its own line.
-  const auto path = write_yaml("extrap-nested.yaml", "model:\n  layers: 2\n  d_ffn: 0\ntrain:\n  lr: 0.1\n");
+  const auto path = write_yaml("extrap-nested.yaml", "model:\n  layers: 2\n  d_ffn: -1\ntrain:\n  lr: 0.1\n");
   CHECK_THAT(error_of([&] { load_config(path, {}); }),
              Catch::Contains("extrap-nested.yaml:3: key 'model.d_ffn'"));
 }
@@ -335,6 +335,19 @@ TEST_CASE("config: each key's mark decides the run fingerprint and what a sweep 
   for (const char* key : {"activation_dropout", "final_norm", "init", "adaptive_cutoffs"})
     CHECK(!c.model_keys()["model"][key]);  // older runs keep their fingerprints
   for (const char* key : {"optimizer", "momentum", "t_mult", "period"}) CHECK(!c.model_keys()["train"][key]);
+  // and the architecture keys of issue 77 at their defaults (tests/model/test_architectures.cpp)
+  for (const char* key : {"kv_heads", "ffn_multiple", "ffn", "norm", "norm_eps", "bias", "block", "qk_norm",
+                          "embedding_norm"})
+    CHECK(!c.model_keys()["model"][key]);  // older runs keep their fingerprints
+  c.model.kv_heads = 2;
+  c.model.ffn_multiple = 128;
+  c.model.ffn = FfnKind::swiglu;
+  c.model.norm = NormKind::rmsnorm;
+  c.model.norm_eps = 1e-6;
+  c.model.bias = false;
+  c.model.block = BlockKind::parallel;
+  c.model.qk_norm = true;
+  c.model.embedding_norm = true;
   c.model.activation_dropout = 0.1;
   c.model.final_norm = false;
   c.model.init = InitKind::fairseq;

@@ -199,7 +199,7 @@ TEST_CASE("layer pattern: the model runs each layer with its kind's method and o
         extras.temperature = 0.5;
         extras.temperature_floor = 4;
       }
-      Block block(BlockOptions(c.model.d_model, c.model.heads, c.model.d_ffn).layer_index(set[l]).extras(extras));
+      Block block(BlockOptions(c.model).layer_index(set[l]).extras(extras));
       block->eval();
       const auto mine = block->named_parameters();
       const std::string prefix = "blocks." + std::to_string(l) + ".";

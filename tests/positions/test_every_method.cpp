@@ -1,7 +1,8 @@
 // Every registered position method (the built-ins and the example plugin) in every mode it
-// supports, inside a whole model: a few training steps lower the loss; a causal model never
-// sees the future and a bidirectional one does; the memory-efficient attention path equals the
-// reference over windows several tiles long.
+// supports, inside a whole model, GPT-2's block and a Llama-style one (RMSNorm, SwiGLU, no biases,
+// grouped-query attention, qk_norm, the half rotary pairing): a few training steps lower the
+// loss; a causal model never sees the future and a bidirectional one does; the memory-efficient
+// attention path equals the reference over windows several tiles long.
 #include "core/model/model.h"
 #include "core/train/trainer.h"
 #include "positions/position.h"
@@ -20,7 +21,10 @@ namespace {
 struct MethodMode {
   std::string name;
   bool causal;
-  std::string label() const { return name + (causal ? " (causal)" : " (bidirectional)"); }
+  bool modern = false;  // the Llama-style block (modern_block) instead of GPT-2's
+  std::string label() const {
+    return name + (causal ? " (causal)" : " (bidirectional)") + (modern ? " on a Llama-style block" : "");
+  }
 };
 
 // Every (method, mode) the registry offers, the example plugin loaded.
@@ -36,12 +40,35 @@ std::vector<MethodMode> every_method_and_mode() {
   return all;
 }
 
+// Each (method, mode) once more on a Llama-style block.
+std::vector<MethodMode> on_both_blocks(std::vector<MethodMode> all) {
+  const size_t n = all.size();
+  for (size_t i = 0; i < n; ++i) all.push_back({all[i].name, all[i].causal, true});
+  return all;
+}
+
+// RMSNorm, SwiGLU by Llama's width, no biases, 2 key heads for 4 query heads, a norm of q and k,
+// and the rotary methods' half pairing.
+void modern_block(Config& config) {
+  ModelConfig& m = config.model;
+  m.norm = NormKind::rmsnorm;
+  m.ffn = FfnKind::swiglu;
+  m.d_ffn = 0;
+  m.ffn_multiple = 16;
+  m.bias = false;
+  m.kv_heads = 2;
+  m.qk_norm = true;
+  for (const char* rotating : {"rotary", "xpos", "p_rope"})
+    if (config.position_name == rotating) config.position["pairing"] = "half";
+}
+
 Config config_for(const MethodMode& m) {
   Config config = testing::tiny_config(m.name);
   config.position = YAML::Node(YAML::NodeType::Map);
   config.position["name"] = m.name;
   if (m.name == "learned") config.position["max_length"] = 2048;
   if (!m.causal) config.model.objective = Objective::masked_lm;
+  if (m.modern) modern_block(config);
   return config;
 }
 
@@ -81,16 +108,10 @@ TEST_CASE("every method and mode: the registry offers each built-in in the modes
 
 TEST_CASE("every method and mode trains: a few steps lower the training loss", "[methods]") {
   const auto corpus = testing::tiny_byte_corpus();
-  for (const auto& m : every_method_and_mode()) {
+  for (const auto& m : on_both_blocks(every_method_and_mode())) {
     INFO(m.label());
     testing::TempDir dir("every-method");
-    Config config = config_for(m);
-    config.train.steps = 40;
-    config.train.log_every = 5;
-    config.train.out_dir = (dir.root / "run").string();
-    Trainer trainer(config, corpus);
-    trainer.quiet = true;
-    const auto summary = trainer.run(RunStart::fresh);
+    const auto summary = testing::train_briefly(config_for(m), corpus, dir.root);
     REQUIRE(summary.train_curve.size() == 8);
     // Byte-level text starts near log(257) = 5.55 nats; 40 steps reach well under 80% of it.
     CHECK(summary.train_curve.back().loss < 0.8 * summary.train_curve.front().loss);
@@ -100,7 +121,7 @@ TEST_CASE("every method and mode trains: a few steps lower the training loss", "
 TEST_CASE("every method and mode: causal models never see the future, bidirectional ones do",
           "[methods]") {
   torch::NoGradGuard no_grad;
-  for (const auto& m : every_method_and_mode()) {
+  for (const auto& m : on_both_blocks(every_method_and_mode())) {
     INFO(m.label());
     auto model = model_for(m);
     torch::manual_seed(5);
@@ -129,7 +150,7 @@ TEST_CASE("every method and mode: the efficient attention path equals the refere
   torch::NoGradGuard no_grad;
   torch::manual_seed(9);
   const auto tokens = torch::randint(0, 256, {1, 1100}, torch::kLong);
-  for (const auto& m : every_method_and_mode()) {
+  for (const auto& m : on_both_blocks(every_method_and_mode())) {
     INFO(m.label());
     auto model = model_for(m);
     model->set_attention_backend(AttentionBackend::Reference);

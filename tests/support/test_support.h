@@ -249,6 +249,16 @@ inline std::pair<double, torch::Tensor> loss_and_gradients(TransformerLM& model,
   return {loss.item<double>(), torch::cat(grads)};
 }
 
+// A fresh run of `config` for `steps` steps (logging every 5) in DIR/run, quietly: its summary.
+inline TrainSummary train_briefly(Config config, const Corpus& corpus, const fs::path& dir, int64_t steps = 40) {
+  config.train.steps = steps;
+  config.train.log_every = 5;
+  config.train.out_dir = (dir / "run").string();
+  Trainer trainer(config, corpus);
+  trainer.quiet = true;
+  return trainer.run(RunStart::fresh);
+}
+
 // Trains `config` to its steps twice: straight through in DIR/straight, and in DIR/resumed
 // stopped after step `stop_after` (a checkpoint) and resumed by a fresh trainer. Requires the
 // two models to be bit-for-bit equal; returns the straight run's parameters. The resumed run's

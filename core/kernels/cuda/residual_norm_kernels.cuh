@@ -1,5 +1,7 @@
-// The residual add and LayerNorm after it, h = x + y and u = layer_norm(h), forward and
-// backward, as CUDA kernels: core/kernels/residual_norm.h's CPU row loops, one block a row.
+// The residual add and the norm after it, h = x + y and u = norm(h) (a LayerNorm or an RMSNorm,
+// with or without its bias), forward and backward, as CUDA kernels: core/kernels/residual_norm.h's
+// CPU row loops, one block a row. An RMSNorm skips the mean's block sum (p.rms is one value for
+// every thread, so every thread skips it alike) and the mean(g) term of the backward.
 //
 // Written against simt.h, so the same source is a CUDA kernel (residual_norm.cu, nvcc) and a
 // CPU-thread emulation of it (tests/kernels/test_residual_norm_simt.cpp, any machine).
@@ -68,7 +70,7 @@ EXTRAP_SIMT_UNROLL
         sum += v[c];
       }
     }
-    const float mean = block_sum(sum, scratch) / float(D);
+    const float mean = p.rms ? 0.0f : block_sum(sum, scratch) / float(D);
     float squares = 0;
 EXTRAP_SIMT_UNROLL
     for (int c = 0; c < kCols; ++c)
@@ -78,7 +80,7 @@ EXTRAP_SIMT_UNROLL
     for (int c = 0; c < kCols; ++c) {
       const int64_t j = t + int64_t(c) * kThreads;
       if (j >= D) continue;
-      const float u = (v[c] - mean) * rstd * p.gamma[j] + p.beta[j];
+      const float u = (v[c] - mean) * rstd * p.gamma[j] + (p.beta ? p.beta[j] : 0.0f);
       if (p.u) p.u[first + j] = u;
       if (p.u_bf16) static_cast<simt::bf16*>(p.u_bf16)[first + j] = simt::to_bf16(u);
     }
@@ -116,7 +118,7 @@ EXTRAP_SIMT_UNROLL
       dgamma[c] += du * xhat[c];
       dbeta[c] += du;
     }
-    const float a = block_sum(sum_g, scratch) / float(D);
+    const float a = p.rms ? 0.0f : block_sum(sum_g, scratch) / float(D);
     const float b = block_sum(sum_gx, scratch) / float(D);
 EXTRAP_SIMT_UNROLL
     for (int c = 0; c < kCols; ++c) {
@@ -145,7 +147,7 @@ EXTRAP_SIMT_KERNEL void weight_grads_kernel(AddLayerNormBackward p) {
   float total = 0;
   for (int64_t b = 0; b < p.blocks; ++b) total += p.partial[b * 2 * p.width + j];
   if (j < p.width) p.dgamma[j] = total;
-  else p.dbeta[j - p.width] = total;
+  else if (p.dbeta) p.dbeta[j - p.width] = total;
 }
 
 // kCols for a row of `width` values: the smallest power of two with kThreads * kCols >= width.

@@ -1,6 +1,7 @@
-// The plain C++ parameters of the CUDA residual add and LayerNorm (residual_norm_kernels.cuh);
-// no torch, no CUDA. The math and the dtypes are core/kernels/residual_norm.h's: h = x + y and
-// u = (h - mean) rstd gamma + beta over rows of `width` float32 values.
+// The plain C++ parameters of the CUDA residual add and norm (residual_norm_kernels.cuh); no
+// torch, no CUDA. The math and the dtypes are core/kernels/residual_norm.h's: h = x + y and u =
+// (h - mean) rstd gamma + beta over rows of `width` float32 values (an RMSNorm: mean 0 and rstd
+// from the mean square; no bias: beta null).
 #pragma once
 
 #include "core/kernels/cuda/row_type.h"
@@ -15,11 +16,12 @@ constexpr int64_t kAddLayerNormMaxWidth = 4096;
 struct AddLayerNormForward {
   int64_t rows = 0, width = 0;
   float eps = 0;
+  bool rms = false;              // an RMSNorm: no mean subtracted
   const float* x = nullptr;     // (rows, width)
   const void* y = nullptr;      // (rows, width) of y_type; absent: h is x
   RowType y_type = RowType::none;
   const float* gamma = nullptr;  // (width)
-  const float* beta = nullptr;   // (width)
+  const float* beta = nullptr;   // (width), or null: no bias
   float* h = nullptr;            // x + y, where there is a y
   float* u = nullptr;            // u in float32, or null
   void* u_bf16 = nullptr;        // u rounded to bfloat16 (alone, or beside u as its copy), or null
@@ -29,6 +31,7 @@ struct AddLayerNormForward {
 
 struct AddLayerNormBackward {
   int64_t rows = 0, width = 0;
+  bool rms = false;
   const float* h = nullptr;
   const float* mean = nullptr;
   const float* rstd = nullptr;
@@ -45,7 +48,7 @@ struct AddLayerNormBackward {
   int64_t blocks = 0;
   float* partial = nullptr;
   float* dgamma = nullptr;  // (width), written
-  float* dbeta = nullptr;   // (width), written
+  float* dbeta = nullptr;   // (width), written; null: no bias
 };
 
 }  // namespace extrap::cuda

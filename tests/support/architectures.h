@@ -1,0 +1,61 @@
+// The architectures the model tests build, one of each family's options (tiny: tests/support's
+// tiny_config, d_model 32, 4 heads): tests/model/test_architectures.cpp on the CPU,
+// tests/model/test_architectures_cuda.cpp on a GPU.
+#pragma once
+
+#include "core/model/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <functional>
+#include <vector>
+
+namespace extrap::testing {
+
+// A model config of each architecture, applied to tiny_config.
+struct Architecture {
+  const char* name;
+  std::function<void(Config&)> apply;
+};
+inline std::vector<Architecture> architectures() {
+  return {
+      {"Llama: rmsnorm, swiglu by Llama's width, no biases, 2 key heads, rotary half pairs",
+       [](Config& c) {
+         c.model.norm = NormKind::rmsnorm;
+         c.model.ffn = FfnKind::swiglu;
+         c.model.d_ffn = 0;
+         c.model.ffn_multiple = 16;
+         c.model.bias = false;
+         c.model.kv_heads = 2;
+         c.model.tie_embeddings = false;
+         c.position_name = "rotary";
+         c.position = YAML::Load("{name: rotary, pairing: half}");
+       }},
+      {"GPT-NeoX: parallel block, rotary on a quarter of each head",
+       [](Config& c) {
+         c.model.block = BlockKind::parallel;
+         c.position_name = "rotary";
+         c.position = YAML::Load("{name: rotary, pairing: half, fraction: 0.25}");
+       }},
+      {"GPT-J/Falcon: one shared norm, geglu, multi-query attention, alibi",
+       [](Config& c) {
+         c.model.block = BlockKind::parallel_shared;
+         c.model.ffn = FfnKind::geglu;
+         c.model.kv_heads = 1;
+         c.model.bias = false;
+       }},
+      {"BLOOM: a norm after the embedding, alibi",
+       [](Config& c) { c.model.embedding_norm = true; }},
+      {"OLMo 2/Qwen3: qk_norm, rmsnorm, xpos half pairs",
+       [](Config& c) {
+         c.model.qk_norm = true;
+         c.model.norm = NormKind::rmsnorm;
+         c.model.norm_eps = 1e-6;
+         c.position_name = "xpos";
+         c.position = YAML::Load("{name: xpos, pairing: half}");
+       }},
+  };
+}
+
+
+}  // namespace extrap::testing
