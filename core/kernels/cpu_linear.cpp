@@ -125,8 +125,11 @@ torch::Tensor onednn_weight_gradient(const torch::Tensor& g, const torch::Tensor
   // are) with the larger size as the output's rows: the linear operator would first copy g^T
   // (N-deep) into a contiguous tensor, a copy as large as the gradient.
   if (g.scalar_type() == torch::kBFloat16) return M < K ? x.t().mm(g).t().contiguous() : g.t().mm(x);
-  // g^T x (M, K), deep in N: oneDNN runs it well with the smaller size as the output's rows,
-  // and no better than MKL for a square output (in float32).
+  // g^T x (M, K), deep in N. On an Intel CPU MKL's AVX-512 mm takes g^T as it lies and runs it
+  // faster than oneDNN, which also needs a copy of the transposed operand (benchmarks/RESULTS.md,
+  // "Llama-style blocks"). On AMD CPUs (MKL's AVX2 path) oneDNN runs it well with the smaller size
+  // as the output's rows, and no better than MKL for a square output.
+  if (intel_cpu_on_avx512()) return g.t().mm(x);
   return M == K  ? g.t().mm(x)
          : M < K ? onednn_product(g.t(), x.t(), {})
                  : onednn_product(x.t(), g.t(), {}).t().contiguous();

@@ -8,9 +8,10 @@
 // precision; here it is exact float32 arithmetic in another order.
 //
 // linear() is torch::linear with the forward product and the input gradient (x W^T + b and
-// g W) through oneDNN, and the weight gradient g^T x through oneDNN with the smaller of its two
-// sizes as the output's rows, the layout oneDNN runs well; a deep product with a square
-// output gains nothing there, so those stay with MKL. The float32 training step is mostly
+// g W) through oneDNN, and the weight gradient g^T x: on an Intel CPU through MKL's mm, which
+// takes g^T as it lies and runs AVX-512 there; elsewhere through oneDNN with the smaller of its
+// two sizes as the output's rows, the layout oneDNN runs well (a deep product with a square
+// output gains nothing there, so those stay with MKL). The float32 training step is mostly
 // matrix products, so it moves with them.
 //
 // It takes float32 CPU tensors outside autocast, where oneDNN is compiled in, keeps float32
@@ -50,8 +51,9 @@ bool onednn_products_available();
 // (N, M) element-wise in the product's epilogue when it is defined.
 torch::Tensor onednn_product(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
                              const torch::Tensor& multiplier = {});
-// g (N, M), x (N, K) -> g^T x (M, K), a linear layer's weight gradient, with the smaller of M
-// and K as the product's rows (a square one through LibTorch's mm).
+// g (N, M), x (N, K) -> g^T x (M, K), a linear layer's weight gradient: in float32 on an Intel
+// CPU LibTorch's mm (MKL); elsewhere with the smaller of M and K as the product's rows (a square
+// one through LibTorch's mm).
 torch::Tensor onednn_weight_gradient(const torch::Tensor& g, const torch::Tensor& x);
 
 // g (N, M) -> a linear layer's bias gradient, g's column sums: for bfloat16 g in float32 (summed

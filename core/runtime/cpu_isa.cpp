@@ -34,6 +34,18 @@ CpuIsa decide_cpu_isa() {
 
 }  // namespace detail
 
+bool intel_cpu_on_avx512() {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+  static const bool intel = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_is("intel") != 0;
+  }();
+  return intel && cpu_isa() == CpuIsa::avx512;
+#else
+  return false;
+#endif
+}
+
 const char* cpu_isa_name(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::avx512: return "avx512";

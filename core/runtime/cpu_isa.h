@@ -30,6 +30,10 @@ inline CpuIsa cpu_isa() {
 // "avx512", "avx2", "baseline".
 const char* cpu_isa_name(CpuIsa isa);
 
+// An Intel CPU on the AVX-512 path: where MKL's float32 products run AVX-512 kernels too (on AMD
+// CPUs MKL takes its AVX2 path whatever they support; core/kernels/cpu_linear.h).
+bool intel_cpu_on_avx512();
+
 }  // namespace extrap
 
 // EXTRAP_ISA_KERNEL(ret, name, (params), (args)) { body }
