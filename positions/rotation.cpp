@@ -1,5 +1,7 @@
 #include "positions/rotation.h"
 
+#include "core/kernels/rotate_pairs.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -180,6 +182,8 @@ void RotationTables::set_scaling(const RopeScaling& scaling) {
 torch::Tensor rotate_pairs(const torch::Tensor& x, const torch::Tensor& cos,
                            const torch::Tensor& sin, int64_t rotated, RotaryPairing pairing) {
   const auto d = x.size(-1);
+  if (rotate_pairs_fused_takes(x, cos, sin, rotated))  // one pass each way (core/kernels/rotate_pairs.h)
+    return rotate_pairs_fused(x, cos, sin, rotated, pairing == RotaryPairing::half);
   torch::Tensor turned;  // (B, H, T, d_rot)
   if (pairing == RotaryPairing::half) {
     auto first = x.narrow(-1, 0, rotated / 2), second = x.narrow(-1, rotated / 2, rotated / 2);  // (B, H, T, d/2)

@@ -340,6 +340,8 @@ core/model/model.cpp | return {x + a, feed_forward(ffn_input, attention_options)
 core/model/model.cpp | k = k_norm->forward(k.to(torch::kFloat32)).to(v.scalar_type()); | k = q_norm->forward(k.to(torch::kFloat32)).to(v.scalar_type()); | QK-norm normalises k with q's gain
 analysis/extrap_model.py | k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1) | k, v = k.repeat(1, H // Hkv, 1, 1), v.repeat(1, H // Hkv, 1, 1) | the Python reader tiles the key heads instead of repeating each for its group
 analysis/extrap_model.py | u = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) | u = x * torch.rsqrt(x.var(-1, keepdim=True) + self.eps) | the Python reader's RMSNorm subtracts the mean
+core/kernels/rotate_pairs.cpp | out[p + P] = a * sn + b * c[p]; | out[p + P] = a * sn - b * c[p]; | the fused half-pairing rotation's second half with a flipped sign
+core/kernels/rotate_pairs.cpp | return rotate(x, cos, sin, rotated, half, 1.0f); | return rotate(x, cos, sin, rotated, half, -1.0f); | the fused rotation turns by the negative angles forward
 EOF
 )
 

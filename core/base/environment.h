@@ -1,6 +1,6 @@
 // On/off switches in the environment, for A/B runs of an optimisation
 // (EXTRAP_BF16_ATTENTION_KERNEL, EXTRAP_MALLOC_TUNING, EXTRAP_ONEDNN_LINEAR,
-// EXTRAP_FUSED_ADAMW, EXTRAP_FUSED_GELU, EXTRAP_FUSED_GLU, EXTRAP_FUSED_LAYER_NORM), and opt-ins for paths not yet
+// EXTRAP_FUSED_ADAMW, EXTRAP_FUSED_GELU, EXTRAP_FUSED_GLU, EXTRAP_FUSED_LAYER_NORM, EXTRAP_FUSED_ROTATION), and opt-ins for paths not yet
 // proven where they run (EXTRAP_GPU_NEW_ROUTES).
 #pragma once
 

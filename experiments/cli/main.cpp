@@ -8,6 +8,7 @@
 #include "core/kernels/fused_adamw.h"
 #include "core/kernels/gelu_linear.h"
 #include "core/kernels/glu_linear.h"
+#include "core/kernels/rotate_pairs.h"
 #include "core/kernels/residual_norm.h"
 #include "core/runtime/cuda_support.h"
 #include "core/runtime/distributed.h"
@@ -107,6 +108,7 @@ int main(int argc, char** argv) {
     extrap::fused_adamw_switched_on();
     extrap::fused_gelu_switched_on();
     extrap::fused_glu_switched_on();
+    extrap::fused_rotation_switched_on();
     extrap::fused_layer_norm_switched_on();
     extrap::bf16_gemm::available();
     extrap::gpu_new_routes_on();

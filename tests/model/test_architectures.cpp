@@ -9,6 +9,7 @@
 #include "core/kernels/glu_linear.h"
 #include "core/kernels/precision.h"
 #include "core/kernels/residual_norm.h"
+#include "core/kernels/rotate_pairs.h"
 #include "core/model/memory_estimate.h"
 #include "core/model/model.h"
 #include "core/train/trainer.h"
@@ -260,6 +261,52 @@ TEST_CASE("the half rotary pairing rotates (i, i + d/2) as Hugging Face's rotate
   CHECK(torch::equal(part.narrow(-1, 4, 4), x.narrow(-1, 4, 4)));
 }
 
+TEST_CASE("the fused rotation equals float64's rotation, forward and backward, for both pairings, a fraction and "
+          "strided views",
+          "[rope][architectures]") {
+  torch::manual_seed(38);
+  const int64_t B = 2, H = 3, T = 37, D = 24;
+  // The rotation from its definition in float64: pair (a, b) -> (a c - b s, a s + b c), pairs
+  // (i, i + P) or (2i, 2i + 1), the dimensions past 2P unchanged.
+  const auto rotation64 = [](const torch::Tensor& x, const torch::Tensor& c, const torch::Tensor& s, int64_t rotated,
+                             bool half) {
+    const int64_t P = rotated / 2;
+    auto out = x.clone();
+    for (int64_t p = 0; p < P; ++p) {
+      const int64_t i = half ? p : 2 * p, j = half ? p + P : 2 * p + 1;
+      const auto a = x.select(-1, i), b = x.select(-1, j), cp = c.select(-1, p), sp = s.select(-1, p);
+      out.select(-1, i).copy_(a * cp - b * sp);
+      out.select(-1, j).copy_(a * sp + b * cp);
+    }
+    return out;
+  };
+  for (const bool half : {true, false})
+    for (const int64_t rotated : {D, int64_t(8)}) {
+      INFO((half ? "half" : "interleaved") << ", " << rotated << " of " << D << " dimensions rotated");
+      const auto angles = torch::arange(T, torch::kFloat32).unsqueeze(1) * torch::rand({rotated / 2});
+      const auto cos = angles.cos(), sin = angles.sin();
+      // q as the projection's view: heads of a (B, T, 2H, D) tensor, the last dimension contiguous.
+      const auto packed = torch::randn({B, T, 2 * H, D}).requires_grad_();
+      const auto x = packed.narrow(2, H, H).transpose(1, 2);  // (B, H, T, D), strided
+      REQUIRE(rotate_pairs_fused_takes(x, cos, sin, rotated));
+      const auto y = rotate_pairs(x, cos, sin, rotated, half ? RotaryPairing::half : RotaryPairing::interleaved);
+      const auto gy = torch::randn({B, H, T, D});
+      (y * gy).sum().backward();
+      const auto x64 = to64(x).requires_grad_();
+      const auto y64 = rotation64(x64, to64(cos), to64(sin), rotated, half);
+      (y64 * to64(gy)).sum().backward();
+      CHECK(scaled_error(y, y64) < 1e-6);
+      CHECK(scaled_error(packed.grad().narrow(2, H, H).transpose(1, 2), x64.grad()) < 1e-6);
+      CHECK(torch::equal(packed.grad().narrow(2, 0, H), torch::zeros({B, T, H, D})));  // the other heads untouched
+    }
+  // Tables that need a gradient, per-sequence tables and bfloat16 go to LibTorch's operators.
+  const auto x = torch::randn({1, 2, 4, 8});
+  CHECK_FALSE(rotate_pairs_fused_takes(x, torch::ones({4, 4}).requires_grad_(), torch::ones({4, 4}), 8));
+  CHECK_FALSE(rotate_pairs_fused_takes(x, torch::ones({1, 1, 4, 4}), torch::ones({1, 1, 4, 4}), 8));
+  CHECK_FALSE(rotate_pairs_fused_takes(x.to(torch::kBFloat16), torch::ones({4, 4}, torch::kBFloat16),
+                                       torch::ones({4, 4}, torch::kBFloat16), 8));
+}
+
 TEST_CASE("rotary methods with the half pairing: rotary, xpos and p_rope rotate the dimensions they say",
           "[rope][architectures]") {
   torch::manual_seed(35);
@@ -498,4 +545,11 @@ TEST_CASE("bench generate: the KV cache of 4:1 grouped-query attention is a quar
   // 3 layers x 2 (keys, values) x 16 tokens x d_head 32 x 4 bytes x heads.
   CHECK(lines["0"] == "KV cache at 16 tokens: 48.0 KiB (4 key and value heads of 4)");
   CHECK(lines["1"] == "KV cache at 16 tokens: 12.0 KiB (1 key and value heads of 4)");
+}
+
+TEST_CASE("EXTRAP_FUSED_ROTATION: 0 and 1 train, anything else is refused by value", "[rope][cli]") {
+  TempDir d("rotation-switch");
+  require_environment_switch(d, "EXTRAP_FUSED_ROTATION", one_step_bench({"--set", "position.name=rotary"}), "yes",
+                             "environment variable EXTRAP_FUSED_ROTATION=yes: expected 0 (the rotary rotation as "
+                             "LibTorch runs it) or 1 (the rotation of q and k in one pass each way, the default)");
 }
