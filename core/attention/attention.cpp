@@ -631,18 +631,14 @@ FullHeads full_heads(const torch::Tensor& q, const torch::Tensor& k, const torch
   return out;
 }
 
-// Whether the memory-efficient path takes this grouped-query call as it comes (its tiles take a
-// key head's group of query heads as one matrix): where dispatch would pick it for full heads,
-// for the biases it computes in tiles (not stick-breaking, PaTH or Self-Extend's, whose row
-// blocks take one key head per query head).
-bool efficient_takes_grouped(const torch::Tensor& q, const torch::Tensor& k, const AttentionBias& bias,
-                             const AttentionOptions& options) {
-  if (!q.device().is_cpu() || q.size(2) != k.size(2) || bias.far_queries.defined()) return false;
-  using Kind = AttentionBias::Kind;
-  if (bias.kind == Kind::StickBreaking || bias.kind == Kind::Householder || bias.kind == Kind::ScoreMixing) return false;
-  if (options.backend == AttentionBackend::Efficient) return true;
+// Whether Auto takes the memory-efficient path on the CPU: evaluation past efficient_threshold,
+// for the biases the fused kernel does not take (benchmarks/compare_attention_paths.sh measured
+// both crossings); DAPE's score-mixing bias takes the reference only.
+bool auto_takes_efficient(const torch::Tensor& q, const torch::Tensor& k, const AttentionBias& bias,
+                          const AttentionOptions& options) {
   const bool inference = !options.training && !torch::GradMode::is_enabled();
-  return options.backend == AttentionBackend::Auto && inference && q.size(2) * k.size(2) > options.efficient_threshold;
+  return inference && q.device().is_cpu() && bias.kind != AttentionBias::Kind::ScoreMixing &&
+         q.size(2) * k.size(2) > options.efficient_threshold;
 }
 
 torch::Tensor dispatch(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
@@ -676,7 +672,12 @@ torch::Tensor dispatch(const torch::Tensor& q, const torch::Tensor& k, const tor
   // per query head.
   if (fused_cpu_route(q, k, v, bias, options)) return fused_cpu_attention(q, k, v, bias, options);
   if (k.size(1) != q.size(1)) {
-    if (efficient_takes_grouped(q, k, bias, options)) return attention_efficient(q, k, v, bias, options);
+    // The memory-efficient path where it would be taken with full heads, for the biases it computes
+    // in tiles: each tile takes a key head's group of queries at once.
+    const bool efficient = options.backend == AttentionBackend::Efficient ||
+                           (options.backend == AttentionBackend::Auto && auto_takes_efficient(q, k, bias, options));
+    if (efficient && q.device().is_cpu() && q.size(2) == k.size(2) && efficient_tiles_take(bias))
+      return attention_efficient(q, k, v, bias, options);
     const FullHeads full = full_heads(q, k, v, bias);
     return dispatch(q, full.k, full.v, full.bias, options);
   }
@@ -720,13 +721,8 @@ torch::Tensor dispatch(const torch::Tensor& q, const torch::Tensor& k, const tor
         const GpuRoute route = choose_gpu_route(q, k, v, bias, options, gpu_kernels_present()).route;
         if (route != GpuRoute::Reference) return run_gpu_route(route, q, k, v, bias, options);
       }
-      // On the CPU the fused kernel took what it takes (fused_cpu_route). Evaluation past
-      // efficient_threshold: the memory-efficient path for the biases the kernel does not take
-      // (benchmarks/compare_attention_paths.sh measured both crossings).
-      const bool inference = !options.training && !torch::GradMode::is_enabled();
-      if (inference && q.device().is_cpu() && bias.kind != AttentionBias::Kind::ScoreMixing &&  // DAPE: the reference only
-          q.size(2) * k.size(2) > options.efficient_threshold)
-        return attention_efficient(q, k, v, bias, options);
+      // On the CPU the fused kernel took what it takes (fused_cpu_route).
+      if (auto_takes_efficient(q, k, bias, options)) return attention_efficient(q, k, v, bias, options);
       return attention_reference(q, k, v, bias, options);
     }
   }

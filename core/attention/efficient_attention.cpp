@@ -301,6 +301,12 @@ torch::Tensor attend_query_blocks(const TiledProblem& p) {
 
 }  // namespace
 
+bool efficient_tiles_take(const AttentionBias& bias) {
+  using Kind = AttentionBias::Kind;
+  return bias.kind != Kind::StickBreaking && bias.kind != Kind::Householder && bias.kind != Kind::ScoreMixing &&
+         !bias.far_queries.defined();
+}
+
 torch::Tensor attention_efficient(const torch::Tensor& q, const torch::Tensor& k,
                                   const torch::Tensor& v, const AttentionBias& bias,
                                   const AttentionOptions& options,
@@ -308,9 +314,7 @@ torch::Tensor attention_efficient(const torch::Tensor& q, const torch::Tensor& k
   // Stick-breaking has no softmax to run online: its own row-blocked path, which trains too.
   // PaTH's scores and Self-Extend's two sets of scores are not tiles of one score matrix: each
   // comes a block of query rows at a time. These take one key head per query head.
-  const bool rows_at_a_time = bias.kind == AttentionBias::Kind::StickBreaking ||
-                              bias.kind == AttentionBias::Kind::Householder || bias.far_queries.defined();
-  TORCH_CHECK(!rows_at_a_time || k.size(1) == q.size(1), "attention_efficient: a ", bias.describe(),
+  TORCH_CHECK(efficient_tiles_take(bias) || k.size(1) == q.size(1), "attention_efficient: a ", bias.describe(),
               " bias takes one key head per query head, got ", k.size(1), " for ", q.size(1),
               " (attention() repeats them)");
   if (bias.kind == AttentionBias::Kind::StickBreaking)

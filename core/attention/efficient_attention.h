@@ -29,6 +29,11 @@ struct EfficientAttentionBlocks {
 // its own backward (stick_breaking_attention_blocked, core/attention/stick_breaking.h). A dense bias's function is called once per tile, for tiles on
 // and below the diagonal only when causal, and from several threads at once: it must be
 // thread-safe (pure tensor indexing is).
+// Whether attention_efficient() computes this bias in tiles of one score matrix, and so takes
+// k and v of fewer heads than q: not stick-breaking, PaTH or Self-Extend (row blocks of their
+// own, one key head per query head), nor a bias that mixes every head's scores (DAPE: refused).
+bool efficient_tiles_take(const AttentionBias& bias);
+
 torch::Tensor attention_efficient(const torch::Tensor& q, const torch::Tensor& k,
                                   const torch::Tensor& v, const AttentionBias& bias,
                                   const AttentionOptions& options,
