@@ -99,8 +99,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-FORMAT = "extrap-safetensors/2"
-FORMATS = ("extrap-safetensors/1", FORMAT)  # 1: before the architecture keys (GPT-2's block), read as such
+FORMAT = "extrap-safetensors/3"
+# 1: before the architecture keys (GPT-2's block), read as such; 2: without 3's scale_embedding, qkv_bias
+# and gelu_tanh (their defaults)
+FORMATS = ("extrap-safetensors/1", "extrap-safetensors/2", FORMAT)
 PATTERN = "pattern"  # metadata position of an export with a layer pattern: see metadata "layers"
 POSITION_METHODS = ("none", "sinusoidal", "learned", "rotary", "p_rope", "alibi", "alibi_symmetric",
                     "alibi_nonsymmetric", "alibi_learned", "t5_bias", "kerple_log", "kerple_power",
@@ -133,10 +135,10 @@ ATTENTION_DEFAULTS = {"sink": False, "ssmax": False, "temperature": 0.0, "temper
 # The architecture (metadata model; a format-1 file has none of these keys: GPT-2's block). Each
 # key's values as extrap writes them; anything else is refused by name.
 MODEL_DEFAULTS = {"ffn": "mlp", "norm": "layernorm", "bias": True, "block": "sequential", "qk_norm": False,
-                  "embedding_norm": False}
+                  "embedding_norm": False, "qkv_bias": False, "scale_embedding": True}
 MODEL_CHOICES = {"ffn": ("mlp", "swiglu", "geglu"), "norm": ("layernorm", "rmsnorm"), "bias": (True, False),
                  "block": ("sequential", "parallel", "parallel_shared"), "qk_norm": (True, False),
-                 "embedding_norm": (True, False)}
+                 "embedding_norm": (True, False), "qkv_bias": (True, False), "scale_embedding": (True, False)}
 WORD_SPECIALS = {"<eos>": 0, "<unk>": 1, "<mask>": 2}
 MASK64 = 0xFFFF_FFFF_FFFF_FFFF
 SLOPE_RTOL = 2.4e-7  # two float32 ulps: the stored slopes are the definition rounded to float32
@@ -508,9 +510,11 @@ class ExtrapModel(nn.Module):
             raise ValueError(f"d_model {self.d_model} is not a multiple of heads {self.heads}")
         self.d_head = self.d_model // self.heads
         self.causal = bool(m["causal"]) and m.get("objective") != "masked_lm"
-        if m.get("activation", "gelu") not in ("gelu", "relu"):
-            raise ValueError(f"unknown activation {m['activation']!r}; supported: gelu, relu")
-        self.act = F.relu if m.get("activation") == "relu" else F.gelu  # gelu: exact (erf)
+        activation = m.get("activation", "gelu")
+        if activation not in ("gelu", "relu", "gelu_tanh"):
+            raise ValueError(f"unknown activation {activation!r}; supported: gelu, relu, gelu_tanh")
+        self.act = {"relu": F.relu, "gelu": F.gelu,  # gelu: exact (erf)
+                    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}[activation]
         # The architecture: every key's value checked, so that none is read as something else.
         self.arch = {key: m.get(key, default) for key, default in MODEL_DEFAULTS.items()}
         for key, value in self.arch.items():
@@ -558,7 +562,7 @@ class ExtrapModel(nn.Module):
             block.ln_attention = Norm(D, rms, eps, bias, kw)
             block.ln_ffn = Norm(D, rms, eps, bias, kw) if self.arch["block"] != "parallel_shared" else None
             block.attention = nn.Module()
-            block.attention.qkv = nn.Linear(D, (H + 2 * Hkv) * Dh, bias=bias, **kw)  # out features: H q, Hkv k, Hkv v heads
+            block.attention.qkv = nn.Linear(D, (H + 2 * Hkv) * Dh, bias=bias or self.arch["qkv_bias"], **kw)  # out features: H q, Hkv k, Hkv v heads
             block.attention.out = nn.Linear(D, D, bias=bias, **kw)                  # in features [H][Dh]
             if self.arch["qk_norm"]:  # a norm of each head's q and k, shared by the heads
                 block.attention.q_norm = Norm(Dh, rms, eps, bias, kw)
@@ -581,6 +585,7 @@ class ExtrapModel(nn.Module):
         self.head = None if m.get("tie_embeddings", True) else nn.Linear(D, V, bias=False, **kw)
         self._word_ids = None
         self.pieces = None  # sentencepiece: set by load() from the export's tokenizer model
+        self.hf_tokenizer = None  # hf: set by load() from the export's tokenizer.json
 
     def kind_of(self, layer):  # (the layer's LayerKind, its number among the kind's layers)
         if not 0 <= layer < self.layers:
@@ -935,9 +940,11 @@ class ExtrapModel(nn.Module):
         gate = F.silu(g) if self.arch["ffn"] == "swiglu" else F.gelu(g)  # gelu: exact (erf)
         return block.ffn_out(gate * u)
 
-    def embed(self, tokens):  # (B, T) -> (B, T, D): the token embeddings times sqrt(d_model), normed where asked
+    def embed(self, tokens):  # (B, T) -> (B, T, D): the token embeddings times sqrt(d_model) (unless
+        # scale_embedding is false), normed where asked
         x = self.embedding.weight[tokens] if self.adaptive is None else self.adaptive.embed(tokens)
-        x = x * math.sqrt(self.d_model)
+        if self.arch["scale_embedding"]:
+            x = x * math.sqrt(self.d_model)
         return x if self.embedding_norm is None else self.embedding_norm(x)
 
     # -- the attention options (metadata "attention", or each kind's)
@@ -1003,6 +1010,8 @@ class ExtrapModel(nn.Module):
         if self.pretokenised():
             raise ValueError("the model was trained on pre-tokenised ids (data.tokenizer: ids): "
                              "tokenise with the tokenizer that made them and pass the ids")
+        if self.hf_tokenizer is not None:  # the whole text, as tokenizer(text) gives it
+            return self.hf_tokenizer.encode(text).ids
         if self.vocabulary is None and self.pieces is None:  # byte level: id = byte value
             return list(text.encode("utf-8") if isinstance(text, str) else bytes(text))
         lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")  # universal newlines
@@ -1025,6 +1034,8 @@ class ExtrapModel(nn.Module):
         (pre-tokenised models: the ids in decimal, joined by spaces)."""
         if self.pretokenised():
             return " ".join(str(int(i)) for i in ids)
+        if self.hf_tokenizer is not None:
+            return self.hf_tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
         if self.pieces is not None:  # lines at the end-of-sentence pieces; <mask> is no piece
             lines, line, eos = [], [], self.pieces.eos_id()
             for i in (int(i) for i in ids):
@@ -1084,6 +1095,21 @@ def _pieces(path, metadata):
     return pieces
 
 
+def _hf_tokenizer(path, metadata):
+    """A data.tokenizer hf model's tokenizer (Hugging Face tokenizers), from the export's side file;
+    None for other models."""
+    if metadata["data"].get("tokenizer", "byte") != "hf":
+        return None
+    if "tokenizer_json_file" not in metadata:
+        raise ValueError("an hf-tokenizer model needs metadata 'tokenizer_json_file'")
+    side = os.path.join(os.path.dirname(os.path.abspath(path)), metadata["tokenizer_json_file"])
+    try:
+        import tokenizers  # only here: other models need PyTorch alone
+    except ImportError:
+        raise ValueError("an hf-tokenizer model needs the tokenizers package (the project's .venv has it)") from None
+    return tokenizers.Tokenizer.from_file(side)
+
+
 def _layout(model, names):
     """For a message about tensors `names`: where one is the embedding's, the adaptive bands' or
     the final LayerNorm's, the metadata that decides which of them the file holds and their shapes."""
@@ -1103,6 +1129,7 @@ def load(path, dtype=torch.float32, device="cpu", use_package=None):
     try:
         model = ExtrapModel(metadata, _vocabulary(path, metadata), dtype)
         model.pieces = _pieces(path, metadata)
+        model.hf_tokenizer = _hf_tokenizer(path, metadata)
     except KeyError as e:
         raise ValueError(f"{path}: metadata lacks {e}") from None
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
@@ -1203,7 +1230,7 @@ def tokens_of_file(model, path):
         if path.endswith(".npy"):
             return [int(i) for i in np.load(path)]
         return [int(i) for i in np.fromfile(path, dtype=dtype)]
-    if model.vocabulary is None and model.pieces is None:
+    if model.vocabulary is None and model.pieces is None and model.hf_tokenizer is None:
         with open(path, "rb") as f:
             return model.encode(f.read())
     with open(path, encoding="utf-8", newline="") as f:

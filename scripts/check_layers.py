@@ -32,6 +32,7 @@ LAYERS = [
     (("core/attention/",), "attention"),
     (("positions/",), "positions"),
     (("core/model/",), "model"),
+    (("core/hub/",), "hub"),
     (("core/run/",), "run"),
     (("core/eval/",), "eval"),
     (("core/train/",), "train"),

@@ -125,7 +125,7 @@ core/attention/attention.cpp | options = options.dtype(out_dtype == torch::kFloa
 core/eval/evaluator.cpp | if (counts_bytes) by[b][p] = corpus.bytes_at(stream, target_at); | if (counts_bytes) by[b][p] = 1; | bits per byte of pre-tokenised or subword text count tokens, not the bytes behind them
 core/data/sentencepiece.cpp | const size_t start = out.ids.size() == first + 1 ? 0 : std::min<size_t>(piece.begin(), line.size); | const size_t start = std::min<size_t>(piece.begin(), line.size); | a line's leading whitespace credited to no token (bits per byte over fewer bytes than the text)
 core/data/sentencepiece.cpp | out.bytes.push_back(int32_t(line.break_bytes + (empty ? line.size : 0))); | out.bytes.push_back(int32_t(line.break_bytes)); | a whitespace-only line's bytes credited to no token
-core/data/corpus.cpp | if (options.tokenizer == Tokenizer::sentencepiece) identity += '\0' + hex64(model_hash); | ; | two SentencePiece models share one cache folder (each load rebuilds the other's splits)
+core/data/corpus.cpp | identity += '\0' + hex64(model_hash); | ; | two SentencePiece models share one cache folder (each load rebuilds the other's splits)
 experiments/sweep/sweep.cpp | moved.back().point_index = now->point_index; | moved.back().point_index = run.point_index; | a merged grown sweep leaves the earlier stage's runs at their old places in its grid
 positions/rotation.cpp | if (pairs >= 0) frequencies = frequencies.narrow(0, 0, pairs); | if (pairs >= 0) frequencies = frequencies.narrow(0, frequencies.size(0) - pairs, pairs); | p-RoPE keeps the lowest frequencies instead of the highest
 analysis/extrap_model.py | theta = [base ** (-2.0 * i / self.d_head) for i in range(m)] | theta = [base ** (-2.0 * i / (2 * m)) for i in range(m)] | Python's p-RoPE squeezes rotary's frequencies into the kept pairs (rotary's fraction)
@@ -342,6 +342,12 @@ analysis/extrap_model.py | k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat
 analysis/extrap_model.py | u = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) | u = x * torch.rsqrt(x.var(-1, keepdim=True) + self.eps) | the Python reader's RMSNorm subtracts the mean
 core/kernels/rotate_pairs.cpp | out[p + P] = a * sn + b * c[p]; | out[p + P] = a * sn - b * c[p]; | the fused half-pairing rotation's second half with a flipped sign
 core/kernels/rotate_pairs.cpp | return rotate(x, cos, sin, rotated, half, 1.0f); | return rotate(x, cos, sin, rotated, half, -1.0f); | the fused rotation turns by the negative angles forward
+core/hub/hf_checkpoint.cpp | std::vector<int64_t> view = {heads, 3, sizes[0] / (3 * heads)}; | std::vector<int64_t> view = {3, heads, sizes[0] / (3 * heads)}; | BLOOM's and GPT-NeoX's q, k, v fused per head read as [q; k; v] blocks
+core/hub/hf_checkpoint.cpp | hf.model["block"] = c.get<bool>("use_parallel_residual", true) ? "parallel" : "sequential"; | hf.model["block"] = c.get<bool>("use_parallel_residual", true) ? "sequential" : "parallel"; | GPT-NeoX's residual pattern swapped
+core/hub/hf_checkpoint.cpp | plan[e + "ffn_in.weight"] = concatenated({s + "mlp.gate_proj.weight", s + "mlp.up_proj.weight"}); | plan[e + "ffn_in.weight"] = concatenated({s + "mlp.up_proj.weight", s + "mlp.gate_proj.weight"}); | Llama's gate and up projections swapped
+core/model/model.cpp | const auto scaled = config_.scale_embedding ? x * std::sqrt(double(config_.d_model)) : x; | const auto scaled = x * std::sqrt(double(config_.d_model)); | model.scale_embedding false still scales the embedding
+core/model/model.cpp | return activation == Activation::relu ? torch::relu(t) : torch::gelu(t, "tanh"); | return activation == Activation::relu ? torch::relu(t) : torch::gelu(t); | gelu_tanh computed as the exact GELU
+core/hub/safetensors_reader.cpp | throw ConfigError(what + ": data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) + | (void)(what + ": data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) + | a tensor past the end of a truncated safetensors file is read
 EOF
 )
 

@@ -36,7 +36,7 @@ REQUIREMENTS=$ROOT/requirements.txt
 
 PACKAGES=(
   cmake g++ make libyaml-cpp-dev libboost-program-options-dev libhdf5-dev catch2
-  nlohmann-json3-dev libxxhash-dev libgloo-dev libsentencepiece-dev python3.11-doc
+  nlohmann-json3-dev libxxhash-dev libgloo-dev libsentencepiece-dev python3.11-doc libpcre2-dev libicu-dev
 )
 
 # Free space the python step needs, in GB: .venv (PyTorch with its CUDA libraries) and, at

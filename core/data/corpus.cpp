@@ -1,7 +1,9 @@
 // Loading a corpus: find its three splits, tokenise each once through the cache, map them.
 #include "core/data/corpus.h"
 
+#include "core/base/files.h"
 #include "core/base/yaml_options.h"
+#include "core/data/hf_tokenizer.h"
 #include "core/data/sentencepiece.h"
 #include "core/data/token_cache.h"
 #include "core/data/tokenizer.h"
@@ -264,7 +266,8 @@ fs::path corpus_cache_dir(const CorpusOptions& options, const fs::path& source,
   fs::path location = fs::canonical(source, error);
   if (error) location = fs::absolute(source);
   std::string identity = location.string() + '\0' + enum_name(options.tokenizer);
-  if (options.tokenizer == Tokenizer::sentencepiece) identity += '\0' + hex64(model_hash);
+  if (options.tokenizer == Tokenizer::sentencepiece || options.tokenizer == Tokenizer::hf)
+    identity += '\0' + hex64(model_hash);
   if (fs::is_regular_file(location)) {
     for (const double f : options.split_fractions) {
       char text[32];
@@ -292,8 +295,8 @@ void write_tokens(const std::string& path, const CacheKey& key,
 }
 
 // A tokens_with_bytes cache file: the ids, then the bytes of text behind each.
-void write_tokens_with_bytes(const std::string& path, const CacheKey& key,
-                             const SentencePieceModel::Encoded& encoded) {
+template <class Encoded>
+void write_tokens_with_bytes(const std::string& path, const CacheKey& key, const Encoded& encoded) {
   std::vector<int32_t> payload(encoded.ids);
   payload.insert(payload.end(), encoded.bytes.begin(), encoded.bytes.end());
   write_cache(path, key, payload.data(), payload.size() * sizeof(int32_t), encoded.ids.size());
@@ -483,6 +486,41 @@ void load_piece_splits(Corpus& corpus, const std::array<SplitSource, 3>& splits,
   }
 }
 
+// A Hugging Face tokenizer.json: its ids (the rows past its size, up to data.vocab_size, are the
+// model's and never produced); each split encoded whole, cached with the bytes behind each id.
+void load_hf_splits(Corpus& corpus, const std::array<SplitSource, 3>& splits, const CachePath& cache_path,
+                    const std::shared_ptr<const HfTokenizer>& tokenizer, uint64_t model_hash,
+                    const CorpusOptions& options) {
+  corpus.hf = tokenizer;
+  const int64_t size = tokenizer->size();
+  if (options.vocab_size > 0 && options.vocab_size < size)
+    throw ConfigError("data.vocab_size " + std::to_string(options.vocab_size) + " is below the " +
+                      std::to_string(size) + " ids of " + options.tokenizer_model +
+                      ": the tokenizer does not match the model");
+  corpus.vocab_size = std::max<int64_t>(size, options.vocab_size);
+  corpus.mask_token = -1;
+  corpus.vocabulary.reserve(size_t(corpus.vocab_size));
+  for (int32_t id = 0; id < int32_t(corpus.vocab_size); ++id)
+    corpus.vocabulary.push_back(id < size ? tokenizer->token_bytes(id) : std::string());
+  if (const auto eos = tokenizer->eos()) corpus.eos_token = *eos;
+  const uint64_t vocab_hash = model_hash;  // the ids depend on the file alone, not on the padded size
+  for (size_t i = 0; i < 3; ++i) {
+    const std::string path = cache_path(std::string(kSplitNames[i]) + ".tokens");
+    CacheKey key = split_key(Tokenizer::hf, vocab_hash, splits[i]);
+    key.kind = CacheKind::tokens_with_bytes;
+    const CacheFile file = open_or_build_cache(path, key, [&] {
+      HfTokenizer::Encoded encoded;
+      try {
+        encoded = tokenizer->encode(splits[i].text, std::max(1, at::get_num_threads()));
+      } catch (const ConfigError& e) {
+        throw ConfigError(splits[i].where + ": " + e.what());
+      }
+      write_tokens_with_bytes(path, key, encoded);
+    });
+    *corpus_split(corpus, i) = token_stream(file, static_cast<int64_t>(splits[i].text.size()));
+  }
+}
+
 // Word level: the vocabulary comes from the training split and is cached like a split.
 void load_word_splits(Corpus& corpus, const std::array<SplitSource, 3>& splits, const CachePath& cache_path) {
   std::optional<WordVocabulary> built;  // set when built (or needed) in this call
@@ -528,6 +566,14 @@ Corpus load_corpus(const CorpusOptions& options) {
                         ".model file (extrap tokenizer train makes one from the training split)");
     pieces = std::make_shared<const SentencePieceModel>(SentencePieceModel::load(options.tokenizer_model));
   }
+  std::shared_ptr<const HfTokenizer> hf;
+  std::shared_ptr<const std::string> hf_json;
+  if (options.tokenizer == Tokenizer::hf) {
+    if (options.tokenizer_model.empty())
+      throw ConfigError("data.tokenizer hf needs data.tokenizer_model: a Hugging Face tokenizer.json");
+    hf_json = std::make_shared<const std::string>(read_file(options.tokenizer_model));
+    hf = std::make_shared<const HfTokenizer>(HfTokenizer::from_json(*hf_json, options.tokenizer_model));
+  }
   const std::array<SplitSource, 3> splits = read_splits(options);
   const bool directory = fs::is_directory(source);
 
@@ -536,7 +582,8 @@ Corpus load_corpus(const CorpusOptions& options) {
   if (!absolute.has_filename()) absolute = absolute.parent_path();  // "dir/" names "dir"
   corpus.name = (directory ? absolute.filename() : absolute.stem()).string();
   corpus.tokenizer = options.tokenizer;
-  const uint64_t model_hash = pieces ? content_hash(pieces->bytes()) : 0;
+  const uint64_t model_hash = pieces ? content_hash(pieces->bytes()) : hf ? content_hash(*hf_json) : 0;
+  corpus.hf_json = hf_json;
   const fs::path cache_dir = corpus_cache_dir(options, source, corpus.name, model_hash);
   corpus.cache_dir = cache_dir.string();
   std::error_code error;
@@ -548,6 +595,7 @@ Corpus load_corpus(const CorpusOptions& options) {
     case Tokenizer::ids: load_id_splits(corpus, splits, cache_path, options); break;
     case Tokenizer::sentencepiece: load_piece_splits(corpus, splits, cache_path, pieces, model_hash); break;
     case Tokenizer::word: load_word_splits(corpus, splits, cache_path); break;
+    case Tokenizer::hf: load_hf_splits(corpus, splits, cache_path, hf, model_hash, options); break;
   }
   return corpus;
 }

@@ -1,7 +1,7 @@
 // Corpora: tokenisation, splits and the on-disk token cache.
 //
-// Four tokenisers (core/data/tokenizer.h has the rules of the first two,
-// core/data/sentencepiece.h those of the last):
+// Five tokenisers (core/data/tokenizer.h has the rules of the first two,
+// core/data/sentencepiece.h and core/data/hf_tokenizer.h those of the last two):
 //  - word: WikiText format, as fairseq preprocesses it. Whitespace-separated tokens, an
 //    end-of-sentence token "<eos>" after every line (blank lines included), vocabulary from
 //    the training split only (sorted by descending count, ties by first appearance), unknown
@@ -14,9 +14,15 @@
 //  - sentencepiece: subword pieces of a trained SentencePiece model (data.tokenizer_model, a
 //    .model file; `extrap tokenizer train` makes one from the training split), each line's
 //    pieces then the model's end-of-sentence piece, with the bytes of text behind every token.
+//  - hf: a Hugging Face tokenizer.json (byte-level BPE: GPT-2, BLOOM, Llama 3, Qwen2, GPT-NeoX;
+//    data.tokenizer_model names the file), each split encoded whole as `tokenizer(text)` gives
+//    it, special tokens of the post-processor (a BOS) included, with the bytes of text behind
+//    every token. `extrap import` sets it for a released model's folder.
 // Special tokens: word level has <eos>, <unk>, <mask> (ids 0, 1, 2 in that order, then the
 // words); byte level has <mask> = 256; ids has <mask> = data.vocab_size, after the given ids;
-// sentencepiece has the model's own (<unk>, <s>, </s>, ...) and <mask> after its pieces.
+// sentencepiece has the model's own (<unk>, <s>, </s>, ...) and <mask> after its pieces; hf has
+// the file's own and no <mask>, and vocab_size is data.vocab_size where given (a model's
+// embedding rows, often more than the tokenizer's ids), else the tokenizer's size.
 // vocab_size counts them.
 //
 // A corpus directory holds wiki.{train,valid,test}.tokens or {train,valid,test}.txt. A single
@@ -40,14 +46,15 @@
 namespace extrap {
 
 // The values are part of the token cache's format (core/data/token_cache.h).
-enum class Tokenizer : uint32_t { byte = 1, word = 2, ids = 3, sentencepiece = 4 };
+enum class Tokenizer : uint32_t { byte = 1, word = 2, ids = 3, sentencepiece = 4, hf = 5 };
 template <>
 struct EnumNames<Tokenizer> {
-  static constexpr std::array<std::pair<const char*, Tokenizer>, 4> table{
+  static constexpr std::array<std::pair<const char*, Tokenizer>, 5> table{
       {{"byte", Tokenizer::byte},
        {"word", Tokenizer::word},
        {"ids", Tokenizer::ids},
-       {"sentencepiece", Tokenizer::sentencepiece}}};
+       {"sentencepiece", Tokenizer::sentencepiece},
+       {"hf", Tokenizer::hf}}};
 };
 
 // The element type of a pre-tokenised .bin split (data.ids_dtype).
@@ -70,10 +77,10 @@ struct CorpusOptions {
   Tokenizer tokenizer = Tokenizer::byte;
   std::string cache_dir = ".cache/extrap";
   std::vector<double> split_fractions = {0.9, 0.05, 0.05};  // single-file corpora only
-  int64_t vocab_size = 0;                 // ids: every id is below it (required)
+  int64_t vocab_size = 0;                 // ids: every id is below it (required); hf: the model's rows (0: the tokenizer's)
   IdsType ids_dtype = IdsType::uint16;    // ids: the element type of .bin splits
   std::string token_bytes;                // ids: .npy of each id's length in bytes of text
-  std::string tokenizer_model;            // sentencepiece: the .model file (required)
+  std::string tokenizer_model;            // sentencepiece: the .model file; hf: the tokenizer.json (required)
 };
 
 // What loading did with a cache file.
@@ -88,6 +95,7 @@ const char* to_string(CacheStatus status);
 
 struct CacheFile;  // core/data/token_cache.h
 class SentencePieceModel;  // core/data/sentencepiece.h
+class HfTokenizer;         // core/data/hf_tokenizer.h
 
 // A read-only stream of token ids, memory-mapped from the cache (or held in memory).
 class TokenStream {
@@ -127,10 +135,12 @@ struct Corpus {
   int32_t mask_token = -1;
   int32_t eos_token = -1;               // word level only
   int32_t unk_token = -1;               // word level only
-  // word level: id -> word; sentencepiece: id -> piece (<mask> is not one); byte level and ids:
-  // empty.
+  // word level: id -> word; sentencepiece: id -> piece (<mask> is not one); hf: id -> the
+  // token's bytes (ids the tokenizer does not have: empty); byte level and ids: empty.
   std::vector<std::string> vocabulary;
   std::shared_ptr<const SentencePieceModel> sentencepiece;  // sentencepiece: the model
+  std::shared_ptr<const HfTokenizer> hf;                    // hf: the tokenizer
+  std::shared_ptr<const std::string> hf_json;               // hf: its tokenizer.json's bytes
   // ids with data.token_bytes: the bytes of text behind each id (<mask>: 0), for exact bits
   // per byte; empty otherwise.
   std::vector<int64_t> token_bytes;
@@ -146,7 +156,8 @@ struct Corpus {
   // Whether the bytes of text behind the scored tokens are known (bits per byte): byte level,
   // sentencepiece, or ids with data.token_bytes.
   bool counts_bytes() const {
-    return byte_level() || tokenizer == Tokenizer::sentencepiece || !token_bytes.empty();
+    return byte_level() || tokenizer == Tokenizer::sentencepiece || tokenizer == Tokenizer::hf ||
+           !token_bytes.empty();
   }
   // The bytes of text behind the token at `position` of `stream` (one of this corpus's
   // splits); 0 where the corpus does not count bytes.

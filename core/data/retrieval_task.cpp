@@ -146,6 +146,11 @@ TaskGenerator::TaskGenerator(RetrievalTask task, const Corpus& corpus)
     throw ConfigError("retrieval task " + enum_name(task) + " writes text, and corpus '" + corpus.name +
                       "' is pre-tokenised (data.tokenizer: ids): its ids have no words to write "
                       "the task with");
+  if (corpus.tokenizer == Tokenizer::hf)
+    throw ConfigError("retrieval task " + enum_name(task) + " on corpus '" + corpus.name +
+                      "' (data.tokenizer hf, an imported model's): not built yet; a byte-level BPE joins a "
+                      "task's pieces differently from its whole text, so the task is refused rather than "
+                      "scored on other tokens");
   // Every text the task can write, with every digit and letter it can use: a word-level
   // vocabulary must have each word, a SentencePiece model must write each without <unk>.
   std::vector<std::string> texts(std::begin(kFillerSentences), std::end(kFillerSentences));

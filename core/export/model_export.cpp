@@ -60,6 +60,8 @@ json model_json(const ModelConfig& m) {
           {"norm", enum_name(m.norm)},
           {"norm_eps", m.norm_eps},
           {"bias", m.bias},
+          {"qkv_bias", m.qkv_bias},
+          {"scale_embedding", m.scale_embedding},
           {"block", enum_name(m.block)},
           {"qk_norm", m.qk_norm},
           {"embedding_norm", m.embedding_norm},
@@ -141,6 +143,7 @@ ExportSummary export_run(const fs::path& run_dir, const fs::path& out, const Exp
   refuse_run_file(out, "--out");
   refuse_run_file(out.string() + ".tokenizer.model", "--out");  // the companions written beside it
   refuse_run_file(out.string() + ".vocab.json", "--out");
+  refuse_run_file(out.string() + ".tokenizer.json", "--out");
   if (fs::exists(out) && !options.overwrite)
     throw ConfigError(out.string() + " exists (add --overwrite to replace it)");
   check_output_folder(out, "--out " + out.string());
@@ -160,7 +163,11 @@ ExportSummary export_run(const fs::path& run_dir, const fs::path& out, const Exp
                         " has non-finite values; refusing to export it");
 
   std::map<std::string, std::string> metadata;
-  metadata["format"] = "extrap-safetensors/2";
+  // Format 3 only where a reader of format 2 would misread the model: an unscaled embedding, q, k
+  // and v biases alone, GELU's tanh form. Other files stay format 2, readable as before.
+  const ModelConfig& m = config.model;
+  const bool format3 = !m.scale_embedding || m.qkv_bias || m.activation == Activation::gelu_tanh;
+  metadata["format"] = format3 ? "extrap-safetensors/3" : "extrap-safetensors/2";
   metadata["extrap_version"] = extrap_version();
   if (plan.patterned()) {  // each kind's method, options, tensors' description and attention options
     json kinds = json::object();
@@ -199,6 +206,11 @@ ExportSummary export_run(const fs::path& run_dir, const fs::path& out, const Exp
     summary.vocabulary_file = fs::path(out.string() + ".tokenizer.model");
     write_file_atomic(summary.vocabulary_file, corpus.sentencepiece->bytes());
     metadata["tokenizer_model_file"] = summary.vocabulary_file.filename().string();
+  }
+  if (corpus.hf_json) {  // the tokenizer.json itself, which Python's tokenizers reads
+    summary.vocabulary_file = fs::path(out.string() + ".tokenizer.json");
+    write_file_atomic(summary.vocabulary_file, *corpus.hf_json);
+    metadata["tokenizer_json_file"] = summary.vocabulary_file.filename().string();
   }
   if (corpus.word_level()) {
     std::string words = vocabulary_json(corpus);

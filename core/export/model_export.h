@@ -7,7 +7,10 @@
 // softplus(raw)) and the metadata's "position_tensors" says how each maps.
 //
 // Metadata (string -> string; the values marked JSON are JSON text):
-//   format            "extrap-safetensors/2" (2: the architecture keys of model and the rotary
+//   format            "extrap-safetensors/3" where the model has an unscaled embedding, q, k and v
+//                     biases alone or GELU's tanh form (model keys scale_embedding, qkv_bias,
+//                     activation gelu_tanh, which a reader of format 2 would misread); else
+//                     "extrap-safetensors/2" (2: the architecture keys of model and the rotary
 //                     pairings; a reader of format 1 would ignore them, so refuses the file)
 //   extrap_version    the exporting binary's version
 //   position          the method's name; position_options (JSON): every option, defaults filled
@@ -28,6 +31,8 @@
 //   vocabulary (JSON) word level: the list id -> token; a vocabulary whose JSON exceeds the
 //                     inline limit goes to a side file FILE.vocab.json instead, named by
 //                     "vocabulary_file" (relative to the .safetensors file's directory)
+//   tokenizer_json_file  hf: the side file FILE.tokenizer.json, the Hugging Face tokenizer the
+//                     corpus was tokenised with (relative, as below)
 //   tokenizer_model_file  sentencepiece: the side file FILE.tokenizer.model, the SentencePiece
 //                     model the corpus was tokenised with (relative, as above)
 //   config            the resolved config as YAML; checkpoint (JSON): step, fingerprint,

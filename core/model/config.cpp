@@ -23,7 +23,8 @@ void read_data_section(const OptionReader& root, Config& c) {
   r.read("split_fractions", c.data.split_fractions,
          "train/valid/test fractions when data.path is a single file");
   r.read("vocab_size", c.data.vocab_size,
-         "tokenizer ids: the vocabulary size (every id in the splits is below it; required)");
+         "tokenizer ids: the vocabulary size (every id in the splits is below it; required); tokenizer hf: the "
+         "model's embedding rows (0: the tokenizer's ids)");
   r.read("ids_dtype", c.data.ids_dtype,
          "tokenizer ids: the element type of {train,valid,test}.bin (.npy files say their own)");
   r.read("token_bytes", c.data.token_bytes,
@@ -31,7 +32,7 @@ void read_data_section(const OptionReader& root, Config& c) {
          "byte, exact", Affects::evaluation);
   r.read("tokenizer_model", c.data.tokenizer_model,
          "tokenizer sentencepiece: the SentencePiece .model file (required; extrap tokenizer train "
-         "makes one)");
+         "makes one); tokenizer hf: the Hugging Face tokenizer.json (required)");
   r.read("task", c.task,
          "synthetic retrieval task mixed into the training data (core/data/retrieval_task.h)");
   r.read("task_fraction", c.task_fraction,
@@ -42,9 +43,10 @@ void read_data_section(const OptionReader& root, Config& c) {
       r.fail("vocab_size", "is required with tokenizer ids: give the vocabulary size of the ids "
                            "(e.g. 50257 for GPT-2's BPE)");
     // (Written configs hold the defaults: only a value other than the default is refused.)
+    const bool hf = c.data.tokenizer == Tokenizer::hf;  // data.vocab_size: the model's rows
     if (c.data.tokenizer != Tokenizer::ids &&
-        (c.data.vocab_size != 0 || c.data.ids_dtype != IdsType::uint16 || !c.data.token_bytes.empty()))
-      r.fail(c.data.vocab_size != 0 ? "vocab_size" : c.data.ids_dtype != IdsType::uint16 ? "ids_dtype" : "token_bytes",
+        ((c.data.vocab_size != 0 && !hf) || c.data.ids_dtype != IdsType::uint16 || !c.data.token_bytes.empty()))
+      r.fail(c.data.vocab_size != 0 && !hf ? "vocab_size" : c.data.ids_dtype != IdsType::uint16 ? "ids_dtype" : "token_bytes",
              "is an option of tokenizer ids (pre-tokenised splits); tokenizer " +
                  enum_name(c.data.tokenizer) + " has its own vocabulary");
     const bool pieces = c.data.tokenizer == Tokenizer::sentencepiece;
@@ -53,8 +55,10 @@ void read_data_section(const OptionReader& root, Config& c) {
                                 "(extrap tokenizer train --data " +
                                     (c.data.path.empty() ? std::string("DIR") : c.data.path) +
                                     " --vocab-size N --out FILE.model makes one)");
-    if (!pieces && !c.data.tokenizer_model.empty())
-      r.fail("tokenizer_model", "is an option of tokenizer sentencepiece; tokenizer " +
+    if (hf && c.data.tokenizer_model.empty())
+      r.fail("tokenizer_model", "is required with tokenizer hf: give the tokenizer.json file");
+    if (!pieces && !hf && !c.data.tokenizer_model.empty())
+      r.fail("tokenizer_model", "is an option of tokenizers sentencepiece and hf; tokenizer " +
                                     enum_name(c.data.tokenizer) + " has its own vocabulary");
     r.at_least("vocab_size", c.data.vocab_size, 0);
     if (c.data.vocab_size > (int64_t(1) << 31) - 2)
@@ -120,6 +124,10 @@ void read_model_section(const OptionReader& root, Config& c) {
   r.read("norm", m.norm, "every norm of the model: layernorm, or rmsnorm (no mean subtracted)");
   r.read("norm_eps", m.norm_eps, "the norms' epsilon");
   r.read("bias", m.bias, "biases in every linear layer and norm (false: none, as Llama and MPT)");
+  r.read("qkv_bias", m.qkv_bias, "with bias false: biases on the q, k and v projections alone (Qwen2)");
+  r.read("scale_embedding", m.scale_embedding,
+         "the token embedding times sqrt(d_model) (fairseq's; false: unscaled, as GPT-2, Llama and the Hugging Face "
+         "families)");
   r.read("block", m.block,
          "residual pattern: sequential; parallel (x + attn(n1 x) + ffn(n2 x), GPT-NeoX); parallel_shared (one "
          "norm for both, GPT-J, PaLM, Falcon)");
@@ -128,7 +136,9 @@ void read_model_section(const OptionReader& root, Config& c) {
   r.read("dropout", m.dropout, "dropout on embeddings, residual branches and the FFN");
   r.read("attention_dropout", m.attention_dropout, "dropout on attention probabilities");
   r.read("activation_dropout", m.activation_dropout, "dropout on the FFN's hidden activations");
-  r.read("activation", m.activation, "the mlp's activation (swiglu and geglu have their own)");
+  r.read("activation", m.activation,
+         "the mlp's activation: gelu (erf), gelu_tanh (the tanh approximation: GPT-2, BLOOM) or relu (swiglu and "
+         "geglu have their own)");
   r.read("tie_embeddings", m.tie_embeddings, "share input and output embedding matrices");
   r.read("init", m.init,
          "initialisation: LibTorch's Linear everywhere, or fairseq's attention projections (q, k, v Xavier "
@@ -165,6 +175,8 @@ void read_model_section(const OptionReader& root, Config& c) {
                                (m.ffn == FfnKind::swiglu ? "SiLU" : "GELU") + " (leave activation out)");
     if (!(m.norm_eps > 0) || !std::isfinite(m.norm_eps))
       r.fail("norm_eps", "must be a finite number above 0, got " + number_text(m.norm_eps));
+    if (m.qkv_bias && m.bias)
+      r.fail("qkv_bias", "is true with model.bias true, which gives every projection a bias already");
     if (!m.bias && m.init == InitKind::fairseq)
       r.fail("init", "fairseq zeroes the output projection's bias; with model.bias false there is none (use torch)");
     r.at_least("efficient_threshold", m.efficient_threshold, 1);
@@ -521,6 +533,9 @@ YAML::Node keys_affecting(const Config& config, std::initializer_list<Affects> k
   if (config.model.norm == m.norm) remove_key(out, "model.norm");
   if (config.model.norm_eps == m.norm_eps) remove_key(out, "model.norm_eps");
   if (config.model.bias == m.bias) remove_key(out, "model.bias");
+  // Released checkpoints' keys (issue 78): likewise.
+  if (config.model.qkv_bias == m.qkv_bias) remove_key(out, "model.qkv_bias");
+  if (config.model.scale_embedding == m.scale_embedding) remove_key(out, "model.scale_embedding");
   if (config.model.block == m.block) remove_key(out, "model.block");
   if (config.model.qk_norm == m.qk_norm) remove_key(out, "model.qk_norm");
   if (config.model.embedding_norm == m.embedding_norm) remove_key(out, "model.embedding_norm");

@@ -19,7 +19,9 @@
 
 namespace extrap {
 
-enum class Activation { gelu, relu };
+// model.activation: the mlp's. gelu: GELU with erf (exact); gelu_tanh: GELU's tanh approximation,
+// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (GPT-2's gelu_new, BLOOM); relu.
+enum class Activation { gelu, relu, gelu_tanh };
 // model.norm: the normalisation of every norm of the model (the blocks', the final one, and
 // embedding_norm's and qk_norm's where asked): LayerNorm, or RMSNorm (Zhang and Sennrich, 2019;
 // Llama: x / sqrt(mean(x^2) + eps) times a weight, no mean subtracted).
@@ -43,8 +45,8 @@ enum class OptimizerKind { adamw, nag };
 enum class Device { cpu, cuda };
 template <>
 struct EnumNames<Activation> {
-  static constexpr std::array<std::pair<const char*, Activation>, 2> table{
-      {{"gelu", Activation::gelu}, {"relu", Activation::relu}}};
+  static constexpr std::array<std::pair<const char*, Activation>, 3> table{
+      {{"gelu", Activation::gelu}, {"relu", Activation::relu}, {"gelu_tanh", Activation::gelu_tanh}}};
 };
 template <>
 struct EnumNames<NormKind> {
@@ -166,6 +168,8 @@ struct ModelConfig {
   NormKind norm = NormKind::layernorm;
   double norm_eps = 1e-5;
   bool bias = true;                 // false: no bias in any linear layer or norm (Llama, MPT)
+  bool qkv_bias = false;            // with bias false: biases on the q, k and v projections alone (Qwen2)
+  bool scale_embedding = true;      // the token embedding times sqrt(d_model) (fairseq; false: GPT-2, Llama)
   BlockKind block = BlockKind::sequential;
   bool qk_norm = false;             // a norm of each head's q and k (d_head wide) before the position method
   bool embedding_norm = false;      // a norm right after the token embedding (BLOOM)

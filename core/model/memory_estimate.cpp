@@ -89,6 +89,7 @@ int64_t parameter_count_estimate(const Config& c, int64_t vocab_size) {
   // q, k, v and out; the feed-forward matrices; their biases; the norms (weight, and bias); qk_norm's.
   int64_t per_layer = add(mul(d, add(mul(2, d), mul(2, kv))), mul(mul(ffn_matrices, d), f));
   per_layer = add(per_layer, mul(b, add(add(mul(3, d), mul(2, kv)), mul(ffn_matrices - 1, f))));  // q, out, ffn_out; k, v; ffn_in
+  if (!m.bias && m.qkv_bias) per_layer = add(per_layer, add(d, mul(2, kv)));  // q, k and v's biases alone
   per_layer = add(per_layer, mul(mul(norms, d), 1 + b));
   if (m.qk_norm) per_layer = add(per_layer, mul(mul(2, m.d_head()), 1 + b));
   int64_t total = add(vocabulary_parameters(m, vocab_size), mul(m.layers, per_layer));

@@ -32,7 +32,7 @@ SelfAttentionImpl::SelfAttentionImpl(SelfAttentionOptions options_) : options(st
 
 void SelfAttentionImpl::reset() {
   const int64_t D = options.d_model(), H = options.heads(), Dh = D / H, Hkv = options.key_value_heads();
-  qkv = register_module("qkv", torch::nn::Linear(torch::nn::LinearOptions(D, (H + 2 * Hkv) * Dh).bias(options.bias())));
+  qkv = register_module("qkv", torch::nn::Linear(torch::nn::LinearOptions(D, (H + 2 * Hkv) * Dh).bias(options.bias() || options.qkv_bias())));
   out = register_module("out", torch::nn::Linear(torch::nn::LinearOptions(D, D).bias(options.bias())));
   if (options.qk_norm()) {
     const NormOptions per_head(Dh, options.norm(), options.norm_eps(), options.bias());
@@ -195,9 +195,14 @@ torch::Tensor FeedForward::forward(const torch::nn::Linear& in, const torch::nn:
     if (dropout) return linear(out, torch::dropout(glu_reference(a, gate), activation_dropout, true));
     return glu_linear(a, gate, out->weight, out->bias);
   }
-  const bool relu = activation == Activation::relu;
-  if (dropout) return linear(out, torch::dropout(relu ? torch::relu(a) : torch::gelu(a), activation_dropout, true));
-  return relu ? linear(out, torch::relu(a)) : gelu_linear(a, out->weight, out->bias);
+  const auto act = [&](const torch::Tensor& t) {
+    return activation == Activation::relu ? torch::relu(t) : torch::gelu(t, "tanh");
+  };
+  if (dropout) {
+    const auto h = activation == Activation::gelu ? torch::gelu(a) : act(a);
+    return linear(out, torch::dropout(h, activation_dropout, true));
+  }
+  return activation == Activation::gelu ? gelu_linear(a, out->weight, out->bias) : linear(out, act(a));
 }
 
 BlockImpl::BlockImpl(BlockOptions options_) : options(std::move(options_)) { reset(); }
@@ -211,6 +216,7 @@ void BlockImpl::reset() {
       "attention", SelfAttention(SelfAttentionOptions(D, m.heads)
                                      .kv_heads(m.kv_heads)
                                      .bias(m.bias)
+                                     .qkv_bias(m.qkv_bias)
                                      .qk_norm(m.qk_norm)
                                      .norm(m.norm)
                                      .norm_eps(m.norm_eps)
@@ -308,8 +314,10 @@ TransformerLMImpl::TransformerLMImpl(const ModelConfig& config, int64_t vocab_si
   } else {
     embedding = register_module("embedding", torch::nn::Embedding(vocab_size, config.d_model));
     // Scaled by sqrt(d_model) in forward(): initialise so that the scaled embedding has unit-ish
-    // variance, as fairseq does (normal with std d_model^-0.5).
-    torch::nn::init::normal_(embedding->weight, 0.0, std::pow(double(config.d_model), -0.5));
+    // variance, as fairseq does (normal with std d_model^-0.5). Unscaled (model.scale_embedding
+    // false): std 0.02, GPT-2's and Llama's initializer_range.
+    const double std = config.scale_embedding ? std::pow(double(config.d_model), -0.5) : 0.02;
+    torch::nn::init::normal_(embedding->weight, 0.0, std);
   }
   embedding_dropout = register_module("embedding_dropout", torch::nn::Dropout(config.dropout));
 
@@ -368,7 +376,7 @@ torch::Tensor TransformerLMImpl::nll(const torch::Tensor& hidden, const torch::T
 
 torch::Tensor TransformerLMImpl::embed(const torch::Tensor& tokens) {
   const auto x = adaptive_ ? adaptive_->embed(tokens) : embedding->forward(tokens);
-  const auto scaled = x * std::sqrt(double(config_.d_model));  // (B, T, D)
+  const auto scaled = config_.scale_embedding ? x * std::sqrt(double(config_.d_model)) : x;  // (B, T, D)
   return embedding_norm ? embedding_norm->forward(scaled) : scaled;
 }
 

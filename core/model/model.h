@@ -36,6 +36,7 @@ struct SelfAttentionOptions {
   TORCH_ARG(int64_t, heads);
   TORCH_ARG(int64_t, kv_heads) = 0;            // key and value heads (0: heads)
   TORCH_ARG(bool, bias) = true;                // the projections' biases
+  TORCH_ARG(bool, qkv_bias) = false;           // with bias false: q, k and v's alone (Qwen2)
   TORCH_ARG(bool, qk_norm) = false;            // a norm of each head's q and k, d_head wide
   TORCH_ARG(NormKind, norm) = NormKind::layernorm;  // qk_norm's kind and epsilon
   TORCH_ARG(double, norm_eps) = 1e-5;

@@ -1,5 +1,7 @@
 #include "core/run/checkpoint.h"
 
+#include "core/hub/hf_checkpoint.h"
+
 #include "core/base/files.h"
 #include "core/base/hashing.h"
 #include "core/base/version.h"
@@ -88,9 +90,13 @@ VerifiedCheckpoint verify(const fs::path& dir) {
                           entry.at("xxh3").get<std::string>() + ": the checkpoint is corrupt");
       if (name != "optimizer.pt" && name != "rng.pt") contents[name] = std::move(bytes);
     }
-    for (const char* required : {"model.pt", "state.json", "config.yaml"})
+    for (const char* required : {"state.json", "config.yaml"})
       if (!m.at("files").contains(required))
         throw ConfigError(manifest_path.string() + ": lists no " + required);
+    if (!m.at("files").contains("model.pt") && !m.at("files").contains("weights.json"))
+      throw ConfigError(manifest_path.string() + ": lists no model.pt (nor an imported model's weights.json)");
+    if (contents.count("weights.json"))
+      c.imported = std::make_shared<const json>(parse_json(contents.at("weights.json"), dir / "weights.json"));
     const json state = parse_json(contents.at("state.json"), dir / "state.json");
     c.state.step = state.at("step").get<int64_t>();
     c.state.epoch = state.at("epoch").get<int64_t>();
@@ -113,7 +119,8 @@ VerifiedCheckpoint verify(const fs::path& dir) {
   const fs::path config_path = dir / "config.yaml";
   c.config = config_from_yaml(parse_yaml_text(contents.at("config.yaml"), config_path.string()),
                               config_path.string());
-  c.model_bytes = std::make_shared<const std::string>(std::move(contents.at("model.pt")));
+  if (contents.count("model.pt"))
+    c.model_bytes = std::make_shared<const std::string>(std::move(contents.at("model.pt")));
   return c;
 }
 
@@ -134,21 +141,9 @@ nlohmann::json curve_json(const std::vector<CurvePoint>& curve) {
   return out;
 }
 
-void save_checkpoint(const fs::path& run_dir, const Config& config,
-                     const CheckpointManifest& manifest, const CheckpointState& state,
-                     TransformerLM& model, torch::optim::Optimizer* optimizer) {
-  const fs::path dir = run_dir / "checkpoint";
-  const fs::path tmp = run_dir / "checkpoint.tmp";
-  const fs::path old = run_dir / "checkpoint.old";
-  std::error_code error;
-  remove_tree(tmp, error);
-  fs::create_directories(tmp, error);
-  if (error) throw ConfigError(tmp.string() + ": cannot create: " + error.message());
+namespace {
 
-  std::vector<std::pair<std::string, std::string>> files;
-  files.emplace_back("model.pt", archive_bytes(model));
-  if (optimizer) files.emplace_back("optimizer.pt", archive_bytes(*optimizer));
-  files.emplace_back("rng.pt", archive_bytes(at::detail::getDefaultCPUGenerator().get_state()));
+std::string state_text(const CheckpointState& state) {
   json s = {{"step", state.step},
             {"epoch", state.epoch},
             {"index", state.index},
@@ -160,9 +155,19 @@ void save_checkpoint(const fs::path& run_dir, const Config& config,
             {"pending_loss_sum", state.pending_loss_sum},
             {"pending_loss_count", state.pending_loss_count}};
   if (std::isfinite(state.first_loss)) s["first_loss"] = state.first_loss;
-  files.emplace_back("state.json", s.dump(1) + "\n");
-  files.emplace_back("config.yaml", YAML::Dump(config.to_yaml()) + "\n");
+  return s.dump(1) + "\n";
+}
 
+// Writes `files` as RUN/checkpoint: into checkpoint.tmp, the manifest last, then swapped in.
+void write_checkpoint(const fs::path& run_dir, const CheckpointManifest& manifest,
+                      const std::vector<std::pair<std::string, std::string>>& files) {
+  const fs::path dir = run_dir / "checkpoint";
+  const fs::path tmp = run_dir / "checkpoint.tmp";
+  const fs::path old = run_dir / "checkpoint.old";
+  std::error_code error;
+  remove_tree(tmp, error);
+  fs::create_directories(tmp, error);
+  if (error) throw ConfigError(tmp.string() + ": cannot create: " + error.message());
   json m = {{"format", kManifestFormat},
             {"step", manifest.step},
             {"fingerprint", manifest.fingerprint},
@@ -192,6 +197,29 @@ void save_checkpoint(const fs::path& run_dir, const Config& config,
   remove_tree(old, error);
 }
 
+}  // namespace
+
+void save_checkpoint(const fs::path& run_dir, const Config& config,
+                     const CheckpointManifest& manifest, const CheckpointState& state,
+                     TransformerLM& model, torch::optim::Optimizer* optimizer) {
+  std::vector<std::pair<std::string, std::string>> files;
+  files.emplace_back("model.pt", archive_bytes(model));
+  if (optimizer) files.emplace_back("optimizer.pt", archive_bytes(*optimizer));
+  files.emplace_back("rng.pt", archive_bytes(at::detail::getDefaultCPUGenerator().get_state()));
+  files.emplace_back("state.json", state_text(state));
+  files.emplace_back("config.yaml", YAML::Dump(config.to_yaml()) + "\n");
+  write_checkpoint(run_dir, manifest, files);
+}
+
+void save_imported_checkpoint(const fs::path& run_dir, const Config& config, const CheckpointManifest& manifest,
+                              const json& record) {
+  std::vector<std::pair<std::string, std::string>> files;
+  files.emplace_back("weights.json", record.dump(1) + "\n");
+  files.emplace_back("state.json", state_text(CheckpointState{}));
+  files.emplace_back("config.yaml", YAML::Dump(config.to_yaml()) + "\n");
+  write_checkpoint(run_dir, manifest, files);
+}
+
 bool has_checkpoint(const fs::path& run_dir) {
   return fs::exists(run_dir / "checkpoint") || fs::exists(run_dir / "checkpoint.old");
 }
@@ -218,6 +246,10 @@ VerifiedCheckpoint require_checkpoint(const fs::path& run_dir) {
 // Checkpoints load onto the device the model is on now, not the one they were saved from: a
 // run trained on a GPU evaluates on a CPU and the other way round.
 void load_model(const VerifiedCheckpoint& c, TransformerLM& model) {
+  if (c.imported) {  // a Hugging Face folder's weights, verified against the record as they are read
+    load_hf_record(*c.imported, (c.dir / "weights.json").string(), model);
+    return;
+  }
   const torch::Device device = device_of(model->parameters());
   TORCH_CHECK(c.model_bytes, "load_model: ", c.dir.string(), " was not verified");
   load_archive(c.dir / "model.pt", [&](const std::string&) {

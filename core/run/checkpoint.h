@@ -1,7 +1,11 @@
 // Checkpoints: save, find, verify and load, for training, `extrap eval` and sweeps alike.
 //
 // A checkpoint is a directory RUN/checkpoint holding
-//   model.pt, optimizer.pt, rng.pt   LibTorch archives (model, AdamW state, CPU RNG state)
+//   model.pt, optimizer.pt, rng.pt   LibTorch archives (model, AdamW state, CPU RNG state);
+//                                    an imported run (`extrap import`, core/run/import_run.h)
+//                                    has instead
+//   weights.json                     where its weights are: a Hugging Face checkpoint folder,
+//                                    each file's size and hash (core/hub/hf_checkpoint.h)
 //   state.json                       step, data cursor, throughput, loss curves
 //   config.yaml                      the resolved config it was trained with
 //   manifest.json                    written last: format, step, the run's fingerprint hash,
@@ -63,6 +67,10 @@ struct CheckpointManifest {
   std::string extrap_version;
 };
 
+// Writes RUN/checkpoint of an imported model: step 0, no optimizer, weights.json = `record`.
+void save_imported_checkpoint(const std::filesystem::path& run_dir, const Config& config,
+                              const CheckpointManifest& manifest, const nlohmann::json& record);
+
 // Writes RUN/checkpoint (see above). `optimizer` may be null (no optimizer.pt).
 void save_checkpoint(const std::filesystem::path& run_dir, const Config& config,
                      const CheckpointManifest& manifest, const CheckpointState& state,
@@ -77,6 +85,9 @@ struct VerifiedCheckpoint {
   // model.pt as it was verified: load_model reads these bytes, not the file, which a run still
   // training may have replaced since.
   std::shared_ptr<const std::string> model_bytes;
+  // An imported run's weights.json (parsed); null for a trained run.
+  std::shared_ptr<const nlohmann::json> imported;
+  bool is_imported() const { return imported != nullptr; }
 };
 
 // Whether RUN holds a checkpoint at all (complete or not).

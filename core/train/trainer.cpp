@@ -145,6 +145,9 @@ Trainer::Trainer(Config config, const Corpus& corpus)
       corpus_(corpus),
       device_(torch_device(config_.train.device)) {
   if (device_.is_cuda()) require_cuda(config_.source + ": train.device is cuda");
+  if (!config_.model.causal() && corpus.mask_token < 0)
+    throw ConfigError(config_.source + ": model.objective masked_lm replaces tokens by <mask>, and corpus '" +
+                      corpus.name + "' (data.tokenizer " + enum_name(corpus.tokenizer) + ") has none");
   group_ = ProcessGroup::get(device_);
   if (group_) {
     device_ = group_->device();
@@ -383,6 +386,9 @@ void Trainer::resume(RunState& state) {
   summary.num_parameters = model_->num_parameters();
   std::optional<VerifiedCheckpoint>& checkpoint = state.checkpoint();
   if (!checkpoint) return;
+  if (checkpoint->is_imported())
+    throw ConfigError(c.out_dir + " is an imported model (extrap import): it is evaluated, not trained further "
+                      "(no optimiser state); train into another train.out_dir");
   // The validation curve continues only if it measures as before (the run's identity leaves the
   // evaluation keys out, so this one is compared here).
   if (const int64_t before = checkpoint->config.train.validate_tokens;

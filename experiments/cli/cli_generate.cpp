@@ -1,6 +1,7 @@
 // `extrap generate`: text from a trained causal model, with a per-layer KV cache; and
 // `extrap bench generate`: decode tokens/s with and without the cache.
 #include "core/base/files.h"
+#include "core/data/hf_tokenizer.h"
 #include "core/data/sentencepiece.h"
 #include "core/data/tokenizer.h"
 #include "core/eval/generate.h"
@@ -24,6 +25,7 @@ namespace {
 // become <unk>.
 std::vector<int32_t> encode_prompt(const Corpus& corpus, const std::string& text) {
   if (corpus.byte_level()) return byte_tokens(text);
+  if (corpus.hf) return corpus.hf->encode(text).ids;  // as tokenizer(prompt): a BOS where it adds one
   const bool ends_line = !text.empty() && (text.back() == '\n' || text.back() == '\r');
   if (corpus.sentencepiece) {
     std::vector<int32_t> tokens = corpus.sentencepiece->encode_lines(text).ids;
@@ -58,7 +60,7 @@ std::vector<int32_t> encode_prompt(const Corpus& corpus, const std::string& text
 // How a generated token is printed: its bytes, a piece's text, or a word-level token's word
 // with a space before it (a newline for <eos>).
 std::string token_output(const Corpus& corpus, int32_t token) {
-  if (corpus.byte_level()) return corpus.token_text(token);
+  if (corpus.byte_level() || corpus.hf) return corpus.token_text(token);  // hf: the token's bytes
   if (corpus.sentencepiece)
     return token == corpus.mask_token ? "<mask>" : corpus.sentencepiece->piece_text(token);
   if (!corpus.has_text()) return " " + corpus.token_text(token);

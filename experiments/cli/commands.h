@@ -23,6 +23,7 @@ using Args = std::vector<std::string>;
 int train(const Args& args);
 int eval(const Args& args);
 int export_model(const Args& args);  // experiments/cli/cli_export.cpp
+int import_model(const Args& args);  // experiments/cli/cli_import.cpp
 int positions(const Args& args);
 int inspect(const Args& args);
 int config_keys(const Args& args);

@@ -115,7 +115,7 @@ TEST_CASE("extrap tokenizer train makes a model from the training split, and a r
                               "is required with tokenizer sentencepiece");
   CHECK(run_cli(d, {"train", "-c", "pieces.yaml", "--set", "data.tokenizer=byte"}, &out) == 2);
   require_one_line_error(out, "key 'data.tokenizer_model'");
-  CHECK_THAT(out, Catch::Contains("is an option of tokenizer sentencepiece"));
+  CHECK_THAT(out, Catch::Contains("is an option of tokenizers sentencepiece and hf"));
   CHECK(run_cli(d, {"train", "-c", "pieces.yaml", "--set", "data.tokenizer_model=missing.model", "--set",
                     "train.out_dir=runs/missing"},
                 &out) == 2);

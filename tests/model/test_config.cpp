@@ -339,6 +339,10 @@ TEST_CASE("config: each key's mark decides the run fingerprint and what a sweep 
   for (const char* key : {"kv_heads", "ffn_multiple", "ffn", "norm", "norm_eps", "bias", "block", "qk_norm",
                           "embedding_norm"})
     CHECK(!c.model_keys()["model"][key]);  // older runs keep their fingerprints
+  // and the released families' keys of issue 78 (tests/hub/test_import.cpp)
+  for (const char* key : {"qkv_bias", "scale_embedding"}) CHECK(!c.model_keys()["model"][key]);
+  c.model.qkv_bias = true;
+  c.model.scale_embedding = false;
   c.model.kv_heads = 2;
   c.model.ffn_multiple = 128;
   c.model.ffn = FfnKind::swiglu;

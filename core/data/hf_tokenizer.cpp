@@ -1,0 +1,1693 @@
+#include "core/data/hf_tokenizer.h"
+
+#include "core/base/errors.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <nlohmann/json.hpp>
+#include <pcre2.h>
+#include <unicode/bytestream.h>
+#include <unicode/normalizer2.h>
+#include <unicode/stringpiece.h>
+#include <unicode/uchar.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <exception>
+#include <fstream>
+#include <functional>
+#include <queue>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace extrap {
+
+// The parts of a loaded tokenizer (named, not anonymous: HfTokenizerState holds them).
+namespace hf_detail {
+
+using Json = nlohmann::json;
+
+// ---------------------------------------------------------------------------------------------
+// UTF-8
+
+std::string utf8(uint32_t cp) {
+  std::string out;
+  if (cp < 0x80) {
+    out += char(cp);
+  } else if (cp < 0x800) {
+    out += char(0xC0 | (cp >> 6));
+    out += char(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += char(0xE0 | (cp >> 12));
+    out += char(0x80 | ((cp >> 6) & 0x3F));
+    out += char(0x80 | (cp & 0x3F));
+  } else {
+    out += char(0xF0 | (cp >> 18));
+    out += char(0x80 | ((cp >> 12) & 0x3F));
+    out += char(0x80 | ((cp >> 6) & 0x3F));
+    out += char(0x80 | (cp & 0x3F));
+  }
+  return out;
+}
+
+// The code point at s[i] of valid UTF-8; i moves past it.
+uint32_t next_code_point(std::string_view s, size_t& i) {
+  const auto b = uint8_t(s[i]);
+  if (b < 0x80) {
+    ++i;
+    return b;
+  }
+  const int n = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : 2;
+  uint32_t cp = b & (0x7F >> n);
+  for (int k = 1; k < n; ++k) cp = (cp << 6) | (uint8_t(s[i + size_t(k)]) & 0x3F);
+  i += size_t(n);
+  return cp;
+}
+
+// The offset of the first byte that is not part of valid UTF-8 (as Python's strict decoder
+// reads it: no overlong forms, surrogates or code points past U+10FFFF), or npos.
+size_t invalid_utf8_at(std::string_view s) {
+  const auto* p = reinterpret_cast<const uint8_t*>(s.data());
+  const size_t n = s.size();
+  size_t i = 0;
+  while (i < n) {
+    if (p[i] < 0x80) {
+      ++i;
+      continue;
+    }
+    const uint8_t b = p[i];
+    size_t len;
+    uint8_t lo = 0x80, hi = 0xBF;  // the range of the second byte
+    if (b >= 0xC2 && b <= 0xDF) {
+      len = 2;
+    } else if (b >= 0xE0 && b <= 0xEF) {
+      len = 3;
+      if (b == 0xE0) lo = 0xA0;
+      if (b == 0xED) hi = 0x9F;
+    } else if (b >= 0xF0 && b <= 0xF4) {
+      len = 4;
+      if (b == 0xF0) lo = 0x90;
+      if (b == 0xF4) hi = 0x8F;
+    } else {
+      return i;
+    }
+    if (i + 1 >= n || p[i + 1] < lo || p[i + 1] > hi) return i;
+    for (size_t k = 2; k < len; ++k)
+      if (i + k >= n || (p[i + k] & 0xC0) != 0x80) return i;
+    i += len;
+  }
+  return std::string_view::npos;
+}
+
+void check_utf8(std::string_view text) {
+  const size_t bad = invalid_utf8_at(text);
+  if (bad == std::string_view::npos) return;
+  char hex[8];
+  std::snprintf(hex, sizeof hex, "0x%02X", unsigned(uint8_t(text[bad])));
+  throw ConfigError("text is not valid UTF-8: byte " + std::to_string(bad) + " (" + hex +
+                    ") does not start a character or ends one early (Hugging Face tokenizers "
+                    "encode Unicode text only)");
+}
+
+bool ascii_letter(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
+
+// ---------------------------------------------------------------------------------------------
+// GPT-2's byte-level alphabet (bytes_to_unicode): the printable bytes ! to ~, ¡ to ¬ and ® to ÿ
+// stand for themselves, the other 68 bytes for U+0100 upwards in byte order.
+
+struct ByteAlphabet {
+  std::array<std::string, 256> symbol;         // byte -> its character, UTF-8
+  std::unordered_map<uint32_t, uint8_t> byte;  // character -> byte
+  ByteAlphabet() {
+    uint32_t extra = 0;
+    for (uint32_t b = 0; b < 256; ++b) {
+      const bool printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+      const uint32_t cp = printable ? b : 0x100 + extra++;
+      symbol[b] = utf8(cp);
+      byte[cp] = uint8_t(b);
+    }
+  }
+};
+
+const ByteAlphabet& alphabet() {
+  static const ByteAlphabet instance;
+  return instance;
+}
+
+// A vocabulary entry's raw bytes: each alphabet character as its byte, any other character as
+// its own UTF-8 (as HF's ByteLevel decoder does). `pure`: every character was in the alphabet.
+std::string entry_bytes(std::string_view entry, bool* pure = nullptr) {
+  std::string out;
+  if (pure) *pure = true;
+  for (size_t i = 0; i < entry.size();) {
+    const size_t start = i;
+    const uint32_t cp = next_code_point(entry, i);
+    const auto it = alphabet().byte.find(cp);
+    if (it != alphabet().byte.end()) {
+      out += char(it->second);
+    } else {
+      out.append(entry.substr(start, i - start));
+      if (pure) *pure = false;
+    }
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Oniguruma patterns as PCRE2 patterns with the same matches. HF compiles Split and ByteLevel
+// patterns with Oniguruma (Ruby syntax, UTF-8, no options); PCRE2 in UTF + UCP mode agrees on
+// the constructs below once these differences are written out: \s (Oniguruma: U+0009-000D,
+// U+0085 and the Z categories; PCRE2 adds U+180E), "." (any character but "\n"), \v (U+000B
+// in Oniguruma, a class in PCRE2), \h (a hex digit in Oniguruma), nested classes (a union in
+// Oniguruma, a syntax error in PCRE2), {,n} ({0,n}), {n,m}+ (a repeat of a repeat in
+// Oniguruma, possessive in PCRE2) and \xHH above 0x7F (a raw byte in Oniguruma). Under (?i:)
+// Oniguruma also folds one character to several ("ß" matches "ss"), which PCRE2 does not, so
+// only ASCII literals without such a pair (ss, st, ff, fi, fl) may be caseless. Anything else
+// is refused with the reason.
+
+const char* const kOnigSpace = "\\t\\n\\x{0B}\\f\\r\\x{85}\\p{Z}";  // class items
+
+// Code points HF tokenizers 0.23's Oniguruma (Unicode 16 and later) puts in \p{L}, \p{N} and
+// \p{Nd} that PCRE2 10.42 (Unicode 14) leaves unassigned; added to the translated classes so
+// that both match the same characters (check_hf_tokenizer.py classes compares every code
+// point). Between the two, no code point is in PCRE2's class and not in Oniguruma's.
+const char* const kNewerLetters =
+    "\\x{1C89}-\\x{1C8A}\\x{A7CB}-\\x{A7CD}\\x{A7DA}-\\x{A7DC}\\x{105C0}-\\x{105F3}\\x{10D4A}-\\x{10D65}"
+    "\\x{10D6F}-\\x{10D85}\\x{10EC2}-\\x{10EC4}\\x{1123F}-\\x{11240}\\x{11380}-\\x{11389}\\x{1138B}\\x{1138E}"
+    "\\x{11390}-\\x{113B5}\\x{113B7}\\x{113D1}\\x{113D3}\\x{11BC0}-\\x{11BE0}\\x{11F02}\\x{11F04}-\\x{11F10}"
+    "\\x{11F12}-\\x{11F33}\\x{1342F}\\x{13441}-\\x{13446}\\x{13460}-\\x{143FA}\\x{16100}-\\x{1611D}"
+    "\\x{16D40}-\\x{16D6C}\\x{18CFF}\\x{1B132}\\x{1B155}\\x{1DF25}-\\x{1DF2A}\\x{1E030}-\\x{1E06D}"
+    "\\x{1E4D0}-\\x{1E4EB}\\x{1E5D0}-\\x{1E5ED}\\x{1E5F0}\\x{2B739}\\x{2EBF0}-\\x{2EE5D}\\x{31350}-\\x{323AF}";
+const char* const kNewerDecimals =
+    "\\x{10D40}-\\x{10D49}\\x{116D0}-\\x{116E3}\\x{11BF0}-\\x{11BF9}\\x{11F50}-\\x{11F59}\\x{16130}-\\x{16139}"
+    "\\x{16D70}-\\x{16D79}\\x{1CCF0}-\\x{1CCF9}\\x{1E4F0}-\\x{1E4F9}\\x{1E5F1}-\\x{1E5FA}";
+const char* const kNewerNumbers =  // the decimals and these
+    "\\x{1D2C0}-\\x{1D2D3}";
+// Rust's char::is_numeric (HF's Digits) is newer still: \p{N} of PCRE2 and these.
+const char* const kNewerNumeric =
+    "\\x{10D40}-\\x{10D49}\\x{116D0}-\\x{116E3}\\x{11BF0}-\\x{11BF9}\\x{11DE0}-\\x{11DE9}\\x{11F50}-\\x{11F59}"
+    "\\x{16130}-\\x{16139}\\x{16D70}-\\x{16D79}\\x{16FF4}-\\x{16FF6}\\x{1CCF0}-\\x{1CCF9}\\x{1D2C0}-\\x{1D2D3}"
+    "\\x{1E4F0}-\\x{1E4F9}\\x{1E5F1}-\\x{1E5FA}";
+
+// The class items of \p{name} as HF's Oniguruma reads it, or "" for a name not checked.
+std::string property_items(const std::string& name) {
+  if (name == "L") return std::string("\\p{L}") + kNewerLetters;
+  if (name == "N") return std::string("\\p{N}") + kNewerDecimals + kNewerNumbers;
+  if (name == "Nd") return std::string("\\p{Nd}") + kNewerDecimals;
+  return "";
+}
+
+class OnigTranslation {
+ public:
+  explicit OnigTranslation(std::string_view pattern) : p_(pattern) {}
+
+  std::string run() {
+    std::string out;
+    std::vector<bool> groups;  // each open group: caseless inside
+    while (i_ < p_.size()) {
+      const char c = p_[i_];
+      const bool caseless = !groups.empty() && groups.back();
+      if (c == '\\') {
+        out += escape(caseless);
+        after_atom(false);
+      } else if (c == '[') {
+        if (caseless) refuse("a character class under (?i:)");
+        ++i_;
+        out += char_class();
+        after_atom(false);
+      } else if (c == '(') {
+        const std::string_view rest = p_.substr(i_);
+        bool inner = caseless;
+        if (rest.substr(0, 3) == "(?:" || rest.substr(0, 3) == "(?=" || rest.substr(0, 3) == "(?!") {
+          out += rest.substr(0, 3);
+          i_ += 3;
+        } else if (rest.substr(0, 4) == "(?i:") {
+          out += "(?i:";
+          i_ += 4;
+          inner = true;
+        } else if (rest.substr(0, 2) == "(?") {
+          refuse("the group \"" + std::string(rest.substr(0, 4)) +
+                 "\" (only (?:, (?i:, (?= and (?! are read)");
+        } else {
+          out += "(?:";  // captures do not change where a pattern matches
+          ++i_;
+        }
+        groups.push_back(inner);
+        last_ = Last::None;
+      } else if (c == ')') {
+        if (groups.empty()) refuse("an unmatched \")\"");
+        groups.pop_back();
+        out += ')';
+        ++i_;
+        after_atom(false);
+      } else if (c == '|') {
+        out += '|';
+        ++i_;
+        last_ = Last::None;
+      } else if (c == '*' || c == '+' || c == '?') {
+        if (last_ == Last::Atom) {
+          last_ = Last::Quantifier;
+        } else if (last_ == Last::Quantifier) {
+          if (c == '*') refuse("\"**\"");
+          last_ = Last::Done;  // lazy (?) or possessive (+): the same in both
+        } else if (last_ == Last::Interval) {
+          refuse(std::string("\"") + c +
+                 "\" after {n,m} (a repeat in Oniguruma, lazy or possessive in PCRE2)");
+        } else {
+          refuse(std::string("\"") + c + "\" with nothing to repeat");
+        }
+        out += c;
+        ++i_;
+      } else if (c == '{') {
+        if (last_ != Last::Atom) refuse("\"{\" with nothing to repeat");
+        out += interval();
+        last_ = Last::Interval;
+      } else if (c == '.') {
+        out += "[^\\n]";
+        ++i_;
+        after_atom(false);
+      } else if (c == '^' || c == '$') {
+        refuse(std::string("the anchor \"") + c + "\"");
+      } else if (c == ']' || c == '}') {
+        refuse(std::string("a bare \"") + c + "\"");
+      } else {
+        const size_t start = i_;
+        const uint32_t cp = next_code_point(p_, i_);
+        if (caseless) {
+          if (cp >= 0x80) refuse("the non-ASCII character \"" + utf8(cp) + "\" under (?i:)");
+          const char lower = char(std::tolower(int(cp)));
+          static const std::set<std::string> folds = {"ss", "st", "ff", "fi", "fl"};
+          if (previous_literal_ && folds.count(std::string{previous_literal_, lower}))
+            refuse(std::string("\"") + previous_literal_ + lower +
+                   "\" under (?i:) (Oniguruma also matches the one character that folds to it)");
+        }
+        out.append(p_.substr(start, i_ - start));
+        after_atom(caseless && cp < 0x80 ? char(std::tolower(int(cp))) : 0);
+        continue;
+      }
+    }
+    if (!groups.empty()) refuse("an unclosed \"(\"");
+    return out;
+  }
+
+ private:
+  enum class Last { None, Atom, Quantifier, Interval, Done };
+
+  [[noreturn]] void refuse(const std::string& what) const {
+    throw std::invalid_argument(what + " at offset " + std::to_string(i_));
+  }
+
+  void after_atom(char literal) {
+    last_ = Last::Atom;
+    previous_literal_ = literal;
+  }
+
+  uint32_t hex(size_t digits_max, bool braces) {
+    size_t k = 0;
+    uint32_t cp = 0;
+    while (i_ < p_.size() && std::isxdigit(uint8_t(p_[i_])) && k < digits_max) {
+      cp = cp * 16 + uint32_t(std::stoi(std::string(1, p_[i_]), nullptr, 16));
+      ++i_;
+      ++k;
+      if (cp > 0x10FFFF) refuse("a code point past U+10FFFF");
+    }
+    if (k == 0) refuse("a hex escape without digits");
+    if (braces) {
+      if (i_ >= p_.size() || p_[i_] != '}') refuse("an unterminated \\x{");
+      ++i_;
+    }
+    return cp;
+  }
+
+  // The escape at p_[i_] == '\\'. Class items (\s, \p) come back as items when `in_class`;
+  // a single character comes back in *single.
+  std::string escape_item(bool in_class, bool caseless, std::optional<uint32_t>* single) {
+    ++i_;
+    if (i_ >= p_.size()) refuse("a trailing backslash");
+    const char e = p_[i_++];
+    auto one = [&](uint32_t cp) {
+      *single = cp;
+      return std::string();
+    };
+    if (caseless && (std::isalnum(uint8_t(e))))
+      refuse(std::string("\\") + e + " under (?i:)");
+    switch (e) {
+      case 's':
+        return in_class ? std::string(kOnigSpace) : "[" + std::string(kOnigSpace) + "]";
+      case 'S':
+        if (in_class) refuse("\\S inside a character class");
+        return "[^" + std::string(kOnigSpace) + "]";
+      case 'd':
+        return in_class ? property_items("Nd") : "[" + property_items("Nd") + "]";
+      case 'D':
+        if (in_class) refuse("\\D inside a character class");
+        return "[^" + property_items("Nd") + "]";
+      case 'p':
+      case 'P': {
+        if (i_ >= p_.size() || p_[i_] != '{') refuse(std::string("\\") + e + " without {");
+        const size_t close = p_.find('}', i_);
+        if (close == std::string_view::npos) refuse(std::string("an unterminated \\") + e + "{");
+        std::string name(p_.substr(i_ + 1, close - i_ - 1));
+        i_ = close + 1;
+        bool negated = e == 'P';
+        if (!name.empty() && name[0] == '^') {
+          negated = !negated;
+          name.erase(0, 1);
+        }
+        const std::string items = property_items(name);
+        if (items.empty())
+          refuse("the property \\p{" + name + "} (\\p{L}, \\p{N} and \\p{Nd} are checked against HF's)");
+        if (negated && in_class) refuse("a negated property inside a character class");
+        if (in_class) return items;
+        return std::string(negated ? "[^" : "[") + items + "]";
+      }
+      case 't': return one(0x09);
+      case 'n': return one(0x0A);
+      case 'v': return one(0x0B);
+      case 'f': return one(0x0C);
+      case 'r': return one(0x0D);
+      case 'a': return one(0x07);
+      case 'e': return one(0x1B);
+      case 'x': {
+        if (i_ < p_.size() && p_[i_] == '{') {
+          ++i_;
+          return one(hex(8, true));
+        }
+        const uint32_t cp = hex(2, false);
+        if (cp >= 0x80) refuse("\\x above 7F (a raw byte in Oniguruma; write \\x{...})");
+        return one(cp);
+      }
+      case 'u':
+        return one(hex(4, false));
+      default:
+        if (std::isalnum(uint8_t(e)) || uint8_t(e) >= 0x80)
+          refuse(std::string("the escape \\") + e);
+        return one(uint32_t(uint8_t(e)));  // an escaped ASCII symbol: itself
+    }
+  }
+
+  static std::string code_point_item(uint32_t cp) {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "\\x{%X}", cp);
+    return buf;
+  }
+
+  std::string escape(bool caseless) {
+    std::optional<uint32_t> single;
+    std::string item = escape_item(false, caseless, &single);
+    if (single) {
+      item = code_point_item(*single);
+      previous_literal_ = 0;
+    }
+    return item;
+  }
+
+  // One item of a class: an escape, or a character (then *single). Stops at ']' and '['.
+  std::string class_atom(std::optional<uint32_t>* single) {
+    if (p_[i_] == '\\') return escape_item(true, false, single);
+    *single = next_code_point(p_, i_);
+    return {};
+  }
+
+  // A class whose '[' is consumed; Oniguruma's nested non-negated classes are flattened.
+  std::string char_class() {
+    bool negated = false;
+    if (i_ < p_.size() && p_[i_] == '^') {
+      negated = true;
+      ++i_;
+    }
+    std::string items = class_items();
+    if (items.empty()) refuse("an empty character class");
+    return std::string(negated ? "[^" : "[") + items + "]";
+  }
+
+  std::string class_items() {
+    std::string items;
+    if (i_ < p_.size() && p_[i_] == ']') refuse("\"]\" first in a character class");
+    while (true) {
+      if (i_ >= p_.size()) refuse("an unterminated character class");
+      const char c = p_[i_];
+      if (c == ']') {
+        ++i_;
+        return items;
+      }
+      if (c == '[') {
+        if (p_.substr(i_, 2) == "[:") refuse("a POSIX bracket [: :]");
+        if (p_.substr(i_, 2) == "[^") refuse("a negated class inside a class");
+        ++i_;
+        items += class_items();
+        continue;
+      }
+      if (c == '&' && p_.substr(i_, 2) == "&&") refuse("class intersection &&");
+      std::optional<uint32_t> first;
+      const std::string item = class_atom(&first);
+      const bool range = i_ + 1 < p_.size() && p_[i_] == '-' && p_[i_ + 1] != ']';
+      if (!first) {
+        if (range) refuse("a range from a class escape");
+        items += item;
+        continue;
+      }
+      if (!range) {
+        items += code_point_item(*first);
+        continue;
+      }
+      ++i_;  // '-'
+      if (p_[i_] == '[') refuse("a range to a class");
+      std::optional<uint32_t> last;
+      class_atom(&last);
+      if (!last) refuse("a range to a class escape");
+      if (*last < *first) refuse("a reversed range");
+      items += code_point_item(*first) + "-" + code_point_item(*last);
+    }
+  }
+
+  // {n}, {n,}, {n,m} or {,m} at p_[i_] == '{'.
+  std::string interval() {
+    const size_t close = p_.find('}', i_);
+    if (close == std::string_view::npos) refuse("an unterminated {");
+    const std::string body(p_.substr(i_ + 1, close - i_ - 1));
+    const size_t comma = body.find(',');
+    auto digits = [](const std::string& s) {
+      return !s.empty() && s.size() < 6 && std::all_of(s.begin(), s.end(), ::isdigit);
+    };
+    const std::string lo = body.substr(0, comma);
+    const std::string hi = comma == std::string::npos ? "" : body.substr(comma + 1);
+    const bool ok = comma == std::string::npos ? digits(lo)
+                                               : (digits(lo) || lo.empty()) && (digits(hi) || hi.empty()) &&
+                                                     !(lo.empty() && hi.empty());
+    if (!ok) refuse("the interval {" + body + "}");
+    if (!lo.empty() && !hi.empty() && std::stoi(hi) < std::stoi(lo)) refuse("the interval {" + body + "}");
+    i_ = close + 1;
+    return "{" + (lo.empty() ? std::string("0") : lo) + (comma == std::string::npos ? "" : "," + hi) + "}";
+  }
+
+  std::string_view p_;
+  size_t i_ = 0;
+  Last last_ = Last::None;
+  char previous_literal_ = 0;  // the last atom, when an ASCII literal under (?i:)
+};
+
+// A compiled pattern. Matching needs a MatchState per thread.
+struct Regex {
+  pcre2_code* code = nullptr;
+  std::string source;  // as tokenizer.json wrote it
+  Regex() = default;
+  Regex(const Regex&) = delete;
+  Regex& operator=(const Regex&) = delete;
+  ~Regex() { pcre2_code_free(code); }
+};
+
+// Compiles a PCRE2 pattern already in PCRE2's syntax; throws std::invalid_argument.
+std::unique_ptr<Regex> compile_pcre2(const std::string& pcre2_pattern, const std::string& source) {
+  auto regex = std::make_unique<Regex>();
+  regex->source = source;
+  pcre2_compile_context* context = pcre2_compile_context_create(nullptr);
+  pcre2_set_newline(context, PCRE2_NEWLINE_LF);
+  int error = 0;
+  PCRE2_SIZE offset = 0;
+  regex->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pcre2_pattern.data()), pcre2_pattern.size(),
+                              PCRE2_UTF | PCRE2_UCP, &error, &offset, context);
+  pcre2_compile_context_free(context);
+  if (!regex->code) {
+    PCRE2_UCHAR message[256];
+    pcre2_get_error_message(error, message, sizeof message);
+    throw std::invalid_argument("PCRE2 cannot compile its translation \"" + pcre2_pattern +
+                                "\": " + reinterpret_cast<char*>(message));
+  }
+  uint32_t min_length = 0;
+  pcre2_pattern_info(regex->code, PCRE2_INFO_MINLENGTH, &min_length);
+  if (min_length == 0)
+    throw std::invalid_argument("it can match the empty string (HF then yields empty splits)");
+  pcre2_jit_compile(regex->code, PCRE2_JIT_COMPLETE);  // without JIT, the interpreter: same matches
+  return regex;
+}
+
+std::unique_ptr<Regex> compile_onig(const std::string& pattern) {
+  return compile_pcre2(OnigTranslation(pattern).run(), pattern);
+}
+
+// A literal string pattern (Split's {"String": ...}; HF escapes it for Oniguruma).
+std::unique_ptr<Regex> compile_literal(const std::string& literal) {
+  std::string pcre2_pattern;
+  for (size_t i = 0; i < literal.size();) {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "\\x{%X}", next_code_point(literal, i));
+    pcre2_pattern += buf;
+  }
+  return compile_pcre2(pcre2_pattern, literal);
+}
+
+// Per-thread matching state: match data and a JIT stack large enough for long runs.
+class MatchState {
+ public:
+  MatchState() {
+    data_ = pcre2_match_data_create(1, nullptr);
+    context_ = pcre2_match_context_create(nullptr);
+    stack_ = pcre2_jit_stack_create(32 * 1024, 64 * 1024 * 1024, nullptr);
+    if (!data_ || !context_ || !stack_) throw std::bad_alloc();
+    pcre2_jit_stack_assign(context_, nullptr, stack_);
+  }
+  MatchState(const MatchState&) = delete;
+  MatchState& operator=(const MatchState&) = delete;
+  ~MatchState() {
+    pcre2_jit_stack_free(stack_);
+    pcre2_match_context_free(context_);
+    pcre2_match_data_free(data_);
+  }
+  // The first match in subject[from, size) of `regex` (the subject is the whole split, as HF
+  // matches it): true and [*begin, *end), or false.
+  bool find(const Regex& regex, std::string_view subject, size_t from, size_t* begin, size_t* end) {
+    const int rc = pcre2_match(regex.code, reinterpret_cast<PCRE2_SPTR>(subject.data()), subject.size(),
+                               from, PCRE2_NO_UTF_CHECK, data_, context_);
+    if (rc == PCRE2_ERROR_NOMATCH) return false;
+    if (rc < 0) {
+      PCRE2_UCHAR message[256];
+      pcre2_get_error_message(rc, message, sizeof message);
+      throw std::runtime_error("PCRE2 failed matching the pattern \"" + regex.source + "\" on " +
+                               std::to_string(subject.size()) + " bytes: " +
+                               reinterpret_cast<char*>(message));
+    }
+    const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(data_);
+    *begin = ovector[0];
+    *end = ovector[1];
+    return true;
+  }
+
+ private:
+  pcre2_match_data* data_ = nullptr;
+  pcre2_match_context* context_ = nullptr;
+  pcre2_jit_stack* stack_ = nullptr;
+};
+
+const char* const kGpt2Pattern =
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+// The patterns whose safe cuts cut_points knows (the proof is there).
+const char* const kCuttablePatterns[] = {
+    kGpt2Pattern,
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",  // Llama 3
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",  // Qwen2
+    " ?[^(\\s|[.,!?…。，、।۔،])]+",     // BLOOM
+};
+
+// ---------------------------------------------------------------------------------------------
+// NFC through ICU, keeping where each normalised byte came from.
+
+const icu::Normalizer2& nfc() {
+  UErrorCode status = U_ZERO_ERROR;
+  const icu::Normalizer2* n = icu::Normalizer2::getNFCInstance(status);
+  if (U_FAILURE(status) || !n) throw std::runtime_error(std::string("ICU has no NFC: ") + u_errorName(status));
+  return *n;
+}
+
+bool is_nfc(std::string_view s) {
+  UErrorCode status = U_ZERO_ERROR;
+  const bool yes = nfc().isNormalizedUTF8(icu::StringPiece(s.data(), int32_t(s.size())), status);
+  if (U_FAILURE(status)) throw std::runtime_error(std::string("ICU NFC check failed: ") + u_errorName(status));
+  return yes;
+}
+
+std::string to_nfc(std::string_view s) {
+  std::string out;
+  icu::StringByteSink<std::string> sink(&out);
+  UErrorCode status = U_ZERO_ERROR;
+  nfc().normalizeUTF8(0, icu::StringPiece(s.data(), int32_t(s.size())), sink, nullptr, status);
+  if (U_FAILURE(status)) throw std::runtime_error(std::string("ICU NFC failed: ") + u_errorName(status));
+  return out;
+}
+
+// HF's NFC (the unicode-normalization-alignments crate) has Unicode 9.0 data, ICU 72 has 15.0:
+// the characters they can treat differently are those Unicode 10.0 or later assigned that NFC
+// does not leave alone (not inert). check_hf_tokenizer.py's nfc.txt finds each of them
+// normalised differently in some context, and no other character.
+const std::vector<bool>& nfc_disagreements() {
+  static const std::vector<bool> table = [] {
+    std::vector<bool> t(0x110000);
+    const icu::Normalizer2& n = nfc();
+    for (UChar32 c = 0x80; c < 0x110000; ++c) {
+      UVersionInfo age;
+      u_charAge(c, age);
+      t[size_t(c)] = age[0] >= 10 && !n.isInert(c);
+    }
+    return t;
+  }();
+  return table;
+}
+
+void check_nfc_agrees(std::string_view text) {
+  const std::vector<bool>& table = nfc_disagreements();
+  for (size_t i = 0; i < text.size();) {
+    if (uint8_t(text[i]) < 0x80) {
+      ++i;
+      continue;
+    }
+    const size_t at = i;
+    const uint32_t cp = next_code_point(text, i);
+    if (table[cp]) {
+      char name[16];
+      std::snprintf(name, sizeof name, "U+%04X", cp);
+      throw ConfigError("text byte " + std::to_string(at) + ": " + name +
+                        " is newer than the Unicode 9.0 data of HF tokenizers' NFC, and ICU (Unicode " +
+                        U_UNICODE_VERSION + ") may normalise it differently; refused rather than risk "
+                        "other tokens");
+    }
+  }
+}
+
+// A span of the original text after the normaliser, and the way back to original offsets.
+struct NormalizedSpan {
+  std::string_view text;  // the original's own bytes when the normaliser changed nothing
+  std::string storage;
+  size_t origin = 0;  // where the span starts in the original text
+  // Runs NFC changed (from one normalisation boundary to the next), in order; offsets are
+  // relative to the span in each text.
+  struct Change {
+    size_t begin, end;            // normalised
+    size_t orig_begin, orig_end;  // original
+  };
+  std::vector<Change> changes;
+
+  // The original offset of normalised offset p: inside a changed run, the run's start.
+  size_t original(size_t p) const {
+    if (changes.empty()) return origin + p;
+    auto it = std::upper_bound(changes.begin(), changes.end(), p,
+                               [](size_t q, const Change& c) { return q <= c.begin; });
+    if (it == changes.begin()) return origin + p;
+    --it;
+    if (p < it->end) return origin + it->orig_begin;
+    return origin + it->orig_end + (p - it->end);
+  }
+};
+
+NormalizedSpan normalize_span(std::string_view text, size_t begin, size_t end, bool apply_nfc) {
+  NormalizedSpan span;
+  span.origin = begin;
+  const std::string_view s = text.substr(begin, end - begin);
+  if (!apply_nfc || is_nfc(s)) {
+    span.text = s;
+    return span;
+  }
+  // Runs from one character with a boundary before it to the next: NFC of the span is NFC of
+  // each run, one after the other.
+  const icu::Normalizer2& n = nfc();
+  size_t run = 0;
+  auto flush = [&](size_t run_end) {
+    const std::string_view piece = s.substr(run, run_end - run);
+    if (is_nfc(piece)) {
+      span.storage.append(piece);
+    } else {
+      const size_t at = span.storage.size();
+      span.storage += to_nfc(piece);
+      span.changes.push_back({at, span.storage.size(), run, run_end});
+    }
+    run = run_end;
+  };
+  for (size_t i = 0; i < s.size();) {
+    const size_t at = i;
+    const uint32_t cp = next_code_point(s, i);
+    if (at > run && (cp < 0x80 || n.hasBoundaryBefore(UChar32(cp)))) flush(at);
+  }
+  flush(s.size());
+  span.text = span.storage;
+  return span;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Added tokens: the longest match among those starting leftmost, as HF's aho-corasick
+// (MatchKind::LeftmostLongest) finds them.
+
+class AddedTokenMatcher {
+ public:
+  void add(const std::string& content, int32_t id) {
+    int32_t node = 0;
+    for (const char c : content) {
+      const auto key = uint8_t(c);
+      auto& edges = nodes_[size_t(node)].next;
+      auto it = std::find_if(edges.begin(), edges.end(), [&](const auto& e) { return e.first == key; });
+      if (it == edges.end()) {
+        nodes_.push_back({});
+        nodes_[size_t(node)].next.emplace_back(key, int32_t(nodes_.size() - 1));
+        node = int32_t(nodes_.size() - 1);
+      } else {
+        node = it->second;
+      }
+    }
+    nodes_[size_t(node)].id = id;
+    first_[uint8_t(content[0])] = true;
+    contents_.push_back(content);
+  }
+  bool empty() const { return contents_.empty(); }
+  const std::vector<std::string>& contents() const { return contents_; }
+
+  // The leftmost-longest match in s[from, ...): true and [*begin, *end) and *id.
+  bool find(std::string_view s, size_t from, size_t* begin, size_t* end, int32_t* id) const {
+    if (contents_.empty()) return false;
+    for (size_t i = from; i < s.size(); ++i) {
+      if (!first_[uint8_t(s[i])]) continue;
+      int32_t node = 0, found = -1;
+      size_t found_end = 0;
+      for (size_t j = i; j < s.size(); ++j) {
+        const auto& edges = nodes_[size_t(node)].next;
+        const auto key = uint8_t(s[j]);
+        auto it = std::find_if(edges.begin(), edges.end(), [&](const auto& e) { return e.first == key; });
+        if (it == edges.end()) break;
+        node = it->second;
+        if (nodes_[size_t(node)].id >= 0) {
+          found = nodes_[size_t(node)].id;
+          found_end = j + 1;
+        }
+      }
+      if (found >= 0) {
+        *begin = i;
+        *end = found_end;
+        *id = found;
+        return true;
+      }
+    }
+    return false;
+  }
+
+ private:
+  struct Node {
+    std::vector<std::pair<uint8_t, int32_t>> next;
+    int32_t id = -1;
+  };
+  std::vector<Node> nodes_ = {Node{}};
+  std::array<bool, 256> first_{};
+  std::vector<std::string> contents_;
+};
+
+enum class SplitBehavior { Isolated, MergedWithPrevious, MergedWithNext, Contiguous };
+
+struct SplitStage {
+  std::unique_ptr<Regex> regex;
+  SplitBehavior behavior = SplitBehavior::Isolated;
+  bool invert = false;
+};
+
+struct MergeRule {
+  int32_t rank;
+  int32_t id;
+};
+
+uint64_t pair_key(int32_t a, int32_t b) { return (uint64_t(uint32_t(a)) << 32) | uint32_t(b); }
+
+}  // namespace hf_detail
+using namespace hf_detail;
+
+// ---------------------------------------------------------------------------------------------
+
+struct HfTokenizerState {
+  std::string where;
+  // Model.
+  std::unordered_map<std::string, int32_t> vocab;      // entries as stored ("Ġthe")
+  std::unordered_map<std::string, int32_t> raw_vocab;  // alphabet-only entries by their bytes
+  std::vector<std::optional<std::string>> entries;     // id -> entry as stored
+  std::array<int32_t, 256> byte_id{};                  // byte -> its symbol's id, or -1
+  std::unordered_map<uint64_t, MergeRule> merges;
+  bool ignore_merges = false;
+  std::optional<int32_t> unk;
+  bool fuse_unk = false;
+  // Added tokens.
+  std::unordered_map<int32_t, std::string> added_content;  // id -> content
+  std::unordered_map<std::string, int32_t> added_ids;      // content -> id
+  std::set<int32_t> added_special;
+  AddedTokenMatcher raw_tokens;         // normalized=false: matched in the original text
+  AddedTokenMatcher normalized_tokens;  // normalized=true: matched after the normaliser
+  // Normaliser and pre-tokeniser.
+  bool nfc = false;
+  std::vector<SplitStage> splits;  // Split and Digits, in order, before ByteLevel
+  bool add_prefix_space = false;
+  std::unique_ptr<Regex> byte_level_regex;  // GPT-2's pattern when use_regex
+  // Post-processor.
+  std::vector<int32_t> prefix, suffix;
+  std::optional<int32_t> bos, eos;
+  bool cuttable = false;
+  int32_t size = 0;
+};
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Reading tokenizer.json. Every object's keys are checked: a key this reader does not know
+// may change the result, so it is refused rather than ignored.
+
+const char* const kSentencePieceHint =
+    "byte-level BPE tokenizers only; a SentencePiece model's tokenizer.model is read as "
+    "data.tokenizer: sentencepiece";
+
+class JsonReader {
+ public:
+  explicit JsonReader(std::string where) : where_(std::move(where)) {}
+
+  [[noreturn]] void fail(const std::string& message) const { throw ConfigError(where_ + ": " + message); }
+
+  static std::string shown(const Json& value) {
+    std::string text = value.dump(-1, ' ', false, Json::error_handler_t::replace);
+    if (text.size() > 80) text = text.substr(0, 77) + "...";
+    return text;
+  }
+
+  void keys(const Json& object, const std::string& path, std::initializer_list<const char*> known) const {
+    if (!object.is_object()) fail(path + " is " + shown(object) + ", not an object");
+    for (const auto& item : object.items()) {
+      if (std::none_of(known.begin(), known.end(), [&](const char* k) { return item.key() == k; })) {
+        std::string list;
+        for (const char* k : known) list += std::string(list.empty() ? "" : ", ") + k;
+        fail(path + "." + item.key() + " is not a key this reader knows (" + path + " has " + list +
+             "; a newer tokenizers version may have added it: it is refused rather than ignored)");
+      }
+    }
+  }
+
+  const Json& need(const Json& object, const std::string& path, const char* key) const {
+    const auto it = object.find(key);
+    if (it == object.end()) fail(path + "." + key + " is missing");
+    return *it;
+  }
+
+  bool boolean(const Json& object, const std::string& path, const char* key,
+               std::optional<bool> fallback = std::nullopt) const {
+    const auto it = object.find(key);
+    if (it == object.end()) {
+      if (!fallback) fail(path + "." + key + " is missing");
+      return *fallback;
+    }
+    if (!it->is_boolean()) fail(path + "." + key + " is " + shown(*it) + ", not true or false");
+    return it->get<bool>();
+  }
+
+  std::string string(const Json& object, const std::string& path, const char* key) const {
+    const Json& value = need(object, path, key);
+    if (!value.is_string()) fail(path + "." + key + " is " + shown(value) + ", not a string");
+    return value.get<std::string>();
+  }
+
+  int32_t id(const Json& value, const std::string& path) const {
+    if (!value.is_number_integer() || value.get<int64_t>() < 0 || value.get<int64_t>() >= (int64_t(1) << 31))
+      fail(path + " is " + shown(value) + ", not an id (an integer from 0 to 2^31-1)");
+    return int32_t(value.get<int64_t>());
+  }
+
+  std::string type(const Json& object, const std::string& path) const { return string(object, path, "type"); }
+
+ private:
+  std::string where_;
+};
+
+void read_model(const JsonReader& r, const Json& model, HfTokenizerState& s) {
+  if (!model.is_object()) r.fail("model is " + JsonReader::shown(model) + ", not an object");
+  const std::string type = model.contains("type") ? r.type(model, "model") : "";
+  if (type != "BPE")
+    r.fail("model.type \"" + type + "\" is not supported (" + kSentencePieceHint + ")");
+  r.keys(model, "model",
+         {"type", "dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix", "fuse_unk",
+          "byte_fallback", "ignore_merges", "vocab", "merges"});
+  if (model.contains("dropout") && !model["dropout"].is_null() &&
+      !(model["dropout"].is_number() && model["dropout"].get<double>() == 0.0))
+    r.fail("model.dropout " + JsonReader::shown(model["dropout"]) +
+           " is not supported (BPE dropout samples tokens at random; extrap needs null)");
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    if (model.contains(key) && !model[key].is_null() && !(model[key].is_string() && model[key] == ""))
+      r.fail(std::string("model.") + key + " " + JsonReader::shown(model[key]) +
+             " is not supported (byte-level BPE has none; null or \"\" only)");
+  }
+  if (r.boolean(model, "model", "byte_fallback", false))
+    r.fail(std::string("model.byte_fallback true is not supported (") + kSentencePieceHint + ")");
+  s.fuse_unk = r.boolean(model, "model", "fuse_unk", false);
+  s.ignore_merges = r.boolean(model, "model", "ignore_merges", false);
+
+  const Json& vocab = r.need(model, "model", "vocab");
+  if (!vocab.is_object()) r.fail("model.vocab is not an object of token: id");
+  for (const auto& item : vocab.items()) {
+    const int32_t id = r.id(item.value(), "model.vocab[\"" + item.key() + "\"]");
+    if (size_t(id) >= s.entries.size()) s.entries.resize(size_t(id) + 1);
+    if (s.entries[size_t(id)])
+      r.fail("model.vocab gives id " + std::to_string(id) + " to both \"" + *s.entries[size_t(id)] +
+             "\" and \"" + item.key() + "\"");
+    s.entries[size_t(id)] = item.key();
+    s.vocab.emplace(item.key(), id);
+    bool pure = false;
+    const std::string raw = entry_bytes(item.key(), &pure);
+    if (pure) s.raw_vocab.emplace(raw, id);
+  }
+
+  if (model.contains("unk_token") && !model["unk_token"].is_null()) {
+    if (!model["unk_token"].is_string())
+      r.fail("model.unk_token is " + JsonReader::shown(model["unk_token"]) + ", not a string or null");
+    const auto it = s.vocab.find(model["unk_token"].get<std::string>());
+    if (it != s.vocab.end()) s.unk = it->second;
+  }
+  for (int b = 0; b < 256; ++b) {
+    const auto it = s.vocab.find(alphabet().symbol[size_t(b)]);
+    s.byte_id[size_t(b)] = it == s.vocab.end() ? -1 : it->second;
+    if (it == s.vocab.end() && !s.unk) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "0x%02X", unsigned(b));
+      r.fail("model.vocab has no byte-level symbol \"" + alphabet().symbol[size_t(b)] + "\" for byte " + hex +
+             " and model.unk_token is null: HF would drop that byte silently, and extrap credits every "
+             "byte to a token (train with initial_alphabet=ByteLevel.alphabet())");
+    }
+  }
+
+  const Json& merges = r.need(model, "model", "merges");
+  if (!merges.is_array()) r.fail("model.merges is not a list");
+  for (size_t rank = 0; rank < merges.size(); ++rank) {
+    const Json& m = merges[rank];
+    const std::string path = "model.merges[" + std::to_string(rank) + "]";
+    std::string a, b;
+    if (m.is_string()) {
+      const std::string line = m.get<std::string>();
+      const size_t space = line.find(' ');
+      if (space == std::string::npos || line.find(' ', space + 1) != std::string::npos)
+        r.fail(path + " " + JsonReader::shown(m) + " is not two tokens split by one space");
+      a = line.substr(0, space);
+      b = line.substr(space + 1);
+    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+      a = m[0].get<std::string>();
+      b = m[1].get<std::string>();
+    } else {
+      r.fail(path + " " + JsonReader::shown(m) + " is neither \"a b\" nor [\"a\", \"b\"]");
+    }
+    const auto ia = s.vocab.find(a), ib = s.vocab.find(b), ij = s.vocab.find(a + b);
+    if (ia == s.vocab.end() || ib == s.vocab.end() || ij == s.vocab.end())
+      r.fail(path + " " + JsonReader::shown(m) + ": \"" +
+             (ia == s.vocab.end() ? a : ib == s.vocab.end() ? b : a + b) + "\" is not in model.vocab");
+    // A later duplicate replaces an earlier one, as in HF's merge map.
+    s.merges[pair_key(ia->second, ib->second)] = MergeRule{int32_t(rank), ij->second};
+  }
+}
+
+void read_normalizer(const JsonReader& r, const Json& normalizer, const std::string& path,
+                     HfTokenizerState& s) {
+  if (normalizer.is_null()) return;
+  if (!normalizer.is_object()) r.fail(path + " is " + JsonReader::shown(normalizer) + ", not an object or null");
+  const std::string type = r.type(normalizer, path);
+  if (type == "NFC") {
+    r.keys(normalizer, path, {"type"});
+    s.nfc = true;
+  } else if (type == "Sequence") {
+    r.keys(normalizer, path, {"type", "normalizers"});
+    const Json& list = r.need(normalizer, path, "normalizers");
+    if (!list.is_array()) r.fail(path + ".normalizers is not a list");
+    for (size_t i = 0; i < list.size(); ++i)
+      read_normalizer(r, list[i], path + ".normalizers[" + std::to_string(i) + "]", s);
+  } else {
+    r.fail(path + ".type \"" + type + "\" is not supported (extrap reads NFC, or a Sequence of NFC" +
+           (type == "Precompiled" || type == "Replace" ? std::string("; ") + kSentencePieceHint : std::string()) +
+           ")");
+  }
+}
+
+struct ByteLevelSeen {
+  bool seen = false;
+  bool last = false;
+};
+
+void read_pre_tokenizer(const JsonReader& r, const Json& pre, const std::string& path, HfTokenizerState& s,
+                        ByteLevelSeen& byte_level) {
+  if (!pre.is_object()) r.fail(path + " is " + JsonReader::shown(pre) + ", not an object");
+  const std::string type = r.type(pre, path);
+  if (byte_level.seen)
+    r.fail(path + ".type \"" + type + "\" comes after the ByteLevel pre-tokenizer (extrap needs ByteLevel last)");
+  if (type == "Sequence") {
+    r.keys(pre, path, {"type", "pretokenizers"});
+    const Json& list = r.need(pre, path, "pretokenizers");
+    if (!list.is_array()) r.fail(path + ".pretokenizers is not a list");
+    for (size_t i = 0; i < list.size(); ++i)
+      read_pre_tokenizer(r, list[i], path + ".pretokenizers[" + std::to_string(i) + "]", s, byte_level);
+  } else if (type == "ByteLevel") {
+    r.keys(pre, path, {"type", "add_prefix_space", "trim_offsets", "use_regex"});
+    s.add_prefix_space = r.boolean(pre, path, "add_prefix_space");
+    r.boolean(pre, path, "trim_offsets");  // offsets only
+    if (r.boolean(pre, path, "use_regex", true)) s.byte_level_regex = compile_onig(kGpt2Pattern);
+    byte_level.seen = true;
+  } else if (type == "Split") {
+    r.keys(pre, path, {"type", "pattern", "behavior", "invert"});
+    SplitStage stage;
+    const Json& pattern = r.need(pre, path, "pattern");
+    const std::string behavior = r.string(pre, path, "behavior");
+    stage.invert = r.boolean(pre, path, "invert");
+    if (behavior == "Isolated") stage.behavior = SplitBehavior::Isolated;
+    else if (behavior == "MergedWithPrevious") stage.behavior = SplitBehavior::MergedWithPrevious;
+    else if (behavior == "MergedWithNext") stage.behavior = SplitBehavior::MergedWithNext;
+    else if (behavior == "Contiguous") stage.behavior = SplitBehavior::Contiguous;
+    else
+      r.fail(path + ".behavior \"" + behavior +
+             "\" is not supported (Isolated, MergedWithPrevious, MergedWithNext or Contiguous; "
+             "Removed would leave bytes no token covers)");
+    const bool is_regex = pattern.is_object() && pattern.size() == 1 && pattern.contains("Regex") &&
+                          pattern["Regex"].is_string();
+    const bool is_string = pattern.is_object() && pattern.size() == 1 && pattern.contains("String") &&
+                           pattern["String"].is_string();
+    if (!is_regex && !is_string)
+      r.fail(path + ".pattern " + JsonReader::shown(pattern) + " is not {\"Regex\": ...} or {\"String\": ...}");
+    const std::string text = pattern[is_regex ? "Regex" : "String"].get<std::string>();
+    try {
+      stage.regex = is_regex ? compile_onig(text) : compile_literal(text);
+    } catch (const std::invalid_argument& e) {
+      r.fail(path + ".pattern." + (is_regex ? "Regex " : "String ") + JsonReader::shown(text) +
+             " cannot be matched exactly as HF's Oniguruma does: " + e.what());
+    }
+    s.splits.push_back(std::move(stage));
+  } else if (type == "Digits") {
+    r.keys(pre, path, {"type", "individual_digits"});
+    SplitStage stage;
+    // HF splits on char::is_numeric (Nd, Nl, No): each alone, or runs kept together.
+    const std::string numeric = std::string("[\\p{N}") + kNewerNumeric + "]";
+    stage.regex = compile_pcre2(r.boolean(pre, path, "individual_digits") ? numeric : numeric + "+", "Digits");
+    s.splits.push_back(std::move(stage));
+  } else {
+    r.fail(path + ".type \"" + type + "\" is not supported (" +
+           (type == "Metaspace" ? std::string(kSentencePieceHint)
+                                : std::string("extrap reads Split, Digits, ByteLevel and Sequence")) +
+           ")");
+  }
+}
+
+// TemplateProcessing's single template: the special tokens before and after $A.
+void read_template(const JsonReader& r, const Json& post, const std::string& path, std::vector<int32_t>& prefix,
+                   std::vector<int32_t>& suffix, const HfTokenizerState& s) {
+  r.keys(post, path, {"type", "single", "pair", "special_tokens"});
+  if (!r.need(post, path, "pair").is_array()) r.fail(path + ".pair is not a list");
+  const Json& specials = r.need(post, path, "special_tokens");
+  if (!specials.is_object()) r.fail(path + ".special_tokens is not an object");
+  const Json& single = r.need(post, path, "single");
+  if (!single.is_array()) r.fail(path + ".single is not a list");
+  bool seen_a = false;
+  std::vector<int32_t> before, after;
+  for (size_t i = 0; i < single.size(); ++i) {
+    const Json& piece = single[i];
+    const std::string at = path + ".single[" + std::to_string(i) + "]";
+    if (piece.is_object() && piece.size() == 1 && piece.contains("Sequence")) {
+      r.keys(piece["Sequence"], at + ".Sequence", {"id", "type_id"});
+      const Json& id = r.need(piece["Sequence"], at + ".Sequence", "id");
+      if (id != "A" || seen_a)
+        r.fail(at + ".Sequence.id " + JsonReader::shown(id) + ": the single template must hold $A once");
+      seen_a = true;
+    } else if (piece.is_object() && piece.size() == 1 && piece.contains("SpecialToken")) {
+      r.keys(piece["SpecialToken"], at + ".SpecialToken", {"id", "type_id"});
+      const std::string name = r.string(piece["SpecialToken"], at + ".SpecialToken", "id");
+      if (!specials.contains(name)) r.fail(at + ".SpecialToken.id \"" + name + "\" is not in " + path + ".special_tokens");
+      const Json& special = specials[name];
+      const std::string sp = path + ".special_tokens[\"" + name + "\"]";
+      r.keys(special, sp, {"id", "ids", "tokens"});
+      const Json& ids = r.need(special, sp, "ids");
+      if (!ids.is_array()) r.fail(sp + ".ids is not a list");
+      for (size_t k = 0; k < ids.size(); ++k) {
+        const int32_t id = r.id(ids[k], sp + ".ids[" + std::to_string(k) + "]");
+        const bool known = s.added_content.count(id) || (size_t(id) < s.entries.size() && s.entries[size_t(id)]);
+        if (!known) r.fail(sp + ".ids[" + std::to_string(k) + "] " + std::to_string(id) + " is not a token");
+        (seen_a ? after : before).push_back(id);
+      }
+    } else {
+      r.fail(at + " " + JsonReader::shown(piece) + " is neither {\"SpecialToken\": ...} nor {\"Sequence\": ...}");
+    }
+  }
+  if (!seen_a) r.fail(path + ".single has no $A");
+  prefix.insert(prefix.begin(), before.begin(), before.end());
+  suffix.insert(suffix.end(), after.begin(), after.end());
+}
+
+void read_post_processor(const JsonReader& r, const Json& post, const std::string& path, HfTokenizerState& s) {
+  if (post.is_null()) return;
+  if (!post.is_object()) r.fail(path + " is " + JsonReader::shown(post) + ", not an object or null");
+  const std::string type = r.type(post, path);
+  if (type == "ByteLevel") {
+    r.keys(post, path, {"type", "add_prefix_space", "trim_offsets", "use_regex"});  // offsets only
+  } else if (type == "TemplateProcessing") {
+    read_template(r, post, path, s.prefix, s.suffix, s);
+  } else if (type == "Sequence") {
+    r.keys(post, path, {"type", "processors"});
+    const Json& list = r.need(post, path, "processors");
+    if (!list.is_array()) r.fail(path + ".processors is not a list");
+    for (size_t i = 0; i < list.size(); ++i)
+      read_post_processor(r, list[i], path + ".processors[" + std::to_string(i) + "]", s);
+  } else {
+    r.fail(path + ".type \"" + type +
+           "\" is not supported (extrap reads ByteLevel, TemplateProcessing and Sequence)");
+  }
+}
+
+void read_decoder(const JsonReader& r, const Json& decoder) {
+  if (decoder.is_null()) return;
+  if (!decoder.is_object()) r.fail("decoder is " + JsonReader::shown(decoder) + ", not an object or null");
+  const std::string type = r.type(decoder, "decoder");
+  if (type != "ByteLevel")
+    r.fail("decoder.type \"" + type + "\" is not supported (ByteLevel only: " + kSentencePieceHint + ")");
+  r.keys(decoder, "decoder", {"type", "add_prefix_space", "trim_offsets", "use_regex"});
+}
+
+// The added tokens, with the ids HF gives them on loading (sorted by their stored id: an entry
+// already in the vocabulary keeps its id, a new one gets the next id after the vocabulary's
+// entry count or the largest added id); a stored id that differs is refused.
+void read_added_tokens(const JsonReader& r, const Json& list, HfTokenizerState& s) {
+  if (!list.is_array()) r.fail("added_tokens is not a list");
+  struct Added {
+    size_t index;
+    int32_t id;
+    std::string content;
+    bool special, normalized;
+  };
+  std::vector<Added> tokens;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const Json& t = list[i];
+    const std::string path = "added_tokens[" + std::to_string(i) + "]";
+    r.keys(t, path, {"id", "content", "single_word", "lstrip", "rstrip", "normalized", "special"});
+    Added a{i, r.id(r.need(t, path, "id"), path + ".id"), r.string(t, path, "content"),
+            r.boolean(t, path, "special"), r.boolean(t, path, "normalized")};
+    for (const char* key : {"single_word", "lstrip", "rstrip"})
+      if (r.boolean(t, path, key))
+        r.fail(path + "." + key + " true is not supported (\"" + a.content + "\"; extrap matches added tokens exactly)");
+    if (a.content.empty()) r.fail(path + ".content is empty");
+    if (invalid_utf8_at(a.content) != std::string_view::npos) r.fail(path + ".content is not UTF-8");
+    tokens.push_back(std::move(a));
+  }
+  std::stable_sort(tokens.begin(), tokens.end(), [](const Added& a, const Added& b) { return a.id < b.id; });
+  const int32_t vocab_count = int32_t(s.vocab.size());
+  std::optional<int32_t> max_added;
+  for (const Added& a : tokens) {
+    const std::string path = "added_tokens[" + std::to_string(a.index) + "]";
+    if (s.added_ids.count(a.content)) r.fail(path + ".content \"" + a.content + "\" is added twice");
+    int32_t hf_id;
+    const auto in_vocab = s.vocab.find(a.content);
+    if (in_vocab != s.vocab.end()) {
+      hf_id = in_vocab->second;
+    } else if (!max_added) {
+      hf_id = vocab_count;
+    } else {
+      hf_id = (*max_added >= vocab_count || vocab_count == 0) ? *max_added + 1 : vocab_count;
+    }
+    if (hf_id != a.id)
+      r.fail(path + ".id " + std::to_string(a.id) + " (\"" + a.content + "\") is not the id HF gives it on loading (" +
+             std::to_string(hf_id) + ")");
+    if (in_vocab == s.vocab.end() && size_t(hf_id) < s.entries.size() && s.entries[size_t(hf_id)])
+      r.fail(path + ".id " + std::to_string(a.id) + " (\"" + a.content + "\") is also model.vocab's \"" +
+             *s.entries[size_t(hf_id)] + "\"");
+    max_added = std::max(max_added.value_or(hf_id), hf_id);
+    s.added_content[hf_id] = a.content;
+    s.added_ids[a.content] = hf_id;
+    if (a.special) s.added_special.insert(hf_id);
+    if (a.normalized) s.normalized_tokens.add(s.nfc ? to_nfc(a.content) : a.content, hf_id);
+    else s.raw_tokens.add(a.content, hf_id);
+  }
+}
+
+// Whether cut_points may cut this tokenizer's texts (see there).
+bool cuttable(const HfTokenizerState& s) {
+  for (const auto* m : {&s.raw_tokens, &s.normalized_tokens})
+    for (const std::string& c : m->contents())
+      if (c.find('\n') != std::string::npos) return false;
+  if (s.nfc) {
+    const icu::Normalizer2& n = nfc();
+    for (int c = 0; c < 128; ++c)
+      if ((ascii_letter(char(c)) || c == ' ') && !n.hasBoundaryBefore(c)) return false;
+  }
+  const Regex* first = s.splits.empty() ? s.byte_level_regex.get() : s.splits.front().regex.get();
+  if (!first) return false;
+  if (s.splits.empty() && s.add_prefix_space) return false;
+  if (!s.splits.empty() && s.splits.front().behavior != SplitBehavior::Isolated) return false;
+  return std::any_of(std::begin(kCuttablePatterns), std::end(kCuttablePatterns),
+                     [&](const char* p) { return first->source == p; });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Encoding one piece of text.
+
+// Pre-token -> its BPE tokens, for one piece of text. Open addressing over keys kept in one
+// string (8% faster than std::unordered_map<std::string, ...> on WikiText-2: 26.3 -> 28.3 MB/s,
+// gpt2 style); most pre-tokens repeat, so BPE itself runs on few of them.
+class WordCache {
+ public:
+  static constexpr size_t kMaxWords = size_t(1) << 20;  // then it starts again, empty
+
+  // The slot of `w`: its tokens (a range of tokens()) when found, else where to put them.
+  struct Lookup {
+    size_t slot;
+    bool found;
+    uint32_t first, count;
+  };
+  Lookup find(std::string_view w) {
+    if (slots_.empty()) reset(size_t(1) << 12);
+    const uint64_t h = std::hash<std::string_view>()(w);
+    for (size_t i = h & (slots_.size() - 1);; i = (i + 1) & (slots_.size() - 1)) {
+      const Slot& s = slots_[i];
+      if (s.count == kEmpty) return {i, false, 0, 0};
+      if (s.hash == h && s.key_len == w.size() && keys_.compare(s.key_at, s.key_len, w) == 0)
+        return {i, true, s.first, s.count};
+    }
+  }
+  // Stores the tokens appended to tokens() since `first` as w's, in the slot find() gave.
+  void insert(const Lookup& at, std::string_view w, uint32_t first) {
+    slots_[at.slot] = {std::hash<std::string_view>()(w), uint32_t(keys_.size()), uint32_t(w.size()), first,
+                       uint32_t(tokens_.size()) - first};
+    keys_.append(w);
+    if (++words_ * 2 > slots_.size()) grow();
+  }
+  std::vector<std::pair<int32_t, uint32_t>>& tokens() { return tokens_; }  // (id, end in word)
+  // Makes room for a word of `bytes` more tokens at most; may empty the cache.
+  void reserve_word() {
+    if (words_ >= kMaxWords) {
+      keys_.clear();
+      tokens_.clear();
+      reset(size_t(1) << 12);
+    }
+  }
+
+ private:
+  static constexpr uint32_t kEmpty = ~uint32_t(0);
+  struct Slot {
+    uint64_t hash;
+    uint32_t key_at, key_len, first, count;
+  };
+  void reset(size_t n) {
+    slots_.assign(n, Slot{0, 0, 0, 0, kEmpty});
+    words_ = 0;
+  }
+  void grow() {
+    std::vector<Slot> old;
+    old.swap(slots_);
+    slots_.assign(old.size() * 2, Slot{0, 0, 0, 0, kEmpty});
+    for (const Slot& s : old) {
+      if (s.count == kEmpty) continue;
+      size_t i = s.hash & (slots_.size() - 1);
+      while (slots_[i].count != kEmpty) i = (i + 1) & (slots_.size() - 1);
+      slots_[i] = s;
+    }
+  }
+  std::vector<Slot> slots_;
+  std::string keys_;
+  std::vector<std::pair<int32_t, uint32_t>> tokens_;
+  size_t words_ = 0;
+};
+
+class PieceEncoder {
+ public:
+  explicit PieceEncoder(const HfTokenizerState& s) : s_(s) {}
+
+  HfTokenizer::Encoded run(std::string_view text) {
+    size_t pos = 0, begin = 0, end = 0;
+    int32_t id = 0;
+    while (s_.raw_tokens.find(text, pos, &begin, &end, &id)) {
+      if (begin > pos) plain(text, pos, begin);
+      emit(id, end);
+      pos = end;
+    }
+    if (pos < text.size()) plain(text, pos, text.size());
+    if (!out_.ids.empty()) out_.bytes.back() += int32_t(text.size() - covered_);
+    return std::move(out_);
+  }
+
+ private:
+  void emit(int32_t id, size_t original_end) {
+    out_.ids.push_back(id);
+    out_.bytes.push_back(int32_t(original_end - covered_));
+    covered_ = original_end;
+  }
+
+  // A span between raw added tokens: normalised, then split around normalised added tokens.
+  void plain(std::string_view text, size_t begin, size_t end) {
+    const NormalizedSpan span = normalize_span(text, begin, end, s_.nfc);
+    size_t pos = 0, b = 0, e = 0;
+    int32_t id = 0;
+    while (s_.normalized_tokens.find(span.text, pos, &b, &e, &id)) {
+      if (b > pos) split(0, span, pos, b);
+      emit(id, span.original(e));
+      pos = e;
+    }
+    if (pos < span.text.size()) split(0, span, pos, span.text.size());
+  }
+
+  // Split stage k on span.text[begin, end); each piece goes on to stage k + 1.
+  void split(size_t k, const NormalizedSpan& span, size_t begin, size_t end) {
+    if (k == s_.splits.size()) return byte_level(span, begin, end);
+    const SplitStage& stage = s_.splits[k];
+    const std::string_view subject = span.text.substr(begin, end - begin);
+    auto next = [&](size_t b, size_t e) {
+      if (e > b) split(k + 1, span, begin + b, begin + e);
+    };
+    // Pieces in order with their match flag, folded as HF's SplitDelimiterBehavior does.
+    struct Pending {
+      bool open = false;
+      size_t begin = 0, end = 0;
+      bool match = false;
+    } pending;
+    bool last_match = false;
+    auto entry = [&](size_t b, size_t e, bool match) {
+      match = match != stage.invert;
+      switch (stage.behavior) {
+        case SplitBehavior::Isolated:
+          next(b, e);
+          break;
+        case SplitBehavior::Contiguous:
+          if (pending.open && pending.match == match) {
+            pending.end = e;
+          } else {
+            if (pending.open) next(pending.begin, pending.end);
+            pending = {true, b, e, match};
+          }
+          break;
+        case SplitBehavior::MergedWithPrevious:
+          if (match && !last_match && pending.open) {
+            pending.end = e;
+          } else {
+            if (pending.open) next(pending.begin, pending.end);
+            pending = {true, b, e, match};
+          }
+          break;
+        case SplitBehavior::MergedWithNext:
+          // A match joins the piece after it when that piece is not a match.
+          if (pending.open) {
+            if (!match) {
+              next(pending.begin, e);
+              pending.open = false;
+              break;
+            }
+            next(pending.begin, pending.end);
+            pending.open = false;
+          }
+          if (match) pending = {true, b, e, true};
+          else next(b, e);
+          break;
+      }
+      last_match = match;
+    };
+    size_t pos = 0, b = 0, e = 0;
+    while (pos < subject.size() && matcher_.find(*stage.regex, subject, pos, &b, &e)) {
+      if (b > pos) entry(pos, b, false);
+      entry(b, e, true);
+      pos = e;
+    }
+    if (pos < subject.size()) entry(pos, subject.size(), false);
+    if (pending.open) next(pending.begin, pending.end);
+  }
+
+  // The ByteLevel stage on span.text[begin, end): the prefix space, GPT-2's pattern, then BPE.
+  void byte_level(const NormalizedSpan& span, size_t begin, size_t end) {
+    std::string_view subject = span.text.substr(begin, end - begin);
+    bool prefixed = false;
+    if (s_.add_prefix_space && subject[0] != ' ') {
+      prefixed_.assign(" ").append(subject);
+      subject = prefixed_;
+      prefixed = true;
+    }
+    // Offset t of the subject -> the original text (the added space covers nothing).
+    auto original = [&](size_t t) { return span.original(begin + (prefixed ? (t > 0 ? t - 1 : 0) : t)); };
+    if (!s_.byte_level_regex) return word(subject, 0, original);
+    size_t pos = 0, b = 0, e = 0;
+    while (pos < subject.size() && matcher_.find(*s_.byte_level_regex, subject, pos, &b, &e)) {
+      if (b > pos) word(subject.substr(pos, b - pos), pos, original);
+      word(subject.substr(b, e - b), b, original);
+      pos = e;
+    }
+    if (pos < subject.size()) word(subject.substr(pos), pos, original);
+  }
+
+  // One pre-token through BPE, from the cache when seen before in this piece.
+  template <class Original>
+  void word(std::string_view w, size_t at, const Original& original) {
+    cache_.reserve_word();
+    WordCache::Lookup found = cache_.find(w);
+    if (!found.found) {
+      found.first = uint32_t(cache_.tokens().size());
+      bpe(w);
+      cache_.insert(found, w, found.first);
+      found.count = uint32_t(cache_.tokens().size()) - found.first;
+    }
+    const auto& tokens = cache_.tokens();
+    for (uint32_t i = found.first; i < found.first + found.count; ++i)
+      emit(tokens[i].first, original(at + tokens[i].second));
+  }
+
+  // HF's BPE::merge_word and Word::merge_all: byte symbols (unknown bytes as <unk>, fused with
+  // fuse_unk), then the lowest-ranked merge first, the leftmost among equals. Appends (id, end
+  // offset in w) to the cache's tokens.
+  void bpe(std::string_view w) {
+    auto& out = cache_.tokens();
+    if (s_.ignore_merges) {
+      key_.assign(w);
+      const auto whole = s_.raw_vocab.find(key_);
+      if (whole != s_.raw_vocab.end()) {
+        out.emplace_back(whole->second, uint32_t(w.size()));
+        return;
+      }
+    }
+    std::vector<BpeSymbol>& symbols = symbols_;
+    symbols.clear();
+    bool pending_unk = false;
+    for (size_t i = 0; i < w.size(); ++i) {
+      const int32_t id = s_.byte_id[uint8_t(w[i])];
+      if (id < 0) {  // only with an unk token (checked when loading)
+        if (pending_unk && s_.fuse_unk) {
+          symbols.back().end = uint32_t(i + 1);
+        } else {
+          symbols.push_back({*s_.unk, 0, 0, uint32_t(i + 1), true});
+        }
+        pending_unk = true;
+        continue;
+      }
+      pending_unk = false;
+      symbols.push_back({id, 0, 0, uint32_t(i + 1), true});
+    }
+    const auto n = int32_t(symbols.size());
+    for (int32_t i = 0; i < n; ++i) {
+      symbols[size_t(i)].prev = i - 1;
+      symbols[size_t(i)].next = i + 1 < n ? i + 1 : -1;
+    }
+    struct Candidate {
+      int32_t rank, pos, id;
+      bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+    };
+    std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> queue;
+    auto rule = [&](int32_t a, int32_t b) -> const MergeRule* {
+      const auto m = s_.merges.find(pair_key(a, b));
+      return m == s_.merges.end() ? nullptr : &m->second;
+    };
+    for (int32_t i = 0; i + 1 < n; ++i)
+      if (const MergeRule* m = rule(symbols[size_t(i)].id, symbols[size_t(i) + 1].id)) queue.push({m->rank, i, m->id});
+    while (!queue.empty()) {
+      const Candidate top = queue.top();
+      queue.pop();
+      BpeSymbol& left = symbols[size_t(top.pos)];
+      if (!left.alive || left.next < 0) continue;
+      BpeSymbol& right = symbols[size_t(left.next)];
+      const MergeRule* m = rule(left.id, right.id);
+      if (!m || m->id != top.id) continue;  // stale: a neighbour has changed
+      left.id = top.id;
+      left.end = right.end;
+      right.alive = false;
+      left.next = right.next;
+      if (right.next >= 0) symbols[size_t(right.next)].prev = top.pos;
+      if (left.prev >= 0)
+        if (const MergeRule* p = rule(symbols[size_t(left.prev)].id, left.id)) queue.push({p->rank, left.prev, p->id});
+      if (left.next >= 0)
+        if (const MergeRule* q = rule(left.id, symbols[size_t(left.next)].id)) queue.push({q->rank, top.pos, q->id});
+    }
+    for (int32_t i = n > 0 ? 0 : -1; i >= 0; i = symbols[size_t(i)].next)
+      out.emplace_back(symbols[size_t(i)].id, symbols[size_t(i)].end);
+  }
+
+  const HfTokenizerState& s_;
+  HfTokenizer::Encoded out_;
+  size_t covered_ = 0;  // the original text credited so far
+  MatchState matcher_;
+  std::string prefixed_, key_;
+  WordCache cache_;
+  struct BpeSymbol {
+    int32_t id, prev, next;
+    uint32_t end;
+    bool alive;
+  };
+  std::vector<BpeSymbol> symbols_;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+HfTokenizer::HfTokenizer(std::shared_ptr<const HfTokenizerState> state) : state_(std::move(state)) {}
+
+HfTokenizer HfTokenizer::from_json(const std::string& text, const std::string& where) {
+  const JsonReader r(where);
+  Json root;
+  try {
+    root = Json::parse(text);
+  } catch (const Json::exception& e) {
+    r.fail(std::string("not a tokenizer.json (not valid JSON: ") + e.what() + ")");
+  }
+  r.keys(root, "tokenizer.json",
+         {"version", "truncation", "padding", "added_tokens", "normalizer", "pre_tokenizer", "model",
+          "post_processor", "decoder"});
+  auto state = std::make_shared<HfTokenizerState>();
+  state->where = where;
+  for (const char* key : {"truncation", "padding"})
+    if (root.contains(key) && !root[key].is_null())
+      r.fail(std::string(key) + " " + JsonReader::shown(root[key]) +
+             " is not supported (it changes the ids; extrap needs null)");
+  read_model(r, r.need(root, "tokenizer.json", "model"), *state);
+  read_normalizer(r, root.value("normalizer", Json()), "normalizer", *state);
+  const Json pre = root.value("pre_tokenizer", Json());
+  ByteLevelSeen byte_level;
+  if (!pre.is_null()) read_pre_tokenizer(r, pre, "pre_tokenizer", *state, byte_level);
+  if (!byte_level.seen)
+    r.fail("pre_tokenizer " + JsonReader::shown(pre) + " has no ByteLevel pre-tokenizer (" + kSentencePieceHint + ")");
+  read_added_tokens(r, root.value("added_tokens", Json::array()), *state);
+  read_post_processor(r, root.value("post_processor", Json()), "post_processor", *state);
+  read_decoder(r, root.value("decoder", Json()));
+
+  HfTokenizerState& s = *state;
+  s.size = int32_t(s.entries.size());
+  for (const auto& [id, content] : s.added_content) s.size = std::max(s.size, id + 1);
+  if (!s.prefix.empty()) s.bos = s.prefix.back();
+  if (!s.suffix.empty()) s.eos = s.suffix.front();
+  for (const char* name : {"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"}) {
+    if (s.eos) break;
+    const auto it = s.added_ids.find(name);
+    if (it != s.added_ids.end() && s.added_special.count(it->second)) s.eos = it->second;
+  }
+  s.cuttable = cuttable(s);
+  return HfTokenizer(std::move(state));
+}
+
+HfTokenizer HfTokenizer::load(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) throw ConfigError(path + ": cannot read the tokenizer (no such file, or not readable)");
+  std::ostringstream bytes;
+  bytes << file.rdbuf();
+  return from_json(bytes.str(), path);
+}
+
+int32_t HfTokenizer::size() const { return state_->size; }
+std::optional<int32_t> HfTokenizer::bos() const { return state_->bos; }
+std::optional<int32_t> HfTokenizer::eos() const { return state_->eos; }
+
+std::optional<int32_t> HfTokenizer::id(std::string_view token) const {
+  const std::string key(token);
+  if (const auto it = state_->added_ids.find(key); it != state_->added_ids.end()) return it->second;
+  if (const auto it = state_->vocab.find(key); it != state_->vocab.end()) return it->second;
+  return std::nullopt;
+}
+
+std::string HfTokenizer::token_bytes(int32_t id) const {
+  const HfTokenizerState& s = *state_;
+  if (const auto it = s.added_content.find(id); it != s.added_content.end()) return it->second;
+  if (id < 0 || size_t(id) >= s.entries.size() || !s.entries[size_t(id)])
+    throw std::out_of_range("token id " + std::to_string(id) + " is not a token of " + s.where);
+  return entry_bytes(*s.entries[size_t(id)]);
+}
+
+std::string HfTokenizer::decode(const std::vector<int32_t>& ids) const {
+  std::string out;
+  for (const int32_t id : ids) out += token_bytes(id);
+  return out;
+}
+
+HfTokenizer::Encoded HfTokenizer::encode_piece(std::string_view piece) const {
+  check_utf8(piece);
+  if (state_->nfc) check_nfc_agrees(piece);
+  return PieceEncoder(*state_).run(piece);
+}
+
+HfTokenizer::Encoded HfTokenizer::add_special_tokens(Encoded body) const {
+  const HfTokenizerState& s = *state_;
+  if (s.prefix.empty() && s.suffix.empty()) return body;
+  Encoded out;
+  out.ids.reserve(s.prefix.size() + body.ids.size() + s.suffix.size());
+  out.ids = s.prefix;
+  out.ids.insert(out.ids.end(), body.ids.begin(), body.ids.end());
+  out.ids.insert(out.ids.end(), s.suffix.begin(), s.suffix.end());
+  out.bytes.assign(s.prefix.size(), 0);
+  out.bytes.insert(out.bytes.end(), body.bytes.begin(), body.bytes.end());
+  out.bytes.insert(out.bytes.end(), s.suffix.size(), 0);
+  return out;
+}
+
+// Safe cuts. A cut at p must leave every stage's pieces as they are in the whole text: no
+// added token covers p (none contains "\n"), NFC has a boundary before text[p] (" " and ASCII
+// letters have one), and the first pattern's pieces (later stages only see those pieces) have
+// a boundary at p and are the same when the text ends at p. p comes right after a "\n" and
+//   (A) text[p-2] is ASCII other than whitespace and text[p] an ASCII letter, or
+//   (B) text[p] is " " and text[p+1] an ASCII letter.
+// None of the four patterns has lookbehind, so matching from p sees what the whole text's
+// matching sees once a match ends at p; it remains to show that one does, and that the pieces
+// before p do not change when the text ends at p. Let W be the run of whitespace holding the
+// "\n" at p-1.
+//  - GPT-2: no alternative but \s+(?!\S) and \s+ takes whitespace after its first character,
+//    so a match ends where W starts. On W, \s+(?!\S) takes W less its last character (followed
+//    by whitespace); the last, \n in (A) or " " in (B), is then its own match or, in (B), the
+//    start of " ?\p{L}+". In (A) W is the "\n" alone, matched by \s+ in the whole text and by
+//    \s+(?!\S) at the end of the piece: the same span. In (B) the match on W ends at p in the
+//    whole text ((?!\S) sees " " there) and at the end of the piece.
+//  - Llama 3, Qwen2: the "\n" is taken by " ?[^\s\p{L}\p{N}]+[\r\n]*" (which stops at the
+//    first character that is no line break) or by \s*[\r\n]+ (which ends at the last line
+//    break of W): at p in both texts, since W holds no line break from p on. No alternative
+//    takes a letter after a line break ([^\r\n\p{L}\p{N}]? excludes them).
+//  - BLOOM: neither "\n" nor anything before it joins a match that goes on past p (the class
+//    excludes \s, and " ?" takes " " only first), so p ends a gap between matches in both.
+// tests/data/check_hf_tokenizer.py's texts check that the pieces give the whole text's ids.
+std::vector<size_t> HfTokenizer::cut_points(std::string_view text, size_t piece_bytes) const {
+  std::vector<size_t> cuts;
+  if (!state_->cuttable || piece_bytes == 0) return cuts;
+  size_t from = piece_bytes;
+  while (from < text.size()) {
+    const size_t newline = text.find('\n', from - 1);
+    if (newline == std::string_view::npos) break;
+    const size_t p = newline + 1;
+    const bool a = p < text.size() && ascii_letter(text[p]) && p >= 2 && text[p - 2] > ' ' && text[p - 2] < 0x7F;
+    const bool b = p + 1 < text.size() && text[p] == ' ' && ascii_letter(text[p + 1]);
+    if (a || b) {
+      cuts.push_back(p);
+      from = p + piece_bytes;
+    } else {
+      from = p + 1;
+    }
+  }
+  return cuts;
+}
+
+HfTokenizer::Encoded HfTokenizer::encode(std::string_view text, int threads) const {
+  check_utf8(text);
+  if (state_->nfc) check_nfc_agrees(text);
+  if (threads <= 1) return add_special_tokens(PieceEncoder(*state_).run(text));
+  // Pieces of about 1 MB, taken by the threads in turn and appended in order.
+  const std::vector<size_t> cuts = cut_points(text, size_t(1) << 20);
+  std::vector<size_t> bounds{0};
+  bounds.insert(bounds.end(), cuts.begin(), cuts.end());
+  bounds.push_back(text.size());
+  std::vector<Encoded> pieces(bounds.size() - 1);
+  std::atomic<size_t> next{0};
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(threads));
+  std::vector<std::thread> pool;
+  for (int t = 0; t < std::min<int>(threads, int(pieces.size())); ++t) {
+    pool.emplace_back([&, t] {
+      try {
+        for (size_t i; (i = next++) < pieces.size();)
+          pieces[i] = PieceEncoder(*state_).run(text.substr(bounds[i], bounds[i + 1] - bounds[i]));
+      } catch (...) {
+        errors[size_t(t)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& thread : pool) thread.join();
+  for (const auto& error : errors)
+    if (error) std::rethrow_exception(error);
+  Encoded body;
+  size_t total = 0;
+  for (const auto& piece : pieces) total += piece.ids.size();
+  body.ids.reserve(total);
+  body.bytes.reserve(total);
+  for (auto& piece : pieces) {
+    body.ids.insert(body.ids.end(), piece.ids.begin(), piece.ids.end());
+    body.bytes.insert(body.bytes.end(), piece.bytes.begin(), piece.bytes.end());
+    Encoded().ids.swap(piece.ids);
+    Encoded().bytes.swap(piece.bytes);
+  }
+  return add_special_tokens(std::move(body));
+}
+
+}  // namespace extrap

@@ -1,0 +1,71 @@
+#include "core/run/import_run.h"
+
+#include "core/base/errors.h"
+#include "core/base/files.h"
+#include "core/base/hashing.h"
+#include "core/hub/hf_checkpoint.h"
+#include "core/run/checkpoint.h"
+#include "core/run/run_dir.h"
+
+namespace extrap {
+
+namespace fs = std::filesystem;
+
+ImportSummary import_checkpoint(const fs::path& folder, const fs::path& run, const ImportOptions& options) {
+  if (options.data.empty()) throw ConfigError("--data: name the corpus the imported model is evaluated on");
+  if (run.empty()) throw ConfigError("--out: name the run directory to write");
+  if (!options.overwrite && (has_checkpoint(run) || fs::exists(run / "fingerprint.yaml")))
+    throw ConfigError("--out " + run.string() + " already holds a run (--overwrite replaces it)");
+  refuse_run_file(run, "--out");  // not among another run's own files
+  const HfModel hf = read_hf_model(folder);
+  const SafetensorsReader weights = SafetensorsReader::open(folder);
+  const fs::path tokenizer = folder / "tokenizer.json";
+  if (!fs::exists(tokenizer))
+    throw ConfigError(folder.string() + ": no tokenizer.json (extrap reads Hugging Face tokenizer.json files; save "
+                      "the tokenizer with save_pretrained)");
+  int64_t length = options.train_length > 0 ? options.train_length : hf.train_length;
+  if (length <= 0)
+    throw ConfigError((folder / "config.json").string() + ": gives no training length (max_position_embeddings); "
+                      "pass --train-length N");
+  if (hf.family == "gpt2" && length > hf.train_length)
+    throw ConfigError("--train-length " + std::to_string(length) + ": GPT-2's learned positions end at n_positions " +
+                      std::to_string(hf.train_length));
+
+  YAML::Node root(YAML::NodeType::Map);
+  root["data"]["path"] = options.data;
+  root["data"]["tokenizer"] = "hf";
+  root["data"]["tokenizer_model"] = fs::absolute(tokenizer).lexically_normal().string();
+  root["data"]["vocab_size"] = hf.vocab_size;
+  root["model"] = hf.model;
+  root["position"] = hf.position;
+  if (hf.attention.size() > 0) root["attention"] = hf.attention;
+  root["train"]["seq_len"] = length;
+  root["train"]["out_dir"] = run.string();
+  root["eval"]["lengths"] = std::vector<int64_t>{length, 2 * length, 4 * length};
+  const Config config = config_from_yaml(root, "extrap import " + folder.string());
+
+  const Corpus corpus = load_corpus(config.data);
+  TransformerLM model = build_model(config, corpus.vocab_size);
+  load_hf_weights(hf, weights, model);  // every tensor checked before RUN is written
+  const nlohmann::json record = hf_weights_record(hf, weights);
+
+  RunDirectory dir(config, corpus, options.overwrite ? RunStart::overwrite : RunStart::fresh);
+  write_file_atomic(dir.path() / "config.yaml", YAML::Dump(config.to_yaml()) + "\n");
+  CheckpointManifest manifest;
+  manifest.step = 0;
+  manifest.fingerprint = dir.fingerprint().hash;
+  manifest.vocabulary = hex64(corpus.vocabulary_hash());
+  save_imported_checkpoint(dir.path(), config, manifest, record);
+
+  ImportSummary summary;
+  summary.run = dir.path();
+  summary.family = hf.family;
+  for (const auto& p : model->parameters()) summary.parameters += p.numel();
+  summary.vocab_size = corpus.vocab_size;
+  summary.train_length = length;
+  summary.weights_digest = hf_weights_digest(record);
+  summary.position = hf.position["name"].as<std::string>();
+  return summary;
+}
+
+}  // namespace extrap

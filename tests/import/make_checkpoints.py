@@ -1,0 +1,711 @@
+#!/usr/bin/env python3
+"""Write tiny Hugging Face checkpoint folders plus reference log-probabilities.
+
+Usage:
+    make_checkpoints.py OUT [--only NAME,NAME] [--text FILE]      # write OUT/NAME/...
+    make_checkpoints.py OUT --check [--only NAME,NAME] [--text FILE]  # re-verify folders
+    make_checkpoints.py --list
+
+For every case NAME this writes OUT/NAME/ exactly as `save_pretrained` lays out a
+checkpoint (config.json, generation_config.json, model.safetensors or shards plus
+model.safetensors.index.json, tokenizer.json, tokenizer_config.json) and one extra
+file, OUT/NAME/reference.safetensors, that Hugging Face never reads:
+
+    tokens    int64   (T,)    tokenizer encoding of the first `text_chars` characters
+                              of the text file (BOS first for llama*/mistral), cut to T
+    logprobs  float32 (T-1,)  log p(tokens[i+1] | tokens[:i+1]) from the HF model
+                              (from_pretrained(dtype=float32), eval, one forward pass
+                              over the whole sequence, float32 logits -> float64
+                              log_softmax over the full padded vocabulary)
+    metadata  str -> str      case, family, T, max_position_embeddings,
+                              transformers_version, ... (see `reference_metadata`)
+
+All weights are random (no downloads): every parameter is re-drawn from a per-case
+seeded generator, matrices ~ N(0, s), biases ~ N(0, s), norm scales ~ 1 + N(0, s), s = 0.15,
+so that biases and norm weights are not trivial. The vocabulary is the tokenizer size
+rounded up past the next multiple of 8, so some embedding rows never occur.
+
+Cases whose config.json is rewritten in the Hub (transformers 4.x) style after
+`save_pretrained` are marked `legacy_config`; loading them back through transformers
+is verified (the parsed rope parameters must be the expected ones).
+
+The reference is the `eager` attention implementation; `sdpa` must agree within
+--sdpa-atol (default 1e-5) where the family supports it (BLOOM and MPT have no sdpa
+path). Exception: falcon_rw, where transformers 5.24's eager path adds the ALiBi bias
+twice (models/falcon/modeling_falcon.py: once at line 394, again through the mask built
+at lines 762-777), so its reference is `sdpa` (bias added once, as in the original
+Falcon-RW code) and the eager difference is only recorded in the metadata.
+
+Deterministic: single-threaded torch, fixed seeds, sorted JSON; rerunning with the same
+software writes the same bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import struct
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+import torch  # noqa: E402
+import tokenizers  # noqa: E402
+import safetensors  # noqa: E402
+from safetensors import safe_open  # noqa: E402
+import transformers  # noqa: E402
+from transformers import (  # noqa: E402
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    BloomConfig,
+    FalconConfig,
+    GPT2Config,
+    GPTNeoXConfig,
+    LlamaConfig,
+    MistralConfig,
+    MptConfig,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+)
+
+transformers.logging.set_verbosity_error()
+transformers.utils.logging.disable_progress_bar()
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_TEXT = REPO / "data" / "pydoc" / "valid.txt"
+
+TOKENIZER_TRAIN_CHARS = 20000  # characters of the text the BPE is trained on
+TOKENIZER_VOCAB = 397  # BPE target size (bytes + specials + merges); model vocab -> 400
+INIT_STD = 0.15
+
+# ---------------------------------------------------------------------------
+# tokenizer
+# ---------------------------------------------------------------------------
+
+# style -> (bos token or None, eos token, extra special tokens)
+TOKENIZER_STYLES = {
+    # GPT-2 style: one special token, nothing added around the text
+    "gpt2": (None, "<|endoftext|>"),
+    # Llama-3 style: BOS added in front by a TemplateProcessing post-processor
+    "llama3": ("<|begin_of_text|>", "<|end_of_text|>"),
+    # Mistral: same mechanism with <s>, </s>
+    "mistral": ("<s>", "</s>"),
+    # Qwen2: no BOS; NFC normalizer + Qwen2 split regex before a regex-free ByteLevel, as in the
+    # real Qwen2 tokenizer.json (transformers 5.24's AutoTokenizer rebuilds exactly this pipeline
+    # for model_type qwen2 whatever tokenizer.json says, so a GPT-2 style tokenizer.json would
+    # not round-trip through AutoTokenizer)
+    "qwen2": (None, "<|endoftext|>"),
+}
+
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+_TOKENIZER_CACHE: dict = {}
+
+
+def make_tokenizer(text: str, style: str) -> tokenizers.Tokenizer:
+    """Byte-level BPE (GPT-2 style) trained on `text`; BOS post-processor for llama3/mistral styles."""
+    key = (hashlib.sha256(text.encode("utf-8")).hexdigest(), style)
+    if key in _TOKENIZER_CACHE:
+        return _TOKENIZER_CACHE[key]
+    from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    bos, eos = TOKENIZER_STYLES[style]
+    specials = [t for t in (bos, eos) if t is not None]
+    tok = tokenizers.Tokenizer(models.BPE())
+    if style == "qwen2":
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=TOKENIZER_VOCAB,
+        min_frequency=2,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([text], trainer=trainer)
+    byte_level = processors.ByteLevel(trim_offsets=False)
+    if bos is not None:
+        bos_id = tok.token_to_id(bos)
+        template = processors.TemplateProcessing(
+            single=f"{bos} $A:0",
+            pair=f"{bos} $A:0 {bos}:1 $B:1",
+            special_tokens=[(bos, bos_id)],
+        )
+        tok.post_processor = processors.Sequence([byte_level, template])
+    else:
+        tok.post_processor = byte_level
+    _TOKENIZER_CACHE[key] = tok
+    return tok
+
+
+def token_ids(tok: tokenizers.Tokenizer, style: str) -> dict:
+    bos, eos = TOKENIZER_STYLES[style]
+    return {
+        "bos_token_id": tok.token_to_id(bos) if bos else None,
+        "eos_token_id": tok.token_to_id(eos),
+    }
+
+
+def padded_vocab(n: int) -> int:
+    """Smallest multiple of 8 strictly above n: at least one row the tokenizer never produces."""
+    return (n // 8 + 1) * 8
+
+
+def save_tokenizer(tok: tokenizers.Tokenizer, style: str, folder: Path) -> None:
+    bos, eos = TOKENIZER_STYLES[style]
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=bos,
+        eos_token=eos,
+        model_max_length=1_000_000,
+        clean_up_tokenization_spaces=False,
+    )
+    fast.save_pretrained(str(folder))
+
+
+# ---------------------------------------------------------------------------
+# text and tokens
+# ---------------------------------------------------------------------------
+
+
+def read_text(path: Path, n_chars: int) -> str:
+    with open(path, "r", encoding="utf-8", newline="") as f:
+        text = f.read(n_chars)
+    if not text:
+        raise SystemExit(f"text file {path} is empty")
+    return text
+
+
+def candidate_texts(path: Path, T: int):
+    """The first 4*T characters of the file, then that text doubled, quadrupled, ... (short files)."""
+    text = read_text(path, 4 * T)
+    while True:
+        yield text
+        text = text + text
+
+
+def reference_tokens(tok: tokenizers.Tokenizer, path: Path, T: int) -> tuple[torch.Tensor, str]:
+    """Encode the first characters of the file, repeating the text until it gives T tokens. Returns (tokens, text)."""
+    for text in candidate_texts(path, T):
+        ids = tok.encode(text).ids
+        if len(ids) >= T:
+            return torch.tensor(ids[:T], dtype=torch.int64), text
+    raise AssertionError("unreachable")
+
+
+def recorded_text(path: Path, T: int, n_chars: int) -> str | None:
+    for text in candidate_texts(path, T):
+        if len(text) >= n_chars:
+            return text if len(text) == n_chars else None
+    return None
+
+
+# ---------------------------------------------------------------------------
+# cases
+# ---------------------------------------------------------------------------
+
+LLAMA_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
+
+
+def llama_config(V, ids, **over):
+    kw = dict(
+        vocab_size=V,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-5,
+        rope_parameters=dict(LLAMA_ROPE),
+        attention_bias=False,
+        mlp_bias=False,
+        tie_word_embeddings=False,
+        initializer_range=INIT_STD,
+        **ids,
+    )
+    kw.update(over)
+    return LlamaConfig(**kw)
+
+
+def legacy_rope(rope_scaling, rope_theta=10000.0):
+    """config.json edit: Hub (transformers 4.x) layout, top-level rope_theta + rope_scaling."""
+
+    def edit(cfg: dict) -> dict:
+        cfg.pop("rope_parameters", None)
+        cfg["rope_theta"] = rope_theta
+        cfg["rope_scaling"] = rope_scaling
+        return cfg
+
+    return edit
+
+
+def qwen2_hub_style(cfg: dict) -> dict:
+    """Qwen2/2.5 Hub configs: use_sliding_window false but sliding_window/max_window_layers set, no layer_types."""
+    cfg.pop("rope_parameters", None)
+    cfg.pop("layer_types", None)
+    cfg["rope_theta"] = 1000000.0
+    cfg["rope_scaling"] = None
+    cfg["use_sliding_window"] = False
+    cfg["sliding_window"] = 16  # must be ignored: use_sliding_window is false
+    cfg["max_window_layers"] = 1  # would window layer 1 if sliding were on
+    return cfg
+
+
+def mistral_hub_style(cfg: dict) -> dict:
+    cfg.pop("rope_parameters", None)
+    cfg["rope_theta"] = 10000.0
+    return cfg
+
+
+def neox_hub_style(cfg: dict) -> dict:
+    """Pythia layout: rotary_pct / rotary_emb_base at top level."""
+    rp = cfg.pop("rope_parameters")
+    cfg["rotary_pct"] = rp["partial_rotary_factor"]
+    cfg["rotary_emb_base"] = rp["rope_theta"]
+    return cfg
+
+
+def falcon_rw_hub_style(cfg: dict) -> dict:
+    """falcon-rw-1b's config.json has no rope fields (alibi model)."""
+    cfg.pop("rope_parameters", None)
+    return cfg
+
+
+def expect_rope(expected: dict):
+    def check(model) -> None:
+        got = dict(model.config.rope_parameters)
+        got.pop("type", None)
+        if got != expected:
+            raise AssertionError(f"rope_parameters parsed as {got}, expected {expected}")
+
+    return check
+
+
+def expect_qwen2_no_window(model) -> None:
+    cfg = model.config
+    assert cfg.sliding_window is None, cfg.sliding_window
+    assert all(t == "full_attention" for t in cfg.layer_types), cfg.layer_types
+    assert model.config.rope_parameters["rope_theta"] == 1000000.0, cfg.rope_parameters
+    for layer in model.model.layers:
+        assert layer.self_attn.sliding_window is None
+
+
+def expect_mistral_window(model) -> None:
+    assert model.config.sliding_window == 16
+
+
+def expect_neox(rotary_pct):
+    def check(model) -> None:
+        rp = model.config.rope_parameters
+        assert rp["partial_rotary_factor"] == rotary_pct and rp["rope_theta"] == 10000.0, rp
+        assert model.gpt_neox.layers[0].attention.rotary_ndims == 4
+
+    return check
+
+
+def case(family, style, seed, T, build, **extra):
+    d = dict(family=family, style=style, seed=seed, T=T, build=build)
+    d.update(extra)
+    return d
+
+
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 4.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
+
+CASES = {
+    # ---- Llama family (RoPE), all share seed 1000 -> identical weights where shapes agree
+    "llama": case("llama", "llama3", 1000, 160, lambda V, i: llama_config(V, i),
+                  expect=expect_rope({"rope_type": "default", "rope_theta": 10000.0})),
+    "llama_linear": case(
+        "llama", "llama3", 1000, 160, lambda V, i: llama_config(V, i),
+        config_edit=legacy_rope({"type": "linear", "factor": 4.0}),
+        expect=expect_rope({"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0})),
+    "llama_dynamic": case(
+        "llama", "llama3", 1000, 160, lambda V, i: llama_config(V, i),
+        config_edit=legacy_rope({"type": "dynamic", "factor": 4.0}),
+        expect=expect_rope({"rope_type": "dynamic", "factor": 4.0, "rope_theta": 10000.0})),
+    "llama_yarn": case(
+        "llama", "llama3", 1000, 160, lambda V, i: llama_config(V, i, max_position_embeddings=256),
+        config_edit=legacy_rope(dict(YARN)),
+        expect=expect_rope(dict(YARN, rope_theta=10000.0))),
+    "llama_yarn_v5": case(  # same model as llama_yarn, config.json as transformers 5.24 writes it
+        "llama", "llama3", 1000, 160,
+        lambda V, i: llama_config(V, i, max_position_embeddings=256,
+                                  rope_parameters=dict(YARN, rope_theta=10000.0)),
+        expect=expect_rope(dict(YARN, rope_theta=10000.0))),
+    "llama_llama3": case(
+        "llama", "llama3", 1000, 160, lambda V, i: llama_config(V, i, max_position_embeddings=256),
+        config_edit=legacy_rope(dict(LLAMA3)),
+        expect=expect_rope(dict(LLAMA3, rope_theta=10000.0))),
+    "llama_tied": case("llama", "llama3", 1000, 160,
+                       lambda V, i: llama_config(V, i, tie_word_embeddings=True)),
+    "llama_bf16": case("llama", "llama3", 1000, 160, lambda V, i: llama_config(V, i),
+                       save_dtype=torch.bfloat16),
+    "llama_fp16": case("llama", "llama3", 1000, 160, lambda V, i: llama_config(V, i),
+                       save_dtype=torch.float16),
+    "llama_sharded": case("llama", "llama3", 1000, 160, lambda V, i: llama_config(V, i),
+                          max_shard_size="400KB"),
+    # ---- Mistral: sliding window 16 on every layer
+    "mistral": case(
+        "mistral", "mistral", 1100, 160,
+        lambda V, i: MistralConfig(
+            vocab_size=V, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+            num_attention_heads=8, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+            rms_norm_eps=1e-5, rope_parameters=dict(LLAMA_ROPE), sliding_window=16,
+            tie_word_embeddings=False, initializer_range=INIT_STD, **i),
+        config_edit=mistral_hub_style, expect=expect_mistral_window),
+    # ---- Qwen2: q/k/v biases, rope_theta 1e6, sliding window configured but disabled
+    "qwen2": case(
+        "qwen2", "qwen2", 1200, 160,
+        lambda V, i: Qwen2Config(
+            vocab_size=V, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+            num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=64,
+            rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            use_sliding_window=False, tie_word_embeddings=False, initializer_range=INIT_STD, **i),
+        config_edit=qwen2_hub_style, expect=expect_qwen2_no_window),
+    # ---- GPT-2: learned absolute positions, T stays inside n_positions
+    "gpt2": case(
+        "gpt2", "gpt2", 1300, 200,
+        lambda V, i: GPT2Config(
+            vocab_size=V, n_embd=64, n_head=4, n_layer=2, n_positions=256, n_inner=None,
+            activation_function="gelu_new", layer_norm_epsilon=1e-5, resid_pdrop=0.0,
+            embd_pdrop=0.0, attn_pdrop=0.0, initializer_range=INIT_STD, **i)),
+    # ---- BLOOM: ALiBi, 6 heads (not a power of two) and 8 heads
+    "bloom": case(
+        "bloom", "gpt2", 1400, 160,
+        lambda V, i: BloomConfig(vocab_size=V, hidden_size=96, n_head=6, n_layer=2,
+                                 layer_norm_epsilon=1e-5, initializer_range=INIT_STD, **i)),
+    "bloom_h8": case(
+        "bloom", "gpt2", 1401, 160,
+        lambda V, i: BloomConfig(vocab_size=V, hidden_size=128, n_head=8, n_layer=2,
+                                 layer_norm_epsilon=1e-5, initializer_range=INIT_STD, **i)),
+    # ---- GPT-NeoX: partial rotary 0.25, parallel and sequential residual
+    "gpt_neox": case(
+        "gpt_neox", "gpt2", 1500, 160,
+        lambda V, i: GPTNeoXConfig(
+            vocab_size=V, hidden_size=64, num_attention_heads=4, num_hidden_layers=2,
+            intermediate_size=256, hidden_act="gelu", max_position_embeddings=64,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+            use_parallel_residual=True, layer_norm_eps=1e-5, tie_word_embeddings=False,
+            initializer_range=INIT_STD, **i),
+        config_edit=neox_hub_style, expect=expect_neox(0.25)),
+    "gpt_neox_seq": case(
+        "gpt_neox", "gpt2", 1501, 160,
+        lambda V, i: GPTNeoXConfig(
+            vocab_size=V, hidden_size=64, num_attention_heads=4, num_hidden_layers=2,
+            intermediate_size=256, hidden_act="gelu", max_position_embeddings=64,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+            use_parallel_residual=False, layer_norm_eps=1e-5, tie_word_embeddings=False,
+            initializer_range=INIT_STD, **i),
+        expect=expect_neox(0.25)),
+    # ---- MPT: ALiBi, 6 heads. HF MPT cannot run past max_seq_len (alibi tensor is sliced
+    #      to max_seq_len keys), so here max_seq_len 256 > T.
+    "mpt": case(
+        "mpt", "gpt2", 1600, 200,
+        lambda V, i: MptConfig(
+            vocab_size=V, d_model=96, n_heads=6, n_layers=2, expansion_ratio=4, max_seq_len=256,
+            learned_pos_emb=False, no_bias=True, layer_norm_epsilon=1e-5,
+            attn_config={"alibi": True, "alibi_bias_max": 8, "attn_impl": "torch"},
+            initializer_range=INIT_STD, **i)),
+    # ---- Falcon RW-1B shape: ALiBi, biases, sequential attn/MLP, MHA. 16 heads so the
+    #      slopes are not exact in bfloat16 (Falcon rounds slopes and slope*pos to bf16).
+    "falcon_rw": case(
+        "falcon", "gpt2", 1700, 160,
+        lambda V, i: FalconConfig(
+            vocab_size=V, hidden_size=128, num_attention_heads=16, num_hidden_layers=2,
+            alibi=True, new_decoder_architecture=False, parallel_attn=False, bias=True,
+            multi_query=False, max_position_embeddings=64, layer_norm_epsilon=1e-5,
+            initializer_range=INIT_STD, **i),
+        config_edit=falcon_rw_hub_style,
+        ref_impl="sdpa", eager_known_bad=True),
+}
+
+
+# ---------------------------------------------------------------------------
+# model building
+# ---------------------------------------------------------------------------
+
+
+def reinit_(model: torch.nn.Module, seed: int) -> None:
+    """Redraw every parameter: matrices/embeddings N(0, s), biases N(0, s), norm scales 1 + N(0, s)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # tied parameters appear once
+            noise = torch.randn(p.shape, generator=g, dtype=torch.float32) * INIT_STD
+            if p.ndim >= 2:
+                p.copy_(noise)
+            elif name.endswith("bias"):
+                p.copy_(noise)
+            else:  # 1-D weight: a norm scale
+                p.copy_(1.0 + noise)
+
+
+def positions_limit(cfg) -> int | None:
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len"):
+        v = getattr(cfg, key, None)
+        if isinstance(v, int):
+            return v
+    return None
+
+
+def compute_logprobs(model, tokens: torch.Tensor) -> torch.Tensor:
+    """float64 (T-1,) log p(tokens[i+1] | tokens[:i+1])."""
+    with torch.no_grad():
+        logits = model(input_ids=tokens[None], use_cache=False).logits[0]
+    assert logits.dtype == torch.float32, logits.dtype
+    lp = torch.log_softmax(logits.to(torch.float64), dim=-1)
+    return lp[:-1].gather(1, tokens[1:, None]).squeeze(1)
+
+
+def load(folder: Path, impl: str):
+    return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, attn_implementation=impl).eval()
+
+
+def run_references(folder: Path, spec: dict, tokens: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    ref_impl = spec.get("ref_impl", "eager")
+    other = "sdpa" if ref_impl == "eager" else "eager"
+    model = load(folder, ref_impl)
+    if "expect" in spec:
+        spec["expect"](model)
+    lp = compute_logprobs(model, tokens)
+    info = {"reference_attn_implementation": ref_impl}
+    try:
+        model2 = load(folder, other)
+    except (ValueError, ImportError) as e:  # BLOOM / MPT: no sdpa path
+        info[f"{other}_max_abs_diff"] = "unsupported"
+        info[f"{other}_note"] = str(e).split(".")[0]
+        return lp, info
+    lp2 = compute_logprobs(model2, tokens)
+    diff = (lp - lp2).abs().max().item()
+    info[f"{other}_max_abs_diff"] = f"{diff:.3e}"
+    return lp, info
+
+
+# ---------------------------------------------------------------------------
+# writing
+# ---------------------------------------------------------------------------
+
+
+def save_reference(path: Path, tensors: dict, metadata: dict) -> None:
+    """safetensors file with a sorted header (safetensors' own writer orders metadata by hash)."""
+    dtypes = {torch.int64: ("I64", "<i8"), torch.float32: ("F32", "<f4")}
+    header: dict = {"__metadata__": {k: metadata[k] for k in sorted(metadata)}}
+    blobs, offset = [], 0
+    for name in sorted(tensors):
+        t = tensors[name].contiguous()
+        tag, np_dtype = dtypes[t.dtype]
+        blob = t.numpy().astype(np_dtype).tobytes()
+        header[name] = {"dtype": tag, "shape": list(t.shape), "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    head = json.dumps(header, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    head += b" " * (-len(head) % 8)
+    path.write_bytes(struct.pack("<Q", len(head)) + head + b"".join(blobs))
+
+
+def write_json(path: Path, obj: dict) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def write_case(name: str, spec: dict, out: Path, text_path: Path, sdpa_atol: float) -> dict:
+    folder = out / name
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in folder.iterdir():  # stale shards from an earlier run
+        if f.is_file():
+            f.unlink()
+
+    train_text = read_text(text_path, TOKENIZER_TRAIN_CHARS)
+    tok = make_tokenizer(train_text, spec["style"])
+    ids = token_ids(tok, spec["style"])
+    V = padded_vocab(tok.get_vocab_size(with_added_tokens=True))
+
+    torch.manual_seed(spec["seed"])
+    cfg = spec["build"](V, ids)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="eager")
+    reinit_(model, spec["seed"])
+    model.eval()
+    if "save_dtype" in spec:
+        model = model.to(spec["save_dtype"])
+    save_kwargs = {}
+    if "max_shard_size" in spec:
+        save_kwargs["max_shard_size"] = spec["max_shard_size"]
+    model.save_pretrained(str(folder), **save_kwargs)
+    if "config_edit" in spec:
+        cfg_path = folder / "config.json"
+        write_json(cfg_path, spec["config_edit"](json.loads(cfg_path.read_text(encoding="utf-8"))))
+    save_tokenizer(tok, spec["style"], folder)
+
+    T = spec["T"]
+    tokens, used_text = reference_tokens(tok, text_path, T)
+    lp, info = run_references(folder, spec, tokens)
+
+    other = "sdpa" if info["reference_attn_implementation"] == "eager" else "eager"
+    d = info[f"{other}_max_abs_diff"]
+    if d != "unsupported" and not spec.get("eager_known_bad") and float(d) > sdpa_atol:
+        raise AssertionError(f"{name}: {other} differs from reference by {d} > {sdpa_atol}")
+    if spec.get("eager_known_bad") and d != "unsupported" and float(d) <= sdpa_atol:
+        print(f"  note: {name}: eager now agrees with sdpa ({d}); transformers fixed the double ALiBi?")
+
+    loaded_cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    meta = reference_metadata(name, spec, folder, tok, T, V, used_text, text_path, info, loaded_cfg)
+    save_reference(folder / "reference.safetensors",
+                   {"tokens": tokens, "logprobs": lp.to(torch.float32)}, meta)
+    return meta
+
+
+def reference_metadata(name, spec, folder, tok, T, V, used_text, text_path, info, cfg_json) -> dict:
+    model_cfg = transformers.AutoConfig.from_pretrained(str(folder))
+    limit = positions_limit(model_cfg)
+    rope = dict(getattr(model_cfg, "rope_parameters", None) or {})
+    rope.pop("type", None)  # legacy alias of rope_type kept by transformers
+    if spec["family"] in ("bloom", "mpt") or getattr(model_cfg, "alibi", False):
+        rope = {}
+    weight_files = sorted(p.name for p in folder.iterdir() if p.name.startswith("model") and p.suffix == ".safetensors")
+    meta = {
+        "case": name,
+        "family": spec["family"],
+        "model_type": model_cfg.model_type,
+        "architecture": (cfg_json.get("architectures") or [""])[0],
+        "T": str(T),
+        "max_position_embeddings": str(limit) if limit is not None else "none",
+        "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__.split("+")[0],
+        "tokenizers_version": tokenizers.__version__,
+        "safetensors_version": safetensors.__version__,
+        "seed": str(spec["seed"]),
+        "vocab_size": str(V),
+        "tokenizer_size": str(tok.get_vocab_size(with_added_tokens=True)),
+        "bos_token_id": str(token_ids(tok, spec["style"])["bos_token_id"]),
+        "saved_dtype": str(spec.get("save_dtype", torch.float32)).replace("torch.", ""),
+        "weight_files": ",".join(weight_files),
+        "legacy_config": str("config_edit" in spec).lower(),
+        "rope_parameters": json.dumps(dict(rope), sort_keys=True) if rope else "none",
+        "text_file": text_path.name,
+        "text_chars": str(len(used_text)),
+        "text_sha256": hashlib.sha256(used_text.encode("utf-8")).hexdigest(),
+        "logprob_definition": "logprobs[i] = log_softmax(float64(logits[i]))[tokens[i+1]], one forward, no cache",
+    }
+    meta.update(info)
+    return meta
+
+
+# ---------------------------------------------------------------------------
+# checking
+# ---------------------------------------------------------------------------
+
+
+def check_case(name: str, spec: dict, out: Path, text_path: Path, atol: float) -> str:
+    folder = out / name
+    ref_path = folder / "reference.safetensors"
+    if not ref_path.is_file():
+        raise AssertionError(f"{name}: {ref_path} missing (write the folders first)")
+    with safe_open(str(ref_path), "pt") as f:
+        meta = f.metadata()
+        tokens = f.get_tensor("tokens")
+        ref = f.get_tensor("logprobs")
+    T = int(meta["T"])
+    assert tokens.shape == (T,) and tokens.dtype == torch.int64, (tokens.shape, tokens.dtype)
+    assert ref.shape == (T - 1,) and ref.dtype == torch.float32, (ref.shape, ref.dtype)
+    if meta["transformers_version"] != transformers.__version__:
+        print(f"  warning: {name} written with transformers {meta['transformers_version']}, "
+              f"checking with {transformers.__version__}")
+
+    impl = meta["reference_attn_implementation"]
+    model = load(folder, impl)
+    if "expect" in spec:
+        spec["expect"](model)
+    assert model.config.vocab_size > int(tokens.max()), "token id outside the vocabulary"
+    lp = compute_logprobs(model, tokens).to(torch.float32)
+    exact = torch.equal(lp, ref)
+    diff = (lp - ref).abs().max().item()
+    if not exact and diff > atol:
+        raise AssertionError(f"{name}: logprobs differ from reference by {diff:.3e} > {atol}")
+
+    # tokens: the saved tokenizer (through AutoTokenizer) must reproduce them from the text
+    text_note = f"tokens not re-derived: {text_path} is not the text they were made from"
+    text = recorded_text(text_path, T, int(meta["text_chars"]))
+    if text is not None and hashlib.sha256(text.encode("utf-8")).hexdigest() == meta["text_sha256"]:
+        raw = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json")).encode(text).ids[:T]
+        if raw != tokens.tolist():
+            raise AssertionError(f"{name}: tokenizer.json encoding differs from the stored tokens")
+        hf_tok = AutoTokenizer.from_pretrained(str(folder))
+        if hf_tok(text)["input_ids"][:T] != tokens.tolist():
+            raise AssertionError(f"{name}: AutoTokenizer ({type(hf_tok).__name__}) encoding differs from the stored tokens")
+        text_note = f"tokens reproduced by tokenizer.json and AutoTokenizer ({type(hf_tok).__name__})"
+    return f"{'bit-exact' if exact else f'max |diff| {diff:.1e}'}, {text_note}"
+
+
+# ---------------------------------------------------------------------------
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", nargs="?", type=Path, help="output folder (one subfolder per case)")
+    ap.add_argument("--only", default="", help="comma-separated case names (default: all)")
+    ap.add_argument("--text", type=Path, default=DEFAULT_TEXT, help=f"text file (default {DEFAULT_TEXT})")
+    ap.add_argument("--check", action="store_true",
+                    help="do not write: reload every OUT/NAME with AutoModelForCausalLM and compare with reference.safetensors")
+    ap.add_argument("--atol", type=float, default=1e-6, help="--check tolerance when not bit-exact (default 1e-6)")
+    ap.add_argument("--sdpa-atol", type=float, default=1e-5, help="eager vs sdpa tolerance when writing (default 1e-5)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1, for reproducible bytes)")
+    ap.add_argument("--list", action="store_true", help="print the case names and exit")
+    args = ap.parse_args(argv)
+
+    if args.list:
+        print("\n".join(CASES))
+        return 0
+    if args.out is None:
+        ap.error("OUT is required")
+    names = [n for n in args.only.split(",") if n] or list(CASES)
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        ap.error(f"unknown case(s) {unknown}; known: {', '.join(CASES)}")
+    if not args.text.is_file():
+        ap.error(f"text file {args.text} not found")
+    torch.set_num_threads(args.threads)
+    torch.use_deterministic_algorithms(True)
+
+    failures = 0
+    for name in names:
+        spec = CASES[name]
+        try:
+            if args.check:
+                print(f"{name}: ok ({check_case(name, spec, args.out, args.text, args.atol)})")
+            else:
+                meta = write_case(name, spec, args.out, args.text, args.sdpa_atol)
+                other = [k for k in meta if k.endswith("_max_abs_diff")][0]
+                print(f"{name}: wrote {args.out / name} (T={meta['T']}, V={meta['vocab_size']}, "
+                      f"ref={meta['reference_attn_implementation']}, {other}={meta[other]})")
+        except Exception as e:  # report every case, fail at the end
+            failures += 1
+            print(f"{name}: FAILED: {type(e).__name__}: {e}")
+    if failures:
+        print(f"{failures} case(s) failed")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
