@@ -352,6 +352,13 @@ class LayerKind(nn.Module):
         where = f"kind {name!r}: " if name else ""
         D, H, Dh, a = model.d_model, model.heads, model.d_head, self.attention
         S = 1 if self.options.get("shared_across_layers", True) else layers
+        if self.method == "rotary" and self.options.get("scaling", "none") != "none":
+            raise ValueError(f"{where}rotary with RoPE scaling {self.options['scaling']!r} built in (an imported "
+                             "checkpoint's rope_scaling) is not read here; extrap eval computes it")
+        if self.method == "alibi" and (self.options.get("round_to", "none") != "none" or self.options.get("round_slopes")
+                                       or float(self.options.get("bias_scale", 1.0)) != 1.0):
+            raise ValueError(f"{where}alibi with a released family's rounding or scale (round_to, round_slopes, "
+                             "bias_scale) is not read here; extrap eval computes it")
         shapes = {}
         if self.method in ("alibi", "alibi_symmetric", "alibi_nonsymmetric"):
             shapes = {"slopes": (H,)}

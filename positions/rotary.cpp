@@ -5,7 +5,13 @@
 // d_rot/2, GPT-NeoX's and Llama's).
 //
 // Only the first d_rot = fraction * d_head dimensions (rounded down to an even count; GPT-NeoX's
-// rotary_pct) rotate; the rest pass through unchanged. Because q_p . k_p' depends on p - p' only, the scores are
+// rotary_pct) rotate; the rest pass through unchanged.
+//
+// `scaling` builds a RoPE scaling into the model (a released checkpoint's rope_scaling, which
+// `extrap import` maps here): linear, ntk, dynamic, yarn, yarn_paper or llama3 with its factor,
+// original length and the kind's own options, by the formulas of positions/rotation.h, in every
+// forward pass. Such a model refuses evaluation-time scaling on top (`extrap eval --rope-scaling`
+// other than none): the two would compound. Because q_p . k_p' depends on p - p' only, the scores are
 // translation-invariant: the same window at any offset gives the same attention.
 #include "positions/rotation.h"
 
@@ -18,14 +24,44 @@ struct RotaryOptions {
   double base = 10000.0;
   double fraction = 1.0;
   RotaryPairing pairing = RotaryPairing::interleaved;
+  std::string scaling = "none";
+  double scaling_factor = 1.0;
+  int64_t scaling_length = 0;
+  double beta_fast = 32.0, beta_slow = 1.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
   void read(const OptionReader& r) {
     r.read("base", base, "wavelength base of the rotation angles");
     r.read("fraction", fraction,
            "fraction of each head's dimensions that rotate (rounded down to an even count)");
     read_pairing(r, pairing);
+    r.read("scaling", scaling,
+           "a RoPE scaling built into the model (a released checkpoint's rope_scaling): none, linear, ntk, dynamic, "
+           "yarn, yarn_paper or llama3");
+    r.read("scaling_factor", scaling_factor, "scaling: its factor s");
+    r.read("scaling_length", scaling_length, "scaling: the original training length L (dynamic, yarn, llama3)");
+    r.read("beta_fast", beta_fast, "scaling yarn: beta_fast");
+    r.read("beta_slow", beta_slow, "scaling yarn: beta_slow");
+    r.read("low_freq_factor", low_freq_factor, "scaling llama3: low_freq_factor");
+    r.read("high_freq_factor", high_freq_factor, "scaling llama3: high_freq_factor");
     if (!r.decoding()) return;
     r.above("base", base, 1);
     r.in_range("fraction", fraction, 0, 1, "(]");
+    if (scaling == "self_extend")
+      r.fail("scaling", "self_extend moves positions at evaluation (extrap eval --rope-scaling self_extend)");
+    built_in();  // refuses a scaling that cannot be applied, naming it
+  }
+  // The scaling built in (kind none: nothing).
+  RopeScaling built_in() const {
+    RopeScaling s;
+    s.kind = parse_rope_scaling(scaling, "position.scaling");
+    if (!s.active()) return s;
+    s.factor = scaling_factor;
+    s.original_length = scaling_length;
+    s.beta_fast = beta_fast;
+    s.beta_slow = beta_slow;
+    s.low_freq_factor = low_freq_factor;
+    s.high_freq_factor = high_freq_factor;
+    check_rope_scaling(s);
+    return s;
   }
 };
 
@@ -37,6 +73,8 @@ class Rotary : public PositionMethod {
     if (rotated_ < 2)
       throw ConfigError("rotary: fraction " + std::to_string(options.fraction) + " of d_head " +
                         std::to_string(context.d_head) + " rotates no pair of dimensions");
+    built_in_ = options.built_in();
+    if (built_in_.active()) tables_.set_scaling(built_in_);
   }
 
   void rotate_qk(torch::Tensor& q, torch::Tensor& k, const LayerInput& at) override {
@@ -53,12 +91,17 @@ class Rotary : public PositionMethod {
   }
 
   bool set_rope_scaling(const RopeScaling& scaling) override {
-    tables_.set_scaling(scaling);
+    if (built_in_.active() && scaling.active())
+      throw ConfigError("RoPE scaling " + rope_scaling_name(scaling.kind) + ": the model has RoPE scaling " +
+                        rope_scaling_name(built_in_.kind) + " built in (position.scaling, as its checkpoint's "
+                        "rope_scaling), and the two would compound; evaluate it with --rope-scaling none");
+    tables_.set_scaling(scaling.active() ? scaling : built_in_);
     return true;
   }
 
  private:
   RotaryOptions options_;
+  RopeScaling built_in_;  // position.scaling (none: the plain angles)
   int64_t rotated_;  // d_rot: even, in [2, d_head]
   RotationTables tables_;
 };

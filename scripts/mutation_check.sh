@@ -342,12 +342,15 @@ analysis/extrap_model.py | k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat
 analysis/extrap_model.py | u = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) | u = x * torch.rsqrt(x.var(-1, keepdim=True) + self.eps) | the Python reader's RMSNorm subtracts the mean
 core/kernels/rotate_pairs.cpp | out[p + P] = a * sn + b * c[p]; | out[p + P] = a * sn - b * c[p]; | the fused half-pairing rotation's second half with a flipped sign
 core/kernels/rotate_pairs.cpp | return rotate(x, cos, sin, rotated, half, 1.0f); | return rotate(x, cos, sin, rotated, half, -1.0f); | the fused rotation turns by the negative angles forward
-core/hub/hf_checkpoint.cpp | std::vector<int64_t> view = {heads, 3, sizes[0] / (3 * heads)}; | std::vector<int64_t> view = {3, heads, sizes[0] / (3 * heads)}; | BLOOM's and GPT-NeoX's q, k, v fused per head read as [q; k; v] blocks
+core/hub/hf_checkpoint.cpp | return {{name}, [heads](const std::vector<torch::Tensor>& t) { return swap_leading(t[0], heads, 3); }, | return {{name}, [heads](const std::vector<torch::Tensor>& t) { return swap_leading(t[0], 3, heads); }, | BLOOM's and GPT-NeoX's q, k, v fused per head read as [q; k; v] blocks
 core/hub/hf_checkpoint.cpp | hf.model["block"] = c.get<bool>("use_parallel_residual", true) ? "parallel" : "sequential"; | hf.model["block"] = c.get<bool>("use_parallel_residual", true) ? "sequential" : "parallel"; | GPT-NeoX's residual pattern swapped
-core/hub/hf_checkpoint.cpp | plan[e + "ffn_in.weight"] = concatenated({s + "mlp.gate_proj.weight", s + "mlp.up_proj.weight"}); | plan[e + "ffn_in.weight"] = concatenated({s + "mlp.up_proj.weight", s + "mlp.gate_proj.weight"}); | Llama's gate and up projections swapped
+core/hub/hf_checkpoint.cpp | plan[e + "ffn_in.weight"] = concatenated({s + "mlp.gate_proj.weight", s + "mlp.up_proj.weight"}, {F, F}); | plan[e + "ffn_in.weight"] = concatenated({s + "mlp.up_proj.weight", s + "mlp.gate_proj.weight"}, {F, F}); | Llama's gate and up projections swapped
 core/model/model.cpp | const auto scaled = config_.scale_embedding ? x * std::sqrt(double(config_.d_model)) : x; | const auto scaled = x * std::sqrt(double(config_.d_model)); | model.scale_embedding false still scales the embedding
 core/model/model.cpp | return activation == Activation::relu ? torch::relu(t) : torch::gelu(t, "tanh"); | return activation == Activation::relu ? torch::relu(t) : torch::gelu(t); | gelu_tanh computed as the exact GELU
 core/hub/safetensors_reader.cpp | throw ConfigError(what + ": data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) + | (void)(what + ": data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) + | a tensor past the end of a truncated safetensors file is read
+positions/alibi.cpp | if (options_.round_slopes) b = b.to(torch::kBFloat16).to(torch::kFloat32);  // Falcon's bf16 product | ; | Falcon's products m j kept in float32 instead of rounded to bfloat16
+positions/rotary.cpp | tables_.set_scaling(scaling.active() ? scaling : built_in_); | tables_.set_scaling(scaling); | evaluation without RoPE scaling drops the checkpoint's built-in scaling
+core/hub/hf_checkpoint.cpp | [heads](const torch::Tensor& x) { return std::vector<torch::Tensor>{swap_leading(x, 3, heads)}; }}; | [heads](const torch::Tensor& x) { return std::vector<torch::Tensor>{swap_leading(x, heads, 3)}; }}; | export --format hf writes q, k, v fused per head in the wrong order
 EOF
 )
 

@@ -93,29 +93,81 @@ int64_t positive(const ConfigReader& c, const std::string& key) {
 }
 
 // RoPE: rope_parameters (transformers 5) or rope_theta / rope_scaling (older files).
+// A RoPE scaling of config.json (rope_parameters in transformers 5, rope_scaling before) as
+// rotary's built-in scaling (positions/rotary.cpp), with transformers' defaults: yarn's beta_fast
+// 32 and beta_slow 1 (0 meaning the default, as transformers' `or`), its attention factor 0.1 ln s
+// + 1, an original length of max_position_embeddings where the config names none. Keys of
+// another meaning (longrope's factors, yarn's mscale or truncate false, an attention_factor of
+// its own) are refused.
+void read_rope_scaling(const ConfigReader& c, const std::string& where, const std::string& type, const json& p,
+                       YAML::Node& position) {
+  static const std::map<std::string, std::set<std::string>> kinds = {
+      {"linear", {"factor"}},
+      {"dynamic", {"factor", "original_max_position_embeddings"}},  // the latter unread, as transformers
+      {"yarn", {"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor",
+                "truncate"}},
+      {"llama3", {"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"}}};
+  const auto kind = kinds.find(type);
+  if (kind == kinds.end())
+    c.fail(where, "rope_type \"" + type + "\" is not imported (linear, dynamic, yarn and llama3 are)");
+  for (const auto& [key, value] : p.items()) {
+    if (value.is_null() || key == "rope_type" || key == "type" || key == "rope_theta" ||
+        key == "partial_rotary_factor" || kind->second.count(key))
+      continue;
+    c.fail(where + "." + key, value.dump() + " is not imported with rope_type " + type);
+  }
+  const auto number = [&](const std::string& key, double fallback) {
+    if (!p.contains(key) || p.at(key).is_null()) return fallback;
+    if (!p.at(key).is_number()) c.fail(where + "." + key, p.at(key).dump() + " is not a number");
+    return p.at(key).get<double>();
+  };
+  const double factor = number("factor", 0);
+  if (!(factor >= 1)) c.fail(where + ".factor", "must be at least 1 for rope_type " + type);
+  position["scaling"] = type;
+  position["scaling_factor"] = factor;
+  if (type != "linear") {
+    // dynamic: transformers measures from max_position_embeddings (an original length is not read).
+    const double max_positions = double(c.get<int64_t>("max_position_embeddings", 0));
+    const double length = type == "dynamic" ? max_positions : number("original_max_position_embeddings", max_positions);
+    if (!(length >= 1)) c.fail(where + ".original_max_position_embeddings", "is needed by rope_type " + type);
+    position["scaling_length"] = int64_t(length);
+  }
+  if (type == "yarn") {
+    const double fast = number("beta_fast", 0), slow = number("beta_slow", 0);
+    position["beta_fast"] = fast != 0 ? fast : 32.0;
+    position["beta_slow"] = slow != 0 ? slow : 1.0;
+    if (p.contains("truncate") && !p.at("truncate").is_null() && p.at("truncate") != true)
+      c.fail(where + ".truncate", p.at("truncate").dump() + " is not imported (yarn's ramp ends floored and ceiled)");
+    const double attention = number("attention_factor", 0), expected = 0.1 * std::log(factor) + 1.0;
+    if (attention != 0 && std::abs(attention - expected) > 1e-12 * expected)
+      c.fail(where + ".attention_factor", std::to_string(attention) + " differs from 0.1 ln(factor) + 1 = " +
+                                             std::to_string(expected) + ", the only one imported");
+  }
+  if (type == "llama3") {
+    position["low_freq_factor"] = number("low_freq_factor", 1.0);
+    position["high_freq_factor"] = number("high_freq_factor", 4.0);
+  }
+}
+
 // theta_key and fraction_key: where a family's older configs keep the base and the rotated
 // share (GPT-NeoX: rotary_emb_base, rotary_pct); `fraction` is the family's default share.
 void read_rope(const ConfigReader& c, YAML::Node& position, int64_t head_dim, double fraction = 1.0,
                const std::string& theta_key = "rope_theta", const std::string& fraction_key = "partial_rotary_factor") {
   double theta = 10000.0;
-  std::string type = "default", where = "rope_parameters";
+  std::string where = "rope_parameters";
+  json scaling = json::object();
   if (c.has("rope_parameters")) {
-    const json& p = c.at("rope_parameters");
-    if (!p.is_object()) c.fail("rope_parameters", "must be an object");
-    type = p.value("rope_type", p.value("type", std::string("default")));
-    for (const auto& [key, value] : p.items()) {
-      if (key == "rope_theta") theta = value.get<double>();
-      else if (key == "partial_rotary_factor") fraction = value.get<double>();
-      else if (key == "rope_type" || key == "type" || value.is_null() || type != "default") continue;
-      else c.fail("rope_parameters." + key, value.dump() + " is not imported");
-    }
+    scaling = c.at("rope_parameters");
+    if (!scaling.is_object()) c.fail("rope_parameters", "must be an object");
+    if (scaling.contains("rope_theta")) theta = scaling.at("rope_theta").get<double>();
+    if (scaling.contains("partial_rotary_factor")) fraction = scaling.at("partial_rotary_factor").get<double>();
   } else {
     theta = c.get<double>(c.has(theta_key) ? theta_key : "rope_theta", 10000.0);
     c.use("rope_theta");
     c.use(theta_key);
     if (c.has("rope_scaling")) {
-      const json& s = c.at("rope_scaling");
-      type = s.value("rope_type", s.value("type", std::string("default")));
+      scaling = c.at("rope_scaling");
+      if (!scaling.is_object()) c.fail("rope_scaling", "must be an object");
       where = "rope_scaling";
     } else {
       c.use("rope_scaling");
@@ -125,9 +177,14 @@ void read_rope(const ConfigReader& c, YAML::Node& position, int64_t head_dim, do
     if (c.has(key)) fraction = c.get<double>(key);
     c.use(key);
   }
-  if (type != "default")
-    c.fail(where, "rope_type \"" + type + "\": RoPE scaling written into config.json is not imported yet; "
-           "import a checkpoint without it and pass `extrap eval --rope-scaling` instead");
+  const std::string type = scaling.value("rope_type", scaling.value("type", std::string("default")));
+  if (type == "default") {
+    for (const auto& [key, value] : scaling.items())
+      if (!value.is_null() && key != "rope_type" && key != "type" && key != "rope_theta" && key != "partial_rotary_factor")
+        c.fail(where + "." + key, value.dump() + " is not imported with rope_type default");
+  } else {
+    read_rope_scaling(c, where, type, scaling, position);
+  }
   if (!(theta > 1) || !std::isfinite(theta)) c.fail("rope_theta", std::to_string(theta) + " must be above 1");
   const double rotated = std::floor(fraction * double(head_dim) / 2.0 + 1e-9) * 2.0;
   if (!(fraction > 0 && fraction <= 1) || rotated < 2)
@@ -286,11 +343,41 @@ void map_mpt(const ConfigReader& c, HfModel& hf) {
   hf.position["name"] = "alibi";
 }
 
+void map_falcon(const ConfigReader& c, HfModel& hf) {
+  const int64_t D = positive(c, "hidden_size"), H = positive(c, "num_attention_heads");
+  if (D % H != 0) c.fail("num_attention_heads", std::to_string(H) + " does not divide hidden_size " + std::to_string(D));
+  c.require<bool>("alibi", true, "rotary Falcon (Falcon-7B, 40B) is not imported yet; the RW models' ALiBi is");
+  c.require<bool>("new_decoder_architecture", false, "Falcon-40B's block");
+  c.require<bool>("multi_query", false, "multi-query Falcon");
+  c.require<bool>("parallel_attn", false, "Falcon-7B's parallel block");
+  c.require<bool>("bias", true, "linear layers without biases beside LayerNorms with them");
+  const std::string act = c.get<std::string>("activation", "gelu");
+  if (act != "gelu") c.fail("activation", "\"" + act + "\" is not imported (gelu is)");
+  c.use("num_kv_heads");            // read by the new decoder architecture only
+  c.use("num_ln_in_parallel_attn");
+  c.use("rope_theta");              // no rotation with ALiBi
+  c.use("rope_scaling");
+  c.use("rope_parameters");
+  hf.model["layers"] = positive(c, "num_hidden_layers");
+  hf.model["d_model"] = D;
+  hf.model["heads"] = H;
+  hf.model["d_ffn"] = c.has("ffn_hidden_size") ? positive(c, "ffn_hidden_size") : 4 * D;
+  c.use("ffn_hidden_size");
+  hf.model["norm_eps"] = c.get<double>("layer_norm_epsilon", 1e-5);
+  hf.model["tie_embeddings"] = c.get<bool>("tie_word_embeddings", true);
+  hf.train_length = c.get<int64_t>("max_position_embeddings", 0);
+  // Falcon's own rule (modeling_falcon.py, build_alibi_tensor and the SDPA path): the slopes
+  // rounded to bfloat16, each m j rounded to bfloat16, the bias divided by sqrt(d_head).
+  hf.position["name"] = "alibi";
+  hf.position["round_slopes"] = true;
+  hf.position["bias_scale"] = 1.0 / std::sqrt(double(D / H));
+}
+
 using Mapper = void (*)(const ConfigReader&, HfModel&);
 const std::map<std::string, Mapper>& mappers() {
   static const std::map<std::string, Mapper> m = {
       {"llama", map_llama}, {"mistral", map_llama}, {"qwen2", map_llama}, {"gpt2", map_gpt2}, {"bloom", map_bloom},
-      {"gpt_neox", map_gpt_neox}, {"mpt", map_mpt}};
+      {"gpt_neox", map_gpt_neox}, {"mpt", map_mpt}, {"falcon", map_falcon}};
   return m;
 }
 
@@ -343,30 +430,42 @@ namespace {
 // Where each extrap parameter comes from: the folder's tensors and how they combine.
 struct Source {
   std::vector<std::string> names;
-  std::function<torch::Tensor(const std::vector<torch::Tensor>&)> combine;
+  std::function<torch::Tensor(const std::vector<torch::Tensor>&)> combine;  // the folder's -> extrap's
+  std::function<std::vector<torch::Tensor>(const torch::Tensor&)> split;     // extrap's -> the folder's
 };
 using WeightPlan = std::map<std::string, Source>;
 
 Source same(const std::string& name) {
-  return {{name}, [](const std::vector<torch::Tensor>& t) { return t[0]; }};
+  return {{name}, [](const std::vector<torch::Tensor>& t) { return t[0]; },
+          [](const torch::Tensor& x) { return std::vector<torch::Tensor>{x}; }};
 }
 Source transposed(const std::string& name) {  // GPT-2's Conv1D: (in, out)
-  return {{name}, [](const std::vector<torch::Tensor>& t) { return t[0].t(); }};
+  return {{name}, [](const std::vector<torch::Tensor>& t) { return t[0].t(); },
+          [](const torch::Tensor& x) { return std::vector<torch::Tensor>{x.t().contiguous()}; }};
 }
-Source concatenated(std::vector<std::string> names) {
-  return {std::move(names), [](const std::vector<torch::Tensor>& t) { return torch::cat(t, 0); }};
-}
-// BLOOM: rows (H, 3, Dh) -> extrap's (3, H, Dh).
-Source per_head_qkv(const std::string& name, int64_t heads) {
-  return {{name}, [heads](const std::vector<torch::Tensor>& t) {
-            auto x = t[0];
-            auto sizes = x.sizes().vec();
-            auto rest = std::vector<int64_t>(sizes.begin() + 1, sizes.end());
-            std::vector<int64_t> view = {heads, 3, sizes[0] / (3 * heads)};
-            view.insert(view.end(), rest.begin(), rest.end());
-            auto y = x.reshape(view).transpose(0, 1).contiguous();
-            return y.reshape(sizes);
+// Rows of the parts, one after another (`rows`: each part's, for splitting).
+Source concatenated(std::vector<std::string> names, std::vector<int64_t> rows) {
+  return {std::move(names), [](const std::vector<torch::Tensor>& t) { return torch::cat(t, 0); },
+          [rows](const torch::Tensor& x) {
+            std::vector<torch::Tensor> parts;
+            int64_t at = 0;
+            for (int64_t r : rows) {
+              parts.push_back(x.narrow(0, at, r).contiguous());
+              at += r;
+            }
+            return parts;
           }};
+}
+// BLOOM, GPT-NeoX, Falcon: rows (H, 3, Dh) -> extrap's (3, H, Dh), and back.
+torch::Tensor swap_leading(const torch::Tensor& x, int64_t first, int64_t second) {
+  auto sizes = x.sizes().vec();
+  std::vector<int64_t> view = {first, second, sizes[0] / (first * second)};
+  view.insert(view.end(), sizes.begin() + 1, sizes.end());
+  return x.reshape(view).transpose(0, 1).contiguous().reshape(sizes);
+}
+Source per_head_qkv(const std::string& name, int64_t heads) {
+  return {{name}, [heads](const std::vector<torch::Tensor>& t) { return swap_leading(t[0], heads, 3); },
+          [heads](const torch::Tensor& x) { return std::vector<torch::Tensor>{swap_leading(x, 3, heads)}; }};
 }
 
 // The folder's names have a prefix (model., transformer.) or none, as the class saved them.
@@ -377,10 +476,9 @@ std::string find_prefix(const SafetensorsReader& w, const std::string& probe, co
                     " (nor without its prefix): not the weights of this config's family");
 }
 
-WeightPlan llama_plan(const HfModel& hf, const SafetensorsReader& w, const TransformerLM& model) {
-  const std::string p = find_prefix(w, "embed_tokens.weight", {"model.", ""});
-  const auto& m = model->config();
+WeightPlan llama_plan(const std::string& p, const ModelConfig& m) {
   const bool qkv_bias = m.qkv_bias;
+  const int64_t Dh = m.d_head(), q = m.heads * Dh, kv = m.key_value_heads() * Dh, F = m.ffn_width();
   WeightPlan plan;
   plan["embedding.weight"] = same(p + "embed_tokens.weight");
   plan["ln_final.weight"] = same(p + "norm.weight");
@@ -389,22 +487,19 @@ WeightPlan llama_plan(const HfModel& hf, const SafetensorsReader& w, const Trans
     const std::string s = p + "layers." + std::to_string(l) + ".", e = "blocks." + std::to_string(l) + ".";
     plan[e + "ln_attention.weight"] = same(s + "input_layernorm.weight");
     plan[e + "ln_ffn.weight"] = same(s + "post_attention_layernorm.weight");
-    plan[e + "attention.qkv.weight"] =
-        concatenated({s + "self_attn.q_proj.weight", s + "self_attn.k_proj.weight", s + "self_attn.v_proj.weight"});
+    plan[e + "attention.qkv.weight"] = concatenated(
+        {s + "self_attn.q_proj.weight", s + "self_attn.k_proj.weight", s + "self_attn.v_proj.weight"}, {q, kv, kv});
     if (qkv_bias)
-      plan[e + "attention.qkv.bias"] =
-          concatenated({s + "self_attn.q_proj.bias", s + "self_attn.k_proj.bias", s + "self_attn.v_proj.bias"});
+      plan[e + "attention.qkv.bias"] = concatenated(
+          {s + "self_attn.q_proj.bias", s + "self_attn.k_proj.bias", s + "self_attn.v_proj.bias"}, {q, kv, kv});
     plan[e + "attention.out.weight"] = same(s + "self_attn.o_proj.weight");
-    plan[e + "ffn_in.weight"] = concatenated({s + "mlp.gate_proj.weight", s + "mlp.up_proj.weight"});
+    plan[e + "ffn_in.weight"] = concatenated({s + "mlp.gate_proj.weight", s + "mlp.up_proj.weight"}, {F, F});
     plan[e + "ffn_out.weight"] = same(s + "mlp.down_proj.weight");
   }
-  (void)hf;
   return plan;
 }
 
-WeightPlan gpt2_plan(const HfModel&, const SafetensorsReader& w, const TransformerLM& model) {
-  const std::string p = find_prefix(w, "wte.weight", {"transformer.", ""});
-  const auto& m = model->config();
+WeightPlan gpt2_plan(const std::string& p, const ModelConfig& m) {
   WeightPlan plan;
   plan["embedding.weight"] = same(p + "wte.weight");
   plan["position.table"] = same(p + "wpe.weight");
@@ -447,23 +542,7 @@ void add_per_head_blocks(WeightPlan& plan, const std::string& layers, const std:
   }
 }
 
-WeightPlan bloom_plan(const HfModel&, const SafetensorsReader& w, const TransformerLM& model) {
-  const std::string p = find_prefix(w, "word_embeddings.weight", {"transformer.", ""});
-  const auto& m = model->config();
-  WeightPlan plan;
-  plan["embedding.weight"] = same(p + "word_embeddings.weight");
-  plan["embedding_norm.weight"] = same(p + "word_embeddings_layernorm.weight");
-  plan["embedding_norm.bias"] = same(p + "word_embeddings_layernorm.bias");
-  plan["ln_final.weight"] = same(p + "ln_f.weight");
-  plan["ln_final.bias"] = same(p + "ln_f.bias");
-  if (!m.tie_embeddings) plan["head.weight"] = same("lm_head.weight");
-  add_per_head_blocks(plan, p + "h.", "self_attention", m);
-  return plan;
-}
-
-WeightPlan gpt_neox_plan(const HfModel&, const SafetensorsReader& w, const TransformerLM& model) {
-  const std::string p = find_prefix(w, "embed_in.weight", {"gpt_neox.", ""});
-  const auto& m = model->config();
+WeightPlan gpt_neox_plan(const std::string& p, const ModelConfig& m) {
   WeightPlan plan;
   plan["embedding.weight"] = same(p + "embed_in.weight");
   plan["ln_final.weight"] = same(p + "final_layer_norm.weight");
@@ -473,9 +552,25 @@ WeightPlan gpt_neox_plan(const HfModel&, const SafetensorsReader& w, const Trans
   return plan;
 }
 
-WeightPlan mpt_plan(const HfModel&, const SafetensorsReader& w, const TransformerLM& model) {
-  const std::string p = find_prefix(w, "wte.weight", {"transformer.", ""});
-  const auto& m = model->config();
+WeightPlan falcon_plan(const std::string& p, const ModelConfig& m) {
+  WeightPlan plan;
+  plan["embedding.weight"] = same(p + "word_embeddings.weight");
+  plan["ln_final.weight"] = same(p + "ln_f.weight");
+  plan["ln_final.bias"] = same(p + "ln_f.bias");
+  if (!m.tie_embeddings) plan["head.weight"] = same("lm_head.weight");
+  add_per_head_blocks(plan, p + "h.", "self_attention", m);
+  return plan;
+}
+
+// BLOOM: Falcon-RW's layout with a LayerNorm after the embedding.
+WeightPlan bloom_plan(const std::string& p, const ModelConfig& m) {
+  WeightPlan plan = falcon_plan(p, m);
+  plan["embedding_norm.weight"] = same(p + "word_embeddings_layernorm.weight");
+  plan["embedding_norm.bias"] = same(p + "word_embeddings_layernorm.bias");
+  return plan;
+}
+
+WeightPlan mpt_plan(const std::string& p, const ModelConfig& m) {
   WeightPlan plan;
   plan["embedding.weight"] = same(p + "wte.weight");
   plan["ln_final.weight"] = same(p + "norm_f.weight");
@@ -501,17 +596,61 @@ bool computed_buffer(const std::string& name) {
          ends_with(".attention.masked_bias") || ends_with("rotary_emb.inv_freq");
 }
 
+// The tensors' prefix each family's class saves under, the probe that finds it in a folder, and
+// the prefixes older files use (none).
+struct FamilyPrefix {
+  const char* family;
+  const char* prefix;
+  const char* probe;
+};
+constexpr FamilyPrefix kPrefixes[] = {
+    {"llama", "model.", "embed_tokens.weight"},    {"mistral", "model.", "embed_tokens.weight"},
+    {"qwen2", "model.", "embed_tokens.weight"},    {"gpt2", "transformer.", "wte.weight"},
+    {"bloom", "transformer.", "word_embeddings.weight"}, {"gpt_neox", "gpt_neox.", "embed_in.weight"},
+    {"mpt", "transformer.", "wte.weight"},         {"falcon", "transformer.", "word_embeddings.weight"}};
+
+const FamilyPrefix& prefix_of(const std::string& family) {
+  for (const auto& p : kPrefixes)
+    if (family == p.family) return p;
+  throw ConfigError("no weight mapping for family " + family);
+}
+
+std::string folder_prefix(const std::string& family, const SafetensorsReader& weights) {
+  const FamilyPrefix& p = prefix_of(family);
+  return find_prefix(weights, p.probe, {p.prefix, ""});
+}
+
+WeightPlan family_plan(const std::string& family, const std::string& prefix, const ModelConfig& m) {
+  if (family == "llama" || family == "mistral" || family == "qwen2") return llama_plan(prefix, m);
+  if (family == "gpt2") return gpt2_plan(prefix, m);
+  if (family == "bloom") return bloom_plan(prefix, m);
+  if (family == "gpt_neox") return gpt_neox_plan(prefix, m);
+  if (family == "mpt") return mpt_plan(prefix, m);
+  if (family == "falcon") return falcon_plan(prefix, m);
+  throw ConfigError("no weight mapping for family " + family);
+}
+
 }  // namespace
 
-void load_hf_weights(const HfModel& hf, const SafetensorsReader& weights, TransformerLM& model) {
-  WeightPlan plan;
-  if (hf.family == "llama" || hf.family == "mistral" || hf.family == "qwen2") plan = llama_plan(hf, weights, model);
-  else if (hf.family == "gpt2") plan = gpt2_plan(hf, weights, model);
-  else if (hf.family == "bloom") plan = bloom_plan(hf, weights, model);
-  else if (hf.family == "gpt_neox") plan = gpt_neox_plan(hf, weights, model);
-  else if (hf.family == "mpt") plan = mpt_plan(hf, weights, model);
-  else throw ConfigError(hf.dir.string() + ": no weight mapping for family " + hf.family);
+std::vector<std::pair<std::string, torch::Tensor>> hf_tensors(const std::string& family, TransformerLM& model,
+                                                              double embedding_scale) {
+  const WeightPlan plan = family_plan(family, prefix_of(family).prefix, model->config());
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  torch::NoGradGuard no_grad;
+  for (const auto& item : model->named_parameters()) {
+    const auto it = plan.find(item.key());
+    if (it == plan.end())
+      throw ConfigError("the model's parameter " + item.key() + " has no place in transformers' " + family + " model");
+    auto value = item.value().detach().to(torch::kCPU, torch::kFloat32);
+    if (item.key() == "embedding.weight" && embedding_scale != 1.0) value = value * embedding_scale;
+    const auto parts = it->second.split(value);
+    for (size_t i = 0; i < parts.size(); ++i) out.emplace_back(it->second.names[i], parts[i].contiguous());
+  }
+  return out;
+}
 
+void load_hf_weights(const HfModel& hf, const SafetensorsReader& weights, TransformerLM& model) {
+  const WeightPlan plan = family_plan(hf.family, folder_prefix(hf.family, weights), model->config());
   std::set<std::string> used;
   torch::NoGradGuard no_grad;
   for (auto& item : model->named_parameters()) {
@@ -560,6 +699,169 @@ void load_hf_weights(const HfModel& hf, const SafetensorsReader& weights, Transf
   for (const auto& item : model->named_parameters())
     if (!torch::isfinite(item.value()).all().item<bool>())
       throw ConfigError(weights.where() + ": non-finite values in the tensor(s) for " + item.key());
+}
+
+}  // namespace extrap
+
+// ----------------------------------------------------------------------------------- out
+
+namespace extrap {
+
+namespace {
+
+// Refuses the first of `checks` that fails: {holds, what no class computes}.
+void require_all(const std::string& family, const std::vector<std::pair<bool, std::string>>& checks) {
+  for (const auto& [holds, what] : checks)
+    if (!holds)
+      throw ConfigError("no transformers class computes this model: " + what + " (the nearest family, " + family +
+                        ", has no such option); export it as extrap safetensors (analysis/extrap_model.py) instead");
+}
+
+json rope_json(const YAML::Node& position, const Config& config) {
+  const auto get = [&](const char* key, double fallback) {
+    return position[key] ? position[key].as<double>() : fallback;
+  };
+  json rope = {{"rope_type", "default"}, {"rope_theta", get("base", 10000.0)}};
+  if (get("fraction", 1.0) != 1.0) rope["partial_rotary_factor"] = get("fraction", 1.0);
+  const std::string scaling = position["scaling"] ? position["scaling"].as<std::string>() : "none";
+  if (scaling == "none") return rope;
+  if (scaling != "linear" && scaling != "dynamic" && scaling != "yarn" && scaling != "llama3")
+    throw ConfigError("no transformers class computes this model: RoPE scaling " + scaling + " built in");
+  rope["rope_type"] = scaling;
+  rope["factor"] = get("scaling_factor", 1.0);
+  if (scaling == "yarn" || scaling == "llama3")
+    rope["original_max_position_embeddings"] = int64_t(get("scaling_length", 0));
+  if (scaling == "dynamic" && int64_t(get("scaling_length", 0)) != config.train.seq_len)
+    throw ConfigError("no transformers class computes this model: dynamic RoPE scaling from length " +
+                      std::to_string(int64_t(get("scaling_length", 0))) + ", which transformers takes from "
+                      "max_position_embeddings (train.seq_len " + std::to_string(config.train.seq_len) + ")");
+  if (scaling == "yarn") {
+    rope["beta_fast"] = get("beta_fast", 32.0);
+    rope["beta_slow"] = get("beta_slow", 1.0);
+  }
+  if (scaling == "llama3") {
+    rope["low_freq_factor"] = get("low_freq_factor", 1.0);
+    rope["high_freq_factor"] = get("high_freq_factor", 4.0);
+  }
+  return rope;
+}
+
+}  // namespace
+
+HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
+  const ModelConfig& m = config.model;
+  const YAML::Node& position = config.position;
+  const std::string method = config.position_name;
+  const auto option = [&](const char* key, const std::string& fallback) {
+    return position[key] ? position[key].as<std::string>() : fallback;
+  };
+  const auto number = [&](const char* key, double fallback) {
+    return position[key] ? position[key].as<double>() : fallback;
+  };
+  const AttentionConfig& a = m.attention_options;
+  const bool plain_attention = !a.sink && !a.ssmax && a.temperature == 0 && a.gate == AttentionGate::none && a.chunk == 0;
+  const bool common = m.causal() && !m.adaptive() && config.layer_pattern.empty() && m.final_norm && !m.qk_norm &&
+                      plain_attention;
+  const int64_t D = m.d_model, H = m.heads, F = m.ffn_width();
+  HfExportConfig out;
+  if (!common)
+    throw ConfigError("no transformers class computes this model: " +
+                      std::string(!m.causal() ? "a masked LM" : m.adaptive() ? "adaptive input and softmax" :
+                                  !config.layer_pattern.empty() ? "a layer pattern" : !m.final_norm ? "no final norm" :
+                                  m.qk_norm ? "qk_norm" : "the attention options " + a.describe()) +
+                      "; export it as extrap safetensors (analysis/extrap_model.py) instead");
+  json c = {{"vocab_size", vocab_size}, {"tie_word_embeddings", m.tie_embeddings}, {"dtype", "float32"},
+            {"use_cache", true}};
+  if (m.scale_embedding && m.tie_embeddings)
+    throw ConfigError("no transformers class computes this model: its tied embedding is scaled by sqrt(d_model) on "
+                      "input only (model.scale_embedding); export it as extrap safetensors (analysis/extrap_model.py) "
+                      "instead");
+  out.embedding_scale = m.scale_embedding ? std::sqrt(double(D)) : 1.0;
+  const std::string act = enum_name(m.activation);
+  if (method == "rotary" && m.norm == NormKind::rmsnorm) {
+    out.family = a.window > 0 ? "mistral" : m.qkv_bias ? "qwen2" : "llama";
+    require_all(out.family, {{option("pairing", "interleaved") == "half", "rotary with the interleaved pairing"},
+                             {m.ffn == FfnKind::swiglu, "an ffn other than swiglu"},
+                             {!m.bias, "biases"},
+                             {!(m.qkv_bias && a.window > 0), "q, k, v biases with a sliding window"},
+                             {m.block == BlockKind::sequential, "a parallel block"},
+                             {!m.embedding_norm, "an embedding norm"}});
+    c.update({{"hidden_size", D}, {"intermediate_size", F}, {"num_hidden_layers", m.layers},
+              {"num_attention_heads", H}, {"num_key_value_heads", m.key_value_heads()}, {"head_dim", m.d_head()},
+              {"hidden_act", "silu"}, {"max_position_embeddings", config.train.seq_len},
+              {"rms_norm_eps", m.norm_eps}, {"rope_parameters", rope_json(position, config)}});
+    if (out.family == "llama") c.update({{"attention_bias", false}, {"mlp_bias", false}});
+    if (out.family == "mistral") c["sliding_window"] = a.window;
+    if (out.family == "qwen2") c["use_sliding_window"] = false;
+  } else if (method == "rotary") {
+    out.family = "gpt_neox";
+    require_all(out.family, {{option("pairing", "interleaved") == "half", "rotary with the interleaved pairing"},
+                             {m.ffn == FfnKind::mlp, "a gated ffn"}, {m.bias, "no biases"},
+                             {m.key_value_heads() == H, "grouped-query attention"},
+                             {m.block != BlockKind::parallel_shared, "one norm shared by attention and ffn"},
+                             {!m.embedding_norm, "an embedding norm"}, {a.window == 0, "a sliding window"},
+                             {option("scaling", "none") == "none", "a RoPE scaling built in"}});
+    const std::map<std::string, std::string> acts = {{"gelu", "gelu"}, {"gelu_tanh", "gelu_new"}, {"relu", "relu"}};
+    c.update({{"hidden_size", D}, {"num_attention_heads", H}, {"num_hidden_layers", m.layers},
+              {"intermediate_size", F}, {"hidden_act", acts.at(act)}, {"layer_norm_eps", m.norm_eps},
+              {"max_position_embeddings", config.train.seq_len}, {"rope_parameters", rope_json(position, config)},
+              {"use_parallel_residual", m.block == BlockKind::parallel}, {"attention_bias", true}});
+  } else if (method == "learned") {
+    out.family = "gpt2";
+    require_all(out.family, {{m.norm == NormKind::layernorm && m.bias, "RMSNorm or no biases"},
+                             {m.ffn == FfnKind::mlp, "a gated ffn"}, {m.key_value_heads() == H, "grouped-query attention"},
+                             {m.block == BlockKind::sequential, "a parallel block"},
+                             {!m.embedding_norm, "an embedding norm"}, {a.window == 0, "a sliding window"},
+                             {!m.scale_embedding, "an embedding scaled by sqrt(d_model) beside learned positions"}});
+    const std::map<std::string, std::string> acts = {{"gelu", "gelu"}, {"gelu_tanh", "gelu_new"}, {"relu", "relu"}};
+    c.update({{"n_embd", D}, {"n_layer", m.layers}, {"n_head", H}, {"n_inner", F},
+              {"n_positions", int64_t(number("max_length", 1024))}, {"activation_function", acts.at(act)},
+              {"layer_norm_epsilon", m.norm_eps}, {"scale_attn_weights", true}});
+  } else if (method == "alibi") {
+    const bool falcon = position["round_slopes"] && position["round_slopes"].as<bool>();
+    require_all("alibi", {{option("round_to", "none") == "none",
+                           "ALiBi rounded to " + option("round_to", "none") + " (transformers rounds it only in a "
+                           "half-precision run)"},
+                          {m.norm == NormKind::layernorm && m.ffn == FfnKind::mlp && m.block == BlockKind::sequential &&
+                               m.key_value_heads() == H && a.window == 0,
+                           "RMSNorm, a gated ffn, a parallel block, grouped-query attention or a window beside ALiBi"},
+                          {F == 4 * D, "a feed-forward width other than 4 d_model"}});
+    if (falcon) {
+      out.family = "falcon";
+      require_all(out.family, {{std::abs(number("bias_scale", 1.0) * std::sqrt(double(m.d_head())) - 1) < 1e-12,
+                                "bias_scale other than 1/sqrt(d_head) with rounded slopes"},
+                               {m.bias && act == "gelu" && !m.embedding_norm,
+                                "no biases, an activation other than exact GELU, or an embedding norm"}});
+      c.update({{"hidden_size", D}, {"num_attention_heads", H}, {"num_hidden_layers", m.layers}, {"alibi", true},
+                {"new_decoder_architecture", false}, {"parallel_attn", false}, {"bias", true},
+                {"multi_query", false}, {"layer_norm_epsilon", m.norm_eps}, {"ffn_hidden_size", F},
+                {"activation", "gelu"}, {"max_position_embeddings", config.train.seq_len}});
+    } else if (m.embedding_norm) {
+      out.family = "bloom";
+      require_all(out.family, {{number("bias_scale", 1.0) == 1.0, "a scaled ALiBi bias"},
+                               {m.bias && act == "gelu_tanh", "no biases, or an activation other than GELU's tanh form"}});
+      c.update({{"hidden_size", D}, {"n_layer", m.layers}, {"n_head", H}, {"layer_norm_epsilon", m.norm_eps}});
+    } else {
+      out.family = "mpt";
+      require_all(out.family, {{number("bias_scale", 1.0) == 1.0, "a scaled ALiBi bias"},
+                               {!m.bias && act == "gelu", "biases, or an activation other than exact GELU"}});
+      c.update({{"d_model", D}, {"n_heads", H}, {"n_layers", m.layers}, {"expansion_ratio", 4},
+                {"max_seq_len", config.train.seq_len}, {"no_bias", true}, {"learned_pos_emb", false},
+                {"layer_norm_epsilon", m.norm_eps}, {"norm_type", "low_precision_layernorm"},
+                {"attn_config", {{"alibi", true}, {"alibi_bias_max", 8}, {"attn_impl", "torch"}}}});
+    }
+  } else {
+    throw ConfigError("no transformers class computes this model: position method " + method +
+                      "; export it as extrap safetensors (analysis/extrap_model.py) instead");
+  }
+  const std::map<std::string, std::string> classes = {
+      {"llama", "LlamaForCausalLM"},   {"mistral", "MistralForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"},
+      {"gpt2", "GPT2LMHeadModel"},     {"bloom", "BloomForCausalLM"},     {"gpt_neox", "GPTNeoXForCausalLM"},
+      {"mpt", "MptForCausalLM"},       {"falcon", "FalconForCausalLM"}};
+  c["model_type"] = out.family;
+  c["architectures"] = json::array({classes.at(out.family)});
+  out.config = c;
+  return out;
 }
 
 }  // namespace extrap

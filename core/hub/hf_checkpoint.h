@@ -52,6 +52,24 @@ const std::vector<std::string>& hf_families();
 // device. ConfigError for a missing or surplus tensor or a shape that disagrees.
 void load_hf_weights(const HfModel& hf, const SafetensorsReader& weights, TransformerLM& model);
 
+// Out: the transformers family whose own class computes `config`'s model exactly, and the
+// config.json that describes it (the inverse of read_hf_model). ConfigError naming the first
+// option no family's class has (a method or attention option transformers does not compute,
+// an embedding scaled by sqrt(d_model) with tied weights, a rounded ALiBi bias, ...).
+struct HfExportConfig {
+  std::string family;
+  nlohmann::json config;
+  // The input embedding must be multiplied by this (sqrt(d_model) for an untied model with
+  // model.scale_embedding; else 1) for the family's class, which does not scale it.
+  double embedding_scale = 1.0;
+};
+HfExportConfig hf_export_config(const Config& config, int64_t vocab_size);
+
+// The model's parameters as the family's class names and lays them out (float32, CPU), the
+// input embedding times `embedding_scale` (HfExportConfig's).
+std::vector<std::pair<std::string, torch::Tensor>> hf_tensors(const std::string& family, TransformerLM& model,
+                                                              double embedding_scale = 1.0);
+
 // An imported run's record of its weights (RUN/checkpoint/weights.json): the folder, and the
 // size and XXH3 hash of its config.json and of every weights file. The weights stay in the
 // folder; nothing is copied.

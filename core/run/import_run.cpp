@@ -17,7 +17,22 @@ ImportSummary import_checkpoint(const fs::path& folder, const fs::path& run, con
   if (!options.overwrite && (has_checkpoint(run) || fs::exists(run / "fingerprint.yaml")))
     throw ConfigError("--out " + run.string() + " already holds a run (--overwrite replaces it)");
   refuse_run_file(run, "--out");  // not among another run's own files
-  const HfModel hf = read_hf_model(folder);
+  HfModel hf = read_hf_model(folder);
+  const std::string& rounding = options.alibi_bias;
+  if (rounding != "family") {
+    if (hf.position["name"].as<std::string>() != "alibi")
+      throw ConfigError("--alibi-bias " + rounding + ": " + folder.string() + " is a " + hf.family +
+                        " model, without ALiBi");
+    if (rounding == "exact") {
+      hf.position.remove("round_slopes");
+      hf.position.remove("round_to");
+    } else if (rounding == "bfloat16" || rounding == "float16") {
+      hf.position.remove("round_slopes");
+      hf.position["round_to"] = rounding;
+    } else {
+      throw ConfigError("--alibi-bias " + rounding + ": not one of family, exact, bfloat16, float16");
+    }
+  }
   const SafetensorsReader weights = SafetensorsReader::open(folder);
   const fs::path tokenizer = folder / "tokenizer.json";
   if (!fs::exists(tokenizer))

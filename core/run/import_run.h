@@ -26,6 +26,10 @@ struct ImportOptions {
   std::string data;            // CORPUS: data.path, the text evaluations read
   int64_t train_length = 0;    // the model's training length; 0: config.json's
   bool overwrite = false;      // replace RUN if it holds a run
+  // An ALiBi family's bias: family (its own rule: Falcon's bfloat16 rounding; BLOOM and MPT
+  // exact, as in float32), exact (no rounding), bfloat16 or float16 (m j rounded to that dtype,
+  // as BLOOM computes it in a half-precision run).
+  std::string alibi_bias = "family";
 };
 
 struct ImportSummary {

@@ -1,4 +1,5 @@
 // `extrap export`: a trained run's model as a safetensors file for Python (core/export/model_export.h).
+#include "core/export/hf_export.h"
 #include "core/export/model_export.h"
 #include "experiments/cli/commands.h"
 
@@ -10,14 +11,27 @@ namespace extrap::cli {
 
 int export_model(const Args& args) {
   po::options_description options("extrap export");
-  std::string run_dir, out;
+  std::string run_dir, out, format = "safetensors";
   options.add_options()
-      ("checkpoint", po::value(&run_dir)->required(), "run directory written by extrap train")
-      ("out,o", po::value(&out)->required(), "the .safetensors file to write")
+      ("checkpoint", po::value(&run_dir)->required(), "run directory written by extrap train (or extrap import)")
+      ("out,o", po::value(&out)->required(), "the .safetensors file to write (--format hf: the folder)")
+      ("format", po::value(&format),
+       "safetensors (extrap's, for analysis/extrap_model.py) or hf (a folder transformers loads with the family's "
+       "own class)")
       ("overwrite", "replace --out if it exists");
   po::variables_map vm;
-  if (!parse(args, "extrap export --checkpoint DIR --out FILE.safetensors [--overwrite]", options, vm))
+  if (!parse(args, "extrap export --checkpoint DIR --out FILE.safetensors|DIR [--format safetensors|hf] [--overwrite]",
+             options, vm))
     return 0;
+  if (format == "hf") {
+    const HfExportSummary s = export_hf(run_dir, out, vm.count("overwrite") > 0);
+    std::cout << "wrote " << s.dir.string() << ": " << s.family << ", " << s.tensors << " tensors"
+              << (s.tokenizer ? ", tokenizer.json" : ", no tokenizer (the corpus has no Hugging Face tokenizer)")
+              << "\nload it in Python: transformers.AutoModelForCausalLM.from_pretrained(\"" << s.dir.string()
+              << "\")\n";
+    return 0;
+  }
+  if (format != "safetensors") throw ConfigError("--format " + format + ": not one of safetensors, hf");
   ExportOptions export_options;
   export_options.overwrite = vm.count("overwrite") > 0;
   const ExportSummary summary = export_run(run_dir, out, export_options);

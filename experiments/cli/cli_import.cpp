@@ -21,11 +21,14 @@ int import_model(const Args& args) {
       ("data", po::value(&import_options.data)->required(), "the corpus evaluations read (data.path)")
       ("train-length", po::value(&import_options.train_length),
        "the model's training length (default: config.json's max_position_embeddings)")
+      ("alibi-bias", po::value(&import_options.alibi_bias),
+       "an ALiBi family's bias: family (its own rule: Falcon rounds to bfloat16; BLOOM and MPT exact), exact, or "
+       "bfloat16 / float16 (m j rounded to that dtype, as BLOOM in a half-precision run)")
       ("overwrite", "replace --out if it holds a run");
   po::positional_options_description positional;
   positional.add("folder", 1);
   po::variables_map vm;
-  if (!parse(args, "extrap import DIR --out RUN --data CORPUS [--train-length N] [--overwrite]", options, vm,
+  if (!parse(args, "extrap import DIR --out RUN --data CORPUS [--train-length N] [--alibi-bias B] [--overwrite]", options, vm,
              &positional))
     return 0;
   import_options.overwrite = vm.count("overwrite") > 0;

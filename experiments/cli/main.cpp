@@ -42,7 +42,7 @@ const std::map<std::string, Command>& commands() {
       {"tokenizer", {"train a SentencePiece tokenizer on a corpus (`tokenizer train`), or show a text's pieces", tokenizer}},
       {"task", {"print a retrieval-task instance (passkey, multikey, variable_tracking) as the model sees it", task}},
       {"export", {"write a trained model as safetensors for Python (analysis/extrap_model.py)", export_model}},
-      {"import", {"a Hugging Face checkpoint folder (BLOOM, MPT, GPT-NeoX, GPT-2, Llama, Mistral, Qwen2) as a run", import_model}},
+      {"import", {"a Hugging Face checkpoint folder (BLOOM, MPT, Falcon-RW, GPT-NeoX, GPT-2, Llama, Mistral, Qwen2) as a run", import_model}},
       {"positions", {"list the registered position methods, their options and hooks", positions}},
       {"inspect", {"print ALiBi slopes or any method's attention-score bias", inspect}},
       {"keys", {"list every config key with its default and meaning", config_keys}},

@@ -2,6 +2,8 @@
 // itself (tests/import/make_checkpoints.py), evaluated by extrap. The oracle is transformers:
 // its per-token log-probabilities (float32, written beside each folder) at lengths inside and
 // beyond the model's training length must equal extrap's to 1e-5, relative (of at least 1).
+#include "core/export/hf_export.h"
+#include "core/export/safetensors.h"
 #include "core/hub/hf_checkpoint.h"
 #include "core/hub/safetensors_reader.h"
 #include "core/run/checkpoint.h"
@@ -87,14 +89,67 @@ void check_logprobs(const std::string& name, TransformerLM& model) {
 TEST_CASE("import: each family's log-probabilities equal transformers', inside and beyond its length",
           "[import][python]") {
   for (const std::string name :
-       {"llama", "llama_tied", "mistral", "qwen2", "gpt2", "bloom", "bloom_h8", "gpt_neox", "gpt_neox_seq", "mpt"}) {
+       {"llama", "llama_tied", "mistral", "qwen2", "gpt2", "bloom", "bloom_h8", "gpt_neox", "gpt_neox_seq", "mpt",
+        "falcon_rw"}) {
     DYNAMIC_SECTION(name) {
       TempDir d("import");
       // BLOOM's config.json gives no training length: the fixtures' is 64.
       Imported m = import_and_load(checkpoints() / name, d.root / "run", name.rfind("bloom", 0) == 0 ? 64 : 0);
       check_logprobs(name, m.run.model);
+      torch::NoGradGuard no_grad;
+      check_causal_and_cached(m.run.model);  // generation's KV cache: the logits of one pass
     }
   }
+}
+
+TEST_CASE("import: RoPE scaling in config.json is built into the model, as transformers computes it",
+          "[import][python]") {
+  for (const std::string name : {"llama_linear", "llama_dynamic", "llama_yarn", "llama_llama3", "llama_yarn_v5"}) {
+    DYNAMIC_SECTION(name) {
+      TempDir d("import");
+      Imported m = import_and_load(checkpoints() / name, d.root / "run");
+      check_logprobs(name, m.run.model);
+      // Evaluation-time scaling on top would compound: refused; none keeps the built-in one.
+      RopeScaling linear;
+      linear.kind = RopeScalingKind::linear;
+      linear.factor = 2;
+      CHECK_THROWS_WITH(m.run.model->set_rope_scaling(linear), Contains("built in"));
+      m.run.model->set_rope_scaling(RopeScaling{});
+      check_logprobs(name, m.run.model);
+      torch::NoGradGuard no_grad;
+      check_causal_and_cached(m.run.model);
+    }
+  }
+}
+
+TEST_CASE("import: an ALiBi family's rounding is its own, and the exact bias a named option", "[import][python]") {
+  TempDir d("import");
+  // Falcon's bias, bfloat16(bfloat16(m) j) / sqrt(d_head), is what transformers computes (the
+  // families' test above); the exact one differs, and by more at 16 heads than float32 noise.
+  ImportOptions options;
+  options.data = corpus_dir().string();
+  options.alibi_bias = "exact";
+  import_checkpoint(checkpoints() / "falcon_rw", d.root / "exact", options);
+  const VerifiedCheckpoint checkpoint = require_checkpoint(d.root / "exact");
+  CHECK(checkpoint.config.position["bias_scale"]);
+  CHECK_FALSE(checkpoint.config.position["round_slopes"]);
+  const Corpus corpus = load_corpus(checkpoint.config.data);
+  LoadedRun exact = load_run(checkpoint, corpus);
+  const SafetensorsReader reference = SafetensorsReader::open(checkpoints() / "falcon_rw" / "reference.safetensors");
+  const auto tokens = reference.tensor("tokens").to(torch::kLong).unsqueeze(0);
+  torch::NoGradGuard no_grad;
+  const auto logits = exact.model->forward(tokens).to(torch::kFloat64).log_softmax(-1).squeeze(0);
+  const auto T = tokens.size(1);
+  const auto got = logits.narrow(0, 0, T - 1).gather(1, tokens.squeeze(0).narrow(0, 1, T - 1).unsqueeze(1)).squeeze(1);
+  const double difference = (got - reference.tensor("logprobs").to(torch::kFloat64)).abs().max().item<double>();
+  CHECK(difference > 1e-3);
+  // BLOOM in a bfloat16 run: m j rounded; the rounding shows against the exact bias.
+  options.alibi_bias = "bfloat16";
+  options.train_length = 64;  // BLOOM's config.json gives none
+  import_checkpoint(checkpoints() / "bloom", d.root / "bf16", options);
+  CHECK(require_checkpoint(d.root / "bf16").config.position["round_to"].as<std::string>() == "bfloat16");
+  options.alibi_bias = "bfloat16";
+  CHECK_THROWS_WITH(import_checkpoint(checkpoints() / "llama", d.root / "no", options), Contains("without ALiBi"));
 }
 
 TEST_CASE("import: float16, bfloat16 and sharded weights load exactly", "[import][python]") {
@@ -168,10 +223,15 @@ TEST_CASE("import: bad folders are refused in one line, nothing written", "[impo
     edit_config(f, [](nlohmann::json& c) { c["attn_logit_softcapping"] = 50.0; });
     check_refused(f, run, "config.json: attn_logit_softcapping 50.0 is not implemented by extrap's llama mapping");
   }
-  SECTION("RoPE scaling in config.json, and families not imported yet") {
-    check_refused(checkpoints() / "llama_linear", run, "rope_scaling rope_type \"linear\"");
-    check_refused(checkpoints() / "llama_yarn_v5", run, "rope_parameters rope_type \"yarn\"");
-    check_refused(checkpoints() / "falcon_rw", run, "model_type \"falcon\" is not a family extrap imports");
+  SECTION("RoPE scaling of another kind or meaning, and families not imported yet") {
+    const fs::path f = copy_of(d, "llama_yarn");
+    edit_config(f, [](nlohmann::json& c) { c["rope_scaling"]["mscale"] = 0.7; });
+    check_refused(f, run, "config.json: rope_scaling.mscale 0.7 is not imported with rope_type yarn");
+    edit_config(f, [](nlohmann::json& c) { c["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 4.0}}; });
+    check_refused(f, run, "rope_type \"longrope\" is not imported");
+    const fs::path g = copy_of(d, "falcon_rw");
+    edit_config(g, [](nlohmann::json& c) { c["parallel_attn"] = true; });
+    check_refused(g, run, "config.json: parallel_attn true is not imported (Falcon-7B's parallel block)");
   }
   SECTION("a folder without tokenizer.json") {
     const fs::path f = copy_of(d, "llama");
@@ -197,4 +257,69 @@ TEST_CASE("import: weights that change after the import are refused when loaded"
   }
   CHECK_THROWS_WITH(load_run(checkpoint, corpus),
                     Contains((f / "model.safetensors").string() + " changed since it was imported"));
+}
+
+TEST_CASE("export --format hf: transformers loads each family with its own class, and the round trip holds",
+          "[import][python][export]") {
+  for (const std::string name : {"llama", "llama_tied", "mistral", "qwen2", "gpt2", "bloom", "gpt_neox", "mpt",
+                                 "falcon_rw", "llama_yarn"}) {
+    DYNAMIC_SECTION(name) {
+      TempDir d("hf-export");
+      import_and_load(checkpoints() / name, d.root / "run", name == "bloom" ? 64 : 0);
+      const HfExportSummary s = export_hf(d.root / "run", d.root / "hf", false);
+      CHECK(s.tokenizer);
+      CHECK_FALSE(fs::exists(d.root / "hf.tmp"));
+      const int code = run_python(d, EXTRAP_SOURCE_DIR "/tests/import/check_hf_export.py " + (d.root / "hf").string() +
+                                         " " + (checkpoints() / name / "reference.safetensors").string());
+      INFO(read_text(d.root / "python.log"));
+      CHECK(code == 0);
+      // extrap -> transformers' folder -> extrap gives the same numbers.
+      Imported again = import_and_load(d.root / "hf", d.root / "again", name == "bloom" ? 64 : 0);
+      check_logprobs(name, again.run.model);
+      CHECK_THROWS_WITH(export_hf(d.root / "run", d.root / "hf", false), Contains("exists (add --overwrite"));
+    }
+  }
+}
+
+TEST_CASE("export --format hf: an extrap model with a family's options, and one no class computes",
+          "[import][python][export]") {
+  TempDir d("hf-export-trained");
+  Config config = tiny_config("rotary");
+  config.position["pairing"] = "half";
+  config.model.norm = NormKind::rmsnorm;
+  config.model.ffn = FfnKind::swiglu;
+  config.model.bias = false;
+  config.model.kv_heads = 2;
+  config.model.tie_embeddings = false;  // scale_embedding stays true: the export multiplies the embedding by sqrt(D)
+  config.model.dropout = 0;
+  config.data.path = corpus_dir().string();
+  config.data.tokenizer = Tokenizer::byte;
+  config.data.cache_dir = (d.root / "cache").string();
+  const Corpus corpus = load_corpus(config.data);
+  train_briefly(config, corpus, d.root / "llama", 10);
+  // extrap's own log-probabilities, as the reference transformers must reproduce.
+  const VerifiedCheckpoint checkpoint = require_checkpoint(d.root / "llama" / "run");
+  LoadedRun run = load_run(checkpoint, corpus);
+  const auto tokens = corpus.valid.slice(0, 96).to(torch::kLong);
+  torch::Tensor logprobs;
+  {
+    torch::NoGradGuard no_grad;
+    const auto l = run.model->forward(tokens.unsqueeze(0)).to(torch::kFloat64).log_softmax(-1).squeeze(0);
+    logprobs = l.narrow(0, 0, 95).gather(1, tokens.narrow(0, 1, 95).unsqueeze(1)).squeeze(1).to(torch::kFloat32);
+  }
+  write_text(d.root / "reference.safetensors", encode_safetensors({{"tokens", tokens}, {"logprobs", logprobs}}, {}));
+  const HfExportSummary s = export_hf(d.root / "llama" / "run", d.root / "hf", false);
+  CHECK(s.family == "llama");
+  CHECK_FALSE(s.tokenizer);  // byte level: no Hugging Face tokenizer
+  const int code = run_python(d, EXTRAP_SOURCE_DIR "/tests/import/check_hf_export.py " + (d.root / "hf").string() + " " +
+                                     (d.root / "reference.safetensors").string());
+  INFO(read_text(d.root / "python.log"));
+  CHECK(code == 0);
+  // GPT-2's block as extrap trains it by default: tied and scaled embedding, which no class has.
+  Config plain = tiny_config("alibi");
+  plain.data = config.data;
+  train_briefly(plain, corpus, d.root / "plain", 5);
+  CHECK_THROWS_WITH(export_hf(d.root / "plain" / "run", d.root / "hf2", false),
+                    Contains("no transformers class computes this model: its tied embedding is scaled by sqrt(d_model)"));
+  CHECK_FALSE(fs::exists(d.root / "hf2"));
 }
