@@ -683,6 +683,7 @@ void load_hf_weights(const HfModel& hf, const SafetensorsReader& weights, Transf
     }
     if (!value.is_floating_point()) throw ConfigError(weights.where() + ": " + it->second.names.front() + " is not floating point");
     target.copy_(value.to(target.scalar_type()));
+    for (const auto& source : it->second.names) weights.release(source);  // one copy of the weights at a time
   }
   // Tied embeddings: a saved copy of the head must be the embedding itself.
   for (const std::string head : {"lm_head.weight", "embed_out.weight"}) {

@@ -204,6 +204,18 @@ torch::Tensor SafetensorsReader::tensor(const std::string& name) const {
   return view;
 }
 
+void SafetensorsReader::release(const std::string& name) const {
+  const auto it = where_.find(name);
+  if (it == where_.end()) return;
+  const Entry& e = it->second;
+  const auto& file = files_[e.file];
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = uintptr_t(file->base + file->data_begin + e.begin);
+  const uintptr_t end = uintptr_t(file->base + file->data_begin + e.end);
+  const uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;
+  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
 std::vector<int64_t> SafetensorsReader::shape(const std::string& name) const {
   const auto it = where_.find(name);
   if (it == where_.end()) throw ConfigError(where_name_ + ": has no tensor " + name);

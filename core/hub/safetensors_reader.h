@@ -34,6 +34,10 @@ class SafetensorsReader {
   // A read-only view of tensor `name` in its stored dtype, on the CPU; ConfigError naming the
   // files when there is no such tensor. The view keeps its file mapped.
   torch::Tensor tensor(const std::string& name) const;
+  // Drops tensor `name`'s pages from this process's memory (madvise MADV_DONTNEED on the whole
+  // pages inside its bytes; a later read maps them again from the file): a loader that copied
+  // it keeps the peak near one copy of the weights, not two. Views taken before stay valid.
+  void release(const std::string& name) const;
   std::vector<int64_t> shape(const std::string& name) const;
   torch::ScalarType dtype(const std::string& name) const;
   // The files read, in order, and the metadata of the first ("__metadata__").
