@@ -238,13 +238,23 @@ void map_llama(const ConfigReader& c, HfModel& hf) {
   }
 }
 
+// The MLP activations of GPT-2's and GPT-NeoX's configs and extrap's for each; the first entry
+// of an extrap activation is the name an export writes.
+const std::vector<std::pair<std::string, std::string>> kHfActivations = {
+    {"gelu_new", "gelu_tanh"}, {"gelu_pytorch_tanh", "gelu_tanh"}, {"gelu", "gelu"}, {"relu", "relu"}};
+
+// extrap's activation for config.json's `key` (default `fallback`), refusing one not listed.
+std::string read_activation(const ConfigReader& c, const std::string& key, const std::string& fallback) {
+  const std::string act = c.get<std::string>(key, fallback);
+  for (const auto& [hf, extrap] : kHfActivations)
+    if (hf == act) return extrap;
+  c.fail(key, "\"" + act + "\" is not imported (gelu_new, gelu_pytorch_tanh, gelu, relu are)");
+}
+
 void map_gpt2(const ConfigReader& c, HfModel& hf) {
   const int64_t D = positive(c, "n_embd"), H = positive(c, "n_head");
   if (D % H != 0) c.fail("n_head", std::to_string(H) + " does not divide n_embd " + std::to_string(D));
-  const std::string act = c.get<std::string>("activation_function", "gelu_new");
-  const std::map<std::string, std::string> acts = {
-      {"gelu_new", "gelu_tanh"}, {"gelu_pytorch_tanh", "gelu_tanh"}, {"gelu", "gelu"}, {"relu", "relu"}};
-  if (!acts.count(act)) c.fail("activation_function", "\"" + act + "\" is not imported (gelu_new, gelu, relu are)");
+  const std::string activation = read_activation(c, "activation_function", "gelu_new");
   c.require<bool>("scale_attn_weights", true, "scores divided by sqrt(head dim)");
   c.require<bool>("scale_attn_by_inverse_layer_idx", false, "scores divided by the layer's number");
   c.require<bool>("add_cross_attention", false, "cross-attention");
@@ -253,7 +263,7 @@ void map_gpt2(const ConfigReader& c, HfModel& hf) {
   hf.model["heads"] = H;
   hf.model["d_ffn"] = c.has("n_inner") ? positive(c, "n_inner") : 4 * D;
   c.use("n_inner");
-  hf.model["activation"] = acts.at(act);
+  hf.model["activation"] = activation;
   hf.model["norm_eps"] = c.get<double>("layer_norm_epsilon", 1e-5);
   hf.model["tie_embeddings"] = c.get<bool>("tie_word_embeddings", true);
   hf.train_length = positive(c, "n_positions");
@@ -284,16 +294,13 @@ void map_bloom(const ConfigReader& c, HfModel& hf) {
 void map_gpt_neox(const ConfigReader& c, HfModel& hf) {
   const int64_t D = positive(c, "hidden_size"), H = positive(c, "num_attention_heads");
   if (D % H != 0) c.fail("num_attention_heads", std::to_string(H) + " does not divide hidden_size " + std::to_string(D));
-  const std::string act = c.get<std::string>("hidden_act", "gelu");
-  const std::map<std::string, std::string> acts = {
-      {"gelu", "gelu"}, {"gelu_new", "gelu_tanh"}, {"gelu_pytorch_tanh", "gelu_tanh"}, {"relu", "relu"}};
-  if (!acts.count(act)) c.fail("hidden_act", "\"" + act + "\" is not imported (gelu, gelu_new, relu are)");
+  const std::string activation = read_activation(c, "hidden_act", "gelu");
   c.require<bool>("attention_bias", true, "attention projections without biases beside an MLP with them");
   hf.model["layers"] = positive(c, "num_hidden_layers");
   hf.model["d_model"] = D;
   hf.model["heads"] = H;
   hf.model["d_ffn"] = positive(c, "intermediate_size");
-  hf.model["activation"] = acts.at(act);
+  hf.model["activation"] = activation;
   hf.model["norm_eps"] = c.get<double>("layer_norm_eps", 1e-5);
   hf.model["block"] = c.get<bool>("use_parallel_residual", true) ? "parallel" : "sequential";
   hf.model["tie_embeddings"] = c.get<bool>("tie_word_embeddings", false);
@@ -718,6 +725,13 @@ void require_all(const std::string& family, const std::vector<std::pair<bool, st
                         ", has no such option); export it as extrap safetensors (analysis/extrap_model.py) instead");
 }
 
+// config.json's name for extrap's MLP activation: the first of kHfActivations.
+std::string hf_activation(const std::string& extrap) {
+  for (const auto& [hf, ours] : kHfActivations)
+    if (ours == extrap) return hf;
+  throw ConfigError("no transformers class computes this model: activation " + extrap);
+}
+
 json rope_json(const YAML::Node& position, const Config& config) {
   const auto get = [&](const char* key, double fallback) {
     return position[key] ? position[key].as<double>() : fallback;
@@ -802,9 +816,8 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
                              {m.block != BlockKind::parallel_shared, "one norm shared by attention and ffn"},
                              {!m.embedding_norm, "an embedding norm"}, {a.window == 0, "a sliding window"},
                              {option("scaling", "none") == "none", "a RoPE scaling built in"}});
-    const std::map<std::string, std::string> acts = {{"gelu", "gelu"}, {"gelu_tanh", "gelu_new"}, {"relu", "relu"}};
     c.update({{"hidden_size", D}, {"num_attention_heads", H}, {"num_hidden_layers", m.layers},
-              {"intermediate_size", F}, {"hidden_act", acts.at(act)}, {"layer_norm_eps", m.norm_eps},
+              {"intermediate_size", F}, {"hidden_act", hf_activation(act)}, {"layer_norm_eps", m.norm_eps},
               {"max_position_embeddings", config.train.seq_len}, {"rope_parameters", rope_json(position, config)},
               {"use_parallel_residual", m.block == BlockKind::parallel}, {"attention_bias", true}});
   } else if (method == "learned") {
@@ -814,9 +827,8 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
                              {m.block == BlockKind::sequential, "a parallel block"},
                              {!m.embedding_norm, "an embedding norm"}, {a.window == 0, "a sliding window"},
                              {!m.scale_embedding, "an embedding scaled by sqrt(d_model) beside learned positions"}});
-    const std::map<std::string, std::string> acts = {{"gelu", "gelu"}, {"gelu_tanh", "gelu_new"}, {"relu", "relu"}};
     c.update({{"n_embd", D}, {"n_layer", m.layers}, {"n_head", H}, {"n_inner", F},
-              {"n_positions", int64_t(number("max_length", 1024))}, {"activation_function", acts.at(act)},
+              {"n_positions", int64_t(number("max_length", 1024))}, {"activation_function", hf_activation(act)},
               {"layer_norm_epsilon", m.norm_eps}, {"scale_attn_weights", true}});
   } else if (method == "alibi") {
     const bool falcon = position["round_slopes"] && position["round_slopes"].as<bool>();

@@ -69,15 +69,21 @@ Imported import_and_load(const fs::path& folder, const fs::path& run, int64_t tr
   return out;
 }
 
+// The model's log p(tokens[i+1] | tokens[..i]) for one sequence (T,) int64: (T - 1,) float64.
+torch::Tensor next_token_logprobs(TransformerLM& model, const torch::Tensor& tokens) {
+  torch::NoGradGuard no_grad;
+  const int64_t T = tokens.size(0);
+  const auto logits = model->forward(tokens.unsqueeze(0)).to(torch::kFloat64).squeeze(0);  // (T, V)
+  return logits.log_softmax(-1).narrow(0, 0, T - 1).gather(1, tokens.narrow(0, 1, T - 1).unsqueeze(1)).squeeze(1);
+}
+
 // extrap's log p(tokens[i+1] | tokens[..i]) for the reference's tokens, against transformers'.
 void check_logprobs(const std::string& name, TransformerLM& model) {
   const SafetensorsReader reference = SafetensorsReader::open(checkpoints() / name / "reference.safetensors");
-  const auto tokens = reference.tensor("tokens").to(torch::kLong).unsqueeze(0);  // (1, T)
-  const auto expected = reference.tensor("logprobs").to(torch::kFloat64);       // (T - 1)
-  torch::NoGradGuard no_grad;
-  const auto logits = model->forward(tokens).to(torch::kFloat64).squeeze(0);    // (T, V)
-  const auto T = tokens.size(1);
-  const auto got = logits.log_softmax(-1).narrow(0, 0, T - 1).gather(1, tokens.squeeze(0).narrow(0, 1, T - 1).unsqueeze(1)).squeeze(1);
+  const auto tokens = reference.tensor("tokens").to(torch::kLong);          // (T)
+  const auto expected = reference.tensor("logprobs").to(torch::kFloat64);  // (T - 1)
+  const auto T = tokens.size(0);
+  const auto got = next_token_logprobs(model, tokens);
   REQUIRE(got.sizes() == expected.sizes());
   const double error = ((got - expected).abs() / expected.abs().clamp_min(1.0)).max().item<double>();
   INFO(name << ": " << T << " tokens, largest relative difference " << error);
@@ -136,11 +142,7 @@ TEST_CASE("import: an ALiBi family's rounding is its own, and the exact bias a n
   const Corpus corpus = load_corpus(checkpoint.config.data);
   LoadedRun exact = load_run(checkpoint, corpus);
   const SafetensorsReader reference = SafetensorsReader::open(checkpoints() / "falcon_rw" / "reference.safetensors");
-  const auto tokens = reference.tensor("tokens").to(torch::kLong).unsqueeze(0);
-  torch::NoGradGuard no_grad;
-  const auto logits = exact.model->forward(tokens).to(torch::kFloat64).log_softmax(-1).squeeze(0);
-  const auto T = tokens.size(1);
-  const auto got = logits.narrow(0, 0, T - 1).gather(1, tokens.squeeze(0).narrow(0, 1, T - 1).unsqueeze(1)).squeeze(1);
+  const auto got = next_token_logprobs(exact.model, reference.tensor("tokens").to(torch::kLong));
   const double difference = (got - reference.tensor("logprobs").to(torch::kFloat64)).abs().max().item<double>();
   CHECK(difference > 1e-3);
   // BLOOM in a bfloat16 run: m j rounded; the rounding shows against the exact bias.
@@ -301,12 +303,7 @@ TEST_CASE("export --format hf: an extrap model with a family's options, and one 
   const VerifiedCheckpoint checkpoint = require_checkpoint(d.root / "llama" / "run");
   LoadedRun run = load_run(checkpoint, corpus);
   const auto tokens = corpus.valid.slice(0, 96).to(torch::kLong);
-  torch::Tensor logprobs;
-  {
-    torch::NoGradGuard no_grad;
-    const auto l = run.model->forward(tokens.unsqueeze(0)).to(torch::kFloat64).log_softmax(-1).squeeze(0);
-    logprobs = l.narrow(0, 0, 95).gather(1, tokens.narrow(0, 1, 95).unsqueeze(1)).squeeze(1).to(torch::kFloat32);
-  }
+  const auto logprobs = next_token_logprobs(run.model, tokens).to(torch::kFloat32);
   write_text(d.root / "reference.safetensors", encode_safetensors({{"tokens", tokens}, {"logprobs", logprobs}}, {}));
   const HfExportSummary s = export_hf(d.root / "llama" / "run", d.root / "hf", false);
   CHECK(s.family == "llama");
