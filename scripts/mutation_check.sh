@@ -351,6 +351,9 @@ core/hub/safetensors_reader.cpp | throw ConfigError(what + ": data_offsets [" + 
 positions/alibi.cpp | if (options_.round_slopes) b = b.to(torch::kBFloat16).to(torch::kFloat32);  // Falcon's bf16 product | ; | Falcon's products m j kept in float32 instead of rounded to bfloat16
 positions/rotary.cpp | tables_.set_scaling(scaling.active() ? scaling : built_in_); | tables_.set_scaling(scaling); | evaluation without RoPE scaling drops the checkpoint's built-in scaling
 core/hub/hf_checkpoint.cpp | [heads](const torch::Tensor& x) { return std::vector<torch::Tensor>{swap_leading(x, 3, heads)}; }}; | [heads](const torch::Tensor& x) { return std::vector<torch::Tensor>{swap_leading(x, heads, 3)}; }}; | export --format hf writes q, k, v fused per head in the wrong order
+core/data/hf_tokenizer.cpp | case MetaspacePrepend::each: prepend = !at_start | case MetaspacePrepend::each: prepend = 1 + 0 * !at_start | Llama 2's Prepend "▁" put before a piece that continues a span after a parallel cut
+core/data/hf_tokenizer.cpp | (s_.word_cuts && uint8_t(word_.back()) < 0x80) | (s_.word_cuts) | SentencePiece-style BPE cut before every "▁", splitting runs of spaces that merge ("▁▁")
+core/data/hf_tokenizer.cpp | symbols.back().end = uint32_t(i); | symbols.push_back({*s_.unk, 0, 0, uint32_t(i), true}); | unknown characters in a row not fused into one <unk> (fuse_unk ignored)
 EOF
 )
 

@@ -1,6 +1,7 @@
 #include "core/data/hf_tokenizer.h"
 
 #include "core/base/errors.h"
+#include "core/data/tokenizer.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <nlohmann/json.hpp>
@@ -11,6 +12,7 @@
 #include <unicode/uchar.h>
 
 #include <algorithm>
+#include <cctype>
 #include <array>
 #include <atomic>
 #include <exception>
@@ -790,6 +792,11 @@ struct SplitStage {
   bool invert = false;
 };
 
+// Where the SentencePiece style puts a "▁" before a span: Metaspace's prepend_scheme (first:
+// before the span at the text's start; always: before every span) unless the span already
+// starts with "▁", or the normaliser's Prepend (each: before every span between added tokens).
+enum class MetaspacePrepend { never, first, always, each };
+
 struct MergeRule {
   int32_t rank;
   int32_t id;
@@ -824,6 +831,21 @@ struct HfTokenizerState {
   std::vector<SplitStage> splits;  // Split and Digits, in order, before ByteLevel
   bool add_prefix_space = false;
   std::unique_ptr<Regex> byte_level_regex;  // GPT-2's pattern when use_regex
+  // SentencePiece style (Llama 2, Mistral): BPE over characters, " " as "▁" (the Metaspace
+  // pre-tokeniser, or the normaliser's Replace), a "▁" put before a span (Prepend), unknown
+  // characters as their bytes' <0xXX> tokens (byte_fallback).
+  bool metaspace = false;
+  MetaspacePrepend prepend = MetaspacePrepend::never;
+  bool metaspace_split = false;    // every "▁" starts a pre-token (Metaspace's split)
+  bool normalizer_replace = false;  // normalizer Replace " " -> "▁"
+  bool normalizer_prepend = false;  // normalizer Prepend "▁"
+  bool byte_fallback = false;
+  std::array<int32_t, 256> fallback_id{};           // byte -> its <0xXX> token, or -1
+  std::unordered_map<uint32_t, int32_t> char_id;    // one-character entries by code point
+  // No entry holds a character other than "▁" right before a "▁", and "▁" is an entry: no
+  // merge joins across a "▁" that follows an ASCII character, so BPE may run on the pieces
+  // between such places one at a time (metaspace_words) with the same result.
+  bool word_cuts = false;
   // Post-processor.
   std::vector<int32_t> prefix, suffix;
   std::optional<int32_t> bos, eos;
@@ -838,8 +860,9 @@ namespace {
 // may change the result, so it is refused rather than ignored.
 
 const char* const kSentencePieceHint =
-    "byte-level BPE tokenizers only; a SentencePiece model's tokenizer.model is read as "
-    "data.tokenizer: sentencepiece";
+    "extrap reads BPE tokenizers, byte-level or SentencePiece-style; a SentencePiece Unigram model is "
+    "not supported";
+const char* const kMetaspace = kSentencePieceSpace;
 
 class JsonReader {
  public:
@@ -917,8 +940,10 @@ void read_model(const JsonReader& r, const Json& model, HfTokenizerState& s) {
       r.fail(std::string("model.") + key + " " + JsonReader::shown(model[key]) +
              " is not supported (byte-level BPE has none; null or \"\" only)");
   }
-  if (r.boolean(model, "model", "byte_fallback", false))
-    r.fail(std::string("model.byte_fallback true is not supported (") + kSentencePieceHint + ")");
+  s.byte_fallback = r.boolean(model, "model", "byte_fallback", false);
+  if (s.byte_fallback && !s.metaspace)
+    r.fail("model.byte_fallback true is not supported with a ByteLevel pre-tokenizer (byte-level BPE has every "
+           "byte as a symbol; byte fallback belongs to the SentencePiece style with Metaspace)");
   s.fuse_unk = r.boolean(model, "model", "fuse_unk", false);
   s.ignore_merges = r.boolean(model, "model", "ignore_merges", false);
 
@@ -932,6 +957,12 @@ void read_model(const JsonReader& r, const Json& model, HfTokenizerState& s) {
              "\" and \"" + item.key() + "\"");
     s.entries[size_t(id)] = item.key();
     s.vocab.emplace(item.key(), id);
+    if (s.metaspace) {
+      size_t end = 0;
+      const uint32_t cp = item.key().empty() ? 0 : next_code_point(item.key(), end);
+      if (!item.key().empty() && end == item.key().size()) s.char_id.emplace(cp, id);
+      continue;
+    }
     bool pure = false;
     const std::string raw = entry_bytes(item.key(), &pure);
     if (pure) s.raw_vocab.emplace(raw, id);
@@ -943,7 +974,25 @@ void read_model(const JsonReader& r, const Json& model, HfTokenizerState& s) {
     const auto it = s.vocab.find(model["unk_token"].get<std::string>());
     if (it != s.vocab.end()) s.unk = it->second;
   }
-  for (int b = 0; b < 256; ++b) {
+  if (s.metaspace) {
+    // HF's BPE drops a character that is not an entry when neither its bytes' <0xXX> tokens
+    // (byte_fallback) nor unk_token stand for it; extrap credits every byte to a token.
+    for (int b = 0; b < 256; ++b) {
+      char name[8];
+      std::snprintf(name, sizeof name, "<0x%02X>", unsigned(b));
+      const auto it = s.vocab.find(name);
+      s.fallback_id[size_t(b)] = it == s.vocab.end() ? -1 : it->second;
+      if (s.byte_fallback && it == s.vocab.end())
+        r.fail("model.byte_fallback is true but model.vocab has no byte token \"" + std::string(name) +
+               "\" (SentencePiece's byte_fallback has all 256)");
+      if (!s.unk && !s.byte_fallback)
+        r.fail(std::string("model.unk_token is null and ") +
+               "model.byte_fallback is false" +
+               ": HF would drop a character outside the vocabulary silently, and extrap credits every byte to a "
+               "token");
+    }
+  }
+  for (int b = 0; b < 256 && !s.metaspace; ++b) {
     const auto it = s.vocab.find(alphabet().symbol[size_t(b)]);
     s.byte_id[size_t(b)] = it == s.vocab.end() ? -1 : it->second;
     if (it == s.vocab.end() && !s.unk) {
@@ -997,10 +1046,23 @@ void read_normalizer(const JsonReader& r, const Json& normalizer, const std::str
     if (!list.is_array()) r.fail(path + ".normalizers is not a list");
     for (size_t i = 0; i < list.size(); ++i)
       read_normalizer(r, list[i], path + ".normalizers[" + std::to_string(i) + "]", s);
+  } else if (type == "Prepend") {  // Llama 2's and Mistral's: "▁" before each span
+    r.keys(normalizer, path, {"type", "prepend"});
+    const std::string prepend = r.string(normalizer, path, "prepend");
+    if (prepend != kMetaspace)
+      r.fail(path + ".prepend " + JsonReader::shown(prepend) + " is not supported (\"▁\" only, as SentencePiece's)");
+    s.normalizer_prepend = true;
+  } else if (type == "Replace") {  // ... and " " as "▁"
+    r.keys(normalizer, path, {"type", "pattern", "content"});
+    const Json& pattern = r.need(normalizer, path, "pattern");
+    const std::string content = r.string(normalizer, path, "content");
+    if (pattern != Json{{"String", " "}} || content != kMetaspace)
+      r.fail(path + " replaces " + JsonReader::shown(pattern) + " by " + JsonReader::shown(content) +
+             ", which is not supported (only {\"String\": \" \"} by \"▁\", as SentencePiece's)");
+    s.normalizer_replace = true;
   } else {
-    r.fail(path + ".type \"" + type + "\" is not supported (extrap reads NFC, or a Sequence of NFC" +
-           (type == "Precompiled" || type == "Replace" ? std::string("; ") + kSentencePieceHint : std::string()) +
-           ")");
+    r.fail(path + ".type \"" + type + "\" is not supported (extrap reads NFC, Prepend \"▁\", Replace \" \" by \"▁\" " +
+           "and Sequence)");
   }
 }
 
@@ -1055,6 +1117,25 @@ void read_pre_tokenizer(const JsonReader& r, const Json& pre, const std::string&
              " cannot be matched exactly as HF's Oniguruma does: " + e.what());
     }
     s.splits.push_back(std::move(stage));
+  } else if (type == "Metaspace") {
+    if (path != "pre_tokenizer")
+      r.fail(path + ".type \"Metaspace\" inside a Sequence is not supported (extrap reads Metaspace alone)");
+    r.keys(pre, path, {"type", "replacement", "prepend_scheme", "split", "add_prefix_space", "str_rep"});
+    const std::string replacement = r.string(pre, path, "replacement");
+    if (replacement != kMetaspace)
+      r.fail(path + ".replacement " + JsonReader::shown(replacement) + " is not supported (\"▁\" only)");
+    if (pre.contains("str_rep") && pre["str_rep"] != kMetaspace)
+      r.fail(path + ".str_rep " + JsonReader::shown(pre["str_rep"]) + " is not supported (\"▁\" only)");
+    // Files older than prepend_scheme say add_prefix_space (true: always).
+    const std::string scheme = pre.contains("prepend_scheme")
+                                   ? r.string(pre, path, "prepend_scheme")
+                                   : r.boolean(pre, path, "add_prefix_space", true) ? "always" : "never";
+    if (scheme == "first") s.prepend = MetaspacePrepend::first;
+    else if (scheme == "always") s.prepend = MetaspacePrepend::always;
+    else if (scheme == "never") s.prepend = MetaspacePrepend::never;
+    else r.fail(path + ".prepend_scheme \"" + scheme + "\" is not supported (first, always or never)");
+    s.metaspace_split = r.boolean(pre, path, "split", true);
+    s.metaspace = true;
   } else if (type == "Digits") {
     r.keys(pre, path, {"type", "individual_digits"});
     SplitStage stage;
@@ -1064,8 +1145,7 @@ void read_pre_tokenizer(const JsonReader& r, const Json& pre, const std::string&
     s.splits.push_back(std::move(stage));
   } else {
     r.fail(path + ".type \"" + type + "\" is not supported (" +
-           (type == "Metaspace" ? std::string(kSentencePieceHint)
-                                : std::string("extrap reads Split, Digits, ByteLevel and Sequence")) +
+           std::string("extrap reads Split, Digits, ByteLevel, Metaspace and Sequence") +
            ")");
   }
 }
@@ -1134,13 +1214,31 @@ void read_post_processor(const JsonReader& r, const Json& post, const std::strin
   }
 }
 
-void read_decoder(const JsonReader& r, const Json& decoder) {
+void read_decoder(const JsonReader& r, const Json& decoder, bool metaspace) {
   if (decoder.is_null()) return;
   if (!decoder.is_object()) r.fail("decoder is " + JsonReader::shown(decoder) + ", not an object or null");
   const std::string type = r.type(decoder, "decoder");
-  if (type != "ByteLevel")
-    r.fail("decoder.type \"" + type + "\" is not supported (ByteLevel only: " + kSentencePieceHint + ")");
-  r.keys(decoder, "decoder", {"type", "add_prefix_space", "trim_offsets", "use_regex"});
+  // The decoder turns ids back into text; extrap's own decode() (token_bytes) does that, so
+  // only the kind is checked against the model's.
+  if (type == "ByteLevel" && !metaspace) {
+    r.keys(decoder, "decoder", {"type", "add_prefix_space", "trim_offsets", "use_regex"});
+  } else if (metaspace && (type == "Metaspace" || type == "Sequence")) {
+    if (type == "Sequence") {
+      const Json& list = r.need(decoder, "decoder", "decoders");
+      if (!list.is_array()) r.fail("decoder.decoders is not a list");
+      for (size_t i = 0; i < list.size(); ++i) {
+        const std::string at = "decoder.decoders[" + std::to_string(i) + "]";
+        const std::string t = r.type(list[i], at);
+        if (t != "Replace" && t != "ByteFallback" && t != "Fuse" && t != "Strip")
+          r.fail(at + ".type \"" + t + "\" is not supported (Replace, ByteFallback, Fuse and Strip)");
+      }
+    }
+  } else {
+    r.fail("decoder.type \"" + type + "\" is not supported (" +
+           (metaspace ? "Metaspace, or a Sequence of Replace, ByteFallback, Fuse and Strip, with a Metaspace model"
+                      : "ByteLevel with a ByteLevel model") +
+           ")");
+  }
 }
 
 // The added tokens, with the ids HF gives them on loading (sorted by their stored id: an entry
@@ -1198,8 +1296,31 @@ void read_added_tokens(const JsonReader& r, const Json& list, HfTokenizerState& 
   }
 }
 
+// SentencePiece style: whether BPE may run word by word (HfTokenizerState::word_cuts).
+bool metaspace_word_cuts(const HfTokenizerState& s) {
+  if (!s.vocab.count(kMetaspace)) return false;
+  const std::string_view space = kMetaspace;
+  for (const auto& [entry, id] : s.vocab) {
+    for (size_t at = entry.find(space, 1); at != std::string::npos; at = entry.find(space, at + 1)) {
+      if (at < space.size() || entry.compare(at - space.size(), space.size(), space) != 0) return false;
+    }
+  }
+  return true;
+}
+
 // Whether cut_points may cut this tokenizer's texts (see there).
 bool cuttable(const HfTokenizerState& s) {
+  if (s.metaspace) {
+    if (!s.word_cuts && !s.metaspace_split) return false;
+    if (!s.metaspace_split && !s.vocab.count(kMetaspace)) return false;
+    for (const auto* m : {&s.raw_tokens, &s.normalized_tokens})
+      for (const std::string& c : m->contents())
+        if (c.find(' ') != std::string::npos || c.find(kMetaspace) != std::string::npos ||
+            std::isalnum(static_cast<unsigned char>(c.back())))
+          return false;
+    if (s.nfc && !nfc().hasBoundaryBefore(' ')) return false;
+    return true;
+  }
   for (const auto* m : {&s.raw_tokens, &s.normalized_tokens})
     for (const std::string& c : m->contents())
       if (c.find('\n') != std::string::npos) return false;
@@ -1288,7 +1409,8 @@ class WordCache {
 
 class PieceEncoder {
  public:
-  explicit PieceEncoder(const HfTokenizerState& s) : s_(s) {}
+  // `starts_text`: the piece is the text's start (not a piece after a cut_points cut).
+  PieceEncoder(const HfTokenizerState& s, bool starts_text) : s_(s), starts_text_(starts_text) {}
 
   HfTokenizer::Encoded run(std::string_view text) {
     size_t pos = 0, begin = 0, end = 0;
@@ -1325,7 +1447,7 @@ class PieceEncoder {
 
   // Split stage k on span.text[begin, end); each piece goes on to stage k + 1.
   void split(size_t k, const NormalizedSpan& span, size_t begin, size_t end) {
-    if (k == s_.splits.size()) return byte_level(span, begin, end);
+    if (k == s_.splits.size()) return s_.metaspace ? metaspace(span, begin, end) : byte_level(span, begin, end);
     const SplitStage& stage = s_.splits[k];
     const std::string_view subject = span.text.substr(begin, end - begin);
     auto next = [&](size_t b, size_t e) {
@@ -1408,6 +1530,58 @@ class PieceEncoder {
     if (pos < subject.size()) word(subject.substr(pos), pos, original);
   }
 
+  // The SentencePiece style on span.text[begin, end): each " " as "▁", a "▁" before it as the
+  // prepend scheme says, then BPE one word at a time: a word ends before every "▁" with
+  // Metaspace's split, before a "▁" that follows an ASCII character when word_cuts holds (no
+  // merge joins across it), and otherwise only at the span's end.
+  void metaspace(const NormalizedSpan& span, size_t begin, size_t end) {
+    const std::string_view seg = span.text.substr(begin, end - begin);
+    const std::string_view space = kMetaspace;
+    const bool at_start = span.original(begin) == 0;
+    const bool starts_with_space = seg[0] == ' ' || seg.substr(0, space.size()) == space;
+    bool prepend = false;
+    switch (s_.prepend) {
+      case MetaspacePrepend::never: break;
+      case MetaspacePrepend::first: prepend = !starts_with_space && at_start && starts_text_; break;
+      case MetaspacePrepend::always: prepend = !starts_with_space; break;
+      case MetaspacePrepend::each: prepend = !at_start || starts_text_; break;  // not a cut's continuation
+    }
+    word_.clear();
+    word_original_.clear();
+    auto original = [&](size_t t) { return word_original_[t]; };
+    auto flush = [&](size_t original_end) {
+      if (word_.empty()) return;
+      word_original_.push_back(original_end);
+      word(word_, 0, original);
+      word_.clear();
+      word_original_.clear();
+    };
+    if (prepend) {  // covers nothing of the text
+      word_.append(space);
+      word_original_.insert(word_original_.end(), space.size(), span.original(begin));
+    }
+    for (size_t i = 0; i < seg.size();) {
+      const size_t o = span.original(begin + i);
+      const bool blank = seg[i] == ' ';
+      if ((blank || seg.compare(i, space.size(), space) == 0) && !word_.empty() &&
+          (s_.metaspace_split || (s_.word_cuts && uint8_t(word_.back()) < 0x80)))
+        flush(o);
+      if (blank) {
+        word_.append(space);
+        word_original_.insert(word_original_.end(), space.size(), o);
+        ++i;
+        continue;
+      }
+      const size_t from = i;
+      next_code_point(seg, i);
+      for (size_t k = from; k < i; ++k) {
+        word_ += seg[k];
+        word_original_.push_back(span.original(begin + k));
+      }
+    }
+    flush(span.original(end));
+  }
+
   // One pre-token through BPE, from the cache when seen before in this piece.
   template <class Original>
   void word(std::string_view w, size_t at, const Original& original) {
@@ -1431,8 +1605,9 @@ class PieceEncoder {
     auto& out = cache_.tokens();
     if (s_.ignore_merges) {
       key_.assign(w);
-      const auto whole = s_.raw_vocab.find(key_);
-      if (whole != s_.raw_vocab.end()) {
+      const auto& entries = s_.metaspace ? s_.vocab : s_.raw_vocab;
+      const auto whole = entries.find(key_);
+      if (whole != entries.end()) {
         out.emplace_back(whole->second, uint32_t(w.size()));
         return;
       }
@@ -1440,7 +1615,25 @@ class PieceEncoder {
     std::vector<BpeSymbol>& symbols = symbols_;
     symbols.clear();
     bool pending_unk = false;
-    for (size_t i = 0; i < w.size(); ++i) {
+    // SentencePiece style: characters (an entry, else their bytes' <0xXX> tokens, else <unk>).
+    for (size_t i = 0; i < w.size() && s_.metaspace;) {
+      const size_t from = i;
+      const uint32_t cp = next_code_point(w, i);
+      const auto it = s_.char_id.find(cp);
+      if (it != s_.char_id.end()) {
+        symbols.push_back({it->second, 0, 0, uint32_t(i), true});
+        pending_unk = false;
+      } else if (s_.byte_fallback) {  // every <0xXX> is an entry (checked when loading)
+        for (size_t k = from; k < i; ++k) symbols.push_back({s_.fallback_id[uint8_t(w[k])], 0, 0, uint32_t(k + 1), true});
+        pending_unk = false;
+      } else if (pending_unk && s_.fuse_unk) {
+        symbols.back().end = uint32_t(i);
+      } else {
+        symbols.push_back({*s_.unk, 0, 0, uint32_t(i), true});
+        pending_unk = true;
+      }
+    }
+    for (size_t i = 0; i < w.size() && !s_.metaspace; ++i) {
       const int32_t id = s_.byte_id[uint8_t(w[i])];
       if (id < 0) {  // only with an unk token (checked when loading)
         if (pending_unk && s_.fuse_unk) {
@@ -1493,6 +1686,9 @@ class PieceEncoder {
   }
 
   const HfTokenizerState& s_;
+  const bool starts_text_;
+  std::string word_;                   // metaspace: the word being built
+  std::vector<size_t> word_original_;  // ... and the original offset of each of its offsets
   HfTokenizer::Encoded out_;
   size_t covered_ = 0;  // the original text credited so far
   MatchState matcher_;
@@ -1529,18 +1725,38 @@ HfTokenizer HfTokenizer::from_json(const std::string& text, const std::string& w
     if (root.contains(key) && !root[key].is_null())
       r.fail(std::string(key) + " " + JsonReader::shown(root[key]) +
              " is not supported (it changes the ids; extrap needs null)");
-  read_model(r, r.need(root, "tokenizer.json", "model"), *state);
-  read_normalizer(r, root.value("normalizer", Json()), "normalizer", *state);
+  HfTokenizerState& s = *state;
+  read_normalizer(r, root.value("normalizer", Json()), "normalizer", s);
   const Json pre = root.value("pre_tokenizer", Json());
   ByteLevelSeen byte_level;
-  if (!pre.is_null()) read_pre_tokenizer(r, pre, "pre_tokenizer", *state, byte_level);
-  if (!byte_level.seen)
-    r.fail("pre_tokenizer " + JsonReader::shown(pre) + " has no ByteLevel pre-tokenizer (" + kSentencePieceHint + ")");
-  read_added_tokens(r, root.value("added_tokens", Json::array()), *state);
-  read_post_processor(r, root.value("post_processor", Json()), "post_processor", *state);
-  read_decoder(r, root.value("decoder", Json()));
+  if (!pre.is_null()) read_pre_tokenizer(r, pre, "pre_tokenizer", s, byte_level);
+  // Byte-level (ByteLevel last), or SentencePiece-style: Metaspace alone, or no pre-tokeniser
+  // with the normaliser's Replace " " -> "▁" (and perhaps Prepend "▁"), as Llama 2's file.
+  const bool by_normalizer = s.normalizer_replace || s.normalizer_prepend;
+  if (s.metaspace && by_normalizer)
+    r.fail("normalizer Replace/Prepend \"▁\" together with pre_tokenizer Metaspace is not supported (one or the "
+           "other)");
+  if (byte_level.seen && by_normalizer)
+    r.fail("normalizer Replace/Prepend \"▁\" with a ByteLevel pre-tokenizer is not supported");
+  if (!s.metaspace && !byte_level.seen) {
+    if (!pre.is_null() || !s.normalizer_replace)
+      r.fail("pre_tokenizer " + JsonReader::shown(pre) +
+             " has neither a ByteLevel pre-tokenizer (last) nor Metaspace, and the normalizer does not replace \" \" "
+             "by \"▁\" (" + kSentencePieceHint + ")");
+    s.metaspace = true;
+    s.metaspace_split = false;
+    s.prepend = s.normalizer_prepend ? MetaspacePrepend::each : MetaspacePrepend::never;
+  }
+  read_model(r, r.need(root, "tokenizer.json", "model"), s);
+  read_added_tokens(r, root.value("added_tokens", Json::array()), s);
+  if (s.metaspace && by_normalizer)
+    for (const auto& c : s.normalized_tokens.contents())
+      r.fail("added token \"" + c + "\" has normalized true with the normalizer's Replace/Prepend \"▁\" (not "
+             "supported: HF matches it after its own content is normalised, \"▁\" included)");
+  read_post_processor(r, root.value("post_processor", Json()), "post_processor", s);
+  read_decoder(r, root.value("decoder", Json()), s.metaspace);
+  if (s.metaspace) s.word_cuts = metaspace_word_cuts(s);
 
-  HfTokenizerState& s = *state;
   s.size = int32_t(s.entries.size());
   for (const auto& [id, content] : s.added_content) s.size = std::max(s.size, id + 1);
   if (!s.prefix.empty()) s.bos = s.prefix.back();
@@ -1578,7 +1794,13 @@ std::string HfTokenizer::token_bytes(int32_t id) const {
   if (const auto it = s.added_content.find(id); it != s.added_content.end()) return it->second;
   if (id < 0 || size_t(id) >= s.entries.size() || !s.entries[size_t(id)])
     throw std::out_of_range("token id " + std::to_string(id) + " is not a token of " + s.where);
-  return entry_bytes(*s.entries[size_t(id)]);
+  const std::string& entry = *s.entries[size_t(id)];
+  if (!s.metaspace) return entry_bytes(entry);
+  // SentencePiece style: "▁" is a space, a byte token its byte.
+  if (s.byte_fallback && entry.size() == 6 && entry.compare(0, 3, "<0x") == 0 && entry[5] == '>' &&
+      s.fallback_id[size_t(std::stoi(entry.substr(3, 2), nullptr, 16))] == id)
+    return std::string(1, char(std::stoi(entry.substr(3, 2), nullptr, 16)));
+  return spaces_for_metaspace(entry);
 }
 
 std::string HfTokenizer::decode(const std::vector<int32_t>& ids) const {
@@ -1587,10 +1809,10 @@ std::string HfTokenizer::decode(const std::vector<int32_t>& ids) const {
   return out;
 }
 
-HfTokenizer::Encoded HfTokenizer::encode_piece(std::string_view piece) const {
+HfTokenizer::Encoded HfTokenizer::encode_piece(std::string_view piece, bool starts_text) const {
   check_utf8(piece);
   if (state_->nfc) check_nfc_agrees(piece);
-  return PieceEncoder(*state_).run(piece);
+  return PieceEncoder(*state_, starts_text).run(piece);
 }
 
 HfTokenizer::Encoded HfTokenizer::add_special_tokens(Encoded body) const {
@@ -1630,9 +1852,30 @@ HfTokenizer::Encoded HfTokenizer::add_special_tokens(Encoded body) const {
 //  - BLOOM: neither "\n" nor anything before it joins a match that goes on past p (the class
 //    excludes \s, and " ?" takes " " only first), so p ends a gap between matches in both.
 // tests/data/check_hf_tokenizer.py's texts check that the pieces give the whole text's ids.
+//
+// SentencePiece style: a cut at p where text[p] is " " and text[p-1] an ASCII letter or digit.
+// No added token covers p (none contains " "), none ends at p (none ends with a letter or a
+// digit: a span starting at p would get the normaliser's Prepend), and NFC has a boundary
+// before " ". The piece from p starts with "▁", so no prepend scheme puts one before it
+// (PieceEncoder's starts_text keeps Prepend off); in the whole text a word starts at p too:
+// with Metaspace's split before every "▁", else by word_cuts (no entry holds a character other
+// than "▁" right before a "▁", so no merge joins across p).
 std::vector<size_t> HfTokenizer::cut_points(std::string_view text, size_t piece_bytes) const {
   std::vector<size_t> cuts;
   if (!state_->cuttable || piece_bytes == 0) return cuts;
+  if (state_->metaspace) {
+    for (size_t from = piece_bytes; from < text.size();) {
+      const size_t p = text.find(' ', from);
+      if (p == std::string_view::npos) break;
+      if (std::isalnum(static_cast<unsigned char>(text[p - 1])) && static_cast<unsigned char>(text[p - 1]) < 0x80) {
+        cuts.push_back(p);
+        from = p + piece_bytes;
+      } else {
+        from = p + 1;
+      }
+    }
+    return cuts;
+  }
   size_t from = piece_bytes;
   while (from < text.size()) {
     const size_t newline = text.find('\n', from - 1);
@@ -1653,7 +1896,7 @@ std::vector<size_t> HfTokenizer::cut_points(std::string_view text, size_t piece_
 HfTokenizer::Encoded HfTokenizer::encode(std::string_view text, int threads) const {
   check_utf8(text);
   if (state_->nfc) check_nfc_agrees(text);
-  if (threads <= 1) return add_special_tokens(PieceEncoder(*state_).run(text));
+  if (threads <= 1) return add_special_tokens(PieceEncoder(*state_, true).run(text));
   // Pieces of about 1 MB, taken by the threads in turn and appended in order.
   const std::vector<size_t> cuts = cut_points(text, size_t(1) << 20);
   std::vector<size_t> bounds{0};
@@ -1667,7 +1910,7 @@ HfTokenizer::Encoded HfTokenizer::encode(std::string_view text, int threads) con
     pool.emplace_back([&, t] {
       try {
         for (size_t i; (i = next++) < pieces.size();)
-          pieces[i] = PieceEncoder(*state_).run(text.substr(bounds[i], bounds[i + 1] - bounds[i]));
+          pieces[i] = PieceEncoder(*state_, i == 0).run(text.substr(bounds[i], bounds[i + 1] - bounds[i]));
       } catch (...) {
         errors[size_t(t)] = std::current_exception();
       }

@@ -1,6 +1,8 @@
 // Hugging Face tokenizer.json files of the byte-level BPE kind (GPT-2, GPT-NeoX/Pythia, BLOOM,
-// Llama 3, Qwen2, Falcon), read and applied without Python: encode() gives exactly the ids of
-// HF tokenizers' `tokenizer.encode(text).ids` (add_special_tokens=True), for tokenizers 0.23.
+// Llama 3, Qwen2, Falcon) and of the SentencePiece BPE kind (Llama 2, Mistral, and whatever
+// transformers converts a lone tokenizer.model to), read and applied without Python: encode()
+// gives exactly the ids of HF tokenizers' `tokenizer.encode(text).ids` (add_special_tokens=True),
+// for tokenizers 0.23.
 //
 // The pipeline, as HF runs it:
 //  1. Added tokens with normalized=false are split out of the text, longest first among those
@@ -13,6 +15,15 @@
 //  3. BPE turns each pre-token's bytes into tokens: with ignore_merges a pre-token that is one
 //     vocabulary entry is that token; otherwise the lowest-ranked merge applies first, the
 //     leftmost among equals. A word cache keeps repeated pre-tokens cheap.
+//  2'. SentencePiece style instead of 2 and 3: each " " becomes "▁" (the Metaspace pre-tokeniser,
+//     or with no pre-tokeniser the normaliser's Replace), a "▁" goes before a span (Metaspace's
+//     prepend_scheme first: the span at the text's start, always: every span, each unless it
+//     starts with "▁"; the normaliser's Prepend: every span between added tokens), Metaspace's
+//     split makes every "▁" start a pre-token; then BPE over characters: a character that is
+//     no entry becomes its bytes' <0xXX> tokens (byte_fallback) or <unk> (fused with fuse_unk).
+//     Without split the span is one word to HF; extrap runs BPE word by word between places no
+//     merge crosses (before a "▁" that follows an ASCII character, when no entry holds another
+//     character right before a "▁"), which gives the same tokens.
 //  4. The post-processor adds its tokens (TemplateProcessing's single template, SpecialToken
 //     entries around $A); ByteLevel post-processing changes only offsets, so no ids.
 // HF's Oniguruma patterns run as PCRE2 (UTF + UCP, JIT) after a translation that keeps
@@ -35,15 +46,19 @@
 // boundary to the next), the run's original bytes all go to the token that covers the run's
 // last normalised byte. Tokens the post-processor adds (BOS) are credited 0.
 //
-// Refused when loaded (ConfigError naming the file and the key): a model other than BPE,
-// dropout (other than null or 0), byte_fallback, a continuing_subword_prefix or
+// Refused when loaded (ConfigError naming the file and the key): a model other than BPE (a
+// SentencePiece Unigram model too), dropout (other than null or 0), byte_fallback with
+// ByteLevel or without all 256 <0xXX> entries, a SentencePiece-style file with neither
+// byte_fallback nor unk_token (HF would drop unknown characters), a continuing_subword_prefix or
 // end_of_word_suffix (other than null or ""), a vocabulary without all 256 byte-level symbols
 // unless unk_token names an entry (HF would drop those bytes silently; with <unk> they become
 // <unk>, fused with fuse_unk, as in HF), duplicate ids, a merge of tokens not in the
-// vocabulary; normalizers other than NFC (and Sequence of NFC); pre-tokenisers other than
-// Split, Digits, ByteLevel and Sequence, Split's Removed behaviour, no ByteLevel or one not
-// last; post-processors other than ByteLevel, TemplateProcessing and Sequence; decoders other
-// than ByteLevel; truncation or padding; added tokens with single_word, lstrip or rstrip, or
+// vocabulary; normalizers other than NFC, Prepend "▁", Replace " " by "▁" and Sequence of
+// them; pre-tokenisers other than Split, Digits, ByteLevel, Metaspace ("▁") and Sequence,
+// Split's Removed behaviour, ByteLevel not last, Metaspace in a Sequence, neither ByteLevel nor
+// the SentencePiece style; normalised added tokens with Prepend/Replace; post-processors other
+// than ByteLevel, TemplateProcessing and Sequence; decoders of the other kind; truncation or
+// padding; added tokens with single_word, lstrip or rstrip, or
 // whose id differs from the one HF assigns on loading; any key this reader does not know.
 // Refused when encoding (ConfigError): text that is not valid UTF-8, or, with NFC, a character
 // the two NFC versions may treat differently (the message gives the byte offset).
@@ -78,8 +93,8 @@ class HfTokenizer {
   // The id HF's token_to_id gives `token` (an added token's content first, then a vocabulary
   // entry as stored, e.g. "Ġthe"), or none.
   std::optional<int32_t> id(std::string_view token) const;
-  // The raw bytes `id` stands for: a vocabulary entry's bytes through the byte-level alphabet,
-  // an added token's content. An id that is no token is an std::out_of_range.
+  // The raw bytes `id` stands for: a vocabulary entry's bytes through the byte-level alphabet
+  // (SentencePiece style: "▁" as " ", <0xXX> as its byte), an added token's content. An id that is no token is an std::out_of_range.
   std::string token_bytes(int32_t id) const;
   // The tokens' bytes one after the other, added tokens included (HF's decode with
   // skip_special_tokens=False gives the same text, but replaces bytes that are not UTF-8).
@@ -105,10 +120,12 @@ class HfTokenizer {
   // precedes " " and an ASCII letter: for GPT-2's, Llama 3's, Qwen2's and BLOOM's patterns no
   // pre-token spans such a place and none changes when the text ends there (the proof is at
   // cut_points in the .cpp). There are no cuts (one piece) for other patterns, for a first
-  // ByteLevel stage with add_prefix_space, or when an added token contains "\n".
+  // ByteLevel stage with add_prefix_space, or when an added token contains "\n". SentencePiece
+  // style: cuts before a " " that follows an ASCII letter or digit, where no merge crosses.
   std::vector<size_t> cut_points(std::string_view text, size_t piece_bytes) const;
-  // The tokens of `piece` without the post-processor's (a whole text is one piece).
-  Encoded encode_piece(std::string_view piece) const;
+  // The tokens of `piece` without the post-processor's (a whole text is one piece);
+  // `starts_text` false for every piece after the first.
+  Encoded encode_piece(std::string_view piece, bool starts_text = true) const;
   // Puts the post-processor's tokens around a whole text's tokens.
   Encoded add_special_tokens(Encoded body) const;
 

@@ -113,17 +113,7 @@ std::string SentencePieceModel::piece_text(int32_t id) const {
   if (p.IsUnknown(id)) return " \xE2\x81\x87 ";  // U+2047, as SentencePiece decodes <unk>
   if (p.IsControl(id)) return "";
   if (p.IsByte(id)) return std::string(1, char(std::stoi(text.substr(3, 2), nullptr, 16)));  // <0xAB>
-  static const std::string kSpace = "\xE2\x96\x81";  // U+2581, the piece's word boundary
-  std::string out;
-  for (size_t i = 0; i < text.size();) {
-    if (text.compare(i, kSpace.size(), kSpace) == 0) {
-      out += ' ';
-      i += kSpace.size();
-    } else {
-      out += text[i++];
-    }
-  }
-  return out;
+  return spaces_for_metaspace(text);
 }
 
 std::vector<int32_t> SentencePieceModel::encode(std::string_view text) const {

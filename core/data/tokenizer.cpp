@@ -71,6 +71,20 @@ std::vector<int32_t> byte_tokens(std::string_view text) {
   return std::vector<int32_t>(bytes, bytes + text.size());
 }
 
+std::string spaces_for_metaspace(std::string_view piece) {
+  const std::string_view space = kSentencePieceSpace;
+  std::string out;
+  for (size_t i = 0; i < piece.size();) {
+    if (piece.compare(i, space.size(), space) == 0) {
+      out += ' ';
+      i += space.size();
+    } else {
+      out += piece[i++];
+    }
+  }
+  return out;
+}
+
 WordVocabulary::WordVocabulary(std::vector<std::string> words) : words_(std::move(words)) {
   for (int32_t id = 0; id < kWordSpecials; ++id) {
     if (static_cast<int32_t>(words_.size()) <= id || words_[id] != kWordSpecialNames[id]) {

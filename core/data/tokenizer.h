@@ -33,6 +33,11 @@ inline constexpr int64_t kByteVocabSize = 257;
 // The ids of a text's bytes (0..255).
 std::vector<int32_t> byte_tokens(std::string_view text);
 
+// SentencePiece's word boundary "▁" (U+2581), as pieces store it.
+inline constexpr const char* kSentencePieceSpace = "\xE2\x96\x81";
+// A piece's text: each "▁" a space, everything else as it is.
+std::string spaces_for_metaspace(std::string_view piece);
+
 // Calls on_line(line, break_bytes) for every line of `text` in order, with universal newlines:
 // "\n", "\r\n" or a lone "\r" ends a line (break_bytes 1, 2, 1; the line excludes it). A final
 // line without a line break is a line too (break_bytes 0); an empty text has none.

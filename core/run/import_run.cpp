@@ -35,9 +35,18 @@ ImportSummary import_checkpoint(const fs::path& folder, const fs::path& run, con
   }
   const SafetensorsReader weights = SafetensorsReader::open(folder);
   const fs::path tokenizer = folder / "tokenizer.json";
-  if (!fs::exists(tokenizer))
-    throw ConfigError(folder.string() + ": no tokenizer.json (extrap reads Hugging Face tokenizer.json files; save "
-                      "the tokenizer with save_pretrained)");
+  if (!fs::exists(tokenizer)) {
+    // transformers itself reads a lone tokenizer.model by converting it to tokenizer.json's
+    // form; extrap reads that form, so that its ids are transformers' ids.
+    const std::string how = "python -c \"from transformers import AutoTokenizer as T; T.from_pretrained('" +
+                            folder.string() + "').save_pretrained('" + folder.string() + "')\"";
+    throw ConfigError(folder.string() + ": no tokenizer.json" +
+                      (fs::exists(folder / "tokenizer.model")
+                           ? " (only a SentencePiece tokenizer.model: write the tokenizer.json transformers converts it "
+                             "to, with " + how + ")"
+                           : " (extrap reads Hugging Face tokenizer.json files; save the tokenizer with "
+                             "save_pretrained)"));
+  }
   int64_t length = options.train_length > 0 ? options.train_length : hf.train_length;
   if (length <= 0)
     throw ConfigError((folder / "config.json").string() + ": gives no training length (max_position_embeddings); "

@@ -4,7 +4,12 @@
     check_hf_tokenizer.py make OUTDIR TEXTFILE...
         Trains one small byte-level BPE tokenizer per family style (gpt2, gpt2-prefix, neox,
         bloom, llama3, qwen2, and mixed: the other stages extrap reads) with the `tokenizers`
-        library on the first TEXTFILE, and writes
+        library on the first TEXTFILE, and three of the SentencePiece style: a SentencePiece BPE
+        model trained as Llama's (`sentencepiece`) and converted by transformers from its
+        tokenizer.model (mistral-spm: Metaspace, prepend_scheme first, no split), the same as
+        Llama 2's tokenizer.json has it (llama2-spm: normaliser Prepend + Replace, <unk>), and a
+        `tokenizers`-trained one with Metaspace's split, prepend always, a small alphabet and
+        fused <unk> (metaspace-split); and writes
             OUTDIR/<style>/tokenizer.json
             OUTDIR/texts/<n>.txt          the n-th text: the TEXTFILEs, then built-in hard cases
             OUTDIR/<style>/<n>.ids        HF's tokenizer.encode(text).ids, little-endian int32
@@ -56,6 +61,9 @@ HARD_TEXTS = [
     b"\xff invalid \xc3\x28 utf-8",
     ("a" * 3000 + " " + " " * 5000 + "\n" * 300 + "b").encode(),
     "(paren)[bracket]|pipe,comma.dot!?… 。，、।۔،".encode(),
+    " leading space, \u2581metaspace\u2581\u2581 itself,   runs   of  spaces \u2581 ".encode(),
+    b"<s>text after a special token<s> <s>  x</s>y</s>",
+    "rare: \u0b85\u0b86 \U0001f9ec\U0001f9ec \u2603\u2603\u2603 z".encode(),
 ]
 
 
@@ -122,12 +130,57 @@ def build(style):
     return tok, specials, after
 
 
-STYLES = ["gpt2", "gpt2-prefix", "neox", "bloom", "llama3", "qwen2", "mixed"]
+STYLES = ["gpt2", "gpt2-prefix", "neox", "bloom", "llama3", "qwen2", "mixed", "mistral-spm", "llama2-spm",
+          "metaspace-split"]
 VOCAB = {"gpt2": 1000, "gpt2-prefix": 1000, "neox": 1200, "bloom": 1500, "llama3": 2000, "qwen2": 1800,
          "mixed": 800}
 
 
-def train(style, training_text):
+def sentencepiece_style(style, training_text, workdir):
+    """A SentencePiece-style tokenizer.json (see the module's doc)."""
+    if style == "metaspace-split":
+        tok = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=True))
+        tok.pre_tokenizer = pt.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)
+        tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)
+        trainer = trainers.BpeTrainer(vocab_size=700, min_frequency=2, show_progress=False, limit_alphabet=50,
+                                      special_tokens=["<unk>", "<s>", "</s>"])
+        tok.train_from_iterator(training_text.splitlines(keepends=True), trainer)
+        tok.post_processor = processors.TemplateProcessing(
+            single="<s> $A </s>", pair="<s> $A </s> $B:1 </s>:1",
+            special_tokens=[("<s>", tok.token_to_id("<s>")), ("</s>", tok.token_to_id("</s>"))])
+        return Tokenizer.from_str(tok.to_str())
+    import sentencepiece as spm
+    from transformers import AutoTokenizer
+    folder = os.path.join(workdir, "spm-" + style)
+    os.makedirs(folder, exist_ok=True)
+    lines = [line for line in training_text.splitlines() if line.strip()]
+    # Llama's own settings: identity normalisation, whitespace kept, runs of spaces as pieces,
+    # digits split, rare characters as their bytes.
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_prefix=os.path.join(folder, "tokenizer"), vocab_size=1200,
+        model_type="bpe", byte_fallback=True, split_digits=True, allow_whitespace_only_pieces=True,
+        remove_extra_whitespaces=False, normalization_rule_name="identity", character_coverage=0.9995,
+        num_threads=1, minloglevel=2)
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "LlamaTokenizer", "add_bos_token": True, "add_eos_token": False,
+                   "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}, f)
+    os.remove(os.path.join(folder, "tokenizer.vocab"))
+    AutoTokenizer.from_pretrained(folder).save_pretrained(os.path.join(folder, "converted"))
+    with open(os.path.join(folder, "converted", "tokenizer.json")) as f:
+        j = json.load(f)
+    assert j["pre_tokenizer"]["type"] == "Metaspace" and j["model"]["byte_fallback"], j["pre_tokenizer"]
+    if style == "llama2-spm":  # as meta-llama/Llama-2-7b-hf's tokenizer.json has it
+        j["normalizer"] = {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": "\u2581"},
+            {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]}
+        j["pre_tokenizer"] = None
+        j["model"]["unk_token"] = "<unk>"
+    return Tokenizer.from_str(json.dumps(j))
+
+
+def train(style, training_text, workdir):
+    if style.endswith("-spm") or style == "metaspace-split":
+        return sentencepiece_style(style, training_text, workdir)
     tok, specials, after = build(style)
     trainer = trainers.BpeTrainer(vocab_size=VOCAB[style], min_frequency=2, show_progress=False,
                                   initial_alphabet=pt.ByteLevel.alphabet(), special_tokens=specials)
@@ -174,7 +227,7 @@ def make(outdir, textfiles):
                         **({} if decoded[-1] is not None else {"invalid_at": bad})})
     training_text = decoded[0][:TRAIN_BYTES]
     for style in STYLES:
-        tok = train(style, training_text)
+        tok = train(style, training_text, outdir)
         d = os.path.join(outdir, style)
         os.makedirs(d, exist_ok=True)
         tok.save(os.path.join(d, "tokenizer.json"))

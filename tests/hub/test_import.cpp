@@ -2,6 +2,7 @@
 // itself (tests/import/make_checkpoints.py), evaluated by extrap. The oracle is transformers:
 // its per-token log-probabilities (float32, written beside each folder) at lengths inside and
 // beyond the model's training length must equal extrap's to 1e-5, relative (of at least 1).
+#include "core/data/hf_tokenizer.h"
 #include "core/export/hf_export.h"
 #include "core/export/safetensors.h"
 #include "core/hub/hf_checkpoint.h"
@@ -13,9 +14,12 @@
 #include "tests/support/test_support.h"
 
 
+#include <cmath>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <mutex>
+#include <set>
 
 using namespace extrap;
 using namespace extrap::testing;
@@ -95,7 +99,7 @@ void check_logprobs(const std::string& name, TransformerLM& model) {
 TEST_CASE("import: each family's log-probabilities equal transformers', inside and beyond its length",
           "[import][python]") {
   for (const std::string name :
-       {"llama", "llama_tied", "mistral", "qwen2", "gpt2", "bloom", "bloom_h8", "gpt_neox", "gpt_neox_seq", "mpt",
+       {"llama", "llama_tied", "mistral", "mistral_spm", "qwen2", "gpt2", "bloom", "bloom_h8", "gpt_neox", "gpt_neox_seq", "mpt",
         "falcon_rw"}) {
     DYNAMIC_SECTION(name) {
       TempDir d("import");
@@ -106,6 +110,42 @@ TEST_CASE("import: each family's log-probabilities equal transformers', inside a
       check_causal_and_cached(m.run.model);  // generation's KV cache: the logits of one pass
     }
   }
+}
+
+TEST_CASE("import: a SentencePiece tokenizer as transformers converts it gives transformers' tokens",
+          "[import][python]") {
+  // mistral_spm's tokenizer.json is what transformers makes of a folder holding only a
+  // SentencePiece tokenizer.model (Metaspace, byte fallback, BOS <s>); its reference tokens are
+  // that tokenizer's ids for the first text_chars characters of the text.
+  TempDir d("import-spm");
+  const fs::path folder = checkpoints() / "mistral_spm";
+  Imported m = import_and_load(folder, d.root / "run");
+  REQUIRE(m.corpus.hf);
+  const SafetensorsReader reference = SafetensorsReader::open(folder / "reference.safetensors");
+  const auto tokens = reference.tensor("tokens").to(torch::kLong);
+  const std::string text = read_text(EXTRAP_SOURCE_DIR "/data/pydoc/valid.txt");
+  const auto chars = std::stoul(reference.metadata().at("text_chars"));
+  size_t bytes = 0;  // the first `chars` characters, UTF-8
+  for (size_t c = 0; c < chars; ++c) {
+    bytes += 1;
+    while (bytes < text.size() && (uint8_t(text[bytes]) & 0xC0) == 0x80) ++bytes;
+  }
+  const auto ids = m.corpus.hf->encode(text.substr(0, bytes)).ids;
+  REQUIRE(int64_t(ids.size()) >= tokens.size(0));
+  CHECK(std::equal(ids.begin(), ids.begin() + tokens.size(0), tokens.data_ptr<int64_t>()));
+  CHECK(ids[0] == m.corpus.hf->bos().value());
+  // A folder with only the tokenizer.model is refused with the command that converts it.
+  const fs::path only_model = d.root / "only-model";
+  fs::create_directories(only_model);
+  for (const auto& entry : fs::directory_iterator(folder))
+    if (entry.path().filename() != "tokenizer.json") fs::copy_file(entry.path(), only_model / entry.path().filename());
+  write_text(only_model / "tokenizer.model", "not read");
+  ImportOptions options;
+  options.data = corpus_dir().string();
+  CHECK_THROWS_WITH(import_checkpoint(only_model, d.root / "run2", options),
+                    Contains("only a SentencePiece tokenizer.model: write the tokenizer.json transformers converts it "
+                             "to, with python -c \"from transformers import AutoTokenizer"));
+  CHECK_FALSE(fs::exists(d.root / "run2"));
 }
 
 TEST_CASE("import: RoPE scaling in config.json is built into the model, as transformers computes it",

@@ -95,6 +95,9 @@ TOKENIZER_STYLES = {
     "llama3": ("<|begin_of_text|>", "<|end_of_text|>"),
     # Mistral: same mechanism with <s>, </s>
     "mistral": ("<s>", "</s>"),
+    # Mistral's and Llama 2's own: a SentencePiece BPE model (tokenizer.model, byte fallback)
+    # as transformers converts it to tokenizer.json (Metaspace, BOS <s>)
+    "spm": ("<s>", "</s>"),
     # Qwen2: no BOS; NFC normalizer + Qwen2 split regex before a regex-free ByteLevel, as in the
     # real Qwen2 tokenizer.json (transformers 5.24's AutoTokenizer rebuilds exactly this pipeline
     # for model_type qwen2 whatever tokenizer.json says, so a GPT-2 style tokenizer.json would
@@ -117,6 +120,9 @@ def make_tokenizer(text: str, style: str) -> tokenizers.Tokenizer:
         return _TOKENIZER_CACHE[key]
     from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+    if style == "spm":
+        _TOKENIZER_CACHE[key] = sentencepiece_tokenizer(text)
+        return _TOKENIZER_CACHE[key]
     bos, eos = TOKENIZER_STYLES[style]
     specials = [t for t in (bos, eos) if t is not None]
     tok = tokenizers.Tokenizer(models.BPE())
@@ -150,6 +156,28 @@ def make_tokenizer(text: str, style: str) -> tokenizers.Tokenizer:
         tok.post_processor = byte_level
     _TOKENIZER_CACHE[key] = tok
     return tok
+
+
+def sentencepiece_tokenizer(text: str) -> tokenizers.Tokenizer:
+    """A SentencePiece BPE model trained on `text` with Llama's settings, as transformers reads a
+    folder holding only its tokenizer.model (LlamaTokenizer, converted)."""
+    import tempfile
+
+    import sentencepiece as spm
+    from transformers import AutoTokenizer
+
+    with tempfile.TemporaryDirectory() as folder:
+        lines = [line for line in text.splitlines() if line.strip()]
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(lines), model_prefix=os.path.join(folder, "tokenizer"),
+            vocab_size=TOKENIZER_VOCAB, model_type="bpe", byte_fallback=True, split_digits=True,
+            allow_whitespace_only_pieces=True, remove_extra_whitespaces=False,
+            normalization_rule_name="identity", num_threads=1, minloglevel=2)
+        os.remove(os.path.join(folder, "tokenizer.vocab"))
+        write_json(Path(folder) / "tokenizer_config.json",
+                   {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>",
+                    "unk_token": "<unk>", "add_bos_token": True, "add_eos_token": False})
+        return AutoTokenizer.from_pretrained(folder).backend_tokenizer
 
 
 def token_ids(tok: tokenizers.Tokenizer, style: str) -> dict:
@@ -241,6 +269,14 @@ def llama_config(V, ids, **over):
     )
     kw.update(over)
     return LlamaConfig(**kw)
+
+
+def mistral_config(V, ids):
+    return MistralConfig(
+        vocab_size=V, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+        rms_norm_eps=1e-5, rope_parameters=dict(LLAMA_ROPE), sliding_window=16,
+        tie_word_embeddings=False, initializer_range=INIT_STD, **ids)
 
 
 def legacy_rope(rope_scaling, rope_theta=10000.0):
@@ -367,15 +403,11 @@ CASES = {
                        save_dtype=torch.float16),
     "llama_sharded": case("llama", "llama3", 1000, 160, lambda V, i: llama_config(V, i),
                           max_shard_size="400KB"),
-    # ---- Mistral: sliding window 16 on every layer
-    "mistral": case(
-        "mistral", "mistral", 1100, 160,
-        lambda V, i: MistralConfig(
-            vocab_size=V, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-            num_attention_heads=8, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
-            rms_norm_eps=1e-5, rope_parameters=dict(LLAMA_ROPE), sliding_window=16,
-            tie_word_embeddings=False, initializer_range=INIT_STD, **i),
-        config_edit=mistral_hub_style, expect=expect_mistral_window),
+    # ---- Mistral: sliding window 16 on every layer; also with its SentencePiece tokenizer
+    "mistral": case("mistral", "mistral", 1100, 160, lambda V, i: mistral_config(V, i),
+                    config_edit=mistral_hub_style, expect=expect_mistral_window),
+    "mistral_spm": case("mistral", "spm", 1100, 160, lambda V, i: mistral_config(V, i),
+                        config_edit=mistral_hub_style, expect=expect_mistral_window),
     # ---- Qwen2: q/k/v biases, rope_theta 1e6, sliding window configured but disabled
     "qwen2": case(
         "qwen2", "qwen2", 1200, 160,
