@@ -269,6 +269,9 @@ def method_labels(runs):
     labels = {}
     for run_id, run in runs.items():
         method, grid = run.get("position", "?"), grids[run_id]
+        if run.get("released"):  # a released checkpoint: its name, and the method it was mapped to
+            labels[run_id] = "%s (%s)" % (grid.get("released", run_id), method)
+            continue
         options = position_options(grid)
         extra = ["%s=%s" % (k, options[k]) for k in varying[method] if k in options]
         for key, value in grid.items():
@@ -1083,6 +1086,33 @@ def trained_section(runs, labels, methods):
     return section
 
 
+def released_section(runs, labels):
+    """The released checkpoints evaluated (a sweep's released models): each row says it was not
+    trained here and what exactly was read: the folder, config.json's hash and the weights
+    digest, with the method the family maps to and its training length."""
+    released = {i: r for i, r in runs.items() if r.get("released")}
+    if not released:
+        return []
+    rows = []
+    for run_id, run in sorted(released.items(), key=lambda item: item[1].get("point_index", 0)):
+        try:
+            source = yaml.safe_load(run["released"]) or {}
+            data = (yaml.safe_load(run.get("config") or "") or {}).get("data") or {}
+        except yaml.YAMLError:
+            source, data = {}, {}
+        rows.append([labels[run_id], "`%s`" % source.get("path", "?"), "`%s`" % source.get("config_json", "?"),
+                     "`%s`" % source.get("weights", "?"),
+                     "{:,}".format(run["num_parameters"]) if run.get("num_parameters") else "not recorded",
+                     str(run.get("train_length", "?")), "`%s`" % data.get("tokenizer_model", data.get("tokenizer", "?")),
+                     str(run.get("status", "?"))])
+    return ["## Released checkpoints", "",
+            "Not trained here: each was imported from its folder (`extrap import`) and evaluated as it is. "
+            "The config.json hash and the weights digest (XXH3 over the weights files' hashes) say "
+            "exactly which checkpoint each row is; L is the training length its numbers are read against.", "",
+            markdown_table(["model", "folder", "config.json", "weights", "parameters", "L", "tokenizer",
+                            "status"], rows), ""]
+
+
 def vocabularies(runs):
     """The distinct tokenizations of the runs: (tokenizer, tokenizer model, vocabulary size),
     a size of 0 (not recorded) only where no run of that tokenizer recorded one."""
@@ -1410,14 +1440,18 @@ def write_report(results_path, out_dir):
     tables = collect(points, labels)
     notes = Footnotes()
     md = header_lines(results_path, header, runs, points, labels, methods, tables)
-    md += trained_section(runs, labels, methods)
+    trained = {i: r for i, r in runs.items() if not r.get("released")}
+    md += released_section(runs, labels)
+    if trained:
+        md += trained_section(trained, labels, methods)
     tokenizations = vocabularies(runs)
     train_lengths = sorted({k[0] for k in list(tables.values) + list(tables.failures) + list(tables.retrieval)
                             + list(tables.retrieval_failures) + list(tables.profiles)
                             + list(tables.profile_failures)})
     for train_length in train_lengths:
         md += training_length_sections(out_dir, train_length, methods, tables, header, tokenizations, notes)
-    md += training_section(out_dir, runs, labels, methods)
+    if trained:
+        md += training_section(out_dir, trained, labels, methods)
     if notes.reasons:
         md += ["## Failures", ""]
         md += ["[%d] %s" % (i + 1, reason) + "  " for i, reason in enumerate(notes.reasons)]

@@ -354,6 +354,8 @@ core/hub/hf_checkpoint.cpp | [heads](const torch::Tensor& x) { return std::vecto
 core/data/hf_tokenizer.cpp | case MetaspacePrepend::each: prepend = !at_start | case MetaspacePrepend::each: prepend = 1 + 0 * !at_start | Llama 2's Prepend "▁" put before a piece that continues a span after a parallel cut
 core/data/hf_tokenizer.cpp | (s_.word_cuts && uint8_t(word_.back()) < 0x80) | (s_.word_cuts) | SentencePiece-style BPE cut before every "▁", splitting runs of spaces that merge ("▁▁")
 core/data/hf_tokenizer.cpp | symbols.back().end = uint32_t(i); | symbols.push_back({*s_.unk, 0, 0, uint32_t(i), true}); | unknown characters in a row not fused into one <unk> (fuse_unk ignored)
+experiments/sweep/point_runner.cpp | if (const auto d = first_difference(checkpoint.config.result_keys(), point.config.result_keys())) | if (const auto d = std::optional<YamlDifference>()) | a released sweep evaluates whatever import its run directory holds, not the model of that name
+analysis/report.py | if run.get("released"):  # a released checkpoint: its name, and the method it was mapped to | if False: | the report labels a released checkpoint by its method only, not its name
 EOF
 )
 

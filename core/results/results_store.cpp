@@ -504,6 +504,7 @@ void write_run(H5::H5File& file, const RunRecord& r) {
   set_attribute(run, "train_tokens", r.train_tokens);
   set_attribute(run, "vocab_size", r.vocab_size);
   set_attribute(run, "status", r.status);
+  if (!r.released.empty()) set_attribute(run, "released", r.released);
   write_curve(run, "train_loss", r.train_loss);
   write_curve(run, "valid_loss", r.valid_loss);
 }
@@ -529,6 +530,7 @@ RunRecord read_run(const H5::Group& run, const std::string& id) {
   r.train_tokens = int_attribute(run, "train_tokens");
   r.vocab_size = int_attribute(run, "vocab_size");
   r.status = string_attribute(run, "status");
+  r.released = string_attribute(run, "released");
   r.train_loss = read_curve(run, "train_loss");
   r.valid_loss = read_curve(run, "valid_loss");
   return r;

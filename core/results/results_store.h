@@ -137,6 +137,10 @@ struct RunRecord {
   int64_t train_tokens = 0;  // tokens trained on: steps x tokens_per_step (0 in older files)
   int64_t vocab_size = 0;    // the corpus's vocabulary, <mask> included (0 in older files)
   std::string status;  // training | trained | complete | failed: <reason>
+  // A released checkpoint's point (a sweep's released models): what was evaluated, as one-line
+  // YAML {path, config_json, weights} (the folder, config.json's XXH3, the weights digest); ""
+  // for a model trained here.
+  std::string released;
   std::vector<CurvePoint> train_loss;
   std::vector<CurvePoint> valid_loss;
 };

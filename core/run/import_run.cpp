@@ -11,12 +11,17 @@ namespace extrap {
 
 namespace fs = std::filesystem;
 
-ImportSummary import_checkpoint(const fs::path& folder, const fs::path& run, const ImportOptions& options) {
+namespace {
+
+// The import's config, with the family's mapping it came from.
+struct ImportPlan {
+  HfModel hf;
+  Config config;
+};
+
+ImportPlan plan_import(const fs::path& folder, const fs::path& run, const ImportOptions& options) {
   if (options.data.empty()) throw ConfigError("--data: name the corpus the imported model is evaluated on");
   if (run.empty()) throw ConfigError("--out: name the run directory to write");
-  if (!options.overwrite && (has_checkpoint(run) || fs::exists(run / "fingerprint.yaml")))
-    throw ConfigError("--out " + run.string() + " already holds a run (--overwrite replaces it)");
-  refuse_run_file(run, "--out");  // not among another run's own files
   HfModel hf = read_hf_model(folder);
   const std::string& rounding = options.alibi_bias;
   if (rounding != "family") {
@@ -33,7 +38,6 @@ ImportSummary import_checkpoint(const fs::path& folder, const fs::path& run, con
       throw ConfigError("--alibi-bias " + rounding + ": not one of family, exact, bfloat16, float16");
     }
   }
-  const SafetensorsReader weights = SafetensorsReader::open(folder);
   const fs::path tokenizer = folder / "tokenizer.json";
   if (!fs::exists(tokenizer)) {
     // transformers itself reads a lone tokenizer.model by converting it to tokenizer.json's
@@ -66,7 +70,25 @@ ImportSummary import_checkpoint(const fs::path& folder, const fs::path& run, con
   root["train"]["seq_len"] = length;
   root["train"]["out_dir"] = run.string();
   root["eval"]["lengths"] = std::vector<int64_t>{length, 2 * length, 4 * length};
-  const Config config = config_from_yaml(root, "extrap import " + folder.string());
+  for (const auto& assignment : options.set) apply_override(root, assignment);
+  return {std::move(hf), config_from_yaml(root, "extrap import " + folder.string())};
+}
+
+}  // namespace
+
+Config imported_config(const fs::path& folder, const fs::path& run, const ImportOptions& options) {
+  return plan_import(folder, run, options).config;
+}
+
+ImportSummary import_checkpoint(const fs::path& folder, const fs::path& run, const ImportOptions& options) {
+  if (!options.overwrite && (has_checkpoint(run) || fs::exists(run / "fingerprint.yaml")))
+    throw ConfigError("--out " + run.string() + " already holds a run (--overwrite replaces it)");
+  refuse_run_file(run, "--out");  // not among another run's own files
+  const ImportPlan plan = plan_import(folder, run, options);
+  const HfModel& hf = plan.hf;
+  const Config& config = plan.config;
+  const SafetensorsReader weights = SafetensorsReader::open(folder);
+  const int64_t length = config.train.seq_len;
 
   const Corpus corpus = load_corpus(config.data);
   TransformerLM model = build_model(config, corpus.vocab_size);

@@ -19,6 +19,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <vector>
+
+#include "core/model/config.h"
 
 namespace extrap {
 
@@ -30,6 +33,9 @@ struct ImportOptions {
   // exact, as in float32), exact (no rounding), bfloat16 or float16 (m j rounded to that dtype,
   // as BLOOM computes it in a half-precision run).
   std::string alibi_bias = "family";
+  // KEY=VALUE settings applied to the config before it is decoded (a sweep's released.set:
+  // eval.* keys, train.threads, train.device).
+  std::vector<std::string> set;
 };
 
 struct ImportSummary {
@@ -44,5 +50,11 @@ struct ImportSummary {
 
 ImportSummary import_checkpoint(const std::filesystem::path& folder, const std::filesystem::path& run,
                                 const ImportOptions& options);
+
+// The config import_checkpoint would write for `folder` into `run` (config.json mapped and the
+// tokenizer's presence checked; the weights and the corpus are not read): a sweep's released
+// points are planned from it.
+Config imported_config(const std::filesystem::path& folder, const std::filesystem::path& run,
+                       const ImportOptions& options);
 
 }  // namespace extrap

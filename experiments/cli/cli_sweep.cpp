@@ -221,8 +221,11 @@ int sweep(const Args& args) {
   }
   const SweepOutcome outcome = run_sweep(spec, run_options);
   if (!worker.empty() || !ProcessGroup::leader()) return 0;  // rank 0 speaks for all
-  std::cerr << "sweep " << spec.name << ": " << outcome.points << " points (" << outcome.skipped
-            << " already complete, " << outcome.trained << " trained now";
+  std::cerr << "sweep " << spec.name << ": " << outcome.points << " points (" << outcome.skipped << " already complete, ";
+  if (outcome.released > 0 || !spec.released.empty())
+    std::cerr << outcome.released << " released checkpoints evaluated now";
+  else
+    std::cerr << outcome.trained << " trained now";
   if (outcome.reused > 0) std::cerr << ", " << outcome.reused << " from finished checkpoints";
   std::cerr << "), " << outcome.evaluated << " evaluations recorded now";
   if (outcome.failed > 0)

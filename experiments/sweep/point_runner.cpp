@@ -1,10 +1,14 @@
 #include "experiments/sweep/point_runner.h"
 
 #include "core/base/hashing.h"
+#include "core/base/yaml_options.h"
 #include "core/eval/attention_profile.h"
 #include "core/eval/evaluator.h"
 #include "core/eval/longppl.h"
 #include "core/eval/retrieval_eval.h"
+#include "core/hub/hf_checkpoint.h"
+#include "core/run/checkpoint.h"
+#include "core/run/import_run.h"
 #include "core/runtime/failure.h"
 #include "core/runtime/sysinfo.h"
 
@@ -119,6 +123,51 @@ TrainedPoint train_point(const SweepPoint& point, const Corpus& corpus, RunRecor
     out.failure = one_line(e.what());  // divergence, out of memory
   }
   if (!out.failure.empty()) out.trainer.reset();
+  if (out.trainer) out.model = out.trainer->model();
+  return out;
+}
+
+TrainedPoint load_released_point(const SweepSpec& spec, const SweepPoint& point, const Corpus& corpus,
+                                 RunRecord& record, SweepDisplay& display) {
+  const ReleasedModel& m = spec.released.at(size_t(point.index));
+  const std::filesystem::path run = point.config.train.out_dir;
+  reset_peak_memory();
+  if (!has_checkpoint(run) && !std::filesystem::exists(run / "fingerprint.yaml")) {
+    ImportOptions options;
+    options.data = spec.released_data;
+    options.train_length = m.train_length;
+    options.alibi_bias = m.alibi_bias;
+    options.set = spec.released_set;
+    import_checkpoint(m.path, run, options);
+    display.line("imported " + m.path);
+  }
+  if (!has_checkpoint(run))
+    throw ConfigError(run.string() + ": a run directory without a checkpoint (an import of " + m.path +
+                      " that was interrupted?); remove it, and the sweep imports the model again");
+  const VerifiedCheckpoint checkpoint = require_checkpoint(run);
+  if (!checkpoint.is_imported())
+    throw ConfigError(run.string() + ": holds a trained run, not the import of released model " + m.name + " (" +
+                      m.path + "); give the sweep another output.run_root, or remove it");
+  if (const auto d = first_difference(checkpoint.config.result_keys(), point.config.result_keys()))
+    throw ConfigError(run.string() + ": holds another import than released model " + m.name + " (" + d->key + ": " +
+                      d->first + " there, " + d->second + " now); remove it to import " + m.path + " again");
+  TrainedPoint out;
+  out.loaded = std::make_unique<LoadedRun>(load_run(checkpoint, corpus));  // the weights checked
+  out.model = out.loaded->model;
+  out.reused = true;
+  const nlohmann::json& weights = *checkpoint.imported;
+  YAML::Node released(YAML::NodeType::Map);
+  released["path"] = m.path;
+  released["config_json"] = weights.at("config_json").at("xxh3").get<std::string>();
+  released["weights"] = hf_weights_digest(weights);
+  record.released = flow_text(released);
+  record.num_parameters = out.model->num_parameters();
+  record.vocab_size = corpus.vocab_size;
+  record.train_tokens = 0;
+  if (record.status == "training") {
+    record.status = "trained";
+    record.end_time = iso_time_now();
+  }
   return out;
 }
 
@@ -243,7 +292,7 @@ LongPplRecord LongPplCache::score(TransformerLM& model, const Corpus& corpus, co
   return out;
 }
 
-PointRecord evaluate_point(Trainer& trainer, const Corpus& corpus, const SweepPoint& point,
+PointRecord evaluate_point(TransformerLM& model, const Corpus& corpus, const SweepPoint& point,
                            const RunRecord& record, const EvalPoint& e, LongPplCache& longppl,
                            const PointInputs& inputs) {
   const Config& config = point.config;
@@ -255,12 +304,12 @@ PointRecord evaluate_point(Trainer& trainer, const Corpus& corpus, const SweepPo
           rope_scaling_for(e.rope_scaling, e.rope_factor, config.train.seq_len, e.length);
       // A long one is said before it starts (even under --quiet: it may take days).
       if (const std::string warning =
-              estimate_retrieval_work(trainer.model(), spec, torch_device(config.train.device))
+              estimate_retrieval_work(model, spec, torch_device(config.train.device))
                   .warning("extrap sweep: " + point.id + " " + e.mode + " at length " + std::to_string(e.length));
           !warning.empty())
         std::cerr << warning << std::endl;
       const RetrievalResult r =
-          evaluate_retrieval(trainer.model(), corpus, spec, torch_device(config.train.device));
+          evaluate_retrieval(model, corpus, spec, torch_device(config.train.device));
       p.retrieval = r.cells;
       const RetrievalCell total = retrieval_totals(r.cells);
       p.nll_sum = total.answer_nll;
@@ -275,7 +324,7 @@ PointRecord evaluate_point(Trainer& trainer, const Corpus& corpus, const SweepPo
       spec.windows = e.profile_windows;
       spec.max_tokens = config.eval.max_tokens;
       spec.split_at = config.train.seq_len;
-      const AttentionProfile r = attention_profile(trainer.model(), corpus.split(config.eval.split),
+      const AttentionProfile r = attention_profile(model, corpus.split(config.eval.split),
                                                    spec, torch_device(config.train.device));
       p.attention_profile = profile_cells(r);
       p.scored_tokens = r.windows * r.length;
@@ -287,7 +336,7 @@ PointRecord evaluate_point(Trainer& trainer, const Corpus& corpus, const SweepPo
         rope_scaling_for(e.rope_scaling, e.rope_factor, config.train.seq_len, e.length);
     spec.streaming = e.streaming;
     spec.keep_token_nll = e.longppl;
-    const EvalResult r = evaluate(trainer.model(), corpus, corpus.split(config.eval.split), spec,
+    const EvalResult r = evaluate(model, corpus, corpus.split(config.eval.split), spec,
                                   torch_device(config.train.device));
     p.perplexity = r.perplexity;
     p.nll_sum = r.nll_sum;
@@ -295,7 +344,7 @@ PointRecord evaluate_point(Trainer& trainer, const Corpus& corpus, const SweepPo
     p.bits_per_byte = r.bits_per_byte;
     p.seconds = r.seconds;
     p.by_position = r.by_position;
-    if (e.longppl) p.longppl = longppl.score(trainer.model(), corpus, config, e, r);
+    if (e.longppl) p.longppl = longppl.score(model, corpus, config, e, r);
   });
   if (!failure.empty()) {
     p = new_point_record(record, e);  // nothing half-filled

@@ -23,14 +23,22 @@ RunRecord new_run_record(const SweepPoint& point);
 PointRecord new_point_record(const RunRecord& run, const EvalPoint& e);
 
 struct TrainedPoint {
-  std::unique_ptr<Trainer> trainer;  // null when training failed
-  std::string failure;               // why, one line
-  bool reused = false;               // its checkpoint was already at the last step: nothing trained
+  std::unique_ptr<Trainer> trainer;   // null when training failed, or for a released point
+  std::unique_ptr<LoadedRun> loaded;  // a released point's imported model
+  TransformerLM model = nullptr;      // the model to evaluate (the trainer's, or the loaded one)
+  std::string failure;                // why, one line
+  bool reused = false;                // its checkpoint was already at the last step: nothing trained
 };
 // Trains the point to its steps (resuming its checkpoint), updating `record` (curves,
 // throughput, status "trained") when this process trained it.
 TrainedPoint train_point(const SweepPoint& point, const Corpus& corpus, RunRecord& record,
                          SweepDisplay& display, bool quiet);
+// A released point (SweepSpec::released): its run directory imported from the checkpoint folder
+// when it holds nothing yet (a directory holding another run is a ConfigError), then loaded, the
+// weights checked against the import's record. `record` gets its `released` fields, and status
+// "trained" (nothing was: it is ready to be evaluated).
+TrainedPoint load_released_point(const SweepSpec& spec, const SweepPoint& point, const Corpus& corpus,
+                                 RunRecord& record, SweepDisplay& display);
 
 // What one point's LongPPL scores share (EvalPoint::longppl): the key-token model (the point's
 // own, or the reference run's, loaded on first use), its short-context NLLs (one evaluation at
@@ -75,7 +83,7 @@ std::vector<ProfileCell> profile_cells(const AttentionProfile& profile);
 // Evaluates a trained point at `e`: a finished row, or a failed one with the reason; with
 // e.longppl its LongPPL too (`longppl` holds what the point's lengths share); with e.profile,
 // where the model looks instead (an attention-profile point).
-PointRecord evaluate_point(Trainer& trainer, const Corpus& corpus, const SweepPoint& point,
+PointRecord evaluate_point(TransformerLM& model, const Corpus& corpus, const SweepPoint& point,
                            const RunRecord& record, const EvalPoint& e, LongPplCache& longppl,
                            const PointInputs& inputs);
 

@@ -127,15 +127,15 @@ void follow_points(const SweepSpec& spec, const std::vector<const SweepPoint*>& 
     const Corpus& corpus = corpora.at(data_key);
     RunRecord record = new_run_record(*point);
     TrainedPoint trained = train_point(*point, corpus, record, silent, true);
-    if (!trained.trainer) continue;
+    if (!trained.model) continue;
     ++(trained.reused ? outcome.reused : outcome.trained);
     std::stringstream indices(plan);
     LongPplCache longppl(spec.eval.longppl);
     PointInputs inputs(corpus, point->config);
-    inputs.set_model(trained.trainer->model());
+    inputs.set_model(trained.model);
     for (std::string index; std::getline(indices, index, ',');) {
       if (index.empty()) continue;
-      evaluate_point(*trained.trainer, corpus, *point, record, point->evals.at(std::stoul(index)),
+      evaluate_point(trained.model, corpus, *point, record, point->evals.at(std::stoul(index)),
                      longppl, inputs);
       ++outcome.evaluated;
     }
@@ -298,7 +298,7 @@ void run_points(const SweepSpec& spec, const std::vector<const SweepPoint*>& poi
     // Data parallel: the other ranks run what rank 0 runs (plan_for_ranks).
     share_plan(point, pending, existing && pending.empty());
     int64_t later_tokens = 0;
-    for (size_t j = k + 1; j < points.size(); ++j)
+    for (size_t j = k + 1; j < points.size() && spec.released.empty(); ++j)  // released: nothing to train
       later_tokens += points[j]->config.train.steps * tokens_per_step(points[j]->config.train);
     display.start_run(int64_t(k) + 1, point.id, later_tokens);
 
@@ -324,8 +324,9 @@ void run_points(const SweepSpec& spec, const std::vector<const SweepPoint*>& poi
     RunRecord record = existing ? *existing : new_run_record(point);
     if (!store.run(point.id)) store.put_run(record);
 
-    TrainedPoint trained = train_point(point, corpus, record, display, quiet_trainer);
-    if (!trained.trainer) {
+    TrainedPoint trained = spec.released.empty() ? train_point(point, corpus, record, display, quiet_trainer)
+                                                 : load_released_point(spec, point, corpus, record, display);
+    if (!trained.model) {
       record.status = "failed: " + trained.failure;
       record.end_time = iso_time_now();
       std::vector<PointRecord> failed;
@@ -340,14 +341,14 @@ void run_points(const SweepSpec& spec, const std::vector<const SweepPoint*>& poi
       display.finish_run();
       continue;
     }
-    ++(trained.reused ? outcome.reused : outcome.trained);
+    ++(!spec.released.empty() ? outcome.released : trained.reused ? outcome.reused : outcome.trained);
     if (record.status == "trained") store.put_run(record);
 
     // Evaluate every pending point; each is on disk before the next starts.
-    inputs.set_model(trained.trainer->model());
+    inputs.set_model(trained.model);
     refuse_other_inputs(done, point, pending, inputs, longppl, corpus, store.path());
     for (const auto& e : pending) {
-      const PointRecord p = evaluate_point(*trained.trainer, corpus, point, record, e, longppl, inputs);
+      const PointRecord p = evaluate_point(trained.model, corpus, point, record, e, longppl, inputs);
       store.append_point(p);
       fault_point("point", p.run_id + " " + p.mode + " " + std::to_string(p.eval_length));
       ++outcome.evaluated;
@@ -637,7 +638,8 @@ void run_parallel(const SweepSpec& spec, const std::vector<const SweepPoint*>& p
   }
   const DoneSet after{store, nullptr};
   for (const auto* p : pending)
-    if (after.run(p->id)) ++(trained_before.count(p->id) ? outcome.reused : outcome.trained);
+    if (after.run(p->id))
+      ++(!spec.released.empty() ? outcome.released : trained_before.count(p->id) ? outcome.reused : outcome.trained);
   for (size_t i = points_before; i < store.points().size(); ++i) {
     ++outcome.evaluated;
     outcome.failed += !store.points()[i].ok();
@@ -697,6 +699,9 @@ SweepOutcome run_sweep(const SweepSpec& spec, const SweepOptions& options) {
       require_cuda(spec.source + ": point " + p->id + " trains on cuda");
 
   if (ProcessGroup::environment()) {
+    if (!spec.released.empty())
+      throw ConfigError(spec.source + ": a sweep of released checkpoints runs in one process, not data-parallel "
+                        "under extrap launch (nothing is trained; jobs: N runs its models side by side)");
     if ((options.jobs > 0 ? options.jobs : spec.jobs) > 1)
       throw ConfigError(spec.source + ": jobs " +
                         std::to_string(options.jobs > 0 ? options.jobs : spec.jobs) +

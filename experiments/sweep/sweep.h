@@ -37,6 +37,7 @@ struct SweepOutcome {
   int64_t skipped = 0;    // already complete in the results file
   int64_t trained = 0;    // trained or resumed now
   int64_t reused = 0;     // evaluated now from a checkpoint already trained to its last step
+  int64_t released = 0;   // released checkpoints evaluated now (nothing trained)
   int64_t evaluated = 0;  // evaluation points recorded now (failed ones included)
   int64_t failed = 0;     // evaluation points recorded as failed now
   std::string output;

@@ -1,6 +1,7 @@
 #include "experiments/sweep/sweep_spec.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cinttypes>
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include "core/eval/evaluator.h"
 #include "core/model/model.h"
 #include "core/run/checkpoint.h"
+#include "core/run/import_run.h"
 #include "core/runtime/sysinfo.h"
 #include "positions/position.h"
 
@@ -122,10 +124,22 @@ YAML::Node SweepSpec::canonical() const {
   out["name"] = name;
   // The keys that change results (their marks in core/model/config.cpp); the sweep's own eval section
   // replaces the base's lengths and strides; grid keys are set per point.
-  YAML::Node base_yaml = base_config.result_keys();
-  for (const char* key : {"eval.lengths", "eval.strides"}) remove_key(base_yaml, key);
-  for (const auto& axis : grid) remove_key(base_yaml, axis.key);
-  out["base"] = base_yaml;
+  if (!released.empty()) {
+    YAML::Node r(YAML::NodeType::Map);
+    r["data"] = released_data;
+    for (const auto& m : released) {
+      YAML::Node config = m.config.result_keys();
+      for (const char* key : {"eval.lengths", "eval.strides"}) remove_key(config, key);
+      r["models"][m.name]["path"] = m.path;
+      r["models"][m.name]["config"] = config;
+    }
+    out["released"] = r;
+  } else {
+    YAML::Node base_yaml = base_config.result_keys();
+    for (const char* key : {"eval.lengths", "eval.strides"}) remove_key(base_yaml, key);
+    for (const auto& axis : grid) remove_key(base_yaml, axis.key);
+    out["base"] = base_yaml;
+  }
   YAML::Node grid_yaml(YAML::NodeType::Map);
   for (const auto& axis : grid) {
     YAML::Node values(YAML::NodeType::Sequence);
@@ -295,6 +309,81 @@ void read_base(const OptionReader& root, YAML::Node& doc, SweepSpec& spec) {
     PositionRegistry::instance().load_plugin(plugin);
 }
 
+// Reads released: the corpus, the keys set in every config, and each model's imported config.
+void read_released(const OptionReader& root, SweepSpec& spec) {
+  for (const char* other : {"base", "grid"})
+    if (root.has(other))
+      root.fail(other, "is not taken with released: a released sweep's points are its models, nothing is trained");
+  const OptionReader r = root.section("released", "");
+  r.read("data", spec.released_data, "");
+  if (spec.released_data.empty()) r.fail("data", "missing: the corpus every model is evaluated on (a directory)");
+  YAML::Node set;
+  r.accept("set", "");
+  if (r.has("set")) {
+    set = r.node()["set"];
+    if (!set.IsMap()) r.fail("set", "expected a map of dotted config keys to values");
+    for (const auto& entry : set) {
+      const std::string key = entry.first.as<std::string>();
+      if (!entry.second || entry.second.IsNull())
+        r.fail("set", "'" + key + "' has no value (in YAML, a space after the colon: {eval.max_tokens: 2048})");
+      if (key.rfind("eval.", 0) != 0 && key != "train.threads" && key != "train.device")
+        r.fail("set", "'" + key + "' cannot be set for a released model (eval.* keys, train.threads and "
+                      "train.device only: the model is the checkpoint's)");
+      spec.released_set.push_back(key + "=" + flow_text(entry.second));
+    }
+  }
+  r.accept("models", "");
+  const YAML::Node models = r.node()["models"];
+  if (!models || !models.IsMap() || models.size() == 0)
+    r.fail("models", "expected a map of names (run ids) to checkpoint folders (or {path, train_length, alibi_bias})");
+  r.finish();
+  const OptionReader each(models, root.source(), "released.models");
+  for (const auto& entry : models) {
+    ReleasedModel m;
+    m.name = entry.first.as<std::string>();
+    const bool plain_name = !m.name.empty() && m.name[0] != '.' &&
+                            std::all_of(m.name.begin(), m.name.end(), [](char c) {
+                              return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
+                            });
+    if (!plain_name)
+      each.fail(m.name, "is not a run id (letters, digits, '-', '_' and '.'; not starting with '.')");
+    if (entry.second.IsScalar()) {
+      m.path = entry.second.Scalar();
+    } else if (entry.second.IsMap()) {
+      const OptionReader one(entry.second, root.source(), "released.models." + m.name);
+      one.read("path", m.path, "");
+      one.read("train_length", m.train_length, "");
+      one.read("alibi_bias", m.alibi_bias, "");
+      one.finish();
+      one.at_least("train_length", m.train_length, 0, " (0: config.json's)");
+    } else {
+      each.fail(m.name, "expected a checkpoint folder or a map {path, train_length, alibi_bias}");
+    }
+    if (m.path.empty()) each.fail(m.name, "names no checkpoint folder (path)");
+    // A relative folder is the sweep file's neighbour, as a base config path is.
+    fs::path folder = m.path;
+    if (folder.is_relative() && !fs::exists(folder)) {
+      folder = fs::path(root.source()).parent_path() / folder;
+      if (!fs::exists(folder))
+        each.fail(m.name, "'" + m.path + "': no such folder in the working directory (" + fs::current_path().string() +
+                              ") or beside the sweep file: name a Hugging Face checkpoint folder you have");
+    }
+    m.path = fs::absolute(folder).lexically_normal().string();
+    ImportOptions options;
+    options.data = spec.released_data;
+    options.train_length = m.train_length;
+    options.alibi_bias = m.alibi_bias;
+    options.set = spec.released_set;
+    try {
+      m.config = imported_config(m.path, fs::path(spec.run_root.empty() ? "runs" : spec.run_root) / m.name, options);
+    } catch (const ConfigError& e) {
+      each.fail(m.name, e.what());
+    }
+    spec.released.push_back(std::move(m));
+  }
+  spec.base_config = spec.released.front().config;
+}
+
 // Reads the grid: each axis a known config key with a non-empty list of distinct values.
 void read_grid(const OptionReader& root, YAML::Node& doc, const std::string& path,
                SweepSpec& spec) {
@@ -453,7 +542,9 @@ void check_eval_plan(const OptionReader& e, SweepSpec& spec) {
   if (e.has("rope_factor") &&
       spec.eval.rope_scaling == std::vector<RopeScalingKind>{RopeScalingKind::none})
     e.fail("rope_factor", "is set but eval.rope_scaling lists no variant to scale");
-  if (!e.has("lengths") && !e.has("length_multiples"))
+  if (!e.has("lengths") && !e.has("length_multiples") && !spec.released.empty())
+    spec.eval.length_multiples = {1, 2, 4};  // the models' training lengths differ
+  else if (!e.has("lengths") && !e.has("length_multiples"))
     spec.eval.lengths = spec.base_config.eval.lengths;
   if (!e.has("strides")) spec.eval.strides = spec.base_config.eval.strides;
   check_eval_lengths(e, spec.eval.lengths, spec.eval.length_multiples, spec.eval.strides);
@@ -518,7 +609,13 @@ void read_sweep_keys(const OptionReader& root, YAML::Node& doc, SweepSpec& spec)
   root.accept("base", "the base config: a full `extrap train` config, or the path of one");
   root.accept("grid", "dotted config keys -> lists of values; every combination is a run "
                       "(grid.position: a list of methods, each a name or {name: ..., options})");
-  if (root.decoding()) {
+  root.accept("released",
+              "instead of base and grid: released checkpoints evaluated with nothing trained: data (the "
+              "corpus), set (eval.* keys, train.threads, train.device), models (run id -> Hugging Face "
+              "checkpoint folder, or {path, train_length, alibi_bias}); docs/released.md");
+  if (root.decoding() && root.has("released")) {
+    read_released(root, spec);
+  } else if (root.decoding()) {
     read_base(root, doc, spec);
     read_grid(root, doc, root.source(), spec);
   }
@@ -564,6 +661,7 @@ std::string SweepSpec::worker_identity() const {
 }
 
 int64_t SweepSpec::point_count() const {
+  if (!released.empty()) return int64_t(released.size());
   int64_t total = 1;
   for (const auto& axis : grid) {
     total *= int64_t(axis.values.size());
@@ -573,6 +671,20 @@ int64_t SweepSpec::point_count() const {
 }
 
 namespace {
+
+// Released point `index`: the model's name is its run id and its one grid value; its config is
+// the import's, in RUN_ROOT/<name>.
+SweepPoint released_point(const SweepSpec& spec, int64_t index) {
+  const ReleasedModel& m = spec.released[size_t(index)];
+  SweepPoint point;
+  point.index = index;
+  point.values.push_back({"released", YAML::Node(m.name)});
+  point.key = grid_point_key(point.values);
+  point.id = m.name;
+  point.config = m.config;
+  point.config.train.out_dir = (fs::path(spec.run_root) / point.id).string();
+  return point;
+}
 
 // Grid point `index`: its values (mixed-radix digits of the index, the last axis varying
 // fastest), its identity and run id, and its config decoded from the base with the values set.
@@ -734,7 +846,7 @@ std::vector<SweepPoint> expand_grid(const SweepSpec& spec) {
   std::map<std::string, std::string> id_of_config;  // each point's resolved config, for twins
   const int64_t total = spec.point_count();
   for (int64_t index = 0; index < total; ++index) {
-    SweepPoint point = grid_point(spec, index);
+    SweepPoint point = spec.released.empty() ? grid_point(spec, index) : released_point(spec, index);
     if (!ids.insert(point.id).second)
       throw ConfigError(spec.source + ": two grid points would have the run id " + point.id +
                         "; give the values distinct names");
@@ -837,6 +949,9 @@ YAML::Node growth_identity(const std::string& sweep_spec) {
   for (const auto& key : keys) grid_keys.push_back(key);
   out["grid keys"] = grid_keys;
   out["base"] = spec["base"];
+  // A released sweep grows by its models; the corpus stays (each model's config is checked
+  // against its run directory).
+  if (spec["released"]) out["released data"] = spec["released"]["data"];
   YAML::Node eval(YAML::NodeType::Map);
   if (const YAML::Node e = spec["eval"]) {
     if (e["rope_factor"]) eval["rope_factor"] = e["rope_factor"];

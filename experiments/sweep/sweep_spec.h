@@ -34,6 +34,12 @@
 //       depths: [0, 25, 50, 75, 100]   # key depths, percent
 //       samples: 20                 # instances per (length, depth); the same for every point
 //       seed: 1
+//   released:                       # instead of base and grid: released checkpoints, nothing trained
+//     data: data/wikitext-2         # the corpus every model reads (each with its own tokenizer)
+//     set: {eval.max_tokens: 65536, train.threads: 2}   # eval.* and train.threads/device keys
+//     models:                       # run id -> a Hugging Face checkpoint folder, or a map
+//       bloom-560m: /models/bloom-560m
+//       mpt-1b: {path: /models/mpt-1b, train_length: 2048, alibi_bias: exact}
 //   output:
 //     path: results/quick.h5        # default results/NAME.h5
 //     run_root: runs/quick          # default runs/NAME; point runs in RUN_ROOT/<run id>
@@ -56,6 +62,11 @@
 //    core/model/config.cpp (the base config's eval lengths and strides are replaced by the sweep's
 //    eval section), the grid and the evaluation plan; not where files go, threads or jobs.
 //  - A grid axis is a non-empty list of distinct values; the evaluation plan is not empty.
+//  - A released sweep's points are its models, in file order, each identified by its name
+//    (grid value `released: NAME`); its run directory is `extrap import` of the folder
+//    (core/run/import_run.h) with the `set` keys, and a directory holding anything else is
+//    refused. The spec hash covers each model's imported config (config.json mapped), not its
+//    weights: those are checked against the import's record at every load.
 #pragma once
 
 #include <yaml-cpp/yaml.h>
@@ -140,6 +151,15 @@ struct SweepEval {
   SweepAttentionProfile attention_profile;
 };
 
+// A released checkpoint a sweep evaluates (SweepSpec::released).
+struct ReleasedModel {
+  std::string name;                   // the point's run id
+  std::string path;                   // the checkpoint folder, absolute
+  int64_t train_length = 0;           // 0: config.json's
+  std::string alibi_bias = "family";  // extrap import --alibi-bias
+  Config config;                      // what `extrap import` makes of it, the `set` keys applied
+};
+
 // A sweep's points at most: a grid of more is refused (expand_grid would run out of memory).
 inline constexpr int64_t kMostGridPoints = 1'000'000;
 
@@ -154,6 +174,11 @@ struct SweepSpec {
   // lines of the file they came from (YAML::Clone drops them), so errors name the line.
   Config base_config;       // ... decoded
   std::vector<GridAxis> grid;
+  // A sweep of released checkpoints (no base, no grid): the models, the corpus they read, and
+  // the evaluation keys set in every model's config ("eval.max_tokens=65536").
+  std::vector<ReleasedModel> released;
+  std::string released_data;
+  std::vector<std::string> released_set;
   SweepEval eval;
   std::string output;                  // results file
   std::string run_root;                // run directories

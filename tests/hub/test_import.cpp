@@ -7,6 +7,7 @@
 #include "core/export/safetensors.h"
 #include "core/hub/hf_checkpoint.h"
 #include "core/hub/safetensors_reader.h"
+#include "core/results/results_store.h"
 #include "core/run/checkpoint.h"
 #include "core/run/import_run.h"
 #include "core/run/run_dir.h"
@@ -359,4 +360,92 @@ TEST_CASE("export --format hf: an extrap model with a family's options, and one 
   CHECK_THROWS_WITH(export_hf(d.root / "plain" / "run", d.root / "hf2", false),
                     Contains("no transformers class computes this model: its tied embedding is scaled by sqrt(d_model)"));
   CHECK_FALSE(fs::exists(d.root / "hf2"));
+}
+
+TEST_CASE("import: configs/released.yaml evaluates released checkpoints side by side, nothing trained",
+          "[import][python][sweep]") {
+  TempDir d("released-sweep");
+  const fs::path ck = checkpoints();
+  const fs::path llama = copy_of(d, "llama");  // changed below
+  // Three families, three tokenizers (Llama 3 style, GPT-2 style, SentencePiece), two methods.
+  const std::string models = "{llama: " + llama.string() + ", bloom: {path: " + (ck / "bloom").string() +
+                             ", train_length: 64}, mistral_spm: " + (ck / "mistral_spm").string() + "}";
+  std::vector<std::string> args = {"sweep", EXTRAP_SOURCE_DIR "/configs/released.yaml",
+                                   "--set", "released.data=" + corpus_dir().string(),
+                                   "--set", "released.models=" + models,
+                                   "--set", "released.set={eval.max_tokens: 2048, train.threads: 1}",
+                                   "--set", "eval.length_multiples=[1, 2]",
+                                   "--set", "eval.streaming=[32]",
+                                   "--set", "output.path=" + (d.root / "released.h5").string(),
+                                   "--set", "output.run_root=" + (d.root / "runs").string()};
+  std::string out;
+  REQUIRE(run_cli(d, args, &out) == 0);
+  {
+    const ResultsStore store = ResultsStore::open((d.root / "released.h5").string());
+    REQUIRE(store.runs().size() == 3);
+    for (const auto& [id, run] : store.runs()) {
+      INFO(id);
+      CHECK(run.status == "complete");
+      CHECK(run.train_tokens == 0);
+      CHECK(run.train_loss.empty());
+      CHECK(run.train_length == 64);
+      // The record names exactly what was read: the folder, config.json's hash, the weights.
+      const VerifiedCheckpoint checkpoint = require_checkpoint(d.root / "runs" / id);
+      REQUIRE(checkpoint.is_imported());
+      const YAML::Node released = YAML::Load(run.released);
+      CHECK(released["path"].as<std::string>() == (*checkpoint.imported)["source"].get<std::string>());
+      CHECK(released["config_json"].as<std::string>() ==
+            (*checkpoint.imported)["config_json"]["xxh3"].get<std::string>());
+      CHECK(released["weights"].as<std::string>() == hf_weights_digest(*checkpoint.imported));
+    }
+    std::map<std::string, std::set<std::string>> modes;
+    for (const auto& p : store.points()) {
+      INFO(p.run_id << " " << p.mode << " " << p.eval_length << ": " << p.status);
+      CHECK(p.ok());
+      modes[p.run_id].insert(p.mode);
+      if (p.mode.rfind("nonoverlapping", 0) == 0) {
+        CHECK(std::isfinite(p.perplexity));
+        CHECK(std::isfinite(p.bits_per_byte));  // every tokenizer credits its bytes
+      }
+    }
+    // YaRN and Self-Extend for the RoPE models only; StreamingLLM and profiles for all.
+    CHECK(modes["llama"].count("nonoverlapping+yarn"));
+    CHECK(modes["mistral_spm"].count("nonoverlapping+self_extend"));
+    CHECK_FALSE(modes["bloom"].count("nonoverlapping+yarn"));
+    for (const char* id : {"llama", "bloom", "mistral_spm"}) {
+      CHECK(modes[id].count("streaming_4_32"));
+      CHECK(modes[id].count("attention_profile"));
+    }
+  }
+  // Again: nothing to do.
+  REQUIRE(run_cli(d, args, &out) == 0);
+  CHECK_THAT(out, Contains("already complete"));
+  // The report says which rows are released checkpoints, and compares them in bits per byte.
+  std::string printed;
+  REQUIRE(run_python(d, EXTRAP_SOURCE_DIR "/analysis/report.py released.h5 --out report", &printed) == 0);
+  const std::string report = read_text(d.root / "report" / "report.md");
+  CHECK_THAT(report, Contains("## Released checkpoints"));
+  CHECK_THAT(report, Contains("| llama (rotary) | `" + llama.string() + "`"));
+  CHECK_THAT(report, Contains("The runs tokenise the text differently"));
+  CHECK_THAT(report, !Contains("## What was trained"));
+  // A checkpoint whose weights changed after its import is refused at its next load, naming the file.
+  {
+    std::fstream file(llama / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(-4, std::ios::end);
+    file.write("\x01\x02\x03\x04", 4);
+  }
+  std::vector<std::string> longer = args;
+  longer.insert(longer.end(), {"--set", "eval.length_multiples=[1, 2, 3]"});
+  REQUIRE(run_cli(d, longer, &out) != 0);
+  require_one_line_error(out, (llama / "model.safetensors").string() + " changed since it was imported");
+  // A run directory holding another import than the model of that name is refused.
+  args[5] = "released.models={llama: " + (ck / "mistral").string() + "}";
+  args.insert(args.end(), {"--set", "eval.length_multiples=[1]", "--set", "eval.streaming=[]",
+                           "--set", "output.path=" + (d.root / "other.h5").string()});
+  REQUIRE(run_cli(d, args, &out) != 0);
+  require_one_line_error(out, "holds another import than released model llama");
+  // Released models with a base or a grid, or a key that would change the model: refused.
+  args.insert(args.end(), {"--set", "released.set={model.layers: 1}"});
+  REQUIRE(run_cli(d, args, &out) != 0);
+  require_one_line_error(out, "'model.layers' cannot be set for a released model");
 }
