@@ -1539,11 +1539,13 @@ class PieceEncoder {
     const std::string_view space = kMetaspace;
     const bool at_start = span.original(begin) == 0;
     const bool starts_with_space = seg[0] == ' ' || seg.substr(0, space.size()) == space;
+    // A span at the start of a piece that continues a text (starts_text false) is no span of
+    // its own: only "first" at the text's start, and "always"/"each" at a span's start, prepend.
     bool prepend = false;
     switch (s_.prepend) {
       case MetaspacePrepend::never: break;
       case MetaspacePrepend::first: prepend = !starts_with_space && at_start && starts_text_; break;
-      case MetaspacePrepend::always: prepend = !starts_with_space; break;
+      case MetaspacePrepend::always: prepend = !starts_with_space && (!at_start || starts_text_); break;
       case MetaspacePrepend::each: prepend = !at_start || starts_text_; break;  // not a cut's continuation
     }
     word_.clear();
@@ -1781,6 +1783,7 @@ HfTokenizer HfTokenizer::load(const std::string& path) {
 int32_t HfTokenizer::size() const { return state_->size; }
 std::optional<int32_t> HfTokenizer::bos() const { return state_->bos; }
 std::optional<int32_t> HfTokenizer::eos() const { return state_->eos; }
+std::optional<int32_t> HfTokenizer::unk() const { return state_->unk; }
 
 std::optional<int32_t> HfTokenizer::id(std::string_view token) const {
   const std::string key(token);

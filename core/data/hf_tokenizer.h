@@ -105,6 +105,8 @@ class HfTokenizer {
   // the special added token "<|endoftext|>", "<|end_of_text|>", "</s>" or "<eos>" (the first
   // of these present).
   std::optional<int32_t> eos() const;
+  // The model's unk_token, if it has one.
+  std::optional<int32_t> unk() const;
 
   struct Encoded {
     std::vector<int32_t> ids;
@@ -124,7 +126,9 @@ class HfTokenizer {
   // style: cuts before a " " that follows an ASCII letter or digit, where no merge crosses.
   std::vector<size_t> cut_points(std::string_view text, size_t piece_bytes) const;
   // The tokens of `piece` without the post-processor's (a whole text is one piece);
-  // `starts_text` false for every piece after the first.
+  // `starts_text` false for every piece after the first: its first span continues the text
+  // before it, so no Metaspace or Prepend "▁" goes before it (ByteLevel's add_prefix_space,
+  // which HF applies to every split, still does).
   Encoded encode_piece(std::string_view piece, bool starts_text = true) const;
   // Puts the post-processor's tokens around a whole text's tokens.
   Encoded add_special_tokens(Encoded body) const;

@@ -1,5 +1,6 @@
 #include "core/data/retrieval_task.h"
 
+#include "core/data/hf_tokenizer.h"
 #include "core/data/sentencepiece.h"
 #include "core/data/tokenizer.h"
 
@@ -92,6 +93,15 @@ std::string variable_question_text(int64_t value) {
 }
 const char* const kAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZ";
 
+// A Hugging Face tokenizer attaches a space to the word after it ("Ġthe", "▁the"), so each of the
+// task's texts is written with its space first: " The grass is green." rather than "The grass is
+// green. ", and a question after the filler as " What is ...". The instance's text is the same.
+std::string hf_form(const std::string& text) {
+  if (!text.empty() && text.back() == ' ') return " " + text.substr(0, text.size() - 1);
+  if (!text.empty() && text[0] >= 'A' && text[0] <= 'Z') return " " + text;
+  return text;
+}
+
 }  // namespace
 
 AnswerMatch match_answer(const TaskInstance& instance, const std::vector<int32_t>& generated) {
@@ -146,11 +156,6 @@ TaskGenerator::TaskGenerator(RetrievalTask task, const Corpus& corpus)
     throw ConfigError("retrieval task " + enum_name(task) + " writes text, and corpus '" + corpus.name +
                       "' is pre-tokenised (data.tokenizer: ids): its ids have no words to write "
                       "the task with");
-  if (corpus.tokenizer == Tokenizer::hf)
-    throw ConfigError("retrieval task " + enum_name(task) + " on corpus '" + corpus.name +
-                      "' (data.tokenizer hf, an imported model's): not built yet; a byte-level BPE joins a "
-                      "task's pieces differently from its whole text, so the task is refused rather than "
-                      "scored on other tokens");
   // Every text the task can write, with every digit and letter it can use: a word-level
   // vocabulary must have each word, a SentencePiece model must write each without <unk>.
   std::vector<std::string> texts(std::begin(kFillerSentences), std::end(kFillerSentences));
@@ -181,10 +186,32 @@ TaskGenerator::TaskGenerator(RetrievalTask task, const Corpus& corpus)
   for (const auto& entry : word_ids_) encode(entry.first);  // refuses a missing word now
   if (corpus.sentencepiece)  // refuses a text the model can only write as <unk> now
     for (const auto& text : texts) encode(text);
+  if (corpus.hf)  // refuses a tokenizer that writes any of the texts with <unk> now
+    for (const auto& text : texts)
+      for (const int32_t id : encode(text))
+        if (id == corpus.hf->unk())
+          throw ConfigError("retrieval task " + enum_name(task) + ": the tokenizer of corpus '" + corpus.name +
+                            "' (data.tokenizer hf) writes part of '" + text + "' as its unk_token");
+  min_length_ = shortest_instance();
+  if (corpus.hf) make(min_length() + 40, 0.5, 0);  // refuses a tokenizer that joins the pieces differently now
+}
+
+void TaskGenerator::check_joined(const std::vector<int32_t>& tokens, int64_t from) const {
+  if (!corpus_.hf) return;
+  const std::vector<int32_t> pieces(tokens.begin() + from, tokens.end());
+  const std::string text = corpus_.hf->decode(pieces);
+  const std::vector<int32_t> whole = corpus_.hf->encode_piece(text, /*starts_text=*/false).ids;
+  if (whole == pieces) return;
+  size_t at = 0;
+  while (at < whole.size() && at < pieces.size() && whole[at] == pieces[at]) ++at;
+  throw ConfigError("retrieval task " + enum_name(task_) + " on corpus '" + corpus_.name + "': its tokenizer (data.tokenizer hf) writes the task's text with other tokens than its pieces joined "
+                    "(from token " + std::to_string(at) + " of \"" + text.substr(0, 80) +
+                    "...\"); refused rather than scored on tokens the model would never read");
 }
 
 std::vector<int32_t> TaskGenerator::encode(const std::string& text) const {
   if (corpus_.byte_level()) return byte_tokens(text);
+  if (corpus_.hf) return corpus_.hf->encode_piece(hf_form(text), /*starts_text=*/false).ids;
   if (corpus_.sentencepiece) {
     // Each piece of the task separately: SentencePiece splits at spaces, and a text's first
     // piece carries its word boundary, so the pieces joined are the whole text's pieces.
@@ -214,7 +241,9 @@ std::vector<int32_t> TaskGenerator::key_sentence(const std::string& name, int64_
   return encode(key_text(name, key));
 }
 
-int64_t TaskGenerator::min_length() const {
+int64_t TaskGenerator::min_length() const { return min_length_; }
+
+int64_t TaskGenerator::shortest_instance() const {
   if (task_ == RetrievalTask::variable_tracking) {
     // Names and values have fixed lengths: any instance's key sentences, question and answer
     // (at SentencePiece level, one instance's: another's pieces may number differently).
@@ -225,9 +254,20 @@ int64_t TaskGenerator::min_length() const {
   int64_t longest = 0;
   std::vector<std::string> names{kPassName};
   if (task_ == RetrievalTask::multikey) names.assign(std::begin(kKeyNames), std::end(kKeyNames));
+  const int64_t copies = task_ == RetrievalTask::multikey ? 1 + kMultikeyDistractors : 1;
+  if (corpus_.hf) {
+    // A BPE writes numbers of one length with different counts of tokens ("50000" may be one,
+    // "12345" three): every key's sentence and answer counted, the longest of each taken.
+    int64_t sentence = 0, question = 0, answer = 0;
+    for (int64_t key = 1; key <= kPasskeyMax; ++key) {
+      answer = std::max(answer, int64_t(encode(answer_text(true, key)).size()));
+      for (const auto& name : names) sentence = std::max(sentence, int64_t(key_sentence(name, key).size()));
+    }
+    for (const auto& name : names) question = std::max(question, int64_t(encode(question_text(name)).size()));
+    return copies * sentence + question + answer;
+  }
   for (const auto& name : names) {
-    const int64_t sentences = int64_t(key_sentence(name, kPasskeyMax).size()) *
-                              (task_ == RetrievalTask::multikey ? 1 + kMultikeyDistractors : 1);
+    const int64_t sentences = int64_t(key_sentence(name, kPasskeyMax).size()) * copies;
     const int64_t question = int64_t(encode(question_text(name)).size());
     const int64_t answer = int64_t(encode(answer_text(!corpus_.word_level(), kPasskeyMax)).size());
     longest = std::max(longest, sentences + question + answer);
@@ -349,6 +389,7 @@ TaskInstance TaskGenerator::make(int64_t length, double depth, uint64_t seed) co
   append(out.tokens, out.answer);
   TORCH_CHECK(int64_t(out.tokens.size()) == length, "retrieval instance has ", out.tokens.size(),
               " tokens, not ", length);
+  check_joined(out.tokens, starts.front());
   return out;
 }
 
@@ -403,11 +444,13 @@ TaskInstance TaskGenerator::make_variable_tracking(int64_t length, double depth,
   append(out.tokens, out.answer);
   TORCH_CHECK(length < 0 || int64_t(out.tokens.size()) == length, "retrieval instance has ",
               out.tokens.size(), " tokens, not ", length);
+  check_joined(out.tokens, starts.front());
   return out;
 }
 
 std::string TaskGenerator::text(const std::vector<int32_t>& tokens) const {
   if (corpus_.sentencepiece) return corpus_.sentencepiece->decode(tokens);
+  if (corpus_.hf) return corpus_.hf->decode(tokens);
   std::string out;
   for (int32_t t : tokens) {
     if (!corpus_.byte_level() && !out.empty()) out += ' ';

@@ -38,7 +38,12 @@
 // corpus whose vocabulary lacks one of the task's words; sentencepiece encodes each sentence,
 // the question and the answer (" 12345."; each " NAME" and the stop, which so reads " .") on
 // its own (pieces never cross a space, so they join into the whole text's pieces), and refuses
-// a model that writes any of them with <unk>.
+// a model that writes any of them with <unk>; hf (a released model's tokenizer.json, byte-level
+// or SentencePiece-style) encodes each text with its space first (" The grass is green.", a
+// question as " What is ...", the answer " 12345."), since these tokenizers attach a space to
+// the word after it, and every instance is checked: its tokens from its first whole sentence
+// on must be exactly the tokenizer's own for their text (refused otherwise, naming the place).
+// Instances carry no BOS: like an evaluation window, they begin mid-text.
 // The literature's one-line instruction before the filler ("There is an important info hidden
 // inside a lot of irrelevant text...") is left out: at byte level it alone fills a 128-token
 // window, and extrap's models learn the task from training on it (data.task).
@@ -116,7 +121,10 @@ class TaskGenerator {
   TaskGenerator(RetrievalTask task, const Corpus& corpus);
 
   RetrievalTask task() const { return task_; }
-  // The shortest instance (the longest key and names, no filler).
+  // The shortest instance (the longest key and names, no filler; with an hf tokenizer every
+  // key's sentence and answer counted, since a BPE writes numbers of one length in different
+  // counts of tokens; variable tracking: one instance's, which another's may exceed at
+  // SentencePiece and hf level).
   int64_t min_length() const;
   // An instance of exactly `length` tokens with the key near `depth` in [0, 1]. A length below
   // min_length() is a ConfigError naming both.
@@ -131,6 +139,10 @@ class TaskGenerator {
 
  private:
   std::vector<int32_t> encode(const std::string& text) const;  // byte or word form of `text`
+  // data.tokenizer hf: refuses (ConfigError) an instance whose tokens from `from` (its first
+  // whole sentence) are not what the tokenizer writes for their text.
+  void check_joined(const std::vector<int32_t>& tokens, int64_t from) const;
+  int64_t shortest_instance() const;  // min_length(), worked out once
   std::vector<int32_t> key_sentence(const std::string& name, int64_t key) const;
   TaskInstance make_variable_tracking(int64_t length, double depth, uint64_t seed) const;
   // A sentence to insert into the filler: at filler position `at` (a sentence boundary),
@@ -156,6 +168,7 @@ class TaskGenerator {
   std::vector<int32_t> filler_;          // one cycle of the filler sentences
   std::vector<int64_t> filler_starts_;   // token offsets of the sentences in one cycle
   std::map<std::string, int32_t> word_ids_;  // word level: the task's words (-1: not in it)
+  int64_t min_length_ = 0;
 };
 
 }  // namespace extrap

@@ -9,6 +9,7 @@
 #include "core/base/errors.h"
 #include "core/data/corpus.h"
 #include "core/data/hf_tokenizer.h"
+#include "core/data/retrieval_task.h"
 #include "tests/support/cli_harness.h"
 #include "tests/support/test_support.h"
 
@@ -130,4 +131,62 @@ TEST_CASE("hf tokenizer: a corpus tokenised with tokenizer.json, with exact bits
   CHECK(padded.vocabulary_hash() != corpus.vocabulary_hash());
   options.vocab_size = corpus.vocab_size - 1;
   CHECK_THROWS_WITH(load_corpus(options), Contains("the tokenizer does not match the model"));
+}
+
+TEST_CASE("hf tokenizer: retrieval instances are the tokenizer's own tokens for their text", "[data][hf_tokenizer][retrieval][python]") {
+  TempDir d("hf-retrieval");
+  const std::string text = read_text(EXTRAP_SOURCE_DIR "/data/pydoc/valid.txt");
+  const int code = run_python(d, EXTRAP_SOURCE_DIR "/tests/data/check_hf_tokenizer.py make " + (d.root / "ref").string() +
+                                     " " EXTRAP_SOURCE_DIR "/data/pydoc/valid.txt");
+  INFO(read_text(d.root / "python.log"));
+  REQUIRE(code == 0);
+  fs::create_directories(d.root / "prose");
+  for (const char* split : {"train", "valid", "test"}) write_text(d.root / "prose" / (std::string(split) + ".txt"), text.substr(0, 20000));
+  for (const std::string style : {"gpt2", "gpt2-prefix", "neox", "bloom", "llama3", "qwen2", "mistral-spm", "llama2-spm",
+                                  "metaspace-split", "mixed"}) {
+    CorpusOptions options;
+    options.path = (d.root / "prose").string();
+    options.tokenizer = Tokenizer::hf;
+    options.tokenizer_model = (d.root / "ref" / style / "tokenizer.json").string();
+    options.cache_dir = (d.root / ("cache-" + style)).string();
+    const Corpus corpus = load_corpus(options);
+    const HfTokenizer& hf = *corpus.hf;
+    for (const RetrievalTask task : {RetrievalTask::passkey, RetrievalTask::multikey, RetrievalTask::variable_tracking}) {
+      INFO(style << " " << enum_name(task));
+      if (style == "metaspace-split") {
+        // A 50-character alphabet without byte fallback: the task's letters become <unk>, refused.
+        CHECK_THROWS_WITH(TaskGenerator(task, corpus), Contains("as its unk_token"));
+        continue;
+      }
+      if (style == "mixed") {
+        // ByteLevel's add_prefix_space after a Split on " ": every split piece gets a space, so the
+        // task's pieces joined are not the tokens of their text; refused rather than scored.
+        CHECK_THROWS_WITH(TaskGenerator(task, corpus), Contains("writes the task's text with other tokens than its pieces joined"));
+        continue;
+      }
+      const TaskGenerator generator(task, corpus);
+      // (variable tracking's min_length is one instance's: others' names may take more tokens)
+      const int64_t shortest = generator.min_length() + (task == RetrievalTask::variable_tracking ? 20 : 0);
+      for (const int64_t length : {shortest, shortest + 57, int64_t(400)})
+        for (const double depth : {0.0, 0.5, 1.0}) {
+          const TaskInstance t = generator.make(length, depth, 7);
+          REQUIRE(int64_t(t.tokens.size()) == length);
+          // The text from the key sentence on, as the tokenizer itself writes it: the same tokens.
+          const std::vector<int32_t> tail(t.tokens.begin() + t.key_begin, t.tokens.end());
+          const std::string tail_text = hf.decode(tail);
+          CHECK(hf.encode_piece(tail_text, false).ids == tail);
+          const std::string k = std::to_string(t.key);
+          if (task == RetrievalTask::variable_tracking) {
+            CHECK(hf.decode({t.tokens.begin() + t.key_begin, t.tokens.begin() + t.key_end}) == " " + t.name + " = " + k + ".");
+            CHECK(hf.decode(t.answer).back() == '.');
+          } else {
+            CHECK(hf.decode({t.tokens.begin() + t.key_begin, t.tokens.begin() + t.key_end}) ==
+                  " The " + t.name + " key is " + k + ". Remember it. " + k + " is the " + t.name + " key.");
+            CHECK(hf.decode(t.answer) == " " + k + ".");
+            CHECK(tail_text.size() >= std::string(" What is the " + t.name + " key? The " + t.name + " key is").size());
+            CHECK_THAT(tail_text, Contains(" What is the " + t.name + " key? The " + t.name + " key is " + k + "."));
+          }
+        }
+    }
+  }
 }

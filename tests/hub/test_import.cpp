@@ -376,6 +376,7 @@ TEST_CASE("import: configs/released.yaml evaluates released checkpoints side by 
                                    "--set", "released.set={eval.max_tokens: 2048, train.threads: 1}",
                                    "--set", "eval.length_multiples=[1, 2]",
                                    "--set", "eval.streaming=[32]",
+                                   "--set", "eval.retrieval={task: passkey, length_multiples: [2], depths: [0, 100], samples: 2}",
                                    "--set", "output.path=" + (d.root / "released.h5").string(),
                                    "--set", "output.run_root=" + (d.root / "runs").string()};
   std::string out;
@@ -415,6 +416,7 @@ TEST_CASE("import: configs/released.yaml evaluates released checkpoints side by 
     for (const char* id : {"llama", "bloom", "mistral_spm"}) {
       CHECK(modes[id].count("streaming_4_32"));
       CHECK(modes[id].count("attention_profile"));
+      CHECK(modes[id].count("retrieval_passkey"));  // in each model's own tokens
     }
   }
   // Again: nothing to do.
