@@ -2,7 +2,8 @@
 Llama-style or BLOOM-style checkpoint (made once with transformers itself), and the time and
 peak memory transformers takes to score one window with it on the CPU in float32.
 
-    hf_eval.py make DIR FAMILY TEXT     llama or bloom: config.json, model.safetensors and a
+    hf_eval.py make DIR FAMILY TEXT     llama, bloom or llama1b (TinyLlama's shape, ~1.0B
+                                        parameters): config.json, model.safetensors and a
                                         byte-level BPE tokenizer.json (8000 ids) trained on TEXT
     hf_eval.py time DIR TEXT LENGTH     one forward over the first LENGTH tokens of TEXT and the
                                         loss of the next token at each, as `extrap eval --length
@@ -38,6 +39,11 @@ def make(out, family, text_path):
     if family == "llama":  # 12 x 768, 12 heads on 4 KV heads (3:1), SwiGLU 2048, untied: ~97M
         config = LlamaConfig(vocab_size=V, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
                              num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=2048,
+                             rms_norm_eps=1e-5, tie_word_embeddings=False)
+        model = LlamaForCausalLM(config)
+    elif family == "llama1b":  # TinyLlama-1.1B's shape (22 x 2048, 32 heads on 4 KV heads, SwiGLU 5632): ~1.0B
+        config = LlamaConfig(vocab_size=V, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                             num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=2048,
                              rms_norm_eps=1e-5, tie_word_embeddings=False)
         model = LlamaForCausalLM(config)
     else:  # 12 x 768, 12 heads, ALiBi, tied: ~91M
