@@ -321,6 +321,12 @@ TEST_CASE("every shipped config in configs/ loads and validates", "[cli]") {
     const std::string path = entry.path().string();
     INFO(path);
     std::vector<Config> configs;
+    if (read_text(entry.path()).find("\nreleased:") != std::string::npos) {
+      // Released checkpoints are folders the user has: the file reads up to its first model, which
+      // it names (tests/hub/test_import.cpp runs it on tiny checkpoints).
+      CHECK_THROWS_WITH(load_sweep(path, {}), Catch::Contains("no such folder in the working directory"));
+      continue;
+    }
     if (read_text(entry.path()).find("\ngrid:") != std::string::npos) {
       const SweepSpec spec = load_sweep(path, {});
       for (const auto& point : expand_grid(spec)) configs.push_back(point.config);
