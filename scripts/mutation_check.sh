@@ -141,7 +141,7 @@ core/model/model.cpp | auto g = torch::sigmoid(linear(gate, input)).view({B, T, 
 core/attention/fused_cpu_attention.cpp | if (!p.sink.empty()) sum += std::exp(p.sink[size_t(h)] - max); | ; | the fused kernel keeps the sink in the row's maximum but not in its sum
 core/attention/fused_cpu_attention.cpp | first = std::max(first, i - (p.window - 1)); | first = std::max(first, i - p.window); | the fused kernel's window lets in one key too many on the left
 core/attention/fused_cpu_attention.cpp | if (grads.sink) *grads.sink -= std::exp(p.sink[size_t(h)] - lse[i0 + r]) * delta; | if (grads.sink) *grads.sink += std::exp(p.sink[size_t(h)] - lse[i0 + r]) * delta; | the fused kernel's sink gradient has the wrong sign
-core/attention/fused_cpu_attention.cpp | sum += dz[j] * (raw[j] + (d < 0.0f ? left : right) * d); | sum += dz[j] * raw[j]; | the fused kernel's logit-scale gradient leaves out the bias
+core/attention/fused_cpu_attention.cpp | sum += dz[t] * (raw[t] + (d < 0.0f ? left : right) * d); | sum += dz[t] * raw[t]; | the fused kernel's logit-scale gradient leaves out the bias
 core/attention/fused_cpu_attention.cpp | return {row_keys(p, h, i0).first, row_keys(p, h, i0 + m - 1).last + 1}; | return {row_keys(p, h, i0 + m - 1).first, row_keys(p, h, i0 + m - 1).last + 1}; | the fused kernel's block starts at its last row's first key (earlier rows lose keys)
 core/model/model.cpp | .layer_index(plan.layer_index[l]) | .layer_index(l) | a pattern's layer takes its depth for its number among its kind's layers (another layer's parameters)
 core/model/config.cpp | plan.layer_index.push_back(seen[k]++); | plan.layer_index.push_back(seen[k]); | every layer of a kind is numbered as its first

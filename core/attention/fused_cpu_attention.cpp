@@ -290,11 +290,15 @@ EXTRAP_ISA_KERNEL(void, add_row, (float* dst, const float* src, int64_t n), (dst
 // (softmax_backward_block), with the bias left * d left of the diagonal and right * d right of it
 // (d = j - i, as bias_and_max). dz is 0 wherever the row sees nothing, so no mask is needed.
 EXTRAP_ISA_KERNEL(float, biased_dot, (const float* dz, const float* raw, int64_t i, int64_t begin, int64_t end, float left, float right), (dz, raw, i, begin, end, left, right)) {
+  // The offsets counted in int32: AVX2 has no vector conversion of int64 to float.
   float sum = 0;
+  const int32_t first = int32_t(begin - i), count = int32_t(end - begin);
+  dz += begin;
+  raw += begin;
 #pragma omp simd reduction(+ : sum)
-  for (int64_t j = begin; j < end; ++j) {
-    const float d = float(j - i);
-    sum += dz[j] * (raw[j] + (d < 0.0f ? left : right) * d);
+  for (int32_t t = 0; t < count; ++t) {
+    const float d = float(first + t);
+    sum += dz[t] * (raw[t] + (d < 0.0f ? left : right) * d);
   }
   return sum;
 }
