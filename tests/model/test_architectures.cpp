@@ -52,6 +52,15 @@ torch::Tensor gate64(const torch::Tensor& g, bool gelu) {
 
 torch::Tensor to64(const torch::Tensor& t) { return t.detach().to(torch::kFloat64); }
 
+// The position method "none" for blocks of tiny_config's shape (4 heads of 8, d_model 32).
+std::shared_ptr<PositionMethod> no_position() {
+  PositionContext context;
+  context.num_heads = 4;
+  context.d_head = 8;
+  context.d_model = 32;
+  return PositionRegistry::instance().create("none", context, OptionReader(YAML::Node(), "test", "position"));
+}
+
 // max |a - b| / max |b|: a relative error that a near-zero entry does not blow up.
 double scaled_error(const torch::Tensor& a, const torch::Tensor& b) {
   return (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>() /
@@ -442,11 +451,7 @@ torch::Tensor block64(BlockImpl& block, const torch::Tensor& x) {
 TEST_CASE("a block of each residual pattern and part equals its parts composed from their definitions",
           "[model][blocks][architectures]") {
   torch::manual_seed(37);
-  PositionContext context;
-  context.num_heads = 4;
-  context.d_head = 8;
-  context.d_model = 32;
-  const auto none = PositionRegistry::instance().create("none", context, OptionReader(YAML::Node(), "test", "position"));
+  const auto none = no_position();
   for (const BlockKind kind : {BlockKind::sequential, BlockKind::parallel, BlockKind::parallel_shared})
     for (const NormKind norm : {NormKind::layernorm, NormKind::rmsnorm})
       for (const FfnKind ffn : {FfnKind::mlp, FfnKind::swiglu, FfnKind::geglu})
@@ -478,6 +483,39 @@ TEST_CASE("a block of each residual pattern and part equals its parts composed f
           evaluation.training = false;
           CHECK(scaled_error(block->forward(x, *none, TokenPositions::window(11), evaluation), expected) < 1e-5);
         }
+}
+
+TEST_CASE("evaluation runs a wide feed-forward in row chunks: the chunks, the last one short, equal float64's block",
+          "[model][blocks][architectures]") {
+  // BlockImpl::feed_forward without a gradient takes about 16 MiB of hidden activations at a
+  // time, at least 256 rows: a hidden width of 16,384 makes that 256 rows, so 2 x 300 rows run
+  // as 256, 256 and 88.
+  torch::manual_seed(41);
+  const auto none = no_position();
+  for (const FfnKind ffn : {FfnKind::mlp, FfnKind::swiglu}) {
+    ModelConfig m = tiny_config().model;
+    m.ffn = ffn;
+    m.d_ffn = ffn == FfnKind::mlp ? 16384 : 8192;
+    INFO(enum_name(ffn));
+    Block block{BlockOptions(m)};
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& p : block->parameters()) p.copy_(p + 0.2 * torch::randn_like(p));
+    }
+    REQUIRE(block->ffn_in->weight.size(0) == 16384);
+    const auto x = torch::randn({2, 300, 32});
+    const auto expected = block64(*block, to64(x));
+    block->eval();
+    torch::NoGradGuard no_grad;
+    AttentionOptions evaluation = causal_attention_options();
+    evaluation.training = false;
+    const auto y = block->forward(x, *none, TokenPositions::window(300), evaluation);
+    CHECK(scaled_error(y, expected) < 1e-5);
+    // Position by position, both sequences: rows 255/256 and 511/512 are chunk borders, 512-599
+    // the short last chunk.
+    for (const int64_t t : {0, 211, 212, 255, 256, 299})
+      CHECK(scaled_error(y.select(1, t), expected.select(1, t)) < 1e-5);
+  }
 }
 
 TEST_CASE("architecture keys that do not apply are refused in one line, and their defaults leave a run's identity as it was",
