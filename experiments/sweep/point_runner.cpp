@@ -133,12 +133,7 @@ TrainedPoint load_released_point(const SweepSpec& spec, const SweepPoint& point,
   const std::filesystem::path run = point.config.train.out_dir;
   reset_peak_memory();
   if (!has_checkpoint(run) && !std::filesystem::exists(run / "fingerprint.yaml")) {
-    ImportOptions options;
-    options.data = spec.released_data;
-    options.train_length = m.train_length;
-    options.alibi_bias = m.alibi_bias;
-    options.set = spec.released_set;
-    import_checkpoint(m.path, run, options);
+    import_checkpoint(m.path, run, m.options);
     display.line("imported " + m.path);
   }
   if (!has_checkpoint(run))

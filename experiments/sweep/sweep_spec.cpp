@@ -352,10 +352,10 @@ void read_released(const OptionReader& root, SweepSpec& spec) {
     } else if (entry.second.IsMap()) {
       const OptionReader one(entry.second, root.source(), "released.models." + m.name);
       one.read("path", m.path, "");
-      one.read("train_length", m.train_length, "");
-      one.read("alibi_bias", m.alibi_bias, "");
+      one.read("train_length", m.options.train_length, "");
+      one.read("alibi_bias", m.options.alibi_bias, "");
       one.finish();
-      one.at_least("train_length", m.train_length, 0, " (0: config.json's)");
+      one.at_least("train_length", m.options.train_length, 0, " (0: config.json's)");
     } else {
       each.fail(m.name, "expected a checkpoint folder or a map {path, train_length, alibi_bias}");
     }
@@ -369,13 +369,10 @@ void read_released(const OptionReader& root, SweepSpec& spec) {
                               ") or beside the sweep file: name a Hugging Face checkpoint folder you have");
     }
     m.path = fs::absolute(folder).lexically_normal().string();
-    ImportOptions options;
-    options.data = spec.released_data;
-    options.train_length = m.train_length;
-    options.alibi_bias = m.alibi_bias;
-    options.set = spec.released_set;
+    m.options.data = spec.released_data;
+    m.options.set = spec.released_set;
     try {
-      m.config = imported_config(m.path, fs::path(spec.run_root.empty() ? "runs" : spec.run_root) / m.name, options);
+      m.config = imported_config(m.path, fs::path(spec.run_root.empty() ? "runs" : spec.run_root) / m.name, m.options);
     } catch (const ConfigError& e) {
       each.fail(m.name, e.what());
     }

@@ -79,6 +79,7 @@
 
 #include "core/eval/retrieval_eval.h"
 #include "core/model/config.h"
+#include "core/run/import_run.h"
 #include "core/results/results_store.h"
 
 namespace extrap {
@@ -155,8 +156,9 @@ struct SweepEval {
 struct ReleasedModel {
   std::string name;                   // the point's run id
   std::string path;                   // the checkpoint folder, absolute
-  int64_t train_length = 0;           // 0: config.json's
-  std::string alibi_bias = "family";  // extrap import --alibi-bias
+  // How `extrap import` reads it: the sweep's corpus and set keys, the model's own
+  // train_length (0: config.json's) and alibi_bias; filled once, at spec load.
+  ImportOptions options;
   Config config;                      // what `extrap import` makes of it, the `set` keys applied
 };
 
