@@ -357,6 +357,7 @@ core/data/hf_tokenizer.cpp | symbols.back().end = uint32_t(i); | symbols.push_ba
 experiments/sweep/point_runner.cpp | if (const auto d = first_difference(checkpoint.config.result_keys(), point.config.result_keys())) | if (const auto d = std::optional<YamlDifference>()) | a released sweep evaluates whatever import its run directory holds, not the model of that name
 analysis/report.py | if run.get("released"):  # a released checkpoint: its name, and the method it was mapped to | if False: | the report labels a released checkpoint by its method only, not its name
 core/model/model.cpp |       out.narrow(0, r, c).copy_(part); |       out.narrow(0, std::min(r, rows - chunk), c).copy_(part); | evaluation's feed-forward writes its last row chunk over the one before
+core/data/hf_tokenizer.cpp |     covered_ = 0; |     covered_ = covered_; | encode_pieces credits a later piece's bytes from where the piece before it ended
 EOF
 )
 

@@ -1412,7 +1412,11 @@ class PieceEncoder {
   // `starts_text`: the piece is the text's start (not a piece after a cut_points cut).
   PieceEncoder(const HfTokenizerState& s, bool starts_text) : s_(s), starts_text_(starts_text) {}
 
+  // May run again on another text: each run starts afresh but for the word cache (words'
+  // tokens, which depend on nothing else).
   HfTokenizer::Encoded run(std::string_view text) {
+    out_ = HfTokenizer::Encoded();
+    covered_ = 0;
     size_t pos = 0, begin = 0, end = 0;
     int32_t id = 0;
     while (s_.raw_tokens.find(text, pos, &begin, &end, &id)) {
@@ -1816,6 +1820,19 @@ HfTokenizer::Encoded HfTokenizer::encode_piece(std::string_view piece, bool star
   check_utf8(piece);
   if (state_->nfc) check_nfc_agrees(piece);
   return PieceEncoder(*state_, starts_text).run(piece);
+}
+
+std::vector<HfTokenizer::Encoded> HfTokenizer::encode_pieces(const std::vector<std::string>& pieces,
+                                                             bool starts_text) const {
+  PieceEncoder encoder(*state_, starts_text);
+  std::vector<Encoded> out;
+  out.reserve(pieces.size());
+  for (const auto& piece : pieces) {
+    check_utf8(piece);
+    if (state_->nfc) check_nfc_agrees(piece);
+    out.push_back(encoder.run(piece));
+  }
+  return out;
 }
 
 HfTokenizer::Encoded HfTokenizer::add_special_tokens(Encoded body) const {

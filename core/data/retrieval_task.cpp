@@ -258,10 +258,20 @@ int64_t TaskGenerator::shortest_instance() const {
   if (corpus_.hf) {
     // A BPE writes numbers of one length with different counts of tokens ("50000" may be one,
     // "12345" three): every key's sentence and answer counted, the longest of each taken.
+    // Encoded as encode() does (hf_form, not the text's start), in batches through one word cache.
     int64_t sentence = 0, question = 0, answer = 0;
-    for (int64_t key = 1; key <= kPasskeyMax; ++key) {
-      answer = std::max(answer, int64_t(encode(answer_text(true, key)).size()));
-      for (const auto& name : names) sentence = std::max(sentence, int64_t(key_sentence(name, key).size()));
+    constexpr int64_t kBatch = 4096;
+    for (int64_t first = 1; first <= kPasskeyMax; first += kBatch) {
+      std::vector<std::string> texts;
+      for (int64_t key = first; key < std::min(first + kBatch, kPasskeyMax + 1); ++key) {
+        texts.push_back(hf_form(answer_text(true, key)));
+        for (const auto& name : names) texts.push_back(hf_form(key_text(name, key)));
+      }
+      const auto encoded = corpus_.hf->encode_pieces(texts, /*starts_text=*/false);
+      for (size_t i = 0; i < encoded.size(); i += 1 + names.size()) {
+        answer = std::max(answer, int64_t(encoded[i].ids.size()));
+        for (size_t n = 1; n <= names.size(); ++n) sentence = std::max(sentence, int64_t(encoded[i + n].ids.size()));
+      }
     }
     for (const auto& name : names) question = std::max(question, int64_t(encode(question_text(name)).size()));
     return copies * sentence + question + answer;

@@ -76,15 +76,33 @@ TEST_CASE("hf tokenizer: exactly HF's ids on real text and hard cases, in any pi
         at.insert(at.end(), cuts.begin(), cuts.end());
         at.push_back(text.size());
         HfTokenizer::Encoded body;
+        std::vector<std::string> later;  // the pieces after the first
+        std::vector<HfTokenizer::Encoded> later_alone;
         for (size_t i = 0; i + 1 < at.size(); ++i) {
           const auto e = tokenizer.encode_piece(std::string_view(text).substr(at[i], at[i + 1] - at[i]), i == 0);
           body.ids.insert(body.ids.end(), e.ids.begin(), e.ids.end());
           body.bytes.insert(body.bytes.end(), e.bytes.begin(), e.bytes.end());
+          if (i > 0) {
+            later.push_back(text.substr(at[i], at[i + 1] - at[i]));
+            later_alone.push_back(e);
+          }
+        }
+        // One word cache through all of them: each piece's tokens as encode_piece gives them.
+        const auto shared = tokenizer.encode_pieces(later, /*starts_text=*/false);
+        REQUIRE(shared.size() == later_alone.size());
+        for (size_t i = 0; i < shared.size(); ++i) {
+          CHECK(shared[i].ids == later_alone[i].ids);
+          CHECK(shared[i].bytes == later_alone[i].bytes);
         }
         const auto joined = tokenizer.add_special_tokens(body);
         CHECK(joined.ids == whole.ids);
         CHECK(joined.bytes == whole.bytes);
       }
+      // The same text twice through one cache, the second time every word cached.
+      const auto twice = tokenizer.encode_pieces({text, text}, /*starts_text=*/true);
+      CHECK(tokenizer.add_special_tokens(twice[0]).ids == whole.ids);
+      CHECK(twice[1].ids == twice[0].ids);
+      CHECK(twice[1].bytes == twice[0].bytes);
       const auto threaded = tokenizer.encode(text, 3);
       CHECK(threaded.ids == whole.ids);
       ++checked;
