@@ -9,8 +9,7 @@ and -fmath-errno every loop with a select (exp_float's clamps) or a square root 
 AVX2 paths, while AVX-512's masked operations vectorised the same loops (benchmarks/RESULTS.md,
 "Scalar AVX2 kernels"). This check reads the disassembly of the library: every kernel's `_avx2`
 variant must hold a ymm instruction and its `_avx512` variant a ymm or zmm one (GCC prefers
-256-bit vectors on x86-64-v4), unless it is listed below with the reason it has no loop to
-vectorise.
+256-bit vectors on x86-64-v4).
 
 Usage: check_vectorised.py LIBRARY [ROOT]
   LIBRARY: the built libextrap.so; ROOT: the repository (default: this script's parent's), whose
@@ -22,10 +21,6 @@ import re
 import shutil
 import subprocess
 import sys
-
-# Kernels whose variants may stay scalar, each with its reason (none at present).
-SCALAR_ALLOWED: dict = {}
-
 
 def kernel_names(root):
     names = set()
@@ -73,8 +68,6 @@ def main():
         sys.exit(f"check_vectorised: found no EXTRAP_ISA_KERNEL in {root}: wrong ROOT?")
     failures, checked = [], 0
     for name in sorted(names):
-        if name in SCALAR_ALLOWED:
-            continue
         for isa, wanted in (("avx2", "ymm"), ("avx512", "ymm or zmm")):
             count = counts.get(f"{name}_{isa}")
             if count is None:

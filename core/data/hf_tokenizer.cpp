@@ -1407,6 +1407,13 @@ class WordCache {
   size_t words_ = 0;
 };
 
+// What every encoding checks first: valid UTF-8, and (for a tokenizer with NFC) a text NFC
+// leaves as HF's would.
+void check_text(const HfTokenizerState& s, std::string_view text) {
+  check_utf8(text);
+  if (s.nfc) check_nfc_agrees(text);
+}
+
 class PieceEncoder {
  public:
   // `starts_text`: the piece is the text's start (not a piece after a cut_points cut).
@@ -1817,8 +1824,7 @@ std::string HfTokenizer::decode(const std::vector<int32_t>& ids) const {
 }
 
 HfTokenizer::Encoded HfTokenizer::encode_piece(std::string_view piece, bool starts_text) const {
-  check_utf8(piece);
-  if (state_->nfc) check_nfc_agrees(piece);
+  check_text(*state_, piece);
   return PieceEncoder(*state_, starts_text).run(piece);
 }
 
@@ -1828,8 +1834,7 @@ std::vector<HfTokenizer::Encoded> HfTokenizer::encode_pieces(const std::vector<s
   std::vector<Encoded> out;
   out.reserve(pieces.size());
   for (const auto& piece : pieces) {
-    check_utf8(piece);
-    if (state_->nfc) check_nfc_agrees(piece);
+    check_text(*state_, piece);
     out.push_back(encoder.run(piece));
   }
   return out;
@@ -1914,8 +1919,7 @@ std::vector<size_t> HfTokenizer::cut_points(std::string_view text, size_t piece_
 }
 
 HfTokenizer::Encoded HfTokenizer::encode(std::string_view text, int threads) const {
-  check_utf8(text);
-  if (state_->nfc) check_nfc_agrees(text);
+  check_text(*state_, text);
   if (threads <= 1) return add_special_tokens(PieceEncoder(*state_, true).run(text));
   // Pieces of about 1 MB, taken by the threads in turn and appended in order.
   const std::vector<size_t> cuts = cut_points(text, size_t(1) << 20);
