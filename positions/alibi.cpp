@@ -66,10 +66,11 @@ class Alibi : public PositionMethod {
                        : options_.round_to == "float16" ? std::optional<torch::ScalarType>(torch::kFloat16)
                                                         : std::nullopt;
     const double scale = options_.bias_scale;
+    const bool bf16_product = options_.round_slopes;  // by value: the bias may outlive this method
     return AttentionBias::dense_blocks([=](int64_t q0, int64_t q1, int64_t k0, int64_t k1) {
       const auto j = torch::arange(first_key + k0, first_key + k1, slopes.options().requires_grad(false));
       auto b = slopes.detach().view({-1, 1}) * j.view({1, -1});  // (H, Tk), float32 as the families compute it
-      if (options_.round_slopes) b = b.to(torch::kBFloat16).to(torch::kFloat32);  // Falcon's bf16 product
+      if (bf16_product) b = b.to(torch::kBFloat16).to(torch::kFloat32);  // Falcon's bf16 product
       if (dtype) b = b.to(*dtype).to(torch::kFloat32);
       if (scale != 1.0) b = b * scale;
       return b.unsqueeze(1).expand({b.size(0), q1 - q0, k1 - k0});
