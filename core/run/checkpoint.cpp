@@ -88,7 +88,7 @@ VerifiedCheckpoint verify(const fs::path& dir) {
       if (hash != entry.at("xxh3").get<std::string>())
         throw ConfigError(file.string() + ": checksum " + hash + " differs from the manifest's " +
                           entry.at("xxh3").get<std::string>() + ": the checkpoint is corrupt");
-      if (name != "optimizer.pt" && name != "rng.pt") contents[name] = std::move(bytes);
+      if (name != "optimizer.pt" && name != "rng.pt" && name != "cuda_rng.pt") contents[name] = std::move(bytes);
     }
     for (const char* required : {"state.json", "config.yaml"})
       if (!m.at("files").contains(required))
@@ -206,6 +206,12 @@ void save_checkpoint(const fs::path& run_dir, const Config& config,
   files.emplace_back("model.pt", archive_bytes(model));
   if (optimizer) files.emplace_back("optimizer.pt", archive_bytes(*optimizer));
   files.emplace_back("rng.pt", archive_bytes(at::detail::getDefaultCPUGenerator().get_state()));
+  // Dropout on a GPU draws from that GPU's own generator (Philox: a seed and an offset, which a
+  // CUDA graph's replays advance as eager steps do), so it is saved too: without it a resumed
+  // run would start that stream again from train.seed. Data-parallel ranks are seeded alike and
+  // draw alike (the same shapes), so the leader's state is every rank's.
+  if (const torch::Device device = device_of(model->parameters()); device.is_cuda())
+    files.emplace_back("cuda_rng.pt", archive_bytes(at::globalContext().defaultGenerator(device).get_state()));
   files.emplace_back("state.json", state_text(state));
   files.emplace_back("config.yaml", YAML::Dump(config.to_yaml()) + "\n");
   write_checkpoint(run_dir, manifest, files);
@@ -266,13 +272,20 @@ void load_optimizer(const VerifiedCheckpoint& c, torch::optim::Optimizer& optimi
   load_archive(path, [&](const std::string& p) { torch::load(optimizer, p, device); });
 }
 
-void load_rng(const VerifiedCheckpoint& c) {
-  load_archive(c.dir / "rng.pt", [&](const std::string& p) {
-    torch::Tensor rng;
-    torch::load(rng, p);
-    at::Generator generator = at::detail::getDefaultCPUGenerator();
-    generator.set_state(rng);
-  });
+bool load_rng(const VerifiedCheckpoint& c, const torch::Device& device) {
+  const auto restore = [&](const fs::path& path, at::Generator generator) {
+    load_archive(path, [&](const std::string& p) {
+      torch::Tensor rng;
+      torch::load(rng, p);
+      generator.set_state(rng);
+    });
+  };
+  restore(c.dir / "rng.pt", at::detail::getDefaultCPUGenerator());
+  if (!device.is_cuda()) return true;
+  const fs::path cuda = c.dir / "cuda_rng.pt";
+  if (!fs::exists(cuda)) return false;
+  restore(cuda, at::globalContext().defaultGenerator(device));
+  return true;
 }
 
 }  // namespace extrap

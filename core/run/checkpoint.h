@@ -100,6 +100,9 @@ VerifiedCheckpoint require_checkpoint(const std::filesystem::path& run_dir);
 // Loads the archives of a verified checkpoint (errors name the file).
 void load_model(const VerifiedCheckpoint& checkpoint, TransformerLM& model);
 void load_optimizer(const VerifiedCheckpoint& checkpoint, torch::optim::Optimizer& optimizer);
-void load_rng(const VerifiedCheckpoint& checkpoint);
+// Restores the CPU generator and, when `device` is a GPU, that GPU's generator. False when the
+// GPU's is not in the checkpoint (saved by a CPU run, or by an older extrap): that
+// stream then goes on from where the process seeded it.
+bool load_rng(const VerifiedCheckpoint& checkpoint, const torch::Device& device);
 
 }  // namespace extrap

@@ -409,7 +409,11 @@ void Trainer::resume(RunState& state) {
                       " would not continue the same run: resume with the same number of ranks");
   load_model(*checkpoint, model_);
   load_optimizer(*checkpoint, *optimizer_);
-  load_rng(*checkpoint);
+  const ModelConfig& m = config_.model;
+  const bool drops = m.dropout > 0 || m.attention_dropout > 0 || m.activation_dropout > 0 || m.adaptive_dropout > 0;
+  if (!load_rng(*checkpoint, device_) && drops && state.leader)
+    std::cerr << "extrap: " << checkpoint->dir.string() << " holds no CUDA generator state (saved on a CPU, or by "
+              << "an older extrap): dropout's masks restart from train.seed's stream, not where the run left them\n";
   state.step = checkpoint->state.step;
   state.cursor = {checkpoint->state.epoch, checkpoint->state.index};
   summary.tokens_per_second = checkpoint->state.tokens_per_second;

@@ -4,8 +4,9 @@
 #
 #   graph     configs/train_quick.yaml trained with train.cuda_graph on and off: the training
 #             and validation curves equal to the printed digits (4 decimals)
-#   kill      the same run killed with SIGKILL past its second checkpoint, then `extrap train
-#             --resume`: its curve equals the uninterrupted one's to the printed digits
+#   kill      the same run with dropout 0.1, killed with SIGKILL past its second checkpoint,
+#             then `extrap train --resume`: its curve equals the uninterrupted one's to the
+#             printed digits (dropout's masks continue: the checkpoint holds the GPU's generator)
 #   eval      a rotary model evaluated with sliding windows and YaRN, to 16x L
 #   retrieval passkey retrieval on the ALiBi model
 #   export    the ALiBi model exported; analysis/extrap_model.py reproduces extrap's perplexity
@@ -69,10 +70,13 @@ fi
 # kill: SIGKILL at step 90, past the second checkpoint (step 80), then resume. The run stops
 # itself there (EXTRAP_TEST_STOP_AT, core/base/fault.h: a SIGSTOP at an exact step, since a GPU
 # trains the 120 steps faster than a poll of its log) and gets a real kill -9.
-reference=graph-on
-[[ $DEVICE == cuda ]] || reference=graph-off
+# Dropout 0.1 (train_quick.yaml has none), so that the masks drawn after the resumption are
+# checked too: without the GPU's generator in the checkpoint they would start again.
+dropout=(--set model.dropout=0.1 --set model.attention_dropout=0.1)
+reference=dropout
+train dropout "${dropout[@]}" || verdict kill 1 "the uninterrupted run with dropout failed (see $runs/dropout.log)"
 stops=$runs/killed.stops
-(EXTRAP_TEST_STOP_AT=step:90 EXTRAP_TEST_STOP_FILE=$stops train killed) &
+(EXTRAP_TEST_STOP_AT=step:90 EXTRAP_TEST_STOP_FILE=$stops train killed "${dropout[@]}") &
 pid=$!
 for ((i = 0; i < 600; ++i)); do
   [[ -s $stops ]] && break
@@ -85,7 +89,7 @@ at=$(tail -1 "$runs/killed/metrics.jsonl" 2>/dev/null | sed 's/.*"step":\([0-9]*
 "$EXTRAP" train --config configs/train_quick.yaml --resume --no-eval \
   --set train.device="$DEVICE" --set train.precision=$precision --set train.steps=120 \
   --set train.checkpoint_every=40 --set train.validate_every=40 --set train.log_every=10 \
-  --set train.out_dir="$runs/killed" > "$runs/killed.resume.log" 2>&1
+  --set train.out_dir="$runs/killed" "${dropout[@]}" > "$runs/killed.resume.log" 2>&1
 rc=$?
 ((rc == 0)) && { detail=$(same_curves killed "$reference"); rc=$?; } || detail="resume failed (see $runs/killed.resume.log)"
 [[ -n ${stopped:-} ]] || { rc=1; detail="the run did not stop at step 90 ($stops)"; }

@@ -2,9 +2,10 @@
 // step trains as the eager step does (losses, parameter changes and AdamW's state, with the
 // learning rate and the scored-token count changing between steps, in fp32 and bf16, with
 // gradient accumulation), dropout draws new masks at every replay, a run stopped and resumed
-// through a checkpoint continues as the run that was not stopped, and a capture that reads back
-// to the host fails with CUDA's reason (after which the process captures nothing more; after a
-// copy LibTorch refuses, captures go on). Without a CUDA device every test warns and returns.
+// through a checkpoint continues as the run that was not stopped (dropout's masks included,
+// eager and graphed), and a capture that reads back to the host fails with CUDA's reason
+// (after which the process captures nothing more; after a copy LibTorch refuses, captures go
+// on). Without a CUDA device every test warns and returns.
 #include "core/kernels/fused_adamw.h"
 #include "core/runtime/cuda_graph.h"
 #include "core/train/graphed_step.h"
@@ -12,8 +13,11 @@
 #include "tests/support/test_support.h"
 
 #include <catch2/catch.hpp>
+#include <torch/cuda.h>
 
+#include <filesystem>
 #include <map>
+#include <optional>
 
 using namespace extrap;
 using namespace extrap::testing;
@@ -261,6 +265,41 @@ TEST_CASE("two models trained one after the other in one process on CUDA graphs 
   const TrainSummary straight = eager.run(RunStart::fresh);
   REQUIRE(!straight.valid_curve.empty());
   CHECK(resumed.valid_curve.back().loss == Approx(straight.valid_curve.back().loss).epsilon(1e-4));
+}
+
+TEST_CASE("a GPU run with dropout, stopped and resumed, draws the masks the run that was not stopped draws",
+          "[cuda][graph]") {
+  // The checkpoint holds the GPU's generator (cuda_rng.pt) as well as the CPU's: dropout's masks
+  // on a GPU come from the GPU's, which a resumed run would otherwise start again from the seed.
+  if (!have_cuda()) return;
+  auto corpus = tiny_byte_corpus();
+  TempDir dir("dropout-resume");
+  for (const CudaGraphMode mode : {CudaGraphMode::off, CudaGraphMode::on}) {
+    INFO("train.cuda_graph " << enum_name(mode));
+    Config config = graph_config(Precision::fp32, 1, 0.1);
+    config.model.attention_dropout = 0.1;
+    config.train.steps = 12;
+    config.train.checkpoint_every = 6;
+    config.train.cuda_graph = mode;
+    const auto start = cpu_copies(cuda_model(config, corpus.vocab_size));
+    const auto trained = [&](const std::string& name, std::optional<uint64_t> gpu_seed) {
+      config.train.out_dir = (dir.root / (enum_name(mode) + "-" + name)).string();
+      auto trainer = std::make_unique<Trainer>(config, corpus);
+      trainer->quiet = true;
+      if (gpu_seed) torch::cuda::manual_seed_all(*gpu_seed);  // after the model's initialisation
+      trainer->run(RunStart::fresh);
+      return trainer;
+    };
+    const auto whole = trained("whole", std::nullopt);
+    REQUIRE(std::filesystem::exists(dir.root / (enum_name(mode) + "-whole") / "checkpoint" / "cuda_rng.pt"));
+    config.train.out_dir = (dir.root / (enum_name(mode) + "-resumed")).string();
+    const auto resumed = stopped_and_resumed(config, corpus, 6);
+    CHECK(change_difference(resumed->model()->parameters(), whole->model()->parameters(), start) < 1e-3);
+    // The control: the same run on another GPU stream (masks differ from the first step) is
+    // far outside that bound, so the bound tells the streams apart.
+    const auto other = trained("other-masks", 987654321);
+    CHECK(change_difference(other->model()->parameters(), whole->model()->parameters(), start) > 1e-2);
+  }
 }
 
 // Last in the file: after a capture CUDA invalidated, the process captures nothing more.
