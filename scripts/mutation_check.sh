@@ -358,6 +358,8 @@ experiments/sweep/point_runner.cpp | if (const auto d = first_difference(checkpo
 analysis/report.py | if run.get("released"):  # a released checkpoint: its name, and the method it was mapped to | if False: | the report labels a released checkpoint by its method only, not its name
 core/model/model.cpp |       out.narrow(0, r, c).copy_(part); |       out.narrow(0, std::min(r, rows - chunk), c).copy_(part); | evaluation's feed-forward writes its last row chunk over the one before
 core/data/hf_tokenizer.cpp |     covered_ = 0; |     covered_ = covered_; | encode_pieces credits a later piece's bytes from where the piece before it ended
+core/runtime/block_cache.cpp |         free_.erase(found); |         (void)found; | the block cache hands out a reused block and keeps it on its free list, for a second tensor
+core/runtime/block_cache.cpp | while (!free_.empty() && stats_.maps - free_.back().freed_at > options_.kept_for) { | while (false) { | the block cache never unmaps a freed block that is not asked for again
 EOF
 )
 

@@ -3,6 +3,7 @@
 #include "core/model/memory_estimate.h"
 #include "core/runtime/distributed.h"
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 
@@ -233,6 +234,15 @@ EvalBatch batch_inputs(const std::vector<EvalWindow>& group, size_t first, int64
   return {inputs, targets, target_bytes, target_stream};
 }
 
+}  // namespace
+
+int64_t logit_chunk_rows(int64_t vocab_size) {
+  const int64_t rows = kLogitChunkBytes / (int64_t(sizeof(float)) * std::max<int64_t>(vocab_size, 1));
+  return std::clamp(rows, kLogitChunkMinRows, kLogitChunkRows);
+}
+
+namespace {
+
 // Adds the NLL of a batch's scored targets, and the bytes of text behind them, to the sums by
 // window position, in logit chunks.
 void score_batch(TransformerLM& model, const EvalBatch& batch, int64_t size, torch::Device device,
@@ -244,7 +254,7 @@ void score_batch(TransformerLM& model, const EvalBatch& batch, int64_t size, tor
   auto scored = flat_targets.ge(0).nonzero().squeeze(1);    // indices of scored positions
   if (scored.numel() == 0) return;
   auto h = hidden.reshape({-1, hidden.size(-1)}).index_select(0, scored);  // (S, D)
-  const int64_t chunk = kLogitChunkRows;
+  const int64_t chunk = logit_chunk_rows(model->vocab_size());
   for (int64_t c = 0; c < h.size(0); c += chunk) {
     const int64_t len = std::min(chunk, h.size(0) - c);
     auto t = flat_targets.index_select(0, scored.narrow(0, c, len));  // (len,)

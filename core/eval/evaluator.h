@@ -34,8 +34,14 @@ RopeScaling rope_scaling_for(RopeScalingKind kind, double factor, int64_t train_
 std::string rope_variant_label(RopeScalingKind kind, double factor);
 
 // Scored rows of hidden states projected to logits at once, so that a large vocabulary never
-// needs (scored tokens, V) floats: a batch's scored targets are taken in chunks of this many.
+// needs (scored tokens, V) floats: a batch's scored targets are taken in chunks of at most
+// kLogitChunkRows rows and about kLogitChunkBytes of float32 logits (the log-softmax holds as
+// many again), at least kLogitChunkMinRows rows: 4,096 rows for a byte vocabulary, 524 for
+// 8,000 ids, 32 for Llama 3's 128,256.
 inline constexpr int64_t kLogitChunkRows = 4096;
+inline constexpr int64_t kLogitChunkMinRows = 32;
+inline constexpr int64_t kLogitChunkBytes = int64_t(16) << 20;
+int64_t logit_chunk_rows(int64_t vocab_size);
 
 struct EvalSpec {
   int64_t length = 512;

@@ -2,6 +2,7 @@
 
 #include "core/base/allocator.h"
 #include "core/base/errors.h"
+#include "core/runtime/block_cache.h"
 #include "core/runtime/cpu_isa.h"
 #include "core/runtime/cuda_support.h"
 #include "core/runtime/distributed.h"
@@ -162,6 +163,7 @@ RuntimeInfo runtime_info() {
   info.kernel_isa = cpu_isa_name(cpu_isa());
   info.threads = at::get_num_threads();
   info.allocator = allocator_summary();
+  if (block_cache_installed()) info.allocator += "; blocks of 1 MiB+ in extrap's block cache";
   return info;
 }
 

@@ -10,6 +10,7 @@
 #include "core/kernels/glu_linear.h"
 #include "core/kernels/rotate_pairs.h"
 #include "core/kernels/residual_norm.h"
+#include "core/runtime/block_cache.h"
 #include "core/runtime/cuda_support.h"
 #include "core/runtime/distributed.h"
 #include "core/runtime/sysinfo.h"
@@ -102,6 +103,11 @@ int main(int argc, char** argv) {
   const std::string name = argv[1];
   try {
     extrap::tune_allocator();  // before the first tensor: training reuses the heap's pages
+    // An evaluation's large blocks come back layer after layer: kept by size, not in the heap
+    // (EXTRAP_BLOCK_CACHE=0 leaves them to LibTorch's allocator, for A/B runs).
+    if (name == "eval" && extrap::environment_switch("EXTRAP_BLOCK_CACHE", "LibTorch's CPU allocator for every block",
+                                                     "extrap's block cache for an evaluation's large blocks, the default"))
+      extrap::install_block_cache();
     // Before anything asks LibTorch about CUDA: it decides once per process.
     extrap::load_cuda_support();
     // The on/off switches, so that a bad value is this command's error, not a failed step.

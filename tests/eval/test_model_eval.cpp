@@ -197,6 +197,11 @@ TEST_CASE("the loss by position in the window sums back to the total and equals 
 // against its own token, at its own position in the window.
 TEST_CASE("batches of several logit chunks, ending mid-chunk, equal brute force token by token",
           "[eval]") {
+  // The chunk: 4,096 rows, or fewer where a row's logits are many (about 16 MiB a chunk).
+  CHECK(logit_chunk_rows(257) == kLogitChunkRows);
+  CHECK(logit_chunk_rows(8000) == 524);
+  CHECK(logit_chunk_rows(128256) == kLogitChunkMinRows);
+  CHECK(logit_chunk_rows(int64_t(1) << 40) == kLogitChunkMinRows);
   auto corpus = testing::tiny_byte_corpus(300);
   auto model = tiny_model("alibi");
   const int64_t L = 64;
