@@ -30,6 +30,11 @@ std::vector<EvalWindow> plan_windows(int64_t n, int64_t length, int64_t stride, 
   return windows;
 }
 
+int64_t logit_chunk_rows(int64_t vocab_size) {
+  const int64_t rows = kLogitChunkBytes / (int64_t(sizeof(float)) * std::max<int64_t>(vocab_size, 1));
+  return std::clamp(rows, kLogitChunkMinRows, kLogitChunkRows);
+}
+
 namespace {
 // SplitMix64: a small, well-mixed hash so the selection depends only on (seed, position).
 uint64_t mix(uint64_t x) {
@@ -233,15 +238,6 @@ EvalBatch batch_inputs(const std::vector<EvalWindow>& group, size_t first, int64
   }
   return {inputs, targets, target_bytes, target_stream};
 }
-
-}  // namespace
-
-int64_t logit_chunk_rows(int64_t vocab_size) {
-  const int64_t rows = kLogitChunkBytes / (int64_t(sizeof(float)) * std::max<int64_t>(vocab_size, 1));
-  return std::clamp(rows, kLogitChunkMinRows, kLogitChunkRows);
-}
-
-namespace {
 
 // Adds the NLL of a batch's scored targets, and the bytes of text behind them, to the sums by
 // window position, in logit chunks.

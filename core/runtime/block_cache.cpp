@@ -74,13 +74,12 @@ class BlockCache final : public c10::Allocator {
 
   void* take(size_t bytes) {
     std::vector<FreeBlock> stale;
-    void* data = nullptr;
     {
       const std::lock_guard<std::mutex> lock(mutex_);
       // The most recently freed block of this size (its pages likeliest in the caches).
       const auto found = std::find_if(free_.begin(), free_.end(), [&](const FreeBlock& b) { return b.bytes == bytes; });
       if (found != free_.end()) {
-        data = found->data;
+        void* data = found->data;
         free_.erase(found);
         stats_.free_bytes -= bytes;
         ++stats_.reuses;
@@ -92,7 +91,7 @@ class BlockCache final : public c10::Allocator {
       stale = take_stale();
     }
     for (const FreeBlock& b : stale) unmap(b.data, b.bytes);
-    data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void* data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (data == MAP_FAILED)
       TORCH_CHECK_WITH(OutOfMemoryError, false, "extrap's block cache: cannot map ", bytes, " bytes for a tensor (",
                        std::strerror(errno), ")");
@@ -106,20 +105,18 @@ class BlockCache final : public c10::Allocator {
   // Returns `data`'s block to the free list; false if it is not a live block of this cache
   // (only_if_owned), which is otherwise a bug: a block freed twice or never the cache's.
   bool give_back(void* data, bool only_if_owned = false) {
-    {
-      const std::lock_guard<std::mutex> lock(mutex_);
-      const auto it = live_.find(data);
-      if (it == live_.end()) {
-        if (only_if_owned) return false;
-        std::fprintf(stderr, "extrap: block cache: %p freed but not a live block of the cache\n", data);
-        std::abort();
-      }
-      const size_t bytes = it->second;
-      live_.erase(it);
-      stats_.live_bytes -= bytes;
-      free_.push_front({data, bytes, stats_.maps});
-      stats_.free_bytes += bytes;
+    const std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = live_.find(data);
+    if (it == live_.end()) {
+      if (only_if_owned) return false;
+      std::fprintf(stderr, "extrap: block cache: %p freed but not a live block of the cache\n", data);
+      std::abort();
     }
+    const size_t bytes = it->second;
+    live_.erase(it);
+    stats_.live_bytes -= bytes;
+    free_.push_front({data, bytes, stats_.maps});
+    stats_.free_bytes += bytes;
     return true;
   }
 
