@@ -72,7 +72,10 @@ std::string step_ranges(const std::vector<int64_t>& steps, int64_t every) {
   for (size_t i = 0; i < steps.size();) {
     size_t j = i;
     while (j + 1 < steps.size() && steps[j + 1] - steps[j] <= every) ++j;
-    text += (text.empty() ? "" : ", ") + std::to_string(steps[i]) + (j > i ? "-" + std::to_string(steps[j]) : "");
+    if (!text.empty()) text += ", ";
+    text += std::to_string(steps[i]);
+    if (j > i) (text += '-') += std::to_string(steps[j]);  // appended, not concatenated: GCC 12 misreads the
+                                                           // temporary's bounds (-Wstringop-overflow)
     i = j + 1;
   }
   return text;
