@@ -360,6 +360,9 @@ core/model/model.cpp |       out.narrow(0, r, c).copy_(part); |       out.narrow
 core/data/hf_tokenizer.cpp |     covered_ = 0; |     covered_ = covered_; | encode_pieces credits a later piece's bytes from where the piece before it ended
 core/runtime/block_cache.cpp |         free_.erase(found); |         (void)found; | the block cache hands out a reused block and keeps it on its free list, for a second tensor
 core/runtime/block_cache.cpp | while (!free_.empty() && stats_.maps - free_.back().freed_at > options_.kept_for) { | while (false) { | the block cache never unmaps a freed block that is not asked for again
+core/export/hf_export.cpp | for (int c = 0; c < b; ++c) code += printable(c) ? 0 : 1; | for (int c = 0; c <= b; ++c) code += printable(c) ? 0 : 1; | the exported byte tokenizer maps the unprintable bytes one character on (its ids are no longer the bytes)
+analysis/modeling_extrap.py | return {"input_ids": input_ids, "attention_mask": attention_mask} | return {"input_ids": input_ids[:, -1:], "attention_mask": attention_mask} | remote code's generate() passes only the last token, as if a key-value cache held the rest
+core/run/import_run.cpp | if (!hf.vocabulary_hash.empty() && hex64(corpus.vocabulary_hash()) != hf.vocabulary_hash) | if (false) | an imported remote-code folder is evaluated on a corpus of another vocabulary
 EOF
 )
 

@@ -149,9 +149,14 @@ ExportSummary export_run(const fs::path& run_dir, const fs::path& out, const Exp
   check_output_folder(out, "--out " + out.string());
 
   const VerifiedCheckpoint checkpoint = require_checkpoint(run_dir);
-  const Config& config = checkpoint.config;
-  const Corpus corpus = load_corpus(config.data);
+  const Corpus corpus = load_corpus(checkpoint.config.data);
   LoadedRun run = load_run(checkpoint, corpus);  // loads the config's plugins, if any
+  return write_export(checkpoint, corpus, run, out, options);
+}
+
+ExportSummary write_export(const VerifiedCheckpoint& checkpoint, const Corpus& corpus, LoadedRun& run,
+                           const fs::path& out, const ExportOptions& options) {
+  const Config& config = checkpoint.config;
   const LayerPlan plan = layer_plan(config);
 
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
@@ -225,6 +230,7 @@ ExportSummary export_run(const fs::path& run_dir, const fs::path& out, const Exp
   const std::string bytes = encode_safetensors(tensors, metadata);
   write_file_atomic(out, bytes);
   summary.bytes = bytes.size();
+  summary.metadata = std::move(metadata);
   return summary;
 }
 

@@ -41,6 +41,7 @@
 
 #include "core/data/corpus.h"
 #include "core/run/checkpoint.h"
+#include "core/run/run_dir.h"
 
 #include <filesystem>
 #include <map>
@@ -60,6 +61,7 @@ struct ExportSummary {
   size_t tensors = 0;
   size_t bytes = 0;
   int64_t step = 0;
+  std::map<std::string, std::string> metadata;  // the file's metadata, as written
 };
 
 // Verifies RUN's checkpoint, loads it with its corpus (for the vocabulary) and writes `out`
@@ -67,6 +69,11 @@ struct ExportSummary {
 // overwrite, a missing directory, a damaged checkpoint, non-finite parameters.
 ExportSummary export_run(const std::filesystem::path& run_dir, const std::filesystem::path& out,
                          const ExportOptions& options = {});
+
+// export_run's writing half, for a run already loaded and `out` already checked: the file and its
+// side file (export --format hf writes its remote-code model.safetensors with it).
+ExportSummary write_export(const VerifiedCheckpoint& checkpoint, const Corpus& corpus, LoadedRun& run,
+                           const std::filesystem::path& out, const ExportOptions& options = {});
 
 // The position method's options with every default filled in, as JSON text: what the method
 // was built with (its section, config.position or a kind's, plus its documented defaults).

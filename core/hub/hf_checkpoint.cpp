@@ -380,6 +380,44 @@ void map_falcon(const ConfigReader& c, HfModel& hf) {
   hf.position["bias_scale"] = 1.0 / std::sqrt(double(D / H));
 }
 
+// A folder extrap wrote with remote code (core/export/hf_export.h): the model is the exported
+// run's, given whole by extrap_metadata; config.json's other keys must agree with it.
+void map_extrap(const ConfigReader& c, HfModel& hf) {
+  const json metadata = c.get<json>("extrap_metadata");
+  const auto field = [&](const char* key) -> std::string {
+    if (!metadata.is_object() || !metadata.contains(key) || !metadata.at(key).is_string())
+      c.fail("extrap_metadata", "has no " + std::string(key) + ": not written by `extrap export --format hf`");
+    return metadata.at(key).get<std::string>();
+  };
+  try {
+    hf.extrap_config = YAML::Load(field("config"));
+    const json checkpoint = json::parse(field("checkpoint"));
+    hf.vocabulary_hash = checkpoint.at("vocabulary_hash").get<std::string>();
+  } catch (const YAML::Exception& e) {
+    c.fail("extrap_metadata", "config is not YAML (" + std::string(e.what()) + ")");
+  } catch (const json::exception& e) {
+    c.fail("extrap_metadata", "checkpoint is not extrap's (" + std::string(e.what()) + ")");
+  }
+  const YAML::Node& config = hf.extrap_config;
+  if (!config.IsMap() || !config["model"] || !config["position"] || !config["train"] || !config["data"])
+    c.fail("extrap_metadata", "config lacks the model, position, train or data section");
+  hf.model = config["model"];
+  hf.position = config["position"];
+  if (config["attention"]) hf.attention = config["attention"];
+  hf.train_length = config["train"]["seq_len"].as<int64_t>();
+  const auto agree = [&](const char* key, int64_t expected) {
+    if (c.get<int64_t>(key) != expected)
+      c.fail(key, std::to_string(c.get<int64_t>(key)) + " disagrees with extrap_metadata's " + std::to_string(expected));
+  };
+  agree("hidden_size", config["model"]["d_model"].as<int64_t>());
+  agree("num_hidden_layers", config["model"]["layers"].as<int64_t>());
+  agree("num_attention_heads", config["model"]["heads"].as<int64_t>());
+  agree("max_position_embeddings", hf.train_length);
+  agree("vocab_size", json::parse(field("data")).at("vocab_size").get<int64_t>());
+  c.require("tie_word_embeddings", false, "extrap's remote code ties nothing itself");
+  for (const char* key : {"auto_map", "extrap_metadata"}) c.use(key);
+}
+
 using Mapper = void (*)(const ConfigReader&, HfModel&);
 const std::map<std::string, Mapper>& mappers() {
   static const std::map<std::string, Mapper> m = {
@@ -413,11 +451,18 @@ HfModel read_hf_model(const fs::path& dir) {
   if (!hf.config.is_object()) throw ConfigError(path.string() + ": not a JSON object");
   const ConfigReader c(hf.config, path.string());
   hf.family = c.get<std::string>("model_type");
+  if (hf.family == "extrap") {
+    hf.vocab_size = positive(c, "vocab_size");
+    map_extrap(c, hf);
+    c.finish(hf.family);
+    return hf;
+  }
   const auto it = mappers().find(hf.family);
   if (it == mappers().end()) {
     std::string known;
     for (const auto& name : hf_families()) known += (known.empty() ? "" : ", ") + name;
-    c.fail("model_type", "\"" + hf.family + "\" is not a family extrap imports (" + known + ")");
+    c.fail("model_type", "\"" + hf.family + "\" is not a family extrap imports (" + known +
+                             ", or extrap's own remote code)");
   }
   hf.model = YAML::Node(YAML::NodeType::Map);
   hf.position = YAML::Node(YAML::NodeType::Map);
@@ -627,6 +672,13 @@ std::string folder_prefix(const std::string& family, const SafetensorsReader& we
   return find_prefix(weights, p.probe, {p.prefix, ""});
 }
 
+// extrap's own tensors, by their own names (a folder of remote code).
+WeightPlan extrap_plan(TransformerLM& model) {
+  WeightPlan plan;
+  for (const auto& item : model->named_parameters()) plan.emplace(item.key(), same(item.key()));
+  return plan;
+}
+
 WeightPlan family_plan(const std::string& family, const std::string& prefix, const ModelConfig& m) {
   if (family == "llama" || family == "mistral" || family == "qwen2") return llama_plan(prefix, m);
   if (family == "gpt2") return gpt2_plan(prefix, m);
@@ -657,9 +709,20 @@ std::vector<std::pair<std::string, torch::Tensor>> hf_tensors(const std::string&
 }
 
 void load_hf_weights(const HfModel& hf, const SafetensorsReader& weights, TransformerLM& model) {
-  const WeightPlan plan = family_plan(hf.family, folder_prefix(hf.family, weights), model->config());
+  const bool own = hf.family == "extrap";
+  const WeightPlan plan = own ? extrap_plan(model) : family_plan(hf.family, folder_prefix(hf.family, weights), model->config());
   std::set<std::string> used;
   torch::NoGradGuard no_grad;
+  if (own)  // extrap's export holds the buffers too (ALiBi's slopes, ...): they must be this config's
+    for (const auto& item : model->named_buffers()) {
+      if (!weights.contains(item.key())) continue;
+      const auto stored = weights.tensor(item.key());
+      if (stored.sizes() != item.value().sizes() ||
+          !stored.to(item.value().scalar_type()).equal(item.value().detach().cpu()))
+        throw ConfigError(weights.where() + ": tensor " + item.key() + " is not what extrap_metadata's config "
+                          "computes: the weights are not this config's model");
+      used.insert(item.key());
+    }
   for (auto& item : model->named_parameters()) {
     const std::string& name = item.key();
     const auto it = plan.find(name);
@@ -721,15 +784,14 @@ namespace {
 void require_all(const std::string& family, const std::vector<std::pair<bool, std::string>>& checks) {
   for (const auto& [holds, what] : checks)
     if (!holds)
-      throw ConfigError("no transformers class computes this model: " + what + " (the nearest family, " + family +
-                        ", has no such option); export it as extrap safetensors (analysis/extrap_model.py) instead");
+      throw NoTransformersClass(what + " (the nearest family, " + family + ", has no such option)");
 }
 
 // config.json's name for extrap's MLP activation: the first of kHfActivations.
 std::string hf_activation(const std::string& extrap) {
   for (const auto& [hf, ours] : kHfActivations)
     if (ours == extrap) return hf;
-  throw ConfigError("no transformers class computes this model: activation " + extrap);
+  throw NoTransformersClass("activation " + extrap);
 }
 
 json rope_json(const YAML::Node& position, const Config& config) {
@@ -741,13 +803,13 @@ json rope_json(const YAML::Node& position, const Config& config) {
   const std::string scaling = position["scaling"] ? position["scaling"].as<std::string>() : "none";
   if (scaling == "none") return rope;
   if (scaling != "linear" && scaling != "dynamic" && scaling != "yarn" && scaling != "llama3")
-    throw ConfigError("no transformers class computes this model: RoPE scaling " + scaling + " built in");
+    throw NoTransformersClass("RoPE scaling " + scaling + " built in");
   rope["rope_type"] = scaling;
   rope["factor"] = get("scaling_factor", 1.0);
   if (scaling == "yarn" || scaling == "llama3")
     rope["original_max_position_embeddings"] = int64_t(get("scaling_length", 0));
   if (scaling == "dynamic" && int64_t(get("scaling_length", 0)) != config.train.seq_len)
-    throw ConfigError("no transformers class computes this model: dynamic RoPE scaling from length " +
+    throw NoTransformersClass("dynamic RoPE scaling from length " +
                       std::to_string(int64_t(get("scaling_length", 0))) + ", which transformers takes from "
                       "max_position_embeddings (train.seq_len " + std::to_string(config.train.seq_len) + ")");
   if (scaling == "yarn") {
@@ -780,17 +842,13 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
   const int64_t D = m.d_model, H = m.heads, F = m.ffn_width();
   HfExportConfig out;
   if (!common)
-    throw ConfigError("no transformers class computes this model: " +
-                      std::string(!m.causal() ? "a masked LM" : m.adaptive() ? "adaptive input and softmax" :
+    throw NoTransformersClass(std::string(!m.causal() ? "a masked LM" : m.adaptive() ? "adaptive input and softmax" :
                                   !config.layer_pattern.empty() ? "a layer pattern" : !m.final_norm ? "no final norm" :
-                                  m.qk_norm ? "qk_norm" : "the attention options " + a.describe()) +
-                      "; export it as extrap safetensors (analysis/extrap_model.py) instead");
+                                  m.qk_norm ? "qk_norm" : "the attention options " + a.describe()));
   json c = {{"vocab_size", vocab_size}, {"tie_word_embeddings", m.tie_embeddings}, {"dtype", "float32"},
             {"use_cache", true}};
   if (m.scale_embedding && m.tie_embeddings)
-    throw ConfigError("no transformers class computes this model: its tied embedding is scaled by sqrt(d_model) on "
-                      "input only (model.scale_embedding); export it as extrap safetensors (analysis/extrap_model.py) "
-                      "instead");
+    throw NoTransformersClass("its tied embedding is scaled by sqrt(d_model) on input only (model.scale_embedding)");
   out.embedding_scale = m.scale_embedding ? std::sqrt(double(D)) : 1.0;
   const std::string act = enum_name(m.activation);
   if (method == "rotary" && m.norm == NormKind::rmsnorm) {
@@ -864,8 +922,7 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
                 {"attn_config", {{"alibi", true}, {"alibi_bias_max", 8}, {"attn_impl", "torch"}}}});
     }
   } else {
-    throw ConfigError("no transformers class computes this model: position method " + method +
-                      "; export it as extrap safetensors (analysis/extrap_model.py) instead");
+    throw NoTransformersClass("position method " + method);
   }
   const std::map<std::string, std::string> classes = {
       {"llama", "LlamaForCausalLM"},   {"mistral", "MistralForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"},

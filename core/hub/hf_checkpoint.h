@@ -39,6 +39,11 @@ struct HfModel {
   int64_t train_length = 0; // max_position_embeddings (or n_positions, seq_length); 0: unknown
   // The extrap config sections the family maps to: model, position, attention.
   YAML::Node model, position, attention;
+  // Family "extrap" (a folder `extrap export --format hf` wrote with remote code): the exported
+  // run's resolved config (extrap_metadata's config) and its vocabulary's hash; the weights are
+  // extrap's own tensors, by name. Empty for the other families.
+  YAML::Node extrap_config;
+  std::string vocabulary_hash;
 };
 
 // Reads DIR/config.json and maps it (ConfigError naming DIR/config.json and the key at fault).
@@ -53,9 +58,15 @@ const std::vector<std::string>& hf_families();
 void load_hf_weights(const HfModel& hf, const SafetensorsReader& weights, TransformerLM& model);
 
 // Out: the transformers family whose own class computes `config`'s model exactly, and the
-// config.json that describes it (the inverse of read_hf_model). ConfigError naming the first
-// option no family's class has (a method or attention option transformers does not compute,
-// an embedding scaled by sqrt(d_model) with tied weights, a rounded ALiBi bias, ...).
+// config.json that describes it (the inverse of read_hf_model). NoTransformersClass naming the
+// first option no family's class has (a method or attention option transformers does not
+// compute, an embedding scaled by sqrt(d_model) with tied weights, a rounded ALiBi bias, ...):
+// `extrap export --format hf` then ships remote code instead (core/export/hf_export.h).
+struct NoTransformersClass : ConfigError {
+  explicit NoTransformersClass(const std::string& what)
+      : ConfigError("no transformers class computes this model: " + what), reason(what) {}
+  std::string reason;  // the option, e.g. "a masked LM"
+};
 struct HfExportConfig {
   std::string family;
   nlohmann::json config;

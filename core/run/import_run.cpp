@@ -19,10 +19,38 @@ struct ImportPlan {
   Config config;
 };
 
+// A folder of extrap's remote code: the exported run's config, evaluated on --data with the
+// tokenizer it was trained with (a SentencePiece model or tokenizer.json from the folder).
+Config extrap_import_config(const HfModel& hf, const fs::path& folder, const fs::path& run, const ImportOptions& options) {
+  if (options.alibi_bias != "family")
+    throw ConfigError("--alibi-bias " + options.alibi_bias + ": " + folder.string() + " is an extrap model, which "
+                      "computes its ALiBi as it was trained");
+  YAML::Node root = YAML::Clone(hf.extrap_config);
+  YAML::Node data = root["data"];
+  const std::string tokenizer = data["tokenizer"] ? data["tokenizer"].as<std::string>() : "byte";
+  data["path"] = options.data;
+  data.remove("cache_dir");
+  const auto from_folder = [&](const std::string& name) {
+    const fs::path file = folder / name;
+    if (!fs::exists(file)) throw ConfigError(folder.string() + ": no " + name + " (the " + tokenizer + " tokenizer "
+                                             "the model was trained with)");
+    data["tokenizer_model"] = fs::absolute(file).lexically_normal().string();
+  };
+  if (tokenizer == "sentencepiece") from_folder("model.safetensors.tokenizer.model");
+  if (tokenizer == "hf") from_folder("tokenizer.json");
+  if (options.train_length > 0) root["train"]["seq_len"] = options.train_length;
+  const int64_t length = root["train"]["seq_len"].as<int64_t>();
+  root["train"]["out_dir"] = run.string();
+  root["eval"]["lengths"] = std::vector<int64_t>{length, 2 * length, 4 * length};
+  for (const auto& assignment : options.set) apply_override(root, assignment);
+  return config_from_yaml(root, "extrap import " + folder.string());
+}
+
 ImportPlan plan_import(const fs::path& folder, const fs::path& run, const ImportOptions& options) {
   if (options.data.empty()) throw ConfigError("--data: name the corpus the imported model is evaluated on");
   if (run.empty()) throw ConfigError("--out: name the run directory to write");
   HfModel hf = read_hf_model(folder);
+  if (hf.family == "extrap") return {hf, extrap_import_config(hf, folder, run, options)};
   const std::string& rounding = options.alibi_bias;
   if (rounding != "family") {
     if (hf.position["name"].as<std::string>() != "alibi")
@@ -91,6 +119,11 @@ ImportSummary import_checkpoint(const fs::path& folder, const fs::path& run, con
   const int64_t length = config.train.seq_len;
 
   const Corpus corpus = load_corpus(config.data);
+  if (!hf.vocabulary_hash.empty() && hex64(corpus.vocabulary_hash()) != hf.vocabulary_hash)
+    throw ConfigError("--data " + options.data + ": its " + enum_name(corpus.tokenizer) + " vocabulary (" +
+                      std::to_string(corpus.vocab_size) + " ids, hash " + hex64(corpus.vocabulary_hash()) +
+                      ") is not the one " + folder.string() + "'s model was trained with (hash " + hf.vocabulary_hash +
+                      "): import it with that corpus");
   TransformerLM model = build_model(config, corpus.vocab_size);
   load_hf_weights(hf, weights, model);  // every tensor checked before RUN is written
   const nlohmann::json record = hf_weights_record(hf, weights);

@@ -4,6 +4,7 @@
 #include "experiments/cli/commands.h"
 
 #include <iostream>
+#include <map>
 
 namespace po = boost::program_options;
 
@@ -11,24 +12,37 @@ namespace extrap::cli {
 
 int export_model(const Args& args) {
   po::options_description options("extrap export");
-  std::string run_dir, out, format = "safetensors";
+  std::string run_dir, out, format = "safetensors", hf_class = "auto";
   options.add_options()
       ("checkpoint", po::value(&run_dir)->required(), "run directory written by extrap train (or extrap import)")
       ("out,o", po::value(&out)->required(), "the .safetensors file to write (--format hf: the folder)")
       ("format", po::value(&format),
-       "safetensors (extrap's, for analysis/extrap_model.py) or hf (a folder transformers loads with the family's "
-       "own class)")
+       "safetensors (extrap's, for analysis/extrap_model.py) or hf (a folder transformers loads: with the family's "
+       "own class, or with the folder's remote code where no class computes the model)")
+      ("hf-class", po::value(&hf_class),
+       "--format hf: auto (the family's class where one computes the model, else remote code), native (the "
+       "family's class or a refusal naming the option) or remote (remote code whatever the model)")
       ("overwrite", "replace --out if it exists");
   po::variables_map vm;
-  if (!parse(args, "extrap export --checkpoint DIR --out FILE.safetensors|DIR [--format safetensors|hf] [--overwrite]",
+  if (!parse(args,
+             "extrap export --checkpoint DIR --out FILE.safetensors|DIR [--format safetensors|hf] "
+             "[--hf-class auto|native|remote] [--overwrite]",
              options, vm))
     return 0;
+  if (vm.count("hf-class") && format != "hf") throw ConfigError("--hf-class: only with --format hf");
   if (format == "hf") {
-    const HfExportSummary s = export_hf(run_dir, out, vm.count("overwrite") > 0);
-    std::cout << "wrote " << s.dir.string() << ": " << s.family << ", " << s.tensors << " tensors"
-              << (s.tokenizer ? ", tokenizer.json" : ", no tokenizer (the corpus has no Hugging Face tokenizer)")
-              << "\nload it in Python: transformers.AutoModelForCausalLM.from_pretrained(\"" << s.dir.string()
-              << "\")\n";
+    const std::map<std::string, HfClass> classes = {
+        {"auto", HfClass::automatic}, {"native", HfClass::native}, {"remote", HfClass::remote}};
+    if (!classes.count(hf_class)) throw ConfigError("--hf-class " + hf_class + ": not one of auto, native, remote");
+    const HfExportSummary s = export_hf(run_dir, out, vm.count("overwrite") > 0, classes.at(hf_class));
+    const bool remote = s.family == "extrap";
+    std::cout << "wrote " << s.dir.string() << ": "
+              << (remote ? "remote code (modeling_extrap.py; " + s.remote_reason + ")" : s.family + "'s own class")
+              << ", " << s.tensors << " tensors"
+              << (s.tokenizer ? ", tokenizer.json" : ", no tokenizer (word-level and SentencePiece corpora: not yet)")
+              << "\nload it in Python: transformers." << (s.masked ? "AutoModelForMaskedLM" : "AutoModelForCausalLM")
+              << ".from_pretrained(\"" << s.dir.string() << "\"" << (remote ? ", trust_remote_code=True" : "")
+              << ")\n";
     return 0;
   }
   if (format != "safetensors") throw ConfigError("--format " + format + ": not one of safetensors, hf");

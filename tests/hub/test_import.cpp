@@ -304,24 +304,32 @@ TEST_CASE("import: weights that change after the import are refused when loaded"
 
 TEST_CASE("export --format hf: transformers loads each family with its own class, and the round trip holds",
           "[import][python][export]") {
-  for (const std::string name : {"llama", "llama_tied", "mistral", "qwen2", "gpt2", "bloom", "gpt_neox", "mpt",
-                                 "falcon_rw", "llama_yarn"}) {
-    DYNAMIC_SECTION(name) {
-      TempDir d("hf-export");
-      import_and_load(checkpoints() / name, d.root / "run", name == "bloom" ? 64 : 0);
-      const HfExportSummary s = export_hf(d.root / "run", d.root / "hf", false);
-      CHECK(s.tokenizer);
-      CHECK_FALSE(fs::exists(d.root / "hf.tmp"));
-      const int code = run_python(d, EXTRAP_SOURCE_DIR "/tests/import/check_hf_export.py " + (d.root / "hf").string() +
-                                         " " + (checkpoints() / name / "reference.safetensors").string());
-      INFO(read_text(d.root / "python.log"));
-      CHECK(code == 0);
-      // extrap -> transformers' folder -> extrap gives the same numbers.
-      Imported again = import_and_load(d.root / "hf", d.root / "again", name == "bloom" ? 64 : 0);
-      check_logprobs(name, again.run.model);
-      CHECK_THROWS_WITH(export_hf(d.root / "run", d.root / "hf", false), Contains("exists (add --overwrite"));
-    }
+  TempDir d("hf-export");
+  const std::vector<std::string> names = {"llama", "llama_tied", "mistral", "qwen2", "gpt2", "bloom", "gpt_neox", "mpt",
+                                          "falcon_rw", "llama_yarn"};
+  std::string args;  // one Python process checks every folder
+  for (const std::string& name : names) {
+    INFO(name);
+    import_and_load(checkpoints() / name, d.root / name, name == "bloom" ? 64 : 0);
+    const HfExportSummary s = export_hf(d.root / name, d.root / (name + "-hf"), false);
+    CHECK(s.family != "extrap");
+    CHECK(s.tokenizer);
+    CHECK_FALSE(fs::exists(d.root / (name + "-hf.tmp")));
+    args += " " + (d.root / (name + "-hf")).string() + " " + (checkpoints() / name / "reference.safetensors").string();
+    CHECK_THROWS_WITH(export_hf(d.root / name, d.root / (name + "-hf"), false), Contains("exists (add --overwrite"));
   }
+  const int code = run_python(d, EXTRAP_SOURCE_DIR "/tests/import/check_hf_export.py" + args);
+  INFO(read_text(d.root / "python.log"));
+  CHECK(code == 0);
+  for (const std::string& name : names) {  // extrap -> transformers' folder -> extrap gives the same numbers
+    Imported again = import_and_load(d.root / (name + "-hf"), d.root / (name + "-again"), name == "bloom" ? 64 : 0);
+    check_logprobs(name, again.run.model);
+  }
+  // What the remote code does not compute is refused before anything is written.
+  CHECK_THROWS_WITH(export_hf(d.root / "llama_yarn", d.root / "remote", false, HfClass::remote),
+                    Contains("extrap's remote code does not compute RoPE scaling yarn built in"));
+  CHECK_FALSE(fs::exists(d.root / "remote"));
+  CHECK_FALSE(fs::exists(d.root / "remote.tmp"));
 }
 
 TEST_CASE("export --format hf: an extrap model with a family's options, and one no class computes",
@@ -348,8 +356,9 @@ TEST_CASE("export --format hf: an extrap model with a family's options, and one 
   write_text(d.root / "reference.safetensors", encode_safetensors({{"tokens", tokens}, {"logprobs", logprobs}}, {}));
   const HfExportSummary s = export_hf(d.root / "llama" / "run", d.root / "hf", false);
   CHECK(s.family == "llama");
-  CHECK_FALSE(s.tokenizer);  // byte level: no Hugging Face tokenizer
-  const int code = run_python(d, EXTRAP_SOURCE_DIR "/tests/import/check_hf_export.py " + (d.root / "hf").string() + " " +
+  CHECK(s.tokenizer);  // byte level: a byte-level BPE whose ids are the bytes
+  const int code = run_python(d, EXTRAP_SOURCE_DIR "/tests/import/check_hf_export.py --bytes " +
+                                     (corpus_dir() / "valid.txt").string() + " " + (d.root / "hf").string() + " " +
                                      (d.root / "reference.safetensors").string());
   INFO(read_text(d.root / "python.log"));
   CHECK(code == 0);
@@ -357,9 +366,117 @@ TEST_CASE("export --format hf: an extrap model with a family's options, and one 
   Config plain = tiny_config("alibi");
   plain.data = config.data;
   train_briefly(plain, corpus, d.root / "plain", 5);
-  CHECK_THROWS_WITH(export_hf(d.root / "plain" / "run", d.root / "hf2", false),
+  CHECK_THROWS_WITH(export_hf(d.root / "plain" / "run", d.root / "hf2", false, HfClass::native),
                     Contains("no transformers class computes this model: its tied embedding is scaled by sqrt(d_model)"));
   CHECK_FALSE(fs::exists(d.root / "hf2"));
+}
+
+namespace {
+
+// log p(tokens[i] | tokens) at every position of one unmasked sequence (T,): (T,) float64.
+torch::Tensor masked_logprobs(TransformerLM& model, const torch::Tensor& tokens) {
+  torch::NoGradGuard no_grad;
+  const auto logits = model->forward(tokens.unsqueeze(0)).to(torch::kFloat64).squeeze(0);  // (T, V)
+  return logits.log_softmax(-1).gather(1, tokens.unsqueeze(1)).squeeze(1);
+}
+
+}  // namespace
+
+TEST_CASE("export --format hf: a model no class computes ships remote code that transformers runs exactly",
+          "[import][python][export]") {
+  TempDir d("hf-export-remote");
+  CorpusOptions data;
+  data.path = corpus_dir().string();
+  data.tokenizer = Tokenizer::byte;
+  data.cache_dir = (d.root / "cache").string();
+  const Corpus corpus = load_corpus(data);
+  std::map<std::string, Config> models;
+  models["alibi"] = tiny_config("alibi");  // the paper's model: GPT-2's block, tied embedding scaled on input
+  Config pattern = tiny_config("fire");  // a layer pattern, attention options, grouped-query attention
+  pattern.model.layers = 4;
+  pattern.model.kv_heads = 2;
+  pattern.model.norm = NormKind::rmsnorm;
+  pattern.model.ffn = FfnKind::swiglu;
+  pattern.model.attention_options.sink = true;
+  pattern.layer_pattern = {"local", "global"};
+  pattern.layers = YAML::Load("{pattern: [local, global], kinds: {local: {position: alibi_learned, attention: "
+                              "{window: 8, gate: headwise}}, global: {attention: {ssmax: true}}}}");
+  models["pattern"] = pattern;
+  models["cope"] = tiny_config("cope");  // a bias from the queries and the gated scores
+  models["cope"].model.adaptive_cutoffs = {64, 128};  // adaptive input and softmax
+  models["masked"] = tiny_config("t5_bias");  // a bidirectional masked LM
+  models["masked"].model.objective = Objective::masked_lm;
+  std::string args = "--bytes " + (corpus_dir() / "valid.txt").string();
+  const auto tokens = corpus.valid.slice(0, 80).to(torch::kLong);  // beyond the trained length, 16
+  for (auto& [name, config] : models) {
+    config.data = data;
+    train_briefly(config, corpus, d.root / name, 5);
+    LoadedRun run = load_run(require_checkpoint(d.root / name / "run"), corpus);
+    const auto logprobs = name == "masked" ? masked_logprobs(run.model, tokens) : next_token_logprobs(run.model, tokens);
+    const fs::path reference = d.root / (name + ".reference.safetensors");
+    write_text(reference, encode_safetensors({{"tokens", tokens}, {"logprobs", logprobs.to(torch::kFloat32)}}, {}));
+    const HfExportSummary s = export_hf(d.root / name / "run", d.root / (name + "-hf"), false);
+    INFO(name);
+    CHECK(s.family == "extrap");
+    CHECK(s.masked == (name == "masked"));
+    CHECK(s.tokenizer);  // byte level
+    CHECK_FALSE(s.remote_reason.empty());
+    for (const char* file : {"config.json", "model.safetensors", "extrap_model.py", "modeling_extrap.py", "tokenizer.json"})
+      CHECK(fs::exists(d.root / (name + "-hf") / file));
+    args += " " + (d.root / (name + "-hf")).string() + " " + reference.string();
+  }
+  // A model a family's class computes goes to remote code when asked to.
+  Config llama = tiny_config("rotary");
+  llama.position["pairing"] = "half";
+  llama.model.norm = NormKind::rmsnorm;
+  llama.model.ffn = FfnKind::swiglu;
+  llama.model.bias = false;
+  llama.model.tie_embeddings = false;
+  llama.data = data;
+  train_briefly(llama, corpus, d.root / "llama", 5);
+  LoadedRun run = load_run(require_checkpoint(d.root / "llama" / "run"), corpus);
+  write_text(d.root / "llama.reference.safetensors",
+             encode_safetensors({{"tokens", tokens}, {"logprobs", next_token_logprobs(run.model, tokens).to(torch::kFloat32)}}, {}));
+  CHECK(export_hf(d.root / "llama" / "run", d.root / "llama-native", false).family == "llama");
+  const HfExportSummary forced = export_hf(d.root / "llama" / "run", d.root / "llama-hf", false, HfClass::remote);
+  CHECK(forced.family == "extrap");
+  CHECK(forced.remote_reason == "--hf-class remote");
+  args += " " + (d.root / "llama-hf").string() + " " + (d.root / "llama.reference.safetensors").string();
+
+  const int code = run_python(d, EXTRAP_SOURCE_DIR "/tests/import/check_hf_export.py " + args);
+  INFO(read_text(d.root / "python.log"));
+  CHECK(code == 0);
+  // extrap -> the remote-code folder -> extrap import gives the same numbers.
+  for (const auto& [name, config] : models) {
+    INFO(name);
+    Imported again = import_and_load(d.root / (name + "-hf"), d.root / (name + "-again"));
+    const auto expected = SafetensorsReader::open(d.root / (name + ".reference.safetensors")).tensor("logprobs");
+    const auto got = name == "masked" ? masked_logprobs(again.run.model, tokens) : next_token_logprobs(again.run.model, tokens);
+    CHECK(torch::equal(got.to(torch::kFloat32), expected.to(torch::kFloat32)));
+  }
+  {  // a config.json that disagrees with its extrap_metadata is refused, naming the key
+    const fs::path bad = d.root / "bad-hf";
+    fs::copy(d.root / "alibi-hf", bad);
+    std::string text = read_text(bad / "config.json");
+    const std::string key = "\"hidden_size\": 32";
+    const auto at = text.find(key);
+    REQUIRE(at != std::string::npos);
+    write_text(bad / "config.json", text.replace(at, key.size(), "\"hidden_size\": 64"));
+    ImportOptions options;
+    options.data = corpus_dir().string();
+    CHECK_THROWS_WITH(import_checkpoint(bad, d.root / "bad-run", options),
+                      Contains("config.json: hidden_size 64 disagrees with extrap_metadata's 32"));
+    CHECK_FALSE(fs::exists(d.root / "bad-run"));
+    // and a corpus whose vocabulary is not the model's
+    options.set = {"data.tokenizer=word"};
+    CHECK_THROWS_WITH(import_checkpoint(d.root / "alibi-hf", d.root / "bad-run", options),
+                      Contains("vocabulary") && Contains("is not the one " + (d.root / "alibi-hf").string() +
+                                                         "'s model was trained with"));
+    CHECK_FALSE(fs::exists(d.root / "bad-run"));
+  }
+  // The folder's model.safetensors is extrap's own export: the plain-PyTorch reader loads it too.
+  CHECK(run_python(d, EXTRAP_SOURCE_DIR "/analysis/extrap_model.py " + (d.root / "pattern-hf/model.safetensors").string() +
+                          " --tokens-file " + (corpus_dir() / "valid.txt").string() + " --length 16 --max-tokens 64") == 0);
 }
 
 TEST_CASE("import: configs/released.yaml evaluates released checkpoints side by side, nothing trained",
