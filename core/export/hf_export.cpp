@@ -3,6 +3,7 @@
 #include "core/base/errors.h"
 #include "core/base/files.h"
 #include "core/data/hf_tokenizer.h"
+#include "core/data/sentencepiece.h"
 #include "core/export/model_export.h"
 #include "core/export/safetensors.h"
 #include "core/hub/hf_checkpoint.h"
@@ -149,7 +150,10 @@ HfExportSummary export_hf(const fs::path& run_dir, const fs::path& out, bool ove
     if (const auto bos = corpus.hf->bos()) config["bos_token_id"] = *bos;
     if (const auto eos = corpus.hf->eos()) config["eos_token_id"] = *eos;
   }
+  // The tokenizer: a tokenizer.json where one gives extrap's ids exactly, else (word level,
+  // SentencePiece) the folder's own tokenizer class and its vocabulary file.
   std::string tokenizer_json;
+  std::pair<std::string, std::string> tokenizer_file;  // word level, SentencePiece: {name, bytes}
   json tokenizer_config = {{"backend", "tokenizers"}, {"tokenizer_class", "TokenizersBackend"},
                            {"clean_up_tokenization_spaces", false}, {"model_max_length", 1000000}};
   if (corpus.hf_json) {
@@ -159,6 +163,12 @@ HfExportSummary export_hf(const fs::path& run_dir, const fs::path& out, bool ove
   } else if (corpus.tokenizer == Tokenizer::byte) {
     tokenizer_json = byte_tokenizer_json(!m.causal());
     if (!m.causal()) tokenizer_config["mask_token"] = "<mask>";
+  } else if (corpus.word_level() || corpus.sentencepiece) {
+    tokenizer_file = corpus.word_level() ? std::pair{std::string("vocabulary.json"), vocabulary_json(corpus)}
+                                         : std::pair{std::string("tokenizer.model"), corpus.sentencepiece->bytes()};
+    tokenizer_config = {{"tokenizer_class", "ExtrapTokenizer"},
+                        {"auto_map", {{"AutoTokenizer", json::array({"tokenization_extrap.ExtrapTokenizer", nullptr})}}},
+                        {"clean_up_tokenization_spaces", false}, {"model_max_length", 1000000}};
   }
 
   const fs::path tmp = fs::path(out.string() + ".tmp");
@@ -178,10 +188,13 @@ HfExportSummary export_hf(const fs::path& run_dir, const fs::path& out, bool ove
       write_file_durable(tmp / "modeling_extrap.py", embedded::kModelingExtrapPy);
     }
     write_file_durable(tmp / "config.json", config.dump(2) + "\n");
-    if (!tokenizer_json.empty()) {
-      write_file_durable(tmp / "tokenizer.json", tokenizer_json);
-      write_file_durable(tmp / "tokenizer_config.json", tokenizer_config.dump(2) + "\n");
+    if (!tokenizer_json.empty()) write_file_durable(tmp / "tokenizer.json", tokenizer_json);
+    if (!tokenizer_file.first.empty()) {
+      write_file_durable(tmp / tokenizer_file.first, tokenizer_file.second);
+      write_file_durable(tmp / "tokenization_extrap.py", embedded::kTokenizationExtrapPy);
     }
+    if (!tokenizer_json.empty() || !tokenizer_file.first.empty())
+      write_file_durable(tmp / "tokenizer_config.json", tokenizer_config.dump(2) + "\n");
     fsync_directory(tmp);
     remove_tree(out, error);
     fs::rename(tmp, out);
@@ -189,7 +202,7 @@ HfExportSummary export_hf(const fs::path& run_dir, const fs::path& out, bool ove
     remove_tree(tmp, error);
     throw;
   }
-  summary.tokenizer = !tokenizer_json.empty();
+  summary.tokenizer = !tokenizer_json.empty() || !tokenizer_file.first.empty();
   return summary;
 }
 

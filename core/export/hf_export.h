@@ -18,9 +18,11 @@
 // extrap_metadata. What the reader does not compute (RoPE scaling built in, a released family's
 // ALiBi rounding) is refused, naming it.
 //
-// Tokenizer (tokenizer.json, tokenizer_config.json): a Hugging Face tokenizer's own file, or for
-// byte level a byte-level BPE without merges whose ids are the bytes (with <mask> for a masked
-// LM). Word-level and SentencePiece corpora get none yet (encode with extrap_model.py).
+// Tokenizer (tokenizer_config.json and): a Hugging Face tokenizer's own tokenizer.json; for byte
+// level a tokenizer.json of a byte-level BPE without merges whose ids are the bytes (with <mask>
+// for a masked LM); for word level and SentencePiece, whose lines each end in an end-of-sentence
+// token that no tokenizer.json adds exactly, tokenization_extrap.py (analysis/, embedded too) with
+// vocabulary.json or tokenizer.model (AutoTokenizer with trust_remote_code=True).
 //
 // Everything is refused, naming the option, before anything is written. The folder is written
 // as DIR.tmp and renamed into place whole.
@@ -41,7 +43,7 @@ struct HfExportSummary {
   std::string remote_reason;  // remote code: why (the option no class computes, or --hf-class remote)
   size_t tensors = 0;
   bool masked = false;     // a masked LM (AutoModelForMaskedLM)
-  bool tokenizer = false;  // tokenizer.json written
+  bool tokenizer = false;  // a tokenizer written
 };
 
 HfExportSummary export_hf(const std::filesystem::path& run_dir, const std::filesystem::path& out, bool overwrite,

@@ -96,8 +96,8 @@ json data_json(const Config& config, const Corpus& corpus) {
           {"unk_token", corpus.unk_token}};
 }
 
-// The JSON list id -> token. A word that is not valid UTF-8 cannot be a JSON string: refuse
-// rather than write a vocabulary Python would tokenise differently.
+}  // namespace
+
 std::string vocabulary_json(const Corpus& corpus) {
   json list = json::array();
   for (const auto& word : corpus.vocabulary) list.push_back(word);
@@ -115,8 +115,6 @@ std::string vocabulary_json(const Corpus& corpus) {
     throw;
   }
 }
-
-}  // namespace
 
 std::string resolved_position_options(const std::string& method, const YAML::Node& options) {
   const PositionInfo& info = PositionRegistry::instance().get(method);

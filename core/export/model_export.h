@@ -75,6 +75,10 @@ ExportSummary export_run(const std::filesystem::path& run_dir, const std::filesy
 ExportSummary write_export(const VerifiedCheckpoint& checkpoint, const Corpus& corpus, LoadedRun& run,
                            const std::filesystem::path& out, const ExportOptions& options = {});
 
+// A word-level corpus's vocabulary as the JSON list id -> token. A word that is not valid UTF-8
+// cannot be a JSON string: ConfigError rather than a vocabulary Python would tokenise differently.
+std::string vocabulary_json(const Corpus& corpus);
+
 // The position method's options with every default filled in, as JSON text: what the method
 // was built with (its section, config.position or a kind's, plus its documented defaults).
 std::string resolved_position_options(const std::string& method, const YAML::Node& options);

@@ -39,7 +39,7 @@ int export_model(const Args& args) {
     std::cout << "wrote " << s.dir.string() << ": "
               << (remote ? "remote code (modeling_extrap.py; " + s.remote_reason + ")" : s.family + "'s own class")
               << ", " << s.tensors << " tensors"
-              << (s.tokenizer ? ", tokenizer.json" : ", no tokenizer (word-level and SentencePiece corpora: not yet)")
+              << (s.tokenizer ? ", a tokenizer" : ", no tokenizer (the corpus is pre-tokenised ids)")
               << "\nload it in Python: transformers." << (s.masked ? "AutoModelForMaskedLM" : "AutoModelForCausalLM")
               << ".from_pretrained(\"" << s.dir.string() << "\"" << (remote ? ", trust_remote_code=True" : "")
               << ")\n";

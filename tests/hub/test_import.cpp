@@ -3,6 +3,7 @@
 // its per-token log-probabilities (float32, written beside each folder) at lengths inside and
 // beyond the model's training length must equal extrap's to 1e-5, relative (of at least 1).
 #include "core/data/hf_tokenizer.h"
+#include "core/data/sentencepiece.h"
 #include "core/export/hf_export.h"
 #include "core/export/safetensors.h"
 #include "core/hub/hf_checkpoint.h"
@@ -353,11 +354,13 @@ TEST_CASE("export --format hf: an extrap model with a family's options, and one 
   LoadedRun run = load_run(checkpoint, corpus);
   const auto tokens = corpus.valid.slice(0, 96).to(torch::kLong);
   const auto logprobs = next_token_logprobs(run.model, tokens).to(torch::kFloat32);
-  write_text(d.root / "reference.safetensors", encode_safetensors({{"tokens", tokens}, {"logprobs", logprobs}}, {}));
+  write_text(d.root / "reference.safetensors",
+             encode_safetensors({{"tokens", tokens}, {"logprobs", logprobs},
+                                 {"text_ids", corpus.valid.slice(0, corpus.valid.size()).to(torch::kLong)}}, {}));
   const HfExportSummary s = export_hf(d.root / "llama" / "run", d.root / "hf", false);
   CHECK(s.family == "llama");
   CHECK(s.tokenizer);  // byte level: a byte-level BPE whose ids are the bytes
-  const int code = run_python(d, EXTRAP_SOURCE_DIR "/tests/import/check_hf_export.py --bytes " +
+  const int code = run_python(d, EXTRAP_SOURCE_DIR "/tests/import/check_hf_export.py --text " +
                                      (corpus_dir() / "valid.txt").string() + " " + (d.root / "hf").string() + " " +
                                      (d.root / "reference.safetensors").string());
   INFO(read_text(d.root / "python.log"));
@@ -406,22 +409,42 @@ TEST_CASE("export --format hf: a model no class computes ships remote code that 
   models["cope"].model.adaptive_cutoffs = {64, 128};  // adaptive input and softmax
   models["masked"] = tiny_config("t5_bias");  // a bidirectional masked LM
   models["masked"].model.objective = Objective::masked_lm;
-  std::string args = "--bytes " + (corpus_dir() / "valid.txt").string();
-  const auto tokens = corpus.valid.slice(0, 80).to(torch::kLong);  // beyond the trained length, 16
+  for (auto& [name, config] : models) config.data = data;
+  // Word-level and SentencePiece corpora: the folder's own tokenizer class.
+  models["word"] = tiny_config("kerple_log");
+  models["word"].data = data;
+  models["word"].data.tokenizer = Tokenizer::word;
+  SentencePieceTraining pieces;  // BPE: sentencepiece 0.2 (Python) breaks a unigram model's ties unlike 0.1.97 (docs/released.md)
+  pieces.model_type = "bpe";
+  pieces.vocab_size = 400;
+  pieces.byte_fallback = false;
+  pieces.threads = 1;
+  write_text(d.root / "pieces.model", train_sentencepiece(read_text(corpus_dir() / "train.txt"), pieces, "train.txt"));
+  models["spm"] = tiny_config("sandwich");
+  models["spm"].data = data;
+  models["spm"].data.tokenizer = Tokenizer::sentencepiece;
+  models["spm"].data.tokenizer_model = (d.root / "pieces.model").string();
+
+  std::string args = "--text " + (corpus_dir() / "valid.txt").string();
+  std::map<std::string, torch::Tensor> tokens_of;  // 80 tokens of each model's corpus: beyond the trained 16
   for (auto& [name, config] : models) {
-    config.data = data;
-    train_briefly(config, corpus, d.root / name, 5);
-    LoadedRun run = load_run(require_checkpoint(d.root / name / "run"), corpus);
+    INFO(name);
+    const Corpus own = load_corpus(config.data);
+    const auto tokens = tokens_of[name] = own.valid.slice(0, 80).to(torch::kLong);
+    train_briefly(config, own, d.root / name, 5);
+    LoadedRun run = load_run(require_checkpoint(d.root / name / "run"), own);
     const auto logprobs = name == "masked" ? masked_logprobs(run.model, tokens) : next_token_logprobs(run.model, tokens);
     const fs::path reference = d.root / (name + ".reference.safetensors");
-    write_text(reference, encode_safetensors({{"tokens", tokens}, {"logprobs", logprobs.to(torch::kFloat32)}}, {}));
+    write_text(reference, encode_safetensors({{"tokens", tokens}, {"logprobs", logprobs.to(torch::kFloat32)},
+                                              {"text_ids", own.valid.slice(0, own.valid.size()).to(torch::kLong)}}, {}));
     const HfExportSummary s = export_hf(d.root / name / "run", d.root / (name + "-hf"), false);
-    INFO(name);
     CHECK(s.family == "extrap");
     CHECK(s.masked == (name == "masked"));
-    CHECK(s.tokenizer);  // byte level
+    CHECK(s.tokenizer);
     CHECK_FALSE(s.remote_reason.empty());
-    for (const char* file : {"config.json", "model.safetensors", "extrap_model.py", "modeling_extrap.py", "tokenizer.json"})
+    const bool own_tokenizer = name == "word" || name == "spm";
+    for (const char* file : {"config.json", "model.safetensors", "extrap_model.py", "modeling_extrap.py",
+                             own_tokenizer ? "tokenization_extrap.py" : "tokenizer.json"})
       CHECK(fs::exists(d.root / (name + "-hf") / file));
     args += " " + (d.root / (name + "-hf")).string() + " " + reference.string();
   }
@@ -435,6 +458,7 @@ TEST_CASE("export --format hf: a model no class computes ships remote code that 
   llama.data = data;
   train_briefly(llama, corpus, d.root / "llama", 5);
   LoadedRun run = load_run(require_checkpoint(d.root / "llama" / "run"), corpus);
+  const auto tokens = tokens_of["alibi"];
   write_text(d.root / "llama.reference.safetensors",
              encode_safetensors({{"tokens", tokens}, {"logprobs", next_token_logprobs(run.model, tokens).to(torch::kFloat32)}}, {}));
   CHECK(export_hf(d.root / "llama" / "run", d.root / "llama-native", false).family == "llama");
@@ -451,6 +475,7 @@ TEST_CASE("export --format hf: a model no class computes ships remote code that 
     INFO(name);
     Imported again = import_and_load(d.root / (name + "-hf"), d.root / (name + "-again"));
     const auto expected = SafetensorsReader::open(d.root / (name + ".reference.safetensors")).tensor("logprobs");
+    const auto& tokens = tokens_of[name];
     const auto got = name == "masked" ? masked_logprobs(again.run.model, tokens) : next_token_logprobs(again.run.model, tokens);
     CHECK(torch::equal(got.to(torch::kFloat32), expected.to(torch::kFloat32)));
   }

@@ -2,13 +2,15 @@
 own class, or the folder's remote code (model_type "extrap", trust_remote_code=True). Its per-token
 log-probabilities for REFERENCE's tokens equal REFERENCE's (1e-5, relative, of at least 1); a
 causal model's generate() continues the text greedily exactly as its own logits pick, token by
-token; a tokenizer.json loads, and with --bytes TEXT_FILE its ids are the file's UTF-8 bytes and
-decode back to the text. tests/hub/test_import.cpp runs it.
+token; its tokenizer loads (AutoTokenizer), and with --text TEXT_FILE and `text_ids` in REFERENCE
+it encodes the file to exactly those ids (where they are the file's UTF-8 bytes, it also decodes
+them back to the text). tests/hub/test_import.cpp runs it.
 
-usage: check_hf_export.py [--bytes TEXT_FILE] DIR REFERENCE.safetensors [DIR REFERENCE ...]
+usage: check_hf_export.py [--text TEXT_FILE] DIR REFERENCE.safetensors [DIR REFERENCE ...]
 
 REFERENCE holds `tokens` (int64, T) and `logprobs` (float32): a causal LM's T - 1 values
-log p(tokens[i+1] | tokens[:i+1]); a masked LM's T values log p(tokens[i] | tokens), nothing masked.
+log p(tokens[i+1] | tokens[:i+1]); a masked LM's T values log p(tokens[i] | tokens), nothing masked;
+optionally `text_ids` (int64): extrap's ids of TEXT_FILE.
 Prints "ok DIR (FAMILY): ..." per folder, or "FAILED: ..." (exit 1).
 """
 import json
@@ -53,24 +55,25 @@ def check(folder, reference, text_file):
         if not torch.equal(out, greedy):
             return f"FAILED: {folder} ({family}): generate() gave {out.tolist()}, greedy decoding {greedy.tolist()}"
         done.append("generate() is greedy decoding")
-    if os.path.exists(os.path.join(folder, "tokenizer.json")):
-        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=remote)
-        done.append("tokenizer loads")
-        if text_file:
+    if os.path.exists(os.path.join(folder, "tokenizer_config.json")):
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+        done.append(f"tokenizer loads ({type(tokenizer).__name__})")
+        if text_file and "text_ids" in ref:
             text = open(text_file, encoding="utf-8", newline="").read()
-            ids = tokenizer(text)["input_ids"]
-            if ids != list(text.encode("utf-8")):
-                first = next((i for i, (a, b) in enumerate(zip(ids, text.encode("utf-8"))) if a != b), min(len(ids), len(text.encode())))
-                return f"FAILED: {folder}: the tokenizer's ids are not the text's bytes (first difference at {first})"
-            if tokenizer.decode(ids) != text:
+            ids, want = tokenizer(text)["input_ids"], ref["text_ids"].tolist()
+            if ids != want:
+                first = next((i for i, (a, b) in enumerate(zip(ids, want)) if a != b), min(len(ids), len(want)))
+                return (f"FAILED: {folder}: the tokenizer's {len(ids)} ids of {text_file} are not extrap's {len(want)} "
+                        f"(first difference at {first})")
+            if want == list(text.encode("utf-8")) and tokenizer.decode(ids) != text:
                 return f"FAILED: {folder}: the tokenizer does not decode its ids back to the text"
-            done.append(f"its ids are the bytes of {len(text)} characters")
+            done.append(f"its ids of {len(text)} characters are extrap's")
     return f"ok {folder} ({family}{', remote code' if remote else ''}): " + ", ".join(done)
 
 
 def main(argv):
     text_file = None
-    if argv[:1] == ["--bytes"]:
+    if argv[:1] == ["--text"]:
         text_file, argv = argv[1], argv[2:]
     if not argv or len(argv) % 2:
         sys.exit(__doc__)
