@@ -389,31 +389,30 @@ void map_extrap(const ConfigReader& c, HfModel& hf) {
       c.fail("extrap_metadata", "has no " + std::string(key) + ": not written by `extrap export --format hf`");
     return metadata.at(key).get<std::string>();
   };
-  try {
-    hf.extrap_config = YAML::Load(field("config"));
-    const json checkpoint = json::parse(field("checkpoint"));
-    hf.vocabulary_hash = checkpoint.at("vocabulary_hash").get<std::string>();
-  } catch (const YAML::Exception& e) {
-    c.fail("extrap_metadata", "config is not YAML (" + std::string(e.what()) + ")");
-  } catch (const json::exception& e) {
-    c.fail("extrap_metadata", "checkpoint is not extrap's (" + std::string(e.what()) + ")");
-  }
-  const YAML::Node& config = hf.extrap_config;
-  if (!config.IsMap() || !config["model"] || !config["position"] || !config["train"] || !config["data"])
-    c.fail("extrap_metadata", "config lacks the model, position, train or data section");
-  hf.model = config["model"];
-  hf.position = config["position"];
-  if (config["attention"]) hf.attention = config["attention"];
-  hf.train_length = config["train"]["seq_len"].as<int64_t>();
   const auto agree = [&](const char* key, int64_t expected) {
     if (c.get<int64_t>(key) != expected)
       c.fail(key, std::to_string(c.get<int64_t>(key)) + " disagrees with extrap_metadata's " + std::to_string(expected));
   };
-  agree("hidden_size", config["model"]["d_model"].as<int64_t>());
-  agree("num_hidden_layers", config["model"]["layers"].as<int64_t>());
-  agree("num_attention_heads", config["model"]["heads"].as<int64_t>());
-  agree("max_position_embeddings", hf.train_length);
-  agree("vocab_size", json::parse(field("data")).at("vocab_size").get<int64_t>());
+  try {
+    hf.extrap_config = YAML::Load(field("config"));
+    const YAML::Node& config = hf.extrap_config;
+    if (!config.IsMap() || !config["model"] || !config["position"] || !config["train"] || !config["data"])
+      c.fail("extrap_metadata", "config lacks the model, position, train or data section");
+    hf.vocabulary_hash = json::parse(field("checkpoint")).at("vocabulary_hash").get<std::string>();
+    hf.model = config["model"];
+    hf.position = config["position"];
+    if (config["attention"]) hf.attention = config["attention"];
+    hf.train_length = config["train"]["seq_len"].as<int64_t>();
+    agree("hidden_size", config["model"]["d_model"].as<int64_t>());
+    agree("num_hidden_layers", config["model"]["layers"].as<int64_t>());
+    agree("num_attention_heads", config["model"]["heads"].as<int64_t>());
+    agree("max_position_embeddings", hf.train_length);
+    agree("vocab_size", json::parse(field("data")).at("vocab_size").get<int64_t>());
+  } catch (const YAML::Exception& e) {
+    c.fail("extrap_metadata", "config is not an extrap run's (" + std::string(e.what()) + ")");
+  } catch (const json::exception& e) {
+    c.fail("extrap_metadata", "is not extrap's (" + std::string(e.what()) + ")");
+  }
   c.require("tie_word_embeddings", false, "extrap's remote code ties nothing itself");
   for (const char* key : {"auto_map", "extrap_metadata"}) c.use(key);
 }
@@ -809,9 +808,9 @@ json rope_json(const YAML::Node& position, const Config& config) {
   if (scaling == "yarn" || scaling == "llama3")
     rope["original_max_position_embeddings"] = int64_t(get("scaling_length", 0));
   if (scaling == "dynamic" && int64_t(get("scaling_length", 0)) != config.train.seq_len)
-    throw NoTransformersClass("dynamic RoPE scaling from length " +
-                      std::to_string(int64_t(get("scaling_length", 0))) + ", which transformers takes from "
-                      "max_position_embeddings (train.seq_len " + std::to_string(config.train.seq_len) + ")");
+    throw NoTransformersClass("dynamic RoPE scaling from length " + std::to_string(int64_t(get("scaling_length", 0))) +
+                              ", which transformers takes from max_position_embeddings (train.seq_len " +
+                              std::to_string(config.train.seq_len) + ")");
   if (scaling == "yarn") {
     rope["beta_fast"] = get("beta_fast", 32.0);
     rope["beta_slow"] = get("beta_slow", 1.0);
@@ -842,9 +841,12 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
   const int64_t D = m.d_model, H = m.heads, F = m.ffn_width();
   HfExportConfig out;
   if (!common)
-    throw NoTransformersClass(std::string(!m.causal() ? "a masked LM" : m.adaptive() ? "adaptive input and softmax" :
-                                  !config.layer_pattern.empty() ? "a layer pattern" : !m.final_norm ? "no final norm" :
-                                  m.qk_norm ? "qk_norm" : "the attention options " + a.describe()));
+    throw NoTransformersClass(!m.causal()                    ? "a masked LM"
+                              : m.adaptive()                  ? "adaptive input and softmax"
+                              : !config.layer_pattern.empty() ? "a layer pattern"
+                              : !m.final_norm                 ? "no final norm"
+                              : m.qk_norm                     ? "qk_norm"
+                                                              : "the attention options " + a.describe());
   json c = {{"vocab_size", vocab_size}, {"tie_word_embeddings", m.tie_embeddings}, {"dtype", "float32"},
             {"use_cache", true}};
   if (m.scale_embedding && m.tie_embeddings)
