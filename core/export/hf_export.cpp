@@ -124,15 +124,13 @@ HfExportSummary export_hf(const fs::path& run_dir, const fs::path& out, bool ove
     summary.remote_reason = "--hf-class remote";
   }
   if (!native) require_reader_computes(run.config, summary.remote_reason);
-  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;  // native: the class's; remote code: write_export's
+  json config;
   if (native) {
     tensors = hf_tensors(native->family, run.model, native->embedding_scale);
     for (const auto& [name, tensor] : tensors)
       if (!torch::isfinite(tensor).all().item<bool>())
         throw ConfigError(checkpoint.dir.string() + ": tensor " + name + " has non-finite values; refusing to export it");
-  }
-  json config;
-  if (native) {
     config = native->config;
     summary.family = native->family;
   } else {  // filled in below, from the metadata write_export writes

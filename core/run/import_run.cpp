@@ -19,6 +19,17 @@ struct ImportPlan {
   Config config;
 };
 
+// Both kinds of import end alike: trained length L, RUN as out_dir, evaluation at L, 2L and 4L,
+// then the --set assignments over it all.
+Config finish_config(YAML::Node root, int64_t length, const fs::path& folder, const fs::path& run,
+                     const ImportOptions& options) {
+  root["train"]["seq_len"] = length;
+  root["train"]["out_dir"] = run.string();
+  root["eval"]["lengths"] = std::vector<int64_t>{length, 2 * length, 4 * length};
+  for (const auto& assignment : options.set) apply_override(root, assignment);
+  return config_from_yaml(root, "extrap import " + folder.string());
+}
+
 // A folder of extrap's remote code: the exported run's config, evaluated on --data with the
 // tokenizer it was trained with (a SentencePiece model or tokenizer.json from the folder).
 Config extrap_import_config(const HfModel& hf, const fs::path& folder, const fs::path& run, const ImportOptions& options) {
@@ -38,12 +49,7 @@ Config extrap_import_config(const HfModel& hf, const fs::path& folder, const fs:
   };
   if (tokenizer == "sentencepiece") from_folder("model.safetensors.tokenizer.model");
   if (tokenizer == "hf") from_folder("tokenizer.json");
-  if (options.train_length > 0) root["train"]["seq_len"] = options.train_length;
-  const int64_t length = root["train"]["seq_len"].as<int64_t>();
-  root["train"]["out_dir"] = run.string();
-  root["eval"]["lengths"] = std::vector<int64_t>{length, 2 * length, 4 * length};
-  for (const auto& assignment : options.set) apply_override(root, assignment);
-  return config_from_yaml(root, "extrap import " + folder.string());
+  return finish_config(root, options.train_length > 0 ? options.train_length : hf.train_length, folder, run, options);
 }
 
 ImportPlan plan_import(const fs::path& folder, const fs::path& run, const ImportOptions& options) {
@@ -95,11 +101,8 @@ ImportPlan plan_import(const fs::path& folder, const fs::path& run, const Import
   root["model"] = hf.model;
   root["position"] = hf.position;
   if (hf.attention.size() > 0) root["attention"] = hf.attention;
-  root["train"]["seq_len"] = length;
-  root["train"]["out_dir"] = run.string();
-  root["eval"]["lengths"] = std::vector<int64_t>{length, 2 * length, 4 * length};
-  for (const auto& assignment : options.set) apply_override(root, assignment);
-  return {std::move(hf), config_from_yaml(root, "extrap import " + folder.string())};
+  Config config = finish_config(root, length, folder, run, options);
+  return {std::move(hf), std::move(config)};
 }
 
 }  // namespace
