@@ -9,7 +9,8 @@
 #
 #   bash benchmarks/compare_hf_eval.sh [ROUNDS] [LENGTH...]     (defaults: 1 round; 2048 8192)
 #
-# Environment: EXTRAP (default build/extrap), HF_EVAL_CACHE (default build/compare_hf_eval).
+# Environment: EXTRAP (default build/extrap), HF_EVAL_CACHE (default build/compare_hf_eval),
+# FAMILIES (default "llama bloom").
 # Target (issue 78): at 8k, extrap at least 1.2x transformers' tokens/s and at most 0.5x its peak
 # memory. Needs build/extrap and the project's .venv (scripts/setup.sh).
 set -euo pipefail
@@ -24,13 +25,14 @@ extrap=${EXTRAP:-build/extrap}
 python=${EXTRAP_PYTHON:-.venv/bin/python}
 cache=${HF_EVAL_CACHE:-build/compare_hf_eval}
 text=data/pydoc/valid.txt
+read -r -a families <<<"${FAMILIES:-llama bloom}"
 [[ -x $extrap ]] || { echo "compare_hf_eval.sh: $extrap is missing: run scripts/setup.sh first" >&2; exit 1; }
 
 echo "$("$extrap" --version | head -1); $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores; $(date -u +%F)"
 "$extrap" --version | grep -m1 'cpu capability' || true
 mkdir -p "$cache/corpus"
 for split in train valid test; do ln -sf "$ROOT/$text" "$cache/corpus/$split.txt"; done
-for family in llama bloom; do
+for family in "${families[@]}"; do
   if [[ ! -f $cache/$family/model.safetensors ]]; then
     "$python" benchmarks/hf_eval.py make "$cache/$family" "$family" data/pydoc/train.txt
   fi
@@ -51,7 +53,7 @@ hf_once() { "$python" benchmarks/hf_eval.py time "$cache/$1" "$text" "$2"; }
 
 printf '%-6s %6s %5s | %9s %9s %10s | %9s %9s %10s | %7s %7s\n' family length round \
   "extrap s" "MiB" "nll" "hf s" "MiB" "nll" "speed" "memory"
-for family in llama bloom; do
+for family in "${families[@]}"; do
   for length in "${lengths[@]}"; do
     for ((r = 1; r <= rounds; r++)); do
       if ((r % 2)); then e=$(extrap_once "$family" "$length"); h=$(hf_once "$family" "$length")

@@ -1,12 +1,13 @@
 // `extrap bench attention`: wall time and peak memory of one attention call (inference, no
 // grad) over a range of lengths, on the same inputs and the same bias description: extrap's
-// reference (materialised (B, H, T, T) scores and (H, T, T) bias) and memory-efficient
-// blockwise path, beside what a PyTorch 2 user would call instead: scaled_dot_product_attention
+// reference (materialised (B, H, T, T) scores and (H, T, T) bias), memory-efficient blockwise
+// path and fused CPU kernel (where the bias is one it takes: none, ALiBi), beside what a PyTorch 2 user would call instead: scaled_dot_product_attention
 // with the bias materialised as its mask, and without a bias (the speed ceiling). Paths are
 // skipped where their estimated memory exceeds a budget. Peak memory is the resident-set
 // increase during the call (experiments/bench/bench_util.h says how).
 #include "core/attention/attention.h"
 #include "core/attention/efficient_attention.h"
+#include "core/attention/fused_cpu_attention.h"
 #include "core/base/yaml_options.h"
 #include "core/runtime/sysinfo.h"
 #include "experiments/bench/bench_util.h"
@@ -138,6 +139,7 @@ void print_header(const AttentionBenchOptions& o, const AttentionBias& bias, boo
               bias.describe().c_str(), used_threads);
   std::printf("paths: reference = extrap's materialised scores and bias; efficient = extrap's blockwise "
               "path (%lld x %lld tiles);\n"
+              "       fused = extrap's fused CPU kernel (the path `auto` takes for this bias; skipped where it does not take it);\n"
               "       sdpa-bias = PyTorch's scaled_dot_product_attention with the (1, H, T, T) bias "
               "materialised as its mask, built before timing (its size: bias MB);\n"
               "       sdpa-none = scaled_dot_product_attention without a bias (%s), the no-bias ceiling\n",
@@ -147,15 +149,15 @@ void print_header(const AttentionBenchOptions& o, const AttentionBias& bias, boo
               "memory: peak resident increase during a call, output included\n"
               "|diff|: largest difference from the reference (from sdpa-bias where the reference is skipped)\n\n",
               o.budget_gb, o.repeats);
-  std::printf("%7s %12s %10s %12s %10s %12s %10s %10s %12s %10s %10s %10s\n", "T", "reference ms",
-              "MB", "efficient ms", "MB", "sdpa-bias ms", "MB", "bias MB", "sdpa-none ms", "MB",
-              "eff |diff|", "sdpa |diff|");
+  std::printf("%7s %12s %10s %12s %10s %12s %10s %12s %10s %10s %12s %10s %10s %10s %10s\n", "T",
+              "reference ms", "MB", "efficient ms", "MB", "fused ms", "MB", "sdpa-bias ms", "MB", "bias MB",
+              "sdpa-none ms", "MB", "eff |diff|", "fused |diff|", "sdpa |diff|");
 }
 
-// The four paths at one length: each output and measurement (no measurement: skipped).
+// The five paths at one length: each output and measurement (no measurement: skipped).
 struct PathRuns {
-  torch::Tensor reference_out, efficient_out, sdpa_bias_out, sdpa_none_out;
-  std::optional<bench::CallMeasurement> reference, efficient, sdpa_bias, sdpa_none;
+  torch::Tensor reference_out, efficient_out, fused_out, sdpa_bias_out, sdpa_none_out;
+  std::optional<bench::CallMeasurement> reference, efficient, fused, sdpa_bias, sdpa_none;
   double bias_bytes = 0;  // of the (H, T, T) fp32 bias sdpa-bias takes as its mask
 };
 
@@ -171,6 +173,9 @@ PathRuns measure_paths(const AttentionBenchOptions& o, const torch::Tensor& q, c
         [&] { runs.reference_out = attention_reference(q, k, v, bias, attention_options); }, o.repeats);
   runs.efficient = bench::measure_call(
       [&] { runs.efficient_out = attention_efficient(q, k, v, bias, attention_options, o.blocks); }, o.repeats);
+  if (fused_cpu_attention_unsupported_reason(q, k, v, bias, attention_options).empty())
+    runs.fused = bench::measure_call(
+        [&] { runs.fused_out = fused_cpu_attention(q, k, v, bias, attention_options); }, o.repeats);
   // PyTorch's CPU kernel for a float mask works blockwise too: the mask is its extra memory.
   if (!bias.is_none() && runs.bias_bytes * 2 <= o.budget_gb * 1e9) {
     // (1, H, T, T), -inf where masked: with four dimensions PyTorch's CPU SDPA takes its flash
@@ -195,6 +200,7 @@ void print_row(int64_t t, const PathRuns& runs, const AttentionBias& bias) {
   std::printf("%7lld", (long long)t);
   print_measurement(runs.reference);
   print_measurement(runs.efficient);
+  print_measurement(runs.fused);
   print_measurement(runs.sdpa_bias);
   if (runs.sdpa_bias) std::printf(" %10.1f", runs.bias_bytes / 1e6);
   else std::printf(" %10s", "-");
@@ -207,7 +213,7 @@ void print_row(int64_t t, const PathRuns& runs, const AttentionBias& bias) {
     std::snprintf(text, sizeof text, "%.2e", (out - truth).abs().max().item<double>());
     return std::string(text);
   };
-  std::printf(" %10s %10s\n", diff(runs.efficient_out).c_str(),
+  std::printf(" %10s %12s %10s\n", diff(runs.efficient_out).c_str(), diff(runs.fused_out).c_str(),
               diff(bias.is_none() ? runs.sdpa_none_out : runs.sdpa_bias_out).c_str());
   std::fflush(stdout);
 }

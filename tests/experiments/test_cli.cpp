@@ -279,13 +279,15 @@ TEST_CASE("bench train and bench attention run on tiny shapes and report what th
   REQUIRE(run_cli(d, {"bench", "attention", "--lengths", "64,96", "--heads", "2", "--head-dim", "8",
                       "--repeats", "1", "--threads", "1"},
                   &out) == 0);
-  // One row per length; the efficient path agrees with the reference.
+  // One row per length; the efficient path, the fused kernel (it takes ALiBi) and SDPA agree
+  // with the reference.
   for (const char* length : {"64", "96"}) {
     INFO("T " << length);
     REQUIRE(std::regex_search(out, m, std::regex(std::string(R"(\n +)") + length +
-                                                 R"( .* ([0-9.e+-]+) +([0-9.e+-]+)\n)")));
+                                                 R"( .* ([0-9.e+-]+) +([0-9.e+-]+) +([0-9.e+-]+)\n)")));
     CHECK(std::stod(m[1]) < 1e-5);
     CHECK(std::stod(m[2]) < 1e-5);
+    CHECK(std::stod(m[3]) < 1e-5);
   }
 }
 
