@@ -592,6 +592,7 @@ class ExtrapModel(nn.Module):
         self.head = None if m.get("tie_embeddings", True) else nn.Linear(D, V, bias=False, **kw)
         self._word_ids = None
         self.pieces = None  # sentencepiece: set by load() from the export's tokenizer model
+        self._piece_ids = None  # its SentencePieceIds, made on the first encode
         self.hf_tokenizer = None  # hf: set by load() from the export's tokenizer.json
 
     def kind_of(self, layer):  # (the layer's LayerKind, its number among the kind's layers)
@@ -1025,8 +1026,10 @@ class ExtrapModel(nn.Module):
         if lines[-1] == "":  # an empty remainder after the final newline is not a line
             lines.pop()
         if self.pieces is not None:  # each line's pieces, then the model's end-of-sentence piece
+            if self._piece_ids is None:
+                self._piece_ids = SentencePieceIds(self.pieces)
             eos = self.pieces.eos_id()
-            return [i for line in lines for i in self.pieces.encode(line) + [eos]]
+            return [i for line in lines for i in self._piece_ids(line) + [eos]]
         if self._word_ids is None:
             self._word_ids = {}
             for index, word in enumerate(self.vocabulary):
@@ -1080,6 +1083,151 @@ def _vocabulary(path, metadata):
         raise ValueError(f"the vocabulary must be a list of vocab_size = "
                          f"{metadata['data']['vocab_size']} strings")
     return vocabulary
+
+
+class SentencePieceIds:
+    """A line's ids under a SentencePiece model, exactly as extrap's own encoder gives them.
+
+    extrap links Debian's libsentencepiece 0.1.97. For a BPE model its ids are Python's
+    sentencepiece's (any version). For a unigram model they can differ from sentencepiece 0.2's:
+    both find the best segmentation by the same dynamic programme over the normalised line's
+    bytes (EncodeOptimized: for each end, the best path ending there; a later start replaces an
+    earlier one only if strictly better), but 0.1.97 adds each piece's score to the path's in
+    double precision and compares before rounding to float32 (its user-defined symbols' score
+    `length * max_score - 0.1` makes the sum a double), where 0.2 adds in float32. Two
+    segmentations whose float32 sums round alike (the same pieces in another order, as in a run
+    of "*") are then told apart in 0.1.97 and not in 0.2. This class runs 0.1.97's programme
+    for unigram models, and sentencepiece's own encode for every other type.
+    """
+
+    def __init__(self, processor):
+        self.processor = processor
+        pieces, model_type, self.byte_fallback = _sentencepiece_model(processor.serialized_model_proto())
+        self.unigram = model_type == 1  # TrainerSpec.UNIGRAM
+        if not self.unigram:
+            return
+        normal = [score for _, score, kind in pieces if kind == 1]  # NORMAL
+        min_score = _float32(min(normal)) if normal else _float32(3.4028234663852886e38)
+        max_score = _float32(max(normal + [1.1754943508222875e-38]))  # starts at FLT_MIN, as 0.1.97
+        self.unk_score = _float32(min_score - 10.0)  # min_score() - kUnkPenalty, in float32
+        self.user_defined_unit = max_score
+        self.user_defined = set()
+        self.pieces = {}  # utf-8 bytes -> (id, score as 0.1.97 adds it, or None: unused)
+        for i, (piece, score, kind) in enumerate(pieces):
+            if kind in (1, 4, 5):  # NORMAL, USER_DEFINED, UNUSED: the pieces 0.1.97 matches
+                self.pieces[piece] = (i, None if kind == 5 else _float32(score))
+                if kind == 4:
+                    self.user_defined.add(i)
+        self.longest = max((len(k) for k in self.pieces), default=1)
+        self.unk = processor.unk_id()
+
+    def __call__(self, line):
+        if not self.unigram:  # BPE and the other types: the library's own encode
+            return self.processor.encode(line)
+        text = self.processor.normalize(line).encode("utf-8")
+        size = len(text)
+        score = [0.0] * (size + 1)  # the best path ending at each byte, as float32 values
+        start = [-1] * (size + 1)
+        ids = [-1] * (size + 1)
+        begin = 0
+        while begin < size:
+            till = score[begin]
+            char = min(_utf8_length(text[begin]), size - begin)
+            single = False
+            for end in range(begin + 1, min(size, begin + self.longest) + 1):
+                entry = self.pieces.get(text[begin:end])
+                if entry is None or entry[1] is None:
+                    continue
+                index, piece_score = entry
+                if index in self.user_defined:
+                    piece_score = _float32((end - begin) * self.user_defined_unit) - 0.1
+                candidate = piece_score + till  # in double, as 0.1.97
+                if start[end] == -1 or candidate > score[end]:
+                    score[end], start[end], ids[end] = _float32(candidate), begin, index
+                single = single or end - begin == char
+            if not single:  # the character as <unk>, its sum in float32
+                end = begin + char
+                candidate = _float32(self.unk_score + till)
+                if start[end] == -1 or candidate > score[end]:
+                    score[end], start[end], ids[end] = candidate, begin, self.unk
+            begin += char
+        path, end = [], size
+        while end > 0:
+            path.append((text[start[end]:end], ids[end]))
+            end = start[end]
+        out = []
+        for surface, index in reversed(path):  # as SentencePieceProcessor's Encode
+            if index != self.unk:
+                out.append(index)
+            elif self.byte_fallback:  # an unknown piece as its UTF-8 bytes
+                out.extend(self.processor.piece_to_id(f"<0x{b:02X}>") for b in surface)
+            elif not (out and out[-1] == self.unk):  # a run of unknown pieces is one <unk>
+                out.append(index)
+        return out
+
+
+def _sentencepiece_model(data):
+    """(pieces as (utf-8 bytes, score, type), model type, byte fallback) of a serialised
+    sentencepiece ModelProto, read from its wire format (sentencepiece_model.proto: pieces 1 =
+    {piece 1, score 2, type 3 (NORMAL 1 by default)}, trainer_spec 2 = {model_type 3 (UNIGRAM 1
+    by default), byte_fallback 35}), so that protobuf is not needed."""
+    def fields(buf):
+        at = 0
+        while at < len(buf):
+            key, at = _varint(buf, at)
+            number, wire = key >> 3, key & 7
+            if wire == 0:
+                value, at = _varint(buf, at)
+            elif wire == 1:
+                value, at = buf[at:at + 8], at + 8
+            elif wire == 2:
+                size, at = _varint(buf, at)
+                value, at = buf[at:at + size], at + size
+            elif wire == 5:
+                value, at = buf[at:at + 4], at + 4
+            else:
+                raise ValueError(f"a sentencepiece model with a field of wire type {wire}: not a ModelProto")
+            yield number, wire, value
+
+    pieces, model_type, byte_fallback = [], 1, False
+    for number, wire, value in fields(data):
+        if number == 1 and wire == 2:
+            piece, score, kind = b"", 0.0, 1
+            for n, w, v in fields(value):
+                if n == 1 and w == 2:
+                    piece = bytes(v)
+                elif n == 2 and w == 5:
+                    score = struct.unpack("<f", v)[0]
+                elif n == 3 and w == 0:
+                    kind = v
+            pieces.append((piece, score, kind))
+        elif number == 2 and wire == 2:
+            for n, w, v in fields(value):
+                if n == 3 and w == 0:
+                    model_type = v
+                elif n == 35 and w == 0:
+                    byte_fallback = bool(v)
+    return pieces, model_type, byte_fallback
+
+
+def _varint(buf, at):
+    value = shift = 0
+    while True:
+        byte = buf[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            return value, at
+
+
+def _float32(x):
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def _utf8_length(first_byte):
+    """SentencePiece's OneCharLen: the UTF-8 length a leading byte announces (1 for others)."""
+    return (1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4)[first_byte >> 4]
 
 
 def _pieces(path, metadata):

@@ -14,15 +14,17 @@ token, the last one too, which a tokenizer.json cannot do.
     <mask> is the id after the pieces. Needs the sentencepiece package.
 Nothing is added around the text (no BOS): what extrap scores is what this gives.
 
-One known difference: a SentencePiece unigram model's ties (two segmentations of equal score,
-such as the same pieces in another order in a run of "=") are broken differently by the
-sentencepiece library extrap links (Debian's 0.1.97) and Python's sentencepiece 0.2, so ids can
-differ there; BPE models agree exactly.
+A unigram model's pieces come from extrap_model.py's SentencePieceIds (beside this file in the
+folder), which computes them as the sentencepiece library extrap links (0.1.97) does, since
+Python's sentencepiece 0.2 rounds its path scores differently and can choose another
+segmentation of equal float32 score; a BPE model's from sentencepiece's own encode.
 """
 import json
 import os
 
 from transformers import PreTrainedTokenizer
+
+from .extrap_model import SentencePieceIds
 
 WORD_SPECIALS = {"<eos>": 0, "<unk>": 1, "<mask>": 2}
 
@@ -56,6 +58,7 @@ class ExtrapTokenizer(PreTrainedTokenizer):
             except ImportError:
                 raise ValueError("this tokenizer is SentencePiece's: pip install sentencepiece") from None
             self.pieces = sentencepiece.SentencePieceProcessor(model_file=pieces_file)
+            self._piece_ids = SentencePieceIds(self.pieces)
             self._mask = self.pieces.get_piece_size()
             specials = {"eos_token": self.pieces.id_to_piece(self.pieces.eos_id()), "mask_token": "<mask>"}
             if self.pieces.unk_id() >= 0:
@@ -82,8 +85,8 @@ class ExtrapTokenizer(PreTrainedTokenizer):
     def _tokenize(self, text, **kwargs):
         if self.words is not None:
             return [w for line in _lines(text) for w in line.split() + ["<eos>"]]
-        eos = self.pieces.id_to_piece(self.pieces.eos_id())
-        return [p for line in _lines(text) for p in self.pieces.encode(line, out_type=str) + [eos]]
+        eos = self.pieces.eos_id()
+        return [self.pieces.id_to_piece(i) for line in _lines(text) for i in self._piece_ids(line) + [eos]]
 
     def _convert_token_to_id(self, token):
         if self.words is not None:

@@ -190,6 +190,8 @@ HfExportSummary export_hf(const fs::path& run_dir, const fs::path& out, bool ove
     if (!tokenizer_file.first.empty()) {
       write_file_durable(tmp / tokenizer_file.first, tokenizer_file.second);
       write_file_durable(tmp / "tokenization_extrap.py", embedded::kTokenizationExtrapPy);
+      // Its SentencePiece ids come from extrap_model.py's SentencePieceIds (one source).
+      if (native) write_file_durable(tmp / "extrap_model.py", embedded::kExtrapModelPy);
     }
     if (!tokenizer_json.empty() || !tokenizer_file.first.empty())
       write_file_durable(tmp / "tokenizer_config.json", tokenizer_config.dump(2) + "\n");

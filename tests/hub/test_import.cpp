@@ -414,8 +414,11 @@ TEST_CASE("export --format hf: a model no class computes ships remote code that 
   models["word"] = tiny_config("kerple_log");
   models["word"].data = data;
   models["word"].data.tokenizer = Tokenizer::word;
-  SentencePieceTraining pieces;  // BPE: sentencepiece 0.2 (Python) breaks a unigram model's ties unlike 0.1.97 (docs/released.md)
-  pieces.model_type = "bpe";
+  // A unigram model, on whose valid text Python's sentencepiece 0.2 chooses other pieces than
+  // the 0.1.97 extrap links in 8 places (ties of float32 path scores): the folder's tokenizer
+  // must give extrap's ids all the same.
+  SentencePieceTraining pieces;
+  pieces.model_type = "unigram";
   pieces.vocab_size = 400;
   pieces.byte_fallback = false;
   pieces.threads = 1;
@@ -466,6 +469,23 @@ TEST_CASE("export --format hf: a model no class computes ships remote code that 
   CHECK(forced.family == "extrap");
   CHECK(forced.remote_reason == "--hf-class remote");
   args += " " + (d.root / "llama-hf").string() + " " + (d.root / "llama.reference.safetensors").string();
+  {  // A family's class with extrap's own tokenizer: the native folder of a SentencePiece corpus
+     // carries tokenization_extrap.py and the extrap_model.py whose ids it gives.
+    Config llama_spm = llama;
+    llama_spm.data = models["spm"].data;
+    const Corpus own = load_corpus(llama_spm.data);
+    train_briefly(llama_spm, own, d.root / "llama_spm", 5);
+    LoadedRun trained = load_run(require_checkpoint(d.root / "llama_spm" / "run"), own);
+    const auto spm_tokens = own.valid.slice(0, 80).to(torch::kLong);
+    write_text(d.root / "llama_spm.reference.safetensors",
+               encode_safetensors({{"tokens", spm_tokens},
+                                   {"logprobs", next_token_logprobs(trained.model, spm_tokens).to(torch::kFloat32)},
+                                   {"text_ids", own.valid.slice(0, own.valid.size()).to(torch::kLong)}}, {}));
+    CHECK(export_hf(d.root / "llama_spm" / "run", d.root / "llama_spm-hf", false).family == "llama");
+    for (const char* file : {"tokenization_extrap.py", "extrap_model.py", "tokenizer.model"})
+      CHECK(fs::exists(d.root / "llama_spm-hf" / file));
+    args += " " + (d.root / "llama_spm-hf").string() + " " + (d.root / "llama_spm.reference.safetensors").string();
+  }
 
   const int code = run_python(d, EXTRAP_SOURCE_DIR "/tests/import/check_hf_export.py " + args);
   INFO(read_text(d.root / "python.log"));
