@@ -366,6 +366,7 @@ core/run/import_run.cpp | if (!hf.vocabulary_hash.empty() && hex64(corpus.vocabu
 analysis/tokenization_extrap.py | return [w for line in _lines(text) for w in line.split() + ["<eos>"]] | return [w for line in _lines(text) for w in line.split()] | the exported word-level tokenizer ends no line in <eos>
 core/attention/fused_cpu_attention.cpp | const int64_t QB = tiles.query_block, KT = tiles.key_tile, blocks = (T + QB - 1) / QB; | const int64_t QB = tiles.query_block, KT = tiles.key_tile, blocks = T / QB; | the inference kernel drops a length's last partial block of queries
 analysis/extrap_model.py | if not self.unigram:  # BPE and the other types: the library's own encode | if True: | the exported SentencePiece tokenizer encodes a unigram model with Python sentencepiece 0.2's rounding, not extrap's
+core/hub/hf_checkpoint.cpp |       sliding[l] = on && types[l] == "sliding_attention"; |       sliding[l] = false; | an imported Qwen2's layer_types lose their sliding windows
 EOF
 )
 

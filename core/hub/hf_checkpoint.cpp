@@ -4,6 +4,7 @@
 #include "core/base/files.h"
 #include "core/base/hashing.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -195,6 +196,49 @@ void read_rope(const ConfigReader& c, YAML::Node& position, int64_t head_dim, do
   if (fraction != 1.0) position["fraction"] = fraction;
 }
 
+// Qwen2's sliding windows, as transformers reads them: with use_sliding_window, the layers that
+// layer_types names sliding_attention (a config without layer_types: those from
+// max_window_layers on) see the last sliding_window keys (query i sees j with i - j < W, as
+// Mistral's); without it, none does, whatever sliding_window says. Every layer windowed is
+// attention.window; some of them, a layer pattern of two kinds, `full` and `sliding`.
+void map_qwen2_windows(const ConfigReader& c, HfModel& hf) {
+  const int64_t layers = hf.model["layers"].as<int64_t>();
+  const bool on = c.get<bool>("use_sliding_window", false);
+  std::vector<bool> sliding(size_t(layers), false);
+  if (c.has("layer_types")) {
+    const nlohmann::json& types = c.at("layer_types");
+    if (!types.is_array() || int64_t(types.size()) != layers)
+      c.fail("layer_types", "must list one of full_attention, sliding_attention for each of the " +
+                                std::to_string(layers) + " layers");
+    for (size_t l = 0; l < types.size(); ++l) {
+      if (types[l] != "full_attention" && types[l] != "sliding_attention")
+        c.fail("layer_types", "lists " + types[l].dump() + ": extrap imports full_attention and sliding_attention");
+      sliding[l] = on && types[l] == "sliding_attention";
+    }
+  } else if (on) {
+    const int64_t from = c.get<int64_t>("max_window_layers", layers);
+    for (int64_t l = std::max<int64_t>(from, 0); l < layers; ++l) sliding[size_t(l)] = true;
+  }
+  c.use("layer_types");
+  c.use("max_window_layers");
+  c.use("use_sliding_window");
+  const int64_t windowed = std::count(sliding.begin(), sliding.end(), true);
+  if (windowed == 0) {
+    c.use("sliding_window");  // unused: no layer slides
+    return;
+  }
+  const int64_t window = positive(c, "sliding_window");
+  if (windowed == layers) {
+    hf.attention["window"] = window;
+    return;
+  }
+  YAML::Node layers_section(YAML::NodeType::Map);
+  for (const bool s : sliding) layers_section["pattern"].push_back(s ? "sliding" : "full");
+  layers_section["kinds"]["full"] = YAML::Node(YAML::NodeType::Map);
+  layers_section["kinds"]["sliding"]["attention"]["window"] = window;
+  hf.layers = layers_section;
+}
+
 void map_llama(const ConfigReader& c, HfModel& hf) {
   const int64_t D = positive(c, "hidden_size"), H = positive(c, "num_attention_heads");
   const int64_t Hkv = c.has("num_key_value_heads") ? positive(c, "num_key_value_heads") : H;
@@ -227,14 +271,7 @@ void map_llama(const ConfigReader& c, HfModel& hf) {
   }
   if (hf.family == "qwen2") {
     hf.model["qkv_bias"] = true;
-    c.require<bool>("use_sliding_window", false, "sliding windows in some layers");
-    c.use("sliding_window");    // unused while use_sliding_window is false
-    c.use("max_window_layers");
-    if (c.has("layer_types"))
-      for (const auto& kind : c.at("layer_types"))
-        if (kind != "full_attention")
-          c.fail("layer_types", "lists " + kind.dump() + ": only full_attention layers are imported");
-    c.use("layer_types");
+    map_qwen2_windows(c, hf);
   }
 }
 
@@ -466,6 +503,7 @@ HfModel read_hf_model(const fs::path& dir) {
   hf.model = YAML::Node(YAML::NodeType::Map);
   hf.position = YAML::Node(YAML::NodeType::Map);
   hf.attention = YAML::Node(YAML::NodeType::Map);
+  hf.layers = YAML::Node(YAML::NodeType::Map);
   hf.model["scale_embedding"] = false;
   hf.model["dropout"] = 0.0;
   hf.vocab_size = positive(c, "vocab_size");

@@ -37,8 +37,9 @@ struct HfModel {
   nlohmann::json config;    // config.json
   int64_t vocab_size = 0;   // the embedding's rows
   int64_t train_length = 0; // max_position_embeddings (or n_positions, seq_length); 0: unknown
-  // The extrap config sections the family maps to: model, position, attention.
-  YAML::Node model, position, attention;
+  // The extrap config sections the family maps to: model, position, attention, and layers (a
+  // pattern of layer kinds: Qwen2's full and sliding layers; empty for the others).
+  YAML::Node model, position, attention, layers;
   // Family "extrap" (a folder `extrap export --format hf` wrote with remote code): the exported
   // run's resolved config (extrap_metadata's config) and its vocabulary's hash; the weights are
   // extrap's own tensors, by name. Empty for the other families.

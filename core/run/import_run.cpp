@@ -101,6 +101,7 @@ ImportPlan plan_import(const fs::path& folder, const fs::path& run, const Import
   root["model"] = hf.model;
   root["position"] = hf.position;
   if (hf.attention.size() > 0) root["attention"] = hf.attention;
+  if (hf.layers.size() > 0) root["layers"] = hf.layers;
   Config config = finish_config(root, length, folder, run, options);
   return {std::move(hf), std::move(config)};
 }

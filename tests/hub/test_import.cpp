@@ -101,7 +101,7 @@ void check_logprobs(const std::string& name, TransformerLM& model) {
 TEST_CASE("import: each family's log-probabilities equal transformers', inside and beyond its length",
           "[import][python]") {
   for (const std::string name :
-       {"llama", "llama_tied", "mistral", "mistral_spm", "qwen2", "gpt2", "bloom", "bloom_h8", "gpt_neox", "gpt_neox_seq", "mpt",
+       {"llama", "llama_tied", "mistral", "mistral_spm", "qwen2", "qwen2_windows", "qwen2_windows_hub", "gpt2", "bloom", "bloom_h8", "gpt_neox", "gpt_neox_seq", "mpt",
         "falcon_rw"}) {
     DYNAMIC_SECTION(name) {
       TempDir d("import");
@@ -276,6 +276,13 @@ TEST_CASE("import: bad folders are refused in one line, nothing written", "[impo
     const fs::path g = copy_of(d, "falcon_rw");
     edit_config(g, [](nlohmann::json& c) { c["parallel_attn"] = true; });
     check_refused(g, run, "config.json: parallel_attn true is not imported (Falcon-7B's parallel block)");
+    const fs::path q = copy_of(d, "qwen2_windows");
+    edit_config(q, [](nlohmann::json& c) { c["layer_types"][1] = "chunked_attention"; });
+    check_refused(q, run, "config.json: layer_types lists \"chunked_attention\": extrap imports full_attention and sliding_attention");
+    edit_config(q, [](nlohmann::json& c) { c["layer_types"] = {"full_attention", "sliding_attention"}; });
+    check_refused(q, run, "config.json: layer_types must list one of full_attention, sliding_attention for each of the 3 layers");
+    edit_config(q, [](nlohmann::json& c) { c.erase("layer_types"); c.erase("sliding_window"); });
+    check_refused(q, run, "config.json: sliding_window is missing");
   }
   SECTION("a folder without tokenizer.json") {
     const fs::path f = copy_of(d, "llama");

@@ -303,6 +303,32 @@ def qwen2_hub_style(cfg: dict) -> dict:
     return cfg
 
 
+def qwen2_windows_config(V, i):
+    """Qwen2 with sliding windows of 16 on layers 1 and 2 of 3 (max_window_layers 1)."""
+    return Qwen2Config(
+        vocab_size=V, hidden_size=128, intermediate_size=256, num_hidden_layers=3,
+        num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=64,
+        rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        use_sliding_window=True, sliding_window=16, max_window_layers=1,
+        tie_word_embeddings=False, initializer_range=INIT_STD, **i)
+
+
+def qwen2_windows_hub_style(cfg: dict) -> dict:
+    """A Hub config with sliding windows on: no layer_types, the windowed layers from max_window_layers on."""
+    cfg = qwen2_hub_style(cfg)
+    cfg["use_sliding_window"] = True
+    cfg["sliding_window"] = 16
+    cfg["max_window_layers"] = 1
+    return cfg
+
+
+def expect_qwen2_windows(model) -> None:
+    cfg = model.config
+    assert cfg.sliding_window == 16, cfg.sliding_window
+    assert cfg.layer_types == ["full_attention", "sliding_attention", "sliding_attention"], cfg.layer_types
+    assert [layer.self_attn.sliding_window for layer in model.model.layers] == [None, 16, 16]
+
+
 def mistral_hub_style(cfg: dict) -> dict:
     cfg.pop("rope_parameters", None)
     cfg["rope_theta"] = 10000.0
@@ -417,6 +443,12 @@ CASES = {
             rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
             use_sliding_window=False, tie_word_embeddings=False, initializer_range=INIT_STD, **i),
         config_edit=qwen2_hub_style, expect=expect_qwen2_no_window),
+    # ---- Qwen2 with sliding windows on layers 1 and 2 (not 0): layer_types as transformers 5.24
+    # writes it, and a Hub config without it (max_window_layers 1); T 160 is 10 windows of 16
+    "qwen2_windows": case("qwen2", "qwen2", 1250, 160, lambda V, i: qwen2_windows_config(V, i),
+                          expect=expect_qwen2_windows),
+    "qwen2_windows_hub": case("qwen2", "qwen2", 1250, 160, lambda V, i: qwen2_windows_config(V, i),
+                              config_edit=qwen2_windows_hub_style, expect=expect_qwen2_windows),
     # ---- GPT-2: learned absolute positions, T stays inside n_positions
     "gpt2": case(
         "gpt2", "gpt2", 1300, 200,
