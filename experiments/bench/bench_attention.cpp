@@ -1,8 +1,9 @@
 // `extrap bench attention`: wall time and peak memory of one attention call (inference, no
 // grad) over a range of lengths, on the same inputs and the same bias description: extrap's
 // reference (materialised (B, H, T, T) scores and (H, T, T) bias), memory-efficient blockwise
-// path and fused CPU kernel (where the bias is one it takes: none, ALiBi), beside what a PyTorch 2 user would call instead: scaled_dot_product_attention
-// with the bias materialised as its mask, and without a bias (the speed ceiling). Paths are
+// path and fused CPU kernel (where the bias is one it takes: none, ALiBi), beside what a
+// PyTorch 2 user would call instead: scaled_dot_product_attention with the bias materialised as
+// its mask, and without a bias (the speed ceiling). Paths are
 // skipped where their estimated memory exceeds a budget. Peak memory is the resident-set
 // increase during the call (experiments/bench/bench_util.h says how).
 #include "core/attention/attention.h"
