@@ -221,8 +221,8 @@ experiments/sweep/sweep_spec.cpp |   if (out.empty()) out = {train_length, longe
 experiments/sweep/sweep_spec.cpp |     if (e["attention_profile"]) eval["attention_profile"]["windows"] = e["attention_profile"]["windows"]; |     (void)e; | a sweep grows with other attention-profile windows than its recorded ones
 analysis/report.py | if edges[b] >= train_length] | if edges[b] > train_length] | report's mass past L leaves out the bin that starts at L
 analysis/report.py |             maps[m] = (seeds[0][0], np.mean([mass.mean(1) for _, mass, _, _ in seeds], axis=0)) |             maps[m] = (seeds[0][0], np.mean([mass.max(1) for _, mass, _, _ in seeds], axis=0)) | report's profile heat map shows each layer's largest head, not the mean over heads
-core/eval/attention_profile.cpp |       const float z = (s[j] + (d >= 0 ? -slope_left * d : slope_right * d)) * scale; |       const float z = (s[j] + (d >= 0 ? slope_left * d : slope_right * d)) * scale; | the attention profile's own softmax adds ALiBi's bias with the wrong sign
-core/eval/attention_profile.cpp | (ci - cumulative[j])) * scale; | (cumulative[j] - ci)) * scale; | the attention profile's own softmax adds the forget gates' F_j - F_i instead of F_i - F_j
+core/eval/attention_profile.cpp | const float z = (s[t] + (d >= 0 ? -slope_left * d : slope_right * d) + gate) * scale; | const float z = (s[t] + (d >= 0 ? slope_left * d : slope_right * d) + gate) * scale; | the attention profile's own softmax adds ALiBi's bias with the wrong sign
+core/eval/attention_profile.cpp | const float gate = kCumulative ? ci - cumulative[t] : 0.0f; | const float gate = kCumulative ? cumulative[t] - ci : 0.0f; | the attention profile's own softmax adds the forget gates' F_j - F_i instead of F_i - F_j
 core/eval/attention_profile.cpp | double z_sum = has_sink ? std::exp(double(sink) - double(top)) : 0.0; | double z_sum = 0.0; | the attention profile's own softmax leaves the sink out of its denominator
 core/eval/attention_profile.cpp | entropy[b] = (e_sum * log_z - ex_sum) / z_sum; | entropy[b] = (e_sum * log_z + ex_sum) / z_sum; | the attention profile's entropy adds z - m instead of subtracting it
 core/attention/attention.cpp | first = std::max(first, i - (window - 1)) | first = std::max(first, i - window) | a query's span of keys (the attention profile's softmax, SSMax's n) reaches one key past the sliding window
@@ -367,6 +367,8 @@ analysis/tokenization_extrap.py | return [w for line in _lines(text) for w in li
 core/attention/fused_cpu_attention.cpp | const int64_t QB = tiles.query_block, KT = tiles.key_tile, blocks = (T + QB - 1) / QB; | const int64_t QB = tiles.query_block, KT = tiles.key_tile, blocks = T / QB; | the inference kernel drops a length's last partial block of queries
 analysis/extrap_model.py | if not self.unigram:  # BPE and the other types: the library's own encode | if True: | the exported SentencePiece tokenizer encodes a unigram model with Python sentencepiece 0.2's rounding, not extrap's
 core/hub/hf_checkpoint.cpp |       sliding[l] = on && types[l] == "sliding_attention"; |       sliding[l] = false; | an imported Qwen2's layer_types lose their sliding windows
+core/attention/fused_cpu_attention.cpp |     for (int32_t l = 0; l < int32_t(kLanes); ++l) { |     for (int64_t l = 0; l < kLanes; ++l) { | the fused attention's bias loop counts lanes in int64, which leaves it scalar on AVX2 paths
+core/eval/attention_profile.cpp |   for (int32_t t = 0; t < count; ++t) { |   for (int64_t t = 0; t < count; ++t) { | the attention profile's linear-bias loops count keys in int64, which leaves them scalar on AVX2 paths
 EOF
 )
 

@@ -207,8 +207,10 @@ int64_t padded_keys(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
 
 
 // bias_and_max's loop over the row's groups, lane maxima into max[kLanes]. kOffsets: the bias is
-// read from rb.offsets (a bias by offset), else it is the linear one. (Always inlined, so that it
-// is compiled for the instruction set of the bias_and_max variant that runs.)
+// read from rb.offsets (a bias by offset), else it is the linear one. The lane index is an int32:
+// AVX2 has no vector conversion of int64 to float, and an int64 lane index kept this loop scalar
+// on AVX2 paths (a third of the kernel's time at 8k; benchmarks/RESULTS.md). Each kind is its own
+// kernel below, so that scripts/check_vectorised.py reads each one's code.
 template <bool kOffsets>
 [[gnu::always_inline]] inline void bias_and_max_groups(float* row, int64_t i, const RowBias& rb, float* max) {
   const float left = -rb.left, right = rb.right, first = rb.first, last = rb.last, factor = rb.factor;
@@ -217,7 +219,7 @@ template <bool kOffsets>
     const float* offsets = kOffsets ? rb.offsets + j0 : nullptr;
     const float d0 = float(j0 - i);
 #pragma omp simd
-    for (int64_t l = 0; l < kLanes; ++l) {
+    for (int32_t l = 0; l < int32_t(kLanes); ++l) {
       const float d = d0 + float(l);
       const float bias = kOffsets ? offsets[l] : (d < 0.0f ? left : right) * d;
       const float wall = d < first || d > last ? -kInf : 0.0f;
@@ -229,17 +231,22 @@ template <bool kOffsets>
 }
 
 // row[j] <- score + bias for the keys row i sees, -inf for the rest, j < end (keys past n are
-// padding, unseen); returns the row's maximum. Written with selects on float comparisons only,
+// padding, unseen); lane maxima into max[kLanes]. Written with selects on float comparisons only,
 // so that GCC vectorises it: with d = j - i, the bias is (-left) d left of the diagonal and
 // right d right of it (the same products as left (i - j) and right (j - i)), or the bias by
 // offset, and an unseen key gets a wall of -inf added instead.
-EXTRAP_ISA_KERNEL(float, bias_and_max, (float* row, int64_t i, RowBias rb), (row, i, rb)) {
+EXTRAP_ISA_KERNEL(void, linear_bias_and_max, (float* row, int64_t i, const RowBias& rb, float* max), (row, i, rb, max)) {
+  bias_and_max_groups<false>(row, i, rb, max);
+}
+EXTRAP_ISA_KERNEL(void, offset_bias_and_max, (float* row, int64_t i, const RowBias& rb, float* max), (row, i, rb, max)) {
+  bias_and_max_groups<true>(row, i, rb, max);
+}
+
+// The two above by the row's bias; returns the row's maximum.
+float bias_and_max(float* row, int64_t i, const RowBias& rb) {
   float max[kLanes];  // lane by lane across the groups, so that no group ends in a horizontal step
   std::fill(max, max + kLanes, -kInf);
-  if (rb.offsets)
-    bias_and_max_groups<true>(row, i, rb, max);
-  else
-    bias_and_max_groups<false>(row, i, rb, max);
+  (rb.offsets ? offset_bias_and_max : linear_bias_and_max)(row, i, rb, max);
   return *std::max_element(max, max + kLanes);
 }
 

@@ -18,42 +18,61 @@ namespace extrap {
 
 namespace {
 
-// The logits of keys [lo, hi) of query position i, in place: (s_j + bias_ij) * scale, with the
-// linear bias -slope_left (i - j) left of i and -slope_right (j - i) right of it, plus
-// cumulative[i] - cumulative[j] where cumulative is given (forget gates), or instead
-// by_offset[j] where that is given (a bias of j - i alone, read along the row). Returns their
-// maximum and `top`'s.
-EXTRAP_ISA_KERNEL(float, profile_logits,
-                  (float* s, int64_t lo, int64_t hi, int64_t i, float slope_left, float slope_right,
-                   const float* cumulative, const float* by_offset, float scale, float top),
-                  (s, lo, hi, i, slope_left, slope_right, cumulative, by_offset, scale, top)) {
-  const float fi = float(i);
-  if (by_offset) {
+// The logits of keys [lo, hi) of query position i, in place, for a bias of j - i alone read along
+// the row: (s_j + by_offset[j]) * scale. Returns their maximum and `top`'s.
+EXTRAP_ISA_KERNEL(float, offset_logits, (float* s, int64_t lo, int64_t hi, const float* by_offset, float scale, float top),
+                  (s, lo, hi, by_offset, scale, top)) {
 #pragma omp simd reduction(max : top)
-    for (int64_t j = lo; j < hi; ++j) {
-      const float z = (s[j] + by_offset[j]) * scale;
-      s[j] = z;
-      top = top > z ? top : z;
-    }
-  } else if (cumulative) {
-    const float ci = cumulative[i];
-#pragma omp simd reduction(max : top)
-    for (int64_t j = lo; j < hi; ++j) {
-      const float d = fi - float(j);
-      const float z = (s[j] + (d >= 0 ? -slope_left * d : slope_right * d) + (ci - cumulative[j])) * scale;
-      s[j] = z;
-      top = top > z ? top : z;
-    }
-  } else {
-#pragma omp simd reduction(max : top)
-    for (int64_t j = lo; j < hi; ++j) {
-      const float d = fi - float(j);
-      const float z = (s[j] + (d >= 0 ? -slope_left * d : slope_right * d)) * scale;
-      s[j] = z;
-      top = top > z ? top : z;
-    }
+  for (int64_t j = lo; j < hi; ++j) {
+    const float z = (s[j] + by_offset[j]) * scale;
+    s[j] = z;
+    top = top > z ? top : z;
   }
   return top;
+}
+
+// The same with the linear bias -slope_left (i - j) left of i and -slope_right (j - i) right of
+// it, plus cumulative[i] - cumulative[j] where kCumulative (forget gates). The distance counts in
+// int32: AVX2 has no vector conversion of int64 to float, and an int64 one kept these loops scalar
+// on AVX2 paths.
+template <bool kCumulative>
+[[gnu::always_inline]] inline float linear_logits_loop(float* s, int64_t lo, int64_t hi, int64_t i, float slope_left,
+                                                      float slope_right, const float* cumulative, float scale,
+                                                      float top) {
+  const float ci = kCumulative ? cumulative[i] : 0.0f;
+  const int32_t nearest = int32_t(i - lo), count = int32_t(hi - lo);  // d = i - j = nearest - t
+  s += lo;
+  if (kCumulative) cumulative += lo;
+#pragma omp simd reduction(max : top)
+  for (int32_t t = 0; t < count; ++t) {
+    const float d = float(nearest - t);
+    const float gate = kCumulative ? ci - cumulative[t] : 0.0f;
+    const float z = (s[t] + (d >= 0 ? -slope_left * d : slope_right * d) + gate) * scale;
+    s[t] = z;
+    top = top > z ? top : z;
+  }
+  return top;
+}
+EXTRAP_ISA_KERNEL(float, linear_logits,
+                  (float* s, int64_t lo, int64_t hi, int64_t i, float slope_left, float slope_right, float scale, float top),
+                  (s, lo, hi, i, slope_left, slope_right, scale, top)) {
+  return linear_logits_loop<false>(s, lo, hi, i, slope_left, slope_right, nullptr, scale, top);
+}
+EXTRAP_ISA_KERNEL(float, gated_linear_logits,
+                  (float* s, int64_t lo, int64_t hi, int64_t i, float slope_left, float slope_right,
+                   const float* cumulative, float scale, float top),
+                  (s, lo, hi, i, slope_left, slope_right, cumulative, scale, top)) {
+  return linear_logits_loop<true>(s, lo, hi, i, slope_left, slope_right, cumulative, scale, top);
+}
+
+// The logits of keys [lo, hi) of query position i, in place: the three kernels above by the bias
+// (by_offset given: a bias of j - i alone; else linear, plus the forget gates' cumulative where
+// given). Returns their maximum and `top`'s.
+float profile_logits(float* s, int64_t lo, int64_t hi, int64_t i, float slope_left, float slope_right,
+                     const float* cumulative, const float* by_offset, float scale, float top) {
+  if (by_offset) return offset_logits(s, lo, hi, by_offset, scale, top);
+  if (cumulative) return gated_linear_logits(s, lo, hi, i, slope_left, slope_right, cumulative, scale, top);
+  return linear_logits(s, lo, hi, i, slope_left, slope_right, scale, top);
 }
 
 // Sums over keys [from, to) in float32, a block of kSumBlock keys at a time, each block's sum
