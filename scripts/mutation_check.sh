@@ -369,6 +369,7 @@ analysis/extrap_model.py | if not self.unigram:  # BPE and the other types: the 
 core/hub/hf_checkpoint.cpp |       sliding[l] = on && types[l] == "sliding_attention"; |       sliding[l] = false; | an imported Qwen2's layer_types lose their sliding windows
 core/attention/fused_cpu_attention.cpp |     for (int32_t l = 0; l < int32_t(kLanes); ++l) { |     for (int64_t l = 0; l < kLanes; ++l) { | the fused attention's bias loop counts lanes in int64, which leaves it scalar on AVX2 paths
 core/eval/attention_profile.cpp |   for (int32_t t = 0; t < count; ++t) { |   for (int64_t t = 0; t < count; ++t) { | the attention profile's linear-bias loops count keys in int64, which leaves them scalar on AVX2 paths
+core/hub/hf_checkpoint.cpp | for (const int64_t w : *windows) c["layer_types"].push_back(w > 0 ? "sliding_attention" : "full_attention"); | for (const int64_t w : *windows) c["layer_types"].push_back("full_attention"); | a Qwen2 folder exported with sliding windows on some layers names every layer full attention
 EOF
 )
 

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -860,6 +861,27 @@ json rope_json(const YAML::Node& position, const Config& config) {
   return rope;
 }
 
+// Each layer's sliding window (0: none): attention.window for every layer without a layer
+// pattern; with one, the kind's where the kinds differ from the model's `position` and
+// `attention` sections in attention.window alone (Qwen2's full and sliding layers). nullopt for
+// any other pattern, which no family's class computes.
+std::optional<std::vector<int64_t>> layer_windows(const Config& config) {
+  const AttentionConfig& a = config.model.attention_options;
+  if (config.layer_pattern.empty()) return std::vector<int64_t>(size_t(config.model.layers), a.window);
+  const LayerPlan plan = layer_plan(config);
+  std::vector<int64_t> windows;
+  for (const int64_t k : plan.layer_kind) {
+    const LayerKind& kind = plan.kinds[size_t(k)];
+    const AttentionConfig& b = kind.attention;
+    const bool window_alone = b.sink == a.sink && b.ssmax == a.ssmax && b.ssmax_init == a.ssmax_init &&
+                              b.temperature == a.temperature && b.temperature_floor == a.temperature_floor &&
+                              b.gate == a.gate && b.chunk == a.chunk;
+    if (kind.position_key != "position" || !window_alone) return std::nullopt;
+    windows.push_back(b.window);
+  }
+  return windows;
+}
+
 }  // namespace
 
 HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
@@ -874,14 +896,14 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
   };
   const AttentionConfig& a = m.attention_options;
   const bool plain_attention = !a.sink && !a.ssmax && a.temperature == 0 && a.gate == AttentionGate::none && a.chunk == 0;
-  const bool common = m.causal() && !m.adaptive() && config.layer_pattern.empty() && m.final_norm && !m.qk_norm &&
-                      plain_attention;
+  const std::optional<std::vector<int64_t>> windows = layer_windows(config);
+  const bool common = m.causal() && !m.adaptive() && windows && m.final_norm && !m.qk_norm && plain_attention;
   const int64_t D = m.d_model, H = m.heads, F = m.ffn_width();
   HfExportConfig out;
   if (!common)
     throw NoTransformersClass(!m.causal()                    ? "a masked LM"
                               : m.adaptive()                  ? "adaptive input and softmax"
-                              : !config.layer_pattern.empty() ? "a layer pattern"
+                              : !windows                      ? "a layer pattern (other than of full and sliding-window layers)"
                               : !m.final_norm                 ? "no final norm"
                               : m.qk_norm                     ? "qk_norm"
                                                               : "the attention options " + a.describe());
@@ -891,12 +913,19 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
     throw NoTransformersClass("its tied embedding is scaled by sqrt(d_model) on input only (model.scale_embedding)");
   out.embedding_scale = m.scale_embedding ? std::sqrt(double(D)) : 1.0;
   const std::string act = enum_name(m.activation);
+  // The layers' windows: the largest (0: none), and whether every layer has it.
+  const int64_t window = *std::max_element(windows->begin(), windows->end());
+  const bool every_layer = std::all_of(windows->begin(), windows->end(), [&](int64_t w) { return w == window; });
+  const bool one_window = std::all_of(windows->begin(), windows->end(), [&](int64_t w) { return w == 0 || w == window; });
   if (method == "rotary" && m.norm == NormKind::rmsnorm) {
-    out.family = a.window > 0 ? "mistral" : m.qkv_bias ? "qwen2" : "llama";
+    // Mistral windows every layer; Qwen2 (q, k, v biases) the layers its layer_types name.
+    out.family = m.qkv_bias ? "qwen2" : window > 0 ? "mistral" : "llama";
     require_all(out.family, {{option("pairing", "interleaved") == "half", "rotary with the interleaved pairing"},
                              {m.ffn == FfnKind::swiglu, "an ffn other than swiglu"},
                              {!m.bias, "biases"},
-                             {!(m.qkv_bias && a.window > 0), "q, k, v biases with a sliding window"},
+                             {out.family != "mistral" || every_layer,
+                              "sliding windows on some layers only, without q, k, v biases"},
+                             {one_window, "sliding windows of different widths"},
                              {m.block == BlockKind::sequential, "a parallel block"},
                              {!m.embedding_norm, "an embedding norm"}});
     c.update({{"hidden_size", D}, {"intermediate_size", F}, {"num_hidden_layers", m.layers},
@@ -904,15 +933,25 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
               {"hidden_act", "silu"}, {"max_position_embeddings", config.train.seq_len},
               {"rms_norm_eps", m.norm_eps}, {"rope_parameters", rope_json(position, config)}});
     if (out.family == "llama") c.update({{"attention_bias", false}, {"mlp_bias", false}});
-    if (out.family == "mistral") c["sliding_window"] = a.window;
-    if (out.family == "qwen2") c["use_sliding_window"] = false;
+    if (out.family == "mistral") c["sliding_window"] = window;
+    if (out.family == "qwen2") {
+      c["use_sliding_window"] = window > 0;
+      if (window > 0) {
+        // layer_types decides (transformers 5); max_window_layers, which older readers use
+        // instead, is the first windowed layer (exact where the windowed layers are the last).
+        c["sliding_window"] = window;
+        c["layer_types"] = json::array();
+        for (const int64_t w : *windows) c["layer_types"].push_back(w > 0 ? "sliding_attention" : "full_attention");
+        c["max_window_layers"] = std::find(windows->begin(), windows->end(), window) - windows->begin();
+      }
+    }
   } else if (method == "rotary") {
     out.family = "gpt_neox";
     require_all(out.family, {{option("pairing", "interleaved") == "half", "rotary with the interleaved pairing"},
                              {m.ffn == FfnKind::mlp, "a gated ffn"}, {m.bias, "no biases"},
                              {m.key_value_heads() == H, "grouped-query attention"},
                              {m.block != BlockKind::parallel_shared, "one norm shared by attention and ffn"},
-                             {!m.embedding_norm, "an embedding norm"}, {a.window == 0, "a sliding window"},
+                             {!m.embedding_norm, "an embedding norm"}, {window == 0, "a sliding window"},
                              {option("scaling", "none") == "none", "a RoPE scaling built in"}});
     c.update({{"hidden_size", D}, {"num_attention_heads", H}, {"num_hidden_layers", m.layers},
               {"intermediate_size", F}, {"hidden_act", hf_activation(act)}, {"layer_norm_eps", m.norm_eps},
@@ -923,7 +962,7 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
     require_all(out.family, {{m.norm == NormKind::layernorm && m.bias, "RMSNorm or no biases"},
                              {m.ffn == FfnKind::mlp, "a gated ffn"}, {m.key_value_heads() == H, "grouped-query attention"},
                              {m.block == BlockKind::sequential, "a parallel block"},
-                             {!m.embedding_norm, "an embedding norm"}, {a.window == 0, "a sliding window"},
+                             {!m.embedding_norm, "an embedding norm"}, {window == 0, "a sliding window"},
                              {!m.scale_embedding, "an embedding scaled by sqrt(d_model) beside learned positions"}});
     c.update({{"n_embd", D}, {"n_layer", m.layers}, {"n_head", H}, {"n_inner", F},
               {"n_positions", int64_t(number("max_length", 1024))}, {"activation_function", hf_activation(act)},
@@ -934,7 +973,7 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
                            "ALiBi rounded to " + option("round_to", "none") + " (transformers rounds it only in a "
                            "half-precision run)"},
                           {m.norm == NormKind::layernorm && m.ffn == FfnKind::mlp && m.block == BlockKind::sequential &&
-                               m.key_value_heads() == H && a.window == 0,
+                               m.key_value_heads() == H && window == 0,
                            "RMSNorm, a gated ffn, a parallel block, grouped-query attention or a window beside ALiBi"},
                           {F == 4 * D, "a feed-forward width other than 4 d_model"}});
     if (falcon) {

@@ -313,8 +313,10 @@ TEST_CASE("import: weights that change after the import are refused when loaded"
 TEST_CASE("export --format hf: transformers loads each family with its own class, and the round trip holds",
           "[import][python][export]") {
   TempDir d("hf-export");
-  const std::vector<std::string> names = {"llama", "llama_tied", "mistral", "qwen2", "gpt2", "bloom", "gpt_neox", "mpt",
-                                          "falcon_rw", "llama_yarn"};
+  // (qwen2_windows: sliding windows on layers 1 and 2 of 3, a layer pattern in extrap, Qwen2's
+  // layer_types again in the folder.)
+  const std::vector<std::string> names = {"llama", "llama_tied", "mistral", "qwen2", "qwen2_windows", "qwen2_windows_hub",
+                                          "gpt2", "bloom", "gpt_neox", "mpt", "falcon_rw", "llama_yarn"};
   std::string args;  // one Python process checks every folder
   for (const std::string& name : names) {
     INFO(name);
@@ -379,6 +381,17 @@ TEST_CASE("export --format hf: an extrap model with a family's options, and one 
   CHECK_THROWS_WITH(export_hf(d.root / "plain" / "run", d.root / "hf2", false, HfClass::native),
                     Contains("no transformers class computes this model: its tied embedding is scaled by sqrt(d_model)"));
   CHECK_FALSE(fs::exists(d.root / "hf2"));
+  // Sliding windows on some layers: Qwen2's class has them, with its q, k, v biases; without the
+  // biases no class does (Mistral's windows every layer), so the folder is remote code.
+  Config partial = config;
+  partial.model.layers = 2;
+  partial.layer_pattern = {"full", "sliding"};
+  partial.layers = YAML::Load("{pattern: [full, sliding], kinds: {full: {}, sliding: {attention: {window: 4}}}}");
+  train_briefly(partial, corpus, d.root / "partial", 2);
+  CHECK_THROWS_WITH(export_hf(d.root / "partial" / "run", d.root / "hf3", false, HfClass::native),
+                    Contains("sliding windows on some layers only, without q, k, v biases"));
+  CHECK_FALSE(fs::exists(d.root / "hf3"));
+  CHECK(export_hf(d.root / "partial" / "run", d.root / "hf3", false).family == "extrap");
 }
 
 namespace {
