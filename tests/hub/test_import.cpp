@@ -357,21 +357,40 @@ TEST_CASE("export --format hf: an extrap model with a family's options, and one 
   config.data.tokenizer = Tokenizer::byte;
   config.data.cache_dir = (d.root / "cache").string();
   const Corpus corpus = load_corpus(config.data);
-  train_briefly(config, corpus, d.root / "llama", 10);
-  // extrap's own log-probabilities, as the reference transformers must reproduce.
-  const VerifiedCheckpoint checkpoint = require_checkpoint(d.root / "llama" / "run");
-  LoadedRun run = load_run(checkpoint, corpus);
-  const auto tokens = corpus.valid.slice(0, 96).to(torch::kLong);
-  const auto logprobs = next_token_logprobs(run.model, tokens).to(torch::kFloat32);
-  write_text(d.root / "reference.safetensors",
-             encode_safetensors({{"tokens", tokens}, {"logprobs", logprobs},
-                                 {"text_ids", corpus.valid.slice(0, corpus.valid.size()).to(torch::kLong)}}, {}));
-  const HfExportSummary s = export_hf(d.root / "llama" / "run", d.root / "hf", false);
-  CHECK(s.family == "llama");
-  CHECK(s.tokenizer);  // byte level: a byte-level BPE whose ids are the bytes
-  const int code = run_python(d, EXTRAP_SOURCE_DIR "/tests/import/check_hf_export.py --text " +
-                                     (corpus_dir() / "valid.txt").string() + " " + (d.root / "hf").string() + " " +
-                                     (d.root / "reference.safetensors").string());
+  // Each model's family: Llama, and Qwen2 (q, k, v biases) with a sliding window of 4 on every
+  // layer and, through a layer pattern, on the second of two.
+  std::map<std::string, std::pair<Config, std::string>> models;
+  models["llama"] = {config, "llama"};
+  Config qwen = config;
+  qwen.model.qkv_bias = true;
+  qwen.model.attention_options.window = 4;
+  models["qwen"] = {qwen, "qwen2"};
+  Config qwen_pattern = config;
+  qwen_pattern.model.qkv_bias = true;
+  qwen_pattern.model.layers = 2;
+  qwen_pattern.layer_pattern = {"full", "sliding"};
+  // (reset: assigning to the node the copy shares with `config` would change config's too)
+  qwen_pattern.layers.reset(YAML::Load("{pattern: [full, sliding], kinds: {full: {}, sliding: {attention: {window: 4}}}}"));
+  models["qwen_pattern"] = {qwen_pattern, "qwen2"};
+  std::string args = "--text " + (corpus_dir() / "valid.txt").string();
+  for (auto& [name, model] : models) {
+    INFO(name);
+    train_briefly(model.first, corpus, d.root / name, 10);
+    // extrap's own log-probabilities, as the reference transformers must reproduce (96 tokens:
+    // 24 windows of 4).
+    LoadedRun run = load_run(require_checkpoint(d.root / name / "run"), corpus);
+    const auto tokens = corpus.valid.slice(0, 96).to(torch::kLong);
+    const auto logprobs = next_token_logprobs(run.model, tokens).to(torch::kFloat32);
+    const fs::path reference = d.root / (name + ".reference.safetensors");
+    write_text(reference, encode_safetensors({{"tokens", tokens}, {"logprobs", logprobs},
+                                              {"text_ids", corpus.valid.slice(0, corpus.valid.size()).to(torch::kLong)}},
+                                             {}));
+    const HfExportSummary s = export_hf(d.root / name / "run", d.root / (name + "-hf"), false);
+    CHECK(s.family == model.second);
+    CHECK(s.tokenizer);  // byte level: a byte-level BPE whose ids are the bytes
+    args += " " + (d.root / (name + "-hf")).string() + " " + reference.string();
+  }
+  const int code = run_python(d, EXTRAP_SOURCE_DIR "/tests/import/check_hf_export.py " + args);
   INFO(read_text(d.root / "python.log"));
   CHECK(code == 0);
   // GPT-2's block as extrap trains it by default: tied and scaled embedding, which no class has.
@@ -383,10 +402,8 @@ TEST_CASE("export --format hf: an extrap model with a family's options, and one 
   CHECK_FALSE(fs::exists(d.root / "hf2"));
   // Sliding windows on some layers: Qwen2's class has them, with its q, k, v biases; without the
   // biases no class does (Mistral's windows every layer), so the folder is remote code.
-  Config partial = config;
-  partial.model.layers = 2;
-  partial.layer_pattern = {"full", "sliding"};
-  partial.layers = YAML::Load("{pattern: [full, sliding], kinds: {full: {}, sliding: {attention: {window: 4}}}}");
+  Config partial = qwen_pattern;
+  partial.model.qkv_bias = false;
   train_briefly(partial, corpus, d.root / "partial", 2);
   CHECK_THROWS_WITH(export_hf(d.root / "partial" / "run", d.root / "hf3", false, HfClass::native),
                     Contains("sliding windows on some layers only, without q, k, v biases"));
