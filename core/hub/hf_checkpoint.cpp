@@ -861,23 +861,23 @@ json rope_json(const YAML::Node& position, const Config& config) {
   return rope;
 }
 
-// Each layer's sliding window (0: none): attention.window for every layer without a layer
-// pattern; with one, the kind's where the kinds differ from the model's `position` and
-// `attention` sections in attention.window alone (Qwen2's full and sliding layers). nullopt for
-// any other pattern, which no family's class computes.
+// Each layer's sliding window (0: none), where the `attention` section and every layer (without
+// a layer pattern, one kind: `position` and `attention`) take no attention option but the window,
+// and every layer the model's `position` section (a pattern whose kinds differ in
+// attention.window alone: Qwen2's full and sliding layers); nullopt otherwise, which no
+// family's class computes.
 std::optional<std::vector<int64_t>> layer_windows(const Config& config) {
-  const AttentionConfig& a = config.model.attention_options;
-  if (config.layer_pattern.empty()) return std::vector<int64_t>(size_t(config.model.layers), a.window);
+  const auto window_alone = [](AttentionConfig a) {
+    a.window = 0;
+    return !a.active();
+  };
+  if (!window_alone(config.model.attention_options)) return std::nullopt;
   const LayerPlan plan = layer_plan(config);
   std::vector<int64_t> windows;
   for (const int64_t k : plan.layer_kind) {
     const LayerKind& kind = plan.kinds[size_t(k)];
-    const AttentionConfig& b = kind.attention;
-    const bool window_alone = b.sink == a.sink && b.ssmax == a.ssmax && b.ssmax_init == a.ssmax_init &&
-                              b.temperature == a.temperature && b.temperature_floor == a.temperature_floor &&
-                              b.gate == a.gate && b.chunk == a.chunk;
-    if (kind.position_key != "position" || !window_alone) return std::nullopt;
-    windows.push_back(b.window);
+    if (kind.position_key != "position" || !window_alone(kind.attention)) return std::nullopt;
+    windows.push_back(kind.attention.window);
   }
   return windows;
 }
@@ -895,18 +895,18 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
     return position[key] ? position[key].as<double>() : fallback;
   };
   const AttentionConfig& a = m.attention_options;
-  const bool plain_attention = !a.sink && !a.ssmax && a.temperature == 0 && a.gate == AttentionGate::none && a.chunk == 0;
   const std::optional<std::vector<int64_t>> windows = layer_windows(config);
-  const bool common = m.causal() && !m.adaptive() && windows && m.final_norm && !m.qk_norm && plain_attention;
+  const bool patterned = !config.layer_pattern.empty();
+  const bool common = m.causal() && !m.adaptive() && windows && m.final_norm && !m.qk_norm;
   const int64_t D = m.d_model, H = m.heads, F = m.ffn_width();
   HfExportConfig out;
   if (!common)
-    throw NoTransformersClass(!m.causal()                    ? "a masked LM"
-                              : m.adaptive()                  ? "adaptive input and softmax"
-                              : !windows                      ? "a layer pattern (other than of full and sliding-window layers)"
-                              : !m.final_norm                 ? "no final norm"
-                              : m.qk_norm                     ? "qk_norm"
-                                                              : "the attention options " + a.describe());
+    throw NoTransformersClass(!m.causal()                ? "a masked LM"
+                              : m.adaptive()              ? "adaptive input and softmax"
+                              : !windows && patterned     ? "a layer pattern (other than of full and sliding-window layers)"
+                              : !m.final_norm             ? "no final norm"
+                              : m.qk_norm                 ? "qk_norm"
+                                                          : "the attention options " + a.describe());
   json c = {{"vocab_size", vocab_size}, {"tie_word_embeddings", m.tie_embeddings}, {"dtype", "float32"},
             {"use_cache", true}};
   if (m.scale_embedding && m.tie_embeddings)
