@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Load a model written by `extrap export` (format extrap-safetensors/2, or 1) and evaluate it in plain
+"""Load a model written by `extrap export` (format extrap-safetensors/1 to 4) and evaluate it in plain
 PyTorch: an independent reference for extrap's forward pass and perplexities, written from the
 format's definitions, never from the C++ code. Evaluated in float32 it reproduces extrap's
 perplexities to about 1e-5 relative; in float64 it measures how far float32 rounding moves them.
@@ -54,11 +54,12 @@ base and base_options; tensors position.base.NAME), B' = B with its masked entri
 
 The block (metadata model; a format-1 file is GPT-2's: LayerNorm with biases, GELU mlp, full heads,
 sequential): norm layernorm or rmsnorm (x / sqrt(mean(x^2) + eps) w), norm_eps, bias (false: no bias
-in any linear layer or norm), ffn mlp, swiglu or geglu (W2 (act(g) o u) with [g, u] the rows of
-ffn_in, gate first), kv_heads (grouped-query attention: qkv's rows are H query, then kv_heads key,
-then kv_heads value heads, and query head h reads key head h // (H / kv_heads)), block sequential,
-parallel (x + attn(n1 x) + ffn(n2 x)) or parallel_shared (one norm, ln_attention), qk_norm (q_norm
-and k_norm over each head before the position method), embedding_norm (a norm after the scaled
+in any linear layer or norm), norm_bias (the norms' own where they differ; absent: bias), ffn mlp,
+swiglu or geglu (W2 (act(g) o u) with [g, u] the rows of ffn_in, gate first), kv_heads
+(grouped-query attention: qkv's rows are H query, then kv_heads key, then kv_heads value heads,
+and query head h reads key head h // (H / kv_heads)), block sequential, parallel (x + attn(n1 x) +
+ffn(n2 x)) or parallel_shared (one norm, ln_attention), qk_norm (q_norm and k_norm over each head
+before the position method), embedding_norm (a norm after the scaled
 embedding). Rotary methods (rotary, xpos, p_rope) pair dimensions (2i, 2i+1), or with the option
 pairing "half" (i, i + d_rot/2), Hugging Face's rotate_half; xpos rotates its fraction of the head.
 
@@ -99,10 +100,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-FORMAT = "extrap-safetensors/3"
+FORMAT = "extrap-safetensors/4"
 # 1: before the architecture keys (GPT-2's block), read as such; 2: without 3's scale_embedding, qkv_bias
-# and gelu_tanh (their defaults)
-FORMATS = ("extrap-safetensors/1", "extrap-safetensors/2", FORMAT)
+# and gelu_tanh (their defaults); 3: without 4's norm_bias (model bias)
+FORMATS = ("extrap-safetensors/1", "extrap-safetensors/2", "extrap-safetensors/3", FORMAT)
 PATTERN = "pattern"  # metadata position of an export with a layer pattern: see metadata "layers"
 POSITION_METHODS = ("none", "sinusoidal", "learned", "rotary", "p_rope", "alibi", "alibi_symmetric",
                     "alibi_nonsymmetric", "alibi_learned", "t5_bias", "kerple_log", "kerple_power",
@@ -319,8 +320,8 @@ def _metadata(raw):
 
 class Norm(nn.Module):
     """A LayerNorm, (x - mean) / sqrt(var + eps) w + b, or an RMSNorm, x / sqrt(mean(x^2) + eps) w + b,
-    over the last dimension (metadata model norm, norm_eps); without a bias (model bias false) b is
-    absent. Parameters weight and bias, as the file's tensors."""
+    over the last dimension (metadata model norm, norm_eps); without a bias (model norm_bias, or bias,
+    false) b is absent. Parameters weight and bias, as the file's tensors."""
 
     def __init__(self, width, rms, eps, bias, kw):
         super().__init__()
@@ -534,6 +535,9 @@ class ExtrapModel(nn.Module):
         D, Fd, V, H = self.d_model, int(m["d_ffn"]), int(metadata["data"]["vocab_size"]), self.heads
         eps, kw = float(m.get("norm_eps", m.get("layer_norm_eps", 1e-5))), dict(device="meta", dtype=dtype)
         rms, bias, gated = self.arch["norm"] == "rmsnorm", self.arch["bias"], self.arch["ffn"] != "mlp"
+        norm_bias = m.get("norm_bias", bias)
+        if not isinstance(norm_bias, bool):
+            raise ValueError(f"metadata model: norm_bias {norm_bias!r} is not one of True, False")
         Hkv, Dh = self.kv_heads, self.d_head
         # The kinds of layer and each layer's kind and its number among its kind's layers.
         if metadata["position"] == PATTERN:
@@ -566,14 +570,14 @@ class ExtrapModel(nn.Module):
         for layer in range(self.layers):
             a = self.kinds[self.layer_kind[layer]].attention
             block = nn.Module()
-            block.ln_attention = Norm(D, rms, eps, bias, kw)
-            block.ln_ffn = Norm(D, rms, eps, bias, kw) if self.arch["block"] != "parallel_shared" else None
+            block.ln_attention = Norm(D, rms, eps, norm_bias, kw)
+            block.ln_ffn = Norm(D, rms, eps, norm_bias, kw) if self.arch["block"] != "parallel_shared" else None
             block.attention = nn.Module()
             block.attention.qkv = nn.Linear(D, (H + 2 * Hkv) * Dh, bias=bias or self.arch["qkv_bias"], **kw)  # out features: H q, Hkv k, Hkv v heads
             block.attention.out = nn.Linear(D, D, bias=bias, **kw)                  # in features [H][Dh]
             if self.arch["qk_norm"]:  # a norm of each head's q and k, shared by the heads
-                block.attention.q_norm = Norm(Dh, rms, eps, bias, kw)
-                block.attention.k_norm = Norm(Dh, rms, eps, bias, kw)
+                block.attention.q_norm = Norm(Dh, rms, eps, norm_bias, kw)
+                block.attention.k_norm = Norm(Dh, rms, eps, norm_bias, kw)
             if a["sink"]:  # each head's sink logit
                 block.attention.register_parameter("sink", nn.Parameter(torch.empty(H, **kw)))
             if a["ssmax"]:  # SSMax's s, per head
@@ -587,8 +591,8 @@ class ExtrapModel(nn.Module):
         final_norm = m.get("final_norm", True)  # files older than the key: always a final LayerNorm
         if not isinstance(final_norm, bool):
             raise ValueError(f"metadata model: final_norm must be true or false, not {final_norm!r}")
-        self.ln_final = Norm(D, rms, eps, bias, kw) if final_norm else None
-        self.embedding_norm = Norm(D, rms, eps, bias, kw) if self.arch["embedding_norm"] else None
+        self.ln_final = Norm(D, rms, eps, norm_bias, kw) if final_norm else None
+        self.embedding_norm = Norm(D, rms, eps, norm_bias, kw) if self.arch["embedding_norm"] else None
         self.head = None if m.get("tie_embeddings", True) else nn.Linear(D, V, bias=False, **kw)
         self._word_ids = None
         self.pieces = None  # sentencepiece: set by load() from the export's tokenizer model

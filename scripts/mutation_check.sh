@@ -342,7 +342,7 @@ analysis/extrap_model.py | k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat
 analysis/extrap_model.py | u = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) | u = x * torch.rsqrt(x.var(-1, keepdim=True) + self.eps) | the Python reader's RMSNorm subtracts the mean
 core/kernels/rotate_pairs.cpp | out[p + P] = a * sn + b * c[p]; | out[p + P] = a * sn - b * c[p]; | the fused half-pairing rotation's second half with a flipped sign
 core/kernels/rotate_pairs.cpp | return rotate(x, cos, sin, rotated, half, 1.0f); | return rotate(x, cos, sin, rotated, half, -1.0f); | the fused rotation turns by the negative angles forward
-core/hub/hf_checkpoint.cpp | return {{name}, [heads](const std::vector<torch::Tensor>& t) { return swap_leading(t[0], heads, 3); }, | return {{name}, [heads](const std::vector<torch::Tensor>& t) { return swap_leading(t[0], 3, heads); }, | BLOOM's and GPT-NeoX's q, k, v fused per head read as [q; k; v] blocks
+core/hub/hf_checkpoint.cpp | rows(x.narrow(1, group, 1)), rows(x.narrow(1, group + 1, 1))}, 0); | rows(x.narrow(1, group + 1, 1)), rows(x.narrow(1, group, 1))}, 0); | BLOOM's, GPT-NeoX's and Falcon's fused q, k, v read with k and v swapped
 core/hub/hf_checkpoint.cpp | hf.model["block"] = c.get<bool>("use_parallel_residual", true) ? "parallel" : "sequential"; | hf.model["block"] = c.get<bool>("use_parallel_residual", true) ? "sequential" : "parallel"; | GPT-NeoX's residual pattern swapped
 core/hub/hf_checkpoint.cpp | plan[e + "ffn_in.weight"] = concatenated({s + "mlp.gate_proj.weight", s + "mlp.up_proj.weight"}, {F, F}); | plan[e + "ffn_in.weight"] = concatenated({s + "mlp.up_proj.weight", s + "mlp.gate_proj.weight"}, {F, F}); | Llama's gate and up projections swapped
 core/model/model.cpp | const auto scaled = config_.scale_embedding ? x * std::sqrt(double(config_.d_model)) : x; | const auto scaled = x * std::sqrt(double(config_.d_model)); | model.scale_embedding false still scales the embedding
@@ -350,7 +350,7 @@ core/model/model.cpp | return activation == Activation::relu ? torch::relu(t) : 
 core/hub/safetensors_reader.cpp | throw ConfigError(what + ": data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) + | (void)(what + ": data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) + | a tensor past the end of a truncated safetensors file is read
 positions/alibi.cpp | if (bf16_product) b = b.to(torch::kBFloat16).to(torch::kFloat32);  // Falcon's bf16 product | ; | Falcon's products m j kept in float32 instead of rounded to bfloat16
 positions/rotary.cpp | tables_.set_scaling(scaling.active() ? scaling : built_in_); | tables_.set_scaling(scaling); | evaluation without RoPE scaling drops the checkpoint's built-in scaling
-core/hub/hf_checkpoint.cpp | [heads](const torch::Tensor& x) { return std::vector<torch::Tensor>{swap_leading(x, 3, heads)}; }}; | [heads](const torch::Tensor& x) { return std::vector<torch::Tensor>{swap_leading(x, heads, 3)}; }}; | export --format hf writes q, k, v fused per head in the wrong order
+core/hub/hf_checkpoint.cpp | torch::cat({part(0, q, group), part(q, k, 1), part(q + k, k, 1)}, 1); | torch::cat({part(0, q, group), part(q + k, k, 1), part(q, k, 1)}, 1); | export --format hf writes the fused q, k, v with k and v swapped
 core/data/hf_tokenizer.cpp | case MetaspacePrepend::each: prepend = !at_start | case MetaspacePrepend::each: prepend = 1 + 0 * !at_start | Llama 2's Prepend "▁" put before a piece that continues a span after a parallel cut
 core/data/hf_tokenizer.cpp | (s_.word_cuts && uint8_t(word_.back()) < 0x80) | (s_.word_cuts) | SentencePiece-style BPE cut before every "▁", splitting runs of spaces that merge ("▁▁")
 core/data/hf_tokenizer.cpp | symbols.back().end = uint32_t(i); | symbols.push_back({*s_.unk, 0, 0, uint32_t(i), true}); | unknown characters in a row not fused into one <unk> (fuse_unk ignored)
@@ -370,6 +370,9 @@ core/hub/hf_checkpoint.cpp |       sliding[l] = on && types[l] == "sliding_atten
 core/attention/fused_cpu_attention.cpp |     for (int32_t l = 0; l < int32_t(kLanes); ++l) { |     for (int64_t l = 0; l < kLanes; ++l) { | the fused attention's bias loop counts lanes in int64, which leaves it scalar on AVX2 paths
 core/eval/attention_profile.cpp |   for (int32_t t = 0; t < count; ++t) { |   for (int64_t t = 0; t < count; ++t) { | the attention profile's linear-bias loops count keys in int64, which leaves them scalar on AVX2 paths
 core/hub/hf_checkpoint.cpp | for (const int64_t w : *windows) c["layer_types"].push_back(w > 0 ? "sliding_attention" : "full_attention"); | for (const int64_t w : *windows) c["layer_types"].push_back("full_attention"); | a Qwen2 folder exported with sliding windows on some layers names every layer full attention
+core/hub/hf_checkpoint.cpp | multi_query = falcon_flag(c, "multi_query", true), | multi_query = falcon_flag(c, "multi_query", false), | a Falcon config without multi_query read as multi-head (transformers' default is multi-query)
+analysis/extrap_model.py | norm_bias = m.get("norm_bias", bias) | norm_bias = bias | the Python reader ignores model norm_bias (a format-4 export's norms lose their biases)
+core/hub/hf_checkpoint.cpp | {"bias", m.bias}, {"multi_query", !new_decoder && Hkv == 1}, | {"bias", m.bias}, {"multi_query", false}, | a multi-query model exported to Falcon's class as multi-head
 EOF
 )
 

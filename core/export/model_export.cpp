@@ -60,6 +60,7 @@ json model_json(const ModelConfig& m) {
           {"norm", enum_name(m.norm)},
           {"norm_eps", m.norm_eps},
           {"bias", m.bias},
+          {"norm_bias", m.norm_biased()},
           {"qkv_bias", m.qkv_bias},
           {"scale_embedding", m.scale_embedding},
           {"block", enum_name(m.block)},
@@ -167,10 +168,13 @@ ExportSummary write_export(const VerifiedCheckpoint& checkpoint, const Corpus& c
 
   std::map<std::string, std::string> metadata;
   // Format 3 only where a reader of format 2 would misread the model: an unscaled embedding, q, k
-  // and v biases alone, GELU's tanh form. Other files stay format 2, readable as before.
+  // and v biases alone, GELU's tanh form; format 4 where a reader of 3 would: norms whose biases
+  // differ from the linear layers'. Other files stay format 2, readable as before.
   const ModelConfig& m = config.model;
   const bool format3 = !m.scale_embedding || m.qkv_bias || m.activation == Activation::gelu_tanh;
-  metadata["format"] = format3 ? "extrap-safetensors/3" : "extrap-safetensors/2";
+  metadata["format"] = m.norm_biased() != m.bias ? "extrap-safetensors/4"
+                       : format3                  ? "extrap-safetensors/3"
+                                                  : "extrap-safetensors/2";
   metadata["extrap_version"] = extrap_version();
   if (plan.patterned()) {  // each kind's method, options, tensors' description and attention options
     json kinds = json::object();

@@ -10,6 +10,8 @@
 //   format            "extrap-safetensors/3" where the model has an unscaled embedding, q, k and v
 //                     biases alone or GELU's tanh form (model keys scale_embedding, qkv_bias,
 //                     activation gelu_tanh, which a reader of format 2 would misread); else
+//                     "extrap-safetensors/4" where the norms' biases differ from the linear
+//                     layers' (model key norm_bias, which a reader of format 3 would ignore);
 //                     "extrap-safetensors/2" (2: the architecture keys of model and the rotary
 //                     pairings; a reader of format 1 would ignore them, so refuses the file)
 //   extrap_version    the exporting binary's version
@@ -22,7 +24,7 @@
 //                     K's tensors are position_K.NAME, a per-layer table holding a row per layer
 //                     of the kind, in depth order
 //   model (JSON)      layers, d_model, heads, kv_heads, d_ffn (the hidden width, resolved), ffn,
-//                     activation, norm, norm_eps, bias, block, qk_norm, embedding_norm,
+//                     activation, norm, norm_eps, bias, norm_bias, block, qk_norm, embedding_norm,
 //                     tie_embeddings, final_norm, adaptive_cutoffs, adaptive_factor, objective,
 //                     causal, layer_norm_eps (= norm_eps)
 //   data (JSON)       path, name, tokenizer, vocab_size, mask_token, eos_token, unk_token

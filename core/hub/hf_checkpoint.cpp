@@ -41,6 +41,7 @@ class ConfigReader {
   ConfigReader(const json& config, std::string where) : config_(config), where_(std::move(where)) {}
 
   bool has(const std::string& key) const { return config_.contains(key) && !config_.at(key).is_null(); }
+  bool present(const std::string& key) const { return config_.contains(key); }  // null included
   const json& at(const std::string& key) const {
     used_.insert(key);
     if (!has(key)) fail(key, "is missing");
@@ -388,34 +389,89 @@ void map_mpt(const ConfigReader& c, HfModel& hf) {
   hf.position["name"] = "alibi";
 }
 
+// Falcon (modeling_falcon.py, transformers 5.24). A flag config.json leaves out takes
+// FalconConfig's default (multi_query and parallel_attn true: Falcon-7B's); one given as null is
+// false, as the class tests it.
+bool falcon_flag(const ConfigReader& c, const std::string& key, bool fallback) {
+  c.use(key);
+  if (!c.present(key)) return fallback;
+  return c.has(key) && c.get<bool>(key);
+}
+
 void map_falcon(const ConfigReader& c, HfModel& hf) {
-  const int64_t D = positive(c, "hidden_size"), H = positive(c, "num_attention_heads");
+  const int64_t D = c.has("hidden_size") ? positive(c, "hidden_size") : positive(c, "n_embed");
+  c.use("hidden_size");
+  c.use("n_embed");
+  const int64_t H = positive(c, "num_attention_heads");
   if (D % H != 0) c.fail("num_attention_heads", std::to_string(H) + " does not divide hidden_size " + std::to_string(D));
-  c.require<bool>("alibi", true, "rotary Falcon (Falcon-7B, 40B) is not imported yet; the RW models' ALiBi is");
-  c.require<bool>("new_decoder_architecture", false, "Falcon-40B's block");
-  c.require<bool>("multi_query", false, "multi-query Falcon");
-  c.require<bool>("parallel_attn", false, "Falcon-7B's parallel block");
-  c.require<bool>("bias", true, "linear layers without biases beside LayerNorms with them");
+  const bool alibi = falcon_flag(c, "alibi", false), new_decoder = falcon_flag(c, "new_decoder_architecture", false),
+             multi_query = falcon_flag(c, "multi_query", true), parallel = falcon_flag(c, "parallel_attn", true),
+             bias = falcon_flag(c, "bias", false);
   const std::string act = c.get<std::string>("activation", "gelu");
   if (act != "gelu") c.fail("activation", "\"" + act + "\" is not imported (gelu is)");
-  c.use("num_kv_heads");            // read by the new decoder architecture only
-  c.use("num_ln_in_parallel_attn");
-  c.use("rope_theta");              // no rotation with ALiBi
-  c.use("rope_scaling");
-  c.use("rope_parameters");
+  // The original RW code's option (the Hub's configs write it false); transformers' Falcon ignores it.
+  c.require<bool>("apply_residual_connection_post_layernorm", false, "the residual taken after the norm");
+  // Key and value heads: num_kv_heads in the new decoder architecture (Falcon-40B, 180B), one with
+  // multi_query (Falcon-7B), else every head's own (num_kv_heads must then be the head count).
+  const int64_t kv = c.has("num_kv_heads") ? positive(c, "num_kv_heads") : H;
+  int64_t Hkv = H;
+  if (new_decoder) {
+    if (H % kv != 0) c.fail("num_kv_heads", std::to_string(kv) + " does not divide num_attention_heads " + std::to_string(H));
+    Hkv = kv;
+  } else if (multi_query) {
+    Hkv = 1;
+  } else if (kv != H) {
+    c.fail("num_kv_heads", std::to_string(kv) + " differs from num_attention_heads without the new decoder "
+                           "architecture or multi_query: transformers' Falcon cannot run it");
+  }
+  // The block. The new decoder architecture is parallel, with two norms (ln_attn, ln_mlp) or, with
+  // num_ln_in_parallel_attn 1, one; the old one is sequential or parallel with one norm. Other
+  // combinations fail inside transformers' FalconDecoderLayer.
+  const int64_t norms = c.has("num_ln_in_parallel_attn") ? c.get<int64_t>("num_ln_in_parallel_attn") : (new_decoder ? 2 : 0);
+  BlockKind block = BlockKind::sequential;
+  if (new_decoder) {
+    if (!parallel) c.fail("parallel_attn", "is false with new_decoder_architecture: transformers' Falcon cannot run it");
+    if (norms != 1 && norms != 2)
+      c.fail("num_ln_in_parallel_attn", std::to_string(norms) + " is not 1 or 2: transformers' Falcon cannot run it");
+    block = norms == 2 ? BlockKind::parallel : BlockKind::parallel_shared;
+  } else if (parallel) {
+    if (norms == 2)
+      c.fail("num_ln_in_parallel_attn", "2 without new_decoder_architecture: transformers' Falcon cannot run it");
+    block = BlockKind::parallel_shared;
+  }
   hf.model["layers"] = positive(c, "num_hidden_layers");
   hf.model["d_model"] = D;
   hf.model["heads"] = H;
+  if (Hkv != H) hf.model["kv_heads"] = Hkv;
   hf.model["d_ffn"] = c.has("ffn_hidden_size") ? positive(c, "ffn_hidden_size") : 4 * D;
   c.use("ffn_hidden_size");
   hf.model["norm_eps"] = c.get<double>("layer_norm_epsilon", 1e-5);
+  hf.model["bias"] = bias;
+  hf.model["norm_bias"] = true;  // LayerNorms with biases whatever `bias` says
+  if (block != BlockKind::sequential) hf.model["block"] = enum_name(block);
   hf.model["tie_embeddings"] = c.get<bool>("tie_word_embeddings", true);
   hf.train_length = c.get<int64_t>("max_position_embeddings", 0);
-  // Falcon's own rule (modeling_falcon.py, build_alibi_tensor and the SDPA path): the slopes
-  // rounded to bfloat16, each m j rounded to bfloat16, the bias divided by sqrt(d_head).
-  hf.position["name"] = "alibi";
-  hf.position["round_slopes"] = true;
-  hf.position["bias_scale"] = 1.0 / std::sqrt(double(D / H));
+  if (alibi) {
+    c.use("rope_theta");  // no rotation with ALiBi
+    c.use("rope_scaling");
+    c.use("rope_parameters");
+    // Falcon's own rule (modeling_falcon.py, build_alibi_tensor and the SDPA path): the slopes
+    // rounded to bfloat16, each m j rounded to bfloat16, the bias divided by sqrt(d_head).
+    hf.position["name"] = "alibi";
+    hf.position["round_slopes"] = true;
+    hf.position["bias_scale"] = 1.0 / std::sqrt(double(D / H));
+    return;
+  }
+  // Rotary over the whole head, rotate_half's pairing (FalconRotaryEmbedding reads no
+  // partial_rotary_factor).
+  const json* partial = c.has("partial_rotary_factor")                                 ? &c.at("partial_rotary_factor")
+                         : c.has("rope_parameters") && c.at("rope_parameters").is_object() &&
+                                   c.at("rope_parameters").contains("partial_rotary_factor")
+                             ? &c.at("rope_parameters").at("partial_rotary_factor")
+                             : nullptr;
+  if (partial && !partial->is_null() && *partial != 1.0)
+    c.fail("partial_rotary_factor", partial->dump() + " is not imported: Falcon's rotary turns the whole head");
+  read_rope(c, hf.position, D / H);
 }
 
 // A folder extrap wrote with remote code (core/export/hf_export.h): the model is the exported
@@ -546,16 +602,33 @@ Source concatenated(std::vector<std::string> names, std::vector<int64_t> rows) {
             return parts;
           }};
 }
-// BLOOM, GPT-NeoX, Falcon: rows (H, 3, Dh) -> extrap's (3, H, Dh), and back.
-torch::Tensor swap_leading(const torch::Tensor& x, int64_t first, int64_t second) {
-  auto sizes = x.sizes().vec();
-  std::vector<int64_t> view = {first, second, sizes[0] / (first * second)};
-  view.insert(view.end(), sizes.begin() + 1, sizes.end());
-  return x.reshape(view).transpose(0, 1).contiguous().reshape(sizes);
-}
-Source per_head_qkv(const std::string& name, int64_t heads) {
-  return {{name}, [heads](const std::vector<torch::Tensor>& t) { return swap_leading(t[0], heads, 3); },
-          [heads](const torch::Tensor& x) { return std::vector<torch::Tensor>{swap_leading(x, 3, heads)}; }};
+// q, k and v fused in groups, one per key-value head: its `group` query heads, then its key, then
+// its value (rows (Hkv, group + 2, Dh)); extrap's rows are every query head, every key head,
+// every value head. BLOOM, GPT-NeoX and Falcon's multi-head attention: Hkv = H, group 1; Falcon's
+// multi-query: Hkv 1, group H; its new decoder architecture: num_kv_heads groups.
+Source grouped_qkv(const std::string& name, int64_t kv_heads, int64_t group) {
+  const auto view = [kv_heads, group](const torch::Tensor& x) {
+    std::vector<int64_t> shape = {kv_heads, group + 2, x.size(0) / (kv_heads * (group + 2))};
+    shape.insert(shape.end(), x.sizes().begin() + 1, x.sizes().end());
+    return shape;
+  };
+  return {{name},
+          [=](const std::vector<torch::Tensor>& t) {
+            const auto x = t[0].reshape(view(t[0]));
+            const auto rows = [&](const torch::Tensor& part) { return part.flatten(0, 2); };
+            return torch::cat({rows(x.narrow(1, 0, group)), rows(x.narrow(1, group, 1)), rows(x.narrow(1, group + 1, 1))}, 0);
+          },
+          [=](const torch::Tensor& x) {
+            auto shape = view(x);
+            const int64_t q = kv_heads * group * shape[2], k = kv_heads * shape[2];
+            auto part = [&](int64_t at, int64_t n, int64_t heads) {
+              auto s = shape;
+              s[1] = heads;
+              return x.narrow(0, at, n).reshape(s);
+            };
+            const auto grouped = torch::cat({part(0, q, group), part(q, k, 1), part(q + k, k, 1)}, 1);
+            return std::vector<torch::Tensor>{grouped.reshape(x.sizes()).contiguous()};
+          }};
 }
 
 // The folder's names have a prefix (model., transformer.) or none, as the class saved them.
@@ -615,19 +688,28 @@ WeightPlan gpt2_plan(const std::string& p, const ModelConfig& m) {
   return plan;
 }
 
-// BLOOM's and GPT-NeoX's blocks: LayerNorms and linear layers with biases, q, k and v fused per
-// head. `layers` is where layer l's tensors start ("h.", "layers."), `attention` its attention's.
-void add_per_head_blocks(WeightPlan& plan, const std::string& layers, const std::string& attention,
-                         const ModelConfig& m) {
+// BLOOM's, GPT-NeoX's and Falcon's blocks: LayerNorms, linear layers, q, k and v fused in groups
+// (grouped_qkv). `layers` is where layer l's tensors start ("h.", "layers."), `attention` its
+// attention's. The norms: input_layernorm and post_attention_layernorm; one shared,
+// input_layernorm; Falcon's new decoder architecture's two, ln_attn and ln_mlp (`falcon`).
+void add_fused_blocks(WeightPlan& plan, const std::string& layers, const std::string& attention,
+                      const ModelConfig& m, bool falcon) {
+  const int64_t Hkv = m.key_value_heads();
+  const bool two = falcon && m.block == BlockKind::parallel;
   for (int64_t l = 0; l < m.layers; ++l) {
     const std::string s = layers + std::to_string(l) + ".", e = "blocks." + std::to_string(l) + ".";
     for (const std::string x : {"weight", "bias"}) {
-      plan[e + "ln_attention." + x] = same(s + "input_layernorm." + x);
-      plan[e + "ln_ffn." + x] = same(s + "post_attention_layernorm." + x);
-      plan[e + "attention.qkv." + x] = per_head_qkv(s + attention + ".query_key_value." + x, m.heads);
-      plan[e + "attention.out." + x] = same(s + attention + ".dense." + x);
-      plan[e + "ffn_in." + x] = same(s + "mlp.dense_h_to_4h." + x);
-      plan[e + "ffn_out." + x] = same(s + "mlp.dense_4h_to_h." + x);
+      if (x == "weight" || m.norm_biased()) {
+        plan[e + "ln_attention." + x] = same(s + (two ? "ln_attn." : "input_layernorm.") + x);
+        if (m.block != BlockKind::parallel_shared)
+          plan[e + "ln_ffn." + x] = same(s + (two ? "ln_mlp." : "post_attention_layernorm.") + x);
+      }
+      if (x == "weight" || m.bias) {
+        plan[e + "attention.qkv." + x] = grouped_qkv(s + attention + ".query_key_value." + x, Hkv, m.heads / Hkv);
+        plan[e + "attention.out." + x] = same(s + attention + ".dense." + x);
+        plan[e + "ffn_in." + x] = same(s + "mlp.dense_h_to_4h." + x);
+        plan[e + "ffn_out." + x] = same(s + "mlp.dense_4h_to_h." + x);
+      }
     }
   }
 }
@@ -638,7 +720,7 @@ WeightPlan gpt_neox_plan(const std::string& p, const ModelConfig& m) {
   plan["ln_final.weight"] = same(p + "final_layer_norm.weight");
   plan["ln_final.bias"] = same(p + "final_layer_norm.bias");
   if (!m.tie_embeddings) plan["head.weight"] = same("embed_out.weight");
-  add_per_head_blocks(plan, p + "layers.", "attention", m);
+  add_fused_blocks(plan, p + "layers.", "attention", m, false);
   return plan;
 }
 
@@ -646,9 +728,9 @@ WeightPlan falcon_plan(const std::string& p, const ModelConfig& m) {
   WeightPlan plan;
   plan["embedding.weight"] = same(p + "word_embeddings.weight");
   plan["ln_final.weight"] = same(p + "ln_f.weight");
-  plan["ln_final.bias"] = same(p + "ln_f.bias");
+  if (m.norm_biased()) plan["ln_final.bias"] = same(p + "ln_f.bias");
   if (!m.tie_embeddings) plan["head.weight"] = same("lm_head.weight");
-  add_per_head_blocks(plan, p + "h.", "self_attention", m);
+  add_fused_blocks(plan, p + "h.", "self_attention", m, true);
   return plan;
 }
 
@@ -882,6 +964,43 @@ std::optional<std::vector<int64_t>> layer_windows(const Config& config) {
   return windows;
 }
 
+// Falcon's config.json keys for the block of `config` (transformers' FalconDecoderLayer): LayerNorms
+// with biases, an exact-GELU mlp of any width, linear layers with biases or without; one
+// key-value head (multi_query), every head's own, or groups in the new decoder architecture, which
+// is parallel (two norms: ln_attn and ln_mlp; one: num_ln_in_parallel_attn 1); the old one
+// sequential or parallel with one norm. Refuses what the class does not compute, by name.
+json falcon_block(const Config& config, int64_t window) {
+  const ModelConfig& m = config.model;
+  const int64_t H = m.heads, Hkv = m.key_value_heads();
+  const bool new_decoder = m.block == BlockKind::parallel || (Hkv != H && Hkv != 1);
+  require_all("falcon", {{m.norm == NormKind::layernorm && m.norm_biased(), "RMSNorm, or LayerNorms without biases"},
+                         {m.ffn == FfnKind::mlp && m.activation == Activation::gelu,
+                          "a gated ffn, or an activation other than exact GELU"},
+                         {!m.qkv_bias, "biases on q, k and v alone"},
+                         {!m.embedding_norm, "an embedding norm"},
+                         {window == 0, "a sliding window"},
+                         {!new_decoder || m.block != BlockKind::sequential,
+                          "grouped-query attention in a sequential block (Falcon's new decoder architecture is "
+                          "parallel)"}});
+  return {{"hidden_size", m.d_model}, {"num_attention_heads", H}, {"num_hidden_layers", m.layers},
+          {"new_decoder_architecture", new_decoder}, {"parallel_attn", m.block != BlockKind::sequential},
+          {"bias", m.bias}, {"multi_query", !new_decoder && Hkv == 1}, {"num_kv_heads", Hkv},
+          {"num_ln_in_parallel_attn", new_decoder ? json(m.block == BlockKind::parallel ? 2 : 1) : json(nullptr)},
+          {"layer_norm_epsilon", m.norm_eps}, {"ffn_hidden_size", m.ffn_width()}, {"activation", "gelu"},
+          {"max_position_embeddings", config.train.seq_len}};
+}
+
+// A rotary model of LayerNorms and a GELU mlp that Falcon's class computes and GPT-NeoX's does
+// not (GPT-NeoX keeps the models it computes).
+bool falcon_rotary(const Config& config) {
+  const ModelConfig& m = config.model;
+  const bool scaled = config.position["scaling"] && config.position["scaling"].as<std::string>() != "none";
+  const bool neox = m.bias && m.norm_biased() && m.key_value_heads() == m.heads && m.block != BlockKind::parallel_shared &&
+                    !scaled;
+  return !neox && m.norm == NormKind::layernorm && m.norm_biased() && m.ffn == FfnKind::mlp &&
+         m.activation == Activation::gelu;
+}
+
 }  // namespace
 
 HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
@@ -922,7 +1041,7 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
     out.family = m.qkv_bias ? "qwen2" : window > 0 ? "mistral" : "llama";
     require_all(out.family, {{option("pairing", "interleaved") == "half", "rotary with the interleaved pairing"},
                              {m.ffn == FfnKind::swiglu, "an ffn other than swiglu"},
-                             {!m.bias, "biases"},
+                             {!m.bias && !m.norm_biased(), "biases"},
                              {out.family != "mistral" || every_layer,
                               "sliding windows on some layers only, without q, k, v biases"},
                              {one_window, "sliding windows of different widths"},
@@ -945,10 +1064,18 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
         c["max_window_layers"] = std::find(windows->begin(), windows->end(), window) - windows->begin();
       }
     }
+  } else if (method == "rotary" && falcon_rotary(config)) {
+    // Falcon's class: what GPT-NeoX's lacks (one key-value head or groups, one norm shared by a
+    // parallel block, linear layers without biases, a RoPE scaling built in).
+    out.family = "falcon";
+    require_all(out.family, {{option("pairing", "interleaved") == "half", "rotary with the interleaved pairing"},
+                             {number("fraction", 1.0) == 1.0, "a partial rotary (Falcon's turns the whole head)"}});
+    c.update(falcon_block(config, window));
+    c.update({{"alibi", false}, {"rope_parameters", rope_json(position, config)}});
   } else if (method == "rotary") {
     out.family = "gpt_neox";
     require_all(out.family, {{option("pairing", "interleaved") == "half", "rotary with the interleaved pairing"},
-                             {m.ffn == FfnKind::mlp, "a gated ffn"}, {m.bias, "no biases"},
+                             {m.ffn == FfnKind::mlp, "a gated ffn"}, {m.bias && m.norm_biased(), "no biases"},
                              {m.key_value_heads() == H, "grouped-query attention"},
                              {m.block != BlockKind::parallel_shared, "one norm shared by attention and ffn"},
                              {!m.embedding_norm, "an embedding norm"}, {window == 0, "a sliding window"},
@@ -959,7 +1086,7 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
               {"use_parallel_residual", m.block == BlockKind::parallel}, {"attention_bias", true}});
   } else if (method == "learned") {
     out.family = "gpt2";
-    require_all(out.family, {{m.norm == NormKind::layernorm && m.bias, "RMSNorm or no biases"},
+    require_all(out.family, {{m.norm == NormKind::layernorm && m.bias && m.norm_biased(), "RMSNorm or no biases"},
                              {m.ffn == FfnKind::mlp, "a gated ffn"}, {m.key_value_heads() == H, "grouped-query attention"},
                              {m.block == BlockKind::sequential, "a parallel block"},
                              {!m.embedding_norm, "an embedding norm"}, {window == 0, "a sliding window"},
@@ -971,30 +1098,28 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
     const bool falcon = position["round_slopes"] && position["round_slopes"].as<bool>();
     require_all("alibi", {{option("round_to", "none") == "none",
                            "ALiBi rounded to " + option("round_to", "none") + " (transformers rounds it only in a "
-                           "half-precision run)"},
-                          {m.norm == NormKind::layernorm && m.ffn == FfnKind::mlp && m.block == BlockKind::sequential &&
-                               m.key_value_heads() == H && window == 0,
-                           "RMSNorm, a gated ffn, a parallel block, grouped-query attention or a window beside ALiBi"},
-                          {F == 4 * D, "a feed-forward width other than 4 d_model"}});
+                           "half-precision run)"}});
+    if (!falcon)  // BLOOM's and MPT's blocks
+      require_all("alibi", {{m.norm == NormKind::layernorm && m.ffn == FfnKind::mlp && m.block == BlockKind::sequential &&
+                                 m.key_value_heads() == H && window == 0,
+                             "RMSNorm, a gated ffn, a parallel block, grouped-query attention or a window beside ALiBi"},
+                            {F == 4 * D, "a feed-forward width other than 4 d_model"}});
     if (falcon) {
       out.family = "falcon";
       require_all(out.family, {{std::abs(number("bias_scale", 1.0) * std::sqrt(double(m.d_head())) - 1) < 1e-12,
-                                "bias_scale other than 1/sqrt(d_head) with rounded slopes"},
-                               {m.bias && act == "gelu" && !m.embedding_norm,
-                                "no biases, an activation other than exact GELU, or an embedding norm"}});
-      c.update({{"hidden_size", D}, {"num_attention_heads", H}, {"num_hidden_layers", m.layers}, {"alibi", true},
-                {"new_decoder_architecture", false}, {"parallel_attn", false}, {"bias", true},
-                {"multi_query", false}, {"layer_norm_epsilon", m.norm_eps}, {"ffn_hidden_size", F},
-                {"activation", "gelu"}, {"max_position_embeddings", config.train.seq_len}});
+                                "bias_scale other than 1/sqrt(d_head) with rounded slopes"}});
+      c.update(falcon_block(config, window));
+      c["alibi"] = true;
     } else if (m.embedding_norm) {
       out.family = "bloom";
       require_all(out.family, {{number("bias_scale", 1.0) == 1.0, "a scaled ALiBi bias"},
-                               {m.bias && act == "gelu_tanh", "no biases, or an activation other than GELU's tanh form"}});
+                               {m.bias && m.norm_biased() && act == "gelu_tanh",
+                                "no biases, or an activation other than GELU's tanh form"}});
       c.update({{"hidden_size", D}, {"n_layer", m.layers}, {"n_head", H}, {"layer_norm_epsilon", m.norm_eps}});
     } else {
       out.family = "mpt";
       require_all(out.family, {{number("bias_scale", 1.0) == 1.0, "a scaled ALiBi bias"},
-                               {!m.bias && act == "gelu", "biases, or an activation other than exact GELU"}});
+                               {!m.bias && !m.norm_biased() && act == "gelu", "biases, or an activation other than exact GELU"}});
       c.update({{"d_model", D}, {"n_heads", H}, {"n_layers", m.layers}, {"expansion_ratio", 4},
                 {"max_seq_len", config.train.seq_len}, {"no_bias", true}, {"learned_pos_emb", false},
                 {"layer_norm_epsilon", m.norm_eps}, {"norm_type", "low_precision_layernorm"},

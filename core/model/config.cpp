@@ -124,6 +124,11 @@ void read_model_section(const OptionReader& root, Config& c) {
   r.read("norm", m.norm, "every norm of the model: layernorm, or rmsnorm (no mean subtracted)");
   r.read("norm_eps", m.norm_eps, "the norms' epsilon");
   r.read("bias", m.bias, "biases in every linear layer and norm (false: none, as Llama and MPT)");
+  bool norm_bias = m.norm_biased();  // absent: model.bias's
+  r.read("norm_bias", norm_bias,
+         "the norms' biases (LayerNorm's beta), where they differ from model.bias: Falcon-7B and 40B have "
+         "LayerNorms with biases beside linear layers without (default: model.bias)");
+  if (r.decoding() && r.has("norm_bias")) m.norm_bias = norm_bias;
   r.read("qkv_bias", m.qkv_bias, "with bias false: biases on the q, k and v projections alone (Qwen2)");
   r.read("scale_embedding", m.scale_embedding,
          "the token embedding times sqrt(d_model) (fairseq's; false: unscaled, as GPT-2, Llama and the Hugging Face "
@@ -533,6 +538,7 @@ YAML::Node keys_affecting(const Config& config, std::initializer_list<Affects> k
   if (config.model.norm == m.norm) remove_key(out, "model.norm");
   if (config.model.norm_eps == m.norm_eps) remove_key(out, "model.norm_eps");
   if (config.model.bias == m.bias) remove_key(out, "model.bias");
+  if (config.model.norm_biased() == config.model.bias) remove_key(out, "model.norm_bias");  // its default
   // Released checkpoints' keys (issue 78): likewise.
   if (config.model.qkv_bias == m.qkv_bias) remove_key(out, "model.qkv_bias");
   if (config.model.scale_embedding == m.scale_embedding) remove_key(out, "model.scale_embedding");

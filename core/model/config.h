@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -168,6 +169,8 @@ struct ModelConfig {
   NormKind norm = NormKind::layernorm;
   double norm_eps = 1e-5;
   bool bias = true;                 // false: no bias in any linear layer or norm (Llama, MPT)
+  std::optional<bool> norm_bias;    // the norms' biases where they differ from `bias` (Falcon: none in
+                                    // the linear layers, LayerNorms with them); unset: `bias`
   bool qkv_bias = false;            // with bias false: biases on the q, k and v projections alone (Qwen2)
   bool scale_embedding = true;      // the token embedding times sqrt(d_model) (fairseq; false: GPT-2, Llama)
   BlockKind block = BlockKind::sequential;
@@ -190,6 +193,7 @@ struct ModelConfig {
   int64_t key_value_heads() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t d_head() const { return d_model / heads; }
   bool gated_ffn() const { return ffn != FfnKind::mlp; }
+  bool norm_biased() const { return norm_bias.value_or(bias); }  // whether the norms have biases
   // The feed-forward hidden width: d_ffn, or with d_ffn 0 by rule: 4 d_model for the mlp; for a GLU
   // Llama's, 2/3 of 4 d_model (truncated) rounded up to a multiple of ffn_multiple (the same number of
   // parameters as the mlp's 4 d_model in three matrices instead of two, to the rounding).

@@ -35,7 +35,7 @@ void SelfAttentionImpl::reset() {
   qkv = register_module("qkv", torch::nn::Linear(torch::nn::LinearOptions(D, (H + 2 * Hkv) * Dh).bias(options.bias() || options.qkv_bias())));
   out = register_module("out", torch::nn::Linear(torch::nn::LinearOptions(D, D).bias(options.bias())));
   if (options.qk_norm()) {
-    const NormOptions per_head(Dh, options.norm(), options.norm_eps(), options.bias());
+    const NormOptions per_head(Dh, options.norm(), options.norm_eps(), options.norm_bias());
     q_norm = register_module("q_norm", Norm(per_head));
     k_norm = register_module("k_norm", Norm(per_head));
   }
@@ -218,6 +218,7 @@ void BlockImpl::reset() {
                                      .bias(m.bias)
                                      .qkv_bias(m.qkv_bias)
                                      .qk_norm(m.qk_norm)
+                                     .norm_bias(m.norm_biased())
                                      .norm(m.norm)
                                      .norm_eps(m.norm_eps)
                                      .dropout(m.dropout)

@@ -38,6 +38,7 @@ struct SelfAttentionOptions {
   TORCH_ARG(bool, bias) = true;                // the projections' biases
   TORCH_ARG(bool, qkv_bias) = false;           // with bias false: q, k and v's alone (Qwen2)
   TORCH_ARG(bool, qk_norm) = false;            // a norm of each head's q and k, d_head wide
+  TORCH_ARG(bool, norm_bias) = true;           // qk_norm's biases
   TORCH_ARG(NormKind, norm) = NormKind::layernorm;  // qk_norm's kind and epsilon
   TORCH_ARG(double, norm_eps) = 1e-5;
   TORCH_ARG(double, dropout) = 0.0;            // on the output projection

@@ -14,9 +14,9 @@ namespace extrap {
 
 struct NormOptions {
   NormOptions(int64_t width, NormKind kind, double eps, bool bias) : width_(width), kind_(kind), eps_(eps), bias_(bias) {}
-  // The norms model.norm, model.norm_eps and model.bias describe, over `width` values.
+  // The norms model.norm, model.norm_eps and model.norm_bias describe, over `width` values.
   static NormOptions of(const ModelConfig& model, int64_t width) {
-    return NormOptions(width, model.norm, model.norm_eps, model.bias);
+    return NormOptions(width, model.norm, model.norm_eps, model.norm_biased());
   }
   TORCH_ARG(int64_t, width);
   TORCH_ARG(NormKind, kind);

@@ -404,6 +404,9 @@ TEST_CASE("export: a model of each architecture option, Python reproduces extrap
       train_eval_export(d, "neox", "{name: rotary, pairing: half, fraction: 0.5}", true, "byte", ", block: parallel"),
       train_eval_export(d, "gptj", "alibi", true, "byte", ", block: parallel_shared, ffn: geglu, kv_heads: 1"),
       train_eval_export(d, "bloom", "alibi", true, "byte", ", embedding_norm: true, bias: false"),
+      // Falcon-7B's block: LayerNorms with biases beside linear layers without (format 4)
+      train_eval_export(d, "falcon", "{name: rotary, pairing: half}", true, "byte",
+                        ", bias: false, norm_bias: true, block: parallel_shared, kv_heads: 1, qk_norm: true"),
       train_eval_export(d, "qwen3", "{name: xpos, pairing: half, fraction: 0.5}", true, "byte",
                         ", qk_norm: true, norm: rmsnorm, norm_eps: 0.000001"),
       train_eval_export(d, "p_rope_half", "{name: p_rope, keep: 0.5, pairing: half}", true, "byte", ", kv_heads: 2"),
@@ -432,6 +435,14 @@ TEST_CASE("export: a model of each architecture option, Python reproduces extrap
   CHECK(llama.tensors.at("blocks.0.ffn_in.weight").shape == std::vector<int64_t>{2 * 96, 32});
   CHECK(llama.tensors.count("blocks.0.ffn_in.bias") == 0);
   CHECK(read_safetensors_checked(d.root / "qwen3.safetensors").tensors.count("blocks.1.attention.k_norm.weight") == 1);
+  const SafetensorsFile falcon = read_safetensors_checked(d.root / "falcon.safetensors");
+  CHECK(falcon.metadata.at("format") == "extrap-safetensors/4");
+  CHECK(json::parse(falcon.metadata.at("model")).at("norm_bias") == true);
+  for (const char* name : {"blocks.0.ln_attention.bias", "blocks.0.attention.k_norm.bias", "ln_final.bias"})
+    CHECK(falcon.tensors.count(name) == 1);
+  for (const char* name : {"blocks.0.attention.qkv.bias", "blocks.0.ffn_in.bias", "blocks.0.ln_ffn.weight"})
+    CHECK(falcon.tensors.count(name) == 0);
+  CHECK(read_safetensors_checked(d.root / "bloom.safetensors").metadata.at("format") == "extrap-safetensors/2");
 }
 
 TEST_CASE("export: a sentencepiece model carries its tokenizer, and Python tokenises and scores as "

@@ -102,7 +102,7 @@ TEST_CASE("import: each family's log-probabilities equal transformers', inside a
           "[import][python]") {
   for (const std::string name :
        {"llama", "llama_tied", "mistral", "mistral_spm", "qwen2", "qwen2_windows", "qwen2_windows_hub", "gpt2", "bloom", "bloom_h8", "gpt_neox", "gpt_neox_seq", "mpt",
-        "falcon_rw"}) {
+        "falcon_rw", "falcon_alibi_mq", "falcon_7b", "falcon_40b", "falcon_seq"}) {
     DYNAMIC_SECTION(name) {
       TempDir d("import");
       // BLOOM's config.json gives no training length: the fixtures' is 64.
@@ -273,9 +273,25 @@ TEST_CASE("import: bad folders are refused in one line, nothing written", "[impo
     check_refused(f, run, "config.json: rope_scaling.mscale 0.7 is not imported with rope_type yarn");
     edit_config(f, [](nlohmann::json& c) { c["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 4.0}}; });
     check_refused(f, run, "rope_type \"longrope\" is not imported");
-    const fs::path g = copy_of(d, "falcon_rw");
-    edit_config(g, [](nlohmann::json& c) { c["parallel_attn"] = true; });
-    check_refused(g, run, "config.json: parallel_attn true is not imported (Falcon-7B's parallel block)");
+    // Falcon: what transformers' class cannot run, or runs otherwise than the original code.
+    const fs::path g = copy_of(d, "falcon_40b");
+    edit_config(g, [](nlohmann::json& c) { c["parallel_attn"] = false; });
+    check_refused(g, run, "config.json: parallel_attn is false with new_decoder_architecture: transformers' Falcon cannot run it");
+    edit_config(g, [](nlohmann::json& c) { c["parallel_attn"] = true; c["num_kv_heads"] = 3; });
+    check_refused(g, run, "config.json: num_kv_heads 3 does not divide num_attention_heads 8");
+    const fs::path s = copy_of(d, "falcon_seq");
+    edit_config(s, [](nlohmann::json& c) { c["num_kv_heads"] = 2; });
+    check_refused(s, run, "config.json: num_kv_heads 2 differs from num_attention_heads without the new decoder architecture or multi_query");
+    const fs::path f7 = copy_of(d, "falcon_7b");
+    edit_config(f7, [](nlohmann::json& c) { c["apply_residual_connection_post_layernorm"] = true; });
+    check_refused(f7, run, "config.json: apply_residual_connection_post_layernorm true is not imported (the residual taken after the norm)");
+    edit_config(f7, [](nlohmann::json& c) {
+      c["apply_residual_connection_post_layernorm"] = false;
+      c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}, {"partial_rotary_factor", 0.5}};
+    });
+    check_refused(f7, run, "config.json: partial_rotary_factor 0.5 is not imported: Falcon's rotary turns the whole head");
+    edit_config(f7, [](nlohmann::json& c) { c.erase("rope_parameters"); c["num_ln_in_parallel_attn"] = 2; });
+    check_refused(f7, run, "config.json: num_ln_in_parallel_attn 2 without new_decoder_architecture: transformers' Falcon cannot run it");
     const fs::path q = copy_of(d, "qwen2_windows");
     edit_config(q, [](nlohmann::json& c) { c["layer_types"][1] = "chunked_attention"; });
     check_refused(q, run, "config.json: layer_types lists \"chunked_attention\": extrap imports full_attention and sliding_attention");
@@ -316,7 +332,8 @@ TEST_CASE("export --format hf: transformers loads each family with its own class
   // (qwen2_windows: sliding windows on layers 1 and 2 of 3, a layer pattern in extrap, Qwen2's
   // layer_types again in the folder.)
   const std::vector<std::string> names = {"llama", "llama_tied", "mistral", "qwen2", "qwen2_windows", "qwen2_windows_hub",
-                                          "gpt2", "bloom", "gpt_neox", "mpt", "falcon_rw", "llama_yarn"};
+                                          "gpt2", "bloom", "gpt_neox", "mpt", "falcon_rw", "falcon_alibi_mq", "falcon_7b", "falcon_40b",
+                                          "falcon_seq", "llama_yarn"};
   std::string args;  // one Python process checks every folder
   for (const std::string& name : names) {
     INFO(name);

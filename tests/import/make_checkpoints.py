@@ -271,6 +271,16 @@ def llama_config(V, ids, **over):
     return LlamaConfig(**kw)
 
 
+def falcon_config(V, ids, **over):
+    """Falcon-7B's block by default (rotary, multi-query, parallel, no linear biases), tiny."""
+    kw = dict(
+        vocab_size=V, hidden_size=128, num_attention_heads=8, num_hidden_layers=2, alibi=False,
+        new_decoder_architecture=False, parallel_attn=True, bias=False, multi_query=True,
+        max_position_embeddings=64, layer_norm_epsilon=1e-5, initializer_range=INIT_STD, **ids)
+    kw.update(over)
+    return FalconConfig(**kw)
+
+
 def mistral_config(V, ids):
     return MistralConfig(
         vocab_size=V, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
@@ -344,8 +354,30 @@ def neox_hub_style(cfg: dict) -> dict:
 
 
 def falcon_rw_hub_style(cfg: dict) -> dict:
-    """falcon-rw-1b's config.json has no rope fields (alibi model)."""
+    """falcon-rw-1b's config.json has no rope fields (alibi model), and a key transformers 5.24's
+    Falcon ignores (apply_residual_connection_post_layernorm, false)."""
     cfg.pop("rope_parameters", None)
+    cfg["apply_residual_connection_post_layernorm"] = False
+    return cfg
+
+
+def falcon_7b_hub_style(cfg: dict) -> dict:
+    """tiiuae/falcon-7b's config.json: no rope fields (theta 10000), num_kv_heads or
+    num_ln_in_parallel_attn, apply_residual_connection_post_layernorm false. The Hub's file
+    writes multi_query and parallel_attn true; they are left out here, so that their defaults
+    (true) are read as transformers reads them."""
+    for key in ("rope_parameters", "num_ln_in_parallel_attn", "num_kv_heads", "multi_query", "parallel_attn"):
+        cfg.pop(key, None)
+    cfg["apply_residual_connection_post_layernorm"] = False
+    return cfg
+
+
+def falcon_40b_hub_style(cfg: dict) -> dict:
+    """tiiuae/falcon-40b's config.json: as falcon-7b's, without multi_query (its default, true,
+    which the new decoder architecture does not read) and with num_kv_heads."""
+    kv_heads, parallel = cfg["num_kv_heads"], cfg["parallel_attn"]
+    cfg = falcon_7b_hub_style(cfg)
+    cfg.update(num_kv_heads=kv_heads, parallel_attn=parallel)
     return cfg
 
 
@@ -504,6 +536,26 @@ CASES = {
             initializer_range=INIT_STD, **i),
         config_edit=falcon_rw_hub_style,
         ref_impl="sdpa", eager_known_bad=True),
+    # ---- Falcon-7B shape: rotary, multi-query, one norm shared by the parallel attention and
+    #      MLP, no biases in the linear layers (LayerNorms with them); config.json as the Hub's
+    #      (no rope fields, no num_ln_in_parallel_attn)
+    "falcon_7b": case("falcon", "gpt2", 1710, 160, lambda V, i: falcon_config(V, i),
+                      config_edit=falcon_7b_hub_style),
+    # ---- Falcon-40B shape: the new decoder architecture, 2 key-value groups of 4 heads,
+    #      ln_attn and ln_mlp
+    "falcon_40b": case("falcon", "gpt2", 1720, 160,
+                       lambda V, i: falcon_config(V, i, new_decoder_architecture=True, num_kv_heads=2),
+                       config_edit=falcon_40b_hub_style),
+    # ---- ALiBi with Falcon-7B's block (multi-query, one shared norm, no linear biases)
+    "falcon_alibi_mq": case("falcon", "gpt2", 1740, 160, lambda V, i: falcon_config(V, i, alibi=True),
+                            ref_impl="sdpa", eager_known_bad=True),
+    # ---- rotary Falcon, sequential, multi-head, with biases and a linear RoPE scaling
+    "falcon_seq": case(
+        "falcon", "gpt2", 1730, 160,
+        lambda V, i: falcon_config(
+            V, i, parallel_attn=False, bias=True, multi_query=False,
+            rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}),
+        expect=expect_rope({"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})),
 }
 
 

@@ -340,7 +340,20 @@ TEST_CASE("config: each key's mark decides the run fingerprint and what a sweep 
                           "embedding_norm"})
     CHECK(!c.model_keys()["model"][key]);  // older runs keep their fingerprints
   // and the released families' keys of issue 78 (tests/hub/test_import.cpp)
-  for (const char* key : {"qkv_bias", "scale_embedding"}) CHECK(!c.model_keys()["model"][key]);
+  for (const char* key : {"qkv_bias", "scale_embedding", "norm_bias"}) CHECK(!c.model_keys()["model"][key]);
+  // model.norm_bias follows model.bias unless given: absent where the two agree, read back so.
+  {
+    Config falcon = load_config("", {"model.bias=false", "model.norm_bias=true"});
+    CHECK(falcon.model.norm_biased());
+    CHECK(falcon.model_keys()["model"]["norm_bias"].as<bool>());
+    CHECK(load_config("", {"model.bias=false"}).model.norm_biased() == false);
+    CHECK(!load_config("", {"model.bias=false", "model.norm_bias=false"}).model_keys()["model"]["norm_bias"]);
+    Config programmatic;
+    programmatic.model.bias = false;  // no norm_bias set: the norms follow
+    CHECK(!programmatic.model.norm_biased());
+    CHECK_THAT(error_of([] { load_config("", {"model.norm_bias=3"}); }), Catch::Contains("model.norm_bias"));
+  }
+  c.model.norm_bias = true;
   c.model.qkv_bias = true;
   c.model.scale_embedding = false;
   c.model.kv_heads = 2;

@@ -37,12 +37,14 @@ inline std::vector<Architecture> architectures() {
          c.position_name = "rotary";
          c.position = YAML::Load("{name: rotary, pairing: half, fraction: 0.25}");
        }},
-      {"GPT-J/Falcon: one shared norm, geglu, multi-query attention, alibi",
+      {"GPT-J/Falcon: one shared norm, geglu, multi-query attention, LayerNorms with biases beside linear layers "
+       "without, alibi",
        [](Config& c) {
          c.model.block = BlockKind::parallel_shared;
          c.model.ffn = FfnKind::geglu;
          c.model.kv_heads = 1;
          c.model.bias = false;
+         c.model.norm_bias = true;
        }},
       {"BLOOM: a norm after the embedding, alibi",
        [](Config& c) { c.model.embedding_norm = true; }},
