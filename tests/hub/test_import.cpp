@@ -2,6 +2,7 @@
 // itself (tests/import/make_checkpoints.py), evaluated by extrap. The oracle is transformers:
 // its per-token log-probabilities (float32, written beside each folder) at lengths inside and
 // beyond the model's training length must equal extrap's to 1e-5, relative (of at least 1).
+#include "core/base/hashing.h"
 #include "core/data/hf_tokenizer.h"
 #include "core/data/sentencepiece.h"
 #include "core/export/hf_export.h"
@@ -15,6 +16,10 @@
 #include "tests/support/cli_harness.h"
 #include "tests/support/test_support.h"
 
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <fstream>
@@ -31,15 +36,45 @@ namespace {
 
 constexpr double kTolerance = 1e-5;
 
-// The families' tiny checkpoints, made once per test process.
+// The families' tiny checkpoints. make_checkpoints.py takes about 10 s and every test process of
+// this file needs its folders, so the first process makes them under the build tree, in a folder
+// named by the hash of what they depend on (the script, the text it tokenises, the Python
+// interpreter and the installed packages' versions), holding an exclusive lock meanwhile; the
+// others wait for the lock and read them. The folder appears by a rename, complete or not at all,
+// and replaces those of other keys. Tests copy a folder before changing it (copy_of).
 const fs::path& checkpoints() {
-  static TempDir dir("hf-checkpoints");
-  static std::once_flag made;
-  std::call_once(made, [] {
-    const int code = run_python(dir, EXTRAP_SOURCE_DIR "/tests/import/make_checkpoints.py " + dir.root.string() + "/ckpt");
-    if (code != 0) FAIL("make_checkpoints.py failed:\n" + read_text(dir.root / "python.log"));
-  });
-  static const fs::path root = dir.root / "ckpt";
+  static const fs::path root = [] {
+    const std::string script = EXTRAP_SOURCE_DIR "/tests/import/make_checkpoints.py";
+    TempDir probe("hf-versions");
+    std::string versions;
+    const int probed = run_python(probe,
+                                  "-c \"import importlib.metadata as m, sys; print(sys.version, sorted((str("
+                                  "d.metadata['Name']), d.version) for d in m.distributions()))\"",
+                                  &versions);
+    if (probed != 0) FAIL("the Python packages' versions: " + versions);
+    const std::string key =
+        hex64(content_hash(read_text(script) + read_text(EXTRAP_SOURCE_DIR "/data/pydoc/valid.txt") + versions));
+    const fs::path cache = fs::path(EXTRAP_BINARY_DIR) / "tests" / "hf-checkpoints" / key;
+    fs::create_directories(cache.parent_path());
+    struct Lock {
+      int fd;
+      explicit Lock(const fs::path& path) : fd(::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644)) {
+        if (fd < 0 || ::flock(fd, LOCK_EX) != 0) FAIL("cannot lock " + path.string());
+      }
+      ~Lock() { ::close(fd); }  // releases the lock
+    } lock(cache.string() + ".lock");
+    if (!fs::exists(cache)) {
+      const fs::path partial = cache.string() + ".partial";
+      fs::remove_all(partial);  // a process killed while making it
+      TempDir d("hf-checkpoints");
+      const int code = run_python(d, script + " " + partial.string());
+      if (code != 0) FAIL("make_checkpoints.py failed:\n" + read_text(d.root / "python.log"));
+      fs::rename(partial, cache);
+      for (const auto& entry : fs::directory_iterator(cache.parent_path()))  // older scripts' or packages'
+        if (entry.is_directory() && entry.path() != cache) fs::remove_all(entry.path());
+    }
+    return cache;
+  }();
   return root;
 }
 
