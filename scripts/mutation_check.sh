@@ -373,6 +373,9 @@ core/hub/hf_checkpoint.cpp | for (const int64_t w : *windows) c["layer_types"].p
 core/hub/hf_checkpoint.cpp | multi_query = falcon_flag(c, "multi_query", true), | multi_query = falcon_flag(c, "multi_query", false), | a Falcon config without multi_query read as multi-head (transformers' default is multi-query)
 analysis/extrap_model.py | norm_bias = m.get("norm_bias", bias) | norm_bias = bias | the Python reader ignores model norm_bias (a format-4 export's norms lose their biases)
 core/hub/hf_checkpoint.cpp | {"bias", m.bias}, {"multi_query", !new_decoder && Hkv == 1}, | {"bias", m.bias}, {"multi_query", false}, | a multi-query model exported to Falcon's class as multi-head
+core/hub/hf_checkpoint.cpp | plan[e + "attention.q_norm.weight"] = same(s + "self_attn.q_norm.weight"); | plan[e + "attention.q_norm.weight"] = same(s + "self_attn.k_norm.weight"); | an imported Qwen3's q norm takes the k norm's weights
+core/hub/hf_checkpoint.cpp | const int64_t from = c.get<int64_t>("max_window_layers", 28); | const int64_t from = c.get<int64_t>("max_window_layers", 0); | a Qwen2 or Qwen3 config without max_window_layers windows every layer (transformers: from layer 28 on)
+core/hub/hf_checkpoint.cpp | if (out.family == "qwen3") c["attention_bias"] = false; | if (out.family == "qwen3") c["attention_bias"] = true; | a Qwen3 folder exported with attention biases it has no weights for
 EOF
 )
 

@@ -198,14 +198,16 @@ void read_rope(const ConfigReader& c, YAML::Node& position, int64_t head_dim, do
   if (fraction != 1.0) position["fraction"] = fraction;
 }
 
-// Qwen2's sliding windows, as transformers reads them: with use_sliding_window, the layers that
-// layer_types names sliding_attention (a config without layer_types: those from
-// max_window_layers on) see the last sliding_window keys (query i sees j with i - j < W, as
-// Mistral's); without it, none does, whatever sliding_window says. Every layer windowed is
-// attention.window; some of them, a layer pattern of two kinds, `full` and `sliding`.
+// Qwen2's and Qwen3's sliding windows, as transformers reads them: with use_sliding_window, the
+// layers that layer_types names sliding_attention (a config without layer_types: those from
+// max_window_layers on, 28 where it is absent) see the last sliding_window keys (4096 where it is
+// absent; query i sees j with i - j < W, as Mistral's); without it, none does, whatever
+// sliding_window says, and none where sliding_window is null and layer_types absent. Every layer
+// windowed is attention.window; some of them, a layer pattern of two kinds, `full` and `sliding`.
 void map_qwen2_windows(const ConfigReader& c, HfModel& hf) {
   const int64_t layers = hf.model["layers"].as<int64_t>();
-  const bool on = c.get<bool>("use_sliding_window", false);
+  const bool null_window = c.present("sliding_window") && !c.has("sliding_window");
+  const bool on = c.get<bool>("use_sliding_window", false) && !(null_window && !c.has("layer_types"));
   std::vector<bool> sliding(size_t(layers), false);
   if (c.has("layer_types")) {
     const nlohmann::json& types = c.at("layer_types");
@@ -218,7 +220,7 @@ void map_qwen2_windows(const ConfigReader& c, HfModel& hf) {
       sliding[l] = on && types[l] == "sliding_attention";
     }
   } else if (on) {
-    const int64_t from = c.get<int64_t>("max_window_layers", layers);
+    const int64_t from = c.get<int64_t>("max_window_layers", 28);
     for (int64_t l = std::max<int64_t>(from, 0); l < layers; ++l) sliding[size_t(l)] = true;
   }
   c.use("layer_types");
@@ -229,7 +231,9 @@ void map_qwen2_windows(const ConfigReader& c, HfModel& hf) {
     c.use("sliding_window");  // unused: no layer slides
     return;
   }
-  const int64_t window = positive(c, "sliding_window");
+  if (null_window)
+    c.fail("sliding_window", "is null while layer_types names sliding_attention layers: transformers' mask is undefined");
+  const int64_t window = c.has("sliding_window") ? positive(c, "sliding_window") : 4096;
   if (windowed == layers) {
     hf.attention["window"] = window;
     return;
@@ -247,9 +251,12 @@ void map_llama(const ConfigReader& c, HfModel& hf) {
   c.use("num_key_value_heads");
   if (D % H != 0) c.fail("num_attention_heads", std::to_string(H) + " does not divide hidden_size " + std::to_string(D));
   if (H % Hkv != 0) c.fail("num_key_value_heads", std::to_string(Hkv) + " does not divide num_attention_heads");
-  if (c.has("head_dim") && c.get<int64_t>("head_dim") != D / H)
-    c.fail("head_dim", std::to_string(c.get<int64_t>("head_dim")) + " differs from hidden_size / num_attention_heads = " +
-                           std::to_string(D / H) + ", which extrap's attention assumes");
+  // Qwen3Config's head_dim is 128 unless given; the others' hidden_size / num_attention_heads.
+  const int64_t head_dim = c.has("head_dim") ? c.get<int64_t>("head_dim") : hf.family == "qwen3" ? 128 : D / H;
+  if (head_dim != D / H)
+    c.fail("head_dim", std::to_string(head_dim) + (c.has("head_dim") ? "" : " (Qwen3's default)") +
+                           " differs from hidden_size / num_attention_heads = " + std::to_string(D / H) +
+                           ", which extrap's attention assumes");
   c.use("head_dim");
   c.require<std::string>("hidden_act", "silu", "SwiGLU gates with SiLU");
   c.require<bool>("mlp_bias", false, "no biases in the MLP");
@@ -273,6 +280,10 @@ void map_llama(const ConfigReader& c, HfModel& hf) {
   }
   if (hf.family == "qwen2") {
     hf.model["qkv_bias"] = true;
+    map_qwen2_windows(c, hf);
+  }
+  if (hf.family == "qwen3") {  // an RMSNorm of each head's q and k before the rotation; Qwen2's windows
+    hf.model["qk_norm"] = true;
     map_qwen2_windows(c, hf);
   }
 }
@@ -514,7 +525,7 @@ void map_extrap(const ConfigReader& c, HfModel& hf) {
 using Mapper = void (*)(const ConfigReader&, HfModel&);
 const std::map<std::string, Mapper>& mappers() {
   static const std::map<std::string, Mapper> m = {
-      {"llama", map_llama}, {"mistral", map_llama}, {"qwen2", map_llama}, {"gpt2", map_gpt2}, {"bloom", map_bloom},
+      {"llama", map_llama}, {"mistral", map_llama}, {"qwen2", map_llama}, {"qwen3", map_llama}, {"gpt2", map_gpt2}, {"bloom", map_bloom},
       {"gpt_neox", map_gpt_neox}, {"mpt", map_mpt}, {"falcon", map_falcon}};
   return m;
 }
@@ -656,6 +667,10 @@ WeightPlan llama_plan(const std::string& p, const ModelConfig& m) {
       plan[e + "attention.qkv.bias"] = concatenated(
           {s + "self_attn.q_proj.bias", s + "self_attn.k_proj.bias", s + "self_attn.v_proj.bias"}, {q, kv, kv});
     plan[e + "attention.out.weight"] = same(s + "self_attn.o_proj.weight");
+    if (m.qk_norm) {  // Qwen3
+      plan[e + "attention.q_norm.weight"] = same(s + "self_attn.q_norm.weight");
+      plan[e + "attention.k_norm.weight"] = same(s + "self_attn.k_norm.weight");
+    }
     plan[e + "ffn_in.weight"] = concatenated({s + "mlp.gate_proj.weight", s + "mlp.up_proj.weight"}, {F, F});
     plan[e + "ffn_out.weight"] = same(s + "mlp.down_proj.weight");
   }
@@ -777,7 +792,8 @@ struct FamilyPrefix {
 };
 constexpr FamilyPrefix kPrefixes[] = {
     {"llama", "model.", "embed_tokens.weight"},    {"mistral", "model.", "embed_tokens.weight"},
-    {"qwen2", "model.", "embed_tokens.weight"},    {"gpt2", "transformer.", "wte.weight"},
+    {"qwen2", "model.", "embed_tokens.weight"},    {"qwen3", "model.", "embed_tokens.weight"},
+    {"gpt2", "transformer.", "wte.weight"},
     {"bloom", "transformer.", "word_embeddings.weight"}, {"gpt_neox", "gpt_neox.", "embed_in.weight"},
     {"mpt", "transformer.", "wte.weight"},         {"falcon", "transformer.", "word_embeddings.weight"}};
 
@@ -800,7 +816,7 @@ WeightPlan extrap_plan(TransformerLM& model) {
 }
 
 WeightPlan family_plan(const std::string& family, const std::string& prefix, const ModelConfig& m) {
-  if (family == "llama" || family == "mistral" || family == "qwen2") return llama_plan(prefix, m);
+  if (family == "llama" || family == "mistral" || family == "qwen2" || family == "qwen3") return llama_plan(prefix, m);
   if (family == "gpt2") return gpt2_plan(prefix, m);
   if (family == "bloom") return bloom_plan(prefix, m);
   if (family == "gpt_neox") return gpt_neox_plan(prefix, m);
@@ -1016,7 +1032,8 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
   const AttentionConfig& a = m.attention_options;
   const std::optional<std::vector<int64_t>> windows = layer_windows(config);
   const bool patterned = !config.layer_pattern.empty();
-  const bool common = m.causal() && !m.adaptive() && windows && m.final_norm && !m.qk_norm;
+  const bool rms_rotary = method == "rotary" && m.norm == NormKind::rmsnorm;  // Llama's and its kin's
+  const bool common = m.causal() && !m.adaptive() && windows && m.final_norm && (!m.qk_norm || rms_rotary);
   const int64_t D = m.d_model, H = m.heads, F = m.ffn_width();
   HfExportConfig out;
   if (!common)
@@ -1036,10 +1053,12 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
   const int64_t window = *std::max_element(windows->begin(), windows->end());
   const bool every_layer = std::all_of(windows->begin(), windows->end(), [&](int64_t w) { return w == window; });
   const bool one_window = std::all_of(windows->begin(), windows->end(), [&](int64_t w) { return w == 0 || w == window; });
-  if (method == "rotary" && m.norm == NormKind::rmsnorm) {
-    // Mistral windows every layer; Qwen2 (q, k, v biases) the layers its layer_types name.
-    out.family = m.qkv_bias ? "qwen2" : window > 0 ? "mistral" : "llama";
+  if (rms_rotary) {
+    // Mistral windows every layer; Qwen2 (q, k, v biases) and Qwen3 (qk_norm) the layers their
+    // layer_types name.
+    out.family = m.qk_norm ? "qwen3" : m.qkv_bias ? "qwen2" : window > 0 ? "mistral" : "llama";
     require_all(out.family, {{option("pairing", "interleaved") == "half", "rotary with the interleaved pairing"},
+                             {!(m.qk_norm && m.qkv_bias), "qk_norm beside biases on q, k and v"},
                              {m.ffn == FfnKind::swiglu, "an ffn other than swiglu"},
                              {!m.bias && !m.norm_biased(), "biases"},
                              {out.family != "mistral" || every_layer,
@@ -1053,7 +1072,8 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
               {"rms_norm_eps", m.norm_eps}, {"rope_parameters", rope_json(position, config)}});
     if (out.family == "llama") c.update({{"attention_bias", false}, {"mlp_bias", false}});
     if (out.family == "mistral") c["sliding_window"] = window;
-    if (out.family == "qwen2") {
+    if (out.family == "qwen3") c["attention_bias"] = false;
+    if (out.family == "qwen2" || out.family == "qwen3") {
       c["use_sliding_window"] = window > 0;
       if (window > 0) {
         // layer_types decides (transformers 5); max_window_layers, which older readers use
@@ -1130,6 +1150,7 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
   }
   const std::map<std::string, std::string> classes = {
       {"llama", "LlamaForCausalLM"},   {"mistral", "MistralForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"},
+      {"qwen3", "Qwen3ForCausalLM"},
       {"gpt2", "GPT2LMHeadModel"},     {"bloom", "BloomForCausalLM"},     {"gpt_neox", "GPTNeoXForCausalLM"},
       {"mpt", "MptForCausalLM"},       {"falcon", "FalconForCausalLM"}};
   c["model_type"] = out.family;

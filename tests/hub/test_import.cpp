@@ -136,7 +136,7 @@ void check_logprobs(const std::string& name, TransformerLM& model) {
 TEST_CASE("import: each family's log-probabilities equal transformers', inside and beyond its length",
           "[import][python]") {
   for (const std::string name :
-       {"llama", "llama_tied", "mistral", "mistral_spm", "qwen2", "qwen2_windows", "qwen2_windows_hub", "gpt2", "bloom", "bloom_h8", "gpt_neox", "gpt_neox_seq", "mpt",
+       {"llama", "llama_tied", "mistral", "mistral_spm", "qwen2", "qwen2_windows", "qwen2_windows_hub", "qwen3", "qwen3_windows", "gpt2", "bloom", "bloom_h8", "gpt_neox", "gpt_neox_seq", "mpt",
         "falcon_rw", "falcon_alibi_mq", "falcon_7b", "falcon_40b", "falcon_seq"}) {
     DYNAMIC_SECTION(name) {
       TempDir d("import");
@@ -332,8 +332,28 @@ TEST_CASE("import: bad folders are refused in one line, nothing written", "[impo
     check_refused(q, run, "config.json: layer_types lists \"chunked_attention\": extrap imports full_attention and sliding_attention");
     edit_config(q, [](nlohmann::json& c) { c["layer_types"] = {"full_attention", "sliding_attention"}; });
     check_refused(q, run, "config.json: layer_types must list one of full_attention, sliding_attention for each of the 3 layers");
-    edit_config(q, [](nlohmann::json& c) { c.erase("layer_types"); c.erase("sliding_window"); });
-    check_refused(q, run, "config.json: sliding_window is missing");
+    edit_config(q, [](nlohmann::json& c) {
+      c["layer_types"] = {"full_attention", "sliding_attention", "sliding_attention"};
+      c["sliding_window"] = nullptr;
+    });
+    check_refused(q, run, "config.json: sliding_window is null while layer_types names sliding_attention layers");
+    const fs::path q3 = copy_of(d, "qwen3");
+    edit_config(q3, [](nlohmann::json& c) { c.erase("head_dim"); });
+    check_refused(q3, run, "config.json: head_dim 128 (Qwen3's default) differs from hidden_size / num_attention_heads = 16");
+    edit_config(q3, [](nlohmann::json& c) { c["head_dim"] = 16; c["attention_bias"] = true; });
+    check_refused(q3, run, "config.json: attention_bias true is not imported (no biases in the attention projections)");
+    // Keys left out take Qwen2Config's defaults: a window of 4096 from layer 28 on (none of 3).
+    edit_config(q, [](nlohmann::json& c) {
+      for (const char* key : {"layer_types", "sliding_window", "max_window_layers"}) c.erase(key);
+    });
+    ImportOptions options;
+    options.data = corpus_dir().string();
+    import_checkpoint(q, d.root / "defaults", options);
+    CHECK(require_checkpoint(d.root / "defaults").config.model.attention_options.window == 0);
+    CHECK(require_checkpoint(d.root / "defaults").config.layer_pattern.empty());
+    edit_config(q, [](nlohmann::json& c) { c["max_window_layers"] = 0; });
+    import_checkpoint(q, d.root / "defaults", (options.overwrite = true, options));
+    CHECK(require_checkpoint(d.root / "defaults").config.model.attention_options.window == 4096);
   }
   SECTION("a folder without tokenizer.json") {
     const fs::path f = copy_of(d, "llama");
@@ -367,6 +387,7 @@ TEST_CASE("export --format hf: transformers loads each family with its own class
   // (qwen2_windows: sliding windows on layers 1 and 2 of 3, a layer pattern in extrap, Qwen2's
   // layer_types again in the folder.)
   const std::vector<std::string> names = {"llama", "llama_tied", "mistral", "qwen2", "qwen2_windows", "qwen2_windows_hub",
+                                          "qwen3", "qwen3_windows",
                                           "gpt2", "bloom", "gpt_neox", "mpt", "falcon_rw", "falcon_alibi_mq", "falcon_7b", "falcon_40b",
                                           "falcon_seq", "llama_yarn"};
   std::string args;  // one Python process checks every folder
@@ -409,8 +430,8 @@ TEST_CASE("export --format hf: an extrap model with a family's options, and one 
   config.data.tokenizer = Tokenizer::byte;
   config.data.cache_dir = (d.root / "cache").string();
   const Corpus corpus = load_corpus(config.data);
-  // Each model's family: Llama, and Qwen2 (q, k, v biases) with a sliding window of 4 on every
-  // layer and, through a layer pattern, on the second of two.
+  // Each model's family: Llama, Qwen2 (q, k, v biases) with a sliding window of 4 on every layer
+  // and, through a layer pattern, on the second of two, and Qwen3 (qk_norm).
   std::map<std::string, std::pair<Config, std::string>> models;
   models["llama"] = {config, "llama"};
   Config qwen = config;
@@ -424,6 +445,9 @@ TEST_CASE("export --format hf: an extrap model with a family's options, and one 
   // (reset: assigning to the node the copy shares with `config` would change config's too)
   qwen_pattern.layers.reset(YAML::Load("{pattern: [full, sliding], kinds: {full: {}, sliding: {attention: {window: 4}}}}"));
   models["qwen_pattern"] = {qwen_pattern, "qwen2"};
+  Config qwen3 = config;  // Qwen3: an RMSNorm of each head's q and k
+  qwen3.model.qk_norm = true;
+  models["qwen3"] = {qwen3, "qwen3"};
   std::string args = "--text " + (corpus_dir() / "valid.txt").string();
   for (auto& [name, model] : models) {
     INFO(name);

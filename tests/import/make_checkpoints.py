@@ -71,6 +71,7 @@ from transformers import (  # noqa: E402
     MptConfig,
     PreTrainedTokenizerFast,
     Qwen2Config,
+    Qwen3Config,
 )
 
 transformers.logging.set_verbosity_error()
@@ -323,6 +324,17 @@ def qwen2_windows_config(V, i):
         tie_word_embeddings=False, initializer_range=INIT_STD, **i)
 
 
+def qwen3_config(V, i, **over):
+    """Qwen3: an RMSNorm of each head's q and k, head_dim given (its default is 128)."""
+    kw = dict(
+        vocab_size=V, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+        rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        use_sliding_window=False, tie_word_embeddings=False, initializer_range=INIT_STD, **i)
+    kw.update(over)
+    return Qwen3Config(**kw)
+
+
 def qwen2_windows_hub_style(cfg: dict) -> dict:
     """A Hub config with sliding windows on: no layer_types, the windowed layers from max_window_layers on."""
     cfg = qwen2_hub_style(cfg)
@@ -481,6 +493,12 @@ CASES = {
                           expect=expect_qwen2_windows),
     "qwen2_windows_hub": case("qwen2", "qwen2", 1250, 160, lambda V, i: qwen2_windows_config(V, i),
                               config_edit=qwen2_windows_hub_style, expect=expect_qwen2_windows),
+    # ---- Qwen3: qk_norm; and with sliding windows on layers 1 and 2 of 3
+    "qwen3": case("qwen3", "qwen2", 1260, 160, lambda V, i: qwen3_config(V, i)),
+    "qwen3_windows": case(
+        "qwen3", "qwen2", 1270, 160,
+        lambda V, i: qwen3_config(V, i, num_hidden_layers=3, use_sliding_window=True, sliding_window=16,
+                                  max_window_layers=1)),
     # ---- GPT-2: learned absolute positions, T stays inside n_positions
     "gpt2": case(
         "gpt2", "gpt2", 1300, 200,
