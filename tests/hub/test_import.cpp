@@ -431,7 +431,7 @@ TEST_CASE("export --format hf: an extrap model with a family's options, and one 
   config.data.cache_dir = (d.root / "cache").string();
   const Corpus corpus = load_corpus(config.data);
   // Each model's family: Llama, Qwen2 (q, k, v biases) with a sliding window of 4 on every layer
-  // and, through a layer pattern, on the second of two, and Qwen3 (qk_norm).
+  // and, through a layer pattern, on the second of two, Qwen3 (qk_norm), and two Falcons.
   std::map<std::string, std::pair<Config, std::string>> models;
   models["llama"] = {config, "llama"};
   Config qwen = config;
@@ -448,6 +448,20 @@ TEST_CASE("export --format hf: an extrap model with a family's options, and one 
   Config qwen3 = config;  // Qwen3: an RMSNorm of each head's q and k
   qwen3.model.qk_norm = true;
   models["qwen3"] = {qwen3, "qwen3"};
+  // Falcon: LayerNorms with biases, exact GELU, no linear biases; Falcon-7B's block (one key-value
+  // head, one shared norm), and the new decoder architecture's (2 groups, two norms).
+  Config falcon7 = config;
+  falcon7.model.norm = NormKind::layernorm;
+  falcon7.model.ffn = FfnKind::mlp;
+  falcon7.model.d_ffn = 64;
+  falcon7.model.norm_bias = true;
+  falcon7.model.kv_heads = 1;
+  falcon7.model.block = BlockKind::parallel_shared;
+  models["falcon7"] = {falcon7, "falcon"};
+  Config falcon40 = falcon7;
+  falcon40.model.kv_heads = 2;
+  falcon40.model.block = BlockKind::parallel;
+  models["falcon40"] = {falcon40, "falcon"};
   std::string args = "--text " + (corpus_dir() / "valid.txt").string();
   for (auto& [name, model] : models) {
     INFO(name);
