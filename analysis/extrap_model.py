@@ -139,7 +139,8 @@ MODEL_DEFAULTS = {"ffn": "mlp", "norm": "layernorm", "bias": True, "block": "seq
                   "embedding_norm": False, "qkv_bias": False, "scale_embedding": True}
 MODEL_CHOICES = {"ffn": ("mlp", "swiglu", "geglu"), "norm": ("layernorm", "rmsnorm"), "bias": (True, False),
                  "block": ("sequential", "parallel", "parallel_shared"), "qk_norm": (True, False),
-                 "embedding_norm": (True, False), "qkv_bias": (True, False), "scale_embedding": (True, False)}
+                 "embedding_norm": (True, False), "qkv_bias": (True, False), "scale_embedding": (True, False),
+                 "norm_bias": (True, False)}  # norm_bias's default is bias's
 WORD_SPECIALS = {"<eos>": 0, "<unk>": 1, "<mask>": 2}
 MASK64 = 0xFFFF_FFFF_FFFF_FFFF
 SLOPE_RTOL = 2.4e-7  # two float32 ulps: the stored slopes are the definition rounded to float32
@@ -525,6 +526,7 @@ class ExtrapModel(nn.Module):
                     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}[activation]
         # The architecture: every key's value checked, so that none is read as something else.
         self.arch = {key: m.get(key, default) for key, default in MODEL_DEFAULTS.items()}
+        self.arch["norm_bias"] = m.get("norm_bias", self.arch["bias"])  # absent: bias's
         for key, value in self.arch.items():
             if value not in MODEL_CHOICES[key] or (isinstance(value, bool) != isinstance(MODEL_CHOICES[key][0], bool)):
                 raise ValueError(f"metadata model: {key} {value!r} is not one of "
@@ -535,9 +537,7 @@ class ExtrapModel(nn.Module):
         D, Fd, V, H = self.d_model, int(m["d_ffn"]), int(metadata["data"]["vocab_size"]), self.heads
         eps, kw = float(m.get("norm_eps", m.get("layer_norm_eps", 1e-5))), dict(device="meta", dtype=dtype)
         rms, bias, gated = self.arch["norm"] == "rmsnorm", self.arch["bias"], self.arch["ffn"] != "mlp"
-        norm_bias = m.get("norm_bias", bias)
-        if not isinstance(norm_bias, bool):
-            raise ValueError(f"metadata model: norm_bias {norm_bias!r} is not one of True, False")
+        norm_bias = self.arch["norm_bias"]
         Hkv, Dh = self.kv_heads, self.d_head
         # The kinds of layer and each layer's kind and its number among its kind's layers.
         if metadata["position"] == PATTERN:

@@ -474,15 +474,11 @@ void map_falcon(const ConfigReader& c, HfModel& hf) {
     return;
   }
   // Rotary over the whole head, rotate_half's pairing (FalconRotaryEmbedding reads no
-  // partial_rotary_factor).
-  const json* partial = c.has("partial_rotary_factor")                                 ? &c.at("partial_rotary_factor")
-                         : c.has("rope_parameters") && c.at("rope_parameters").is_object() &&
-                                   c.at("rope_parameters").contains("partial_rotary_factor")
-                             ? &c.at("rope_parameters").at("partial_rotary_factor")
-                             : nullptr;
-  if (partial && !partial->is_null() && *partial != 1.0)
-    c.fail("partial_rotary_factor", partial->dump() + " is not imported: Falcon's rotary turns the whole head");
+  // partial_rotary_factor: a share read_rope found is refused).
   read_rope(c, hf.position, D / H);
+  if (hf.position["fraction"])
+    c.fail("partial_rotary_factor",
+           hf.position["fraction"].Scalar() + " is not imported: Falcon's rotary turns the whole head");
 }
 
 // A folder extrap wrote with remote code (core/export/hf_export.h): the model is the exported
@@ -1119,31 +1115,31 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
     require_all("alibi", {{option("round_to", "none") == "none",
                            "ALiBi rounded to " + option("round_to", "none") + " (transformers rounds it only in a "
                            "half-precision run)"}});
-    if (!falcon)  // BLOOM's and MPT's blocks
-      require_all("alibi", {{m.norm == NormKind::layernorm && m.ffn == FfnKind::mlp && m.block == BlockKind::sequential &&
-                                 m.key_value_heads() == H && window == 0,
-                             "RMSNorm, a gated ffn, a parallel block, grouped-query attention or a window beside ALiBi"},
-                            {F == 4 * D, "a feed-forward width other than 4 d_model"}});
     if (falcon) {
       out.family = "falcon";
       require_all(out.family, {{std::abs(number("bias_scale", 1.0) * std::sqrt(double(m.d_head())) - 1) < 1e-12,
                                 "bias_scale other than 1/sqrt(d_head) with rounded slopes"}});
       c.update(falcon_block(config, window));
       c["alibi"] = true;
-    } else if (m.embedding_norm) {
-      out.family = "bloom";
-      require_all(out.family, {{number("bias_scale", 1.0) == 1.0, "a scaled ALiBi bias"},
-                               {m.bias && m.norm_biased() && act == "gelu_tanh",
-                                "no biases, or an activation other than GELU's tanh form"}});
-      c.update({{"hidden_size", D}, {"n_layer", m.layers}, {"n_head", H}, {"layer_norm_epsilon", m.norm_eps}});
-    } else {
-      out.family = "mpt";
-      require_all(out.family, {{number("bias_scale", 1.0) == 1.0, "a scaled ALiBi bias"},
-                               {!m.bias && !m.norm_biased() && act == "gelu", "biases, or an activation other than exact GELU"}});
-      c.update({{"d_model", D}, {"n_heads", H}, {"n_layers", m.layers}, {"expansion_ratio", 4},
-                {"max_seq_len", config.train.seq_len}, {"no_bias", true}, {"learned_pos_emb", false},
-                {"layer_norm_epsilon", m.norm_eps}, {"norm_type", "low_precision_layernorm"},
-                {"attn_config", {{"alibi", true}, {"alibi_bias_max", 8}, {"attn_impl", "torch"}}}});
+    } else {  // BLOOM's and MPT's blocks
+      require_all("alibi", {{m.norm == NormKind::layernorm && m.ffn == FfnKind::mlp && m.block == BlockKind::sequential &&
+                                 m.key_value_heads() == H && window == 0,
+                             "RMSNorm, a gated ffn, a parallel block, grouped-query attention or a window beside ALiBi"},
+                            {F == 4 * D, "a feed-forward width other than 4 d_model"}});
+      out.family = m.embedding_norm ? "bloom" : "mpt";
+      require_all(out.family, {{number("bias_scale", 1.0) == 1.0, "a scaled ALiBi bias"}});
+      if (m.embedding_norm) {
+        require_all(out.family, {{m.bias && m.norm_biased() && act == "gelu_tanh",
+                                  "no biases, or an activation other than GELU's tanh form"}});
+        c.update({{"hidden_size", D}, {"n_layer", m.layers}, {"n_head", H}, {"layer_norm_epsilon", m.norm_eps}});
+      } else {
+        require_all(out.family, {{!m.bias && !m.norm_biased() && act == "gelu",
+                                  "biases, or an activation other than exact GELU"}});
+        c.update({{"d_model", D}, {"n_heads", H}, {"n_layers", m.layers}, {"expansion_ratio", 4},
+                  {"max_seq_len", config.train.seq_len}, {"no_bias", true}, {"learned_pos_emb", false},
+                  {"layer_norm_epsilon", m.norm_eps}, {"norm_type", "low_precision_layernorm"},
+                  {"attn_config", {{"alibi", true}, {"alibi_bias_max", 8}, {"attn_impl", "torch"}}}});
+      }
     }
   } else {
     throw NoTransformersClass("position method " + method);
