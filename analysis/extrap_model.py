@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Load a model written by `extrap export` (format extrap-safetensors/1 to 4) and evaluate it in plain
+"""Load a model written by `extrap export` (format extrap-safetensors/1 to 5) and evaluate it in plain
 PyTorch: an independent reference for extrap's forward pass and perplexities, written from the
 format's definitions, never from the C++ code. Evaluated in float32 it reproduces extrap's
 perplexities to about 1e-5 relative; in float64 it measures how far float32 rounding moves them.
@@ -57,7 +57,8 @@ sequential): norm layernorm or rmsnorm (x / sqrt(mean(x^2) + eps) w), norm_eps, 
 in any linear layer or norm), norm_bias (the norms' own where they differ; absent: bias), ffn mlp,
 swiglu or geglu (W2 (act(g) o u) with [g, u] the rows of ffn_in, gate first), kv_heads
 (grouped-query attention: qkv's rows are H query, then kv_heads key, then kv_heads value heads,
-and query head h reads key head h // (H / kv_heads)), block sequential, parallel (x + attn(n1 x) +
+and query head h reads key head h // (H / kv_heads)), d_head (each head's width; out maps the H d_head
+features back to d_model; absent: d_model / heads), block sequential, parallel (x + attn(n1 x) +
 ffn(n2 x)) or parallel_shared (one norm, ln_attention), qk_norm (q_norm and k_norm over each head
 before the position method), embedding_norm (a norm after the scaled
 embedding). Rotary methods (rotary, xpos, p_rope) pair dimensions (2i, 2i+1), or with the option
@@ -100,10 +101,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-FORMAT = "extrap-safetensors/4"
+FORMAT = "extrap-safetensors/5"
 # 1: before the architecture keys (GPT-2's block), read as such; 2: without 3's scale_embedding, qkv_bias
-# and gelu_tanh (their defaults); 3: without 4's norm_bias (model bias)
-FORMATS = ("extrap-safetensors/1", "extrap-safetensors/2", "extrap-safetensors/3", FORMAT)
+# and gelu_tanh (their defaults); 3: without 4's norm_bias (model bias); 4: without 5's d_head (d_model / heads)
+FORMATS = ("extrap-safetensors/1", "extrap-safetensors/2", "extrap-safetensors/3", "extrap-safetensors/4", FORMAT)
 PATTERN = "pattern"  # metadata position of an export with a layer pattern: see metadata "layers"
 POSITION_METHODS = ("none", "sinusoidal", "learned", "rotary", "p_rope", "alibi", "alibi_symmetric",
                     "alibi_nonsymmetric", "alibi_learned", "t5_bias", "kerple_log", "kerple_power",
@@ -515,9 +516,14 @@ class ExtrapModel(nn.Module):
         self.metadata, self.vocabulary = metadata, vocabulary
         m = metadata["model"]
         self.layers, self.d_model, self.heads = int(m["layers"]), int(m["d_model"]), int(m["heads"])
-        if self.d_model % self.heads:
+        if "d_head" in m:  # each head's width; q, k, v are heads x d_head wide, out maps them back to d_model
+            self.d_head = m["d_head"]
+            if not isinstance(self.d_head, int) or isinstance(self.d_head, bool) or self.d_head < 1:
+                raise ValueError(f"metadata model: d_head {self.d_head!r} is not a positive integer")
+        elif self.d_model % self.heads:
             raise ValueError(f"d_model {self.d_model} is not a multiple of heads {self.heads}")
-        self.d_head = self.d_model // self.heads
+        else:
+            self.d_head = self.d_model // self.heads
         self.causal = bool(m["causal"]) and m.get("objective") != "masked_lm"
         activation = m.get("activation", "gelu")
         if activation not in ("gelu", "relu", "gelu_tanh"):
@@ -574,7 +580,7 @@ class ExtrapModel(nn.Module):
             block.ln_ffn = Norm(D, rms, eps, norm_bias, kw) if self.arch["block"] != "parallel_shared" else None
             block.attention = nn.Module()
             block.attention.qkv = nn.Linear(D, (H + 2 * Hkv) * Dh, bias=bias or self.arch["qkv_bias"], **kw)  # out features: H q, Hkv k, Hkv v heads
-            block.attention.out = nn.Linear(D, D, bias=bias, **kw)                  # in features [H][Dh]
+            block.attention.out = nn.Linear(H * Dh, D, bias=bias, **kw)             # in features [H][Dh]
             if self.arch["qk_norm"]:  # a norm of each head's q and k, shared by the heads
                 block.attention.q_norm = Norm(Dh, rms, eps, norm_bias, kw)
                 block.attention.k_norm = Norm(Dh, rms, eps, norm_bias, kw)
@@ -583,7 +589,7 @@ class ExtrapModel(nn.Module):
             if a["ssmax"]:  # SSMax's s, per head
                 block.attention.register_parameter("ssmax", nn.Parameter(torch.empty(H, **kw)))
             if a["gate"] != "none":  # sigmoid(h W_g^T): one gate per head, or per feature
-                block.attention.gate = nn.Linear(D, H if a["gate"] == "headwise" else D, bias=False, **kw)
+                block.attention.gate = nn.Linear(D, H if a["gate"] == "headwise" else H * Dh, bias=False, **kw)
             # ffn_in's rows: the hidden units, or for a gated FFN [gate; up], 2 d_ffn
             block.ffn_in = nn.Linear(D, 2 * Fd if gated else Fd, bias=bias, **kw)
             block.ffn_out = nn.Linear(Fd, D, bias=bias, **kw)

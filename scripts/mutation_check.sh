@@ -376,6 +376,11 @@ core/hub/hf_checkpoint.cpp | {"bias", m.bias}, {"multi_query", !new_decoder && H
 core/hub/hf_checkpoint.cpp | plan[e + "attention.q_norm.weight"] = same(s + "self_attn.q_norm.weight"); | plan[e + "attention.q_norm.weight"] = same(s + "self_attn.k_norm.weight"); | an imported Qwen3's q norm takes the k norm's weights
 core/hub/hf_checkpoint.cpp | const int64_t from = c.get<int64_t>("max_window_layers", 28); | const int64_t from = c.get<int64_t>("max_window_layers", 0); | a Qwen2 or Qwen3 config without max_window_layers windows every layer (transformers: from layer 28 on)
 core/hub/hf_checkpoint.cpp | if (out.family == "qwen3") c["attention_bias"] = false; | if (out.family == "qwen3") c["attention_bias"] = true; | a Qwen3 folder exported with attention biases it has no weights for
+core/model/config.cpp | if (config.model.head_dim * config.model.heads == config.model.d_model | if (true | a run's identity leaves out its heads' width (model.head_dim)
+core/hub/hf_checkpoint.cpp | int64_t head_dim = hf.family == "qwen3" ? 128 : 0; | int64_t head_dim = 0; | a Qwen3 config without head_dim read with heads of hidden_size / num_attention_heads (Qwen3Config: 128)
+core/export/model_export.cpp | metadata["format"] = m.d_head() * m.heads != m.d_model ? "extrap-safetensors/5" | metadata["format"] = false ? "extrap-safetensors/5" | an export with heads of their own width written as format 4, which a reader of 4 misreads
+core/hub/hf_checkpoint.cpp | {m.d_head() * H == m.d_model, "heads other than d_model / heads wide (model.head_dim)"}, | {true, "heads other than d_model / heads wide (model.head_dim)"}, | a Falcon block with heads of their own width exported to Falcon's class, which computes d_model / heads
+core/model/memory_estimate.cpp | per_layer = add(per_layer, mul(b, add(add(add(q, mul(2, d)), mul(2, kv)), | per_layer = add(per_layer, mul(b, add(add(add(d, mul(2, d)), mul(2, kv)), | the parameter estimate counts q's bias d_model wide, not heads x head_dim
 EOF
 )
 

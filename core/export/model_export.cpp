@@ -54,6 +54,7 @@ json model_json(const ModelConfig& m) {
           {"d_model", m.d_model},
           {"heads", m.heads},
           {"kv_heads", m.key_value_heads()},  // resolved: heads without grouped-query attention
+          {"d_head", m.d_head()},             // resolved: d_model / heads without model.head_dim
           {"d_ffn", m.ffn_width()},           // resolved: the hidden width, also where d_ffn 0 asked for the rule
           {"ffn", enum_name(m.ffn)},
           {"activation", enum_name(m.activation)},
@@ -169,10 +170,12 @@ ExportSummary write_export(const VerifiedCheckpoint& checkpoint, const Corpus& c
   std::map<std::string, std::string> metadata;
   // Format 3 only where a reader of format 2 would misread the model: an unscaled embedding, q, k
   // and v biases alone, GELU's tanh form; format 4 where a reader of 3 would: norms whose biases
-  // differ from the linear layers'. Other files stay format 2, readable as before.
+  // differ from the linear layers'; format 5 where a reader of 4 would: heads other than d_model /
+  // heads wide. Other files stay format 2, readable as before.
   const ModelConfig& m = config.model;
   const bool format3 = !m.scale_embedding || m.qkv_bias || m.activation == Activation::gelu_tanh;
-  metadata["format"] = m.norm_biased() != m.bias ? "extrap-safetensors/4"
+  metadata["format"] = m.d_head() * m.heads != m.d_model ? "extrap-safetensors/5"
+                       : m.norm_biased() != m.bias       ? "extrap-safetensors/4"
                        : format3                  ? "extrap-safetensors/3"
                                                   : "extrap-safetensors/2";
   metadata["extrap_version"] = extrap_version();

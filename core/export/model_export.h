@@ -7,13 +7,16 @@
 // softplus(raw)) and the metadata's "position_tensors" says how each maps.
 //
 // Metadata (string -> string; the values marked JSON are JSON text):
-//   format            "extrap-safetensors/3" where the model has an unscaled embedding, q, k and v
-//                     biases alone or GELU's tanh form (model keys scale_embedding, qkv_bias,
-//                     activation gelu_tanh, which a reader of format 2 would misread); else
-//                     "extrap-safetensors/4" where the norms' biases differ from the linear
-//                     layers' (model key norm_bias, which a reader of format 3 would ignore);
-//                     "extrap-safetensors/2" (2: the architecture keys of model and the rotary
-//                     pairings; a reader of format 1 would ignore them, so refuses the file)
+//   format            the lowest a reader needs: "extrap-safetensors/5" where the heads are not
+//                     d_model / heads wide (model key d_head, which a reader of format 4 would
+//                     ignore); else "extrap-safetensors/4" where the norms' biases differ from the
+//                     linear layers' (model key norm_bias, which a reader of format 3 would
+//                     ignore); else "extrap-safetensors/3" where the model has an unscaled
+//                     embedding, q, k and v biases alone or GELU's tanh form (model keys
+//                     scale_embedding, qkv_bias, activation gelu_tanh, which a reader of format 2
+//                     would misread); else "extrap-safetensors/2" (2: the architecture keys of
+//                     model and the rotary pairings; a reader of format 1 would ignore them, so
+//                     refuses the file)
 //   extrap_version    the exporting binary's version
 //   position          the method's name; position_options (JSON): every option, defaults filled
 //   position_tensors  the method's own description of its tensors (PositionInfo::tensors)
@@ -23,7 +26,8 @@
 //                     {"position", "position_options", "position_tensors", "attention"}}}; kind
 //                     K's tensors are position_K.NAME, a per-layer table holding a row per layer
 //                     of the kind, in depth order
-//   model (JSON)      layers, d_model, heads, kv_heads, d_ffn (the hidden width, resolved), ffn,
+//   model (JSON)      layers, d_model, heads, kv_heads, d_head (each head's width, resolved), d_ffn
+//                     (the hidden width, resolved), ffn,
 //                     activation, norm, norm_eps, bias, norm_bias, block, qk_norm, embedding_norm,
 //                     tie_embeddings, final_norm, adaptive_cutoffs, adaptive_factor, objective,
 //                     causal, layer_norm_eps (= norm_eps)

@@ -249,15 +249,19 @@ void map_llama(const ConfigReader& c, HfModel& hf) {
   const int64_t D = positive(c, "hidden_size"), H = positive(c, "num_attention_heads");
   const int64_t Hkv = c.has("num_key_value_heads") ? positive(c, "num_key_value_heads") : H;
   c.use("num_key_value_heads");
-  if (D % H != 0) c.fail("num_attention_heads", std::to_string(H) + " does not divide hidden_size " + std::to_string(D));
   if (H % Hkv != 0) c.fail("num_key_value_heads", std::to_string(Hkv) + " does not divide num_attention_heads");
-  // Qwen3Config's head_dim is 128 unless given; the others' hidden_size / num_attention_heads.
-  const int64_t head_dim = c.has("head_dim") ? c.get<int64_t>("head_dim") : hf.family == "qwen3" ? 128 : D / H;
-  if (head_dim != D / H)
-    c.fail("head_dim", std::to_string(head_dim) + (c.has("head_dim") ? "" : " (Qwen3's default)") +
-                           " differs from hidden_size / num_attention_heads = " + std::to_string(D / H) +
-                           ", which extrap's attention assumes");
+  // Each head's width: Qwen3Config's is 128 unless given, the others' hidden_size /
+  // num_attention_heads (null too: LlamaConfig and MistralConfig read null as unset; Qwen3's
+  // attention would take None for a width).
+  int64_t head_dim = hf.family == "qwen3" ? 128 : 0;
+  if (c.has("head_dim")) head_dim = positive(c, "head_dim");
+  else if (c.present("head_dim") && hf.family == "qwen3")
+    c.fail("head_dim", "is null, which Qwen3's attention would take as its heads' width (give a number, or leave "
+                       "the key out for 128)");
   c.use("head_dim");
+  if (head_dim == 0 && D % H != 0)
+    c.fail("num_attention_heads", std::to_string(H) + " does not divide hidden_size " + std::to_string(D));
+  if (head_dim == 0) head_dim = D / H;
   c.require<std::string>("hidden_act", "silu", "SwiGLU gates with SiLU");
   c.require<bool>("mlp_bias", false, "no biases in the MLP");
   c.require<bool>("attention_bias", false, "no biases in the attention projections");
@@ -266,6 +270,7 @@ void map_llama(const ConfigReader& c, HfModel& hf) {
   hf.model["d_model"] = D;
   hf.model["heads"] = H;
   if (Hkv != H) hf.model["kv_heads"] = Hkv;
+  if (head_dim * H != D) hf.model["head_dim"] = head_dim;
   hf.model["d_ffn"] = positive(c, "intermediate_size");
   hf.model["ffn"] = "swiglu";
   hf.model["norm"] = "rmsnorm";
@@ -273,7 +278,7 @@ void map_llama(const ConfigReader& c, HfModel& hf) {
   hf.model["bias"] = false;
   hf.model["tie_embeddings"] = c.get<bool>("tie_word_embeddings", false);
   hf.train_length = c.get<int64_t>("max_position_embeddings", 0);
-  read_rope(c, hf.position, D / H);
+  read_rope(c, hf.position, head_dim);
   if (hf.family == "mistral") {
     if (c.has("sliding_window")) hf.attention["window"] = positive(c, "sliding_window");
     c.use("sliding_window");
@@ -991,6 +996,7 @@ json falcon_block(const Config& config, int64_t window) {
                          {!m.qkv_bias, "biases on q, k and v alone"},
                          {!m.embedding_norm, "an embedding norm"},
                          {window == 0, "a sliding window"},
+                         {m.d_head() * H == m.d_model, "heads other than d_model / heads wide (model.head_dim)"},
                          {!new_decoder || m.block != BlockKind::sequential,
                           "grouped-query attention in a sequential block (Falcon's new decoder architecture is "
                           "parallel)"}});
@@ -1031,6 +1037,7 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
   const bool rms_rotary = method == "rotary" && m.norm == NormKind::rmsnorm;  // Llama's and its kin's
   const bool common = m.causal() && !m.adaptive() && windows && m.final_norm && (!m.qk_norm || rms_rotary);
   const int64_t D = m.d_model, H = m.heads, F = m.ffn_width();
+  const bool standard_heads = m.d_head() * H == D;  // Llama's kin alone write head_dim
   HfExportConfig out;
   if (!common)
     throw NoTransformersClass(!m.causal()                ? "a masked LM"
@@ -1095,7 +1102,8 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
                              {m.key_value_heads() == H, "grouped-query attention"},
                              {m.block != BlockKind::parallel_shared, "one norm shared by attention and ffn"},
                              {!m.embedding_norm, "an embedding norm"}, {window == 0, "a sliding window"},
-                             {option("scaling", "none") == "none", "a RoPE scaling built in"}});
+                             {option("scaling", "none") == "none", "a RoPE scaling built in"},
+                             {standard_heads, "heads other than d_model / heads wide (model.head_dim)"}});
     c.update({{"hidden_size", D}, {"num_attention_heads", H}, {"num_hidden_layers", m.layers},
               {"intermediate_size", F}, {"hidden_act", hf_activation(act)}, {"layer_norm_eps", m.norm_eps},
               {"max_position_embeddings", config.train.seq_len}, {"rope_parameters", rope_json(position, config)},
@@ -1106,7 +1114,8 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
                              {m.ffn == FfnKind::mlp, "a gated ffn"}, {m.key_value_heads() == H, "grouped-query attention"},
                              {m.block == BlockKind::sequential, "a parallel block"},
                              {!m.embedding_norm, "an embedding norm"}, {window == 0, "a sliding window"},
-                             {!m.scale_embedding, "an embedding scaled by sqrt(d_model) beside learned positions"}});
+                             {!m.scale_embedding, "an embedding scaled by sqrt(d_model) beside learned positions"},
+                             {standard_heads, "heads other than d_model / heads wide (model.head_dim)"}});
     c.update({{"n_embd", D}, {"n_layer", m.layers}, {"n_head", H}, {"n_inner", F},
               {"n_positions", int64_t(number("max_length", 1024))}, {"activation_function", hf_activation(act)},
               {"layer_norm_epsilon", m.norm_eps}, {"scale_attn_weights", true}});
@@ -1125,7 +1134,8 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
       require_all("alibi", {{m.norm == NormKind::layernorm && m.ffn == FfnKind::mlp && m.block == BlockKind::sequential &&
                                  m.key_value_heads() == H && window == 0,
                              "RMSNorm, a gated ffn, a parallel block, grouped-query attention or a window beside ALiBi"},
-                            {F == 4 * D, "a feed-forward width other than 4 d_model"}});
+                            {F == 4 * D, "a feed-forward width other than 4 d_model"},
+                            {standard_heads, "heads other than d_model / heads wide (model.head_dim)"}});
       out.family = m.embedding_norm ? "bloom" : "mpt";
       require_all(out.family, {{number("bias_scale", 1.0) == 1.0, "a scaled ALiBi bias"}});
       if (m.embedding_norm) {

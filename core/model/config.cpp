@@ -110,7 +110,10 @@ void read_model_section(const OptionReader& root, Config& c) {
   auto& m = c.model;
   r.read("layers", m.layers, "number of transformer blocks");
   r.read("d_model", m.d_model, "model width");
-  r.read("heads", m.heads, "attention heads (d_model must divide evenly)");
+  r.read("heads", m.heads, "attention heads (d_model must divide evenly unless head_dim is set)");
+  r.read("head_dim", m.head_dim,
+         "each head's width: q, k and v are heads x head_dim wide, the output projection maps that back to d_model "
+         "(0: d_model / heads; Qwen3-0.6B, Mistral-Nemo and Gemma have heads of their own width)");
   r.read("kv_heads", m.kv_heads,
          "key and value heads, grouped-query attention: each shared by heads / kv_heads query heads (0: heads; "
          "1: multi-query)");
@@ -186,9 +189,10 @@ void read_model_section(const OptionReader& root, Config& c) {
       r.fail("init", "fairseq zeroes the output projection's bias; with model.bias false there is none (use torch)");
     r.at_least("efficient_threshold", m.efficient_threshold, 1);
     r.in_range("attention_dropout", m.attention_dropout, 0, 1);
-    if (m.d_model % m.heads != 0)
+    r.at_least("head_dim", m.head_dim, 0);
+    if (m.head_dim == 0 && m.d_model % m.heads != 0)
       r.fail("heads", "d_model (" + std::to_string(m.d_model) + ") must be a multiple of heads (" +
-                          std::to_string(m.heads) + ")");
+                          std::to_string(m.heads) + "), or model.head_dim set");
     r.in_range("dropout", m.dropout, 0, 1);
     r.in_range("activation_dropout", m.activation_dropout, 0, 1);
     check_adaptive_keys(r, m);
@@ -533,6 +537,8 @@ YAML::Node keys_affecting(const Config& config, std::initializer_list<Affects> k
   if (config.model.activation_dropout == m.activation_dropout) remove_key(out, "model.activation_dropout");
   // The architectures of issue 77: only the keys that differ from GPT-2's block.
   if (config.model.kv_heads == m.kv_heads) remove_key(out, "model.kv_heads");
+  if (config.model.head_dim * config.model.heads == config.model.d_model || config.model.head_dim == 0)
+    remove_key(out, "model.head_dim");  // d_model / heads, written or not
   if (config.model.ffn_multiple == m.ffn_multiple) remove_key(out, "model.ffn_multiple");
   if (config.model.ffn == m.ffn) remove_key(out, "model.ffn");
   if (config.model.norm == m.norm) remove_key(out, "model.norm");

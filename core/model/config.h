@@ -159,6 +159,7 @@ struct ModelConfig {
   int64_t d_model = 256;
   int64_t heads = 8;
   int64_t kv_heads = 0;             // grouped-query attention: K and V heads (0: heads; 1: multi-query)
+  int64_t head_dim = 0;             // each head's width (0: d_model / heads; Qwen3-0.6B, Mistral-Nemo, Gemma differ)
   int64_t d_ffn = 1024;             // 0: by rule (ffn_width)
   int64_t ffn_multiple = 256;       // d_ffn 0 with a GLU: Llama's width rounded up to a multiple of this
   double dropout = 0.1;
@@ -191,7 +192,7 @@ struct ModelConfig {
   bool causal() const { return objective == Objective::causal_lm; }
   bool adaptive() const { return !adaptive_cutoffs.empty(); }
   int64_t key_value_heads() const { return kv_heads > 0 ? kv_heads : heads; }
-  int64_t d_head() const { return d_model / heads; }
+  int64_t d_head() const { return head_dim > 0 ? head_dim : d_model / heads; }
   bool gated_ffn() const { return ffn != FfnKind::mlp; }
   bool norm_biased() const { return norm_bias.value_or(bias); }  // whether the norms have biases
   // The feed-forward hidden width: d_ffn, or with d_ffn 0 by rule: 4 d_model for the mlp; for a GLU

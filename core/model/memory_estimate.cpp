@@ -84,12 +84,13 @@ std::string MemoryEstimate::parts() const {
 int64_t parameter_count_estimate(const Config& c, int64_t vocab_size) {
   const ModelConfig& m = c.model;
   const int64_t d = m.d_model, f = m.ffn_width(), kv = mul(m.key_value_heads(), m.d_head());
+  const int64_t q = mul(m.heads, m.d_head());  // d unless model.head_dim says otherwise
   const int64_t b = m.bias ? 1 : 0, ffn_matrices = m.gated_ffn() ? 3 : 2;
   const int64_t norms = m.block == BlockKind::parallel_shared ? 1 : 2;
   // q, k, v and out; the feed-forward matrices; their biases; the norms (weight, and bias); qk_norm's.
-  int64_t per_layer = add(mul(d, add(mul(2, d), mul(2, kv))), mul(mul(ffn_matrices, d), f));
-  per_layer = add(per_layer, mul(b, add(add(mul(3, d), mul(2, kv)), mul(ffn_matrices - 1, f))));  // q, out, ffn_out; k, v; ffn_in
-  if (!m.bias && m.qkv_bias) per_layer = add(per_layer, add(d, mul(2, kv)));  // q, k and v's biases alone
+  int64_t per_layer = add(mul(d, add(mul(2, q), mul(2, kv))), mul(mul(ffn_matrices, d), f));
+  per_layer = add(per_layer, mul(b, add(add(add(q, mul(2, d)), mul(2, kv)), mul(ffn_matrices - 1, f))));  // q; out, ffn_out; k, v; ffn_in
+  if (!m.bias && m.qkv_bias) per_layer = add(per_layer, add(q, mul(2, kv)));  // q, k and v's biases alone
   const int64_t nb = m.norm_biased() ? 1 : 0;
   per_layer = add(per_layer, mul(mul(norms, d), 1 + nb));
   if (m.qk_norm) per_layer = add(per_layer, mul(mul(2, m.d_head()), 1 + nb));
@@ -100,7 +101,7 @@ int64_t parameter_count_estimate(const Config& c, int64_t vocab_size) {
     const AttentionConfig& a = plan.kinds[kind].attention;  // sink and SSMax (H,) each; the gate's projection
     if (a.sink) total = add(total, m.heads);
     if (a.ssmax) total = add(total, m.heads);
-    if (a.gate != AttentionGate::none) total = add(total, mul(d, a.gate == AttentionGate::headwise ? m.heads : d));
+    if (a.gate != AttentionGate::none) total = add(total, mul(d, a.gate == AttentionGate::headwise ? m.heads : q));
   }
   if (!m.tie_embeddings) total = add(total, mul(vocab_size, d));
   if (m.final_norm) total = add(total, mul(d, 1 + nb));
@@ -109,11 +110,11 @@ int64_t parameter_count_estimate(const Config& c, int64_t vocab_size) {
 
 double forward_flops(const ModelConfig& m, int64_t vocab_size, int64_t windows, int64_t length, int64_t scored) {
   const double d = double(m.d_model), tokens = double(windows) * double(length);
-  const double kv = double(m.key_value_heads() * m.d_head());
+  const double kv = double(m.key_value_heads() * m.d_head()), q = double(m.heads * m.d_head());
   // q and out, k and v (grouped-query: kv_heads of them); the FFN's two or three
-  const double projections = 2.0 * d * d + 2.0 * d * kv + (m.gated_ffn() ? 3.0 : 2.0) * d * double(m.ffn_width());
+  const double projections = 2.0 * d * q + 2.0 * d * kv + (m.gated_ffn() ? 3.0 : 2.0) * d * double(m.ffn_width());
   const double pairs = double(windows) * double(length) * (double(length) + 1.0) / 2.0;
-  return double(m.layers) * (2.0 * tokens * projections + 4.0 * pairs * d) + 2.0 * double(scored) * d * double(vocab_size);
+  return double(m.layers) * (2.0 * tokens * projections + 4.0 * pairs * q) + 2.0 * double(scored) * d * double(vocab_size);
 }
 
 int64_t vocabulary_parameters(const ModelConfig& m, int64_t vocab_size) {

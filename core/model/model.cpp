@@ -31,9 +31,9 @@ SelfAttentionImpl::SelfAttentionImpl(SelfAttentionOptions options_) : options(st
 }
 
 void SelfAttentionImpl::reset() {
-  const int64_t D = options.d_model(), H = options.heads(), Dh = D / H, Hkv = options.key_value_heads();
+  const int64_t D = options.d_model(), H = options.heads(), Dh = options.d_head(), Hkv = options.key_value_heads();
   qkv = register_module("qkv", torch::nn::Linear(torch::nn::LinearOptions(D, (H + 2 * Hkv) * Dh).bias(options.bias() || options.qkv_bias())));
-  out = register_module("out", torch::nn::Linear(torch::nn::LinearOptions(D, D).bias(options.bias())));
+  out = register_module("out", torch::nn::Linear(torch::nn::LinearOptions(H * Dh, D).bias(options.bias())));
   if (options.qk_norm()) {
     const NormOptions per_head(Dh, options.norm(), options.norm_eps(), options.norm_bias());
     q_norm = register_module("q_norm", Norm(per_head));
@@ -47,7 +47,7 @@ void SelfAttentionImpl::reset() {
     ssmax = register_parameter("ssmax", torch::full({H}, extras.ssmax_init));
   }
   if (extras.gate != AttentionGate::none) {
-    const int64_t width = extras.gate == AttentionGate::headwise ? H : options.d_model();
+    const int64_t width = extras.gate == AttentionGate::headwise ? H : H * Dh;
     gate = register_module("gate", torch::nn::Linear(torch::nn::LinearOptions(options.d_model(), width).bias(false)));
   }
 }
@@ -68,7 +68,7 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, PositionMethod&
                                          const TokenPositions& positions,
                                          const AttentionOptions& attention_options,
                                          KVCache::Layer* cache, const torch::Tensor& projected) {
-  const auto B = x.size(0), T = x.size(1), H = options.heads(), Dh = options.d_model() / H;
+  const auto B = x.size(0), T = x.size(1), H = options.heads(), Dh = options.d_head();
   // Views of the projection (core/kernels/qkv_heads.h): their gradients go back into its layout with
   // no copy where the fused attention writes them there, else with one.
   const auto& input = projected.defined() ? projected : x;
@@ -215,6 +215,7 @@ void BlockImpl::reset() {
   attention = register_module(
       "attention", SelfAttention(SelfAttentionOptions(D, m.heads)
                                      .kv_heads(m.kv_heads)
+                                     .head_dim(m.head_dim)
                                      .bias(m.bias)
                                      .qkv_bias(m.qkv_bias)
                                      .qk_norm(m.qk_norm)
@@ -361,7 +362,7 @@ TransformerLMImpl::TransformerLMImpl(const ModelConfig& config, int64_t vocab_si
     const int64_t kv = config.key_value_heads() * config.d_head();
     for (size_t l = 0; l < blocks->size(); ++l) {
       auto& attention = *blocks[l]->as<Block>()->attention;
-      for (auto& part : attention.qkv->weight.split_with_sizes({config.d_model, kv, kv}, 0))  // q (D, D); k, v
+      for (auto& part : attention.qkv->weight.split_with_sizes({config.heads * config.d_head(), kv, kv}, 0))  // q, k, v
         torch::nn::init::xavier_uniform_(part, 1.0 / std::sqrt(2.0));
       torch::nn::init::xavier_uniform_(attention.out->weight);
       if (attention.out->bias.defined()) attention.out->bias.zero_();

@@ -35,6 +35,7 @@ struct SelfAttentionOptions {
   TORCH_ARG(int64_t, d_model);
   TORCH_ARG(int64_t, heads);
   TORCH_ARG(int64_t, kv_heads) = 0;            // key and value heads (0: heads)
+  TORCH_ARG(int64_t, head_dim) = 0;            // each head's width (0: d_model / heads)
   TORCH_ARG(bool, bias) = true;                // the projections' biases
   TORCH_ARG(bool, qkv_bias) = false;           // with bias false: q, k and v's alone (Qwen2)
   TORCH_ARG(bool, qk_norm) = false;            // a norm of each head's q and k, d_head wide
@@ -48,6 +49,7 @@ struct SelfAttentionOptions {
 
  public:
   int64_t key_value_heads() const { return kv_heads_ > 0 ? kv_heads_ : heads_; }
+  int64_t d_head() const { return head_dim_ > 0 ? head_dim_ : d_model_ / heads_; }
 };
 
 // The keys and values a causal model has computed, layer by layer, for generation. A forward

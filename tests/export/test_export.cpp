@@ -412,9 +412,10 @@ TEST_CASE("export: a model of each architecture option, Python reproduces extrap
       train_eval_export(d, "p_rope_half", "{name: p_rope, keep: 0.5, pairing: half}", true, "byte", ", kv_heads: 2"),
       train_eval_export(d, "masked_llama", "alibi_symmetric", false, "byte",
                         ", norm: rmsnorm, ffn: swiglu, d_ffn: 48, kv_heads: 2, block: parallel, qk_norm: true"),
+      // heads wider than d_model / heads, as Qwen3-0.6B's (format 5)
       train_eval_export(d, "qwen3_hf", "{name: rotary, pairing: half}", true, "byte",
                         ", qk_norm: true, norm: rmsnorm, norm_eps: 0.000001, ffn: swiglu, d_ffn: 48, bias: false, "
-                        "kv_heads: 2, tie_embeddings: false")};
+                        "kv_heads: 2, tie_embeddings: false, head_dim: 16")};
   check_in_python(d, models);
   // Hugging Face's own parts (LlamaRMSNorm, LlamaMLP, repeat_kv, rotate_half) and whole models
   // (LlamaForCausalLM, Qwen3ForCausalLM) given extrap's weights give extrap's numbers.
@@ -443,6 +444,12 @@ TEST_CASE("export: a model of each architecture option, Python reproduces extrap
   for (const char* name : {"blocks.0.attention.qkv.bias", "blocks.0.ffn_in.bias", "blocks.0.ln_ffn.weight"})
     CHECK(falcon.tensors.count(name) == 0);
   CHECK(read_safetensors_checked(d.root / "bloom.safetensors").metadata.at("format") == "extrap-safetensors/2");
+  const SafetensorsFile qwen3 = read_safetensors_checked(d.root / "qwen3_hf.safetensors");
+  CHECK(qwen3.metadata.at("format") == "extrap-safetensors/5");
+  CHECK(json::parse(qwen3.metadata.at("model")).at("d_head") == 16);
+  CHECK(qwen3.tensors.at("blocks.0.attention.qkv.weight").shape == std::vector<int64_t>{(4 + 2 * 2) * 16, 32});
+  CHECK(qwen3.tensors.at("blocks.0.attention.out.weight").shape == std::vector<int64_t>{32, 4 * 16});
+  CHECK(json::parse(llama.metadata.at("model")).at("d_head") == 8);
 }
 
 TEST_CASE("export: a sentencepiece model carries its tokenizer, and Python tokenises and scores as "

@@ -136,8 +136,8 @@ void check_logprobs(const std::string& name, TransformerLM& model) {
 TEST_CASE("import: each family's log-probabilities equal transformers', inside and beyond its length",
           "[import][python]") {
   for (const std::string name :
-       {"llama", "llama_tied", "mistral", "mistral_spm", "qwen2", "qwen2_windows", "qwen2_windows_hub", "qwen3", "qwen3_windows", "gpt2", "bloom", "bloom_h8", "gpt_neox", "gpt_neox_seq", "mpt",
-        "falcon_rw", "falcon_alibi_mq", "falcon_7b", "falcon_40b", "falcon_seq"}) {
+       {"llama", "llama_tied", "mistral", "mistral_spm", "qwen2", "qwen2_windows", "qwen2_windows_hub", "qwen3", "qwen3_windows", "qwen3_wide_heads", "mistral_narrow_heads", "gpt2", "bloom", "bloom_h8", "gpt_neox",
+        "gpt_neox_seq", "mpt", "falcon_rw", "falcon_alibi_mq", "falcon_7b", "falcon_40b", "falcon_seq"}) {
     DYNAMIC_SECTION(name) {
       TempDir d("import");
       // BLOOM's config.json gives no training length: the fixtures' is 64.
@@ -338,8 +338,10 @@ TEST_CASE("import: bad folders are refused in one line, nothing written", "[impo
     });
     check_refused(q, run, "config.json: sliding_window is null while layer_types names sliding_attention layers");
     const fs::path q3 = copy_of(d, "qwen3");
-    edit_config(q3, [](nlohmann::json& c) { c.erase("head_dim"); });
-    check_refused(q3, run, "config.json: head_dim 128 (Qwen3's default) differs from hidden_size / num_attention_heads = 16");
+    edit_config(q3, [](nlohmann::json& c) { c["head_dim"] = nullptr; });
+    check_refused(q3, run, "config.json: head_dim is null, which Qwen3's attention would take as its heads' width");
+    edit_config(q3, [](nlohmann::json& c) { c["head_dim"] = 0; });
+    check_refused(q3, run, "config.json: head_dim 0 must be at least 1");
     edit_config(q3, [](nlohmann::json& c) { c["head_dim"] = 16; c["attention_bias"] = true; });
     check_refused(q3, run, "config.json: attention_bias true is not imported (no biases in the attention projections)");
     // Keys left out take Qwen2Config's defaults: a window of 4096 from layer 28 on (none of 3).
@@ -387,7 +389,7 @@ TEST_CASE("export --format hf: transformers loads each family with its own class
   // (qwen2_windows: sliding windows on layers 1 and 2 of 3, a layer pattern in extrap, Qwen2's
   // layer_types again in the folder.)
   const std::vector<std::string> names = {"llama", "llama_tied", "mistral", "qwen2", "qwen2_windows", "qwen2_windows_hub",
-                                          "qwen3", "qwen3_windows",
+                                          "qwen3", "qwen3_windows", "qwen3_wide_heads", "mistral_narrow_heads",
                                           "gpt2", "bloom", "gpt_neox", "mpt", "falcon_rw", "falcon_alibi_mq", "falcon_7b", "falcon_40b",
                                           "falcon_seq", "llama_yarn"};
   std::string args;  // one Python process checks every folder
@@ -431,7 +433,8 @@ TEST_CASE("export --format hf: an extrap model with a family's options, and one 
   config.data.cache_dir = (d.root / "cache").string();
   const Corpus corpus = load_corpus(config.data);
   // Each model's family: Llama, Qwen2 (q, k, v biases) with a sliding window of 4 on every layer
-  // and, through a layer pattern, on the second of two, Qwen3 (qk_norm), and two Falcons.
+  // and, through a layer pattern, on the second of two, Qwen3 (qk_norm), Mistral, and two Falcons;
+  // Qwen3's and Mistral's heads not d_model / heads wide (model.head_dim).
   std::map<std::string, std::pair<Config, std::string>> models;
   models["llama"] = {config, "llama"};
   Config qwen = config;
@@ -445,9 +448,14 @@ TEST_CASE("export --format hf: an extrap model with a family's options, and one 
   // (reset: assigning to the node the copy shares with `config` would change config's too)
   qwen_pattern.layers.reset(YAML::Load("{pattern: [full, sliding], kinds: {full: {}, sliding: {attention: {window: 4}}}}"));
   models["qwen_pattern"] = {qwen_pattern, "qwen2"};
-  Config qwen3 = config;  // Qwen3: an RMSNorm of each head's q and k
+  Config qwen3 = config;  // Qwen3: an RMSNorm of each head's q and k; heads wider than d_model / heads, as 0.6B's
   qwen3.model.qk_norm = true;
+  qwen3.model.head_dim = 16;
   models["qwen3"] = {qwen3, "qwen3"};
+  Config mistral = config;  // Mistral: a window on every layer; heads narrower than d_model / heads
+  mistral.model.attention_options.window = 4;
+  mistral.model.head_dim = 4;
+  models["mistral"] = {mistral, "mistral"};
   // Falcon: LayerNorms with biases, exact GELU, no linear biases; Falcon-7B's block (one key-value
   // head, one shared norm), and the new decoder architecture's (2 groups, two norms).
   Config falcon7 = config;
@@ -499,6 +507,13 @@ TEST_CASE("export --format hf: an extrap model with a family's options, and one 
                     Contains("sliding windows on some layers only, without q, k, v biases"));
   CHECK_FALSE(fs::exists(d.root / "hf3"));
   CHECK(export_hf(d.root / "partial" / "run", d.root / "hf3", false).family == "extrap");
+  // Heads of their own width in Falcon's block: Falcon's class has none, so remote code.
+  Config wide_falcon = falcon7;
+  wide_falcon.model.head_dim = 16;
+  train_briefly(wide_falcon, corpus, d.root / "wide_falcon", 2);
+  CHECK_THROWS_WITH(export_hf(d.root / "wide_falcon" / "run", d.root / "hf4", false, HfClass::native),
+                    Contains("heads other than d_model / heads wide (model.head_dim)"));
+  CHECK_FALSE(fs::exists(d.root / "hf4"));
 }
 
 namespace {
@@ -529,11 +544,14 @@ TEST_CASE("export --format hf: a model no class computes ships remote code that 
   pattern.model.ffn = FfnKind::swiglu;
   pattern.model.attention_options.sink = true;
   pattern.layer_pattern = {"local", "global"};
+  pattern.model.head_dim = 12;  // heads wider than d_model / heads, a gate per feature of them
   pattern.layers = YAML::Load("{pattern: [local, global], kinds: {local: {position: alibi_learned, attention: "
-                              "{window: 8, gate: headwise}}, global: {attention: {ssmax: true}}}}");
+                              "{window: 8, gate: headwise}}, global: {attention: {ssmax: true, gate: elementwise}}}}");
   models["pattern"] = pattern;
   models["cope"] = tiny_config("cope");  // a bias from the queries and the gated scores
   models["cope"].model.adaptive_cutoffs = {64, 128};  // adaptive input and softmax
+  models["cope"].model.heads = 3;  // heads narrower than d_model / heads, which 3 does not divide
+  models["cope"].model.head_dim = 6;
   models["masked"] = tiny_config("t5_bias");  // a bidirectional masked LM
   models["masked"].model.objective = Objective::masked_lm;
   for (auto& [name, config] : models) config.data = data;

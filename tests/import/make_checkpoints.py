@@ -282,12 +282,14 @@ def falcon_config(V, ids, **over):
     return FalconConfig(**kw)
 
 
-def mistral_config(V, ids):
-    return MistralConfig(
+def mistral_config(V, ids, **over):
+    kw = dict(
         vocab_size=V, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
         num_attention_heads=8, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
         rms_norm_eps=1e-5, rope_parameters=dict(LLAMA_ROPE), sliding_window=16,
         tie_word_embeddings=False, initializer_range=INIT_STD, **ids)
+    kw.update(over)
+    return MistralConfig(**kw)
 
 
 def legacy_rope(rope_scaling, rope_theta=10000.0):
@@ -333,6 +335,21 @@ def qwen3_config(V, i, **over):
         use_sliding_window=False, tie_word_embeddings=False, initializer_range=INIT_STD, **i)
     kw.update(over)
     return Qwen3Config(**kw)
+
+
+def without_head_dim(cfg: dict) -> dict:
+    """config.json without head_dim: Qwen3Config's default, 128, applies."""
+    del cfg["head_dim"]
+    return cfg
+
+
+def expect_head_dim(width):
+    def check(model) -> None:
+        attention = model.model.layers[0].self_attn
+        assert attention.head_dim == width, attention.head_dim
+        assert attention.q_proj.out_features == width * model.config.num_attention_heads
+
+    return check
 
 
 def qwen2_windows_hub_style(cfg: dict) -> dict:
@@ -499,6 +516,17 @@ CASES = {
         "qwen3", "qwen2", 1270, 160,
         lambda V, i: qwen3_config(V, i, num_hidden_layers=3, use_sliding_window=True, sliding_window=16,
                                   max_window_layers=1)),
+    # ---- Heads not hidden_size / num_attention_heads wide: Qwen3-0.6B's (128 of 16 over 1024; here
+    # Qwen3Config's default 128, config.json without head_dim, of 2 heads over 64) and Mistral-Nemo's
+    # (128 of 32 over 5120; here 16 of 4 over 128)
+    "qwen3_wide_heads": case(
+        "qwen3", "qwen2", 1280, 160,
+        lambda V, i: qwen3_config(V, i, hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=128),
+        config_edit=without_head_dim, expect=expect_head_dim(128)),
+    "mistral_narrow_heads": case(
+        "mistral", "mistral", 1110, 160,
+        lambda V, i: mistral_config(V, i, num_attention_heads=4, num_key_value_heads=2, head_dim=16),
+        config_edit=mistral_hub_style, expect=expect_head_dim(16)),
     # ---- GPT-2: learned absolute positions, T stays inside n_positions
     "gpt2": case(
         "gpt2", "gpt2", 1300, 200,

@@ -463,8 +463,9 @@ TEST_CASE("a block of each residual pattern and part equals its parts composed f
           m.kv_heads = grouped ? 2 : 0;
           m.bias = ffn != FfnKind::swiglu;  // SwiGLU blocks without biases, the others with
           m.qk_norm = grouped;
+          m.head_dim = grouped && norm == NormKind::rmsnorm ? 12 : 0;  // 4 heads of 12 over d_model 32
           INFO(enum_name(kind) << ", " << enum_name(norm) << ", " << enum_name(ffn) << (grouped ? ", 2 key heads, qk_norm" : "")
-                               << (m.bias ? "" : ", no biases"));
+                               << (m.head_dim ? ", heads 12 wide" : "") << (m.bias ? "" : ", no biases"));
           Block block{BlockOptions(m)};
           {
             torch::NoGradGuard no_grad;
@@ -532,6 +533,8 @@ TEST_CASE("architecture keys that do not apply are refused in one line, and thei
   refused("model: {norm: batchnorm}", "batchnorm");
   refused("model: {block: serial}", "serial");
   refused("model: {kv_heads: -1}", "kv_heads");
+  refused("model: {head_dim: -4}", "head_dim");
+  refused("model: {d_model: 32, heads: 3}", "d_model (32) must be a multiple of heads (3), or model.head_dim set");
   // Llama's feed-forward width: 2/3 of 4 d_model, rounded up to a multiple of ffn_multiple.
   ModelConfig m;
   m.ffn = FfnKind::swiglu;
@@ -548,8 +551,17 @@ TEST_CASE("architecture keys that do not apply are refused in one line, and thei
   // keep their fingerprints); one that sets a key has it.
   const YAML::Node plain = config_from_yaml(YAML::Load("model: {layers: 2}"), "c.yaml").model_keys()["model"];
   for (const char* key : {"kv_heads", "ffn_multiple", "ffn", "norm", "norm_eps", "bias", "block", "qk_norm",
-                          "embedding_norm"})
+                          "embedding_norm", "head_dim"})
     CHECK(!plain[key]);
+  // head_dim: d_model / heads written out is the same model, so the same identity.
+  const auto identity = [](const std::string& yaml) {
+    return YAML::Dump(config_from_yaml(YAML::Load(yaml), "c.yaml").model_keys());
+  };
+  CHECK(identity("model: {d_model: 64, heads: 4, head_dim: 16}") == identity("model: {d_model: 64, heads: 4}"));
+  CHECK(identity("model: {d_model: 64, heads: 4, head_dim: 32}") != identity("model: {d_model: 64, heads: 4}"));
+  const Config wide = config_from_yaml(YAML::Load("model: {d_model: 30, heads: 4, head_dim: 32}"), "c.yaml");
+  CHECK(wide.model.d_head() == 32);
+  CHECK(wide.model_keys()["model"]["head_dim"].as<int>() == 32);
   const YAML::Node llama =
       config_from_yaml(YAML::Load("model: {kv_heads: 2, norm: rmsnorm, ffn: swiglu}"), "c.yaml").model_keys()["model"];
   CHECK(llama["kv_heads"].as<int>() == 2);

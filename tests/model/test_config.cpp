@@ -364,6 +364,7 @@ TEST_CASE("config: each key's mark decides the run fingerprint and what a sweep 
   c.model.bias = false;
   c.model.block = BlockKind::parallel;
   c.model.qk_norm = true;
+  c.model.head_dim = 3 * c.model.d_head();  // not d_model / heads: kept in the identity
   c.model.embedding_norm = true;
   c.model.activation_dropout = 0.1;
   c.model.final_norm = false;

@@ -56,6 +56,23 @@ inline std::vector<Architecture> architectures() {
          c.position_name = "xpos";
          c.position = YAML::Load("{name: xpos, pairing: half}");
        }},
+      {"Qwen3-0.6B/Gemma: heads wider than d_model / heads (4 of 16 over d_model 32), 2 key heads, qk_norm, a "
+       "gate per feature, rotary half pairs",
+       [](Config& c) {
+         c.model.head_dim = 16;
+         c.model.kv_heads = 2;
+         c.model.qk_norm = true;
+         c.model.norm = NormKind::rmsnorm;
+         c.model.attention_options.gate = AttentionGate::elementwise;
+         c.position_name = "rotary";
+         c.position = YAML::Load("{name: rotary, pairing: half}");
+       }},
+      {"heads narrower than d_model / heads, of a width no vector divides (3 of 6 over d_model 32, which 3 does not "
+       "divide), alibi",
+       [](Config& c) {
+         c.model.heads = 3;
+         c.model.head_dim = 6;
+       }},
   };
 }
 
