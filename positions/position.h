@@ -119,7 +119,7 @@ struct LayerInput {
 
 // Evaluation-time scaling of rotary frequencies: a model trained with rotary angles at length
 // L evaluated at longer lengths without retraining (the formulas: positions/rotation.h).
-enum class RopeScalingKind { none, linear, ntk, dynamic, yarn, yarn_paper, llama3, self_extend };
+enum class RopeScalingKind { none, linear, ntk, dynamic, yarn, yarn_paper, llama3, longrope, self_extend };
 
 struct RopeScaling {
   RopeScalingKind kind = RopeScalingKind::none;
@@ -133,11 +133,17 @@ struct RopeScaling {
   // query keep their positions, farther ones are seen at grouped positions (TokenPositions::
   // grouped), group size `factor` (a whole number).
   int64_t neighbor_window = 0;
+  // longrope (LongRoPE, Ding et al. 2024, as Phi-3 uses it): pair k's frequency divided by
+  // short_factor[k] while the window ends at or before L, by long_factor[k] past it (one factor a
+  // rotated pair: the lists come from a checkpoint's rope_scaling); cos and sin times
+  // attention_factor (0: sqrt(1 + ln s / ln L) for s > 1, else 1).
+  std::vector<double> short_factor, long_factor;
+  double attention_factor = 0;
 
   bool active() const { return kind != RopeScalingKind::none; }
 };
 
-// "none", "linear", "ntk", "dynamic", "yarn", "yarn_paper", "llama3", "self_extend"; parse_rope_scaling refuses any other
+// "none", "linear", "ntk", "dynamic", "yarn", "yarn_paper", "llama3", "longrope", "self_extend"; parse_rope_scaling refuses any other
 // name, naming `where` (a flag or key) and the known names.
 std::string rope_scaling_name(RopeScalingKind kind);
 RopeScalingKind parse_rope_scaling(const std::string& name, const std::string& where);

@@ -8,7 +8,7 @@
 // rotary_pct) rotate; the rest pass through unchanged.
 //
 // `scaling` builds a RoPE scaling into the model (a released checkpoint's rope_scaling, which
-// `extrap import` maps here): linear, ntk, dynamic, yarn, yarn_paper or llama3 with its factor,
+// `extrap import` maps here): linear, ntk, dynamic, yarn, yarn_paper, llama3 or longrope with its factor,
 // original length and the kind's own options, by the formulas of positions/rotation.h, in every
 // forward pass. Such a model refuses evaluation-time scaling on top (`extrap eval --rope-scaling`
 // other than none): the two would compound. Because q_p . k_p' depends on p - p' only, the scores are
@@ -28,6 +28,8 @@ struct RotaryOptions {
   double scaling_factor = 1.0;
   int64_t scaling_length = 0;
   double beta_fast = 32.0, beta_slow = 1.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
+  std::vector<double> short_factor, long_factor;
+  double attention_factor = 0;
   void read(const OptionReader& r) {
     r.read("base", base, "wavelength base of the rotation angles");
     r.read("fraction", fraction,
@@ -35,13 +37,19 @@ struct RotaryOptions {
     read_pairing(r, pairing);
     r.read("scaling", scaling,
            "a RoPE scaling built into the model (a released checkpoint's rope_scaling): none, linear, ntk, dynamic, "
-           "yarn, yarn_paper or llama3");
+           "yarn, yarn_paper, llama3 or longrope");
     r.read("scaling_factor", scaling_factor, "scaling: its factor s");
-    r.read("scaling_length", scaling_length, "scaling: the original training length L (dynamic, yarn, llama3)");
+    r.read("scaling_length", scaling_length, "scaling: the original training length L (dynamic, yarn, llama3, longrope)");
     r.read("beta_fast", beta_fast, "scaling yarn: beta_fast");
     r.read("beta_slow", beta_slow, "scaling yarn: beta_slow");
     r.read("low_freq_factor", low_freq_factor, "scaling llama3: low_freq_factor");
     r.read("high_freq_factor", high_freq_factor, "scaling llama3: high_freq_factor");
+    r.read("short_factor", short_factor,
+           "scaling longrope: each rotated pair's frequency divided by its factor while the window ends at or before "
+           "L (one a pair)");
+    r.read("long_factor", long_factor, "scaling longrope: the same past L");
+    r.read("attention_factor", attention_factor,
+           "scaling longrope: cos and sin multiplied by it (0: sqrt(1 + ln s / ln L) for s > 1, else 1)");
     if (!r.decoding()) return;
     r.above("base", base, 1);
     r.in_range("fraction", fraction, 0, 1, "(]");
@@ -60,6 +68,9 @@ struct RotaryOptions {
     s.beta_slow = beta_slow;
     s.low_freq_factor = low_freq_factor;
     s.high_freq_factor = high_freq_factor;
+    s.short_factor = short_factor;
+    s.long_factor = long_factor;
+    s.attention_factor = attention_factor;
     check_rope_scaling(s);
     return s;
   }

@@ -17,6 +17,7 @@ std::string rope_scaling_name(RopeScalingKind kind) {
     case RopeScalingKind::yarn: return "yarn";
     case RopeScalingKind::yarn_paper: return "yarn_paper";
     case RopeScalingKind::llama3: return "llama3";
+    case RopeScalingKind::longrope: return "longrope";
     case RopeScalingKind::self_extend: return "self_extend";
   }
   return "?";
@@ -25,10 +26,10 @@ std::string rope_scaling_name(RopeScalingKind kind) {
 RopeScalingKind parse_rope_scaling(const std::string& name, const std::string& where) {
   for (auto kind : {RopeScalingKind::none, RopeScalingKind::linear, RopeScalingKind::ntk,
                     RopeScalingKind::dynamic, RopeScalingKind::yarn, RopeScalingKind::yarn_paper,
-                    RopeScalingKind::llama3, RopeScalingKind::self_extend})
+                    RopeScalingKind::llama3, RopeScalingKind::longrope, RopeScalingKind::self_extend})
     if (rope_scaling_name(kind) == name) return kind;
   throw ConfigError((where.empty() ? "" : where + ": ") + "unknown RoPE scaling '" + name +
-                    "' (known: none, linear, ntk, dynamic, yarn, yarn_paper, llama3, self_extend)");
+                    "' (known: none, linear, ntk, dynamic, yarn, yarn_paper, llama3, longrope, self_extend)");
 }
 
 std::vector<RopeScalingKind> parse_rope_variants(const std::vector<std::string>& names,
@@ -50,7 +51,7 @@ void check_rope_scaling(const RopeScaling& s) {
     throw ConfigError(what + ": factor " + number_text(s.factor) + " must be at least 1");
   const bool yarn = s.kind == RopeScalingKind::yarn || s.kind == RopeScalingKind::yarn_paper;
   const bool needs_length = s.kind == RopeScalingKind::dynamic || yarn || s.kind == RopeScalingKind::llama3 ||
-                            s.kind == RopeScalingKind::self_extend;
+                            s.kind == RopeScalingKind::longrope || s.kind == RopeScalingKind::self_extend;
   if (needs_length && s.original_length < 1)
     throw ConfigError(what + " needs the training length (got " +
                       std::to_string(s.original_length) + ")");
@@ -63,6 +64,20 @@ void check_rope_scaling(const RopeScaling& s) {
     if (s.neighbor_window < 1 || (s.original_length > 0 && s.neighbor_window >= s.original_length))
       throw ConfigError(what + ": the neighbour window " + std::to_string(s.neighbor_window) +
                         " must be at least 1 and below the training length " + std::to_string(s.original_length));
+  }
+  if (s.kind == RopeScalingKind::longrope) {
+    if (s.short_factor.empty() || s.short_factor.size() != s.long_factor.size())
+      throw ConfigError(what + " needs short_factor and long_factor, one factor for each rotated pair (a checkpoint's "
+                        "rope_scaling gives them; got " + std::to_string(s.short_factor.size()) + " and " +
+                        std::to_string(s.long_factor.size()) + ")");
+    for (const auto* list : {&s.short_factor, &s.long_factor})
+      for (const double f : *list)
+        if (!(std::isfinite(f) && f > 0))
+          throw ConfigError(what + ": " + (list == &s.short_factor ? "short_factor" : "long_factor") + " holds " +
+                            number_text(f) + "; each factor must be a finite number above 0");
+    if (!(std::isfinite(s.attention_factor) && s.attention_factor >= 0))
+      throw ConfigError(what + ": attention_factor " + number_text(s.attention_factor) +
+                        " must be a finite number at least 0 (0: the paper's sqrt(1 + ln s / ln L))");
   }
   if (s.kind == RopeScalingKind::llama3 &&
       !(s.high_freq_factor > s.low_freq_factor && s.low_freq_factor > 0))
@@ -114,11 +129,22 @@ torch::Tensor scaled_rotary_frequencies(int64_t rotated, double base, const Rope
       auto low = wavelength.gt(L / s.low_freq_factor), high = wavelength.lt(L / s.high_freq_factor);
       return torch::where(low, theta / factor, torch::where(high, theta, blended));
     }
+    case RopeScalingKind::longrope: {
+      const std::vector<double>& ext = double(current_length) > L ? s.long_factor : s.short_factor;
+      if (int64_t(ext.size()) != rotated / 2)
+        throw ConfigError("RoPE scaling longrope: " + std::to_string(ext.size()) + " factors for " +
+                          std::to_string(rotated / 2) + " rotated pairs");
+      return theta / torch::tensor(ext, torch::kFloat64);
+    }
   }
   return theta;
 }
 
 double rope_attention_factor(const RopeScaling& s) {
+  if (s.kind == RopeScalingKind::longrope) {
+    if (s.attention_factor > 0) return s.attention_factor;
+    return s.factor > 1.0 ? std::sqrt(1.0 + std::log(s.factor) / std::log(double(s.original_length))) : 1.0;
+  }
   const bool yarn = s.kind == RopeScalingKind::yarn || s.kind == RopeScalingKind::yarn_paper;
   return yarn && s.factor > 1.0 ? 0.1 * std::log(s.factor) + 1.0 : 1.0;
 }

@@ -54,6 +54,10 @@ torch::Tensor rotary_frequencies(int64_t rotated, double base);
 //   llama3   wavelength lambda_k = 2 pi / theta_k: above L / low_freq_factor theta_k / s, below
 //            L / high_freq_factor theta_k, between the blend (1 - m) theta_k / s + m theta_k with
 //            m = (L / lambda_k - low_freq_factor) / (high_freq_factor - low_freq_factor).
+//   longrope theta_k / short_factor[k] while the window ends at or before L (l <= L), theta_k /
+//            long_factor[k] past it, as transformers picks one set for a forward pass by its last
+//            position; cos and sin times attention_factor, or sqrt(1 + ln s / ln L) where it is 0
+//            and s > 1 (rope_attention_factor). Phi-3's; the factor lists come from its config.
 //   self_extend  theta_k unchanged: Self-Extend moves positions, not frequencies (the model
 //            rotates q and k a second time at TokenPositions::grouped positions).
 // With d = 2 the only frequency is theta_0 = 1 whatever the base, so ntk and dynamic change
@@ -61,7 +65,8 @@ torch::Tensor rotary_frequencies(int64_t rotated, double base);
 torch::Tensor scaled_rotary_frequencies(int64_t rotated, double base, const RopeScaling& scaling,
                                         int64_t current_length);
 
-// The factor cos and sin are multiplied by: 0.1 ln s + 1 for yarn and yarn_paper with s > 1, else 1.
+// The factor cos and sin are multiplied by: 0.1 ln s + 1 for yarn and yarn_paper with s > 1;
+// longrope's attention_factor, or sqrt(1 + ln s / ln L) with s > 1; else 1.
 double rope_attention_factor(const RopeScaling& scaling);
 
 // One past the last position of the window (the current length l of dynamic NTK).

@@ -344,7 +344,7 @@ core/kernels/rotate_pairs.cpp | out[p + P] = a * sn + b * c[p]; | out[p + P] = a
 core/kernels/rotate_pairs.cpp | return rotate(x, cos, sin, rotated, half, 1.0f); | return rotate(x, cos, sin, rotated, half, -1.0f); | the fused rotation turns by the negative angles forward
 core/hub/hf_checkpoint.cpp | rows(x.narrow(1, group, 1)), rows(x.narrow(1, group + 1, 1))}, 0); | rows(x.narrow(1, group + 1, 1)), rows(x.narrow(1, group, 1))}, 0); | BLOOM's, GPT-NeoX's and Falcon's fused q, k, v read with k and v swapped
 core/hub/hf_checkpoint.cpp | hf.model["block"] = c.get<bool>("use_parallel_residual", true) ? "parallel" : "sequential"; | hf.model["block"] = c.get<bool>("use_parallel_residual", true) ? "sequential" : "parallel"; | GPT-NeoX's residual pattern swapped
-core/hub/hf_checkpoint.cpp | plan[e + "ffn_in.weight"] = concatenated({s + "mlp.gate_proj.weight", s + "mlp.up_proj.weight"}, {F, F}); | plan[e + "ffn_in.weight"] = concatenated({s + "mlp.up_proj.weight", s + "mlp.gate_proj.weight"}, {F, F}); | Llama's gate and up projections swapped
+core/hub/hf_checkpoint.cpp | : concatenated({s + "mlp.gate_proj.weight", s + "mlp.up_proj.weight"}, {F, F}); | : concatenated({s + "mlp.up_proj.weight", s + "mlp.gate_proj.weight"}, {F, F}); | Llama's gate and up projections swapped
 core/model/model.cpp | const auto scaled = config_.scale_embedding ? x * std::sqrt(double(config_.d_model)) : x; | const auto scaled = x * std::sqrt(double(config_.d_model)); | model.scale_embedding false still scales the embedding
 core/model/model.cpp | return activation == Activation::relu ? torch::relu(t) : torch::gelu(t, "tanh"); | return activation == Activation::relu ? torch::relu(t) : torch::gelu(t); | gelu_tanh computed as the exact GELU
 core/hub/safetensors_reader.cpp | throw ConfigError(what + ": data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) + | (void)(what + ": data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) + | a tensor past the end of a truncated safetensors file is read
@@ -381,6 +381,11 @@ core/hub/hf_checkpoint.cpp | int64_t head_dim = hf.family == "qwen3" ? 128 : 0; 
 core/export/model_export.cpp | metadata["format"] = m.d_head() * m.heads != m.d_model ? "extrap-safetensors/5" | metadata["format"] = false ? "extrap-safetensors/5" | an export with heads of their own width written as format 4, which a reader of 4 misreads
 core/hub/hf_checkpoint.cpp | {m.d_head() * H == m.d_model, "heads other than d_model / heads wide (model.head_dim)"}, | {true, "heads other than d_model / heads wide (model.head_dim)"}, | a Falcon block with heads of their own width exported to Falcon's class, which computes d_model / heads
 core/model/memory_estimate.cpp | per_layer = add(per_layer, mul(b, add(add(add(q, mul(2, d)), mul(2, kv)), | per_layer = add(per_layer, mul(b, add(add(add(d, mul(2, d)), mul(2, kv)), | the parameter estimate counts q's bias d_model wide, not heads x head_dim
+positions/rotation.cpp | const std::vector<double>& ext = double(current_length) > L ? s.long_factor : s.short_factor; | const std::vector<double>& ext = double(current_length) > L ? s.short_factor : s.long_factor; | LongRoPE takes its short factors past the original length and its long ones inside it
+positions/rotation.cpp | return s.factor > 1.0 ? std::sqrt(1.0 + std::log(s.factor) / std::log(double(s.original_length))) : 1.0; | return 1.0; | LongRoPE without its default attention factor sqrt(1 + ln s / ln L)
+core/hub/hf_checkpoint.cpp | : c.has("original_max_position_embeddings") ? double(positive(c, "original_max_position_embeddings")) | : false ? double(positive(c, "original_max_position_embeddings")) | a top-level original_max_position_embeddings (Phi-3's) ignored for the scaling's own or the class default
+core/hub/hf_checkpoint.cpp | if (phi3 && (type == "su" | if (false && (type == "su" | Phi-3's rope_type su no longer read as longrope
+core/hub/hf_checkpoint.cpp | scaling == "longrope" ? int64_t(number("scaling_length", 0)) : config.train.seq_len; | config.train.seq_len; | a Phi-3 export's original_max_position_embeddings is its training length, not LongRoPE's original length
 EOF
 )
 

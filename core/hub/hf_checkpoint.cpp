@@ -3,6 +3,7 @@
 #include "core/base/errors.h"
 #include "core/base/files.h"
 #include "core/base/hashing.h"
+#include "positions/rotation.h"
 
 #include <algorithm>
 #include <cmath>
@@ -20,7 +21,9 @@ using json = nlohmann::json;
 namespace {
 
 // Keys that change no number of a forward pass in evaluation: identity, generation, training
-// and serving settings, dropout (off in evaluation).
+// and serving settings, dropout (off in evaluation); auto_map, the remote code some Hub folders
+// of a family transformers has natively also ship (Phi-3's, MPT's), which transformers runs only
+// with trust_remote_code: extrap follows the native class.
 const std::set<std::string>& neutral_keys() {
   static const std::set<std::string> keys = {
       "architectures", "model_type", "transformers_version", "dtype", "torch_dtype", "bos_token_id",
@@ -32,7 +35,7 @@ const std::set<std::string>& neutral_keys() {
       "attention_dropout", "attn_pdrop", "resid_pdrop", "embd_pdrop", "hidden_dropout", "summary_type",
       "summary_use_proj", "summary_activation", "summary_proj_to_labels", "summary_first_dropout",
       "n_ctx", "reorder_and_upcast_attn", "masked_softmax_fusion", "slow_but_exact", "pretraining_tp",
-      "tie_encoder_decoder", "is_decoder", "quantization_config_skip", "keys_to_ignore_at_inference"};
+      "tie_encoder_decoder", "is_decoder", "quantization_config_skip", "keys_to_ignore_at_inference", "auto_map"};
   return keys;
 }
 
@@ -99,20 +102,24 @@ int64_t positive(const ConfigReader& c, const std::string& key) {
 // A RoPE scaling of config.json (rope_parameters in transformers 5, rope_scaling before) as
 // rotary's built-in scaling (positions/rotary.cpp), with transformers' defaults: yarn's beta_fast
 // 32 and beta_slow 1 (0 meaning the default, as transformers' `or`), its attention factor 0.1 ln s
-// + 1, an original length of max_position_embeddings where the config names none. Keys of
-// another meaning (longrope's factors, yarn's mscale or truncate false, an attention_factor of
-// its own) are refused.
+// + 1, longrope's factor max_position_embeddings / the original length and attention factor
+// sqrt(1 + ln factor / ln original) where the config gives none. The original length (llama3,
+// yarn, longrope) is a top-level original_max_position_embeddings where the config has one
+// (transformers gives it priority: Phi-3 keeps it there, and Phi3Config's default, 4096, is
+// `original_default`), else the scaling's own, else max_position_embeddings. Keys of another
+// meaning (yarn's mscale or truncate false, an attention_factor of its own) are refused.
 void read_rope_scaling(const ConfigReader& c, const std::string& where, const std::string& type, const json& p,
-                       YAML::Node& position) {
+                       YAML::Node& position, int64_t original_default) {
   static const std::map<std::string, std::set<std::string>> kinds = {
       {"linear", {"factor"}},
       {"dynamic", {"factor", "original_max_position_embeddings"}},  // the latter unread, as transformers
       {"yarn", {"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor",
                 "truncate"}},
-      {"llama3", {"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"}}};
+      {"llama3", {"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"}},
+      {"longrope", {"factor", "original_max_position_embeddings", "short_factor", "long_factor", "attention_factor"}}};
   const auto kind = kinds.find(type);
   if (kind == kinds.end())
-    c.fail(where, "rope_type \"" + type + "\" is not imported (linear, dynamic, yarn and llama3 are)");
+    c.fail(where, "rope_type \"" + type + "\" is not imported (linear, dynamic, yarn, llama3 and longrope are)");
   for (const auto& [key, value] : p.items()) {
     if (value.is_null() || key == "rope_type" || key == "type" || key == "rope_theta" ||
         key == "partial_rotary_factor" || kind->second.count(key))
@@ -124,16 +131,38 @@ void read_rope_scaling(const ConfigReader& c, const std::string& where, const st
     if (!p.at(key).is_number()) c.fail(where + "." + key, p.at(key).dump() + " is not a number");
     return p.at(key).get<double>();
   };
-  const double factor = number("factor", 0);
-  if (!(factor >= 1)) c.fail(where + ".factor", "must be at least 1 for rope_type " + type);
-  position["scaling"] = type;
-  position["scaling_factor"] = factor;
+  const double max_positions = double(c.get<int64_t>("max_position_embeddings", 0));
+  double length = 0;
   if (type != "linear") {
     // dynamic: transformers measures from max_position_embeddings (an original length is not read).
-    const double max_positions = double(c.get<int64_t>("max_position_embeddings", 0));
-    const double length = type == "dynamic" ? max_positions : number("original_max_position_embeddings", max_positions);
+    length = type == "dynamic"                              ? max_positions
+             : c.has("original_max_position_embeddings") ? double(positive(c, "original_max_position_embeddings"))
+             : original_default > 0                       ? double(original_default)
+                                                          : number("original_max_position_embeddings", max_positions);
     if (!(length >= 1)) c.fail(where + ".original_max_position_embeddings", "is needed by rope_type " + type);
     position["scaling_length"] = int64_t(length);
+  }
+  // longrope without a factor: max_position_embeddings over the original length, as transformers.
+  const double factor = number("factor", type == "longrope" ? max_positions / length : 0);
+  if (!(factor >= 1))
+    c.fail(where + ".factor", (type == "longrope" ? number_text(factor) + " (max_position_embeddings / the original "
+                                                                          "length where none is given) " : "") +
+                                  "must be at least 1 for rope_type " + type);
+  position["scaling"] = type;
+  position["scaling_factor"] = factor;
+  if (type == "longrope") {
+    for (const char* key : {"short_factor", "long_factor"}) {
+      if (!p.contains(key) || !p.at(key).is_array() || p.at(key).empty())
+        c.fail(where + "." + key, "must be a list of numbers, one for each rotated pair, for rope_type longrope");
+      for (const auto& f : p.at(key)) {
+        if (!f.is_number() || !(f.get<double>() > 0) || !std::isfinite(f.get<double>()))
+          c.fail(where + "." + key, "holds " + f.dump() + "; each factor must be a number above 0");
+        position[key].push_back(f.get<double>());
+      }
+    }
+    const double attention = number("attention_factor", 0);
+    if (attention < 0) c.fail(where + ".attention_factor", number_text(attention) + " must be at least 0");
+    if (attention > 0) position["attention_factor"] = attention;
   }
   if (type == "yarn") {
     const double fast = number("beta_fast", 0), slow = number("beta_slow", 0);
@@ -154,8 +183,11 @@ void read_rope_scaling(const ConfigReader& c, const std::string& where, const st
 
 // theta_key and fraction_key: where a family's older configs keep the base and the rotated
 // share (GPT-NeoX: rotary_emb_base, rotary_pct); `fraction` is the family's default share.
+// Phi-3 (`phi3`): its class reads rope_type su and yarn as longrope, and has a top-level
+// original_max_position_embeddings of 4096 where config.json gives none.
 void read_rope(const ConfigReader& c, YAML::Node& position, int64_t head_dim, double fraction = 1.0,
-               const std::string& theta_key = "rope_theta", const std::string& fraction_key = "partial_rotary_factor") {
+               const std::string& theta_key = "rope_theta", const std::string& fraction_key = "partial_rotary_factor",
+               bool phi3 = false) {
   double theta = 10000.0;
   std::string where = "rope_parameters";
   json scaling = json::object();
@@ -180,18 +212,24 @@ void read_rope(const ConfigReader& c, YAML::Node& position, int64_t head_dim, do
     if (c.has(key)) fraction = c.get<double>(key);
     c.use(key);
   }
-  const std::string type = scaling.value("rope_type", scaling.value("type", std::string("default")));
+  std::string type = scaling.value("rope_type", scaling.value("type", std::string("default")));
+  if (phi3 && (type == "su" || type == "yarn")) type = "longrope";
+  c.use("original_max_position_embeddings");  // read by llama3, yarn and longrope alone, as transformers
   if (type == "default") {
     for (const auto& [key, value] : scaling.items())
       if (!value.is_null() && key != "rope_type" && key != "type" && key != "rope_theta" && key != "partial_rotary_factor")
         c.fail(where + "." + key, value.dump() + " is not imported with rope_type default");
   } else {
-    read_rope_scaling(c, where, type, scaling, position);
+    read_rope_scaling(c, where, type, scaling, position, phi3 ? 4096 : 0);
   }
   if (!(theta > 1) || !std::isfinite(theta)) c.fail("rope_theta", std::to_string(theta) + " must be above 1");
   const double rotated = std::floor(fraction * double(head_dim) / 2.0 + 1e-9) * 2.0;
   if (!(fraction > 0 && fraction <= 1) || rotated < 2)
     c.fail(fraction_key, std::to_string(fraction) + " rotates no pair of the head's dimensions");
+  for (const char* key : {"short_factor", "long_factor"})
+    if (position[key] && int64_t(position[key].size()) * 2 != int64_t(rotated))
+      c.fail(where + "." + key, "has " + std::to_string(position[key].size()) + " factors for the " +
+                                    std::to_string(int64_t(rotated) / 2) + " rotated pairs of each head");
   position["name"] = "rotary";
   position["base"] = theta;
   position["pairing"] = "half";
@@ -278,8 +316,8 @@ void map_llama(const ConfigReader& c, HfModel& hf) {
   hf.model["bias"] = false;
   hf.model["tie_embeddings"] = c.get<bool>("tie_word_embeddings", false);
   hf.train_length = c.get<int64_t>("max_position_embeddings", 0);
-  read_rope(c, hf.position, head_dim);
-  if (hf.family == "mistral") {
+  read_rope(c, hf.position, head_dim, 1.0, "rope_theta", "partial_rotary_factor", hf.family == "phi3");
+  if (hf.family == "mistral" || hf.family == "phi3") {  // every layer's window (Phi3Model's mask: the same)
     if (c.has("sliding_window")) hf.attention["window"] = positive(c, "sliding_window");
     c.use("sliding_window");
   }
@@ -526,7 +564,8 @@ void map_extrap(const ConfigReader& c, HfModel& hf) {
 using Mapper = void (*)(const ConfigReader&, HfModel&);
 const std::map<std::string, Mapper>& mappers() {
   static const std::map<std::string, Mapper> m = {
-      {"llama", map_llama}, {"mistral", map_llama}, {"qwen2", map_llama}, {"qwen3", map_llama}, {"gpt2", map_gpt2}, {"bloom", map_bloom},
+      {"llama", map_llama}, {"mistral", map_llama}, {"qwen2", map_llama}, {"qwen3", map_llama}, {"phi3", map_llama},
+      {"gpt2", map_gpt2}, {"bloom", map_bloom},
       {"gpt_neox", map_gpt_neox}, {"mpt", map_mpt}, {"falcon", map_falcon}};
   return m;
 }
@@ -651,7 +690,10 @@ std::string find_prefix(const SafetensorsReader& w, const std::string& probe, co
                     " (nor without its prefix): not the weights of this config's family");
 }
 
-WeightPlan llama_plan(const std::string& p, const ModelConfig& m) {
+// Llama's kin; `fused`: Phi-3's, q, k and v in one projection (qkv_proj: H query heads, then Hkv
+// key, then Hkv value heads, extrap's own layout) and the gate and up projections in one
+// (gate_up_proj: the gate's rows first, as extrap's ffn_in).
+WeightPlan llama_plan(const std::string& p, const ModelConfig& m, bool fused = false) {
   const bool qkv_bias = m.qkv_bias;
   const int64_t Dh = m.d_head(), q = m.heads * Dh, kv = m.key_value_heads() * Dh, F = m.ffn_width();
   WeightPlan plan;
@@ -662,8 +704,10 @@ WeightPlan llama_plan(const std::string& p, const ModelConfig& m) {
     const std::string s = p + "layers." + std::to_string(l) + ".", e = "blocks." + std::to_string(l) + ".";
     plan[e + "ln_attention.weight"] = same(s + "input_layernorm.weight");
     plan[e + "ln_ffn.weight"] = same(s + "post_attention_layernorm.weight");
-    plan[e + "attention.qkv.weight"] = concatenated(
-        {s + "self_attn.q_proj.weight", s + "self_attn.k_proj.weight", s + "self_attn.v_proj.weight"}, {q, kv, kv});
+    plan[e + "attention.qkv.weight"] =
+        fused ? same(s + "self_attn.qkv_proj.weight")
+              : concatenated({s + "self_attn.q_proj.weight", s + "self_attn.k_proj.weight", s + "self_attn.v_proj.weight"},
+                             {q, kv, kv});
     if (qkv_bias)
       plan[e + "attention.qkv.bias"] = concatenated(
           {s + "self_attn.q_proj.bias", s + "self_attn.k_proj.bias", s + "self_attn.v_proj.bias"}, {q, kv, kv});
@@ -672,7 +716,8 @@ WeightPlan llama_plan(const std::string& p, const ModelConfig& m) {
       plan[e + "attention.q_norm.weight"] = same(s + "self_attn.q_norm.weight");
       plan[e + "attention.k_norm.weight"] = same(s + "self_attn.k_norm.weight");
     }
-    plan[e + "ffn_in.weight"] = concatenated({s + "mlp.gate_proj.weight", s + "mlp.up_proj.weight"}, {F, F});
+    plan[e + "ffn_in.weight"] = fused ? same(s + "mlp.gate_up_proj.weight")
+                                      : concatenated({s + "mlp.gate_proj.weight", s + "mlp.up_proj.weight"}, {F, F});
     plan[e + "ffn_out.weight"] = same(s + "mlp.down_proj.weight");
   }
   return plan;
@@ -794,6 +839,7 @@ struct FamilyPrefix {
 constexpr FamilyPrefix kPrefixes[] = {
     {"llama", "model.", "embed_tokens.weight"},    {"mistral", "model.", "embed_tokens.weight"},
     {"qwen2", "model.", "embed_tokens.weight"},    {"qwen3", "model.", "embed_tokens.weight"},
+    {"phi3", "model.", "embed_tokens.weight"},
     {"gpt2", "transformer.", "wte.weight"},
     {"bloom", "transformer.", "word_embeddings.weight"}, {"gpt_neox", "gpt_neox.", "embed_in.weight"},
     {"mpt", "transformer.", "wte.weight"},         {"falcon", "transformer.", "word_embeddings.weight"}};
@@ -818,6 +864,7 @@ WeightPlan extrap_plan(TransformerLM& model) {
 
 WeightPlan family_plan(const std::string& family, const std::string& prefix, const ModelConfig& m) {
   if (family == "llama" || family == "mistral" || family == "qwen2" || family == "qwen3") return llama_plan(prefix, m);
+  if (family == "phi3") return llama_plan(prefix, m, /*fused=*/true);
   if (family == "gpt2") return gpt2_plan(prefix, m);
   if (family == "bloom") return bloom_plan(prefix, m);
   if (family == "gpt_neox") return gpt_neox_plan(prefix, m);
@@ -939,12 +986,21 @@ json rope_json(const YAML::Node& position, const Config& config) {
   if (get("fraction", 1.0) != 1.0) rope["partial_rotary_factor"] = get("fraction", 1.0);
   const std::string scaling = position["scaling"] ? position["scaling"].as<std::string>() : "none";
   if (scaling == "none") return rope;
-  if (scaling != "linear" && scaling != "dynamic" && scaling != "yarn" && scaling != "llama3")
+  if (scaling != "linear" && scaling != "dynamic" && scaling != "yarn" && scaling != "llama3" && scaling != "longrope")
     throw NoTransformersClass("RoPE scaling " + scaling + " built in");
   rope["rope_type"] = scaling;
   rope["factor"] = get("scaling_factor", 1.0);
-  if (scaling == "yarn" || scaling == "llama3")
+  if (scaling == "yarn" || scaling == "llama3" || scaling == "longrope")
     rope["original_max_position_embeddings"] = int64_t(get("scaling_length", 0));
+  if (scaling == "longrope") {  // the attention factor written out: transformers' default reads the factor
+    RopeScaling s;
+    s.kind = RopeScalingKind::longrope;
+    s.factor = get("scaling_factor", 1.0);
+    s.original_length = int64_t(get("scaling_length", 0));
+    s.attention_factor = get("attention_factor", 0.0);
+    rope["attention_factor"] = rope_attention_factor(s);
+    for (const char* key : {"short_factor", "long_factor"}) rope[key] = position[key].as<std::vector<double>>();
+  }
   if (scaling == "dynamic" && int64_t(get("scaling_length", 0)) != config.train.seq_len)
     throw NoTransformersClass("dynamic RoPE scaling from length " + std::to_string(int64_t(get("scaling_length", 0))) +
                               ", which transformers takes from max_position_embeddings (train.seq_len " +
@@ -1058,13 +1114,26 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
   const bool one_window = std::all_of(windows->begin(), windows->end(), [&](int64_t w) { return w == 0 || w == window; });
   if (rms_rotary) {
     // Mistral windows every layer; Qwen2 (q, k, v biases) and Qwen3 (qk_norm) the layers their
-    // layer_types name.
-    out.family = m.qk_norm ? "qwen3" : m.qkv_bias ? "qwen2" : window > 0 ? "mistral" : "llama";
+    // layer_types name; Phi-3's class alone rotates part of each head (the others' rotate_half
+    // takes the whole head), and windows every layer too.
+    const double fraction = number("fraction", 1.0);
+    const int64_t rotated = 2 * int64_t(std::floor(fraction * double(m.d_head()) / 2.0 + 1e-9));
+    const std::string scaling = option("scaling", "none");
+    out.family = m.qk_norm ? "qwen3" : m.qkv_bias ? "qwen2" : fraction != 1.0 ? "phi3" : window > 0 ? "mistral" : "llama";
     require_all(out.family, {{option("pairing", "interleaved") == "half", "rotary with the interleaved pairing"},
+                             {fraction == 1.0 || out.family == "phi3",
+                              "a partial rotary beside qk_norm or q, k, v biases (Phi-3's class alone rotates part "
+                              "of each head)"},
+                             {out.family != "phi3" || int64_t(double(m.d_head()) * fraction) == rotated,
+                              "a rotated share whose int(d_head x fraction) is not the even count extrap rotates"},
+                             {out.family != "phi3" || (scaling == "none" || scaling == "longrope"),
+                              "a partial rotary with RoPE scaling " + scaling + " (Phi-3's class takes longrope alone)"},
+                             {out.family != "phi3" || standard_heads,
+                              "a partial rotary with heads other than d_model / heads wide (model.head_dim)"},
                              {!(m.qk_norm && m.qkv_bias), "qk_norm beside biases on q, k and v"},
                              {m.ffn == FfnKind::swiglu, "an ffn other than swiglu"},
                              {!m.bias && !m.norm_biased(), "biases"},
-                             {out.family != "mistral" || every_layer,
+                             {(out.family != "mistral" && out.family != "phi3") || every_layer,
                               "sliding windows on some layers only, without q, k, v biases"},
                              {one_window, "sliding windows of different widths"},
                              {m.block == BlockKind::sequential, "a parallel block"},
@@ -1075,6 +1144,12 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
               {"rms_norm_eps", m.norm_eps}, {"rope_parameters", rope_json(position, config)}});
     if (out.family == "llama") c.update({{"attention_bias", false}, {"mlp_bias", false}});
     if (out.family == "mistral") c["sliding_window"] = window;
+    if (out.family == "phi3") {  // its class's own defaults (original length 4096, pad 32000) set
+      c["sliding_window"] = window > 0 ? json(window) : json(nullptr);
+      c["original_max_position_embeddings"] =
+          scaling == "longrope" ? int64_t(number("scaling_length", 0)) : config.train.seq_len;
+      c.update({{"pad_token_id", nullptr}, {"bos_token_id", nullptr}, {"eos_token_id", nullptr}});
+    }
     if (out.family == "qwen3") c["attention_bias"] = false;
     if (out.family == "qwen2" || out.family == "qwen3") {
       c["use_sliding_window"] = window > 0;
@@ -1156,7 +1231,7 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
   }
   const std::map<std::string, std::string> classes = {
       {"llama", "LlamaForCausalLM"},   {"mistral", "MistralForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"},
-      {"qwen3", "Qwen3ForCausalLM"},
+      {"qwen3", "Qwen3ForCausalLM"},   {"phi3", "Phi3ForCausalLM"},
       {"gpt2", "GPT2LMHeadModel"},     {"bloom", "BloomForCausalLM"},     {"gpt_neox", "GPTNeoXForCausalLM"},
       {"mpt", "MptForCausalLM"},       {"falcon", "FalconForCausalLM"}};
   c["model_type"] = out.family;

@@ -274,7 +274,8 @@ TEST_CASE("export: resolved options fill every default and keep given values", "
   config.position = YAML::Load("{name: rotary, base: 500}");
   CHECK(json::parse(resolved_position_options(config)) == json{{"base", 500}, {"fraction", 1.0}, {"pairing", "interleaved"}, {"scaling", "none"}, {"scaling_factor", 1.0},
                   {"scaling_length", 0}, {"beta_fast", 32.0}, {"beta_slow", 1.0}, {"low_freq_factor", 1.0},
-                  {"high_freq_factor", 4.0}});
+                  {"high_freq_factor", 4.0}, {"short_factor", json::array()}, {"long_factor", json::array()},
+                  {"attention_factor", 0.0}});
 }
 
 TEST_CASE("export: refusals name the file and write nothing", "[export]") {
@@ -642,7 +643,8 @@ TEST_CASE("export: a model with a layer pattern exports each kind, Python reprod
   CHECK(layers.at("kinds").at("rope_chunk").at("position_options") ==
         json{{"base", 500}, {"fraction", 1.0}, {"pairing", "interleaved"}, {"scaling", "none"}, {"scaling_factor", 1.0},
                   {"scaling_length", 0}, {"beta_fast", 32.0}, {"beta_slow", 1.0}, {"low_freq_factor", 1.0},
-                  {"high_freq_factor", 4.0}});
+                  {"high_freq_factor", 4.0}, {"short_factor", json::array()}, {"long_factor", json::array()},
+                  {"attention_factor", 0.0}});
   CHECK(layers.at("kinds").at("rope_chunk").at("attention") ==
         json{{"sink", true}, {"ssmax", false}, {"temperature", 0.0}, {"temperature_floor", 8192},
              {"gate", "none"}, {"window", 0}, {"chunk", 12}});

@@ -136,7 +136,7 @@ void check_logprobs(const std::string& name, TransformerLM& model) {
 TEST_CASE("import: each family's log-probabilities equal transformers', inside and beyond its length",
           "[import][python]") {
   for (const std::string name :
-       {"llama", "llama_tied", "mistral", "mistral_spm", "qwen2", "qwen2_windows", "qwen2_windows_hub", "qwen3", "qwen3_windows", "qwen3_wide_heads", "mistral_narrow_heads", "gpt2", "bloom", "bloom_h8", "gpt_neox",
+       {"llama", "llama_tied", "mistral", "mistral_spm", "qwen2", "qwen2_windows", "qwen2_windows_hub", "qwen3", "qwen3_windows", "qwen3_wide_heads", "mistral_narrow_heads", "phi3", "gpt2", "bloom", "bloom_h8", "gpt_neox",
         "gpt_neox_seq", "mpt", "falcon_rw", "falcon_alibi_mq", "falcon_7b", "falcon_40b", "falcon_seq"}) {
     DYNAMIC_SECTION(name) {
       TempDir d("import");
@@ -187,7 +187,10 @@ TEST_CASE("import: a SentencePiece tokenizer as transformers converts it gives t
 
 TEST_CASE("import: RoPE scaling in config.json is built into the model, as transformers computes it",
           "[import][python]") {
-  for (const std::string name : {"llama_linear", "llama_dynamic", "llama_yarn", "llama_llama3", "llama_yarn_v5"}) {
+  // (phi3_longrope: LongRoPE's long factors at 160 tokens, past the original 64; _short: its
+  // short ones at 48.)
+  for (const std::string name : {"llama_linear", "llama_dynamic", "llama_yarn", "llama_llama3", "llama_yarn_v5",
+                                 "phi3_longrope", "phi3_longrope_short"}) {
     DYNAMIC_SECTION(name) {
       TempDir d("import");
       Imported m = import_and_load(checkpoints() / name, d.root / "run");
@@ -307,7 +310,9 @@ TEST_CASE("import: bad folders are refused in one line, nothing written", "[impo
     edit_config(f, [](nlohmann::json& c) { c["rope_scaling"]["mscale"] = 0.7; });
     check_refused(f, run, "config.json: rope_scaling.mscale 0.7 is not imported with rope_type yarn");
     edit_config(f, [](nlohmann::json& c) { c["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 4.0}}; });
-    check_refused(f, run, "rope_type \"longrope\" is not imported");
+    check_refused(f, run, "rope_scaling.short_factor must be a list of numbers, one for each rotated pair");
+    edit_config(f, [](nlohmann::json& c) { c["rope_scaling"] = {{"rope_type", "mrope"}, {"factor", 4.0}}; });
+    check_refused(f, run, "rope_type \"mrope\" is not imported (linear, dynamic, yarn, llama3 and longrope are)");
     // Falcon: what transformers' class cannot run, or runs otherwise than the original code.
     const fs::path g = copy_of(d, "falcon_40b");
     edit_config(g, [](nlohmann::json& c) { c["parallel_attn"] = false; });
@@ -364,6 +369,35 @@ TEST_CASE("import: bad folders are refused in one line, nothing written", "[impo
   }
 }
 
+TEST_CASE("import: Phi-3's older rope types are LongRoPE, and LongRoPE's factors are checked", "[import][python]") {
+  TempDir d("import");
+  const fs::path run = d.root / "run";
+  // Phi3Config reads rope_type su (and yarn) as longrope: the same numbers as the longrope folder.
+  const fs::path su = copy_of(d, "phi3_longrope");
+  edit_config(su, [](nlohmann::json& c) { c["rope_scaling"]["type"] = "su"; });
+  {
+    Imported m = import_and_load(su, d.root / "su");
+    check_logprobs("phi3_longrope", m.run.model);
+  }
+  // A Llama config's su is no rope type of Llama's.
+  edit_config(su, [](nlohmann::json& c) { c["model_type"] = "llama"; });
+  check_refused(su, run, "config.json: rope_scaling rope_type \"su\" is not imported");
+  const fs::path bad = su;
+  edit_config(bad, [](nlohmann::json& c) {
+    c["model_type"] = "phi3";
+    c["rope_scaling"]["long_factor"].erase(0);
+  });
+  check_refused(bad, run, "config.json: rope_scaling.long_factor has 5 factors for the 6 rotated pairs of each head");
+  edit_config(bad, [](nlohmann::json& c) { c["rope_scaling"]["long_factor"] = {1, 2, 3, 4, 5, -6}; });
+  check_refused(bad, run, "config.json: rope_scaling.long_factor holds -6; each factor must be a number above 0");
+  edit_config(bad, [](nlohmann::json& c) {
+    c["rope_scaling"]["long_factor"] = {1, 2, 3, 4, 5, 6};
+    c["max_position_embeddings"] = 32;  // below the original 64: a factor of 0.5
+  });
+  check_refused(bad, run, "config.json: rope_scaling.factor 0.5 (max_position_embeddings / the original length where "
+                          "none is given) must be at least 1 for rope_type longrope");
+}
+
 TEST_CASE("import: weights that change after the import are refused when loaded", "[import][python]") {
   TempDir d("import-changed");
   const fs::path f = copy_of(d, "llama");
@@ -390,7 +424,7 @@ TEST_CASE("export --format hf: transformers loads each family with its own class
   // layer_types again in the folder.)
   const std::vector<std::string> names = {"llama", "llama_tied", "mistral", "qwen2", "qwen2_windows", "qwen2_windows_hub",
                                           "qwen3", "qwen3_windows", "qwen3_wide_heads", "mistral_narrow_heads",
-                                          "gpt2", "bloom", "gpt_neox", "mpt", "falcon_rw", "falcon_alibi_mq", "falcon_7b", "falcon_40b",
+                                          "phi3", "phi3_longrope", "phi3_longrope_short", "gpt2", "bloom", "gpt_neox", "mpt", "falcon_rw", "falcon_alibi_mq", "falcon_7b", "falcon_40b",
                                           "falcon_seq", "llama_yarn"};
   std::string args;  // one Python process checks every folder
   for (const std::string& name : names) {
@@ -433,8 +467,9 @@ TEST_CASE("export --format hf: an extrap model with a family's options, and one 
   config.data.cache_dir = (d.root / "cache").string();
   const Corpus corpus = load_corpus(config.data);
   // Each model's family: Llama, Qwen2 (q, k, v biases) with a sliding window of 4 on every layer
-  // and, through a layer pattern, on the second of two, Qwen3 (qk_norm), Mistral, and two Falcons;
-  // Qwen3's and Mistral's heads not d_model / heads wide (model.head_dim).
+  // and, through a layer pattern, on the second of two, Qwen3 (qk_norm), Mistral, Phi-3 (a partial
+  // rotary), Llama with LongRoPE, and two Falcons; Qwen3's and Mistral's heads not d_model / heads
+  // wide (model.head_dim).
   std::map<std::string, std::pair<Config, std::string>> models;
   models["llama"] = {config, "llama"};
   Config qwen = config;
@@ -456,6 +491,15 @@ TEST_CASE("export --format hf: an extrap model with a family's options, and one 
   mistral.model.attention_options.window = 4;
   mistral.model.head_dim = 4;
   models["mistral"] = {mistral, "mistral"};
+  Config phi3 = config;  // Phi-3: half of each head rotates, a window on every layer
+  phi3.position.reset(YAML::Clone(config.position));  // (its own node: see qwen_pattern)
+  phi3.position["fraction"] = 0.5;
+  phi3.model.attention_options.window = 4;
+  models["phi3"] = {phi3, "phi3"};
+  Config longrope = config;  // LongRoPE built in: its long factors past 8 positions (96 scored)
+  longrope.position.reset(YAML::Load("{name: rotary, pairing: half, scaling: longrope, scaling_factor: 4, scaling_length: 8, "
+                                 "short_factor: [1.0, 1.1, 1.3, 1.6], long_factor: [1.0, 2.0, 5.0, 9.0]}"));
+  models["longrope"] = {longrope, "llama"};
   // Falcon: LayerNorms with biases, exact GELU, no linear biases; Falcon-7B's block (one key-value
   // head, one shared norm), and the new decoder architecture's (2 groups, two norms).
   Config falcon7 = config;

@@ -69,6 +69,7 @@ from transformers import (  # noqa: E402
     LlamaConfig,
     MistralConfig,
     MptConfig,
+    Phi3Config,
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen3Config,
@@ -352,6 +353,44 @@ def expect_head_dim(width):
     return check
 
 
+# LongRoPE's factors for the 6 rotated pairs of a 16-wide head with partial_rotary_factor 0.75:
+# the short ones near 1, the long ones growing towards the low frequencies, as Phi-3's.
+LONGROPE_SHORT = [1.0, 1.05, 1.1, 1.15, 1.2, 1.25]
+LONGROPE_LONG = [1.0, 2.4, 3.8, 5.2, 6.6, 8.0]
+
+
+def phi3_config(V, ids, **over):
+    """Phi-3: Llama's block with q, k, v in one projection and gate and up in one; GQA, a window."""
+    kw = dict(
+        vocab_size=V, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=64,
+        original_max_position_embeddings=64, rms_norm_eps=1e-5, rope_parameters=dict(LLAMA_ROPE),
+        sliding_window=None, tie_word_embeddings=False, initializer_range=INIT_STD, pad_token_id=None)
+    kw.update(ids)
+    kw.update(over)
+    return Phi3Config(**kw)
+
+
+def phi3_longrope_config(V, ids):
+    """Phi-3-mini-128k's and Phi-4-mini's scaling, tiny: LongRoPE from 64 to 256 positions on 0.75 of each head."""
+    return phi3_config(V, ids, max_position_embeddings=256, rope_parameters={
+        "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+        "original_max_position_embeddings": 64, "short_factor": LONGROPE_SHORT, "long_factor": LONGROPE_LONG})
+
+
+def phi3_hub_style(cfg: dict) -> dict:
+    """Phi-3's config.json on the Hub: rope_theta, partial_rotary_factor and rope_scaling (type longrope,
+    its two factor lists, no factor and no original length: the top-level original_max_position_embeddings)."""
+    rope = cfg.pop("rope_parameters")
+    cfg["auto_map"] = {"AutoConfig": "configuration_phi3.Phi3Config", "AutoModelForCausalLM": "modeling_phi3.Phi3ForCausalLM"}
+    cfg["rope_theta"] = rope["rope_theta"]
+    cfg["partial_rotary_factor"] = rope.get("partial_rotary_factor", 1.0)
+    cfg["rope_scaling"] = None
+    if rope["rope_type"] == "longrope":
+        cfg["rope_scaling"] = {"type": "longrope", "short_factor": rope["short_factor"], "long_factor": rope["long_factor"]}
+    return cfg
+
+
 def qwen2_windows_hub_style(cfg: dict) -> dict:
     """A Hub config with sliding windows on: no layer_types, the windowed layers from max_window_layers on."""
     cfg = qwen2_hub_style(cfg)
@@ -527,6 +566,13 @@ CASES = {
         "mistral", "mistral", 1110, 160,
         lambda V, i: mistral_config(V, i, num_attention_heads=4, num_key_value_heads=2, head_dim=16),
         config_edit=mistral_hub_style, expect=expect_head_dim(16)),
+    # ---- Phi-3: fused qkv_proj and gate_up_proj, a window of 16 on every layer; and LongRoPE, whose
+    # long factors apply to a window past the original 64 positions (T 160) and its short ones to
+    # a window inside it (T 48): the same weights
+    "phi3": case("phi3", "mistral", 1290, 160, lambda V, i: phi3_config(V, i, sliding_window=16),
+                 config_edit=phi3_hub_style),
+    "phi3_longrope": case("phi3", "mistral", 1291, 160, phi3_longrope_config, config_edit=phi3_hub_style),
+    "phi3_longrope_short": case("phi3", "mistral", 1291, 48, phi3_longrope_config, config_edit=phi3_hub_style),
     # ---- GPT-2: learned absolute positions, T stays inside n_positions
     "gpt2": case(
         "gpt2", "gpt2", 1300, 200,

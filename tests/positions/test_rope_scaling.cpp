@@ -168,6 +168,38 @@ TEST_CASE("YaRN's attention factor is 0.1 ln s + 1, and only YaRN has one", "[ro
   REQUIRE(torch::allclose(k.norm(2, -1), m * k0.norm(2, -1), 1e-12, 0));
 }
 
+TEST_CASE("longrope divides pair k's frequency by short_factor[k] up to L and by long_factor[k] past it, and "
+          "multiplies cos and sin by its attention factor",
+          "[rope]") {
+  RopeScaling s;
+  s.kind = RopeScalingKind::longrope;
+  s.factor = 4;
+  s.original_length = 64;
+  s.short_factor = {1.0, 1.5, 2.0, 3.0};
+  s.long_factor = {2.0, 4.0, 8.0, 16.0};
+  const std::vector<double> theta = plain_frequencies(8, 10000);
+  for (const int64_t l : {1, 64, 65, 300}) {
+    INFO("window ending at " << l);
+    const auto got = scaled_rotary_frequencies(8, 10000, s, l);
+    const std::vector<double>& ext = l > 64 ? s.long_factor : s.short_factor;
+    for (int k = 0; k < 4; ++k) REQUIRE(got[k].item<double>() == Approx(theta[size_t(k)] / ext[size_t(k)]).epsilon(1e-14));
+  }
+  // Phi-3's default attention factor: sqrt(1 + ln s / ln L); 1 for s = 1; a given one as given.
+  REQUIRE(rope_attention_factor(s) == Approx(std::sqrt(1 + std::log(4.0) / std::log(64.0))).epsilon(1e-15));
+  s.attention_factor = 1.3;
+  REQUIRE(rope_attention_factor(s) == 1.3);
+  s.attention_factor = 0;
+  s.factor = 1;
+  REQUIRE(rope_attention_factor(s) == 1.0);
+  // The factor lists come from a checkpoint: evaluation-time longrope has none; a list of the
+  // wrong length, or a factor not above 0, is refused.
+  REQUIRE_THROWS_WITH(rope_scaling_for(RopeScalingKind::longrope, 0, 64, 256),
+                      Catch::Contains("RoPE scaling longrope needs short_factor and long_factor"));
+  REQUIRE_THROWS_WITH(scaled_rotary_frequencies(6, 10000, s, 8), Catch::Contains("4 factors for 3 rotated pairs"));
+  s.long_factor[2] = 0;
+  REQUIRE_THROWS_WITH(check_rope_scaling(s), Catch::Contains("long_factor holds 0; each factor must be"));
+}
+
 TEST_CASE("linear interpolation by s turns position p into p / s", "[rope]") {
   // Under linear scaling with s = 2, the query at position 2m is rotated exactly as the
   // unscaled query at position m.
