@@ -317,6 +317,16 @@ void map_llama(const ConfigReader& c, HfModel& hf) {
   hf.model["tie_embeddings"] = c.get<bool>("tie_word_embeddings", false);
   hf.train_length = c.get<int64_t>("max_position_embeddings", 0);
   read_rope(c, hf.position, head_dim, 1.0, "rope_theta", "partial_rotary_factor", hf.family == "phi3");
+  if (hf.family != "phi3" && hf.position["fraction"]) {
+    // Llama's, Mistral's and Qwen's classes rotate the whole head (rotate_half of all of it): their
+    // plain frequencies read no partial_rotary_factor, and a scaling's, which read it, leave the
+    // class unable to run (cos and sin narrower than the head). Phi-3's class alone takes it.
+    if (hf.position["scaling"])
+      c.fail("partial_rotary_factor", hf.position["fraction"].as<std::string>() + " with rope_type " +
+                                          hf.position["scaling"].as<std::string>() + ": transformers' " + hf.family +
+                                          " class cannot run it (its rotation takes the whole head)");
+    hf.position.remove("fraction");  // as transformers: ignored
+  }
   if (hf.family == "mistral" || hf.family == "phi3") {  // every layer's window (Phi3Model's mask: the same)
     if (c.has("sliding_window")) hf.attention["window"] = positive(c, "sliding_window");
     c.use("sliding_window");

@@ -369,7 +369,9 @@ TEST_CASE("import: bad folders are refused in one line, nothing written", "[impo
   }
 }
 
-TEST_CASE("import: Phi-3's older rope types are LongRoPE, and LongRoPE's factors are checked", "[import][python]") {
+TEST_CASE("import: Phi-3's older rope types are LongRoPE, LongRoPE's factors are checked, and a partial rotary is "
+          "Phi-3's alone",
+          "[import][python]") {
   TempDir d("import");
   const fs::path run = d.root / "run";
   // Phi3Config reads rope_type su (and yarn) as longrope: the same numbers as the longrope folder.
@@ -390,6 +392,18 @@ TEST_CASE("import: Phi-3's older rope types are LongRoPE, and LongRoPE's factors
   check_refused(bad, run, "config.json: rope_scaling.long_factor has 5 factors for the 6 rotated pairs of each head");
   edit_config(bad, [](nlohmann::json& c) { c["rope_scaling"]["long_factor"] = {1, 2, 3, 4, 5, -6}; });
   check_refused(bad, run, "config.json: rope_scaling.long_factor holds -6; each factor must be a number above 0");
+  // Llama's class ignores a partial_rotary_factor without a scaling (its rotation takes the whole
+  // head) and cannot run one with a scaling: extrap does the same, and refuses the other.
+  const fs::path partial = copy_of(d, "llama");
+  edit_config(partial, [](nlohmann::json& c) { c["partial_rotary_factor"] = 0.5; });
+  {
+    Imported m = import_and_load(partial, d.root / "partial");
+    check_logprobs("llama", m.run.model);
+  }
+  const fs::path partial_yarn = copy_of(d, "llama_yarn");
+  edit_config(partial_yarn, [](nlohmann::json& c) { c["partial_rotary_factor"] = 0.5; });
+  check_refused(partial_yarn, run, "config.json: partial_rotary_factor 0.5 with rope_type yarn: transformers' llama "
+                                   "class cannot run it");
   edit_config(bad, [](nlohmann::json& c) {
     c["rope_scaling"]["long_factor"] = {1, 2, 3, 4, 5, 6};
     c["max_position_embeddings"] = 32;  // below the original 64: a factor of 0.5
