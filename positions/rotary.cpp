@@ -79,8 +79,7 @@ struct RotaryOptions {
 class Rotary : public PositionMethod {
  public:
   Rotary(const PositionContext& context, RotaryOptions options) : options_(options) {
-    // The 1e-9 keeps e.g. 0.3 * 10 from flooring to 2.
-    rotated_ = 2 * int64_t(std::floor(options.fraction * double(context.d_head) / 2.0 + 1e-9));
+    rotated_ = rotated_dimensions(options.fraction, context.d_head);
     if (rotated_ < 2)
       throw ConfigError("rotary: fraction " + std::to_string(options.fraction) + " of d_head " +
                         std::to_string(context.d_head) + " rotates no pair of dimensions");

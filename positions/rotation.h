@@ -11,6 +11,7 @@
 
 #include "positions/position.h"
 
+#include <cmath>
 #include <functional>
 #include <mutex>
 #include <utility>
@@ -29,6 +30,13 @@ inline void read_pairing(const OptionReader& r, RotaryPairing& pairing) {
   r.read("pairing", pairing,
          "which dimensions rotate together: interleaved (2i, 2i+1), or half (i, i + d/2: GPT-NeoX, Llama, Hugging "
          "Face checkpoints)");
+}
+
+// The dimensions a rotary method with `fraction` rotates of a head of d_head: the largest even
+// count at most fraction x d_head (0 when it is below 2). The 1e-9 keeps e.g. 0.3 x 10 from
+// flooring to 2. rotary, xpos, and the Hugging Face import and export read it here.
+inline int64_t rotated_dimensions(double fraction, int64_t d_head) {
+  return 2 * int64_t(std::floor(fraction * double(d_head) / 2.0 + 1e-9));
 }
 
 // theta_i = base^(-2i / rotated), i = 0 .. rotated/2 - 1: (rotated/2,) float64.

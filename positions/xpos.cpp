@@ -47,8 +47,7 @@ class Xpos : public PositionMethod {
     if (d_head_ % 2 != 0)
       throw ConfigError("xpos: the head size " + std::to_string(d_head_) +
                         " is odd; xPos rotates and scales pairs of dimensions");
-    // The 1e-9 keeps e.g. 0.3 * 10 from flooring to 2.
-    rotated_ = 2 * int64_t(std::floor(options.fraction * double(d_head_) / 2.0 + 1e-9));
+    rotated_ = rotated_dimensions(options.fraction, d_head_);
     if (rotated_ < 2)
       throw ConfigError("xpos: fraction " + number_text(options.fraction) + " of the head size " +
                         std::to_string(d_head_) + " rotates no pair of dimensions");

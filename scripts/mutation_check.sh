@@ -384,7 +384,7 @@ core/model/memory_estimate.cpp | per_layer = add(per_layer, mul(b, add(add(add(q
 positions/rotation.cpp | const std::vector<double>& ext = double(current_length) > L ? s.long_factor : s.short_factor; | const std::vector<double>& ext = double(current_length) > L ? s.short_factor : s.long_factor; | LongRoPE takes its short factors past the original length and its long ones inside it
 positions/rotation.cpp | return s.factor > 1.0 ? std::sqrt(1.0 + std::log(s.factor) / std::log(double(s.original_length))) : 1.0; | return 1.0; | LongRoPE without its default attention factor sqrt(1 + ln s / ln L)
 core/hub/hf_checkpoint.cpp | : c.has("original_max_position_embeddings") ? double(positive(c, "original_max_position_embeddings")) | : false ? double(positive(c, "original_max_position_embeddings")) | a top-level original_max_position_embeddings (Phi-3's) ignored for the scaling's own or the class default
-core/hub/hf_checkpoint.cpp | if (phi3 && (type == "su" | if (false && (type == "su" | Phi-3's rope_type su no longer read as longrope
+core/hub/hf_checkpoint.cpp | if (rules.su_and_yarn_are_longrope && (type == "su" | if (false && (type == "su" | Phi-3's rope_type su no longer read as longrope
 core/hub/hf_checkpoint.cpp | scaling == "longrope" ? int64_t(number("scaling_length", 0)) : config.train.seq_len; | config.train.seq_len; | a Phi-3 export's original_max_position_embeddings is its training length, not LongRoPE's original length
 core/hub/hf_checkpoint.cpp | hf.position.remove("fraction");  // as transformers: ignored | (void)0; | an imported Llama with a partial_rotary_factor rotates part of each head, where transformers' class rotates all of it
 EOF

@@ -181,13 +181,20 @@ void read_rope_scaling(const ConfigReader& c, const std::string& where, const st
   }
 }
 
-// theta_key and fraction_key: where a family's older configs keep the base and the rotated
-// share (GPT-NeoX: rotary_emb_base, rotary_pct); `fraction` is the family's default share.
-// Phi-3 (`phi3`): its class reads rope_type su and yarn as longrope, and has a top-level
-// original_max_position_embeddings of 4096 where config.json gives none.
-void read_rope(const ConfigReader& c, YAML::Node& position, int64_t head_dim, double fraction = 1.0,
-               const std::string& theta_key = "rope_theta", const std::string& fraction_key = "partial_rotary_factor",
-               bool phi3 = false) {
+// How a family's config spells its RoPE, where it differs from Llama's.
+struct RopeRules {
+  double fraction = 1.0;                                // the rotated share where the config gives none
+  std::string theta_key = "rope_theta";                 // older configs' base (GPT-NeoX: rotary_emb_base)
+  std::string fraction_key = "partial_rotary_factor";   // and share (GPT-NeoX: rotary_pct)
+  bool su_and_yarn_are_longrope = false;                // Phi-3's class reads rope_type su and yarn as longrope
+  int64_t original_length = 0;  // a scaling's original length where config.json has no top-level one (Phi-3:
+                                // 4096; 0: the scaling's own, else max_position_embeddings)
+};
+
+void read_rope(const ConfigReader& c, YAML::Node& position, int64_t head_dim, const RopeRules& rules = {}) {
+  const std::string& theta_key = rules.theta_key;
+  const std::string& fraction_key = rules.fraction_key;
+  double fraction = rules.fraction;
   double theta = 10000.0;
   std::string where = "rope_parameters";
   json scaling = json::object();
@@ -213,23 +220,23 @@ void read_rope(const ConfigReader& c, YAML::Node& position, int64_t head_dim, do
     c.use(key);
   }
   std::string type = scaling.value("rope_type", scaling.value("type", std::string("default")));
-  if (phi3 && (type == "su" || type == "yarn")) type = "longrope";
+  if (rules.su_and_yarn_are_longrope && (type == "su" || type == "yarn")) type = "longrope";
   c.use("original_max_position_embeddings");  // read by llama3, yarn and longrope alone, as transformers
   if (type == "default") {
     for (const auto& [key, value] : scaling.items())
       if (!value.is_null() && key != "rope_type" && key != "type" && key != "rope_theta" && key != "partial_rotary_factor")
         c.fail(where + "." + key, value.dump() + " is not imported with rope_type default");
   } else {
-    read_rope_scaling(c, where, type, scaling, position, phi3 ? 4096 : 0);
+    read_rope_scaling(c, where, type, scaling, position, rules.original_length);
   }
   if (!(theta > 1) || !std::isfinite(theta)) c.fail("rope_theta", std::to_string(theta) + " must be above 1");
-  const double rotated = std::floor(fraction * double(head_dim) / 2.0 + 1e-9) * 2.0;
+  const int64_t rotated = rotated_dimensions(fraction, head_dim);
   if (!(fraction > 0 && fraction <= 1) || rotated < 2)
     c.fail(fraction_key, std::to_string(fraction) + " rotates no pair of the head's dimensions");
   for (const char* key : {"short_factor", "long_factor"})
-    if (position[key] && int64_t(position[key].size()) * 2 != int64_t(rotated))
+    if (position[key] && int64_t(position[key].size()) * 2 != rotated)
       c.fail(where + "." + key, "has " + std::to_string(position[key].size()) + " factors for the " +
-                                    std::to_string(int64_t(rotated) / 2) + " rotated pairs of each head");
+                                    std::to_string(rotated / 2) + " rotated pairs of each head");
   position["name"] = "rotary";
   position["base"] = theta;
   position["pairing"] = "half";
@@ -316,7 +323,12 @@ void map_llama(const ConfigReader& c, HfModel& hf) {
   hf.model["bias"] = false;
   hf.model["tie_embeddings"] = c.get<bool>("tie_word_embeddings", false);
   hf.train_length = c.get<int64_t>("max_position_embeddings", 0);
-  read_rope(c, hf.position, head_dim, 1.0, "rope_theta", "partial_rotary_factor", hf.family == "phi3");
+  RopeRules rope;
+  if (hf.family == "phi3") {
+    rope.su_and_yarn_are_longrope = true;
+    rope.original_length = 4096;  // Phi3Config's default
+  }
+  read_rope(c, hf.position, head_dim, rope);
   if (hf.family != "phi3" && hf.position["fraction"]) {
     // Llama's, Mistral's and Qwen's classes rotate the whole head (rotate_half of all of it): their
     // plain frequencies read no partial_rotary_factor, and a scaling's, which read it, leave the
@@ -410,7 +422,11 @@ void map_gpt_neox(const ConfigReader& c, HfModel& hf) {
   hf.train_length = c.get<int64_t>("max_position_embeddings", 0);
   c.use("classifier_dropout");
   // transformers 5.24: rotary_pct absent means 0.25 (configuration_gpt_neox.py), not the whole head.
-  read_rope(c, hf.position, D / H, 0.25, "rotary_emb_base", "rotary_pct");
+  RopeRules rope;
+  rope.fraction = 0.25;
+  rope.theta_key = "rotary_emb_base";
+  rope.fraction_key = "rotary_pct";
+  read_rope(c, hf.position, D / H, rope);
 }
 
 void map_mpt(const ConfigReader& c, HfModel& hf) {
@@ -1127,7 +1143,7 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
     // layer_types name; Phi-3's class alone rotates part of each head (the others' rotate_half
     // takes the whole head), and windows every layer too.
     const double fraction = number("fraction", 1.0);
-    const int64_t rotated = 2 * int64_t(std::floor(fraction * double(m.d_head()) / 2.0 + 1e-9));
+    const int64_t rotated = rotated_dimensions(fraction, m.d_head());
     const std::string scaling = option("scaling", "none");
     out.family = m.qk_norm ? "qwen3" : m.qkv_bias ? "qwen2" : fraction != 1.0 ? "phi3" : window > 0 ? "mistral" : "llama";
     require_all(out.family, {{option("pairing", "interleaved") == "half", "rotary with the interleaved pairing"},
