@@ -101,10 +101,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-FORMAT = "extrap-safetensors/5"
+FORMAT = "extrap-safetensors/6"
 # 1: before the architecture keys (GPT-2's block), read as such; 2: without 3's scale_embedding, qkv_bias
-# and gelu_tanh (their defaults); 3: without 4's norm_bias (model bias); 4: without 5's d_head (d_model / heads)
-FORMATS = ("extrap-safetensors/1", "extrap-safetensors/2", "extrap-safetensors/3", "extrap-safetensors/4", FORMAT)
+# and gelu_tanh (their defaults); 3: without 4's norm_bias (model bias); 4: without 5's d_head (d_model / heads);
+# 5: without 6's geglu with gelu_tanh (geglu's gate the erf form)
+FORMATS = ("extrap-safetensors/1", "extrap-safetensors/2", "extrap-safetensors/3", "extrap-safetensors/4",
+           "extrap-safetensors/5", FORMAT)
 PATTERN = "pattern"  # metadata position of an export with a layer pattern: see metadata "layers"
 POSITION_METHODS = ("none", "sinusoidal", "learned", "rotary", "p_rope", "alibi", "alibi_symmetric",
                     "alibi_nonsymmetric", "alibi_learned", "t5_bias", "kerple_log", "kerple_power",
@@ -537,6 +539,9 @@ class ExtrapModel(nn.Module):
             if value not in MODEL_CHOICES[key] or (isinstance(value, bool) != isinstance(MODEL_CHOICES[key][0], bool)):
                 raise ValueError(f"metadata model: {key} {value!r} is not one of "
                                  f"{', '.join(map(str, MODEL_CHOICES[key]))}")
+        if (self.arch["ffn"], activation) in (("geglu", "relu"), ("swiglu", "relu"), ("swiglu", "gelu_tanh")):
+            raise ValueError(f"metadata model: activation {activation!r} with ffn {self.arch['ffn']!r} (swiglu "
+                             "gates with SiLU, geglu with gelu or gelu_tanh)")
         self.kv_heads = int(m.get("kv_heads", self.heads))
         if self.kv_heads < 1 or self.heads % self.kv_heads:
             raise ValueError(f"metadata model: kv_heads {self.kv_heads} does not divide heads {self.heads}")
@@ -955,7 +960,7 @@ class ExtrapModel(nn.Module):
         if self.arch["ffn"] == "mlp":
             return block.ffn_out(self.act(a))
         g, u = a.chunk(2, dim=-1)
-        gate = F.silu(g) if self.arch["ffn"] == "swiglu" else F.gelu(g)  # gelu: exact (erf)
+        gate = F.silu(g) if self.arch["ffn"] == "swiglu" else self.act(g)  # geglu: model activation's GELU
         return block.ffn_out(gate * u)
 
     def embed(self, tokens):  # (B, T) -> (B, T, D): the token embeddings times sqrt(d_model) (unless

@@ -171,10 +171,12 @@ ExportSummary write_export(const VerifiedCheckpoint& checkpoint, const Corpus& c
   // Format 3 only where a reader of format 2 would misread the model: an unscaled embedding, q, k
   // and v biases alone, GELU's tanh form; format 4 where a reader of 3 would: norms whose biases
   // differ from the linear layers'; format 5 where a reader of 4 would: heads other than d_model /
-  // heads wide. Other files stay format 2, readable as before.
+  // heads wide; format 6 where a reader of 5 would: geglu gating with GELU's tanh form. Other
+  // files stay format 2, readable as before.
   const ModelConfig& m = config.model;
   const bool format3 = !m.scale_embedding || m.qkv_bias || m.activation == Activation::gelu_tanh;
-  metadata["format"] = m.d_head() * m.heads != m.d_model ? "extrap-safetensors/5"
+  metadata["format"] = m.ffn == FfnKind::geglu && m.activation == Activation::gelu_tanh ? "extrap-safetensors/6"
+                       : m.d_head() * m.heads != m.d_model ? "extrap-safetensors/5"
                        : m.norm_biased() != m.bias       ? "extrap-safetensors/4"
                        : format3                  ? "extrap-safetensors/3"
                                                   : "extrap-safetensors/2";

@@ -7,9 +7,11 @@
 // softplus(raw)) and the metadata's "position_tensors" says how each maps.
 //
 // Metadata (string -> string; the values marked JSON are JSON text):
-//   format            the lowest a reader needs: "extrap-safetensors/5" where the heads are not
-//                     d_model / heads wide (model key d_head, which a reader of format 4 would
-//                     ignore); else "extrap-safetensors/4" where the norms' biases differ from the
+//   format            the lowest a reader needs: "extrap-safetensors/6" where geglu gates with
+//                     GELU's tanh form (model activation gelu_tanh beside ffn geglu, which a reader
+//                     of format 5 would read as the erf form); else "extrap-safetensors/5" where the
+//                     heads are not d_model / heads wide (model key d_head, which a reader of format 4
+//                     would ignore); else "extrap-safetensors/4" where the norms' biases differ from the
 //                     linear layers' (model key norm_bias, which a reader of format 3 would
 //                     ignore); else "extrap-safetensors/3" where the model has an unscaled
 //                     embedding, q, k and v biases alone or GELU's tanh form (model keys

@@ -290,38 +290,68 @@ void map_qwen2_windows(const ConfigReader& c, HfModel& hf) {
   hf.layers = layers_section;
 }
 
+// Llama's kin's MLP, ACT2FN[hidden_act] on the gate (LlamaMLP and its copies): SiLU is SwiGLU,
+// GELU (erf) and its tanh forms GeGLU. Gemma's default is the tanh form, and GemmaConfig reads
+// "gelu" as it too (the Hub's Gemma configs say "gelu" and mean it).
+void read_gated_activation(const ConfigReader& c, HfModel& hf) {
+  const bool gemma = hf.family == "gemma";
+  std::string act = c.get<std::string>("hidden_act", gemma ? "gelu_pytorch_tanh" : "silu");
+  if (gemma && act == "gelu") act = "gelu_pytorch_tanh";
+  if (act == "silu") {
+    hf.model["ffn"] = "swiglu";
+    return;
+  }
+  if (act != "gelu" && act != "gelu_pytorch_tanh" && act != "gelu_new")
+    c.fail("hidden_act", "\"" + act + "\" is not imported (silu, gelu, gelu_pytorch_tanh, gelu_new are)");
+  hf.model["ffn"] = "geglu";
+  if (act != "gelu") hf.model["activation"] = "gelu_tanh";
+}
+
+// Llama, Mistral, Qwen2, Qwen3, Phi-3 and Gemma (modeling_*.py, transformers 5.24): RMSNorm,
+// a gated MLP, RoPE, grouped-query attention. Gemma's own: the embedding times sqrt(hidden_size)
+// (on input; the head ties to it unscaled), each norm's weight w stored as w - 1 (GemmaRMSNorm
+// multiplies by 1 + w: the weight plan adds the 1), heads 256 wide unless given.
 void map_llama(const ConfigReader& c, HfModel& hf) {
+  const bool gemma = hf.family == "gemma";
   const int64_t D = positive(c, "hidden_size"), H = positive(c, "num_attention_heads");
   const int64_t Hkv = c.has("num_key_value_heads") ? positive(c, "num_key_value_heads") : H;
   c.use("num_key_value_heads");
   if (H % Hkv != 0) c.fail("num_key_value_heads", std::to_string(Hkv) + " does not divide num_attention_heads");
-  // Each head's width: Qwen3Config's is 128 unless given, the others' hidden_size /
-  // num_attention_heads (null too: LlamaConfig and MistralConfig read null as unset; Qwen3's
-  // attention would take None for a width).
-  int64_t head_dim = hf.family == "qwen3" ? 128 : 0;
+  // Each head's width: Qwen3Config's is 128 unless given, GemmaConfig's 256, the others'
+  // hidden_size / num_attention_heads (null too: LlamaConfig and MistralConfig read null as unset;
+  // Qwen3's and Gemma's attention would take None for a width).
+  const int64_t default_head_dim = hf.family == "qwen3" ? 128 : gemma ? 256 : 0;
+  int64_t head_dim = default_head_dim;
   if (c.has("head_dim")) head_dim = positive(c, "head_dim");
-  else if (c.present("head_dim") && hf.family == "qwen3")
-    c.fail("head_dim", "is null, which Qwen3's attention would take as its heads' width (give a number, or leave "
-                       "the key out for 128)");
+  else if (c.present("head_dim") && default_head_dim > 0)
+    c.fail("head_dim", "is null, which " + std::string(gemma ? "Gemma" : "Qwen3") +
+                           "'s attention would take as its heads' width (give a number, "
+                       "or leave the key out for " + std::to_string(default_head_dim) + ")");
   c.use("head_dim");
   if (head_dim == 0 && D % H != 0)
     c.fail("num_attention_heads", std::to_string(H) + " does not divide hidden_size " + std::to_string(D));
   if (head_dim == 0) head_dim = D / H;
-  c.require<std::string>("hidden_act", "silu", "SwiGLU gates with SiLU");
-  c.require<bool>("mlp_bias", false, "no biases in the MLP");
+  read_gated_activation(c, hf);
+  if (gemma) {
+    // Gemma 1.1's configs also carry hidden_activation, which transformers 5.24 reads nowhere.
+    c.use("hidden_activation");
+    c.require<bool>("use_bidirectional_attention", false, "causal attention");
+    hf.model["scale_embedding"] = true;  // times sqrt(hidden_size), in the dtype of the weights (float32 here)
+  } else {
+    c.require<bool>("mlp_bias", false, "no biases in the MLP");
+    c.require<int64_t>("pretraining_tp", 1, "tensor-parallel slicing");
+  }
   c.require<bool>("attention_bias", false, "no biases in the attention projections");
-  c.require<int64_t>("pretraining_tp", 1, "tensor-parallel slicing");
   hf.model["layers"] = positive(c, "num_hidden_layers");
   hf.model["d_model"] = D;
   hf.model["heads"] = H;
   if (Hkv != H) hf.model["kv_heads"] = Hkv;
   if (head_dim * H != D) hf.model["head_dim"] = head_dim;
   hf.model["d_ffn"] = positive(c, "intermediate_size");
-  hf.model["ffn"] = "swiglu";
   hf.model["norm"] = "rmsnorm";
   hf.model["norm_eps"] = c.get<double>("rms_norm_eps", 1e-6);
   hf.model["bias"] = false;
-  hf.model["tie_embeddings"] = c.get<bool>("tie_word_embeddings", false);
+  hf.model["tie_embeddings"] = c.get<bool>("tie_word_embeddings", gemma);
   hf.train_length = c.get<int64_t>("max_position_embeddings", 0);
   RopeRules rope;
   if (hf.family == "phi3") {
@@ -591,6 +621,7 @@ using Mapper = void (*)(const ConfigReader&, HfModel&);
 const std::map<std::string, Mapper>& mappers() {
   static const std::map<std::string, Mapper> m = {
       {"llama", map_llama}, {"mistral", map_llama}, {"qwen2", map_llama}, {"qwen3", map_llama}, {"phi3", map_llama},
+      {"gemma", map_llama},
       {"gpt2", map_gpt2}, {"bloom", map_bloom},
       {"gpt_neox", map_gpt_neox}, {"mpt", map_mpt}, {"falcon", map_falcon}};
   return m;
@@ -666,6 +697,12 @@ Source transposed(const std::string& name) {  // GPT-2's Conv1D: (in, out)
   return {{name}, [](const std::vector<torch::Tensor>& t) { return t[0].t(); },
           [](const torch::Tensor& x) { return std::vector<torch::Tensor>{x.t().contiguous()}; }};
 }
+// Gemma's norm weights: the folder holds w, its RMSNorm multiplies by 1 + w (in float32, as
+// GemmaRMSNorm adds the 1 after widening w), extrap's by its weight.
+Source plus_one(const std::string& name) {
+  return {{name}, [](const std::vector<torch::Tensor>& t) { return t[0].to(torch::kFloat32) + 1.0; },
+          [](const torch::Tensor& x) { return std::vector<torch::Tensor>{x - 1.0}; }};
+}
 // Rows of the parts, one after another (`rows`: each part's, for splitting).
 Source concatenated(std::vector<std::string> names, std::vector<int64_t> rows) {
   return {std::move(names), [](const std::vector<torch::Tensor>& t) { return torch::cat(t, 0); },
@@ -716,20 +753,27 @@ std::string find_prefix(const SafetensorsReader& w, const std::string& probe, co
                     " (nor without its prefix): not the weights of this config's family");
 }
 
-// Llama's kin; `fused`: Phi-3's, q, k and v in one projection (qkv_proj: H query heads, then Hkv
-// key, then Hkv value heads, extrap's own layout) and the gate and up projections in one
-// (gate_up_proj: the gate's rows first, as extrap's ffn_in).
-WeightPlan llama_plan(const std::string& p, const ModelConfig& m, bool fused = false) {
-  const bool qkv_bias = m.qkv_bias;
+// How a family of Llama's kin stores its tensors.
+enum class LlamaLayout {
+  separate,  // Llama, Mistral, Qwen2, Qwen3
+  fused,     // Phi-3: q, k and v in one projection (qkv_proj: H query heads, then Hkv key, then Hkv
+             // value heads, extrap's own layout), gate and up in one (gate_up_proj: the gate's rows
+             // first, as extrap's ffn_in)
+  gemma,     // Llama's names, each norm's weight stored minus 1 (plus_one)
+};
+
+WeightPlan llama_plan(const std::string& p, const ModelConfig& m, LlamaLayout layout) {
+  const bool qkv_bias = m.qkv_bias, fused = layout == LlamaLayout::fused;
   const int64_t Dh = m.d_head(), q = m.heads * Dh, kv = m.key_value_heads() * Dh, F = m.ffn_width();
+  const auto norm = layout == LlamaLayout::gemma ? plus_one : same;
   WeightPlan plan;
   plan["embedding.weight"] = same(p + "embed_tokens.weight");
-  plan["ln_final.weight"] = same(p + "norm.weight");
+  plan["ln_final.weight"] = norm(p + "norm.weight");
   if (!m.tie_embeddings) plan["head.weight"] = same("lm_head.weight");
   for (int64_t l = 0; l < m.layers; ++l) {
     const std::string s = p + "layers." + std::to_string(l) + ".", e = "blocks." + std::to_string(l) + ".";
-    plan[e + "ln_attention.weight"] = same(s + "input_layernorm.weight");
-    plan[e + "ln_ffn.weight"] = same(s + "post_attention_layernorm.weight");
+    plan[e + "ln_attention.weight"] = norm(s + "input_layernorm.weight");
+    plan[e + "ln_ffn.weight"] = norm(s + "post_attention_layernorm.weight");
     plan[e + "attention.qkv.weight"] =
         fused ? same(s + "self_attn.qkv_proj.weight")
               : concatenated({s + "self_attn.q_proj.weight", s + "self_attn.k_proj.weight", s + "self_attn.v_proj.weight"},
@@ -739,8 +783,8 @@ WeightPlan llama_plan(const std::string& p, const ModelConfig& m, bool fused = f
           {s + "self_attn.q_proj.bias", s + "self_attn.k_proj.bias", s + "self_attn.v_proj.bias"}, {q, kv, kv});
     plan[e + "attention.out.weight"] = same(s + "self_attn.o_proj.weight");
     if (m.qk_norm) {  // Qwen3
-      plan[e + "attention.q_norm.weight"] = same(s + "self_attn.q_norm.weight");
-      plan[e + "attention.k_norm.weight"] = same(s + "self_attn.k_norm.weight");
+      plan[e + "attention.q_norm.weight"] = norm(s + "self_attn.q_norm.weight");
+      plan[e + "attention.k_norm.weight"] = norm(s + "self_attn.k_norm.weight");
     }
     plan[e + "ffn_in.weight"] = fused ? same(s + "mlp.gate_up_proj.weight")
                                       : concatenated({s + "mlp.gate_proj.weight", s + "mlp.up_proj.weight"}, {F, F});
@@ -865,7 +909,7 @@ struct FamilyPrefix {
 constexpr FamilyPrefix kPrefixes[] = {
     {"llama", "model.", "embed_tokens.weight"},    {"mistral", "model.", "embed_tokens.weight"},
     {"qwen2", "model.", "embed_tokens.weight"},    {"qwen3", "model.", "embed_tokens.weight"},
-    {"phi3", "model.", "embed_tokens.weight"},
+    {"phi3", "model.", "embed_tokens.weight"},     {"gemma", "model.", "embed_tokens.weight"},
     {"gpt2", "transformer.", "wte.weight"},
     {"bloom", "transformer.", "word_embeddings.weight"}, {"gpt_neox", "gpt_neox.", "embed_in.weight"},
     {"mpt", "transformer.", "wte.weight"},         {"falcon", "transformer.", "word_embeddings.weight"}};
@@ -889,8 +933,10 @@ WeightPlan extrap_plan(TransformerLM& model) {
 }
 
 WeightPlan family_plan(const std::string& family, const std::string& prefix, const ModelConfig& m) {
-  if (family == "llama" || family == "mistral" || family == "qwen2" || family == "qwen3") return llama_plan(prefix, m);
-  if (family == "phi3") return llama_plan(prefix, m, /*fused=*/true);
+  if (family == "llama" || family == "mistral" || family == "qwen2" || family == "qwen3")
+    return llama_plan(prefix, m, LlamaLayout::separate);
+  if (family == "phi3") return llama_plan(prefix, m, LlamaLayout::fused);
+  if (family == "gemma") return llama_plan(prefix, m, LlamaLayout::gemma);
   if (family == "gpt2") return gpt2_plan(prefix, m);
   if (family == "bloom") return bloom_plan(prefix, m);
   if (family == "gpt_neox") return gpt_neox_plan(prefix, m);
@@ -1130,9 +1176,11 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
                                                           : "the attention options " + a.describe());
   json c = {{"vocab_size", vocab_size}, {"tie_word_embeddings", m.tie_embeddings}, {"dtype", "float32"},
             {"use_cache", true}};
-  if (m.scale_embedding && m.tie_embeddings)
+  // A tied embedding scaled on input only: Gemma's class alone (a rotary RMSNorm model), which
+  // scales it itself; an untied one has the scale multiplied into its weights for the others.
+  if (m.scale_embedding && m.tie_embeddings && !rms_rotary)
     throw NoTransformersClass("its tied embedding is scaled by sqrt(d_model) on input only (model.scale_embedding)");
-  out.embedding_scale = m.scale_embedding ? std::sqrt(double(D)) : 1.0;
+  out.embedding_scale = m.scale_embedding && !m.tie_embeddings ? std::sqrt(double(D)) : 1.0;
   const std::string act = enum_name(m.activation);
   // The layers' windows: the largest (0: none), and whether every layer has it.
   const int64_t window = *std::max_element(windows->begin(), windows->end());
@@ -1141,12 +1189,23 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
   if (rms_rotary) {
     // Mistral windows every layer; Qwen2 (q, k, v biases) and Qwen3 (qk_norm) the layers their
     // layer_types name; Phi-3's class alone rotates part of each head (the others' rotate_half
-    // takes the whole head), and windows every layer too.
+    // takes the whole head), and windows every layer too; Gemma's alone scales a tied embedding
+    // on input (an untied scaled one goes to the others with the scale in its weights).
     const double fraction = number("fraction", 1.0);
     const int64_t rotated = rotated_dimensions(fraction, m.d_head());
     const std::string scaling = option("scaling", "none");
-    out.family = m.qk_norm ? "qwen3" : m.qkv_bias ? "qwen2" : fraction != 1.0 ? "phi3" : window > 0 ? "mistral" : "llama";
-    require_all(out.family, {{option("pairing", "interleaved") == "half", "rotary with the interleaved pairing"},
+    const bool gemma = m.scale_embedding && m.tie_embeddings;
+    out.family = gemma ? "gemma" : m.qk_norm ? "qwen3" : m.qkv_bias ? "qwen2" : fraction != 1.0 ? "phi3" : window > 0 ? "mistral" : "llama";
+    // ACT2FN[hidden_act] on the gate: SiLU, or GELU's erf or tanh form (torch's own, as extrap's)
+    const std::string hidden_act = m.ffn == FfnKind::swiglu                ? "silu"
+                                   : m.activation == Activation::gelu_tanh ? "gelu_pytorch_tanh"
+                                                                           : "gelu";
+    require_all(out.family, {{!gemma || (!m.qk_norm && !m.qkv_bias && fraction == 1.0 && window == 0),
+                              "a tied embedding scaled by sqrt(d_model) beside qk_norm, q, k, v biases, a partial "
+                              "rotary or a sliding window (Gemma's class alone scales a tied embedding, and has none)"},
+                             {!gemma || hidden_act != "gelu",
+                              "geglu with GELU's erf form (GemmaConfig reads hidden_act gelu as the tanh form)"},
+                             {option("pairing", "interleaved") == "half", "rotary with the interleaved pairing"},
                              {fraction == 1.0 || out.family == "phi3",
                               "a partial rotary beside qk_norm or q, k, v biases (Phi-3's class alone rotates part "
                               "of each head)"},
@@ -1157,7 +1216,7 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
                              {out.family != "phi3" || standard_heads,
                               "a partial rotary with heads other than d_model / heads wide (model.head_dim)"},
                              {!(m.qk_norm && m.qkv_bias), "qk_norm beside biases on q, k and v"},
-                             {m.ffn == FfnKind::swiglu, "an ffn other than swiglu"},
+                             {m.gated_ffn(), "the mlp (Llama's kin gate theirs: swiglu or geglu)"},
                              {!m.bias && !m.norm_biased(), "biases"},
                              {(out.family != "mistral" && out.family != "phi3") || every_layer,
                               "sliding windows on some layers only, without q, k, v biases"},
@@ -1166,7 +1225,7 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
                              {!m.embedding_norm, "an embedding norm"}});
     c.update({{"hidden_size", D}, {"intermediate_size", F}, {"num_hidden_layers", m.layers},
               {"num_attention_heads", H}, {"num_key_value_heads", m.key_value_heads()}, {"head_dim", m.d_head()},
-              {"hidden_act", "silu"}, {"max_position_embeddings", config.train.seq_len},
+              {"hidden_act", hidden_act}, {"max_position_embeddings", config.train.seq_len},
               {"rms_norm_eps", m.norm_eps}, {"rope_parameters", rope_json(position, config)}});
     if (out.family == "llama") c.update({{"attention_bias", false}, {"mlp_bias", false}});
     if (out.family == "mistral") c["sliding_window"] = window;
@@ -1176,7 +1235,9 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
           scaling == "longrope" ? int64_t(number("scaling_length", 0)) : config.train.seq_len;
       c.update({{"pad_token_id", nullptr}, {"bos_token_id", nullptr}, {"eos_token_id", nullptr}});
     }
-    if (out.family == "qwen3") c["attention_bias"] = false;
+    if (out.family == "qwen3" || out.family == "gemma") c["attention_bias"] = false;
+    if (out.family == "gemma")  // GemmaConfig's ids (pad 0, eos 1, bos 2) are its tokenizer's, not this one's
+      c.update({{"pad_token_id", nullptr}, {"bos_token_id", nullptr}, {"eos_token_id", nullptr}});
     if (out.family == "qwen2" || out.family == "qwen3") {
       c["use_sliding_window"] = window > 0;
       if (window > 0) {
@@ -1257,7 +1318,7 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
   }
   const std::map<std::string, std::string> classes = {
       {"llama", "LlamaForCausalLM"},   {"mistral", "MistralForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"},
-      {"qwen3", "Qwen3ForCausalLM"},   {"phi3", "Phi3ForCausalLM"},
+      {"qwen3", "Qwen3ForCausalLM"},   {"phi3", "Phi3ForCausalLM"}, {"gemma", "GemmaForCausalLM"},
       {"gpt2", "GPT2LMHeadModel"},     {"bloom", "BloomForCausalLM"},     {"gpt_neox", "GPTNeoXForCausalLM"},
       {"mpt", "MptForCausalLM"},       {"falcon", "FalconForCausalLM"}};
   c["model_type"] = out.family;

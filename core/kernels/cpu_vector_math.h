@@ -85,6 +85,18 @@ inline void gelu_and_slope(float x, float& value, float& slope) {
   slope = cdf + x * e * 0.39894228040143268f;
 }
 
+// GELU's tanh form (GPT-2, Gemma): gelu_tanh(x) = x (1 + tanh(y)) / 2, y = sqrt(2 / pi) (x +
+// 0.044715 x^3), and its slope (1 + t) / 2 + x (1 - t^2) sqrt(2 / pi) (1 + 3 0.044715 x^2) / 2,
+// t = tanh(y) = 1 - 2 / (e^(2y) + 1) with exp_float (clamped: t is -1 or 1 far out, never NaN).
+// Branch-free.
+inline void gelu_tanh_and_slope(float x, float& value, float& slope) {
+  const float k = 0.79788456080286536f, c = 0.044715f;
+  const float x2 = x * x;
+  const float t = 1.0f - 2.0f / (exp_float(2.0f * k * x * (1.0f + c * x2)) + 1.0f);
+  value = 0.5f * x * (1.0f + t);
+  slope = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * k * (1.0f + 3.0f * c * x2);
+}
+
 // silu(x) = x sigma(x) and silu'(x) = sigma(x) (1 + x (1 - sigma(x))), sigma(x) = 1 / (1 + e^-x)
 // with exp_float (clamped, so that sigma is 0 or 1 far out, never NaN). Branch-free.
 inline void silu_and_slope(float x, float& value, float& slope) {

@@ -20,8 +20,10 @@ template <GluGate kGate>
 [[gnu::always_inline]] inline void gate_and_slope(float x, float& value, float& slope) {
   if constexpr (kGate == GluGate::silu)
     silu_and_slope(x, value, slope);
-  else
+  else if constexpr (kGate == GluGate::gelu)
     gelu_and_slope(x, value, slope);
+  else
+    gelu_tanh_and_slope(x, value, slope);
 }
 
 // s[j] = act(g[j]) u[j] over one row of F values.
@@ -48,22 +50,26 @@ template <GluGate kGate>
   }
 }
 
-EXTRAP_ISA_KERNEL(void, glu_forward_rows, (const float* a, float* s, int64_t rows, int64_t F, bool gelu), (a, s, rows, F, gelu)) {
+EXTRAP_ISA_KERNEL(void, glu_forward_rows, (const float* a, float* s, int64_t rows, int64_t F, GluGate gate), (a, s, rows, F, gate)) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* g = a + r * 2 * F;
-    if (gelu)
+    if (gate == GluGate::gelu)
       forward_values<GluGate::gelu>(g, g + F, s + r * F, F);
+    else if (gate == GluGate::gelu_tanh)
+      forward_values<GluGate::gelu_tanh>(g, g + F, s + r * F, F);
     else
       forward_values<GluGate::silu>(g, g + F, s + r * F, F);
   }
 }
 
-EXTRAP_ISA_KERNEL(void, glu_backward_rows, (const float* a, const float* ds, float* da, int64_t rows, int64_t F, bool gelu), (a, ds, da, rows, F, gelu)) {
+EXTRAP_ISA_KERNEL(void, glu_backward_rows, (const float* a, const float* ds, float* da, int64_t rows, int64_t F, GluGate gate), (a, ds, da, rows, F, gate)) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* g = a + r * 2 * F;
     float* dg = da + r * 2 * F;
-    if (gelu)
+    if (gate == GluGate::gelu)
       backward_values<GluGate::gelu>(g, g + F, ds + r * F, dg, dg + F, F);
+    else if (gate == GluGate::gelu_tanh)
+      backward_values<GluGate::gelu_tanh>(g, g + F, ds + r * F, dg, dg + F, F);
     else
       backward_values<GluGate::silu>(g, g + F, ds + r * F, dg, dg + F, F);
   }
@@ -71,22 +77,22 @@ EXTRAP_ISA_KERNEL(void, glu_backward_rows, (const float* a, const float* ds, flo
 
 // A row block of a bfloat16 a, widened, evaluated in float32 and narrowed: one row at a time (F
 // values each), so that the float32 buffers stay in cache.
-void forward_bf16(const c10::BFloat16* a, c10::BFloat16* s, int64_t begin, int64_t end, int64_t F, bool gelu) {
+void forward_bf16(const c10::BFloat16* a, c10::BFloat16* s, int64_t begin, int64_t end, int64_t F, GluGate gate) {
   std::vector<float> row(static_cast<size_t>(2 * F)), out(static_cast<size_t>(F));
   for (int64_t r = begin; r < end; ++r) {
     widen(a + r * 2 * F, row.data(), 2 * F);
-    glu_forward_rows(row.data(), out.data(), 1, F, gelu);
+    glu_forward_rows(row.data(), out.data(), 1, F, gate);
     narrow(out.data(), s + r * F, F);
   }
 }
 
 void backward_bf16(const c10::BFloat16* a, const c10::BFloat16* ds, c10::BFloat16* da, int64_t begin, int64_t end,
-                   int64_t F, bool gelu) {
+                   int64_t F, GluGate gate) {
   std::vector<float> row(static_cast<size_t>(2 * F)), grad(static_cast<size_t>(F)), out(static_cast<size_t>(2 * F));
   for (int64_t r = begin; r < end; ++r) {
     widen(a + r * 2 * F, row.data(), 2 * F);
     widen(ds + r * F, grad.data(), F);
-    glu_backward_rows(row.data(), grad.data(), out.data(), 1, F, gelu);
+    glu_backward_rows(row.data(), grad.data(), out.data(), 1, F, gate);
     narrow(out.data(), da + r * 2 * F, 2 * F);
   }
 }
@@ -95,31 +101,31 @@ void backward_bf16(const c10::BFloat16* a, const c10::BFloat16* ds, c10::BFloat1
 int64_t row_grain(int64_t F) { return std::max<int64_t>(1, 65536 / std::max<int64_t>(2 * F, 1)); }
 
 // s = act(g) o u for a (N, 2F) contiguous, float32 or bfloat16 -> (N, F) of a's dtype.
-torch::Tensor gated_values(const torch::Tensor& a, bool gelu) {
+torch::Tensor gated_values(const torch::Tensor& a, GluGate gate) {
   const int64_t N = a.size(0), F = a.size(1) / 2;
   auto s = torch::empty({N, F}, a.options());
   const bool bf16 = a.scalar_type() == torch::kBFloat16;
   at::parallel_for(0, N, row_grain(F), [&](int64_t begin, int64_t end) {
     if (bf16)
-      forward_bf16(a.data_ptr<c10::BFloat16>(), s.data_ptr<c10::BFloat16>(), begin, end, F, gelu);
+      forward_bf16(a.data_ptr<c10::BFloat16>(), s.data_ptr<c10::BFloat16>(), begin, end, F, gate);
     else
-      glu_forward_rows(a.data_ptr<float>() + begin * 2 * F, s.data_ptr<float>() + begin * F, end - begin, F, gelu);
+      glu_forward_rows(a.data_ptr<float>() + begin * 2 * F, s.data_ptr<float>() + begin * F, end - begin, F, gate);
   });
   return s;
 }
 
 // dA (N, 2F) from a and dS (N, F), a's dtype.
-torch::Tensor gated_gradient(const torch::Tensor& a, const torch::Tensor& ds, bool gelu) {
+torch::Tensor gated_gradient(const torch::Tensor& a, const torch::Tensor& ds, GluGate gate) {
   const int64_t N = a.size(0), F = a.size(1) / 2;
   auto da = torch::empty_like(a);
   const bool bf16 = a.scalar_type() == torch::kBFloat16;
   at::parallel_for(0, N, row_grain(F), [&](int64_t begin, int64_t end) {
     if (bf16)
       backward_bf16(a.data_ptr<c10::BFloat16>(), ds.data_ptr<c10::BFloat16>(), da.data_ptr<c10::BFloat16>(), begin,
-                    end, F, gelu);
+                    end, F, gate);
     else
       glu_backward_rows(a.data_ptr<float>() + begin * 2 * F, ds.data_ptr<float>() + begin * F,
-                        da.data_ptr<float>() + begin * 2 * F, end - begin, F, gelu);
+                        da.data_ptr<float>() + begin * 2 * F, end - begin, F, gate);
   });
   return da;
 }
@@ -130,18 +136,18 @@ template <bool kBias>
 class GluLinearFunction : public torch::autograd::Function<GluLinearFunction<kBias>> {
  public:
   template <typename... Bias>
-  // (`gelu` first: ctx->needs_input_grad counts the tensor inputs alone, a, weight and bias.)
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, bool gelu, const torch::Tensor& a,
+  // (`gate` first, as its int: ctx->needs_input_grad counts the tensor inputs alone, a, weight and bias.)
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, int64_t gate, const torch::Tensor& a,
                                const torch::Tensor& weight, const Bias&... bias) {
     static_assert(sizeof...(Bias) == (kBias ? 1 : 0));
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
     const auto dtype = a.scalar_type();
-    const auto s = gated_values(a, gelu);
+    const auto s = gated_values(a, GluGate(gate));
     const auto w = weight.to(dtype);
     // float32 products through oneDNN where extrap's linear layers take it, else LibTorch's (MKL).
     const bool onednn = dtype == torch::kBFloat16 || onednn_linear_takes(s, w);
     ctx->save_for_backward({a, s, w});
-    ctx->saved_data["gelu"] = gelu;
+    ctx->saved_data["gate"] = gate;
     ctx->saved_data["onednn"] = onednn;
     if (!onednn) return torch::linear(s, w, bias...);
     return onednn_product(s, w, {bias.to(dtype)...});
@@ -156,11 +162,11 @@ class GluLinearFunction : public torch::autograd::Function<GluLinearFunction<kBi
     const auto saved = ctx->get_saved_variables();
     const auto &a = saved[0], &s = saved[1], &w = saved[2];
     const auto g = grads[0].to(a.scalar_type()).contiguous();  // (N, M)
-    torch::autograd::variable_list out(kBias ? 4 : 3);  // gelu's (none), a's, weight's, bias's
+    torch::autograd::variable_list out(kBias ? 4 : 3);  // gate's (none), a's, weight's, bias's
     const bool onednn = ctx->saved_data["onednn"].toBool();
     if (ctx->needs_input_grad(0)) {
       const auto ds = onednn ? onednn_product(g, w.t(), {}).contiguous() : g.mm(w);
-      out[1] = gated_gradient(a, ds, ctx->saved_data["gelu"].toBool());
+      out[1] = gated_gradient(a, ds, GluGate(ctx->saved_data["gate"].toInt()));
     }
     if (ctx->needs_input_grad(1)) out[2] = (onednn ? onednn_weight_gradient(g, s) : g.t().mm(s)).to(torch::kFloat32);
     if (kBias && ctx->needs_input_grad(2)) out[3] = linear_bias_gradient(g).to(torch::kFloat32);
@@ -173,7 +179,8 @@ class GluLinearFunction : public torch::autograd::Function<GluLinearFunction<kBi
 torch::Tensor glu_reference(const torch::Tensor& a, GluGate gate) {
   const int64_t F = a.size(-1) / 2;
   const auto g = a.narrow(-1, 0, F), u = a.narrow(-1, F, F);
-  return (gate == GluGate::silu ? torch::silu(g) : torch::gelu(g)) * u;
+  const auto act = gate == GluGate::silu ? torch::silu(g) : torch::gelu(g, gate == GluGate::gelu_tanh ? "tanh" : "none");
+  return act * u;
 }
 
 bool fused_glu_switched_on() {
@@ -198,9 +205,8 @@ torch::Tensor glu_linear(const torch::Tensor& a, GluGate gate, const torch::Tens
   if (!glu_linear_fused_takes(a, weight)) return linear(glu_reference(a, gate), weight, bias);
   auto sizes = a.sizes().vec();
   const auto rows = a.reshape({-1, a.size(-1)}).contiguous();
-  const bool gelu = gate == GluGate::gelu;
-  const auto y = bias.defined() ? GluLinearFunction<true>::apply(gelu, rows, weight, bias)
-                                : GluLinearFunction<false>::apply(gelu, rows, weight);
+  const auto y = bias.defined() ? GluLinearFunction<true>::apply(int64_t(gate), rows, weight, bias)
+                                : GluLinearFunction<false>::apply(int64_t(gate), rows, weight);
   sizes.back() = weight.size(0);
   return y.view(sizes);
 }

@@ -10,7 +10,8 @@
 // gradient. s is kept for the weight gradient, dW = dY^T s.
 //
 // Numbers: SiLU is x sigma(x), GELU the exact (erf) form by Abramowitz and Stegun 7.1.26 (as
-// core/kernels/gelu_linear.h), in float32. Under bf16 autocast a is bfloat16 (the first
+// core/kernels/gelu_linear.h) or its tanh form (Gemma's; gelu_tanh_and_slope,
+// core/kernels/cpu_vector_math.h), in float32. Under bf16 autocast a is bfloat16 (the first
 // product's output), s and dA are rounded to bfloat16 once from float32, the products take
 // bfloat16 operands with float32 accumulation as autocast's linear does.
 //
@@ -24,7 +25,7 @@
 
 namespace extrap {
 
-enum class GluGate { silu, gelu };
+enum class GluGate { silu, gelu, gelu_tanh };
 
 // act(a[..., :F]) o a[..., F:] for a (..., 2F), with LibTorch's operators: the definition, and
 // what evaluation runs.

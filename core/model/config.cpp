@@ -122,8 +122,8 @@ void read_model_section(const OptionReader& root, Config& c) {
          "d_model rounded up to a multiple of ffn_multiple)");
   r.read("ffn_multiple", m.ffn_multiple, "d_ffn 0 with swiglu or geglu: the multiple Llama's width is rounded up to");
   r.read("ffn", m.ffn,
-         "feed-forward part: mlp (model.activation), or gated: swiglu (SiLU gate) or geglu (GELU gate), "
-         "W2 (act(W_g x) o W_u x)");
+         "feed-forward part: mlp (model.activation), or gated: swiglu (SiLU gate) or geglu (GELU gate, "
+         "model.activation's: erf or tanh), W2 (act(W_g x) o W_u x)");
   r.read("norm", m.norm, "every norm of the model: layernorm, or rmsnorm (no mean subtracted)");
   r.read("norm_eps", m.norm_eps, "the norms' epsilon");
   r.read("bias", m.bias, "biases in every linear layer and norm (false: none, as Llama and MPT)");
@@ -145,8 +145,8 @@ void read_model_section(const OptionReader& root, Config& c) {
   r.read("attention_dropout", m.attention_dropout, "dropout on attention probabilities");
   r.read("activation_dropout", m.activation_dropout, "dropout on the FFN's hidden activations");
   r.read("activation", m.activation,
-         "the mlp's activation: gelu (erf), gelu_tanh (the tanh approximation: GPT-2, BLOOM) or relu (swiglu and "
-         "geglu have their own)");
+         "the mlp's activation: gelu (erf), gelu_tanh (the tanh approximation: GPT-2, BLOOM) or relu; geglu's "
+         "gate: gelu or gelu_tanh (Gemma); swiglu has its own");
   r.read("tie_embeddings", m.tie_embeddings, "share input and output embedding matrices");
   r.read("init", m.init,
          "initialisation: LibTorch's Linear everywhere, or fairseq's attention projections (q, k, v Xavier "
@@ -178,9 +178,10 @@ void read_model_section(const OptionReader& root, Config& c) {
     r.at_least("ffn_multiple", m.ffn_multiple, 1);
     if (m.ffn_multiple != ModelConfig().ffn_multiple && !(m.d_ffn == 0 && m.gated_ffn()))
       r.fail("ffn_multiple", "is set but d_ffn is not 0 with a gated ffn (swiglu, geglu): nothing is rounded to it");
-    if (m.gated_ffn() && m.activation != ModelConfig().activation)
-      r.fail("activation", "is the mlp's; ffn " + enum_name(m.ffn) + " gates with " +
-                               (m.ffn == FfnKind::swiglu ? "SiLU" : "GELU") + " (leave activation out)");
+    if (m.ffn == FfnKind::swiglu && m.activation != ModelConfig().activation)
+      r.fail("activation", "is the mlp's or geglu's; ffn swiglu gates with SiLU (leave activation out)");
+    if (m.ffn == FfnKind::geglu && m.activation == Activation::relu)
+      r.fail("activation", "relu with ffn geglu, which gates with GELU: gelu (erf) or gelu_tanh");
     if (!(m.norm_eps > 0) || !std::isfinite(m.norm_eps))
       r.fail("norm_eps", "must be a finite number above 0, got " + number_text(m.norm_eps));
     if (m.qkv_bias && m.bias)

@@ -28,8 +28,9 @@ enum class Activation { gelu, relu, gelu_tanh };
 // Llama: x / sqrt(mean(x^2) + eps) times a weight, no mean subtracted).
 enum class NormKind { layernorm, rmsnorm };
 // model.ffn: the feed-forward part. mlp: W2 act(W1 x + b1) + b2 with model.activation; swiglu
-// and geglu (Shazeer, 2020; Llama, PaLM): W2 (act(W_g x) o (W_u x)) with SiLU or GELU (erf) on
-// the gate, W_g and W_u one product of 2 d_ffn outputs, the gate's first.
+// and geglu (Shazeer, 2020; Llama, PaLM): W2 (act(W_g x) o (W_u x)) with SiLU or GELU on the
+// gate (geglu: model.activation's GELU, erf or tanh as Gemma's), W_g and W_u one product of 2
+// d_ffn outputs, the gate's first.
 enum class FfnKind { mlp, swiglu, geglu };
 // model.block: the residual pattern. sequential: x + attn(n1(x)), then + ffn(n2(.)) (GPT-2,
 // Llama); parallel: x + attn(n1(x)) + ffn(n2(x)) (GPT-NeoX, Pythia); parallel_shared: one norm

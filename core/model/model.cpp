@@ -191,7 +191,9 @@ torch::Tensor FeedForward::forward(const torch::nn::Linear& in, const torch::nn:
   const auto a = linear(in, x);
   const bool dropout = training && activation_dropout > 0;
   if (kind != FfnKind::mlp) {
-    const GluGate gate = kind == FfnKind::swiglu ? GluGate::silu : GluGate::gelu;
+    const GluGate gate = kind == FfnKind::swiglu            ? GluGate::silu
+                         : activation == Activation::gelu_tanh ? GluGate::gelu_tanh
+                                                               : GluGate::gelu;
     if (dropout) return linear(out, torch::dropout(glu_reference(a, gate), activation_dropout, true));
     return glu_linear(a, gate, out->weight, out->bias);
   }

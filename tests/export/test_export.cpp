@@ -413,6 +413,9 @@ TEST_CASE("export: a model of each architecture option, Python reproduces extrap
       train_eval_export(d, "p_rope_half", "{name: p_rope, keep: 0.5, pairing: half}", true, "byte", ", kv_heads: 2"),
       train_eval_export(d, "masked_llama", "alibi_symmetric", false, "byte",
                         ", norm: rmsnorm, ffn: swiglu, d_ffn: 48, kv_heads: 2, block: parallel, qk_norm: true"),
+      // Gemma's block: geglu with GELU's tanh form (format 6), the tied embedding scaled on input
+      train_eval_export(d, "gemma", "{name: rotary, pairing: half}", true, "byte",
+                        ", norm: rmsnorm, ffn: geglu, activation: gelu_tanh, d_ffn: 48, bias: false, kv_heads: 1"),
       // heads wider than d_model / heads, as Qwen3-0.6B's (format 5)
       train_eval_export(d, "qwen3_hf", "{name: rotary, pairing: half}", true, "byte",
                         ", qk_norm: true, norm: rmsnorm, norm_eps: 0.000001, ffn: swiglu, d_ffn: 48, bias: false, "
@@ -451,6 +454,10 @@ TEST_CASE("export: a model of each architecture option, Python reproduces extrap
   CHECK(qwen3.tensors.at("blocks.0.attention.qkv.weight").shape == std::vector<int64_t>{(4 + 2 * 2) * 16, 32});
   CHECK(qwen3.tensors.at("blocks.0.attention.out.weight").shape == std::vector<int64_t>{32, 4 * 16});
   CHECK(json::parse(llama.metadata.at("model")).at("d_head") == 8);
+  const SafetensorsFile gemma = read_safetensors_checked(d.root / "gemma.safetensors");
+  CHECK(gemma.metadata.at("format") == "extrap-safetensors/6");
+  CHECK(json::parse(gemma.metadata.at("model")).at("activation") == "gelu_tanh");
+  CHECK(read_safetensors_checked(d.root / "gptj.safetensors").metadata.at("format") == "extrap-safetensors/2");
 }
 
 TEST_CASE("export: a sentencepiece model carries its tokenizer, and Python tokenises and scores as "

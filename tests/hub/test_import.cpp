@@ -136,7 +136,7 @@ void check_logprobs(const std::string& name, TransformerLM& model) {
 TEST_CASE("import: each family's log-probabilities equal transformers', inside and beyond its length",
           "[import][python]") {
   for (const std::string name :
-       {"llama", "llama_tied", "mistral", "mistral_spm", "qwen2", "qwen2_windows", "qwen2_windows_hub", "qwen3", "qwen3_windows", "qwen3_wide_heads", "mistral_narrow_heads", "phi3", "gpt2", "bloom", "bloom_h8", "gpt_neox",
+       {"llama", "llama_tied", "mistral", "mistral_spm", "qwen2", "qwen2_windows", "qwen2_windows_hub", "qwen3", "qwen3_windows", "qwen3_wide_heads", "mistral_narrow_heads", "phi3", "gemma", "gpt2", "bloom", "bloom_h8", "gpt_neox",
         "gpt_neox_seq", "mpt", "falcon_rw", "falcon_alibi_mq", "falcon_7b", "falcon_40b", "falcon_seq"}) {
     DYNAMIC_SECTION(name) {
       TempDir d("import");
@@ -438,7 +438,7 @@ TEST_CASE("export --format hf: transformers loads each family with its own class
   // layer_types again in the folder.)
   const std::vector<std::string> names = {"llama", "llama_tied", "mistral", "qwen2", "qwen2_windows", "qwen2_windows_hub",
                                           "qwen3", "qwen3_windows", "qwen3_wide_heads", "mistral_narrow_heads",
-                                          "phi3", "phi3_longrope", "phi3_longrope_short", "gpt2", "bloom", "gpt_neox", "mpt", "falcon_rw", "falcon_alibi_mq", "falcon_7b", "falcon_40b",
+                                          "phi3", "phi3_longrope", "phi3_longrope_short", "gemma", "gpt2", "bloom", "gpt_neox", "mpt", "falcon_rw", "falcon_alibi_mq", "falcon_7b", "falcon_40b",
                                           "falcon_seq", "llama_yarn"};
   std::string args;  // one Python process checks every folder
   for (const std::string& name : names) {
@@ -480,10 +480,10 @@ TEST_CASE("export --format hf: an extrap model with a family's options, and one 
   config.data.tokenizer = Tokenizer::byte;
   config.data.cache_dir = (d.root / "cache").string();
   const Corpus corpus = load_corpus(config.data);
-  // Each model's family: Llama, Qwen2 (q, k, v biases) with a sliding window of 4 on every layer
+  // Each model's family: Llama (SwiGLU; GeGLU), Qwen2 (q, k, v biases) with a sliding window of 4 on every layer
   // and, through a layer pattern, on the second of two, Qwen3 (qk_norm), Mistral, Phi-3 (a partial
-  // rotary), Llama with LongRoPE, and two Falcons; Qwen3's and Mistral's heads not d_model / heads
-  // wide (model.head_dim).
+  // rotary), Llama with LongRoPE, Gemma, and two Falcons; Qwen3's and Mistral's heads not d_model /
+  // heads wide (model.head_dim).
   std::map<std::string, std::pair<Config, std::string>> models;
   models["llama"] = {config, "llama"};
   Config qwen = config;
@@ -514,6 +514,16 @@ TEST_CASE("export --format hf: an extrap model with a family's options, and one 
   longrope.position.reset(YAML::Load("{name: rotary, pairing: half, scaling: longrope, scaling_factor: 4, scaling_length: 8, "
                                  "short_factor: [1.0, 1.1, 1.3, 1.6], long_factor: [1.0, 2.0, 5.0, 9.0]}"));
   models["longrope"] = {longrope, "llama"};
+  // Gemma: geglu with GELU's tanh form, the tied embedding scaled by sqrt(d_model) on input (its
+  // class alone has that), norms exported as w - 1; and Llama's class gating with GELU's erf form.
+  Config gemma = config;
+  gemma.model.ffn = FfnKind::geglu;
+  gemma.model.activation = Activation::gelu_tanh;
+  gemma.model.tie_embeddings = true;
+  models["gemma"] = {gemma, "gemma"};
+  Config geglu = config;
+  geglu.model.ffn = FfnKind::geglu;
+  models["llama_geglu"] = {geglu, "llama"};
   // Falcon: LayerNorms with biases, exact GELU, no linear biases; Falcon-7B's block (one key-value
   // head, one shared norm), and the new decoder architecture's (2 groups, two norms).
   Config falcon7 = config;
@@ -556,6 +566,13 @@ TEST_CASE("export --format hf: an extrap model with a family's options, and one 
   CHECK_THROWS_WITH(export_hf(d.root / "plain" / "run", d.root / "hf2", false, HfClass::native),
                     Contains("no transformers class computes this model: its tied embedding is scaled by sqrt(d_model)"));
   CHECK_FALSE(fs::exists(d.root / "hf2"));
+  // Gemma's block gating with GELU's erf form: GemmaConfig reads hidden_act gelu as the tanh form.
+  Config gemma_erf = gemma;
+  gemma_erf.model.activation = Activation::gelu;
+  train_briefly(gemma_erf, corpus, d.root / "gemma_erf", 2);
+  CHECK_THROWS_WITH(export_hf(d.root / "gemma_erf" / "run", d.root / "hf5", false, HfClass::native),
+                    Contains("geglu with GELU's erf form (GemmaConfig reads hidden_act gelu as the tanh form)"));
+  CHECK_FALSE(fs::exists(d.root / "hf5"));
   // Sliding windows on some layers: Qwen2's class has them, with its q, k, v biases; without the
   // biases no class does (Mistral's windows every layer), so the folder is remote code.
   Config partial = qwen_pattern;

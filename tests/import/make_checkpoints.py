@@ -64,6 +64,7 @@ from transformers import (  # noqa: E402
     AutoTokenizer,
     BloomConfig,
     FalconConfig,
+    GemmaConfig,
     GPT2Config,
     GPTNeoXConfig,
     LlamaConfig,
@@ -391,6 +392,34 @@ def phi3_hub_style(cfg: dict) -> dict:
     return cfg
 
 
+def gemma_config(V, ids, **over):
+    """Gemma: GeGLU with GELU's tanh form, norms of 1 + w, the tied embedding times sqrt(hidden_size),
+    heads of their own width (here 4 of 32 over 64, as Gemma-7B's 16 of 256 over 3072), one key head."""
+    kw = dict(
+        vocab_size=V, hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=32, max_position_embeddings=64, rms_norm_eps=1e-6,
+        rope_parameters=dict(LLAMA_ROPE), tie_word_embeddings=True, initializer_range=INIT_STD, pad_token_id=None)
+    kw.update(ids)
+    kw.update(over)
+    return GemmaConfig(**kw)
+
+
+def gemma_hub_style(cfg: dict) -> dict:
+    """Gemma 1.1's config.json: hidden_act "gelu" (which GemmaConfig reads as the tanh form), hidden_activation
+    beside it, rope_theta and rope_scaling null at the top level."""
+    rope = cfg.pop("rope_parameters")
+    cfg["hidden_act"] = "gelu"
+    cfg["hidden_activation"] = "gelu_pytorch_tanh"
+    cfg["rope_theta"] = rope["rope_theta"]
+    cfg["rope_scaling"] = None
+    return cfg
+
+
+def expect_gemma(model) -> None:
+    assert model.config.hidden_act == "gelu_pytorch_tanh", model.config.hidden_act
+    assert model.model.layers[0].self_attn.head_dim == 32
+
+
 def qwen2_windows_hub_style(cfg: dict) -> dict:
     """A Hub config with sliding windows on: no layer_types, the windowed layers from max_window_layers on."""
     cfg = qwen2_hub_style(cfg)
@@ -573,6 +602,9 @@ CASES = {
                  config_edit=phi3_hub_style),
     "phi3_longrope": case("phi3", "mistral", 1291, 160, phi3_longrope_config, config_edit=phi3_hub_style),
     "phi3_longrope_short": case("phi3", "mistral", 1291, 48, phi3_longrope_config, config_edit=phi3_hub_style),
+    # ---- Gemma: GeGLU (tanh), norms of 1 + w, a tied embedding scaled by sqrt(hidden_size) on input
+    "gemma": case("gemma", "llama3", 1800, 160, lambda V, i: gemma_config(V, i), config_edit=gemma_hub_style,
+                  expect=expect_gemma),
     # ---- GPT-2: learned absolute positions, T stays inside n_positions
     "gpt2": case(
         "gpt2", "gpt2", 1300, 200,
@@ -657,7 +689,9 @@ CASES = {
 
 
 def reinit_(model: torch.nn.Module, seed: int) -> None:
-    """Redraw every parameter: matrices/embeddings N(0, s), biases N(0, s), norm scales 1 + N(0, s)."""
+    """Redraw every parameter: matrices/embeddings N(0, s), biases N(0, s), norm scales 1 + N(0, s)
+    (Gemma's N(0, s): its norms multiply by 1 + w)."""
+    centre = 0.0 if model.config.model_type == "gemma" else 1.0
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():  # tied parameters appear once
@@ -667,7 +701,7 @@ def reinit_(model: torch.nn.Module, seed: int) -> None:
             elif name.endswith("bias"):
                 p.copy_(noise)
             else:  # 1-D weight: a norm scale
-                p.copy_(1.0 + noise)
+                p.copy_(centre + noise)
 
 
 def positions_limit(cfg) -> int | None:

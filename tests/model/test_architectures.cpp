@@ -46,8 +46,12 @@ torch::Tensor norm64(const torch::Tensor& h, const torch::Tensor& w, const torch
 }
 
 // SiLU and GELU (erf) from their definitions.
-torch::Tensor gate64(const torch::Tensor& g, bool gelu) {
-  return gelu ? 0.5 * g * (1 + torch::erf(g / std::sqrt(2.0))) : g / (1 + torch::exp(-g));
+// The gates from their definitions: SiLU g sigma(g), GELU g Phi(g) (erf), and GELU's tanh form
+// g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))) / 2.
+torch::Tensor gate64(const torch::Tensor& g, GluGate gate) {
+  if (gate == GluGate::gelu) return 0.5 * g * (1 + torch::erf(g / std::sqrt(2.0)));
+  if (gate == GluGate::gelu_tanh) return 0.5 * g * (1 + torch::tanh(std::sqrt(2.0 / M_PI) * (g + 0.044715 * g.pow(3))));
+  return g / (1 + torch::exp(-g));
 }
 
 torch::Tensor to64(const torch::Tensor& t) { return t.detach().to(torch::kFloat64); }
@@ -107,10 +111,10 @@ TEST_CASE("SwiGLU and GeGLU: the fused gate, its product and the second linear l
           "[glu][architectures]") {
   torch::manual_seed(32);
   const int64_t F = 40, M = 24;
-  for (const GluGate gate : {GluGate::silu, GluGate::gelu})
+  for (const GluGate gate : {GluGate::silu, GluGate::gelu, GluGate::gelu_tanh})
     for (const bool bias : {true, false}) {
-      const bool gelu = gate == GluGate::gelu;
-      INFO((gelu ? "geglu" : "swiglu") << (bias ? " with bias" : " without bias"));
+      INFO((gate == GluGate::silu ? "swiglu" : gate == GluGate::gelu ? "geglu" : "geglu (tanh)")
+           << (bias ? " with bias" : " without bias"));
       const auto a = (2 * torch::randn({5, 33, 2 * F})).requires_grad_();
       const auto w = (0.2 * torch::randn({M, F})).requires_grad_();
       const auto b = bias ? (0.2 * torch::randn({M})).requires_grad_() : torch::Tensor();
@@ -121,7 +125,7 @@ TEST_CASE("SwiGLU and GeGLU: the fused gate, its product and the second linear l
 
       const auto a64 = to64(a).requires_grad_(), w64 = to64(w).requires_grad_();
       const auto b64 = bias ? to64(b).requires_grad_() : torch::Tensor();
-      const auto s64 = gate64(a64.narrow(-1, 0, F), gelu) * a64.narrow(-1, F, F);
+      const auto s64 = gate64(a64.narrow(-1, 0, F), gate) * a64.narrow(-1, F, F);
       auto y64 = torch::matmul(s64, w64.t());
       if (bias) y64 = y64 + b64;
       (y64 * to64(gy)).sum().backward();
@@ -427,8 +431,10 @@ torch::Tensor block64(BlockImpl& block, const torch::Tensor& x) {
   const auto ffn = [&](const torch::Tensor& n) {
     const auto a = lin(block.ffn_in, n);
     const int64_t F = m.ffn_width();
-    const auto hidden = m.ffn == FfnKind::mlp ? gate64(a, true)
-                                              : gate64(a.narrow(-1, 0, F), m.ffn == FfnKind::geglu) * a.narrow(-1, F, F);
+    const GluGate gelu = m.activation == Activation::gelu_tanh ? GluGate::gelu_tanh : GluGate::gelu;
+    const auto hidden = m.ffn == FfnKind::mlp ? gate64(a, gelu)
+                                              : gate64(a.narrow(-1, 0, F), m.ffn == FfnKind::geglu ? gelu : GluGate::silu) *
+                                                    a.narrow(-1, F, F);
     return lin(block.ffn_out, hidden);
   };
   switch (m.block) {
@@ -464,8 +470,11 @@ TEST_CASE("a block of each residual pattern and part equals its parts composed f
           m.bias = ffn != FfnKind::swiglu;  // SwiGLU blocks without biases, the others with
           m.qk_norm = grouped;
           m.head_dim = grouped && norm == NormKind::rmsnorm ? 12 : 0;  // 4 heads of 12 over d_model 32
-          INFO(enum_name(kind) << ", " << enum_name(norm) << ", " << enum_name(ffn) << (grouped ? ", 2 key heads, qk_norm" : "")
-                               << (m.head_dim ? ", heads 12 wide" : "") << (m.bias ? "" : ", no biases"));
+          // GELU's tanh form for the rmsnorm blocks' mlp and geglu (GPT-2's, Gemma's), erf's for the rest
+          if (ffn != FfnKind::swiglu && norm == NormKind::rmsnorm) m.activation = Activation::gelu_tanh;
+          INFO(enum_name(kind) << ", " << enum_name(norm) << ", " << enum_name(ffn) << ", " << enum_name(m.activation)
+                               << (grouped ? ", 2 key heads, qk_norm" : "") << (m.head_dim ? ", heads 12 wide" : "")
+                               << (m.bias ? "" : ", no biases"));
           Block block{BlockOptions(m)};
           {
             torch::NoGradGuard no_grad;
@@ -526,7 +535,11 @@ TEST_CASE("architecture keys that do not apply are refused in one line, and thei
     CHECK_THROWS_WITH(config_from_yaml(YAML::Load(yaml), "c.yaml"), Catch::Contains(expected));
   };
   refused("model: {heads: 8, kv_heads: 3}", "kv_heads': 3 does not divide heads 8");
-  refused("model: {ffn: swiglu, activation: relu}", "activation': is the mlp's; ffn swiglu gates with SiLU");
+  refused("model: {ffn: swiglu, activation: relu}", "activation': is the mlp's or geglu's; ffn swiglu gates with SiLU");
+  refused("model: {ffn: swiglu, activation: gelu_tanh}", "ffn swiglu gates with SiLU (leave activation out)");
+  refused("model: {ffn: geglu, activation: relu}", "activation': relu with ffn geglu, which gates with GELU");
+  CHECK(config_from_yaml(YAML::Load("model: {ffn: geglu, activation: gelu_tanh}"), "c.yaml").model.activation ==
+        Activation::gelu_tanh);
   refused("model: {ffn_multiple: 64}", "ffn_multiple': is set but d_ffn is not 0 with a gated ffn");
   refused("model: {norm_eps: 0}", "norm_eps': must be a finite number above 0");
   refused("model: {bias: false, init: fairseq}", "with model.bias false there is none");
