@@ -23,7 +23,8 @@ API
       without one: metadata model final_norm false); model.logits(hidden) -> (..., V), with
       adaptive bands the log-probabilities themselves; model.log_probs(hidden) -> (..., V)
   model.bias(layer, T, h=None, q=None, k=None) -> (H, T, T) additive score bias, -inf where a
-      key is masked; fox needs h = blocks[layer].ln_attention(x) (B, T, D) and cope needs the
+      key is masked; fox needs the attention's input h = blocks[layer].ln_attention(x) (B, T, D; x
+      itself with sublayer_norms output) and cope needs the
       layer's q and k (B, H, T, Dh): their bias is (B, H, T, T)
   model.kinds: a LayerKind per kind of layer (one without a layer pattern), each with its
       method, options (defaults filled in), attention options and the method's tensors;
@@ -59,8 +60,10 @@ swiglu or geglu (W2 (act(g) o u) with [g, u] the rows of ffn_in, gate first), kv
 (grouped-query attention: qkv's rows are H query, then kv_heads key, then kv_heads value heads,
 and query head h reads key head h // (H / kv_heads)), d_head (each head's width; out maps the H d_head
 features back to d_model; absent: d_model / heads), block sequential, parallel (x + attn(n1 x) +
-ffn(n2 x)) or parallel_shared (one norm, ln_attention), qk_norm (q_norm and k_norm over each head
-before the position method), embedding_norm (a norm after the scaled
+ffn(n2 x)) or parallel_shared (one norm, ln_attention), sublayer_norms (sequential: input, x + f(n x);
+output, x + n'(f x) with ln_attention_out and ln_ffn_out, no input norms; both, x + n'(f(n x))), qk_norm
+(q_norm and k_norm over each head before the position method; qk_norm_over projection: over all the
+query heads' values together, and the key heads'), embedding_norm (a norm after the scaled
 embedding). Rotary methods (rotary, xpos, p_rope) pair dimensions (2i, 2i+1), or with the option
 pairing "half" (i, i + d_rot/2), Hugging Face's rotate_half; xpos rotates its fraction of the head.
 
@@ -101,12 +104,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-FORMAT = "extrap-safetensors/6"
+FORMAT = "extrap-safetensors/7"
 # 1: before the architecture keys (GPT-2's block), read as such; 2: without 3's scale_embedding, qkv_bias
 # and gelu_tanh (their defaults); 3: without 4's norm_bias (model bias); 4: without 5's d_head (d_model / heads);
-# 5: without 6's geglu with gelu_tanh (geglu's gate the erf form)
+# 5: without 6's geglu with gelu_tanh (geglu's gate the erf form); 6: without 7's sublayer_norms and
+# qk_norm_over (input, head)
 FORMATS = ("extrap-safetensors/1", "extrap-safetensors/2", "extrap-safetensors/3", "extrap-safetensors/4",
-           "extrap-safetensors/5", FORMAT)
+           "extrap-safetensors/5", "extrap-safetensors/6", FORMAT)
 PATTERN = "pattern"  # metadata position of an export with a layer pattern: see metadata "layers"
 POSITION_METHODS = ("none", "sinusoidal", "learned", "rotary", "p_rope", "alibi", "alibi_symmetric",
                     "alibi_nonsymmetric", "alibi_learned", "t5_bias", "kerple_log", "kerple_power",
@@ -139,11 +143,13 @@ ATTENTION_DEFAULTS = {"sink": False, "ssmax": False, "temperature": 0.0, "temper
 # The architecture (metadata model; a format-1 file has none of these keys: GPT-2's block). Each
 # key's values as extrap writes them; anything else is refused by name.
 MODEL_DEFAULTS = {"ffn": "mlp", "norm": "layernorm", "bias": True, "block": "sequential", "qk_norm": False,
-                  "embedding_norm": False, "qkv_bias": False, "scale_embedding": True}
+                  "embedding_norm": False, "qkv_bias": False, "scale_embedding": True, "sublayer_norms": "input",
+                  "qk_norm_over": "head"}
 MODEL_CHOICES = {"ffn": ("mlp", "swiglu", "geglu"), "norm": ("layernorm", "rmsnorm"), "bias": (True, False),
                  "block": ("sequential", "parallel", "parallel_shared"), "qk_norm": (True, False),
                  "embedding_norm": (True, False), "qkv_bias": (True, False), "scale_embedding": (True, False),
-                 "norm_bias": (True, False)}  # norm_bias's default is bias's
+                 "norm_bias": (True, False), "sublayer_norms": ("input", "output", "both"),
+                 "qk_norm_over": ("head", "projection")}  # norm_bias's default is bias's
 WORD_SPECIALS = {"<eos>": 0, "<unk>": 1, "<mask>": 2}
 MASK64 = 0xFFFF_FFFF_FFFF_FFFF
 SLOPE_RTOL = 2.4e-7  # two float32 ulps: the stored slopes are the definition rounded to float32
@@ -542,6 +548,9 @@ class ExtrapModel(nn.Module):
         if (self.arch["ffn"], activation) in (("geglu", "relu"), ("swiglu", "relu"), ("swiglu", "gelu_tanh")):
             raise ValueError(f"metadata model: activation {activation!r} with ffn {self.arch['ffn']!r} (swiglu "
                              "gates with SiLU, geglu with gelu or gelu_tanh)")
+        if self.arch["sublayer_norms"] != "input" and self.arch["block"] != "sequential":
+            raise ValueError(f"metadata model: sublayer_norms {self.arch['sublayer_norms']!r} with block "
+                             f"{self.arch['block']!r} (only the sequential block has norms after its sublayers)")
         self.kv_heads = int(m.get("kv_heads", self.heads))
         if self.kv_heads < 1 or self.heads % self.kv_heads:
             raise ValueError(f"metadata model: kv_heads {self.kv_heads} does not divide heads {self.heads}")
@@ -581,14 +590,19 @@ class ExtrapModel(nn.Module):
         for layer in range(self.layers):
             a = self.kinds[self.layer_kind[layer]].attention
             block = nn.Module()
-            block.ln_attention = Norm(D, rms, eps, norm_bias, kw)
-            block.ln_ffn = Norm(D, rms, eps, norm_bias, kw) if self.arch["block"] != "parallel_shared" else None
+            inputs, outputs = self.arch["sublayer_norms"] != "output", self.arch["sublayer_norms"] != "input"
+            block.ln_attention = Norm(D, rms, eps, norm_bias, kw) if inputs else None
+            block.ln_ffn = Norm(D, rms, eps, norm_bias, kw) if self.arch["block"] != "parallel_shared" and inputs else None
+            # norms of the sublayers' outputs, before the residual add (OLMo 2; Gemma 2 and 3 with both)
+            block.ln_attention_out = Norm(D, rms, eps, norm_bias, kw) if outputs else None
+            block.ln_ffn_out = Norm(D, rms, eps, norm_bias, kw) if outputs else None
             block.attention = nn.Module()
             block.attention.qkv = nn.Linear(D, (H + 2 * Hkv) * Dh, bias=bias or self.arch["qkv_bias"], **kw)  # out features: H q, Hkv k, Hkv v heads
             block.attention.out = nn.Linear(H * Dh, D, bias=bias, **kw)             # in features [H][Dh]
-            if self.arch["qk_norm"]:  # a norm of each head's q and k, shared by the heads
-                block.attention.q_norm = Norm(Dh, rms, eps, norm_bias, kw)
-                block.attention.k_norm = Norm(Dh, rms, eps, norm_bias, kw)
+            if self.arch["qk_norm"]:  # a norm of each head's q and k, shared by the heads, or of the projection's
+                whole = self.arch["qk_norm_over"] == "projection"
+                block.attention.q_norm = Norm(H * Dh if whole else Dh, rms, eps, norm_bias, kw)
+                block.attention.k_norm = Norm(Hkv * Dh if whole else Dh, rms, eps, norm_bias, kw)
             if a["sink"]:  # each head's sink logit
                 block.attention.register_parameter("sink", nn.Parameter(torch.empty(H, **kw)))
             if a["ssmax"]:  # SSMax's s, per head
@@ -907,11 +921,16 @@ class ExtrapModel(nn.Module):
             kind, index = self.kind_of(layer)
             kind_rotations, temperature = rotations[self.layer_kind[layer]], temperatures[self.layer_kind[layer]]
             hidden_keys = masks[self.layer_kind[layer]]
-            h = block.ln_attention(x)
+            h = x if block.ln_attention is None else block.ln_attention(x)  # the attention's input
             qkv = block.attention.qkv(h).view(B, T, H + 2 * Hkv, Dh).transpose(1, 2)  # (B, H + 2 Hkv, T, Dh)
             q, k, v = qkv[:, :H], qkv[:, H:H + Hkv], qkv[:, H + Hkv:]
-            if self.arch["qk_norm"]:  # each head's q and k normed before the position method
+            if self.arch["qk_norm"] and self.arch["qk_norm_over"] == "head":  # each head's q and k normed
                 q, k = block.attention.q_norm(q), block.attention.k_norm(k)
+            elif self.arch["qk_norm"]:  # all heads' values of q together, and of k, as (B, T, heads Dh)
+                def whole(norm, t):
+                    n = t.shape[1]
+                    return norm(t.transpose(1, 2).reshape(B, T, n * Dh)).view(B, T, n, Dh).transpose(1, 2)
+                q, k = whole(block.attention.q_norm, q), whole(block.attention.k_norm, k)
             if kind_rotations is not None:  # queries and keys: xPos scales them differently
                 half = kind.options.get("pairing", "interleaved") == "half"
                 q, k = self._rotate(q, *kind_rotations[0], half), self._rotate(k, *kind_rotations[1], half)
@@ -946,9 +965,10 @@ class ExtrapModel(nn.Module):
             if kind.attention["gate"] != "none":
                 context = context * torch.sigmoid(block.attention.gate(h)).view(B, T, H, -1)
             a = block.attention.out(context.reshape(B, T, H * Dh))  # head-major features
-            if self.arch["block"] == "sequential":  # x + attn(n1 x), then + ffn(n2 .)
-                x = x + a
-                x = x + self._ffn(block, block.ln_ffn(x))
+            if self.arch["block"] == "sequential":  # x + n1'(attn(n1 x)), then + n2'(ffn(n2 .)), n' the output norms
+                x = x + (a if block.ln_attention_out is None else block.ln_attention_out(a))
+                f = self._ffn(block, x if block.ln_ffn is None else block.ln_ffn(x))
+                x = x + (f if block.ln_ffn_out is None else block.ln_ffn_out(f))
             else:  # parallel: x + attn(n1 x) + ffn(n2 x); parallel_shared: n2 = n1
                 x = x + a + self._ffn(block, h if block.ln_ffn is None else block.ln_ffn(x))
         if self.ln_final is not None:

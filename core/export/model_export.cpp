@@ -66,6 +66,8 @@ json model_json(const ModelConfig& m) {
           {"scale_embedding", m.scale_embedding},
           {"block", enum_name(m.block)},
           {"qk_norm", m.qk_norm},
+          {"qk_norm_over", enum_name(m.qk_norm_over)},
+          {"sublayer_norms", enum_name(m.sublayer_norms)},
           {"embedding_norm", m.embedding_norm},
           {"tie_embeddings", m.tie_embeddings},
           {"final_norm", m.final_norm},
@@ -171,11 +173,14 @@ ExportSummary write_export(const VerifiedCheckpoint& checkpoint, const Corpus& c
   // Format 3 only where a reader of format 2 would misread the model: an unscaled embedding, q, k
   // and v biases alone, GELU's tanh form; format 4 where a reader of 3 would: norms whose biases
   // differ from the linear layers'; format 5 where a reader of 4 would: heads other than d_model /
-  // heads wide; format 6 where a reader of 5 would: geglu gating with GELU's tanh form. Other
+  // heads wide; format 6 where a reader of 5 would: geglu gating with GELU's tanh form; format 7
+  // where a reader of 6 would: norms after the sublayers, qk_norm over the projection. Other
   // files stay format 2, readable as before.
   const ModelConfig& m = config.model;
   const bool format3 = !m.scale_embedding || m.qkv_bias || m.activation == Activation::gelu_tanh;
-  metadata["format"] = m.ffn == FfnKind::geglu && m.activation == Activation::gelu_tanh ? "extrap-safetensors/6"
+  const bool format7 = m.sublayer_norms != SublayerNorms::input || m.qk_norm_over != QkNormOver::head;
+  metadata["format"] = format7 ? "extrap-safetensors/7"
+                       : m.ffn == FfnKind::geglu && m.activation == Activation::gelu_tanh ? "extrap-safetensors/6"
                        : m.d_head() * m.heads != m.d_model ? "extrap-safetensors/5"
                        : m.norm_biased() != m.bias       ? "extrap-safetensors/4"
                        : format3                  ? "extrap-safetensors/3"

@@ -7,7 +7,10 @@
 // softplus(raw)) and the metadata's "position_tensors" says how each maps.
 //
 // Metadata (string -> string; the values marked JSON are JSON text):
-//   format            the lowest a reader needs: "extrap-safetensors/6" where geglu gates with
+//   format            the lowest a reader needs: "extrap-safetensors/7" where the block has norms
+//                     after its sublayers or qk_norm is over the projection (model keys
+//                     sublayer_norms, qk_norm_over, which a reader of format 6 would ignore); else
+//                     "extrap-safetensors/6" where geglu gates with
 //                     GELU's tanh form (model activation gelu_tanh beside ffn geglu, which a reader
 //                     of format 5 would read as the erf form); else "extrap-safetensors/5" where the
 //                     heads are not d_model / heads wide (model key d_head, which a reader of format 4
@@ -30,7 +33,8 @@
 //                     of the kind, in depth order
 //   model (JSON)      layers, d_model, heads, kv_heads, d_head (each head's width, resolved), d_ffn
 //                     (the hidden width, resolved), ffn,
-//                     activation, norm, norm_eps, bias, norm_bias, block, qk_norm, embedding_norm,
+//                     activation, norm, norm_eps, bias, norm_bias, block, qk_norm, qk_norm_over,
+//                     sublayer_norms, embedding_norm,
 //                     tie_embeddings, final_norm, adaptive_cutoffs, adaptive_factor, objective,
 //                     causal, layer_norm_eps (= norm_eps)
 //   data (JSON)       path, name, tokenizer, vocab_size, mask_token, eos_token, unk_token

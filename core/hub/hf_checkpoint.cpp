@@ -307,12 +307,14 @@ void read_gated_activation(const ConfigReader& c, HfModel& hf) {
   if (act != "gelu") hf.model["activation"] = "gelu_tanh";
 }
 
-// Llama, Mistral, Qwen2, Qwen3, Phi-3 and Gemma (modeling_*.py, transformers 5.24): RMSNorm,
-// a gated MLP, RoPE, grouped-query attention. Gemma's own: the embedding times sqrt(hidden_size)
-// (on input; the head ties to it unscaled), each norm's weight w stored as w - 1 (GemmaRMSNorm
-// multiplies by 1 + w: the weight plan adds the 1), heads 256 wide unless given.
+// Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma and OLMo 2 (modeling_*.py, transformers 5.24):
+// RMSNorm, a gated MLP, RoPE, grouped-query attention. Gemma's own: the embedding times
+// sqrt(hidden_size) (on input; the head ties to it unscaled), each norm's weight w stored as w - 1
+// (GemmaRMSNorm multiplies by 1 + w: the weight plan adds the 1), heads 256 wide unless given.
+// OLMo 2's: the norms after the sublayers (x + n(f(x)), none before), q and k normed over the
+// whole projection (H d_head and Hkv d_head values) before they split into heads.
 void map_llama(const ConfigReader& c, HfModel& hf) {
-  const bool gemma = hf.family == "gemma";
+  const bool gemma = hf.family == "gemma", olmo2 = hf.family == "olmo2";
   const int64_t D = positive(c, "hidden_size"), H = positive(c, "num_attention_heads");
   const int64_t Hkv = c.has("num_key_value_heads") ? positive(c, "num_key_value_heads") : H;
   c.use("num_key_value_heads");
@@ -337,6 +339,10 @@ void map_llama(const ConfigReader& c, HfModel& hf) {
     c.use("hidden_activation");
     c.require<bool>("use_bidirectional_attention", false, "causal attention");
     hf.model["scale_embedding"] = true;  // times sqrt(hidden_size), in the dtype of the weights (float32 here)
+  } else if (olmo2) {
+    hf.model["sublayer_norms"] = "output";
+    hf.model["qk_norm"] = true;
+    hf.model["qk_norm_over"] = "projection";
   } else {
     c.require<bool>("mlp_bias", false, "no biases in the MLP");
     c.require<int64_t>("pretraining_tp", 1, "tensor-parallel slicing");
@@ -349,7 +355,7 @@ void map_llama(const ConfigReader& c, HfModel& hf) {
   if (head_dim * H != D) hf.model["head_dim"] = head_dim;
   hf.model["d_ffn"] = positive(c, "intermediate_size");
   hf.model["norm"] = "rmsnorm";
-  hf.model["norm_eps"] = c.get<double>("rms_norm_eps", 1e-6);
+  hf.model["norm_eps"] = c.get<double>("rms_norm_eps", olmo2 ? 1e-5 : 1e-6);  // the classes' defaults
   hf.model["bias"] = false;
   hf.model["tie_embeddings"] = c.get<bool>("tie_word_embeddings", gemma);
   hf.train_length = c.get<int64_t>("max_position_embeddings", 0);
@@ -621,7 +627,7 @@ using Mapper = void (*)(const ConfigReader&, HfModel&);
 const std::map<std::string, Mapper>& mappers() {
   static const std::map<std::string, Mapper> m = {
       {"llama", map_llama}, {"mistral", map_llama}, {"qwen2", map_llama}, {"qwen3", map_llama}, {"phi3", map_llama},
-      {"gemma", map_llama},
+      {"gemma", map_llama}, {"olmo2", map_llama},
       {"gpt2", map_gpt2}, {"bloom", map_bloom},
       {"gpt_neox", map_gpt_neox}, {"mpt", map_mpt}, {"falcon", map_falcon}};
   return m;
@@ -760,6 +766,8 @@ enum class LlamaLayout {
              // value heads, extrap's own layout), gate and up in one (gate_up_proj: the gate's rows
              // first, as extrap's ffn_in)
   gemma,     // Llama's names, each norm's weight stored minus 1 (plus_one)
+  olmo2,     // norms after the sublayers (post_attention_layernorm, post_feedforward_layernorm),
+             // none before; q_norm and k_norm over the projections
 };
 
 WeightPlan llama_plan(const std::string& p, const ModelConfig& m, LlamaLayout layout) {
@@ -772,8 +780,13 @@ WeightPlan llama_plan(const std::string& p, const ModelConfig& m, LlamaLayout la
   if (!m.tie_embeddings) plan["head.weight"] = same("lm_head.weight");
   for (int64_t l = 0; l < m.layers; ++l) {
     const std::string s = p + "layers." + std::to_string(l) + ".", e = "blocks." + std::to_string(l) + ".";
-    plan[e + "ln_attention.weight"] = norm(s + "input_layernorm.weight");
-    plan[e + "ln_ffn.weight"] = norm(s + "post_attention_layernorm.weight");
+    if (layout == LlamaLayout::olmo2) {
+      plan[e + "ln_attention_out.weight"] = same(s + "post_attention_layernorm.weight");
+      plan[e + "ln_ffn_out.weight"] = same(s + "post_feedforward_layernorm.weight");
+    } else {
+      plan[e + "ln_attention.weight"] = norm(s + "input_layernorm.weight");
+      plan[e + "ln_ffn.weight"] = norm(s + "post_attention_layernorm.weight");
+    }
     plan[e + "attention.qkv.weight"] =
         fused ? same(s + "self_attn.qkv_proj.weight")
               : concatenated({s + "self_attn.q_proj.weight", s + "self_attn.k_proj.weight", s + "self_attn.v_proj.weight"},
@@ -910,6 +923,7 @@ constexpr FamilyPrefix kPrefixes[] = {
     {"llama", "model.", "embed_tokens.weight"},    {"mistral", "model.", "embed_tokens.weight"},
     {"qwen2", "model.", "embed_tokens.weight"},    {"qwen3", "model.", "embed_tokens.weight"},
     {"phi3", "model.", "embed_tokens.weight"},     {"gemma", "model.", "embed_tokens.weight"},
+    {"olmo2", "model.", "embed_tokens.weight"},
     {"gpt2", "transformer.", "wte.weight"},
     {"bloom", "transformer.", "word_embeddings.weight"}, {"gpt_neox", "gpt_neox.", "embed_in.weight"},
     {"mpt", "transformer.", "wte.weight"},         {"falcon", "transformer.", "word_embeddings.weight"}};
@@ -937,6 +951,7 @@ WeightPlan family_plan(const std::string& family, const std::string& prefix, con
     return llama_plan(prefix, m, LlamaLayout::separate);
   if (family == "phi3") return llama_plan(prefix, m, LlamaLayout::fused);
   if (family == "gemma") return llama_plan(prefix, m, LlamaLayout::gemma);
+  if (family == "olmo2") return llama_plan(prefix, m, LlamaLayout::olmo2);
   if (family == "gpt2") return gpt2_plan(prefix, m);
   if (family == "bloom") return bloom_plan(prefix, m);
   if (family == "gpt_neox") return gpt_neox_plan(prefix, m);
@@ -1163,7 +1178,8 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
   const std::optional<std::vector<int64_t>> windows = layer_windows(config);
   const bool patterned = !config.layer_pattern.empty();
   const bool rms_rotary = method == "rotary" && m.norm == NormKind::rmsnorm;  // Llama's and its kin's
-  const bool common = m.causal() && !m.adaptive() && windows && m.final_norm && (!m.qk_norm || rms_rotary);
+  const bool common = m.causal() && !m.adaptive() && windows && m.final_norm && (!m.qk_norm || rms_rotary) &&
+                      (m.sublayer_norms == SublayerNorms::input || rms_rotary);
   const int64_t D = m.d_model, H = m.heads, F = m.ffn_width();
   const bool standard_heads = m.d_head() * H == D;  // Llama's kin alone write head_dim
   HfExportConfig out;
@@ -1173,7 +1189,9 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
                               : !windows && patterned     ? "a layer pattern (other than of full and sliding-window layers)"
                               : !m.final_norm             ? "no final norm"
                               : m.qk_norm                 ? "qk_norm"
-                                                          : "the attention options " + a.describe());
+                              : m.sublayer_norms != SublayerNorms::input
+                                  ? "norms after the sublayers (model.sublayer_norms " + enum_name(m.sublayer_norms) + ")"
+                                  : "the attention options " + a.describe());
   json c = {{"vocab_size", vocab_size}, {"tie_word_embeddings", m.tie_embeddings}, {"dtype", "float32"},
             {"use_cache", true}};
   // A tied embedding scaled on input only: Gemma's class alone (a rotary RMSNorm model), which
@@ -1194,13 +1212,25 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
     const double fraction = number("fraction", 1.0);
     const int64_t rotated = rotated_dimensions(fraction, m.d_head());
     const std::string scaling = option("scaling", "none");
-    const bool gemma = m.scale_embedding && m.tie_embeddings;
-    out.family = gemma ? "gemma" : m.qk_norm ? "qwen3" : m.qkv_bias ? "qwen2" : fraction != 1.0 ? "phi3" : window > 0 ? "mistral" : "llama";
+    // OLMo 2's class alone has norms after the sublayers (and no others), with q and k normed over
+    // the projection.
+    const bool olmo2 = m.sublayer_norms == SublayerNorms::output;
+    const bool gemma = m.scale_embedding && m.tie_embeddings && !olmo2;
+    out.family = olmo2 ? "olmo2" : gemma ? "gemma" : m.qk_norm ? "qwen3" : m.qkv_bias ? "qwen2" : fraction != 1.0 ? "phi3" : window > 0 ? "mistral" : "llama";
     // ACT2FN[hidden_act] on the gate: SiLU, or GELU's erf or tanh form (torch's own, as extrap's)
     const std::string hidden_act = m.ffn == FfnKind::swiglu                ? "silu"
                                    : m.activation == Activation::gelu_tanh ? "gelu_pytorch_tanh"
                                                                            : "gelu";
-    require_all(out.family, {{!gemma || (!m.qk_norm && !m.qkv_bias && fraction == 1.0 && window == 0),
+    require_all(out.family, {{m.sublayer_norms != SublayerNorms::both, "norms before and after the sublayers (model.sublayer_norms both)"},
+                             {!olmo2 || (m.qk_norm && m.qk_norm_over == QkNormOver::projection),
+                              "norms after the sublayers without qk_norm over the projection (OLMo 2's class has both)"},
+                             {olmo2 || m.qk_norm_over == QkNormOver::head,
+                              "qk_norm over the projection without norms after the sublayers (OLMo 2's class has both)"},
+                             {!olmo2 || !(m.scale_embedding && m.tie_embeddings),
+                              "norms after the sublayers with a tied embedding scaled by sqrt(d_model)"},
+                             {!olmo2 || (!m.qkv_bias && fraction == 1.0 && window == 0),
+                              "norms after the sublayers beside q, k, v biases, a partial rotary or a sliding window"},
+                             {!gemma || (!m.qk_norm && !m.qkv_bias && fraction == 1.0 && window == 0),
                               "a tied embedding scaled by sqrt(d_model) beside qk_norm, q, k, v biases, a partial "
                               "rotary or a sliding window (Gemma's class alone scales a tied embedding, and has none)"},
                              {!gemma || hidden_act != "gelu",
@@ -1235,8 +1265,10 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
           scaling == "longrope" ? int64_t(number("scaling_length", 0)) : config.train.seq_len;
       c.update({{"pad_token_id", nullptr}, {"bos_token_id", nullptr}, {"eos_token_id", nullptr}});
     }
-    if (out.family == "qwen3" || out.family == "gemma") c["attention_bias"] = false;
-    if (out.family == "gemma")  // GemmaConfig's ids (pad 0, eos 1, bos 2) are its tokenizer's, not this one's
+    if (out.family == "qwen3" || out.family == "gemma" || out.family == "olmo2") c["attention_bias"] = false;
+    // GemmaConfig's ids (pad 0, eos 1, bos 2) and Olmo2Config's (pad 1, eos 50279) are their
+    // tokenizers', not this one's
+    if (out.family == "gemma" || out.family == "olmo2")
       c.update({{"pad_token_id", nullptr}, {"bos_token_id", nullptr}, {"eos_token_id", nullptr}});
     if (out.family == "qwen2" || out.family == "qwen3") {
       c["use_sliding_window"] = window > 0;
@@ -1319,6 +1351,7 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
   const std::map<std::string, std::string> classes = {
       {"llama", "LlamaForCausalLM"},   {"mistral", "MistralForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"},
       {"qwen3", "Qwen3ForCausalLM"},   {"phi3", "Phi3ForCausalLM"}, {"gemma", "GemmaForCausalLM"},
+      {"olmo2", "Olmo2ForCausalLM"},
       {"gpt2", "GPT2LMHeadModel"},     {"bloom", "BloomForCausalLM"},     {"gpt_neox", "GPTNeoXForCausalLM"},
       {"mpt", "MptForCausalLM"},       {"falcon", "FalconForCausalLM"}};
   c["model_type"] = out.family;

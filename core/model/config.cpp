@@ -139,7 +139,13 @@ void read_model_section(const OptionReader& root, Config& c) {
   r.read("block", m.block,
          "residual pattern: sequential; parallel (x + attn(n1 x) + ffn(n2 x), GPT-NeoX); parallel_shared (one "
          "norm for both, GPT-J, PaLM, Falcon)");
-  r.read("qk_norm", m.qk_norm, "a norm of each head's q and k before the position method (OLMo 2, Qwen3, Gemma 3)");
+  r.read("sublayer_norms", m.sublayer_norms,
+         "where a sequential block's norms sit: input (x + f(n(x)), pre-norm), output (x + n(f(x)), OLMo 2) or "
+         "both (x + n_out(f(n(x))), Gemma 2 and 3)");
+  r.read("qk_norm", m.qk_norm, "a norm of q and k before the position method (OLMo 2, Qwen3, Gemma 3)");
+  r.read("qk_norm_over", m.qk_norm_over,
+         "what qk_norm normalises: head (each head's d_head values, Qwen3, Gemma 3) or projection (all heads' "
+         "values of q, and of k, together, OLMo 2)");
   r.read("embedding_norm", m.embedding_norm, "a norm right after the token embedding (BLOOM)");
   r.read("dropout", m.dropout, "dropout on embeddings, residual branches and the FFN");
   r.read("attention_dropout", m.attention_dropout, "dropout on attention probabilities");
@@ -184,6 +190,11 @@ void read_model_section(const OptionReader& root, Config& c) {
       r.fail("activation", "relu with ffn geglu, which gates with GELU: gelu (erf) or gelu_tanh");
     if (!(m.norm_eps > 0) || !std::isfinite(m.norm_eps))
       r.fail("norm_eps", "must be a finite number above 0, got " + number_text(m.norm_eps));
+    if (m.sublayer_norms != SublayerNorms::input && m.block != BlockKind::sequential)
+      r.fail("sublayer_norms", enum_name(m.sublayer_norms) + " with block " + enum_name(m.block) +
+                                   ": only the sequential block has norms after its sublayers");
+    if (m.qk_norm_over != QkNormOver::head && !m.qk_norm)
+      r.fail("qk_norm_over", enum_name(m.qk_norm_over) + " without qk_norm: there is no q and k norm");
     if (m.qkv_bias && m.bias)
       r.fail("qkv_bias", "is true with model.bias true, which gives every projection a bias already");
     if (!m.bias && m.init == InitKind::fairseq)
@@ -551,6 +562,8 @@ YAML::Node keys_affecting(const Config& config, std::initializer_list<Affects> k
   if (config.model.scale_embedding == m.scale_embedding) remove_key(out, "model.scale_embedding");
   if (config.model.block == m.block) remove_key(out, "model.block");
   if (config.model.qk_norm == m.qk_norm) remove_key(out, "model.qk_norm");
+  if (config.model.sublayer_norms == m.sublayer_norms) remove_key(out, "model.sublayer_norms");
+  if (config.model.qk_norm_over == m.qk_norm_over) remove_key(out, "model.qk_norm_over");
   if (config.model.embedding_norm == m.embedding_norm) remove_key(out, "model.embedding_norm");
   if (config.model.final_norm == m.final_norm) remove_key(out, "model.final_norm");
   if (config.model.init == m.init) remove_key(out, "model.init");

@@ -36,6 +36,14 @@ enum class FfnKind { mlp, swiglu, geglu };
 // Llama); parallel: x + attn(n1(x)) + ffn(n2(x)) (GPT-NeoX, Pythia); parallel_shared: one norm
 // for both, x + attn(n(x)) + ffn(n(x)) (GPT-J, PaLM, Falcon).
 enum class BlockKind { sequential, parallel, parallel_shared };
+// model.sublayer_norms: where a sequential block's norms sit around each sublayer f (attention,
+// feed-forward). input: x + f(n(x)) (pre-norm: GPT-2, Llama); output: x + n(f(x)) (OLMo 2: the
+// sublayer reads the residual stream itself); both: x + n_out(f(n(x))) (Gemma 2 and 3).
+enum class SublayerNorms { input, output, both };
+// model.qk_norm_over: what qk_norm normalises. head: each head's d_head values, one norm shared
+// by the heads (Qwen3, Gemma 3); projection: all the query heads' values together (heads x
+// d_head) and all the key heads' (kv_heads x d_head), before they split into heads (OLMo 2).
+enum class QkNormOver { head, projection };
 // model.init: LibTorch's Linear initialisation everywhere, or fairseq's for the attention
 // projections (q, k, v Xavier-uniform with gain 1/sqrt(2), the output Xavier-uniform with a zero
 // bias; fairseq's MultiheadAttention.reset_parameters), the rest as LibTorch's.
@@ -65,6 +73,16 @@ struct EnumNames<BlockKind> {
   static constexpr std::array<std::pair<const char*, BlockKind>, 3> table{
       {{"sequential", BlockKind::sequential}, {"parallel", BlockKind::parallel},
        {"parallel_shared", BlockKind::parallel_shared}}};
+};
+template <>
+struct EnumNames<SublayerNorms> {
+  static constexpr std::array<std::pair<const char*, SublayerNorms>, 3> table{
+      {{"input", SublayerNorms::input}, {"output", SublayerNorms::output}, {"both", SublayerNorms::both}}};
+};
+template <>
+struct EnumNames<QkNormOver> {
+  static constexpr std::array<std::pair<const char*, QkNormOver>, 2> table{
+      {{"head", QkNormOver::head}, {"projection", QkNormOver::projection}}};
 };
 template <>
 struct EnumNames<InitKind> {
@@ -176,7 +194,9 @@ struct ModelConfig {
   bool qkv_bias = false;            // with bias false: biases on the q, k and v projections alone (Qwen2)
   bool scale_embedding = true;      // the token embedding times sqrt(d_model) (fairseq; false: GPT-2, Llama)
   BlockKind block = BlockKind::sequential;
-  bool qk_norm = false;             // a norm of each head's q and k (d_head wide) before the position method
+  SublayerNorms sublayer_norms = SublayerNorms::input;  // the norms before (input), after (output) or around each sublayer
+  bool qk_norm = false;             // a norm of q and k before the position method
+  QkNormOver qk_norm_over = QkNormOver::head;  // each head's (d_head wide) or the whole projection's
   bool embedding_norm = false;      // a norm right after the token embedding (BLOOM)
   bool tie_embeddings = true;
   bool final_norm = true;           // a norm before the output projection

@@ -86,14 +86,17 @@ int64_t parameter_count_estimate(const Config& c, int64_t vocab_size) {
   const int64_t d = m.d_model, f = m.ffn_width(), kv = mul(m.key_value_heads(), m.d_head());
   const int64_t q = mul(m.heads, m.d_head());  // d unless model.head_dim says otherwise
   const int64_t b = m.bias ? 1 : 0, ffn_matrices = m.gated_ffn() ? 3 : 2;
-  const int64_t norms = m.block == BlockKind::parallel_shared ? 1 : 2;
+  const int64_t norms = m.block == BlockKind::parallel_shared      ? 1
+                       : m.sublayer_norms == SublayerNorms::both ? 4  // before and after each sublayer
+                                                                 : 2;
   // q, k, v and out; the feed-forward matrices; their biases; the norms (weight, and bias); qk_norm's.
   int64_t per_layer = add(mul(d, add(mul(2, q), mul(2, kv))), mul(mul(ffn_matrices, d), f));
   per_layer = add(per_layer, mul(b, add(add(add(q, mul(2, d)), mul(2, kv)), mul(ffn_matrices - 1, f))));  // q; out, ffn_out; k, v; ffn_in
   if (!m.bias && m.qkv_bias) per_layer = add(per_layer, add(q, mul(2, kv)));  // q, k and v's biases alone
   const int64_t nb = m.norm_biased() ? 1 : 0;
   per_layer = add(per_layer, mul(mul(norms, d), 1 + nb));
-  if (m.qk_norm) per_layer = add(per_layer, mul(mul(2, m.d_head()), 1 + nb));
+  if (m.qk_norm)  // each head's d_head, or the projections' q and kv values
+    per_layer = add(per_layer, mul(m.qk_norm_over == QkNormOver::head ? mul(2, m.d_head()) : add(q, kv), 1 + nb));
   int64_t total = add(vocabulary_parameters(m, vocab_size), mul(m.layers, per_layer));
   if (m.embedding_norm) total = add(total, mul(d, 1 + nb));
   const LayerPlan plan = layer_plan(c);

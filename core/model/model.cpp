@@ -35,9 +35,9 @@ void SelfAttentionImpl::reset() {
   qkv = register_module("qkv", torch::nn::Linear(torch::nn::LinearOptions(D, (H + 2 * Hkv) * Dh).bias(options.bias() || options.qkv_bias())));
   out = register_module("out", torch::nn::Linear(torch::nn::LinearOptions(H * Dh, D).bias(options.bias())));
   if (options.qk_norm()) {
-    const NormOptions per_head(Dh, options.norm(), options.norm_eps(), options.norm_bias());
-    q_norm = register_module("q_norm", Norm(per_head));
-    k_norm = register_module("k_norm", Norm(per_head));
+    const bool whole = options.qk_norm_over() == QkNormOver::projection;
+    q_norm = register_module("q_norm", Norm(NormOptions(whole ? H * Dh : Dh, options.norm(), options.norm_eps(), options.norm_bias())));
+    k_norm = register_module("k_norm", Norm(NormOptions(whole ? Hkv * Dh : Dh, options.norm(), options.norm_eps(), options.norm_bias())));
   }
   const AttentionConfig& extras = options.extras();
   // gpt-oss draws its sinks from N(0, 0.02), the initialiser of its other weights.
@@ -73,9 +73,18 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, PositionMethod&
   // no copy where the fused attention writes them there, else with one.
   const auto& input = projected.defined() ? projected : x;
   auto [q, k, v] = split_heads(linear(qkv, input), H, options.key_value_heads());  // q (B, H, T, Dh), k, v (B, Hkv, T, Dh)
-  if (q_norm) {  // in float32 (as Hugging Face's RMSNorm computes), then back to the projection's dtype
+  if (q_norm && options.qk_norm_over() == QkNormOver::head) {
+    // in float32 (as Hugging Face's RMSNorm computes), then back to the projection's dtype
     q = q_norm->forward(q.to(torch::kFloat32)).to(v.scalar_type());
     k = k_norm->forward(k.to(torch::kFloat32)).to(v.scalar_type());
+  } else if (q_norm) {  // over all heads' values: (B, H, T, Dh) as (B, T, H Dh), normed, and back
+    const auto whole = [&](Norm& norm, const torch::Tensor& t) {
+      const int64_t heads = t.size(1);
+      const auto rows = t.transpose(1, 2).reshape({B, T, heads * Dh}).to(torch::kFloat32);
+      return norm->forward(rows).to(v.scalar_type()).view({B, T, heads, Dh}).transpose(1, 2);
+    };
+    q = whole(q_norm, q);
+    k = whole(k_norm, k);
   }
   auto y = positions.stream_cache > 0 ? attend_streaming(q, k, v, x, position, positions, attention_options)
                                       : attend(q, k, v, x, position, positions, attention_options, cache);
@@ -213,7 +222,8 @@ void BlockImpl::reset() {
   const ModelConfig& m = options.model();
   const int64_t D = m.d_model, F = m.ffn_width();
   ffn = FeedForward{m.ffn, m.activation, m.activation_dropout};
-  ln_attention = register_module("ln_attention", Norm(NormOptions::of(m, D)));
+  const bool input_norms = m.sublayer_norms != SublayerNorms::output;
+  if (input_norms) ln_attention = register_module("ln_attention", Norm(NormOptions::of(m, D)));
   attention = register_module(
       "attention", SelfAttention(SelfAttentionOptions(D, m.heads)
                                      .kv_heads(m.kv_heads)
@@ -221,6 +231,7 @@ void BlockImpl::reset() {
                                      .bias(m.bias)
                                      .qkv_bias(m.qkv_bias)
                                      .qk_norm(m.qk_norm)
+                                     .qk_norm_over(m.qk_norm_over)
                                      .norm_bias(m.norm_biased())
                                      .norm(m.norm)
                                      .norm_eps(m.norm_eps)
@@ -228,7 +239,11 @@ void BlockImpl::reset() {
                                      .attention_dropout(m.attention_dropout)
                                      .layer_index(options.layer_index())
                                      .extras(options.extras())));
-  if (m.block != BlockKind::parallel_shared) ln_ffn = register_module("ln_ffn", Norm(NormOptions::of(m, D)));
+  if (m.block != BlockKind::parallel_shared && input_norms) ln_ffn = register_module("ln_ffn", Norm(NormOptions::of(m, D)));
+  if (m.sublayer_norms != SublayerNorms::input) {
+    ln_attention_out = register_module("ln_attention_out", Norm(NormOptions::of(m, D)));
+    ln_ffn_out = register_module("ln_ffn_out", Norm(NormOptions::of(m, D)));
+  }
   ffn_in = register_module("ffn_in", torch::nn::Linear(torch::nn::LinearOptions(D, ffn.input_width(F)).bias(m.bias)));
   ffn_out = register_module("ffn_out", torch::nn::Linear(torch::nn::LinearOptions(F, D).bias(m.bias)));
 }
@@ -247,6 +262,8 @@ std::pair<torch::Tensor, torch::Tensor> BlockImpl::forward_residual(const torch:
                                                                     const TokenPositions& positions,
                                                                     const AttentionOptions& attention_options,
                                                                     KVCache::Layer* cache) {
+  if (options.model().sublayer_norms != SublayerNorms::input)
+    return normed_outputs(base, delta, position, positions, attention_options, cache);
   return options.model().block == BlockKind::sequential
              ? sequential(base, delta, position, positions, attention_options, cache)
              : parallel(base, delta, position, positions, attention_options, cache);
@@ -292,6 +309,34 @@ std::pair<torch::Tensor, torch::Tensor> BlockImpl::sequential(const torch::Tenso
       x, attention->forward(normed, position, positions, attention_options, cache, normed_low), ln_ffn->row_norm(),
       ffn_dtype);
   return {h, feed_forward(ffn_input, attention_options)};
+}
+
+// x = base + delta, h = x + n1'(attn(n1(x))), f = n2'(ffn(n2(h))): {h, f}, with n1 and n2 the
+// identity for model.sublayer_norms output. The output norms run in float32 (a bfloat16 branch
+// output under autocast widened first), the residual stream's dtype; a branch's dropout comes
+// before its output norm.
+std::pair<torch::Tensor, torch::Tensor> BlockImpl::normed_outputs(const torch::Tensor& base, const torch::Tensor& delta,
+                                                                  PositionMethod& position,
+                                                                  const TokenPositions& positions,
+                                                                  const AttentionOptions& attention_options,
+                                                                  KVCache::Layer* cache) {
+  const auto out_norm = [](Norm& norm, const torch::Tensor& y) { return norm->forward(y.to(torch::kFloat32)); };
+  torch::Tensor x, a;
+  if (ln_attention) {
+    torch::Tensor normed, normed_low;
+    std::tie(x, normed, normed_low) = add_layer_norm_with_copy(base, delta, ln_attention->row_norm());
+    a = attention->forward(normed, position, positions, attention_options, cache, normed_low);
+  } else {
+    x = delta.defined() ? base + delta : base;
+    a = attention->forward(x, position, positions, attention_options, cache);
+  }
+  const auto h = x + out_norm(ln_attention_out, a);
+  torch::Tensor ffn_input = h;
+  if (ln_ffn) {
+    const auto ffn_dtype = autocast_bf16(base.device().type()) ? torch::kBFloat16 : torch::kFloat32;
+    ffn_input = add_layer_norm(h, {}, ln_ffn->row_norm(), ffn_dtype).second;
+  }
+  return {h, out_norm(ln_ffn_out, feed_forward(ffn_input, attention_options))};
 }
 
 // x = base + delta, both branches read x: {x + attn(n1(x)), ffn(n2(x))}, n2 = n1 for parallel_shared.

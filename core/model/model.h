@@ -38,7 +38,8 @@ struct SelfAttentionOptions {
   TORCH_ARG(int64_t, head_dim) = 0;            // each head's width (0: d_model / heads)
   TORCH_ARG(bool, bias) = true;                // the projections' biases
   TORCH_ARG(bool, qkv_bias) = false;           // with bias false: q, k and v's alone (Qwen2)
-  TORCH_ARG(bool, qk_norm) = false;            // a norm of each head's q and k, d_head wide
+  TORCH_ARG(bool, qk_norm) = false;            // a norm of q and k before the position method
+  TORCH_ARG(QkNormOver, qk_norm_over) = QkNormOver::head;  // over each head (d_head) or the projection
   TORCH_ARG(bool, norm_bias) = true;           // qk_norm's biases
   TORCH_ARG(NormKind, norm) = NormKind::layernorm;  // qk_norm's kind and epsilon
   TORCH_ARG(double, norm_eps) = 1e-5;
@@ -93,7 +94,9 @@ class SelfAttentionImpl : public torch::nn::Cloneable<SelfAttentionImpl> {
   SelfAttentionOptions options;
   torch::nn::Linear qkv = nullptr;  // D -> (H + 2 Hkv) d_head: the query heads, then the key heads, then the value heads
   torch::nn::Linear out = nullptr;  // D -> D
-  Norm q_norm = nullptr, k_norm = nullptr;  // model.qk_norm: over each head's d_head values, shared by the heads
+  // model.qk_norm: over each head's d_head values, shared by the heads (qk_norm_over head), or
+  // over the projection's H d_head (q) and Hkv d_head (k) values (projection)
+  Norm q_norm = nullptr, k_norm = nullptr;
   // The attention options' parameters, where set (extras): each head's sink logit (H,), SSMax's s
   // (H,), and the gate's projection (D -> H head-wise, D -> D element-wise, no bias).
   torch::Tensor sink, ssmax;
@@ -157,9 +160,13 @@ class BlockImpl : public torch::nn::Cloneable<BlockImpl> {
                                                            KVCache::Layer* cache = nullptr);
 
   BlockOptions options;
-  Norm ln_attention = nullptr;  // the attention's norm (parallel_shared: the block's one norm)
+  Norm ln_attention = nullptr;  // the attention's norm (parallel_shared: the block's one norm; none
+                                // with model.sublayer_norms output)
   SelfAttention attention = nullptr;
-  Norm ln_ffn = nullptr;        // the feed-forward's norm (none for parallel_shared)
+  Norm ln_ffn = nullptr;        // the feed-forward's norm (none for parallel_shared, nor with output)
+  // The norms of the attention's and the feed-forward's outputs, before the residual add
+  // (model.sublayer_norms output and both; none with input).
+  Norm ln_attention_out = nullptr, ln_ffn_out = nullptr;
   torch::nn::Linear ffn_in = nullptr;
   torch::nn::Linear ffn_out = nullptr;
   FeedForward ffn;
@@ -172,6 +179,11 @@ class BlockImpl : public torch::nn::Cloneable<BlockImpl> {
   std::pair<torch::Tensor, torch::Tensor> parallel(const torch::Tensor& base, const torch::Tensor& delta,
                                                    PositionMethod& position, const TokenPositions& positions,
                                                    const AttentionOptions& attention_options, KVCache::Layer* cache);
+  // sequential() with norms after the sublayers (model.sublayer_norms output or both).
+  std::pair<torch::Tensor, torch::Tensor> normed_outputs(const torch::Tensor& base, const torch::Tensor& delta,
+                                                         PositionMethod& position, const TokenPositions& positions,
+                                                         const AttentionOptions& attention_options,
+                                                         KVCache::Layer* cache);
   // The feed-forward branch's output from its normed input, with the residual dropout.
   torch::Tensor feed_forward(const torch::Tensor& x, const AttentionOptions& attention_options);
 };

@@ -416,6 +416,12 @@ TEST_CASE("export: a model of each architecture option, Python reproduces extrap
       // Gemma's block: geglu with GELU's tanh form (format 6), the tied embedding scaled on input
       train_eval_export(d, "gemma", "{name: rotary, pairing: half}", true, "byte",
                         ", norm: rmsnorm, ffn: geglu, activation: gelu_tanh, d_ffn: 48, bias: false, kv_heads: 1"),
+      // OLMo 2's block: norms after the sublayers, q and k normed over the projection (format 7);
+      // Gemma 2's: norms before and after each sublayer
+      train_eval_export(d, "olmo2", "{name: rotary, pairing: half}", true, "byte",
+                        ", norm: rmsnorm, ffn: swiglu, d_ffn: 48, bias: false, kv_heads: 2, sublayer_norms: output, "
+                        "qk_norm: true, qk_norm_over: projection"),
+      train_eval_export(d, "sandwich", "alibi", true, "byte", ", norm: rmsnorm, sublayer_norms: both, qk_norm: true"),
       // heads wider than d_model / heads, as Qwen3-0.6B's (format 5)
       train_eval_export(d, "qwen3_hf", "{name: rotary, pairing: half}", true, "byte",
                         ", qk_norm: true, norm: rmsnorm, norm_eps: 0.000001, ffn: swiglu, d_ffn: 48, bias: false, "
@@ -458,6 +464,17 @@ TEST_CASE("export: a model of each architecture option, Python reproduces extrap
   CHECK(gemma.metadata.at("format") == "extrap-safetensors/6");
   CHECK(json::parse(gemma.metadata.at("model")).at("activation") == "gelu_tanh");
   CHECK(read_safetensors_checked(d.root / "gptj.safetensors").metadata.at("format") == "extrap-safetensors/2");
+  const SafetensorsFile olmo2 = read_safetensors_checked(d.root / "olmo2.safetensors");
+  CHECK(olmo2.metadata.at("format") == "extrap-safetensors/7");
+  CHECK(olmo2.tensors.at("blocks.0.attention.q_norm.weight").shape == std::vector<int64_t>{4 * 8});
+  CHECK(olmo2.tensors.at("blocks.0.attention.k_norm.weight").shape == std::vector<int64_t>{2 * 8});
+  CHECK(olmo2.tensors.count("blocks.0.ln_attention.weight") == 0);
+  CHECK(olmo2.tensors.count("blocks.0.ln_ffn_out.weight") == 1);
+  const SafetensorsFile sandwich = read_safetensors_checked(d.root / "sandwich.safetensors");
+  CHECK(sandwich.metadata.at("format") == "extrap-safetensors/7");
+  for (const char* name : {"blocks.1.ln_attention.weight", "blocks.1.ln_attention_out.weight", "blocks.1.ln_ffn.weight",
+                           "blocks.1.ln_ffn_out.bias"})
+    CHECK(sandwich.tensors.count(name) == 1);
 }
 
 TEST_CASE("export: a sentencepiece model carries its tokenizer, and Python tokenises and scores as "

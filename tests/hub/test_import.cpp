@@ -136,7 +136,7 @@ void check_logprobs(const std::string& name, TransformerLM& model) {
 TEST_CASE("import: each family's log-probabilities equal transformers', inside and beyond its length",
           "[import][python]") {
   for (const std::string name :
-       {"llama", "llama_tied", "mistral", "mistral_spm", "qwen2", "qwen2_windows", "qwen2_windows_hub", "qwen3", "qwen3_windows", "qwen3_wide_heads", "mistral_narrow_heads", "phi3", "gemma", "gpt2", "bloom", "bloom_h8", "gpt_neox",
+       {"llama", "llama_tied", "mistral", "mistral_spm", "qwen2", "qwen2_windows", "qwen2_windows_hub", "qwen3", "qwen3_windows", "qwen3_wide_heads", "mistral_narrow_heads", "phi3", "gemma", "olmo2", "gpt2", "bloom", "bloom_h8", "gpt_neox",
         "gpt_neox_seq", "mpt", "falcon_rw", "falcon_alibi_mq", "falcon_7b", "falcon_40b", "falcon_seq"}) {
     DYNAMIC_SECTION(name) {
       TempDir d("import");
@@ -190,7 +190,7 @@ TEST_CASE("import: RoPE scaling in config.json is built into the model, as trans
   // (phi3_longrope: LongRoPE's long factors at 160 tokens, past the original 64; _short: its
   // short ones at 48.)
   for (const std::string name : {"llama_linear", "llama_dynamic", "llama_yarn", "llama_llama3", "llama_yarn_v5",
-                                 "phi3_longrope", "phi3_longrope_short"}) {
+                                 "phi3_longrope", "phi3_longrope_short", "olmo2_yarn"}) {
     DYNAMIC_SECTION(name) {
       TempDir d("import");
       Imported m = import_and_load(checkpoints() / name, d.root / "run");
@@ -438,7 +438,7 @@ TEST_CASE("export --format hf: transformers loads each family with its own class
   // layer_types again in the folder.)
   const std::vector<std::string> names = {"llama", "llama_tied", "mistral", "qwen2", "qwen2_windows", "qwen2_windows_hub",
                                           "qwen3", "qwen3_windows", "qwen3_wide_heads", "mistral_narrow_heads",
-                                          "phi3", "phi3_longrope", "phi3_longrope_short", "gemma", "gpt2", "bloom", "gpt_neox", "mpt", "falcon_rw", "falcon_alibi_mq", "falcon_7b", "falcon_40b",
+                                          "phi3", "phi3_longrope", "phi3_longrope_short", "gemma", "olmo2", "gpt2", "bloom", "gpt_neox", "mpt", "falcon_rw", "falcon_alibi_mq", "falcon_7b", "falcon_40b",
                                           "falcon_seq", "llama_yarn"};
   std::string args;  // one Python process checks every folder
   for (const std::string& name : names) {
@@ -482,7 +482,7 @@ TEST_CASE("export --format hf: an extrap model with a family's options, and one 
   const Corpus corpus = load_corpus(config.data);
   // Each model's family: Llama (SwiGLU; GeGLU), Qwen2 (q, k, v biases) with a sliding window of 4 on every layer
   // and, through a layer pattern, on the second of two, Qwen3 (qk_norm), Mistral, Phi-3 (a partial
-  // rotary), Llama with LongRoPE, Gemma, and two Falcons; Qwen3's and Mistral's heads not d_model /
+  // rotary), Llama with LongRoPE, Gemma, OLMo 2, and two Falcons; Qwen3's and Mistral's heads not d_model /
   // heads wide (model.head_dim).
   std::map<std::string, std::pair<Config, std::string>> models;
   models["llama"] = {config, "llama"};
@@ -524,6 +524,12 @@ TEST_CASE("export --format hf: an extrap model with a family's options, and one 
   Config geglu = config;
   geglu.model.ffn = FfnKind::geglu;
   models["llama_geglu"] = {geglu, "llama"};
+  // OLMo 2: norms after the sublayers, none before, q and k normed over the projection.
+  Config olmo2 = config;
+  olmo2.model.sublayer_norms = SublayerNorms::output;
+  olmo2.model.qk_norm = true;
+  olmo2.model.qk_norm_over = QkNormOver::projection;
+  models["olmo2"] = {olmo2, "olmo2"};
   // Falcon: LayerNorms with biases, exact GELU, no linear biases; Falcon-7B's block (one key-value
   // head, one shared norm), and the new decoder architecture's (2 groups, two norms).
   Config falcon7 = config;
@@ -573,6 +579,14 @@ TEST_CASE("export --format hf: an extrap model with a family's options, and one 
   CHECK_THROWS_WITH(export_hf(d.root / "gemma_erf" / "run", d.root / "hf5", false, HfClass::native),
                     Contains("geglu with GELU's erf form (GemmaConfig reads hidden_act gelu as the tanh form)"));
   CHECK_FALSE(fs::exists(d.root / "hf5"));
+  // Norms before and after the sublayers (Gemma 2's and 3's): no class read here has them, so remote code.
+  Config sandwich = config;
+  sandwich.model.sublayer_norms = SublayerNorms::both;
+  train_briefly(sandwich, corpus, d.root / "sandwich", 2);
+  CHECK_THROWS_WITH(export_hf(d.root / "sandwich" / "run", d.root / "hf6", false, HfClass::native),
+                    Contains("norms before and after the sublayers (model.sublayer_norms both)"));
+  CHECK_FALSE(fs::exists(d.root / "hf6"));
+  CHECK(export_hf(d.root / "sandwich" / "run", d.root / "hf6", false).family == "extrap");
   // Sliding windows on some layers: Qwen2's class has them, with its q, k, v biases; without the
   // biases no class does (Mistral's windows every layer), so the folder is remote code.
   Config partial = qwen_pattern;

@@ -70,6 +70,7 @@ from transformers import (  # noqa: E402
     LlamaConfig,
     MistralConfig,
     MptConfig,
+    Olmo2Config,
     Phi3Config,
     PreTrainedTokenizerFast,
     Qwen2Config,
@@ -420,6 +421,31 @@ def expect_gemma(model) -> None:
     assert model.model.layers[0].self_attn.head_dim == 32
 
 
+def olmo2_config(V, ids, **over):
+    """OLMo 2: norms after the attention and the MLP (none before), q and k normed over the whole projection."""
+    kw = dict(
+        vocab_size=V, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=8,
+        num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, tie_word_embeddings=False,
+        initializer_range=INIT_STD, pad_token_id=None)
+    kw.update(ids)
+    kw.update(over)
+    return Olmo2Config(**kw)
+
+
+def olmo2_hub_style(cfg: dict) -> dict:
+    """OLMo-2's config.json on the Hub: rope_theta and rope_scaling null at the top level."""
+    rope = cfg.pop("rope_parameters")
+    cfg["rope_theta"] = rope["rope_theta"]
+    cfg["rope_scaling"] = None
+    return cfg
+
+
+def expect_olmo2(model) -> None:
+    attention = model.model.layers[0].self_attn
+    assert attention.q_norm.weight.shape == (128,) and attention.k_norm.weight.shape == (32,)
+
+
 def qwen2_windows_hub_style(cfg: dict) -> dict:
     """A Hub config with sliding windows on: no layer_types, the windowed layers from max_window_layers on."""
     cfg = qwen2_hub_style(cfg)
@@ -605,6 +631,13 @@ CASES = {
     # ---- Gemma: GeGLU (tanh), norms of 1 + w, a tied embedding scaled by sqrt(hidden_size) on input
     "gemma": case("gemma", "llama3", 1800, 160, lambda V, i: gemma_config(V, i), config_edit=gemma_hub_style,
                   expect=expect_gemma),
+    # ---- OLMo 2: norms after the sublayers, q and k normed over the projection (8 query heads of 16,
+    # 2 key heads); and with a YaRN scaling from 64 to 256 positions
+    "olmo2": case("olmo2", "gpt2", 1900, 160, lambda V, i: olmo2_config(V, i), config_edit=olmo2_hub_style,
+                  expect=expect_olmo2),
+    "olmo2_yarn": case("olmo2", "gpt2", 1900, 160,
+                       lambda V, i: olmo2_config(V, i, max_position_embeddings=256,
+                                                 rope_parameters=dict(YARN, rope_theta=500000.0))),
     # ---- GPT-2: learned absolute positions, T stays inside n_positions
     "gpt2": case(
         "gpt2", "gpt2", 1300, 200,

@@ -403,8 +403,9 @@ namespace {
 
 // A block's forward from its own parts, composed here in float64 from the definitions: the
 // norms (norm64), the attention (no position method: q k^T / sqrt(d), causal, grouped, each
-// head's q and k normed where the block has qk_norm), the feed-forward (mlp with GELU, or a
-// gated one), and the residual pattern.
+// head's q and k normed where the block has qk_norm, or all heads' values together with
+// qk_norm_over projection), the feed-forward (mlp with GELU, or a gated one), and the residual
+// pattern with the sublayers' norms before, after or around them.
 torch::Tensor block64(BlockImpl& block, const torch::Tensor& x) {
   const ModelConfig& m = block.options.model();
   const bool rms = m.norm == NormKind::rmsnorm;
@@ -421,9 +422,16 @@ torch::Tensor block64(BlockImpl& block, const torch::Tensor& x) {
     auto q = qkv.narrow(-1, 0, H * Dh).view({B, T, H, Dh}).transpose(1, 2);
     auto k = qkv.narrow(-1, H * Dh, Hkv * Dh).view({B, T, Hkv, Dh}).transpose(1, 2);
     const auto v = qkv.narrow(-1, (H + Hkv) * Dh, Hkv * Dh).view({B, T, Hkv, Dh}).transpose(1, 2);
-    if (m.qk_norm) {
+    if (m.qk_norm && m.qk_norm_over == QkNormOver::head) {
       q = norm(block.attention->q_norm, q);
       k = norm(block.attention->k_norm, k);
+    } else if (m.qk_norm) {  // over (B, T, heads Dh)
+      const auto whole = [&](const Norm& n, const torch::Tensor& t) {
+        const int64_t heads = t.size(1);
+        return norm(n, t.transpose(1, 2).reshape({B, T, heads * Dh})).view({B, T, heads, Dh}).transpose(1, 2);
+      };
+      q = whole(block.attention->q_norm, q);
+      k = whole(block.attention->k_norm, k);
     }
     const auto y = grouped_attention64(q, k, v, AttentionBias::none(), true);  // (B, H, T, Dh)
     return lin(block.attention->out, y.transpose(1, 2).reshape({B, T, H * Dh}));
@@ -439,8 +447,13 @@ torch::Tensor block64(BlockImpl& block, const torch::Tensor& x) {
   };
   switch (m.block) {
     case BlockKind::sequential: {
-      const auto h = x + attention(norm(block.ln_attention, x));
-      return h + ffn(norm(block.ln_ffn, h));
+      const bool before = m.sublayer_norms != SublayerNorms::output, after = m.sublayer_norms != SublayerNorms::input;
+      const auto sublayer = [&](const auto& f, const Norm& in, const Norm& out, const torch::Tensor& h) {
+        const auto y = f(before ? norm(in, h) : h);
+        return after ? norm(out, y) : y;
+      };
+      const auto h = x + sublayer(attention, block.ln_attention, block.ln_attention_out, x);
+      return h + sublayer(ffn, block.ln_ffn, block.ln_ffn_out, h);
     }
     case BlockKind::parallel:
       return x + attention(norm(block.ln_attention, x)) + ffn(norm(block.ln_ffn, x));
@@ -472,7 +485,13 @@ TEST_CASE("a block of each residual pattern and part equals its parts composed f
           m.head_dim = grouped && norm == NormKind::rmsnorm ? 12 : 0;  // 4 heads of 12 over d_model 32
           // GELU's tanh form for the rmsnorm blocks' mlp and geglu (GPT-2's, Gemma's), erf's for the rest
           if (ffn != FfnKind::swiglu && norm == NormKind::rmsnorm) m.activation = Activation::gelu_tanh;
+          // Sequential blocks: the norms after the sublayers too (Gemma 2's, the gated ones) or
+          // instead (OLMo 2's, the grouped ones, with q and k normed over the projection)
+          if (kind == BlockKind::sequential && ffn != FfnKind::mlp)
+            m.sublayer_norms = grouped ? SublayerNorms::output : SublayerNorms::both;
+          if (m.sublayer_norms == SublayerNorms::output) m.qk_norm_over = QkNormOver::projection;
           INFO(enum_name(kind) << ", " << enum_name(norm) << ", " << enum_name(ffn) << ", " << enum_name(m.activation)
+                               << ", norms " << enum_name(m.sublayer_norms) << " of the sublayers"
                                << (grouped ? ", 2 key heads, qk_norm" : "") << (m.head_dim ? ", heads 12 wide" : "")
                                << (m.bias ? "" : ", no biases"));
           Block block{BlockOptions(m)};
@@ -548,6 +567,10 @@ TEST_CASE("architecture keys that do not apply are refused in one line, and thei
   refused("model: {kv_heads: -1}", "kv_heads");
   refused("model: {head_dim: -4}", "head_dim");
   refused("model: {d_model: 32, heads: 3}", "d_model (32) must be a multiple of heads (3), or model.head_dim set");
+  refused("model: {sublayer_norms: output, block: parallel}",
+          "sublayer_norms': output with block parallel: only the sequential block has norms after its sublayers");
+  refused("model: {sublayer_norms: after}", "after");
+  refused("model: {qk_norm_over: projection}", "qk_norm_over': projection without qk_norm");
   // Llama's feed-forward width: 2/3 of 4 d_model, rounded up to a multiple of ffn_multiple.
   ModelConfig m;
   m.ffn = FfnKind::swiglu;
@@ -564,7 +587,7 @@ TEST_CASE("architecture keys that do not apply are refused in one line, and thei
   // keep their fingerprints); one that sets a key has it.
   const YAML::Node plain = config_from_yaml(YAML::Load("model: {layers: 2}"), "c.yaml").model_keys()["model"];
   for (const char* key : {"kv_heads", "ffn_multiple", "ffn", "norm", "norm_eps", "bias", "block", "qk_norm",
-                          "embedding_norm", "head_dim"})
+                          "embedding_norm", "head_dim", "sublayer_norms", "qk_norm_over"})
     CHECK(!plain[key]);
   // head_dim: d_model / heads written out is the same model, so the same identity.
   const auto identity = [](const std::string& yaml) {
@@ -580,6 +603,12 @@ TEST_CASE("architecture keys that do not apply are refused in one line, and thei
   CHECK(llama["kv_heads"].as<int>() == 2);
   CHECK(llama["norm"].as<std::string>() == "rmsnorm");
   CHECK(llama["ffn"].as<std::string>() == "swiglu");
+  const YAML::Node olmo2 = config_from_yaml(YAML::Load("model: {sublayer_norms: output, qk_norm: true, qk_norm_over: "
+                                                       "projection}"),
+                                            "c.yaml")
+                               .model_keys()["model"];
+  CHECK(olmo2["sublayer_norms"].as<std::string>() == "output");
+  CHECK(olmo2["qk_norm_over"].as<std::string>() == "projection");
 }
 
 TEST_CASE("EXTRAP_FUSED_GLU: 0 runs LibTorch's gated feed-forward, 1 the fused one, anything else is refused by value",

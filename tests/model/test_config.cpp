@@ -340,7 +340,8 @@ TEST_CASE("config: each key's mark decides the run fingerprint and what a sweep 
                           "embedding_norm"})
     CHECK(!c.model_keys()["model"][key]);  // older runs keep their fingerprints
   // and the released families' keys of issue 78 (tests/hub/test_import.cpp)
-  for (const char* key : {"qkv_bias", "scale_embedding", "norm_bias"}) CHECK(!c.model_keys()["model"][key]);
+  for (const char* key : {"qkv_bias", "scale_embedding", "norm_bias", "sublayer_norms", "qk_norm_over"})
+    CHECK(!c.model_keys()["model"][key]);
   // model.norm_bias follows model.bias unless given: absent where the two agree, read back so.
   {
     Config falcon = load_config("", {"model.bias=false", "model.norm_bias=true"});
@@ -364,6 +365,8 @@ TEST_CASE("config: each key's mark decides the run fingerprint and what a sweep 
   c.model.bias = false;
   c.model.block = BlockKind::parallel;
   c.model.qk_norm = true;
+  c.model.qk_norm_over = QkNormOver::projection;
+  c.model.sublayer_norms = SublayerNorms::output;
   c.model.head_dim = 3 * c.model.d_head();  // not d_model / heads: kept in the identity
   c.model.embedding_norm = true;
   c.model.activation_dropout = 0.1;

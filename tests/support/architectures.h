@@ -48,13 +48,26 @@ inline std::vector<Architecture> architectures() {
        }},
       {"BLOOM: a norm after the embedding, alibi",
        [](Config& c) { c.model.embedding_norm = true; }},
-      {"OLMo 2/Qwen3: qk_norm, rmsnorm, xpos half pairs",
+      {"OLMo 2: norms after the sublayers, none before, q and k normed over the projection, 2 key heads, rmsnorm, "
+       "xpos half pairs",
        [](Config& c) {
+         c.model.sublayer_norms = SublayerNorms::output;
          c.model.qk_norm = true;
+         c.model.qk_norm_over = QkNormOver::projection;
+         c.model.kv_heads = 2;
          c.model.norm = NormKind::rmsnorm;
          c.model.norm_eps = 1e-6;
          c.position_name = "xpos";
          c.position = YAML::Load("{name: xpos, pairing: half}");
+       }},
+      {"Gemma 2/3: norms before and after each sublayer, geglu with GELU's tanh form, rmsnorm, rotary half pairs",
+       [](Config& c) {
+         c.model.sublayer_norms = SublayerNorms::both;
+         c.model.ffn = FfnKind::geglu;
+         c.model.activation = Activation::gelu_tanh;
+         c.model.norm = NormKind::rmsnorm;
+         c.position_name = "rotary";
+         c.position = YAML::Load("{name: rotary, pairing: half}");
        }},
       {"Qwen3-0.6B/Gemma: heads wider than d_model / heads (4 of 16 over d_model 32), 2 key heads, qk_norm, a "
        "gate per feature, rotary half pairs",
