@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Load a model written by `extrap export` (format extrap-safetensors/1 to 5) and evaluate it in plain
+"""Load a model written by `extrap export` (format extrap-safetensors/1 to 8) and evaluate it in plain
 PyTorch: an independent reference for extrap's forward pass and perplexities, written from the
 format's definitions, never from the C++ code. Evaluated in float32 it reproduces extrap's
 perplexities to about 1e-5 relative; in float64 it measures how far float32 rounding moves them.
@@ -70,8 +70,12 @@ pairing "half" (i, i + d_rot/2), Hugging Face's rotate_half; xpos rotates its fr
 Attention options (metadata "attention", REFERENCE.md "The 2024-26 wave"), in every layer: a
 learned sink logit per head (blocks.L.attention.sink), SSMax's per-head s times ln n_i
 (blocks.L.attention.ssmax; n_i the keys row i sees), Llama 4's temperature on q, a head-wise or
-element-wise output gate sigmoid(h W_g^T) (blocks.L.attention.gate.weight), and sliding-window
-and chunk masks by index within the window.
+element-wise output gate sigmoid(h W_g^T) (blocks.L.attention.gate.weight), sliding-window
+and chunk masks by index within the window, softcap C (each q.k / sqrt(d) becomes C tanh(q.k /
+(sqrt(d) C)) before the bias and the masks; not with cope, path, dape or stick_breaking, whose
+scores this reader forms elsewhere) and scale_dim s (q.k / sqrt(s) instead of / sqrt(d_head): q
+times sqrt(d_head / s) after the rotation). Metadata model logit_softcap C: the output logits
+become C tanh(l / C).
 
 Adaptive input and softmax (metadata model adaptive_cutoffs [c_0, ..., c_{n-2}] and
 adaptive_factor f; [] or no key: the embedding.weight of every other model): band k holds ids
@@ -104,13 +108,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-FORMAT = "extrap-safetensors/7"
+FORMAT = "extrap-safetensors/8"
 # 1: before the architecture keys (GPT-2's block), read as such; 2: without 3's scale_embedding, qkv_bias
 # and gelu_tanh (their defaults); 3: without 4's norm_bias (model bias); 4: without 5's d_head (d_model / heads);
 # 5: without 6's geglu with gelu_tanh (geglu's gate the erf form); 6: without 7's sublayer_norms and
-# qk_norm_over (input, head)
+# qk_norm_over (input, head); 7: without 8's softcap, scale_dim and logit_softcap (off)
 FORMATS = ("extrap-safetensors/1", "extrap-safetensors/2", "extrap-safetensors/3", "extrap-safetensors/4",
-           "extrap-safetensors/5", "extrap-safetensors/6", FORMAT)
+           "extrap-safetensors/5", "extrap-safetensors/6", "extrap-safetensors/7", FORMAT)
 PATTERN = "pattern"  # metadata position of an export with a layer pattern: see metadata "layers"
 POSITION_METHODS = ("none", "sinusoidal", "learned", "rotary", "p_rope", "alibi", "alibi_symmetric",
                     "alibi_nonsymmetric", "alibi_learned", "t5_bias", "kerple_log", "kerple_power",
@@ -139,7 +143,8 @@ JSON_METADATA = ("position_options", "model", "data", "eval", "train", "vocabula
                  "attention")
 # The attention options (metadata "attention"; an export without the key has none of them).
 ATTENTION_DEFAULTS = {"sink": False, "ssmax": False, "temperature": 0.0, "temperature_floor": 8192,
-                      "gate": "none", "window": 0, "chunk": 0}
+                      "gate": "none", "window": 0, "chunk": 0, "softcap": 0.0, "scale_dim": 0.0}
+SOFTCAP_ELSEWHERE = ("cope", "path", "dape", "stick_breaking")  # their scores are formed apart from q.k + bias
 # The architecture (metadata model; a format-1 file has none of these keys: GPT-2's block). Each
 # key's values as extrap writes them; anything else is refused by name.
 MODEL_DEFAULTS = {"ffn": "mlp", "norm": "layernorm", "bias": True, "block": "sequential", "qk_norm": False,
@@ -289,6 +294,13 @@ def _kind_metadata(where, method, options, attention):
     if attention["gate"] not in ("none", "headwise", "elementwise"):
         raise ValueError(f"{where}: 'attention': unknown gate {attention['gate']!r}; "
                          "supported: none, headwise, elementwise")
+    for key in ("softcap", "scale_dim"):
+        value = attention[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or not math.isfinite(value):
+            raise ValueError(f"{where}: 'attention': {key} {value!r} must be a finite number at least 0")
+    if attention["softcap"] > 0 and method in SOFTCAP_ELSEWHERE:
+        raise ValueError(f"{where}: 'attention': softcap with position method {method!r} is not read here "
+                         "(this reader forms its scores apart from q.k + bias)")
     return {"position": method, "position_options": {**POSITION_DEFAULTS.get(method, {}), **options},
             "attention": attention}
 
@@ -551,6 +563,12 @@ class ExtrapModel(nn.Module):
         if self.arch["sublayer_norms"] != "input" and self.arch["block"] != "sequential":
             raise ValueError(f"metadata model: sublayer_norms {self.arch['sublayer_norms']!r} with block "
                              f"{self.arch['block']!r} (only the sequential block has norms after its sublayers)")
+        self.logit_softcap = m.get("logit_softcap", 0.0)
+        if isinstance(self.logit_softcap, bool) or not isinstance(self.logit_softcap, (int, float)) \
+                or not self.logit_softcap >= 0 or not math.isfinite(self.logit_softcap):
+            raise ValueError(f"metadata model: logit_softcap {self.logit_softcap!r} must be a finite number at least 0")
+        if self.logit_softcap > 0 and m.get("adaptive_cutoffs"):
+            raise ValueError("metadata model: logit_softcap with adaptive_cutoffs (no one row of logits to cap)")
         self.kv_heads = int(m.get("kv_heads", self.heads))
         if self.kv_heads < 1 or self.heads % self.kv_heads:
             raise ValueError(f"metadata model: kv_heads {self.kv_heads} does not divide heads {self.heads}")
@@ -938,6 +956,8 @@ class ExtrapModel(nn.Module):
                 k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
             if temperature is not None:
                 q = q * temperature
+            if kind.attention["scale_dim"] > 0:  # q.k / sqrt(s): q times sqrt(d_head / s)
+                q = q * math.sqrt(Dh / kind.attention["scale_dim"])
             if kind.method == "stick_breaking":  # no softmax: its own weights, the rest to v_i
                 probs = self._stick_breaking_weights(kind, block.attention, q, k, hidden_keys)
                 out = probs @ v + (1 - probs.sum(-1, keepdim=True)) * v
@@ -954,7 +974,11 @@ class ExtrapModel(nn.Module):
                         if row not in biases:
                             biases[row] = self._static_bias(kind, row[1], T)
                         bias = biases[row]
-                    scores = q @ k.transpose(-1, -2) / math.sqrt(Dh) + bias  # (B, H, T, T)
+                    scores = q @ k.transpose(-1, -2) / math.sqrt(Dh)  # (B, H, T, T)
+                    if kind.attention["softcap"] > 0:  # capped before the bias and the masks
+                        cap = kind.attention["softcap"]
+                        scores = torch.tanh(scores / cap) * cap
+                    scores = scores + bias
                 if hidden_keys is not None:
                     scores = scores.masked_fill(hidden_keys, float("-inf"))
                 probs = self._attention_probabilities(kind, block.attention, scores)
@@ -1031,7 +1055,10 @@ class ExtrapModel(nn.Module):
     def logits(self, hidden):  # (..., D) -> (..., V); with adaptive bands the log-probabilities
         if self.adaptive is not None:
             return self.adaptive.log_probs(hidden)
-        return hidden @ (self.embedding.weight if self.head is None else self.head.weight).T
+        logits = hidden @ (self.embedding.weight if self.head is None else self.head.weight).T
+        if self.logit_softcap > 0:
+            logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
+        return logits
 
     def log_probs(self, hidden):  # (..., D) -> (..., V): log_softmax of the logits
         logits = self.logits(hidden)

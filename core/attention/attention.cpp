@@ -192,6 +192,7 @@ std::string AttentionBias::describe() const {
   std::string options;
   if (sink.defined()) options += " + sink";
   if (far_queries.defined()) options += " + self-extend " + std::to_string(near_window);
+  if (softcap > 0) options += " + softcap " + number_text(softcap);
   if (logit_scale.defined()) options += " + logit scale";
   if (window > 0) options += " + window " + std::to_string(window);
   if (chunk > 0) options += " + chunk " + std::to_string(chunk);
@@ -448,6 +449,7 @@ torch::Tensor probabilities(const torch::Tensor& q, const torch::Tensor& k, cons
                                              bias.far_keys.to(scaled.scalar_type()).transpose(-2, -1)),
                           scores);
   }
+  if (bias.softcap > 0) scores = torch::tanh(scores * (1.0 / bias.softcap)) * bias.softcap;  // before bias and masks
   add_bias_rows_(scores, bias, q, options.causal, row0);
   if (!bias.logit_scale.defined() && !bias.sink.defined()) return torch::softmax(scores, -1);
   const auto heads = q.size(1), tq = q.size(2);
@@ -705,8 +707,8 @@ torch::Tensor dispatch(const torch::Tensor& q, const torch::Tensor& k, const tor
       TORCH_CHECK(!(options.training && options.dropout > 0),
                   "attention: the fused CUDA backend has no attention dropout (dropout ",
                   options.dropout, ")");
-      TORCH_CHECK(!bias.has_options(), "attention: the fused CUDA backend takes no sink, logit scale, window or "
-                  "chunk yet (", bias.describe(), "); the reference backend does");
+      TORCH_CHECK(!bias.has_options(), "attention: the fused CUDA backend takes no sink, logit scale, softcap, "
+                  "window or chunk yet (", bias.describe(), "); the reference backend does");
       TORCH_CHECK(bias.kind != AttentionBias::Kind::Dense || gpu_new_routes_on(),
                   "attention: the fused CUDA kernels' offsets mode (", bias.describe(), ") has not yet run on a "
                   "GPU; EXTRAP_GPU_NEW_ROUTES=1 takes it, the reference backend is the proven one");

@@ -118,6 +118,9 @@ struct AttentionBias {
   // The diagonal is never masked by either, so no row is left without a key.
   int64_t window = 0;
   int64_t chunk = 0;
+  // softcap C > 0: each q.k / sqrt(d) becomes C tanh(q.k / (sqrt(d) C)) before the kind's bias and
+  // the masks are added (attention logit soft-capping, Gemma 2: C 50; Grok-1: 30). 0: off.
+  double softcap = 0;
   // logit_scale, optional: (H, Tq) factors c multiplying each row's logits, bias included:
   // the row's softmax runs over c[h, i] * (q_i . k_j / sqrt(d) + bias_ij) (SSMax: c = s_h ln n_i,
   // Nakanishi 2025). Rows are the call's queries (the last Tq keys). May require grad.
@@ -161,11 +164,11 @@ struct AttentionBias {
 
   // No bias and none of the options above: plain (causal) attention.
   bool is_none() const { return kind == Kind::None && !has_options(); }
-  // Whether any of window, chunk, logit_scale, sink or the far queries and keys is set.
+  // Whether any of window, chunk, softcap, logit_scale, sink or the far queries and keys is set.
   bool has_options() const { return window > 0 || has_options_besides_window(); }
   // The same but the window (the one option cuDNN's band computes, core/attention/gpu_routes.h).
   bool has_options_besides_window() const {
-    return chunk > 0 || logit_scale.defined() || sink.defined() || far_queries.defined();
+    return chunk > 0 || softcap > 0 || logit_scale.defined() || sink.defined() || far_queries.defined();
   }
   // Refuses, naming `who`, a logit_scale that is set but not (heads, queries).
   void check_logit_scale(int64_t heads, int64_t queries, const char* who) const;

@@ -42,6 +42,7 @@ struct TiledProblem {
   torch::Tensor q, k, v;
   int64_t batch = 0, heads = 0, kv_heads = 0, tq = 0, tk = 0, d = 0;
   double scale = 1.0;  // 1 / sqrt(D), applied to each query tile
+  double softcap = 0;  // the bias's: each tile's q.k capped before its bias is added
   bool causal = true;
   const AttentionBias* bias = nullptr;
   EfficientAttentionBlocks blocks;
@@ -123,6 +124,7 @@ void attend_query_block(const TiledProblem& p, int64_t q0, int64_t q1, torch::Te
     auto scores = score_buffer.narrow(0, 0, groups * rows * cols).view({groups, rows, cols});
     auto group_scores = scores.view({kv_groups, group_rows, cols});  // (G, bq, bk), a key head's group at once
     at::bmm_out(group_scores, q_tile.view({kv_groups, group_rows, p.d}), p.k.narrow(1, k0, cols).transpose(1, 2));
+    if (p.softcap > 0) scores.mul_(1.0 / p.softcap).tanh_().mul_(p.softcap);  // as the reference: before the bias
     auto scores_bh = scores.view({p.batch, p.heads, rows, cols});
     add_tile_bias(p, scores_bh, side, q0, q1, k0, k1);
     // Dense and cumulative tiles come from materialize_bias_block(), window and chunk included.
@@ -226,6 +228,7 @@ TiledProblem tiled_problem(const torch::Tensor& q, const torch::Tensor& k, const
   p.tk = k.size(2);
   p.d = q.size(3);
   p.scale = 1.0 / std::sqrt(double(p.d));
+  p.softcap = bias.softcap;
   p.causal = options.causal;
   p.bias = &bias;
   p.blocks = blocks;

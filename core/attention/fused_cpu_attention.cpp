@@ -887,6 +887,7 @@ std::string fused_cpu_attention_unsupported_reason(const torch::Tensor& q, const
     return "bias kind " + bias.describe();
   }
   if (bias.far_queries.defined()) return "Self-Extend's far queries and keys";
+  if (bias.softcap > 0) return "attention logit soft-capping (attention.softcap)";
   if (bias.sink.defined() && (bias.sink.dim() != 1 || bias.sink.size(0) != q.size(1)))
     return "a sink of shape " + c10::str(bias.sink.sizes()) + " for " + std::to_string(q.size(1)) + " heads";
   if (bias.logit_scale.defined() &&

@@ -21,6 +21,8 @@ void check_call(const torch::Tensor& q, const torch::Tensor& k, const AttentionB
   TORCH_CHECK(options.causal, "stick-breaking attention is defined for causal attention only");
   TORCH_CHECK(!bias.sink.defined(), "stick-breaking attention has no softmax for a sink column to join "
               "(attention.sink); leave the sink out");
+  TORCH_CHECK(bias.softcap == 0, "stick-breaking attention's logits feed no softmax for attention.softcap to cap; "
+              "leave the softcap out");
   TORCH_CHECK(q.size(2) <= k.size(2), "stick-breaking attention: ", q.size(2), " queries for ", k.size(2), " keys");
 }
 

@@ -190,10 +190,10 @@ std::pair<int64_t, int64_t> negligible_beyond(const float* q_norms, const float*
 // Whether profile_logit_row computes this call's weights: no bias, a linear one (ALiBi family),
 // forget gates or a bias of j - i alone (T5, KERPLE, Sandwich: by_offset), with any masks, logit
 // scale and sink, on the CPU. The rest (other dense biases such as FIRE's, CoPE, DAPE, PaTH,
-// stick-breaking, Self-Extend, sampled positions) take attention_probabilities().
+// stick-breaking, Self-Extend, sampled positions, soft-capped logits) take attention_probabilities().
 bool profile_computes(const torch::Tensor& q, const AttentionBias& bias) {
   using Kind = AttentionBias::Kind;
-  return q.is_cpu() && !bias.far_queries.defined() &&
+  return q.is_cpu() && !bias.far_queries.defined() && bias.softcap == 0 &&
          (bias.kind == Kind::None || (bias.kind == Kind::Linear && !bias.positions.defined()) ||
           bias.kind == Kind::Cumulative || (bias.kind == Kind::Dense && bias.by_offset));
 }

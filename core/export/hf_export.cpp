@@ -81,7 +81,12 @@ void require_reader_computes(const Config& config, const std::string& reason) {
                               (p["bias_scale"] && p["bias_scale"].as<double>() != 1.0)))
       refuse("a released family's ALiBi rounding or scale (round_to, round_slopes, bias_scale)");
   };
-  for (const LayerKind& kind : layer_plan(config).kinds) check(kind.position_name, kind.position);
+  for (const LayerKind& kind : layer_plan(config).kinds) {
+    check(kind.position_name, kind.position);
+    const std::string& m = kind.position_name;  // (the reader forms these methods' scores apart from q.k + bias)
+    if (kind.attention.softcap > 0 && (m == "cope" || m == "path" || m == "dape" || m == "stick_breaking"))
+      refuse("attention.softcap with position method " + m);
+  }
 }
 
 // The metadata the remote code builds the model from (config.json's extrap_metadata): the

@@ -49,45 +49,52 @@ json yaml_to_json(const YAML::Node& node) {
   }
 }
 
+// Format 8's key only where it is set, so that a file without it stays readable by format 7's readers.
 json model_json(const ModelConfig& m) {
-  return {{"layers", m.layers},
-          {"d_model", m.d_model},
-          {"heads", m.heads},
-          {"kv_heads", m.key_value_heads()},  // resolved: heads without grouped-query attention
-          {"d_head", m.d_head()},             // resolved: d_model / heads without model.head_dim
-          {"d_ffn", m.ffn_width()},           // resolved: the hidden width, also where d_ffn 0 asked for the rule
-          {"ffn", enum_name(m.ffn)},
-          {"activation", enum_name(m.activation)},
-          {"norm", enum_name(m.norm)},
-          {"norm_eps", m.norm_eps},
-          {"bias", m.bias},
-          {"norm_bias", m.norm_biased()},
-          {"qkv_bias", m.qkv_bias},
-          {"scale_embedding", m.scale_embedding},
-          {"block", enum_name(m.block)},
-          {"qk_norm", m.qk_norm},
-          {"qk_norm_over", enum_name(m.qk_norm_over)},
-          {"sublayer_norms", enum_name(m.sublayer_norms)},
-          {"embedding_norm", m.embedding_norm},
-          {"tie_embeddings", m.tie_embeddings},
-          {"final_norm", m.final_norm},
-          {"adaptive_cutoffs", m.adaptive_cutoffs},  // [] without adaptive bands (core/model/adaptive.h)
-          {"adaptive_factor", m.adaptive_factor},
-          {"objective", enum_name(m.objective)},
-          {"causal", m.causal()},
-          {"layer_norm_eps", m.norm_eps}};  // norm_eps under format 1's name
+  json out = {{"layers", m.layers},
+              {"d_model", m.d_model},
+              {"heads", m.heads},
+              {"kv_heads", m.key_value_heads()},  // resolved: heads without grouped-query attention
+              {"d_head", m.d_head()},             // resolved: d_model / heads without model.head_dim
+              {"d_ffn", m.ffn_width()},           // resolved: the hidden width, also where d_ffn 0 asked for the rule
+              {"ffn", enum_name(m.ffn)},
+              {"activation", enum_name(m.activation)},
+              {"norm", enum_name(m.norm)},
+              {"norm_eps", m.norm_eps},
+              {"bias", m.bias},
+              {"norm_bias", m.norm_biased()},
+              {"qkv_bias", m.qkv_bias},
+              {"scale_embedding", m.scale_embedding},
+              {"block", enum_name(m.block)},
+              {"qk_norm", m.qk_norm},
+              {"qk_norm_over", enum_name(m.qk_norm_over)},
+              {"sublayer_norms", enum_name(m.sublayer_norms)},
+              {"embedding_norm", m.embedding_norm},
+              {"tie_embeddings", m.tie_embeddings},
+              {"final_norm", m.final_norm},
+              {"adaptive_cutoffs", m.adaptive_cutoffs},  // [] without adaptive bands (core/model/adaptive.h)
+              {"adaptive_factor", m.adaptive_factor},
+              {"objective", enum_name(m.objective)},
+              {"causal", m.causal()},
+              {"layer_norm_eps", m.norm_eps}};  // norm_eps under format 1's name
+  if (m.logit_softcap > 0) out["logit_softcap"] = m.logit_softcap;
+  return out;
 }
 
 // The attention options every layer takes (their tensors: blocks.L.attention.sink, .ssmax and
 // .gate.weight).
 json attention_json(const AttentionConfig& a) {
-  return {{"sink", a.sink},
-          {"ssmax", a.ssmax},
-          {"temperature", a.temperature},
-          {"temperature_floor", a.temperature_floor},
-          {"gate", enum_name(a.gate)},
-          {"window", a.window},
-          {"chunk", a.chunk}};
+  json out = {{"sink", a.sink},
+              {"ssmax", a.ssmax},
+              {"temperature", a.temperature},
+              {"temperature_floor", a.temperature_floor},
+              {"gate", enum_name(a.gate)},
+              {"window", a.window},
+              {"chunk", a.chunk}};
+  // Format 8's keys only where they are set (format 7's readers refuse unknown keys).
+  if (a.softcap > 0) out["softcap"] = a.softcap;
+  if (a.scale_dim > 0) out["scale_dim"] = a.scale_dim;
+  return out;
 }
 
 json data_json(const Config& config, const Corpus& corpus) {
@@ -174,12 +181,16 @@ ExportSummary write_export(const VerifiedCheckpoint& checkpoint, const Corpus& c
   // and v biases alone, GELU's tanh form; format 4 where a reader of 3 would: norms whose biases
   // differ from the linear layers'; format 5 where a reader of 4 would: heads other than d_model /
   // heads wide; format 6 where a reader of 5 would: geglu gating with GELU's tanh form; format 7
-  // where a reader of 6 would: norms after the sublayers, qk_norm over the projection. Other
-  // files stay format 2, readable as before.
+  // where a reader of 6 would: norms after the sublayers, qk_norm over the projection; format 8
+  // where a reader of 7 would: soft-capped attention or output logits, a score scale of its own.
+  // Other files stay format 2, readable as before.
   const ModelConfig& m = config.model;
   const bool format3 = !m.scale_embedding || m.qkv_bias || m.activation == Activation::gelu_tanh;
   const bool format7 = m.sublayer_norms != SublayerNorms::input || m.qk_norm_over != QkNormOver::head;
-  metadata["format"] = format7 ? "extrap-safetensors/7"
+  bool format8 = m.logit_softcap > 0;
+  for (const LayerKind& kind : plan.kinds) format8 = format8 || kind.attention.softcap > 0 || kind.attention.scale_dim > 0;
+  metadata["format"] = format8   ? "extrap-safetensors/8"
+                       : format7 ? "extrap-safetensors/7"
                        : m.ffn == FfnKind::geglu && m.activation == Activation::gelu_tanh ? "extrap-safetensors/6"
                        : m.d_head() * m.heads != m.d_model ? "extrap-safetensors/5"
                        : m.norm_biased() != m.bias       ? "extrap-safetensors/4"

@@ -35,7 +35,8 @@ const std::set<std::string>& neutral_keys() {
       "attention_dropout", "attn_pdrop", "resid_pdrop", "embd_pdrop", "hidden_dropout", "summary_type",
       "summary_use_proj", "summary_activation", "summary_proj_to_labels", "summary_first_dropout",
       "n_ctx", "reorder_and_upcast_attn", "masked_softmax_fusion", "slow_but_exact", "pretraining_tp",
-      "tie_encoder_decoder", "is_decoder", "quantization_config_skip", "keys_to_ignore_at_inference", "auto_map"};
+      "tie_encoder_decoder", "is_decoder", "quantization_config_skip", "keys_to_ignore_at_inference", "auto_map",
+      "cache_implementation"};
   return keys;
 }
 
@@ -243,16 +244,27 @@ void read_rope(const ConfigReader& c, YAML::Node& position, int64_t head_dim, co
   if (fraction != 1.0) position["fraction"] = fraction;
 }
 
-// Qwen2's and Qwen3's sliding windows, as transformers reads them: with use_sliding_window, the
-// layers that layer_types names sliding_attention (a config without layer_types: those from
-// max_window_layers on, 28 where it is absent) see the last sliding_window keys (4096 where it is
-// absent; query i sees j with i - j < W, as Mistral's); without it, none does, whatever
-// sliding_window says, and none where sliding_window is null and layer_types absent. Every layer
-// windowed is attention.window; some of them, a layer pattern of two kinds, `full` and `sliding`.
-void map_qwen2_windows(const ConfigReader& c, HfModel& hf) {
+// How a family's config.json names its sliding-window layers (Mistral's and Phi-3's window every
+// layer: attention.window, read in map_llama).
+enum class LayerWindows {
+  none,
+  qwen,   // Qwen2, Qwen3: with use_sliding_window, layer_types, or without it the layers from max_window_layers on
+  gemma2  // Gemma 2: layer_types, or without it the even layers (0, 2, ...)
+};
+
+// Qwen2's, Qwen3's and Gemma 2's sliding windows, as transformers reads them. Qwen: with
+// use_sliding_window, the layers that layer_types names sliding_attention (a config without
+// layer_types: those from max_window_layers on, 28 where it is absent) see the last sliding_window
+// keys (4096 where it is absent; query i sees j with i - j < W, as Mistral's); without it, none
+// does, whatever sliding_window says, and none where sliding_window is null and layer_types absent.
+// Gemma 2: always on, layer_types' sliding_attention layers or, without it, Gemma2Config's default,
+// the even layers. Every layer windowed is attention.window; some of them, a layer pattern of two
+// kinds, `full` and `sliding`.
+void map_layer_windows(const ConfigReader& c, HfModel& hf, LayerWindows rule) {
   const int64_t layers = hf.model["layers"].as<int64_t>();
   const bool null_window = c.present("sliding_window") && !c.has("sliding_window");
-  const bool on = c.get<bool>("use_sliding_window", false) && !(null_window && !c.has("layer_types"));
+  const bool qwen = rule == LayerWindows::qwen;
+  const bool on = !qwen || (c.get<bool>("use_sliding_window", false) && !(null_window && !c.has("layer_types")));
   std::vector<bool> sliding(size_t(layers), false);
   if (c.has("layer_types")) {
     const nlohmann::json& types = c.at("layer_types");
@@ -264,20 +276,27 @@ void map_qwen2_windows(const ConfigReader& c, HfModel& hf) {
         c.fail("layer_types", "lists " + types[l].dump() + ": extrap imports full_attention and sliding_attention");
       sliding[l] = on && types[l] == "sliding_attention";
     }
-  } else if (on) {
+  } else if (on && qwen) {
     const int64_t from = c.get<int64_t>("max_window_layers", 28);
     for (int64_t l = std::max<int64_t>(from, 0); l < layers; ++l) sliding[size_t(l)] = true;
+  } else if (on) {
+    for (int64_t l = 0; l < layers; l += 2) sliding[size_t(l)] = true;
   }
   c.use("layer_types");
-  c.use("max_window_layers");
-  c.use("use_sliding_window");
+  if (qwen) {
+    c.use("max_window_layers");
+    c.use("use_sliding_window");
+  }
   const int64_t windowed = std::count(sliding.begin(), sliding.end(), true);
   if (windowed == 0) {
     c.use("sliding_window");  // unused: no layer slides
     return;
   }
   if (null_window)
-    c.fail("sliding_window", "is null while layer_types names sliding_attention layers: transformers' mask is undefined");
+    c.fail("sliding_window", "is null while some layers slide (" +
+                                 std::string(c.has("layer_types") ? "layer_types names sliding_attention layers"
+                                                                  : "Gemma2Config's default: the even layers") +
+                                 "): transformers' mask is undefined");
   const int64_t window = c.has("sliding_window") ? positive(c, "sliding_window") : 4096;
   if (windowed == layers) {
     hf.attention["window"] = window;
@@ -290,60 +309,148 @@ void map_qwen2_windows(const ConfigReader& c, HfModel& hf) {
   hf.layers = layers_section;
 }
 
-// Llama's kin's MLP, ACT2FN[hidden_act] on the gate (LlamaMLP and its copies): SiLU is SwiGLU,
+// What each of Llama's kin (modeling_*.py and configuration_*.py, transformers 5.24) reads or
+// defaults differently from Llama: one entry per family, read by map_llama.
+struct LlamaKin {
+  std::string title;                          // its name in messages
+  int64_t head_dim = 0;                       // the heads' width where config.json gives none (0: hidden_size / heads)
+  double rms_norm_eps = 1e-6;                 // the class's default
+  bool tied = false;                          // tie_word_embeddings' default
+  std::string activation_key = "hidden_act";  // ACT2FN[this] on the gate
+  std::string activation = "silu";            // its default
+  bool gelu_is_tanh = false;                  // "gelu" read as gelu_pytorch_tanh (GemmaConfig)
+  bool gemma = false;                         // norms of 1 + w; the embedding times sqrt(hidden_size) on input
+  bool llama_keys = true;                     // reads mlp_bias and pretraining_tp (refused other than plain)
+  bool qkv_bias = false;                      // q, k and v projections with biases (Qwen2)
+  bool qk_norm = false;                       // an RMSNorm of each head's q and k before the rotation (Qwen3)
+  bool every_layer_window = false;            // sliding_window in every layer (Mistral, Phi-3)
+  LayerWindows layer_windows = LayerWindows::none;
+  RopeRules rope;
+  bool partial_rotary = false;                // the class rotates partial_rotary_factor of each head (Phi-3)
+};
+
+const LlamaKin& llama_kin(const std::string& family) {
+  static const std::map<std::string, LlamaKin> kin = [] {
+    std::map<std::string, LlamaKin> k;
+    k["llama"].title = "Llama";
+    k["mistral"].title = "Mistral";
+    k["mistral"].every_layer_window = true;
+    k["qwen2"].title = "Qwen2";
+    k["qwen2"].qkv_bias = true;
+    k["qwen2"].layer_windows = LayerWindows::qwen;
+    LlamaKin& qwen3 = k["qwen3"];
+    qwen3.title = "Qwen3";
+    qwen3.head_dim = 128;
+    qwen3.qk_norm = true;
+    qwen3.layer_windows = LayerWindows::qwen;
+    LlamaKin& phi3 = k["phi3"];
+    phi3.title = "Phi-3";
+    phi3.every_layer_window = true;
+    phi3.rope.su_and_yarn_are_longrope = true;  // Phi3Config's readings
+    phi3.rope.original_length = 4096;
+    phi3.partial_rotary = true;
+    LlamaKin& gemma = k["gemma"];
+    gemma.title = "Gemma";
+    gemma.head_dim = 256;
+    gemma.tied = true;
+    gemma.activation = "gelu_pytorch_tanh";
+    gemma.gelu_is_tanh = true;
+    gemma.gemma = true;
+    gemma.llama_keys = false;
+    LlamaKin& gemma2 = k["gemma2"] = gemma;  // and the norms around the sublayers, the softcaps, windows
+    gemma2.title = "Gemma 2";
+    gemma2.activation_key = "hidden_activation";
+    gemma2.gelu_is_tanh = false;
+    gemma2.layer_windows = LayerWindows::gemma2;
+    LlamaKin& olmo2 = k["olmo2"];
+    olmo2.title = "OLMo 2";
+    olmo2.rms_norm_eps = 1e-5;
+    olmo2.llama_keys = false;
+    return k;
+  }();
+  return kin.at(family);
+}
+
+// The gated MLP, ACT2FN[activation_key] on the gate (LlamaMLP and its copies): SiLU is SwiGLU,
 // GELU (erf) and its tanh forms GeGLU. Gemma's default is the tanh form, and GemmaConfig reads
-// "gelu" as it too (the Hub's Gemma configs say "gelu" and mean it).
-void read_gated_activation(const ConfigReader& c, HfModel& hf) {
-  const bool gemma = hf.family == "gemma";
-  std::string act = c.get<std::string>("hidden_act", gemma ? "gelu_pytorch_tanh" : "silu");
-  if (gemma && act == "gelu") act = "gelu_pytorch_tanh";
+// "gelu" as it too (the Hub's Gemma configs say "gelu" and mean it); Gemma 2 reads
+// hidden_activation (its configs' hidden_act, read by nothing, beside it).
+void read_gated_activation(const ConfigReader& c, const LlamaKin& kin, HfModel& hf) {
+  const std::string& key = kin.activation_key;
+  std::string act = c.get<std::string>(key, kin.activation);
+  if (kin.gelu_is_tanh && act == "gelu") act = "gelu_pytorch_tanh";
   if (act == "silu") {
     hf.model["ffn"] = "swiglu";
     return;
   }
   if (act != "gelu" && act != "gelu_pytorch_tanh" && act != "gelu_new")
-    c.fail("hidden_act", "\"" + act + "\" is not imported (silu, gelu, gelu_pytorch_tanh, gelu_new are)");
+    c.fail(key, "\"" + act + "\" is not imported (silu, gelu, gelu_pytorch_tanh, gelu_new are)");
   hf.model["ffn"] = "geglu";
   if (act != "gelu") hf.model["activation"] = "gelu_tanh";
 }
 
-// Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma and OLMo 2 (modeling_*.py, transformers 5.24):
-// RMSNorm, a gated MLP, RoPE, grouped-query attention. Gemma's own: the embedding times
-// sqrt(hidden_size) (on input; the head ties to it unscaled), each norm's weight w stored as w - 1
-// (GemmaRMSNorm multiplies by 1 + w: the weight plan adds the 1), heads 256 wide unless given.
-// OLMo 2's: the norms after the sublayers (x + n(f(x)), none before), q and k normed over the
-// whole projection (H d_head and Hkv d_head values) before they split into heads.
+// Gemma 2's own (modeling_gemma2.py): norms before and after each sublayer, the attention's
+// scores q.k / sqrt(query_pre_attn_scalar) capped as C tanh(s / C) (attn_logit_softcapping), the
+// output logits capped likewise (final_logit_softcapping); null turns either cap off.
+void map_gemma2(const ConfigReader& c, HfModel& hf) {
+  hf.model["sublayer_norms"] = "both";
+  const auto cap = [&](const char* key, double fallback) {
+    c.use(key);
+    if (c.present(key) && !c.has(key)) return 0.0;  // null: off
+    const double v = c.get<double>(key, fallback);
+    if (!(v > 0) || !std::isfinite(v)) c.fail(key, number_text(v) + " must be a finite number above 0, or null");
+    return v;
+  };
+  if (const double a = cap("attn_logit_softcapping", 50.0); a > 0) hf.attention["softcap"] = a;
+  if (const double f = cap("final_logit_softcapping", 30.0); f > 0) hf.model["logit_softcap"] = f;
+  const double scalar = c.get<double>("query_pre_attn_scalar", 256.0);
+  if (!(scalar > 0) || !std::isfinite(scalar))
+    c.fail("query_pre_attn_scalar", number_text(scalar) + " must be a finite number above 0");
+  const int64_t head_dim = hf.model["head_dim"] ? hf.model["head_dim"].as<int64_t>()
+                                                 : hf.model["d_model"].as<int64_t>() / hf.model["heads"].as<int64_t>();
+  if (scalar != double(head_dim)) hf.attention["scale_dim"] = scalar;
+  c.use("hidden_act");  // Gemma2MLP reads hidden_activation
+}
+
+// Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 2 and OLMo 2 (modeling_*.py, transformers
+// 5.24): RMSNorm, a gated MLP, RoPE, grouped-query attention, each family's own (LlamaKin) beside.
+// Gemma's: the embedding times sqrt(hidden_size) (on input; the head ties to it unscaled), each
+// norm's weight w stored as w - 1 (GemmaRMSNorm multiplies by 1 + w: the weight plan adds the 1),
+// heads 256 wide unless given. OLMo 2's: the norms after the sublayers (x + n(f(x)), none before),
+// q and k normed over the whole projection (H d_head and Hkv d_head values) before they split into
+// heads.
 void map_llama(const ConfigReader& c, HfModel& hf) {
-  const bool gemma = hf.family == "gemma", olmo2 = hf.family == "olmo2";
+  const LlamaKin& kin = llama_kin(hf.family);
+  const bool olmo2 = hf.family == "olmo2";
   const int64_t D = positive(c, "hidden_size"), H = positive(c, "num_attention_heads");
   const int64_t Hkv = c.has("num_key_value_heads") ? positive(c, "num_key_value_heads") : H;
   c.use("num_key_value_heads");
   if (H % Hkv != 0) c.fail("num_key_value_heads", std::to_string(Hkv) + " does not divide num_attention_heads");
-  // Each head's width: Qwen3Config's is 128 unless given, GemmaConfig's 256, the others'
-  // hidden_size / num_attention_heads (null too: LlamaConfig and MistralConfig read null as unset;
-  // Qwen3's and Gemma's attention would take None for a width).
-  const int64_t default_head_dim = hf.family == "qwen3" ? 128 : gemma ? 256 : 0;
-  int64_t head_dim = default_head_dim;
+  // Each head's width: the class's default where the family has one (Qwen3Config's 128,
+  // GemmaConfig's 256), else hidden_size / num_attention_heads (null too: LlamaConfig and
+  // MistralConfig read null as unset; Qwen3's and Gemma's attention would take None for a width).
+  int64_t head_dim = kin.head_dim;
   if (c.has("head_dim")) head_dim = positive(c, "head_dim");
-  else if (c.present("head_dim") && default_head_dim > 0)
-    c.fail("head_dim", "is null, which " + std::string(gemma ? "Gemma" : "Qwen3") +
-                           "'s attention would take as its heads' width (give a number, "
-                       "or leave the key out for " + std::to_string(default_head_dim) + ")");
+  else if (c.present("head_dim") && kin.head_dim > 0)
+    c.fail("head_dim", "is null, which " + kin.title + "'s attention would take as its heads' width (give a number, "
+                       "or leave the key out for " + std::to_string(kin.head_dim) + ")");
   c.use("head_dim");
   if (head_dim == 0 && D % H != 0)
     c.fail("num_attention_heads", std::to_string(H) + " does not divide hidden_size " + std::to_string(D));
   if (head_dim == 0) head_dim = D / H;
-  read_gated_activation(c, hf);
-  if (gemma) {
-    // Gemma 1.1's configs also carry hidden_activation, which transformers 5.24 reads nowhere.
+  read_gated_activation(c, kin, hf);
+  if (kin.gemma) {
+    // Gemma 1.1's configs also carry hidden_activation, which transformers 5.24's Gemma reads nowhere.
     c.use("hidden_activation");
     c.require<bool>("use_bidirectional_attention", false, "causal attention");
     hf.model["scale_embedding"] = true;  // times sqrt(hidden_size), in the dtype of the weights (float32 here)
-  } else if (olmo2) {
+  }
+  if (olmo2) {
     hf.model["sublayer_norms"] = "output";
     hf.model["qk_norm"] = true;
     hf.model["qk_norm_over"] = "projection";
-  } else {
+  }
+  if (kin.llama_keys) {
     c.require<bool>("mlp_bias", false, "no biases in the MLP");
     c.require<int64_t>("pretraining_tp", 1, "tensor-parallel slicing");
   }
@@ -355,17 +462,12 @@ void map_llama(const ConfigReader& c, HfModel& hf) {
   if (head_dim * H != D) hf.model["head_dim"] = head_dim;
   hf.model["d_ffn"] = positive(c, "intermediate_size");
   hf.model["norm"] = "rmsnorm";
-  hf.model["norm_eps"] = c.get<double>("rms_norm_eps", olmo2 ? 1e-5 : 1e-6);  // the classes' defaults
+  hf.model["norm_eps"] = c.get<double>("rms_norm_eps", kin.rms_norm_eps);
   hf.model["bias"] = false;
-  hf.model["tie_embeddings"] = c.get<bool>("tie_word_embeddings", gemma);
+  hf.model["tie_embeddings"] = c.get<bool>("tie_word_embeddings", kin.tied);
   hf.train_length = c.get<int64_t>("max_position_embeddings", 0);
-  RopeRules rope;
-  if (hf.family == "phi3") {
-    rope.su_and_yarn_are_longrope = true;
-    rope.original_length = 4096;  // Phi3Config's default
-  }
-  read_rope(c, hf.position, head_dim, rope);
-  if (hf.family != "phi3" && hf.position["fraction"]) {
+  read_rope(c, hf.position, head_dim, kin.rope);
+  if (!kin.partial_rotary && hf.position["fraction"]) {
     // Llama's, Mistral's and Qwen's classes rotate the whole head (rotate_half of all of it): their
     // plain frequencies read no partial_rotary_factor, and a scaling's, which read it, leave the
     // class unable to run (cos and sin narrower than the head). Phi-3's class alone takes it.
@@ -375,18 +477,14 @@ void map_llama(const ConfigReader& c, HfModel& hf) {
                                           " class cannot run it (its rotation takes the whole head)");
     hf.position.remove("fraction");  // as transformers: ignored
   }
-  if (hf.family == "mistral" || hf.family == "phi3") {  // every layer's window (Phi3Model's mask: the same)
+  if (kin.every_layer_window) {  // every layer's window (Phi3Model's mask: the same)
     if (c.has("sliding_window")) hf.attention["window"] = positive(c, "sliding_window");
     c.use("sliding_window");
   }
-  if (hf.family == "qwen2") {
-    hf.model["qkv_bias"] = true;
-    map_qwen2_windows(c, hf);
-  }
-  if (hf.family == "qwen3") {  // an RMSNorm of each head's q and k before the rotation; Qwen2's windows
-    hf.model["qk_norm"] = true;
-    map_qwen2_windows(c, hf);
-  }
+  if (kin.qkv_bias) hf.model["qkv_bias"] = true;
+  if (kin.qk_norm) hf.model["qk_norm"] = true;
+  if (kin.layer_windows != LayerWindows::none) map_layer_windows(c, hf, kin.layer_windows);
+  if (hf.family == "gemma2") map_gemma2(c, hf);
 }
 
 // The MLP activations of GPT-2's and GPT-NeoX's configs and extrap's for each; the first entry
@@ -627,7 +725,7 @@ using Mapper = void (*)(const ConfigReader&, HfModel&);
 const std::map<std::string, Mapper>& mappers() {
   static const std::map<std::string, Mapper> m = {
       {"llama", map_llama}, {"mistral", map_llama}, {"qwen2", map_llama}, {"qwen3", map_llama}, {"phi3", map_llama},
-      {"gemma", map_llama}, {"olmo2", map_llama},
+      {"gemma", map_llama}, {"gemma2", map_llama}, {"olmo2", map_llama},
       {"gpt2", map_gpt2}, {"bloom", map_bloom},
       {"gpt_neox", map_gpt_neox}, {"mpt", map_mpt}, {"falcon", map_falcon}};
   return m;
@@ -766,6 +864,8 @@ enum class LlamaLayout {
              // value heads, extrap's own layout), gate and up in one (gate_up_proj: the gate's rows
              // first, as extrap's ffn_in)
   gemma,     // Llama's names, each norm's weight stored minus 1 (plus_one)
+  gemma2,    // Gemma's, with norms before and after each sublayer (input_layernorm, post_attention_layernorm,
+             // pre_feedforward_layernorm, post_feedforward_layernorm)
   olmo2,     // norms after the sublayers (post_attention_layernorm, post_feedforward_layernorm),
              // none before; q_norm and k_norm over the projections
 };
@@ -773,7 +873,7 @@ enum class LlamaLayout {
 WeightPlan llama_plan(const std::string& p, const ModelConfig& m, LlamaLayout layout) {
   const bool qkv_bias = m.qkv_bias, fused = layout == LlamaLayout::fused;
   const int64_t Dh = m.d_head(), q = m.heads * Dh, kv = m.key_value_heads() * Dh, F = m.ffn_width();
-  const auto norm = layout == LlamaLayout::gemma ? plus_one : same;
+  const auto norm = layout == LlamaLayout::gemma || layout == LlamaLayout::gemma2 ? plus_one : same;
   WeightPlan plan;
   plan["embedding.weight"] = same(p + "embed_tokens.weight");
   plan["ln_final.weight"] = norm(p + "norm.weight");
@@ -783,6 +883,11 @@ WeightPlan llama_plan(const std::string& p, const ModelConfig& m, LlamaLayout la
     if (layout == LlamaLayout::olmo2) {
       plan[e + "ln_attention_out.weight"] = same(s + "post_attention_layernorm.weight");
       plan[e + "ln_ffn_out.weight"] = same(s + "post_feedforward_layernorm.weight");
+    } else if (layout == LlamaLayout::gemma2) {
+      plan[e + "ln_attention.weight"] = norm(s + "input_layernorm.weight");
+      plan[e + "ln_attention_out.weight"] = norm(s + "post_attention_layernorm.weight");
+      plan[e + "ln_ffn.weight"] = norm(s + "pre_feedforward_layernorm.weight");
+      plan[e + "ln_ffn_out.weight"] = norm(s + "post_feedforward_layernorm.weight");
     } else {
       plan[e + "ln_attention.weight"] = norm(s + "input_layernorm.weight");
       plan[e + "ln_ffn.weight"] = norm(s + "post_attention_layernorm.weight");
@@ -923,7 +1028,7 @@ constexpr FamilyPrefix kPrefixes[] = {
     {"llama", "model.", "embed_tokens.weight"},    {"mistral", "model.", "embed_tokens.weight"},
     {"qwen2", "model.", "embed_tokens.weight"},    {"qwen3", "model.", "embed_tokens.weight"},
     {"phi3", "model.", "embed_tokens.weight"},     {"gemma", "model.", "embed_tokens.weight"},
-    {"olmo2", "model.", "embed_tokens.weight"},
+    {"gemma2", "model.", "embed_tokens.weight"},    {"olmo2", "model.", "embed_tokens.weight"},
     {"gpt2", "transformer.", "wte.weight"},
     {"bloom", "transformer.", "word_embeddings.weight"}, {"gpt_neox", "gpt_neox.", "embed_in.weight"},
     {"mpt", "transformer.", "wte.weight"},         {"falcon", "transformer.", "word_embeddings.weight"}};
@@ -951,6 +1056,7 @@ WeightPlan family_plan(const std::string& family, const std::string& prefix, con
     return llama_plan(prefix, m, LlamaLayout::separate);
   if (family == "phi3") return llama_plan(prefix, m, LlamaLayout::fused);
   if (family == "gemma") return llama_plan(prefix, m, LlamaLayout::gemma);
+  if (family == "gemma2") return llama_plan(prefix, m, LlamaLayout::gemma2);
   if (family == "olmo2") return llama_plan(prefix, m, LlamaLayout::olmo2);
   if (family == "gpt2") return gpt2_plan(prefix, m);
   if (family == "bloom") return bloom_plan(prefix, m);
@@ -1104,16 +1210,19 @@ json rope_json(const YAML::Node& position, const Config& config) {
 }
 
 // Each layer's sliding window (0: none), where the `attention` section and every layer (without
-// a layer pattern, one kind: `position` and `attention`) take no attention option but the window,
-// and every layer the model's `position` section (a pattern whose kinds differ in
-// attention.window alone: Qwen2's full and sliding layers); nullopt otherwise, which no
-// family's class computes.
+// a layer pattern, one kind: `position` and `attention`) take no attention option but the window
+// and the section's softcap and score scale (Gemma 2's, checked by the family), and every layer the
+// model's `position` section (a pattern whose kinds differ in attention.window alone: Qwen2's and
+// Gemma 2's full and sliding layers); nullopt otherwise, which no family's class computes.
 std::optional<std::vector<int64_t>> layer_windows(const Config& config) {
-  const auto window_alone = [](AttentionConfig a) {
+  const AttentionConfig& section = config.model.attention_options;
+  const auto window_alone = [&](AttentionConfig a) {
+    if (a.softcap != section.softcap || a.scale_dim != section.scale_dim) return false;
     a.window = 0;
+    a.softcap = a.scale_dim = 0;
     return !a.active();
   };
-  if (!window_alone(config.model.attention_options)) return std::nullopt;
+  if (!window_alone(section)) return std::nullopt;
   const LayerPlan plan = layer_plan(config);
   std::vector<int64_t> windows;
   for (const int64_t k : plan.layer_kind) {
@@ -1178,8 +1287,10 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
   const std::optional<std::vector<int64_t>> windows = layer_windows(config);
   const bool patterned = !config.layer_pattern.empty();
   const bool rms_rotary = method == "rotary" && m.norm == NormKind::rmsnorm;  // Llama's and its kin's
+  // Soft-capped scores or logits, or a score scale of their own: Gemma 2's class alone (checked there).
+  const bool capped = a.softcap > 0 || a.scale_dim > 0 || m.logit_softcap > 0;
   const bool common = m.causal() && !m.adaptive() && windows && m.final_norm && (!m.qk_norm || rms_rotary) &&
-                      (m.sublayer_norms == SublayerNorms::input || rms_rotary);
+                      (m.sublayer_norms == SublayerNorms::input || rms_rotary) && (!capped || rms_rotary);
   const int64_t D = m.d_model, H = m.heads, F = m.ffn_width();
   const bool standard_heads = m.d_head() * H == D;  // Llama's kin alone write head_dim
   HfExportConfig out;
@@ -1191,7 +1302,9 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
                               : m.qk_norm                 ? "qk_norm"
                               : m.sublayer_norms != SublayerNorms::input
                                   ? "norms after the sublayers (model.sublayer_norms " + enum_name(m.sublayer_norms) + ")"
-                                  : "the attention options " + a.describe());
+                              : capped && windows ? "soft-capped attention scores or logits, or a score scale of their "
+                                                    "own, without a rotary RMSNorm model (Gemma 2's)"
+                                                  : "the attention options " + a.describe());
   json c = {{"vocab_size", vocab_size}, {"tie_word_embeddings", m.tie_embeddings}, {"dtype", "float32"},
             {"use_cache", true}};
   // A tied embedding scaled on input only: Gemma's class alone (a rotary RMSNorm model), which
@@ -1211,17 +1324,34 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
     // on input (an untied scaled one goes to the others with the scale in its weights).
     const double fraction = number("fraction", 1.0);
     const int64_t rotated = rotated_dimensions(fraction, m.d_head());
+    const auto layer_types = [&] {  // each layer's kind, as transformers 5's configs name them
+      json types = json::array();
+      for (const int64_t w : *windows) types.push_back(w > 0 ? "sliding_attention" : "full_attention");
+      return types;
+    };
     const std::string scaling = option("scaling", "none");
     // OLMo 2's class alone has norms after the sublayers (and no others), with q and k normed over
-    // the projection.
-    const bool olmo2 = m.sublayer_norms == SublayerNorms::output;
-    const bool gemma = m.scale_embedding && m.tie_embeddings && !olmo2;
-    out.family = olmo2 ? "olmo2" : gemma ? "gemma" : m.qk_norm ? "qwen3" : m.qkv_bias ? "qwen2" : fraction != 1.0 ? "phi3" : window > 0 ? "mistral" : "llama";
+    // the projection; Gemma 2's alone norms before and after them, soft-caps the scores and the
+    // logits, scales the scores by a number of its own, and windows every other layer (or any).
+    const bool olmo2 = m.sublayer_norms == SublayerNorms::output, gemma2 = m.sublayer_norms == SublayerNorms::both;
+    const bool gemma = m.scale_embedding && m.tie_embeddings && !olmo2 && !gemma2;
+    out.family = olmo2 ? "olmo2" : gemma2 ? "gemma2" : gemma ? "gemma" : m.qk_norm ? "qwen3" : m.qkv_bias ? "qwen2" : fraction != 1.0 ? "phi3" : window > 0 ? "mistral" : "llama";
     // ACT2FN[hidden_act] on the gate: SiLU, or GELU's erf or tanh form (torch's own, as extrap's)
     const std::string hidden_act = m.ffn == FfnKind::swiglu                ? "silu"
                                    : m.activation == Activation::gelu_tanh ? "gelu_pytorch_tanh"
                                                                            : "gelu";
-    require_all(out.family, {{m.sublayer_norms != SublayerNorms::both, "norms before and after the sublayers (model.sublayer_norms both)"},
+    require_all(out.family, {{!gemma2 || m.scale_embedding,
+                              "norms before and after the sublayers (model.sublayer_norms both) without the embedding "
+                              "scaled by sqrt(d_model) (Gemma 2's class has both)"},
+                             {!gemma2 || (!m.qk_norm && !m.qkv_bias && fraction == 1.0),
+                              "norms before and after the sublayers beside qk_norm, q, k, v biases or a partial rotary"},
+                             {!gemma2 || a.scale_dim == std::floor(a.scale_dim),
+                              "attention.scale_dim " + number_text(a.scale_dim) + ", not a whole number (Gemma2Config's "
+                              "query_pre_attn_scalar is an int)"},
+                             {gemma2 || !capped,
+                              "soft-capped attention scores or logits, or a score scale of their own (attention.softcap, "
+                              "model.logit_softcap, attention.scale_dim: Gemma 2's class alone has them, with norms "
+                              "before and after the sublayers)"},
                              {!olmo2 || (m.qk_norm && m.qk_norm_over == QkNormOver::projection),
                               "norms after the sublayers without qk_norm over the projection (OLMo 2's class has both)"},
                              {olmo2 || m.qk_norm_over == QkNormOver::head,
@@ -1265,19 +1395,32 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
           scaling == "longrope" ? int64_t(number("scaling_length", 0)) : config.train.seq_len;
       c.update({{"pad_token_id", nullptr}, {"bos_token_id", nullptr}, {"eos_token_id", nullptr}});
     }
-    if (out.family == "qwen3" || out.family == "gemma" || out.family == "olmo2") c["attention_bias"] = false;
-    // GemmaConfig's ids (pad 0, eos 1, bos 2) and Olmo2Config's (pad 1, eos 50279) are their
-    // tokenizers', not this one's
-    if (out.family == "gemma" || out.family == "olmo2")
+    if (out.family == "qwen3" || gemma || gemma2 || olmo2) c["attention_bias"] = false;
+    // GemmaConfig's and Gemma2Config's ids (pad 0, eos 1, bos 2) and Olmo2Config's (pad 1, eos
+    // 50279) are their tokenizers', not this one's
+    if (gemma || gemma2 || olmo2)
       c.update({{"pad_token_id", nullptr}, {"bos_token_id", nullptr}, {"eos_token_id", nullptr}});
+    if (gemma2) {
+      // Gemma2MLP reads hidden_activation (GELU's erf form is "gelu" there: Gemma2Config does not
+      // read it as the tanh form, as GemmaConfig does); a null cap is off; every layer named, and a
+      // width for sliding_window even where no layer slides (the class builds that mask whatever).
+      out.embedding_scale = 1.0;  // the class scales the embedding on input, tied or not
+      c.erase("hidden_act");
+      c["hidden_activation"] = hidden_act;
+      c["query_pre_attn_scalar"] = a.scale_dim > 0 ? int64_t(a.scale_dim) : m.d_head();
+      c["attn_logit_softcapping"] = a.softcap > 0 ? json(a.softcap) : json(nullptr);
+      c["final_logit_softcapping"] = m.logit_softcap > 0 ? json(m.logit_softcap) : json(nullptr);
+      c["use_bidirectional_attention"] = false;
+      c["sliding_window"] = window > 0 ? window : config.train.seq_len;
+      c["layer_types"] = layer_types();
+    }
     if (out.family == "qwen2" || out.family == "qwen3") {
       c["use_sliding_window"] = window > 0;
       if (window > 0) {
         // layer_types decides (transformers 5); max_window_layers, which older readers use
         // instead, is the first windowed layer (exact where the windowed layers are the last).
         c["sliding_window"] = window;
-        c["layer_types"] = json::array();
-        for (const int64_t w : *windows) c["layer_types"].push_back(w > 0 ? "sliding_attention" : "full_attention");
+        c["layer_types"] = layer_types();
         c["max_window_layers"] = std::find(windows->begin(), windows->end(), window) - windows->begin();
       }
     }
@@ -1351,6 +1494,7 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
   const std::map<std::string, std::string> classes = {
       {"llama", "LlamaForCausalLM"},   {"mistral", "MistralForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"},
       {"qwen3", "Qwen3ForCausalLM"},   {"phi3", "Phi3ForCausalLM"}, {"gemma", "GemmaForCausalLM"},
+      {"gemma2", "Gemma2ForCausalLM"},
       {"olmo2", "Olmo2ForCausalLM"},
       {"gpt2", "GPT2LMHeadModel"},     {"bloom", "BloomForCausalLM"},     {"gpt_neox", "GPTNeoXForCausalLM"},
       {"mpt", "MptForCausalLM"},       {"falcon", "FalconForCausalLM"}};

@@ -158,6 +158,8 @@ void read_model_section(const OptionReader& root, Config& c) {
          "initialisation: LibTorch's Linear everywhere, or fairseq's attention projections (q, k, v Xavier "
          "gain 1/sqrt(2); output Xavier, zero bias)");
   r.read("final_norm", m.final_norm, "a LayerNorm on the last block's output (fairseq's transformer_lm_wiki103 has none)");
+  r.read("logit_softcap", m.logit_softcap,
+         "the output logits l become C tanh(l / C) before the softmax (Gemma 2's final_logit_softcapping, C 30; 0: off)");
   r.read("adaptive_cutoffs", m.adaptive_cutoffs,
          "adaptive input and softmax, tied: the vocabulary's band ends below V, ids sorted by count (empty: a "
          "plain embedding and softmax; the ALiBi paper's WikiText-103 model: [20000, 60000])");
@@ -195,6 +197,10 @@ void read_model_section(const OptionReader& root, Config& c) {
                                    ": only the sequential block has norms after its sublayers");
     if (m.qk_norm_over != QkNormOver::head && !m.qk_norm)
       r.fail("qk_norm_over", enum_name(m.qk_norm_over) + " without qk_norm: there is no q and k norm");
+    if (!(m.logit_softcap >= 0) || !std::isfinite(m.logit_softcap))
+      r.fail("logit_softcap", "must be a finite number at least 0, got " + number_text(m.logit_softcap));
+    if (m.logit_softcap > 0 && !m.adaptive_cutoffs.empty())
+      r.fail("logit_softcap", "with adaptive_cutoffs: the adaptive softmax's bands have no one row of logits to cap");
     if (m.qkv_bias && m.bias)
       r.fail("qkv_bias", "is true with model.bias true, which gives every projection a bias already");
     if (!m.bias && m.init == InitKind::fairseq)
@@ -223,6 +229,12 @@ void read_attention_keys(const OptionReader& r, AttentionConfig& a) {
   r.read("gate", a.gate, "gate on each head's output, sigmoid(x W_g) of the layer's input: per head or per channel");
   r.read("window", a.window, "sliding window: query i sees keys j with |i - j| < W (0: full attention)");
   r.read("chunk", a.chunk, "chunked attention: i and j in the same chunk of C tokens (0: off)");
+  r.read("softcap", a.softcap,
+         "attention logit soft-capping: each q.k / sqrt(d) becomes C tanh(q.k / (sqrt(d) C)) before the position "
+         "bias and the masks (Gemma 2: 50; 0: off)");
+  r.read("scale_dim", a.scale_dim,
+         "the scores are q.k / sqrt(s) for this s instead of sqrt(d_head) (Gemma 2 and 3's query_pre_attn_scalar; "
+         "0: d_head)");
   r.finish();
   if (!r.decoding()) return;
   r.at_least("window", a.window, 0);
@@ -230,6 +242,10 @@ void read_attention_keys(const OptionReader& r, AttentionConfig& a) {
   r.at_least("temperature_floor", a.temperature_floor, 1);
   if (!(a.temperature >= 0) || !std::isfinite(a.temperature))
     r.fail("temperature", "must be a finite number at least 0, got " + number_text(a.temperature));
+  if (!(a.softcap >= 0) || !std::isfinite(a.softcap))
+    r.fail("softcap", "must be a finite number at least 0, got " + number_text(a.softcap));
+  if (!(a.scale_dim >= 0) || !std::isfinite(a.scale_dim))
+    r.fail("scale_dim", "must be a finite number at least 0 (0: d_head), got " + number_text(a.scale_dim));
   if (!(a.ssmax_init >= 0) || !std::isfinite(a.ssmax_init))
     r.fail("ssmax_init", "must be a finite number at least 0, got " + number_text(a.ssmax_init));
   // (A kind that turns SSMax or the temperature off keeps the section's ssmax_init or floor
@@ -540,6 +556,8 @@ YAML::Node keys_affecting(const Config& config, std::initializer_list<Affects> k
   if (a.gate == plain.gate) remove_key(out, "attention.gate");
   if (a.window == plain.window) remove_key(out, "attention.window");
   if (a.chunk == plain.chunk) remove_key(out, "attention.chunk");
+  if (a.softcap == plain.softcap) remove_key(out, "attention.softcap");
+  if (a.scale_dim == plain.scale_dim) remove_key(out, "attention.scale_dim");
   if (out["attention"] && out["attention"].size() == 0) out.remove("attention");
   if (config.layer_pattern.empty()) out.remove("layers");  // the section came in 0.13
   // The paper's model and optimiser (issue 67): only the keys that differ from their defaults, so
@@ -566,6 +584,7 @@ YAML::Node keys_affecting(const Config& config, std::initializer_list<Affects> k
   if (config.model.qk_norm_over == m.qk_norm_over) remove_key(out, "model.qk_norm_over");
   if (config.model.embedding_norm == m.embedding_norm) remove_key(out, "model.embedding_norm");
   if (config.model.final_norm == m.final_norm) remove_key(out, "model.final_norm");
+  if (config.model.logit_softcap == m.logit_softcap) remove_key(out, "model.logit_softcap");
   if (config.model.init == m.init) remove_key(out, "model.init");
   if (!config.model.adaptive()) {
     remove_key(out, "model.adaptive_cutoffs");
@@ -589,6 +608,8 @@ std::string AttentionConfig::describe() const {
   if (gate != AttentionGate::none) add(enum_name(gate) + " gate");
   if (window > 0) add("window " + std::to_string(window));
   if (chunk > 0) add("chunk " + std::to_string(chunk));
+  if (softcap > 0) add("softcap " + number_text(softcap));
+  if (scale_dim > 0) add("scale_dim " + number_text(scale_dim));
   return out;
 }
 

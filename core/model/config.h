@@ -145,8 +145,11 @@ struct AttentionConfig {
   AttentionGate gate = AttentionGate::none;
   int64_t window = 0;       // sliding window of W tokens (0: full attention)
   int64_t chunk = 0;        // chunked attention, C tokens a chunk (0: off)
+  double softcap = 0;       // attention logit soft-capping: q.k / sqrt(d) -> C tanh(q.k / (sqrt(d) C)) (Gemma 2; 0: off)
+  double scale_dim = 0;     // scores q.k / sqrt(s) instead of / sqrt(d_head) (Gemma 2 and 3's query_pre_attn_scalar; 0: d_head)
   bool active() const {
-    return sink || ssmax || temperature > 0 || gate != AttentionGate::none || window > 0 || chunk > 0;
+    return sink || ssmax || temperature > 0 || gate != AttentionGate::none || window > 0 || chunk > 0 || softcap > 0 ||
+           scale_dim > 0;
   }
   std::string describe() const;  // "sink, window 64" ("" when none is set)
 };
@@ -200,6 +203,7 @@ struct ModelConfig {
   bool embedding_norm = false;      // a norm right after the token embedding (BLOOM)
   bool tie_embeddings = true;
   bool final_norm = true;           // a norm before the output projection
+  double logit_softcap = 0;         // the output logits l -> C tanh(l / C) (Gemma 2's final softcapping, C 30; 0: off)
   InitKind init = InitKind::torch;
   // Adaptive input and softmax (core/model/adaptive.h): the band ends below V (empty: a plain
   // embedding and softmax), each band D / factor^k wide, the softmax's dropout.

@@ -169,6 +169,7 @@ MemoryEstimate estimate_training_memory(const Config& c, int64_t vocab_size) {
     // (the masked copy, the product, the refilled result and the mask).
     if (k.attention.sink) method_scores += 2;
     if (k.attention.ssmax) method_scores += 3.25;
+    if (k.attention.softcap > 0) method_scores += 2;  // the capped copy and tanh's output, kept for its gradient
     layers = add(layers, add(common, add(saturating(double(scores) * method_scores), saturating(double(pairs) * method_pairs))));
   }
   // The logits and their gradient: every word's, or with adaptive bands the head's for every
@@ -177,7 +178,9 @@ MemoryEstimate estimate_training_memory(const Config& c, int64_t vocab_size) {
   if (m.adaptive())
     outputs = add(m.adaptive_cutoffs.front() + int64_t(m.adaptive_cutoffs.size()),
                   (vocab_size - m.adaptive_cutoffs.front()) / 10);
-  const int64_t values = add(layers, add(mul(tokens, mul(3, m.d_model)), mul(mul(tokens, outputs), 2)));
+  // (The final softcap's: tanh's output, kept for its gradient, and the capped logits.)
+  const int64_t logit_copies = m.logit_softcap > 0 ? 4 : 2;
+  const int64_t values = add(layers, add(mul(tokens, mul(3, m.d_model)), mul(mul(tokens, outputs), logit_copies)));
   e.activations = mul(values, 4);
   return e;
 }

@@ -56,6 +56,7 @@ AttentionBias SelfAttentionImpl::with_options(AttentionBias bias, const LayerInp
   const AttentionConfig& extras = options.extras();
   bias.window = extras.window;
   bias.chunk = extras.chunk;
+  bias.softcap = extras.softcap;
   if (sink.defined()) bias.sink = sink;
   if (ssmax.defined()) {  // c[h, i] = s_h ln n_i, n_i the keys row i sees (its masks' count)
     const auto n = bias.visible_keys(options.heads(), at.length(), at.key_length(), causal);
@@ -122,6 +123,11 @@ torch::Tensor SelfAttentionImpl::attend(torch::Tensor q, torch::Tensor k, torch:
     const auto factor = 1 + a * torch::log(torch::floor((p + 1) / double(options.extras().temperature_floor)) + 1);
     q = q * factor.to(q.device(), q.scalar_type()).view({1, 1, T, 1});
     if (far_q.defined()) far_q = far_q * factor.to(q.device(), q.scalar_type()).view({1, 1, T, 1});
+  }
+  if (const double s = options.extras().scale_dim; s > 0) {  // q.k / sqrt(s): q times sqrt(d_head / s)
+    const double factor = std::sqrt(double(options.d_head()) / s);
+    q = q * factor;
+    if (far_q.defined()) far_q = far_q * factor;
   }
   AttentionOptions attn = attention_options;
   const bool last_only = last_queries > 0 && last_queries < T;
@@ -430,9 +436,10 @@ torch::Tensor TransformerLMImpl::forward(const torch::Tensor& tokens, int64_t of
 }
 
 torch::Tensor TransformerLMImpl::logits(const torch::Tensor& x) {
-  if (adaptive_) return adaptive_->log_probs(x);      // (..., V)
-  if (head) return linear(head, x);                   // (..., V)
-  return extrap::linear(x, embedding->weight, {});   // (..., V)
+  if (adaptive_) return adaptive_->log_probs(x);  // (..., V); no softcap (refused with adaptive_cutoffs)
+  const auto l = head ? linear(head, x) : extrap::linear(x, embedding->weight, {});  // (..., V)
+  const double c = config_.logit_softcap;
+  return c > 0 ? torch::tanh(l * (1.0 / c)) * c : l;
 }
 
 torch::Tensor TransformerLMImpl::nll(const torch::Tensor& hidden, const torch::Tensor& targets) {

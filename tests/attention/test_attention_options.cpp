@@ -43,10 +43,12 @@ struct Definition {
   std::vector<double> slopes;      // ALiBi, symmetric |i - j| (empty: no bias)
   std::vector<double> sink;        // per head (empty: none)
   std::vector<double> ssmax;       // s_h (empty: plain softmax)
+  double softcap = 0;              // C: q.k / sqrt(d) becomes C tanh(q.k / (sqrt(d) C)) before the bias (0: off)
 };
 
 // o_i = sum_j e^{z_ij} v_j / ([e^{s_h}] + sum_j e^{z_ij}) over the keys i sees, with
-// z_ij = c_i (q_i . k_j / sqrt(d) - m_h |i - j|) and c_i = s_h ln n_i under SSMax (else 1).
+// z_ij = c_i (cap(q_i . k_j / sqrt(d)) - m_h |i - j|), c_i = s_h ln n_i under SSMax (else 1) and
+// cap(x) = C tanh(x / C) with a softcap C (else x).
 torch::Tensor defined_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                 const Definition& def) {
   const auto q64 = q.to(torch::kFloat64), k64 = k.to(torch::kFloat64), v64 = v.to(torch::kFloat64);
@@ -67,6 +69,7 @@ torch::Tensor defined_attention(const torch::Tensor& q, const torch::Tensor& k, 
           double dot = 0;
           for (int64_t d = 0; d < D; ++d) dot += qa[b][h][i][d] * ka[b][h][j][d];
           double logit = dot / std::sqrt(double(D));
+          if (def.softcap > 0) logit = def.softcap * std::tanh(logit / def.softcap);
           if (!def.slopes.empty()) logit -= def.slopes[size_t(h)] * double(std::abs(i - j));
           z[size_t(j)] = c * logit;
           max = std::max(max, z[size_t(j)]);
@@ -93,6 +96,7 @@ AttentionBias described(const Definition& def, int64_t T, torch::Dtype dtype = t
   }
   bias.window = def.window;
   bias.chunk = def.chunk;
+  bias.softcap = def.softcap;
   if (!def.sink.empty()) bias.sink = torch::tensor(def.sink, torch::kFloat64).to(dtype);
   if (!def.ssmax.empty()) {
     auto scale = torch::zeros({kOptionHeads, T}, torch::kFloat64);
@@ -123,6 +127,7 @@ std::vector<Definition> definitions() {
           if (variant & 1) d.slopes = slopes;
           if (variant >= 2) d.sink = sink;
           if (variant == 1 || variant == 3) d.ssmax = ssmax;
+          if ((window + chunk + variant) % 2 == 1) d.softcap = 1.5;  // half of them, every option beside it
           out.push_back(d);
         }
       }
@@ -132,7 +137,7 @@ std::vector<Definition> definitions() {
 std::string name_of(const Definition& d) {
   return std::string(d.causal ? "causal" : "bidirectional") + ", window " + std::to_string(d.window) + ", chunk " +
          std::to_string(d.chunk) + (d.slopes.empty() ? "" : ", alibi") + (d.sink.empty() ? "" : ", sink") +
-         (d.ssmax.empty() ? "" : ", ssmax");
+         (d.ssmax.empty() ? "" : ", ssmax") + (d.softcap > 0 ? ", softcap" : "");
 }
 
 struct OptionInputs {
@@ -232,6 +237,7 @@ TEST_CASE("attention options: the memory-efficient path equals the reference, ti
                                             : AttentionBias::contextual(E);
           other.window = bias.window;
           other.chunk = bias.chunk;
+          other.softcap = bias.softcap;
           other.sink = bias.sink;
           other.logit_scale = bias.logit_scale;
           bias = other;
@@ -248,6 +254,29 @@ TEST_CASE("attention options: the memory-efficient path equals the reference, ti
       }
     }
   }
+}
+
+TEST_CASE("attention options: the softcap's paths: the fused CPU kernel refuses it, Auto trains it on the reference",
+          "[attention][options]") {
+  const int64_t T = 160;  // past the fused kernel's training threshold: Auto would take it without the softcap
+  auto in = option_inputs(1, T, 8, 11, torch::kFloat32);
+  Definition def;
+  def.slopes = {0.5, 0.25, 0.125, 0.0625};
+  def.softcap = 1.5;
+  const auto bias = described(def, T, torch::kFloat32);
+  const auto expected = defined_attention(in.q, in.k, in.v, def);
+  AttentionOptions options;
+  options.training = true;
+  for (auto* t : {&in.q, &in.k, &in.v}) t->requires_grad_(true);
+  const auto trained = attention(in.q, in.k, in.v, bias, options);  // Auto, training, float32
+  CHECK((trained.to(torch::kFloat64) - expected).abs().max().item<double>() < 1e-4);
+  options.backend = AttentionBackend::Fused;
+  CHECK_THROWS_WITH(attention(in.q, in.k, in.v, bias, options), Catch::Contains("attention logit soft-capping"));
+  CHECK_THAT(bias.describe(), Catch::Contains("softcap 1.5"));
+  AttentionBias stick = AttentionBias::stick_breaking(false);
+  stick.softcap = 2;
+  options.backend = AttentionBackend::Auto;
+  CHECK_THROWS_WITH(attention(in.q, in.k, in.v, stick, options), Catch::Contains("attention.softcap"));
 }
 
 TEST_CASE("attention options: the sink's and SSMax's gradients equal central differences", "[attention][options]") {

@@ -422,6 +422,13 @@ TEST_CASE("export: a model of each architecture option, Python reproduces extrap
                         ", norm: rmsnorm, ffn: swiglu, d_ffn: 48, bias: false, kv_heads: 2, sublayer_norms: output, "
                         "qk_norm: true, qk_norm_over: projection"),
       train_eval_export(d, "sandwich", "alibi", true, "byte", ", norm: rmsnorm, sublayer_norms: both, qk_norm: true"),
+      // Gemma 2's: soft-capped scores (before ALiBi's bias here) and logits, a score scale of its own,
+      // windows on every other layer (format 8)
+      train_eval_export(d, "gemma2", "alibi", true, "byte",
+                        ", norm: rmsnorm, ffn: geglu, activation: gelu_tanh, d_ffn: 48, bias: false, kv_heads: 2, "
+                        "sublayer_norms: both, logit_softcap: 1.5",
+                        "attention: {softcap: 0.75, scale_dim: 6}\n"
+                        "layers: {pattern: [sliding, full], kinds: {sliding: {attention: {window: 4}}, full: {}}}\n"),
       // heads wider than d_model / heads, as Qwen3-0.6B's (format 5)
       train_eval_export(d, "qwen3_hf", "{name: rotary, pairing: half}", true, "byte",
                         ", qk_norm: true, norm: rmsnorm, norm_eps: 0.000001, ffn: swiglu, d_ffn: 48, bias: false, "
@@ -475,6 +482,18 @@ TEST_CASE("export: a model of each architecture option, Python reproduces extrap
   for (const char* name : {"blocks.1.ln_attention.weight", "blocks.1.ln_attention_out.weight", "blocks.1.ln_ffn.weight",
                            "blocks.1.ln_ffn_out.bias"})
     CHECK(sandwich.tensors.count(name) == 1);
+  // The caps and the score scale: format 8, each key written where set (the section's in a kind's
+  // attention), none where not, so that format 7's readers still read every other file.
+  const SafetensorsFile gemma2 = read_safetensors_checked(d.root / "gemma2.safetensors");
+  CHECK(gemma2.metadata.at("format") == "extrap-safetensors/8");
+  CHECK(json::parse(gemma2.metadata.at("model")).at("logit_softcap") == 1.5);
+  const json kinds = json::parse(gemma2.metadata.at("layers")).at("kinds");
+  for (const char* kind : {"sliding", "full"}) {
+    CHECK(kinds.at(kind).at("attention").at("softcap") == 0.75);
+    CHECK(kinds.at(kind).at("attention").at("scale_dim") == 6);
+  }
+  CHECK_FALSE(json::parse(olmo2.metadata.at("model")).contains("logit_softcap"));
+  CHECK_FALSE(json::parse(olmo2.metadata.at("attention")).contains("softcap"));
 }
 
 TEST_CASE("export: a sentencepiece model carries its tokenizer, and Python tokenises and scores as "

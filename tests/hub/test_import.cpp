@@ -136,7 +136,7 @@ void check_logprobs(const std::string& name, TransformerLM& model) {
 TEST_CASE("import: each family's log-probabilities equal transformers', inside and beyond its length",
           "[import][python]") {
   for (const std::string name :
-       {"llama", "llama_tied", "mistral", "mistral_spm", "qwen2", "qwen2_windows", "qwen2_windows_hub", "qwen3", "qwen3_windows", "qwen3_wide_heads", "mistral_narrow_heads", "phi3", "gemma", "olmo2", "gpt2", "bloom", "bloom_h8", "gpt_neox",
+       {"llama", "llama_tied", "mistral", "mistral_spm", "qwen2", "qwen2_windows", "qwen2_windows_hub", "qwen3", "qwen3_windows", "qwen3_wide_heads", "mistral_narrow_heads", "phi3", "gemma", "gemma2", "gemma2_uncapped", "olmo2", "gpt2", "bloom", "bloom_h8", "gpt_neox",
         "gpt_neox_seq", "mpt", "falcon_rw", "falcon_alibi_mq", "falcon_7b", "falcon_40b", "falcon_seq"}) {
     DYNAMIC_SECTION(name) {
       TempDir d("import");
@@ -305,6 +305,16 @@ TEST_CASE("import: bad folders are refused in one line, nothing written", "[impo
     edit_config(f, [](nlohmann::json& c) { c["attn_logit_softcapping"] = 50.0; });
     check_refused(f, run, "config.json: attn_logit_softcapping 50.0 is not implemented by extrap's llama mapping");
   }
+  SECTION("Gemma 2's caps, score scale and windows out of range") {
+    const fs::path f = copy_of(d, "gemma2");
+    edit_config(f, [](nlohmann::json& c) { c["sliding_window"] = nullptr; });  // and no layer_types: the even layers
+    check_refused(f, run, "config.json: sliding_window is null while some layers slide (Gemma2Config's default: "
+                          "the even layers): transformers' mask is undefined");
+    edit_config(f, [](nlohmann::json& c) { c["sliding_window"] = 16; c["attn_logit_softcapping"] = -5; });
+    check_refused(f, run, "config.json: attn_logit_softcapping -5 must be a finite number above 0, or null");
+    edit_config(f, [](nlohmann::json& c) { c["attn_logit_softcapping"] = 50; c["query_pre_attn_scalar"] = 0; });
+    check_refused(f, run, "config.json: query_pre_attn_scalar 0 must be a finite number above 0");
+  }
   SECTION("RoPE scaling of another kind or meaning, and families not imported yet") {
     const fs::path f = copy_of(d, "llama_yarn");
     edit_config(f, [](nlohmann::json& c) { c["rope_scaling"]["mscale"] = 0.7; });
@@ -341,7 +351,8 @@ TEST_CASE("import: bad folders are refused in one line, nothing written", "[impo
       c["layer_types"] = {"full_attention", "sliding_attention", "sliding_attention"};
       c["sliding_window"] = nullptr;
     });
-    check_refused(q, run, "config.json: sliding_window is null while layer_types names sliding_attention layers");
+    check_refused(q, run, "config.json: sliding_window is null while some layers slide (layer_types names "
+                          "sliding_attention layers)");
     const fs::path q3 = copy_of(d, "qwen3");
     edit_config(q3, [](nlohmann::json& c) { c["head_dim"] = nullptr; });
     check_refused(q3, run, "config.json: head_dim is null, which Qwen3's attention would take as its heads' width");
@@ -438,7 +449,7 @@ TEST_CASE("export --format hf: transformers loads each family with its own class
   // layer_types again in the folder.)
   const std::vector<std::string> names = {"llama", "llama_tied", "mistral", "qwen2", "qwen2_windows", "qwen2_windows_hub",
                                           "qwen3", "qwen3_windows", "qwen3_wide_heads", "mistral_narrow_heads",
-                                          "phi3", "phi3_longrope", "phi3_longrope_short", "gemma", "olmo2", "gpt2", "bloom", "gpt_neox", "mpt", "falcon_rw", "falcon_alibi_mq", "falcon_7b", "falcon_40b",
+                                          "phi3", "phi3_longrope", "phi3_longrope_short", "gemma", "gemma2", "gemma2_uncapped", "olmo2", "gpt2", "bloom", "gpt_neox", "mpt", "falcon_rw", "falcon_alibi_mq", "falcon_7b", "falcon_40b",
                                           "falcon_seq", "llama_yarn"};
   std::string args;  // one Python process checks every folder
   for (const std::string& name : names) {
@@ -530,6 +541,19 @@ TEST_CASE("export --format hf: an extrap model with a family's options, and one 
   olmo2.model.qk_norm = true;
   olmo2.model.qk_norm_over = QkNormOver::projection;
   models["olmo2"] = {olmo2, "olmo2"};
+  // Gemma 2: norms before and after the sublayers, scores q.k / sqrt(6) soft-capped at 0.75, logits at
+  // 1.5, windows of 4 on the first of two layers; untied (the class scales the embedding on input
+  // either way).
+  Config gemma2 = gemma;
+  gemma2.model.sublayer_norms = SublayerNorms::both;
+  gemma2.model.tie_embeddings = false;
+  gemma2.model.logit_softcap = 1.5;
+  gemma2.model.attention_options.softcap = 0.75;
+  gemma2.model.attention_options.scale_dim = 6;
+  gemma2.model.layers = 2;
+  gemma2.layer_pattern = {"sliding", "full"};
+  gemma2.layers.reset(YAML::Load("{pattern: [sliding, full], kinds: {sliding: {attention: {window: 4}}, full: {}}}"));
+  models["gemma2"] = {gemma2, "gemma2"};
   // Falcon: LayerNorms with biases, exact GELU, no linear biases; Falcon-7B's block (one key-value
   // head, one shared norm), and the new decoder architecture's (2 groups, two norms).
   Config falcon7 = config;
@@ -579,14 +603,31 @@ TEST_CASE("export --format hf: an extrap model with a family's options, and one 
   CHECK_THROWS_WITH(export_hf(d.root / "gemma_erf" / "run", d.root / "hf5", false, HfClass::native),
                     Contains("geglu with GELU's erf form (GemmaConfig reads hidden_act gelu as the tanh form)"));
   CHECK_FALSE(fs::exists(d.root / "hf5"));
-  // Norms before and after the sublayers (Gemma 2's and 3's): no class read here has them, so remote code.
+  // Norms before and after the sublayers with an unscaled embedding: Gemma 2's class scales it, so
+  // remote code; soft-capped scores in Llama's block: Gemma 2's class alone caps them.
   Config sandwich = config;
   sandwich.model.sublayer_norms = SublayerNorms::both;
+  sandwich.model.scale_embedding = false;
   train_briefly(sandwich, corpus, d.root / "sandwich", 2);
   CHECK_THROWS_WITH(export_hf(d.root / "sandwich" / "run", d.root / "hf6", false, HfClass::native),
-                    Contains("norms before and after the sublayers (model.sublayer_norms both)"));
+                    Contains("norms before and after the sublayers (model.sublayer_norms both) without the embedding "
+                             "scaled by sqrt(d_model)"));
   CHECK_FALSE(fs::exists(d.root / "hf6"));
   CHECK(export_hf(d.root / "sandwich" / "run", d.root / "hf6", false).family == "extrap");
+  Config capped = config;
+  capped.model.attention_options.softcap = 5;
+  train_briefly(capped, corpus, d.root / "capped", 2);
+  CHECK_THROWS_WITH(export_hf(d.root / "capped" / "run", d.root / "hf7", false, HfClass::native),
+                    Contains("soft-capped attention scores or logits, or a score scale of their own"));
+  CHECK_FALSE(fs::exists(d.root / "hf7"));
+  CHECK(export_hf(d.root / "capped" / "run", d.root / "hf7", false).family == "extrap");
+  Config capped_alibi = plain;  // outside Llama's kin: refused before any family is picked
+  capped_alibi.model.logit_softcap = 4;
+  train_briefly(capped_alibi, corpus, d.root / "capped_alibi", 2);
+  CHECK_THROWS_WITH(export_hf(d.root / "capped_alibi" / "run", d.root / "hf8", false, HfClass::native),
+                    Contains("soft-capped attention scores or logits, or a score scale of their own, without a rotary "
+                             "RMSNorm model (Gemma 2's)"));
+  CHECK_FALSE(fs::exists(d.root / "hf8"));
   // Sliding windows on some layers: Qwen2's class has them, with its q, k, v biases; without the
   // biases no class does (Mistral's windows every layer), so the folder is remote code.
   Config partial = qwen_pattern;

@@ -65,6 +65,7 @@ from transformers import (  # noqa: E402
     BloomConfig,
     FalconConfig,
     GemmaConfig,
+    Gemma2Config,
     GPT2Config,
     GPTNeoXConfig,
     LlamaConfig,
@@ -421,6 +422,38 @@ def expect_gemma(model) -> None:
     assert model.model.layers[0].self_attn.head_dim == 32
 
 
+def gemma2_config(V, ids, **over):
+    """Gemma 2: Gemma's block with norms before and after each sublayer, the scores q.k / sqrt(24)
+    (query_pre_attn_scalar, not the heads' 32) capped at 0.5 tanh(s / 0.5) and the logits at 2 tanh(l / 2)
+    (caps small enough to bend these weights' scores and logits; Gemma 2's are 50 and 30), and
+    windows of 16 on the even layers of four."""
+    kw = dict(
+        vocab_size=V, hidden_size=64, intermediate_size=192, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, max_position_embeddings=64, rms_norm_eps=1e-6,
+        rope_parameters=dict(LLAMA_ROPE), tie_word_embeddings=True, initializer_range=INIT_STD, pad_token_id=None,
+        query_pre_attn_scalar=24, sliding_window=16, attn_logit_softcapping=0.5, final_logit_softcapping=2.0)
+    kw.update(ids)
+    kw.update(over)
+    return Gemma2Config(**kw)
+
+
+def gemma2_hub_style(cfg: dict) -> dict:
+    """Gemma 2's config.json on the Hub: hidden_act beside hidden_activation, cache_implementation
+    hybrid, no layer_types (Gemma2Config's default: the even layers slide), rope_theta at the top level."""
+    rope = cfg.pop("rope_parameters")
+    cfg.pop("layer_types")
+    cfg["hidden_act"] = "gelu_pytorch_tanh"
+    cfg["cache_implementation"] = "hybrid"
+    cfg["rope_theta"] = rope["rope_theta"]
+    return cfg
+
+
+def expect_gemma2(model) -> None:
+    assert model.config.layer_types == ["sliding_attention", "full_attention"] * 2, model.config.layer_types
+    attention = model.model.layers[0].self_attn
+    assert attention.scaling == 24 ** -0.5 and attention.attn_logit_softcapping == 0.5
+
+
 def olmo2_config(V, ids, **over):
     """OLMo 2: norms after the attention and the MLP (none before), q and k normed over the whole projection."""
     kw = dict(
@@ -631,6 +664,13 @@ CASES = {
     # ---- Gemma: GeGLU (tanh), norms of 1 + w, a tied embedding scaled by sqrt(hidden_size) on input
     "gemma": case("gemma", "llama3", 1800, 160, lambda V, i: gemma_config(V, i), config_edit=gemma_hub_style,
                   expect=expect_gemma),
+    # ---- Gemma 2: norms around the sublayers, soft-capped scores and logits, a score scale of its own,
+    # windows on every other layer; and without the caps (null)
+    "gemma2": case("gemma2", "llama3", 1850, 160, lambda V, i: gemma2_config(V, i), config_edit=gemma2_hub_style,
+                   expect=expect_gemma2),
+    "gemma2_uncapped": case("gemma2", "llama3", 1850, 160,
+                            lambda V, i: gemma2_config(V, i, attn_logit_softcapping=None, final_logit_softcapping=None,
+                                                       query_pre_attn_scalar=32)),
     # ---- OLMo 2: norms after the sublayers, q and k normed over the projection (8 query heads of 16,
     # 2 key heads); and with a YaRN scaling from 64 to 256 positions
     "olmo2": case("olmo2", "gpt2", 1900, 160, lambda V, i: olmo2_config(V, i), config_edit=olmo2_hub_style,
@@ -723,8 +763,8 @@ CASES = {
 
 def reinit_(model: torch.nn.Module, seed: int) -> None:
     """Redraw every parameter: matrices/embeddings N(0, s), biases N(0, s), norm scales 1 + N(0, s)
-    (Gemma's N(0, s): its norms multiply by 1 + w)."""
-    centre = 0.0 if model.config.model_type == "gemma" else 1.0
+    (Gemma's and Gemma 2's N(0, s): their norms multiply by 1 + w)."""
+    centre = 0.0 if model.config.model_type in ("gemma", "gemma2") else 1.0
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():  # tied parameters appear once

@@ -326,7 +326,7 @@ TEST_CASE("config: each key's mark decides the run fingerprint and what a sweep 
   c.data.tokenizer_model = "spm.model";
   // and the attention section's keys at their defaults (tests/attention/test_attention_options.cpp)
   CHECK(!c.model_keys()["attention"]);  // the runs of 0.12 keep their fingerprints
-  c.model.attention_options = {true, true, 0.2, 0.1, 64, AttentionGate::headwise, 32, 16};
+  c.model.attention_options = {true, true, 0.2, 0.1, 64, AttentionGate::headwise, 32, 16, 50.0, 144.0};
   // and the layers section without a pattern (tests/model/test_layer_pattern.cpp)
   CHECK(!c.model_keys()["layers"]);  // the runs of 0.12 keep their fingerprints
   c.layer_pattern = {"a", "none"};
@@ -340,7 +340,7 @@ TEST_CASE("config: each key's mark decides the run fingerprint and what a sweep 
                           "embedding_norm"})
     CHECK(!c.model_keys()["model"][key]);  // older runs keep their fingerprints
   // and the released families' keys of issue 78 (tests/hub/test_import.cpp)
-  for (const char* key : {"qkv_bias", "scale_embedding", "norm_bias", "sublayer_norms", "qk_norm_over"})
+  for (const char* key : {"qkv_bias", "scale_embedding", "norm_bias", "sublayer_norms", "qk_norm_over", "logit_softcap"})
     CHECK(!c.model_keys()["model"][key]);
   // model.norm_bias follows model.bias unless given: absent where the two agree, read back so.
   {
@@ -367,6 +367,7 @@ TEST_CASE("config: each key's mark decides the run fingerprint and what a sweep 
   c.model.qk_norm = true;
   c.model.qk_norm_over = QkNormOver::projection;
   c.model.sublayer_norms = SublayerNorms::output;
+  c.model.logit_softcap = 30;
   c.model.head_dim = 3 * c.model.d_head();  // not d_model / heads: kept in the identity
   c.model.embedding_norm = true;
   c.model.activation_dropout = 0.1;

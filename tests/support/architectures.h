@@ -60,9 +60,13 @@ inline std::vector<Architecture> architectures() {
          c.position_name = "xpos";
          c.position = YAML::Load("{name: xpos, pairing: half}");
        }},
-      {"Gemma 2/3: norms before and after each sublayer, geglu with GELU's tanh form, rmsnorm, rotary half pairs",
+      {"Gemma 2: norms before and after each sublayer, geglu with GELU's tanh form, rmsnorm, rotary half pairs, "
+       "scores q.k / sqrt(6) soft-capped at 2, logits at 3",
        [](Config& c) {
          c.model.sublayer_norms = SublayerNorms::both;
+         c.model.attention_options.softcap = 2;
+         c.model.attention_options.scale_dim = 6;
+         c.model.logit_softcap = 3;
          c.model.ffn = FfnKind::geglu;
          c.model.activation = Activation::gelu_tanh;
          c.model.norm = NormKind::rmsnorm;
