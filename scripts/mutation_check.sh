@@ -405,7 +405,7 @@ core/model/config.cpp | if (config.model.sublayer_norms == m.sublayer_norms) rem
 core/export/model_export.cpp | : format7 ? "extrap-safetensors/7" | : false ? "extrap-safetensors/7" | an export with norms after the sublayers is not marked format 7, so a reader of format 6 ignores them
 analysis/extrap_model.py | x = x + (a if block.ln_attention_out is None else block.ln_attention_out(a)) | x = x + a | Python's reader skips the attention's output norm
 core/hub/hf_checkpoint.cpp | plan[e + "ln_attention_out.weight"] = same(s + "post_attention_layernorm.weight"); | plan[e + "ln_attention_out.weight"] = same(s + "post_feedforward_layernorm.weight"); | an imported OLMo 2's attention output norm takes the feed-forward's weights
-core/hub/hf_checkpoint.cpp | require_all(out.family, {{!gemma2 | require_all(out.family, {{!false | a model with norms around its sublayers and an unscaled embedding exported to Gemma 2's class, which scales it
+core/hub/hf_checkpoint.cpp | require_all(out.family, {{!gemmas | require_all(out.family, {{!false | a model with norms around its sublayers and an unscaled embedding exported to Gemma 2's class, which scales it
 core/attention/attention.cpp | if (bias.softcap > 0) scores = torch::tanh(scores * (1.0 / bias.softcap)) * bias.softcap; | if (false) scores = torch::tanh(scores * (1.0 / bias.softcap)) * bias.softcap; | the reference path leaves attention scores uncapped (attention.softcap)
 core/attention/efficient_attention.cpp | if (p.softcap > 0) scores.mul_(1.0 / p.softcap).tanh_().mul_(p.softcap); | if (false) scores.mul_(1.0 / p.softcap).tanh_().mul_(p.softcap); | the memory-efficient path leaves attention scores uncapped
 core/attention/efficient_attention.cpp | p.softcap = bias.softcap; | p.softcap = 0; | the memory-efficient path drops the bias's softcap
@@ -422,6 +422,13 @@ core/hub/hf_checkpoint.cpp | c["query_pre_attn_scalar"] = a.scale_dim > 0 ? int6
 core/hub/hf_checkpoint.cpp | : capped && windows ? "soft-capped attention scores or logits, or a score scale of their " | : false ? "soft-capped attention scores or logits, or a score scale of their " | a soft-capped model outside Llama's kin named for its attention options, not its caps
 analysis/extrap_model.py | scores = torch.tanh(scores / cap) * cap | scores = scores + 0 * cap | Python's reader leaves attention scores uncapped
 core/export/model_export.cpp | metadata["format"] = format8   ? "extrap-safetensors/8" | metadata["format"] = false   ? "extrap-safetensors/8" | an export with soft-capped scores or logits is not marked format 8, so a reader of format 7 ignores them
+core/hub/hf_checkpoint.cpp | for (int64_t l = 0; l < layers; ++l) sliding[size_t(l)] = (l + 1) % period != 0; | for (int64_t l = 0; l < layers; ++l) sliding[size_t(l)] = l % period != 0; | a Gemma 3 config without layer_types makes the first layer of each period global, not the last
+core/hub/hf_checkpoint.cpp | theta("sliding_attention", "rope_local_base_freq", 1e4); | theta("sliding_attention", "rope_theta", 1e4); | an older Gemma 3 config's local layers rotate with the global layers' base
+core/hub/hf_checkpoint.cpp | kinds["full_attention"].update(scaling); | (void)scaling; | an older Gemma 3 config's rope_scaling dropped from its global layers
+core/hub/hf_checkpoint.cpp | if (hf.layers.size() > 0) hf.layers["kinds"]["sliding"]["position"] = sliding_rope; | if (false) hf.layers["kinds"]["sliding"]["position"] = sliding_rope; | an imported Gemma 3's local layers rotate with the global layers' RoPE
+core/hub/hf_checkpoint.cpp | c["rope_parameters"] = {{"full_attention", rope_json(global_rope, config)}, | c["rope_parameters"] = {{"full_attention", rope_json(local_rope, config)}, | a Gemma 3 export gives its global layers the local layers' RoPE
+core/hub/hf_checkpoint.cpp | if (!gemma2 && c.has("attn_logit_softcapping")) | if (false) | a Gemma 3 config that caps the scores imported capped, where transformers' class caps none
+core/hub/hf_checkpoint.cpp | {!(gemma3 && a.softcap > 0), | {true, | a Gemma 3 export with soft-capped scores, which its class computes uncapped
 EOF
 )
 

@@ -74,6 +74,7 @@ class ConfigReader {
     if (get<T>(key) != expected) fail(key, config_.at(key).dump() + " is not imported (" + why + ")");
   }
   void use(const std::string& key) const { used_.insert(key); }
+  const std::string& where() const { return where_; }
   [[noreturn]] void fail(const std::string& key, const std::string& what) const {
     throw ConfigError(where_ + ": " + key + " " + what);
   }
@@ -248,8 +249,9 @@ void read_rope(const ConfigReader& c, YAML::Node& position, int64_t head_dim, co
 // layer: attention.window, read in map_llama).
 enum class LayerWindows {
   none,
-  qwen,   // Qwen2, Qwen3: with use_sliding_window, layer_types, or without it the layers from max_window_layers on
-  gemma2  // Gemma 2: layer_types, or without it the even layers (0, 2, ...)
+  qwen,    // Qwen2, Qwen3: with use_sliding_window, layer_types, or without it the layers from max_window_layers on
+  gemma2,  // Gemma 2: layer_types, or without it the even layers (0, 2, ...)
+  gemma3   // Gemma 3: layer_types, or without it all but every sliding_window_pattern-th (6: five local, one global)
 };
 
 // Qwen2's, Qwen3's and Gemma 2's sliding windows, as transformers reads them. Qwen: with
@@ -258,8 +260,9 @@ enum class LayerWindows {
 // keys (4096 where it is absent; query i sees j with i - j < W, as Mistral's); without it, none
 // does, whatever sliding_window says, and none where sliding_window is null and layer_types absent.
 // Gemma 2: always on, layer_types' sliding_attention layers or, without it, Gemma2Config's default,
-// the even layers. Every layer windowed is attention.window; some of them, a layer pattern of two
-// kinds, `full` and `sliding`.
+// the even layers; Gemma 3 likewise, its default every layer but each sliding_window_pattern-th
+// (layers 5, 11, ... of the default 6 are full). Every layer windowed is attention.window; some of
+// them, a layer pattern of two kinds, `full` and `sliding`.
 void map_layer_windows(const ConfigReader& c, HfModel& hf, LayerWindows rule) {
   const int64_t layers = hf.model["layers"].as<int64_t>();
   const bool null_window = c.present("sliding_window") && !c.has("sliding_window");
@@ -279,8 +282,15 @@ void map_layer_windows(const ConfigReader& c, HfModel& hf, LayerWindows rule) {
   } else if (on && qwen) {
     const int64_t from = c.get<int64_t>("max_window_layers", 28);
     for (int64_t l = std::max<int64_t>(from, 0); l < layers; ++l) sliding[size_t(l)] = true;
-  } else if (on) {
+  } else if (on && rule == LayerWindows::gemma2) {
     for (int64_t l = 0; l < layers; l += 2) sliding[size_t(l)] = true;
+  } else if (on) {
+    const int64_t period = c.has("sliding_window_pattern") ? positive(c, "sliding_window_pattern") : 6;
+    for (int64_t l = 0; l < layers; ++l) sliding[size_t(l)] = (l + 1) % period != 0;
+  }
+  if (rule == LayerWindows::gemma3) {
+    c.use("sliding_window_pattern");
+    c.use("_sliding_window_pattern");  // the class's private copy to_dict() writes; its loading reads the other
   }
   c.use("layer_types");
   if (qwen) {
@@ -294,8 +304,9 @@ void map_layer_windows(const ConfigReader& c, HfModel& hf, LayerWindows rule) {
   }
   if (null_window)
     c.fail("sliding_window", "is null while some layers slide (" +
-                                 std::string(c.has("layer_types") ? "layer_types names sliding_attention layers"
-                                                                  : "Gemma2Config's default: the even layers") +
+                                 std::string(c.has("layer_types")            ? "layer_types names sliding_attention layers"
+                                             : rule == LayerWindows::gemma2 ? "Gemma2Config's default: the even layers"
+                                                                            : "Gemma3TextConfig's default") +
                                  "): transformers' mask is undefined");
   const int64_t window = c.has("sliding_window") ? positive(c, "sliding_window") : 4096;
   if (windowed == layers) {
@@ -327,6 +338,7 @@ struct LlamaKin {
   LayerWindows layer_windows = LayerWindows::none;
   RopeRules rope;
   bool partial_rotary = false;                // the class rotates partial_rotary_factor of each head (Phi-3)
+  bool rope_per_layer_type = false;           // a RoPE for each kind of layer (Gemma 3: read_gemma3_rope)
 };
 
 const LlamaKin& llama_kin(const std::string& family) {
@@ -362,6 +374,11 @@ const LlamaKin& llama_kin(const std::string& family) {
     gemma2.activation_key = "hidden_activation";
     gemma2.gelu_is_tanh = false;
     gemma2.layer_windows = LayerWindows::gemma2;
+    LlamaKin& gemma3 = k["gemma3_text"] = gemma2;  // and q and k normed, a RoPE for each kind of layer
+    gemma3.title = "Gemma 3";
+    gemma3.qk_norm = true;
+    gemma3.layer_windows = LayerWindows::gemma3;
+    gemma3.rope_per_layer_type = true;
     LlamaKin& olmo2 = k["olmo2"];
     olmo2.title = "OLMo 2";
     olmo2.rms_norm_eps = 1e-5;
@@ -389,14 +406,22 @@ void read_gated_activation(const ConfigReader& c, const LlamaKin& kin, HfModel& 
   if (act != "gelu") hf.model["activation"] = "gelu_tanh";
 }
 
-// Gemma 2's own (modeling_gemma2.py): norms before and after each sublayer, the attention's
-// scores q.k / sqrt(query_pre_attn_scalar) capped as C tanh(s / C) (attn_logit_softcapping), the
-// output logits capped likewise (final_logit_softcapping); null turns either cap off.
+// Gemma 2's and 3's own (modeling_gemma2.py, modeling_gemma3.py): norms before and after each
+// sublayer, the attention's scores q.k / sqrt(query_pre_attn_scalar) capped as C tanh(s / C)
+// (attn_logit_softcapping), the output logits capped likewise (final_logit_softcapping); null
+// turns either cap off, and so does absence in Gemma 3 (Gemma2Config's defaults are 50 and 30).
+// Gemma 3's attention (transformers 5.24) passes no softcap to its attention function: a
+// Gemma 3 config that caps the scores is refused, since transformers computes it uncapped.
 void map_gemma2(const ConfigReader& c, HfModel& hf) {
   hf.model["sublayer_norms"] = "both";
+  const bool gemma2 = hf.family == "gemma2";
+  if (!gemma2 && c.has("attn_logit_softcapping"))
+    c.fail("attn_logit_softcapping", c.at("attn_logit_softcapping").dump() + " is not imported: transformers 5.24's "
+           "Gemma 3 stores it and caps nothing with it; refusing rather than computing another model");
   const auto cap = [&](const char* key, double fallback) {
     c.use(key);
     if (c.present(key) && !c.has(key)) return 0.0;  // null: off
+    if (!gemma2 && !c.has(key)) return 0.0;
     const double v = c.get<double>(key, fallback);
     if (!(v > 0) || !std::isfinite(v)) c.fail(key, number_text(v) + " must be a finite number above 0, or null");
     return v;
@@ -410,6 +435,56 @@ void map_gemma2(const ConfigReader& c, HfModel& hf) {
                                                  : hf.model["d_model"].as<int64_t>() / hf.model["heads"].as<int64_t>();
   if (scalar != double(head_dim)) hf.attention["scale_dim"] = scalar;
   c.use("hidden_act");  // Gemma2MLP reads hidden_activation
+}
+
+// Gemma 3's RoPE, one for each kind of layer (Gemma3RotaryEmbedding): rope_parameters keyed by
+// full_attention and sliding_attention (transformers 5), or older configs' rope_theta and
+// rope_scaling (the full layers': base 1e6 where absent) and rope_local_base_freq (the sliding
+// layers': 1e4 where absent). The full layers' goes to `full`; the sliding layers' is returned.
+// Each kind's is read as read_rope reads a config's, and neither may rotate part of a head.
+YAML::Node read_gemma3_rope(const ConfigReader& c, YAML::Node& full, int64_t head_dim) {
+  json kinds = {{"full_attention", {{"rope_type", "default"}}}, {"sliding_attention", {{"rope_type", "default"}}}};
+  if (c.has("rope_parameters")) {
+    const json& p = c.at("rope_parameters");
+    if (!p.is_object()) c.fail("rope_parameters", "must be an object, keyed by full_attention and sliding_attention");
+    for (const auto& [key, value] : p.items()) {
+      if (!kinds.contains(key))
+        c.fail("rope_parameters." + key, "is not one of Gemma 3's kinds of layer (full_attention, sliding_attention)");
+      if (!value.is_null()) kinds[key] = value;
+    }
+  }
+  if (c.has("rope_scaling")) {  // the full layers' (Gemma3TextConfig)
+    const json& scaling = c.at("rope_scaling");
+    if (!scaling.is_object()) c.fail("rope_scaling", "must be an object");
+    // Gemma3TextConfig merges it into {"rope_type": "default"}: an older `type` alone leaves the
+    // layers unscaled in transformers 5.24, which is not what such a config means. Refused.
+    if (scaling.contains("type") && !scaling.contains("rope_type"))
+      c.fail("rope_scaling.type", scaling.at("type").dump() + " without rope_type: transformers 5.24's Gemma 3 "
+             "ignores it and scales nothing; write rope_type " + scaling.at("type").dump() + " for the scaling");
+    kinds["full_attention"].update(scaling);
+  }
+  const auto theta = [&](const char* kind, const char* key, double fallback) {
+    if (!kinds[kind].contains("rope_theta")) kinds[kind]["rope_theta"] = c.get<double>(key, fallback);
+    c.use(key);
+  };
+  theta("full_attention", "rope_theta", 1e6);
+  theta("sliding_attention", "rope_local_base_freq", 1e4);
+  c.use("rope_scaling");
+  c.use("rope_parameters");
+  c.use("original_max_position_embeddings");
+  YAML::Node sliding;
+  for (const char* kind : {"full_attention", "sliding_attention"}) {
+    json config = {{"rope_parameters", kinds[kind]}};
+    for (const char* key : {"max_position_embeddings", "original_max_position_embeddings"})
+      if (c.has(key)) config[key] = c.at(key);
+    const ConfigReader each(config, c.where() + " (Gemma 3's " + kind + " layers)");
+    YAML::Node& node = std::string(kind) == "full_attention" ? full : sliding;
+    read_rope(each, node, head_dim);
+    if (node["fraction"])
+      c.fail("rope_parameters." + std::string(kind) + ".partial_rotary_factor",
+             node["fraction"].as<std::string>() + " is not imported: Gemma 3's rotary turns the whole head");
+  }
+  return sliding;
 }
 
 // Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 2 and OLMo 2 (modeling_*.py, transformers
@@ -466,7 +541,9 @@ void map_llama(const ConfigReader& c, HfModel& hf) {
   hf.model["bias"] = false;
   hf.model["tie_embeddings"] = c.get<bool>("tie_word_embeddings", kin.tied);
   hf.train_length = c.get<int64_t>("max_position_embeddings", 0);
-  read_rope(c, hf.position, head_dim, kin.rope);
+  YAML::Node sliding_rope;
+  if (kin.rope_per_layer_type) sliding_rope = read_gemma3_rope(c, hf.position, head_dim);
+  else read_rope(c, hf.position, head_dim, kin.rope);
   if (!kin.partial_rotary && hf.position["fraction"]) {
     // Llama's, Mistral's and Qwen's classes rotate the whole head (rotate_half of all of it): their
     // plain frequencies read no partial_rotary_factor, and a scaling's, which read it, leave the
@@ -484,7 +561,11 @@ void map_llama(const ConfigReader& c, HfModel& hf) {
   if (kin.qkv_bias) hf.model["qkv_bias"] = true;
   if (kin.qk_norm) hf.model["qk_norm"] = true;
   if (kin.layer_windows != LayerWindows::none) map_layer_windows(c, hf, kin.layer_windows);
-  if (hf.family == "gemma2") map_gemma2(c, hf);
+  if (hf.family == "gemma2" || hf.family == "gemma3_text") map_gemma2(c, hf);
+  if (kin.rope_per_layer_type) {  // the sliding layers' own RoPE, wherever they are
+    if (hf.layers.size() > 0) hf.layers["kinds"]["sliding"]["position"] = sliding_rope;
+    else if (hf.attention["window"]) hf.position = sliding_rope;
+  }
 }
 
 // The MLP activations of GPT-2's and GPT-NeoX's configs and extrap's for each; the first entry
@@ -725,7 +806,7 @@ using Mapper = void (*)(const ConfigReader&, HfModel&);
 const std::map<std::string, Mapper>& mappers() {
   static const std::map<std::string, Mapper> m = {
       {"llama", map_llama}, {"mistral", map_llama}, {"qwen2", map_llama}, {"qwen3", map_llama}, {"phi3", map_llama},
-      {"gemma", map_llama}, {"gemma2", map_llama}, {"olmo2", map_llama},
+      {"gemma", map_llama}, {"gemma2", map_llama}, {"gemma3_text", map_llama}, {"olmo2", map_llama},
       {"gpt2", map_gpt2}, {"bloom", map_bloom},
       {"gpt_neox", map_gpt_neox}, {"mpt", map_mpt}, {"falcon", map_falcon}};
   return m;
@@ -1028,7 +1109,8 @@ constexpr FamilyPrefix kPrefixes[] = {
     {"llama", "model.", "embed_tokens.weight"},    {"mistral", "model.", "embed_tokens.weight"},
     {"qwen2", "model.", "embed_tokens.weight"},    {"qwen3", "model.", "embed_tokens.weight"},
     {"phi3", "model.", "embed_tokens.weight"},     {"gemma", "model.", "embed_tokens.weight"},
-    {"gemma2", "model.", "embed_tokens.weight"},    {"olmo2", "model.", "embed_tokens.weight"},
+    {"gemma2", "model.", "embed_tokens.weight"},    {"gemma3_text", "model.", "embed_tokens.weight"},
+    {"olmo2", "model.", "embed_tokens.weight"},
     {"gpt2", "transformer.", "wte.weight"},
     {"bloom", "transformer.", "word_embeddings.weight"}, {"gpt_neox", "gpt_neox.", "embed_in.weight"},
     {"mpt", "transformer.", "wte.weight"},         {"falcon", "transformer.", "word_embeddings.weight"}};
@@ -1056,7 +1138,7 @@ WeightPlan family_plan(const std::string& family, const std::string& prefix, con
     return llama_plan(prefix, m, LlamaLayout::separate);
   if (family == "phi3") return llama_plan(prefix, m, LlamaLayout::fused);
   if (family == "gemma") return llama_plan(prefix, m, LlamaLayout::gemma);
-  if (family == "gemma2") return llama_plan(prefix, m, LlamaLayout::gemma2);
+  if (family == "gemma2" || family == "gemma3_text") return llama_plan(prefix, m, LlamaLayout::gemma2);
   if (family == "olmo2") return llama_plan(prefix, m, LlamaLayout::olmo2);
   if (family == "gpt2") return gpt2_plan(prefix, m);
   if (family == "bloom") return bloom_plan(prefix, m);
@@ -1209,12 +1291,19 @@ json rope_json(const YAML::Node& position, const Config& config) {
   return rope;
 }
 
-// Each layer's sliding window (0: none), where the `attention` section and every layer (without
-// a layer pattern, one kind: `position` and `attention`) take no attention option but the window
-// and the section's softcap and score scale (Gemma 2's, checked by the family), and every layer the
-// model's `position` section (a pattern whose kinds differ in attention.window alone: Qwen2's and
-// Gemma 2's full and sliding layers); nullopt otherwise, which no family's class computes.
-std::optional<std::vector<int64_t>> layer_windows(const Config& config) {
+// Each layer's sliding window and position method, where the `attention` section and every layer
+// (without a layer pattern, one kind: `position` and `attention`) take no attention option but the
+// window and the section's softcap and score scale (Gemma 2's and 3's, checked by the family), and
+// every layer the model's `position` section or a rotary of its own (a pattern whose kinds differ in
+// attention.window alone: Qwen2's and Gemma 2's full and sliding layers; and in their RoPE too:
+// Gemma 3's, checked by the family); nullopt otherwise, which no family's class computes.
+struct LayerShapes {
+  std::vector<int64_t> windows;       // each layer's window (0: none)
+  std::vector<YAML::Node> positions;  // each layer's position options
+  bool own_positions = false;         // some kind has a rotary of its own
+};
+
+std::optional<LayerShapes> layer_shapes(const Config& config) {
   const AttentionConfig& section = config.model.attention_options;
   const auto window_alone = [&](AttentionConfig a) {
     if (a.softcap != section.softcap || a.scale_dim != section.scale_dim) return false;
@@ -1224,13 +1313,16 @@ std::optional<std::vector<int64_t>> layer_windows(const Config& config) {
   };
   if (!window_alone(section)) return std::nullopt;
   const LayerPlan plan = layer_plan(config);
-  std::vector<int64_t> windows;
+  LayerShapes out;
   for (const int64_t k : plan.layer_kind) {
     const LayerKind& kind = plan.kinds[size_t(k)];
-    if (kind.position_key != "position" || !window_alone(kind.attention)) return std::nullopt;
-    windows.push_back(kind.attention.window);
+    const bool own = kind.position_key != "position";
+    if ((own && kind.position_name != "rotary") || !window_alone(kind.attention)) return std::nullopt;
+    out.own_positions = out.own_positions || own;
+    out.windows.push_back(kind.attention.window);
+    out.positions.push_back(kind.position);
   }
-  return windows;
+  return out;
 }
 
 // Falcon's config.json keys for the block of `config` (transformers' FalconDecoderLayer): LayerNorms
@@ -1284,13 +1376,17 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
     return position[key] ? position[key].as<double>() : fallback;
   };
   const AttentionConfig& a = m.attention_options;
-  const std::optional<std::vector<int64_t>> windows = layer_windows(config);
+  const std::optional<LayerShapes> shapes = layer_shapes(config);
+  const std::optional<std::vector<int64_t>> windows =
+      shapes ? std::optional<std::vector<int64_t>>(shapes->windows) : std::nullopt;
+  const bool own_positions = shapes && shapes->own_positions;  // Gemma 3's alone (checked there)
   const bool patterned = !config.layer_pattern.empty();
   const bool rms_rotary = method == "rotary" && m.norm == NormKind::rmsnorm;  // Llama's and its kin's
   // Soft-capped scores or logits, or a score scale of their own: Gemma 2's class alone (checked there).
   const bool capped = a.softcap > 0 || a.scale_dim > 0 || m.logit_softcap > 0;
   const bool common = m.causal() && !m.adaptive() && windows && m.final_norm && (!m.qk_norm || rms_rotary) &&
-                      (m.sublayer_norms == SublayerNorms::input || rms_rotary) && (!capped || rms_rotary);
+                      (m.sublayer_norms == SublayerNorms::input || rms_rotary) && (!capped || rms_rotary) &&
+                      (!own_positions || rms_rotary);
   const int64_t D = m.d_model, H = m.heads, F = m.ffn_width();
   const bool standard_heads = m.d_head() * H == D;  // Llama's kin alone write head_dim
   HfExportConfig out;
@@ -1304,7 +1400,9 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
                                   ? "norms after the sublayers (model.sublayer_norms " + enum_name(m.sublayer_norms) + ")"
                               : capped && windows ? "soft-capped attention scores or logits, or a score scale of their "
                                                     "own, without a rotary RMSNorm model (Gemma 2's)"
-                                                  : "the attention options " + a.describe());
+                              : own_positions ? "a layer pattern whose kinds have rotary positions of their own, "
+                                                "without a rotary RMSNorm model (Gemma 3's)"
+                                              : "the attention options " + a.describe());
   json c = {{"vocab_size", vocab_size}, {"tie_word_embeddings", m.tie_embeddings}, {"dtype", "float32"},
             {"use_cache", true}};
   // A tied embedding scaled on input only: Gemma's class alone (a rotary RMSNorm model), which
@@ -1331,27 +1429,58 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
     };
     const std::string scaling = option("scaling", "none");
     // OLMo 2's class alone has norms after the sublayers (and no others), with q and k normed over
-    // the projection; Gemma 2's alone norms before and after them, soft-caps the scores and the
-    // logits, scales the scores by a number of its own, and windows every other layer (or any).
-    const bool olmo2 = m.sublayer_norms == SublayerNorms::output, gemma2 = m.sublayer_norms == SublayerNorms::both;
-    const bool gemma = m.scale_embedding && m.tie_embeddings && !olmo2 && !gemma2;
-    out.family = olmo2 ? "olmo2" : gemma2 ? "gemma2" : gemma ? "gemma" : m.qk_norm ? "qwen3" : m.qkv_bias ? "qwen2" : fraction != 1.0 ? "phi3" : window > 0 ? "mistral" : "llama";
+    // the projection; Gemma 2's and 3's alone norms before and after them, soft-caps the scores and
+    // the logits, scales the scores by a number of its own, and windows any layers; Gemma 3's has q
+    // and k normed per head too, and a RoPE of their own for its local (windowed) and global layers.
+    const bool olmo2 = m.sublayer_norms == SublayerNorms::output, gemmas = m.sublayer_norms == SublayerNorms::both;
+    const bool gemma3 = gemmas && m.qk_norm, gemma2 = gemmas && !m.qk_norm;
+    const bool gemma = m.scale_embedding && m.tie_embeddings && !olmo2 && !gemmas;
+    out.family = olmo2 ? "olmo2" : gemma3 ? "gemma3_text" : gemma2 ? "gemma2" : gemma ? "gemma" : m.qk_norm ? "qwen3" : m.qkv_bias ? "qwen2" : fraction != 1.0 ? "phi3" : window > 0 ? "mistral" : "llama";
+    // Gemma 3's two RoPEs: its global layers' and its local ones', each the same on every layer of
+    // its kind (where no layer is of one kind, the other's stands for it).
+    // (The first layer of each kind stands for the kind; indices, not nodes: a YAML::Node assigned
+    // to another becomes it.)
+    std::optional<size_t> first_global, first_local;
+    bool one_rope_each = true;
+    for (size_t l = 0; l < windows->size(); ++l) {
+      std::optional<size_t>& first = (*windows)[l] > 0 ? first_local : first_global;
+      if (!first) first = l;
+      else one_rope_each = one_rope_each && YAML::Dump(shapes->positions[*first]) == YAML::Dump(shapes->positions[l]);
+    }
+    const YAML::Node global_rope = shapes->positions[first_global.value_or(first_local.value_or(0))];
+    const YAML::Node local_rope = shapes->positions[first_local.value_or(first_global.value_or(0))];
+    const auto whole_half = [](const YAML::Node& rope) {  // rotate_half over the whole head
+      return rope["pairing"] && rope["pairing"].as<std::string>() == "half" &&
+             (!rope["fraction"] || rope["fraction"].as<double>() == 1.0);
+    };
     // ACT2FN[hidden_act] on the gate: SiLU, or GELU's erf or tanh form (torch's own, as extrap's)
     const std::string hidden_act = m.ffn == FfnKind::swiglu                ? "silu"
                                    : m.activation == Activation::gelu_tanh ? "gelu_pytorch_tanh"
                                                                            : "gelu";
-    require_all(out.family, {{!gemma2 || m.scale_embedding,
+    require_all(out.family, {{!gemmas || m.scale_embedding,
                               "norms before and after the sublayers (model.sublayer_norms both) without the embedding "
-                              "scaled by sqrt(d_model) (Gemma 2's class has both)"},
-                             {!gemma2 || (!m.qk_norm && !m.qkv_bias && fraction == 1.0),
-                              "norms before and after the sublayers beside qk_norm, q, k, v biases or a partial rotary"},
-                             {!gemma2 || a.scale_dim == std::floor(a.scale_dim),
+                              "scaled by sqrt(d_model) (Gemma 2's and 3's classes have both)"},
+                             {!gemmas || (!m.qkv_bias && fraction == 1.0),
+                              "norms before and after the sublayers beside q, k, v biases or a partial rotary"},
+                             {!gemmas || a.scale_dim == std::floor(a.scale_dim),
                               "attention.scale_dim " + number_text(a.scale_dim) + ", not a whole number (Gemma2Config's "
-                              "query_pre_attn_scalar is an int)"},
-                             {gemma2 || !capped,
+                              "and Gemma3TextConfig's query_pre_attn_scalar is an int)"},
+                             {gemmas || !capped,
                               "soft-capped attention scores or logits, or a score scale of their own (attention.softcap, "
-                              "model.logit_softcap, attention.scale_dim: Gemma 2's class alone has them, with norms "
-                              "before and after the sublayers)"},
+                              "model.logit_softcap, attention.scale_dim: Gemma 2's and 3's classes alone have them, with "
+                              "norms before and after the sublayers)"},
+                             {gemma3 || !own_positions,
+                              "a layer pattern whose kinds have rotary positions of their own (Gemma 3's class alone: "
+                              "one RoPE for its local layers, one for its global ones)"},
+                             {!(gemma3 && a.softcap > 0),
+                              "soft-capped attention scores with q and k normed (Gemma 3's class caps none; Gemma 2's, "
+                              "which does, norms neither)"},
+                             {!gemma3 || one_rope_each,
+                              "windowed layers, or unwindowed ones, with different rotary options (Gemma 3's class has "
+                              "one RoPE for its local layers and one for its global ones)"},
+                             {!gemma3 || (whole_half(global_rope) && whole_half(local_rope)),
+                              "a rotary with the interleaved pairing or a partial rotary (Gemma 3's class turns the whole "
+                              "head, rotate_half)"},
                              {!olmo2 || (m.qk_norm && m.qk_norm_over == QkNormOver::projection),
                               "norms after the sublayers without qk_norm over the projection (OLMo 2's class has both)"},
                              {olmo2 || m.qk_norm_over == QkNormOver::head,
@@ -1395,15 +1524,16 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
           scaling == "longrope" ? int64_t(number("scaling_length", 0)) : config.train.seq_len;
       c.update({{"pad_token_id", nullptr}, {"bos_token_id", nullptr}, {"eos_token_id", nullptr}});
     }
-    if (out.family == "qwen3" || gemma || gemma2 || olmo2) c["attention_bias"] = false;
-    // GemmaConfig's and Gemma2Config's ids (pad 0, eos 1, bos 2) and Olmo2Config's (pad 1, eos
-    // 50279) are their tokenizers', not this one's
-    if (gemma || gemma2 || olmo2)
+    if (out.family == "qwen3" || gemma || gemmas || olmo2) c["attention_bias"] = false;
+    // GemmaConfig's, Gemma2Config's and Gemma3TextConfig's ids (pad 0, eos 1, bos 2) and
+    // Olmo2Config's (pad 1, eos 50279) are their tokenizers', not this one's
+    if (gemma || gemmas || olmo2)
       c.update({{"pad_token_id", nullptr}, {"bos_token_id", nullptr}, {"eos_token_id", nullptr}});
-    if (gemma2) {
-      // Gemma2MLP reads hidden_activation (GELU's erf form is "gelu" there: Gemma2Config does not
-      // read it as the tanh form, as GemmaConfig does); a null cap is off; every layer named, and a
-      // width for sliding_window even where no layer slides (the class builds that mask whatever).
+    if (gemmas) {
+      // Gemma2MLP and Gemma3MLP read hidden_activation (GELU's erf form is "gelu" there: their
+      // configs do not read it as the tanh form, as GemmaConfig does); a null cap is off; every
+      // layer named, and a width for sliding_window even where no layer slides (the class builds
+      // that mask whatever).
       out.embedding_scale = 1.0;  // the class scales the embedding on input, tied or not
       c.erase("hidden_act");
       c["hidden_activation"] = hidden_act;
@@ -1413,6 +1543,9 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
       c["use_bidirectional_attention"] = false;
       c["sliding_window"] = window > 0 ? window : config.train.seq_len;
       c["layer_types"] = layer_types();
+      if (gemma3)
+        c["rope_parameters"] = {{"full_attention", rope_json(global_rope, config)},
+                                {"sliding_attention", rope_json(local_rope, config)}};
     }
     if (out.family == "qwen2" || out.family == "qwen3") {
       c["use_sliding_window"] = window > 0;
@@ -1494,7 +1627,7 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
   const std::map<std::string, std::string> classes = {
       {"llama", "LlamaForCausalLM"},   {"mistral", "MistralForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"},
       {"qwen3", "Qwen3ForCausalLM"},   {"phi3", "Phi3ForCausalLM"}, {"gemma", "GemmaForCausalLM"},
-      {"gemma2", "Gemma2ForCausalLM"},
+      {"gemma2", "Gemma2ForCausalLM"}, {"gemma3_text", "Gemma3ForCausalLM"},
       {"olmo2", "Olmo2ForCausalLM"},
       {"gpt2", "GPT2LMHeadModel"},     {"bloom", "BloomForCausalLM"},     {"gpt_neox", "GPTNeoXForCausalLM"},
       {"mpt", "MptForCausalLM"},       {"falcon", "FalconForCausalLM"}};

@@ -136,7 +136,7 @@ void check_logprobs(const std::string& name, TransformerLM& model) {
 TEST_CASE("import: each family's log-probabilities equal transformers', inside and beyond its length",
           "[import][python]") {
   for (const std::string name :
-       {"llama", "llama_tied", "mistral", "mistral_spm", "qwen2", "qwen2_windows", "qwen2_windows_hub", "qwen3", "qwen3_windows", "qwen3_wide_heads", "mistral_narrow_heads", "phi3", "gemma", "gemma2", "gemma2_uncapped", "olmo2", "gpt2", "bloom", "bloom_h8", "gpt_neox",
+       {"llama", "llama_tied", "mistral", "mistral_spm", "qwen2", "qwen2_windows", "qwen2_windows_hub", "qwen3", "qwen3_windows", "qwen3_wide_heads", "mistral_narrow_heads", "phi3", "gemma", "gemma2", "gemma2_uncapped", "gemma3", "gemma3_v5", "olmo2", "gpt2", "bloom", "bloom_h8", "gpt_neox",
         "gpt_neox_seq", "mpt", "falcon_rw", "falcon_alibi_mq", "falcon_7b", "falcon_40b", "falcon_seq"}) {
     DYNAMIC_SECTION(name) {
       TempDir d("import");
@@ -315,6 +315,18 @@ TEST_CASE("import: bad folders are refused in one line, nothing written", "[impo
     edit_config(f, [](nlohmann::json& c) { c["attn_logit_softcapping"] = 50; c["query_pre_attn_scalar"] = 0; });
     check_refused(f, run, "config.json: query_pre_attn_scalar 0 must be a finite number above 0");
   }
+  SECTION("Gemma 3's scores capped, which transformers' class ignores, and an older rope_scaling type") {
+    const fs::path f = copy_of(d, "gemma3");
+    edit_config(f, [](nlohmann::json& c) { c["attn_logit_softcapping"] = 50.0; });
+    check_refused(f, run, "config.json: attn_logit_softcapping 50.0 is not imported: transformers 5.24's Gemma 3 "
+                          "stores it and caps nothing with it");
+    edit_config(f, [](nlohmann::json& c) {
+      c["attn_logit_softcapping"] = nullptr;
+      c["rope_scaling"] = {{"type", "linear"}, {"factor", 8.0}};
+    });
+    check_refused(f, run, "config.json: rope_scaling.type \"linear\" without rope_type: transformers 5.24's Gemma 3 "
+                          "ignores it and scales nothing");
+  }
   SECTION("RoPE scaling of another kind or meaning, and families not imported yet") {
     const fs::path f = copy_of(d, "llama_yarn");
     edit_config(f, [](nlohmann::json& c) { c["rope_scaling"]["mscale"] = 0.7; });
@@ -449,7 +461,7 @@ TEST_CASE("export --format hf: transformers loads each family with its own class
   // layer_types again in the folder.)
   const std::vector<std::string> names = {"llama", "llama_tied", "mistral", "qwen2", "qwen2_windows", "qwen2_windows_hub",
                                           "qwen3", "qwen3_windows", "qwen3_wide_heads", "mistral_narrow_heads",
-                                          "phi3", "phi3_longrope", "phi3_longrope_short", "gemma", "gemma2", "gemma2_uncapped", "olmo2", "gpt2", "bloom", "gpt_neox", "mpt", "falcon_rw", "falcon_alibi_mq", "falcon_7b", "falcon_40b",
+                                          "phi3", "phi3_longrope", "phi3_longrope_short", "gemma", "gemma2", "gemma2_uncapped", "gemma3", "gemma3_v5", "olmo2", "gpt2", "bloom", "gpt_neox", "mpt", "falcon_rw", "falcon_alibi_mq", "falcon_7b", "falcon_40b",
                                           "falcon_seq", "llama_yarn"};
   std::string args;  // one Python process checks every folder
   for (const std::string& name : names) {
@@ -554,6 +566,17 @@ TEST_CASE("export --format hf: an extrap model with a family's options, and one 
   gemma2.layer_pattern = {"sliding", "full"};
   gemma2.layers.reset(YAML::Load("{pattern: [sliding, full], kinds: {sliding: {attention: {window: 4}}, full: {}}}"));
   models["gemma2"] = {gemma2, "gemma2"};
+  // Gemma 3: Gemma 2's block with q and k normed per head, local layers (window 4, RoPE base 1e4) and a
+  // global one (base 1e6, scaled linearly by 2), each kind's RoPE its own, the logits capped.
+  Config gemma3 = gemma2;  // (without the scores' cap: transformers' Gemma 3 has none)
+  gemma3.model.qk_norm = true;
+  gemma3.model.attention_options.softcap = 0;
+  gemma3.model.layers = 3;
+  gemma3.position.reset(YAML::Load("{name: rotary, pairing: half, base: 1000000, scaling: linear, scaling_factor: 2}"));
+  gemma3.layer_pattern = {"local", "local", "global"};
+  gemma3.layers.reset(YAML::Load("{pattern: [local, local, global], kinds: {local: {attention: {window: 4}, position: "
+                                 "{name: rotary, pairing: half, base: 10000}}, global: {}}}"));
+  models["gemma3"] = {gemma3, "gemma3_text"};
   // Falcon: LayerNorms with biases, exact GELU, no linear biases; Falcon-7B's block (one key-value
   // head, one shared norm), and the new decoder architecture's (2 groups, two norms).
   Config falcon7 = config;
@@ -621,6 +644,12 @@ TEST_CASE("export --format hf: an extrap model with a family's options, and one 
                     Contains("soft-capped attention scores or logits, or a score scale of their own"));
   CHECK_FALSE(fs::exists(d.root / "hf7"));
   CHECK(export_hf(d.root / "capped" / "run", d.root / "hf7", false).family == "extrap");
+  Config capped_gemma3 = gemma3;  // transformers' Gemma 3 caps no score
+  capped_gemma3.model.attention_options.softcap = 0.5;
+  train_briefly(capped_gemma3, corpus, d.root / "capped_gemma3", 2);
+  CHECK_THROWS_WITH(export_hf(d.root / "capped_gemma3" / "run", d.root / "hf9", false, HfClass::native),
+                    Contains("soft-capped attention scores with q and k normed (Gemma 3's class caps none"));
+  CHECK_FALSE(fs::exists(d.root / "hf9"));
   Config capped_alibi = plain;  // outside Llama's kin: refused before any family is picked
   capped_alibi.model.logit_softcap = 4;
   train_briefly(capped_alibi, corpus, d.root / "capped_alibi", 2);

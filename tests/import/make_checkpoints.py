@@ -66,6 +66,7 @@ from transformers import (  # noqa: E402
     FalconConfig,
     GemmaConfig,
     Gemma2Config,
+    Gemma3TextConfig,
     GPT2Config,
     GPTNeoXConfig,
     LlamaConfig,
@@ -454,6 +455,49 @@ def expect_gemma2(model) -> None:
     assert attention.scaling == 24 ** -0.5 and attention.attn_logit_softcapping == 0.5
 
 
+def gemma3_config(V, ids, **over):
+    """Gemma 3: Gemma 2's block without the caps, q and k each normed per head (1 + w), six layers of
+    which every third is global (layers 2 and 5: Gemma 3's 5-to-1 at a smaller period), windows of 16
+    on the others; the global layers rotate with base 1e6 scaled linearly by 4, the local ones with
+    base 1e4 unscaled, as Gemma 3 4B and up."""
+    kw = dict(
+        vocab_size=V, hidden_size=64, intermediate_size=192, num_hidden_layers=6, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, max_position_embeddings=64, rms_norm_eps=1e-6,
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+        tie_word_embeddings=True, initializer_range=INIT_STD, pad_token_id=None, query_pre_attn_scalar=24,
+        sliding_window=16, layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2)
+    kw.update(ids)
+    kw.update(over)
+    return Gemma3TextConfig(**kw)
+
+
+def gemma3_hub_style(cfg: dict) -> dict:
+    """Gemma 3's config.json on the Hub (gemma-3-1b; 4B's text part): rope_theta, rope_local_base_freq
+    and rope_scaling (the global layers') at the top level, sliding_window_pattern instead of
+    layer_types, caps null, hidden_act beside hidden_activation."""
+    rope = cfg.pop("rope_parameters")
+    cfg.pop("layer_types")
+    full = dict(rope["full_attention"])
+    cfg["rope_theta"] = full.pop("rope_theta")
+    cfg["rope_local_base_freq"] = rope["sliding_attention"]["rope_theta"]
+    cfg["rope_scaling"] = full
+    cfg["sliding_window_pattern"] = 3
+    cfg["attn_logit_softcapping"] = None
+    cfg["final_logit_softcapping"] = None
+    cfg["hidden_act"] = "gelu_pytorch_tanh"
+    cfg["cache_implementation"] = "hybrid"
+    return cfg
+
+
+def expect_gemma3(model) -> None:
+    assert model.config.layer_types == ["sliding_attention", "sliding_attention", "full_attention"] * 2, \
+        model.config.layer_types
+    assert model.config.rope_parameters["full_attention"]["rope_type"] == "linear", model.config.rope_parameters
+    assert model.config.rope_parameters["sliding_attention"]["rope_theta"] == 1e4, model.config.rope_parameters
+    assert model.model.layers[0].self_attn.q_norm.weight.shape == (32,)
+
+
 def olmo2_config(V, ids, **over):
     """OLMo 2: norms after the attention and the MLP (none before), q and k normed over the whole projection."""
     kw = dict(
@@ -671,6 +715,11 @@ CASES = {
     "gemma2_uncapped": case("gemma2", "llama3", 1850, 160,
                             lambda V, i: gemma2_config(V, i, attn_logit_softcapping=None, final_logit_softcapping=None,
                                                        query_pre_attn_scalar=32)),
+    # ---- Gemma 3: local and global layers, each kind with its own RoPE (the global one scaled), q and k
+    # normed; as the Hub writes it and as transformers 5 saves it
+    "gemma3": case("gemma3_text", "llama3", 1870, 160, lambda V, i: gemma3_config(V, i),
+                   config_edit=gemma3_hub_style, expect=expect_gemma3),
+    "gemma3_v5": case("gemma3_text", "llama3", 1870, 160, lambda V, i: gemma3_config(V, i), expect=expect_gemma3),
     # ---- OLMo 2: norms after the sublayers, q and k normed over the projection (8 query heads of 16,
     # 2 key heads); and with a YaRN scaling from 64 to 256 positions
     "olmo2": case("olmo2", "gpt2", 1900, 160, lambda V, i: olmo2_config(V, i), config_edit=olmo2_hub_style,
@@ -763,8 +812,8 @@ CASES = {
 
 def reinit_(model: torch.nn.Module, seed: int) -> None:
     """Redraw every parameter: matrices/embeddings N(0, s), biases N(0, s), norm scales 1 + N(0, s)
-    (Gemma's and Gemma 2's N(0, s): their norms multiply by 1 + w)."""
-    centre = 0.0 if model.config.model_type in ("gemma", "gemma2") else 1.0
+    (Gemma's N(0, s): its norms multiply by 1 + w)."""
+    centre = 0.0 if model.config.model_type in ("gemma", "gemma2", "gemma3_text") else 1.0
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():  # tied parameters appear once
