@@ -375,7 +375,7 @@ analysis/extrap_model.py | self.arch["norm_bias"] = m.get("norm_bias", self.arch
 core/hub/hf_checkpoint.cpp | {"bias", m.bias}, {"multi_query", !new_decoder && Hkv == 1}, | {"bias", m.bias}, {"multi_query", false}, | a multi-query model exported to Falcon's class as multi-head
 core/hub/hf_checkpoint.cpp | plan[e + "attention.q_norm.weight"] = norm(s + "self_attn.q_norm.weight"); | plan[e + "attention.q_norm.weight"] = norm(s + "self_attn.k_norm.weight"); | an imported Qwen3's q norm takes the k norm's weights
 core/hub/hf_checkpoint.cpp | const int64_t from = c.get<int64_t>("max_window_layers", 28); | const int64_t from = c.get<int64_t>("max_window_layers", 0); | a Qwen2 or Qwen3 config without max_window_layers windows every layer (transformers: from layer 28 on)
-core/hub/hf_checkpoint.cpp | olmo2) c["attention_bias"] = false; | olmo2) c["attention_bias"] = true; | a Qwen3, Gemma or OLMo 2 folder exported with attention biases it has no weights for
+core/hub/hf_checkpoint.cpp | olmo) c["attention_bias"] = false; | olmo) c["attention_bias"] = true; | a Qwen3, Gemma or OLMo folder exported with attention biases it has no weights for
 core/model/config.cpp | if (config.model.head_dim * config.model.heads == config.model.d_model | if (true | a run's identity leaves out its heads' width (model.head_dim)
 core/hub/hf_checkpoint.cpp | qwen3.head_dim = 128; | qwen3.head_dim = 0; | a Qwen3 config without head_dim read with heads of hidden_size / num_attention_heads (Qwen3Config: 128)
 core/export/model_export.cpp | : m.d_head() * m.heads != m.d_model ? "extrap-safetensors/5" | : false ? "extrap-safetensors/5" | an export with heads of their own width written as format 4, which a reader of 4 misreads
@@ -405,7 +405,7 @@ core/model/config.cpp | if (config.model.sublayer_norms == m.sublayer_norms) rem
 core/export/model_export.cpp | : format7 ? "extrap-safetensors/7" | : false ? "extrap-safetensors/7" | an export with norms after the sublayers is not marked format 7, so a reader of format 6 ignores them
 analysis/extrap_model.py | x = x + (a if block.ln_attention_out is None else block.ln_attention_out(a)) | x = x + a | Python's reader skips the attention's output norm
 core/hub/hf_checkpoint.cpp | plan[e + "ln_attention_out.weight"] = same(s + "post_attention_layernorm.weight"); | plan[e + "ln_attention_out.weight"] = same(s + "post_feedforward_layernorm.weight"); | an imported OLMo 2's attention output norm takes the feed-forward's weights
-core/hub/hf_checkpoint.cpp | require_all(out.family, {{!gemmas | require_all(out.family, {{!false | a model with norms around its sublayers and an unscaled embedding exported to Gemma 2's class, which scales it
+core/hub/hf_checkpoint.cpp | require_all(family, {{m.scale_embedding, "norms before and after | require_all(family, {{true, "norms before and after | a model with norms around its sublayers and an unscaled embedding exported to Gemma 2's class, which scales it
 core/attention/attention.cpp | if (bias.softcap > 0) scores = torch::tanh(scores * (1.0 / bias.softcap)) * bias.softcap; | if (false) scores = torch::tanh(scores * (1.0 / bias.softcap)) * bias.softcap; | the reference path leaves attention scores uncapped (attention.softcap)
 core/attention/efficient_attention.cpp | if (p.softcap > 0) scores.mul_(1.0 / p.softcap).tanh_().mul_(p.softcap); | if (false) scores.mul_(1.0 / p.softcap).tanh_().mul_(p.softcap); | the memory-efficient path leaves attention scores uncapped
 core/attention/efficient_attention.cpp | p.softcap = bias.softcap; | p.softcap = 0; | the memory-efficient path drops the bias's softcap
@@ -414,7 +414,7 @@ core/eval/attention_profile.cpp | return q.is_cpu() && !bias.far_queries.defined
 core/model/model.cpp | bias.softcap = extras.softcap; | bias.softcap = 0; | a model's attention.softcap never reaches its attention
 core/model/model.cpp | const double factor = std::sqrt(double(options.d_head()) / s); | const double factor = std::sqrt(s / double(options.d_head())); | attention.scale_dim inverted: scores q.k sqrt(s) / d_head
 core/model/model.cpp | return c > 0 ? torch::tanh(l * (1.0 / c)) * c : l; | return l; | model.logit_softcap ignored: the logits uncapped
-core/hub/hf_checkpoint.cpp | if (const double a = cap("attn_logit_softcapping", 50.0); a > 0) hf.attention["softcap"] = a; | if (const double a = cap("attn_logit_softcapping", 50.0); a > 1e9) hf.attention["softcap"] = a; | an imported Gemma 2's attention scores left uncapped
+core/hub/hf_checkpoint.cpp | if (const double a = cap("attn_logit_softcapping", kin.caps.scores); a > 0) | if (const double a = cap("attn_logit_softcapping", kin.caps.scores); a > 1e9) | an imported Gemma 2's attention scores left uncapped
 core/hub/hf_checkpoint.cpp | if (scalar != double(head_dim)) hf.attention["scale_dim"] = scalar; | (void)scalar; | an imported Gemma 2's query_pre_attn_scalar ignored (scores over sqrt(d_head))
 core/hub/hf_checkpoint.cpp | for (int64_t l = 0; l < layers; l += 2) sliding[size_t(l)] = true; | for (int64_t l = 1; l < layers; l += 2) sliding[size_t(l)] = true; | a Gemma 2 config without layer_types windows the odd layers (Gemma2Config: the even ones)
 core/hub/hf_checkpoint.cpp | plan[e + "ln_ffn.weight"] = norm(s + "pre_feedforward_layernorm.weight"); | plan[e + "ln_ffn.weight"] = norm(s + "post_feedforward_layernorm.weight"); | an imported Gemma 2's norm before the MLP takes the one after it
@@ -423,12 +423,20 @@ core/hub/hf_checkpoint.cpp | : capped && windows ? "soft-capped attention scores
 analysis/extrap_model.py | scores = torch.tanh(scores / cap) * cap | scores = scores + 0 * cap | Python's reader leaves attention scores uncapped
 core/export/model_export.cpp | metadata["format"] = format8   ? "extrap-safetensors/8" | metadata["format"] = false   ? "extrap-safetensors/8" | an export with soft-capped scores or logits is not marked format 8, so a reader of format 7 ignores them
 core/hub/hf_checkpoint.cpp | for (int64_t l = 0; l < layers; ++l) sliding[size_t(l)] = (l + 1) % period != 0; | for (int64_t l = 0; l < layers; ++l) sliding[size_t(l)] = l % period != 0; | a Gemma 3 config without layer_types makes the first layer of each period global, not the last
-core/hub/hf_checkpoint.cpp | theta("sliding_attention", "rope_local_base_freq", 1e4); | theta("sliding_attention", "rope_theta", 1e4); | an older Gemma 3 config's local layers rotate with the global layers' base
+core/hub/hf_checkpoint.cpp | if (key) theta = c.get<double>(key, theta); | if (key) theta = c.get<double>("rope_theta", theta); | an older Gemma 3 config's local layers rotate with the global layers' base
 core/hub/hf_checkpoint.cpp | kinds["full_attention"].update(scaling); | (void)scaling; | an older Gemma 3 config's rope_scaling dropped from its global layers
 core/hub/hf_checkpoint.cpp | if (hf.layers.size() > 0) hf.layers["kinds"]["sliding"]["position"] = sliding_rope; | if (false) hf.layers["kinds"]["sliding"]["position"] = sliding_rope; | an imported Gemma 3's local layers rotate with the global layers' RoPE
 core/hub/hf_checkpoint.cpp | c["rope_parameters"] = {{"full_attention", rope_json(global_rope, config)}, | c["rope_parameters"] = {{"full_attention", rope_json(local_rope, config)}, | a Gemma 3 export gives its global layers the local layers' RoPE
-core/hub/hf_checkpoint.cpp | if (!gemma2 && c.has("attn_logit_softcapping")) | if (false) | a Gemma 3 config that caps the scores imported capped, where transformers' class caps none
-core/hub/hf_checkpoint.cpp | {!(gemma3 && a.softcap > 0), | {true, | a Gemma 3 export with soft-capped scores, which its class computes uncapped
+core/hub/hf_checkpoint.cpp | if (kin.caps.scores_dropped && c.has("attn_logit_softcapping")) | if (false) | a Gemma 3 config that caps the scores imported capped, where transformers' class caps none
+core/hub/hf_checkpoint.cpp | {a.softcap > 0, {"gemma2"}, | {a.softcap > 0, {"gemma2", "gemma3_text"}, | a Gemma 3 export with soft-capped scores, which its class computes uncapped
+core/hub/hf_checkpoint.cpp | for (int64_t l = 0; l < layers; ++l) sliding[size_t(l)] = (l + 1) % 4 != 0; | for (int64_t l = 0; l < layers; ++l) sliding[size_t(l)] = l % 4 != 0; | an OLMo 3 config without layer_types makes the first layer of each four global, not the last
+core/hub/hf_checkpoint.cpp | else if (c.has("rope_theta") && c.get<double>("rope_theta", theta) != theta) | else if (false) | an OLMo 3 config whose top-level rope_theta transformers gives to its global layers alone imported as if it were
+core/hub/hf_checkpoint.cpp | olmo3.kind_ropes = {true, 5e5, nullptr, 5e5}; | olmo3.kind_ropes = {true, 5e5, nullptr, 1e4}; | an OLMo 3 config without its local layers' base rotates them with Gemma 3's 1e4, not Olmo3Config's 5e5
+core/hub/hf_checkpoint.cpp | out.family = olmo     ? (window > 0 | out.family = olmo     ? (false | an OLMo model with a window on every layer exported to OLMo 2's class, which has none
+core/hub/hf_checkpoint.cpp | family == "olmo3") { | family == "olmo9") { | an OLMo 3 export without its layer_types and window: transformers' default pattern and width instead
+core/hub/hf_checkpoint.cpp | family == "olmo3"; | family == "olmo9"; | an OLMo 3 export with one RoPE for every layer, its local layers' own dropped
+core/hub/hf_checkpoint.cpp | {!every_layer, {"qwen2", "qwen3", "gemma2", "gemma3_text", "olmo3"}, | {!every_layer, {"qwen2", "qwen3", "gemma2", "gemma3_text"}, | an OLMo model with windows on some layers refused by OLMo 3's class, which has them
+core/hub/hf_checkpoint.cpp | o.families.count(family)) continue; | o.families.count(family) + o.families.empty()) continue; | options no class of Llama's kin computes (an interleaved rotary, biases) exported as if the class did
 EOF
 )
 

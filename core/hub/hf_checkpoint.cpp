@@ -251,7 +251,8 @@ enum class LayerWindows {
   none,
   qwen,    // Qwen2, Qwen3: with use_sliding_window, layer_types, or without it the layers from max_window_layers on
   gemma2,  // Gemma 2: layer_types, or without it the even layers (0, 2, ...)
-  gemma3   // Gemma 3: layer_types, or without it all but every sliding_window_pattern-th (6: five local, one global)
+  gemma3,  // Gemma 3: layer_types, or without it all but every sliding_window_pattern-th (6: five local, one global)
+  olmo3    // OLMo 3: layer_types, or without it three of every four (each fourth layer is full)
 };
 
 // Qwen2's, Qwen3's and Gemma 2's sliding windows, as transformers reads them. Qwen: with
@@ -261,8 +262,9 @@ enum class LayerWindows {
 // does, whatever sliding_window says, and none where sliding_window is null and layer_types absent.
 // Gemma 2: always on, layer_types' sliding_attention layers or, without it, Gemma2Config's default,
 // the even layers; Gemma 3 likewise, its default every layer but each sliding_window_pattern-th
-// (layers 5, 11, ... of the default 6 are full). Every layer windowed is attention.window; some of
-// them, a layer pattern of two kinds, `full` and `sliding`.
+// (layers 5, 11, ... of the default 6 are full); OLMo 3's, every layer but each fourth (3, 7, ...).
+// Every layer windowed is attention.window; some of them, a layer pattern of two kinds, `full` and
+// `sliding`.
 void map_layer_windows(const ConfigReader& c, HfModel& hf, LayerWindows rule) {
   const int64_t layers = hf.model["layers"].as<int64_t>();
   const bool null_window = c.present("sliding_window") && !c.has("sliding_window");
@@ -284,6 +286,8 @@ void map_layer_windows(const ConfigReader& c, HfModel& hf, LayerWindows rule) {
     for (int64_t l = std::max<int64_t>(from, 0); l < layers; ++l) sliding[size_t(l)] = true;
   } else if (on && rule == LayerWindows::gemma2) {
     for (int64_t l = 0; l < layers; l += 2) sliding[size_t(l)] = true;
+  } else if (on && rule == LayerWindows::olmo3) {
+    for (int64_t l = 0; l < layers; ++l) sliding[size_t(l)] = (l + 1) % 4 != 0;
   } else if (on) {
     const int64_t period = c.has("sliding_window_pattern") ? positive(c, "sliding_window_pattern") : 6;
     for (int64_t l = 0; l < layers; ++l) sliding[size_t(l)] = (l + 1) % period != 0;
@@ -306,6 +310,7 @@ void map_layer_windows(const ConfigReader& c, HfModel& hf, LayerWindows rule) {
     c.fail("sliding_window", "is null while some layers slide (" +
                                  std::string(c.has("layer_types")            ? "layer_types names sliding_attention layers"
                                              : rule == LayerWindows::gemma2 ? "Gemma2Config's default: the even layers"
+                                             : rule == LayerWindows::olmo3  ? "Olmo3Config's default: 3 of every 4 layers"
                                                                             : "Gemma3TextConfig's default") +
                                  "): transformers' mask is undefined");
   const int64_t window = c.has("sliding_window") ? positive(c, "sliding_window") : 4096;
@@ -320,6 +325,24 @@ void map_layer_windows(const ConfigReader& c, HfModel& hf, LayerWindows rule) {
   hf.layers = layers_section;
 }
 
+// A family with a RoPE for each kind of layer (Gemma 3, OLMo 3): where config.json's older keys put
+// each kind's base, and the bases where they are absent.
+struct KindRopes {
+  bool on = false;
+  double full_theta = 0;                     // the global (full_attention) layers' base: rope_theta
+  const char* sliding_theta_key = nullptr;   // the local layers' own key (nullptr: none, see read_kind_ropes)
+  double sliding_theta = 0;                  // their base where neither gives one
+};
+
+// Gemma 2's and 3's soft caps (attn_logit_softcapping, final_logit_softcapping) and score scale
+// (query_pre_attn_scalar): the caps where config.json has no key (0: off), and whether the class
+// drops the scores' cap (transformers 5.24's Gemma 3 stores it and passes it to nothing).
+struct GemmaCaps {
+  bool on = false;
+  double scores = 0, logits = 0;
+  bool scores_dropped = false;
+};
+
 // What each of Llama's kin (modeling_*.py and configuration_*.py, transformers 5.24) reads or
 // defaults differently from Llama: one entry per family, read by map_llama.
 struct LlamaKin {
@@ -333,12 +356,15 @@ struct LlamaKin {
   bool gemma = false;                         // norms of 1 + w; the embedding times sqrt(hidden_size) on input
   bool llama_keys = true;                     // reads mlp_bias and pretraining_tp (refused other than plain)
   bool qkv_bias = false;                      // q, k and v projections with biases (Qwen2)
-  bool qk_norm = false;                       // an RMSNorm of each head's q and k before the rotation (Qwen3)
+  bool qk_norm = false;                       // an RMSNorm of q and k before the rotation (Qwen3: each head's)
+  bool qk_norm_over_projection = false;       // ... over the whole projection (OLMo 2 and 3)
+  std::string sublayer_norms = "input";       // where the block's norms are (OLMo: output; Gemma 2 and 3: both)
+  GemmaCaps caps;                             // Gemma 2's and 3's caps and score scale (map_gemma2)
   bool every_layer_window = false;            // sliding_window in every layer (Mistral, Phi-3)
   LayerWindows layer_windows = LayerWindows::none;
   RopeRules rope;
   bool partial_rotary = false;                // the class rotates partial_rotary_factor of each head (Phi-3)
-  bool rope_per_layer_type = false;           // a RoPE for each kind of layer (Gemma 3: read_gemma3_rope)
+  KindRopes kind_ropes;                       // a RoPE for each kind of layer (read_kind_ropes)
 };
 
 const LlamaKin& llama_kin(const std::string& family) {
@@ -373,16 +399,26 @@ const LlamaKin& llama_kin(const std::string& family) {
     gemma2.title = "Gemma 2";
     gemma2.activation_key = "hidden_activation";
     gemma2.gelu_is_tanh = false;
+    gemma2.sublayer_norms = "both";
+    gemma2.caps = {true, 50.0, 30.0, false};
     gemma2.layer_windows = LayerWindows::gemma2;
     LlamaKin& gemma3 = k["gemma3_text"] = gemma2;  // and q and k normed, a RoPE for each kind of layer
     gemma3.title = "Gemma 3";
     gemma3.qk_norm = true;
     gemma3.layer_windows = LayerWindows::gemma3;
-    gemma3.rope_per_layer_type = true;
+    gemma3.caps = {true, 0.0, 0.0, true};
+    gemma3.kind_ropes = {true, 1e6, "rope_local_base_freq", 1e4};
     LlamaKin& olmo2 = k["olmo2"];
     olmo2.title = "OLMo 2";
     olmo2.rms_norm_eps = 1e-5;
     olmo2.llama_keys = false;
+    olmo2.qk_norm = true;
+    olmo2.qk_norm_over_projection = true;
+    olmo2.sublayer_norms = "output";
+    LlamaKin& olmo3 = k["olmo3"] = olmo2;  // and windows, a RoPE for each kind of layer
+    olmo3.title = "OLMo 3";
+    olmo3.layer_windows = LayerWindows::olmo3;
+    olmo3.kind_ropes = {true, 5e5, nullptr, 5e5};
     return k;
   }();
   return kin.at(family);
@@ -406,28 +442,25 @@ void read_gated_activation(const ConfigReader& c, const LlamaKin& kin, HfModel& 
   if (act != "gelu") hf.model["activation"] = "gelu_tanh";
 }
 
-// Gemma 2's and 3's own (modeling_gemma2.py, modeling_gemma3.py): norms before and after each
-// sublayer, the attention's scores q.k / sqrt(query_pre_attn_scalar) capped as C tanh(s / C)
-// (attn_logit_softcapping), the output logits capped likewise (final_logit_softcapping); null
-// turns either cap off, and so does absence in Gemma 3 (Gemma2Config's defaults are 50 and 30).
-// Gemma 3's attention (transformers 5.24) passes no softcap to its attention function: a
-// Gemma 3 config that caps the scores is refused, since transformers computes it uncapped.
-void map_gemma2(const ConfigReader& c, HfModel& hf) {
-  hf.model["sublayer_norms"] = "both";
-  const bool gemma2 = hf.family == "gemma2";
-  if (!gemma2 && c.has("attn_logit_softcapping"))
-    c.fail("attn_logit_softcapping", c.at("attn_logit_softcapping").dump() + " is not imported: transformers 5.24's "
-           "Gemma 3 stores it and caps nothing with it; refusing rather than computing another model");
+// Gemma 2's and 3's own (modeling_gemma2.py, modeling_gemma3.py): the attention's scores
+// q.k / sqrt(query_pre_attn_scalar) capped as C tanh(s / C) (attn_logit_softcapping), the output
+// logits capped likewise (final_logit_softcapping); null turns either cap off, and absence gives
+// the class's default (GemmaCaps). A config capping the scores of a class that drops the cap is
+// refused, since transformers computes it uncapped.
+void map_gemma2(const ConfigReader& c, const LlamaKin& kin, HfModel& hf) {
+  if (kin.caps.scores_dropped && c.has("attn_logit_softcapping"))
+    c.fail("attn_logit_softcapping", c.at("attn_logit_softcapping").dump() + " is not imported: transformers 5.24's " +
+           kin.title + " stores it and caps nothing with it; refusing rather than computing another model");
   const auto cap = [&](const char* key, double fallback) {
     c.use(key);
     if (c.present(key) && !c.has(key)) return 0.0;  // null: off
-    if (!gemma2 && !c.has(key)) return 0.0;
+    if (!c.has(key)) return fallback;
     const double v = c.get<double>(key, fallback);
     if (!(v > 0) || !std::isfinite(v)) c.fail(key, number_text(v) + " must be a finite number above 0, or null");
     return v;
   };
-  if (const double a = cap("attn_logit_softcapping", 50.0); a > 0) hf.attention["softcap"] = a;
-  if (const double f = cap("final_logit_softcapping", 30.0); f > 0) hf.model["logit_softcap"] = f;
+  if (const double a = cap("attn_logit_softcapping", kin.caps.scores); a > 0) hf.attention["softcap"] = a;
+  if (const double f = cap("final_logit_softcapping", kin.caps.logits); f > 0) hf.model["logit_softcap"] = f;
   const double scalar = c.get<double>("query_pre_attn_scalar", 256.0);
   if (!(scalar > 0) || !std::isfinite(scalar))
     c.fail("query_pre_attn_scalar", number_text(scalar) + " must be a finite number above 0");
@@ -437,66 +470,76 @@ void map_gemma2(const ConfigReader& c, HfModel& hf) {
   c.use("hidden_act");  // Gemma2MLP reads hidden_activation
 }
 
-// Gemma 3's RoPE, one for each kind of layer (Gemma3RotaryEmbedding): rope_parameters keyed by
-// full_attention and sliding_attention (transformers 5), or older configs' rope_theta and
-// rope_scaling (the full layers': base 1e6 where absent) and rope_local_base_freq (the sliding
-// layers': 1e4 where absent). The full layers' goes to `full`; the sliding layers' is returned.
+// Gemma 3's and OLMo 3's RoPE, one for each kind of layer (Gemma3RotaryEmbedding,
+// Olmo3RotaryEmbedding): rope_parameters keyed by full_attention and sliding_attention
+// (transformers 5), or older configs' rope_theta and rope_scaling, the full layers' (Gemma 3's base
+// 1e6 where absent, OLMo 3's 5e5), and Gemma 3's rope_local_base_freq, the sliding layers' (1e4
+// where absent; OLMo 3's 5e5). The full layers' goes to `full`; the sliding layers' is returned.
 // Each kind's is read as read_rope reads a config's, and neither may rotate part of a head.
-YAML::Node read_gemma3_rope(const ConfigReader& c, YAML::Node& full, int64_t head_dim) {
+YAML::Node read_kind_ropes(const ConfigReader& c, const LlamaKin& kin, YAML::Node& full, int64_t head_dim) {
   json kinds = {{"full_attention", {{"rope_type", "default"}}}, {"sliding_attention", {{"rope_type", "default"}}}};
   if (c.has("rope_parameters")) {
     const json& p = c.at("rope_parameters");
     if (!p.is_object()) c.fail("rope_parameters", "must be an object, keyed by full_attention and sliding_attention");
     for (const auto& [key, value] : p.items()) {
       if (!kinds.contains(key))
-        c.fail("rope_parameters." + key, "is not one of Gemma 3's kinds of layer (full_attention, sliding_attention)");
+        c.fail("rope_parameters." + key,
+               "is not one of " + kin.title + "'s kinds of layer (full_attention, sliding_attention)");
       if (!value.is_null()) kinds[key] = value;
     }
   }
-  if (c.has("rope_scaling")) {  // the full layers' (Gemma3TextConfig)
+  if (c.has("rope_scaling")) {  // the full layers' (Gemma3TextConfig, Olmo3Config)
     const json& scaling = c.at("rope_scaling");
     if (!scaling.is_object()) c.fail("rope_scaling", "must be an object");
-    // Gemma3TextConfig merges it into {"rope_type": "default"}: an older `type` alone leaves the
-    // layers unscaled in transformers 5.24, which is not what such a config means. Refused.
+    // Both merge it into {"rope_type": "default"}: an older `type` alone leaves the layers
+    // unscaled in transformers 5.24, which is not what such a config means. Refused.
     if (scaling.contains("type") && !scaling.contains("rope_type"))
-      c.fail("rope_scaling.type", scaling.at("type").dump() + " without rope_type: transformers 5.24's Gemma 3 "
-             "ignores it and scales nothing; write rope_type " + scaling.at("type").dump() + " for the scaling");
+      c.fail("rope_scaling.type", scaling.at("type").dump() + " without rope_type: transformers 5.24's " + kin.title +
+             " ignores it and scales nothing; write rope_type " + scaling.at("type").dump() + " for the scaling");
     kinds["full_attention"].update(scaling);
   }
-  const auto theta = [&](const char* kind, const char* key, double fallback) {
-    if (!kinds[kind].contains("rope_theta")) kinds[kind]["rope_theta"] = c.get<double>(key, fallback);
-    c.use(key);
-  };
-  theta("full_attention", "rope_theta", 1e6);
-  theta("sliding_attention", "rope_local_base_freq", 1e4);
-  c.use("rope_scaling");
-  c.use("rope_parameters");
-  c.use("original_max_position_embeddings");
+  if (!kinds["full_attention"].contains("rope_theta"))
+    kinds["full_attention"]["rope_theta"] = c.get<double>("rope_theta", kin.kind_ropes.full_theta);
+  if (!kinds["sliding_attention"].contains("rope_theta")) {
+    const char* key = kin.kind_ropes.sliding_theta_key;
+    double theta = kin.kind_ropes.sliding_theta;
+    if (key) theta = c.get<double>(key, theta);
+    // Olmo3Config gives a top-level rope_theta to the full layers alone: the sliding ones take
+    // 5e5 whatever it says. A config whose rope_theta is another base is refused rather than
+    // computed either way.
+    else if (c.has("rope_theta") && c.get<double>("rope_theta", theta) != theta)
+      c.fail("rope_theta", number_text(c.get<double>("rope_theta", theta)) + " at the top level: transformers 5.24's " +
+             kin.title + " gives it to the full_attention layers alone and " + number_text(theta) +
+             " to the sliding ones; write rope_parameters.sliding_attention.rope_theta to say which");
+    kinds["sliding_attention"]["rope_theta"] = theta;
+  }
+  for (const char* key : {"rope_theta", "rope_scaling", "rope_parameters", "original_max_position_embeddings"}) c.use(key);
+  if (kin.kind_ropes.sliding_theta_key) c.use(kin.kind_ropes.sliding_theta_key);
   YAML::Node sliding;
   for (const char* kind : {"full_attention", "sliding_attention"}) {
     json config = {{"rope_parameters", kinds[kind]}};
     for (const char* key : {"max_position_embeddings", "original_max_position_embeddings"})
       if (c.has(key)) config[key] = c.at(key);
-    const ConfigReader each(config, c.where() + " (Gemma 3's " + kind + " layers)");
+    const ConfigReader each(config, c.where() + " (" + kin.title + "'s " + kind + " layers)");
     YAML::Node& node = std::string(kind) == "full_attention" ? full : sliding;
     read_rope(each, node, head_dim);
     if (node["fraction"])
       c.fail("rope_parameters." + std::string(kind) + ".partial_rotary_factor",
-             node["fraction"].as<std::string>() + " is not imported: Gemma 3's rotary turns the whole head");
+             node["fraction"].as<std::string>() + " is not imported: " + kin.title +
+                 "'s rotary turns the whole head");
   }
   return sliding;
 }
 
-// Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 2 and OLMo 2 (modeling_*.py, transformers
-// 5.24): RMSNorm, a gated MLP, RoPE, grouped-query attention, each family's own (LlamaKin) beside.
-// Gemma's: the embedding times sqrt(hidden_size) (on input; the head ties to it unscaled), each
-// norm's weight w stored as w - 1 (GemmaRMSNorm multiplies by 1 + w: the weight plan adds the 1),
-// heads 256 wide unless given. OLMo 2's: the norms after the sublayers (x + n(f(x)), none before),
-// q and k normed over the whole projection (H d_head and Hkv d_head values) before they split into
-// heads.
+// Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 2 and 3, OLMo 2 and 3 (modeling_*.py,
+// transformers 5.24): RMSNorm, a gated MLP, RoPE, grouped-query attention, each family's own
+// (LlamaKin) beside. Gemma's: the embedding times sqrt(hidden_size) (on input; the head ties to it
+// unscaled), each norm's weight w stored as w - 1 (GemmaRMSNorm multiplies by 1 + w: the weight plan
+// adds the 1), heads 256 wide unless given; Gemma 2's and 3's norms before and after the sublayers.
+// OLMo's: the norms after the sublayers (x + n(f(x)), none before), q and k normed over the whole
+// projection (H d_head and Hkv d_head values) before they split into heads.
 void map_llama(const ConfigReader& c, HfModel& hf) {
   const LlamaKin& kin = llama_kin(hf.family);
-  const bool olmo2 = hf.family == "olmo2";
   const int64_t D = positive(c, "hidden_size"), H = positive(c, "num_attention_heads");
   const int64_t Hkv = c.has("num_key_value_heads") ? positive(c, "num_key_value_heads") : H;
   c.use("num_key_value_heads");
@@ -520,11 +563,8 @@ void map_llama(const ConfigReader& c, HfModel& hf) {
     c.require<bool>("use_bidirectional_attention", false, "causal attention");
     hf.model["scale_embedding"] = true;  // times sqrt(hidden_size), in the dtype of the weights (float32 here)
   }
-  if (olmo2) {
-    hf.model["sublayer_norms"] = "output";
-    hf.model["qk_norm"] = true;
-    hf.model["qk_norm_over"] = "projection";
-  }
+  if (kin.sublayer_norms != "input") hf.model["sublayer_norms"] = kin.sublayer_norms;
+  if (kin.qk_norm_over_projection) hf.model["qk_norm_over"] = "projection";
   if (kin.llama_keys) {
     c.require<bool>("mlp_bias", false, "no biases in the MLP");
     c.require<int64_t>("pretraining_tp", 1, "tensor-parallel slicing");
@@ -542,7 +582,7 @@ void map_llama(const ConfigReader& c, HfModel& hf) {
   hf.model["tie_embeddings"] = c.get<bool>("tie_word_embeddings", kin.tied);
   hf.train_length = c.get<int64_t>("max_position_embeddings", 0);
   YAML::Node sliding_rope;
-  if (kin.rope_per_layer_type) sliding_rope = read_gemma3_rope(c, hf.position, head_dim);
+  if (kin.kind_ropes.on) sliding_rope = read_kind_ropes(c, kin, hf.position, head_dim);
   else read_rope(c, hf.position, head_dim, kin.rope);
   if (!kin.partial_rotary && hf.position["fraction"]) {
     // Llama's, Mistral's and Qwen's classes rotate the whole head (rotate_half of all of it): their
@@ -561,8 +601,8 @@ void map_llama(const ConfigReader& c, HfModel& hf) {
   if (kin.qkv_bias) hf.model["qkv_bias"] = true;
   if (kin.qk_norm) hf.model["qk_norm"] = true;
   if (kin.layer_windows != LayerWindows::none) map_layer_windows(c, hf, kin.layer_windows);
-  if (hf.family == "gemma2" || hf.family == "gemma3_text") map_gemma2(c, hf);
-  if (kin.rope_per_layer_type) {  // the sliding layers' own RoPE, wherever they are
+  if (kin.caps.on) map_gemma2(c, kin, hf);
+  if (kin.kind_ropes.on) {  // the sliding layers' own RoPE, wherever they are
     if (hf.layers.size() > 0) hf.layers["kinds"]["sliding"]["position"] = sliding_rope;
     else if (hf.attention["window"]) hf.position = sliding_rope;
   }
@@ -807,6 +847,7 @@ const std::map<std::string, Mapper>& mappers() {
   static const std::map<std::string, Mapper> m = {
       {"llama", map_llama}, {"mistral", map_llama}, {"qwen2", map_llama}, {"qwen3", map_llama}, {"phi3", map_llama},
       {"gemma", map_llama}, {"gemma2", map_llama}, {"gemma3_text", map_llama}, {"olmo2", map_llama},
+      {"olmo3", map_llama},
       {"gpt2", map_gpt2}, {"bloom", map_bloom},
       {"gpt_neox", map_gpt_neox}, {"mpt", map_mpt}, {"falcon", map_falcon}};
   return m;
@@ -1110,7 +1151,7 @@ constexpr FamilyPrefix kPrefixes[] = {
     {"qwen2", "model.", "embed_tokens.weight"},    {"qwen3", "model.", "embed_tokens.weight"},
     {"phi3", "model.", "embed_tokens.weight"},     {"gemma", "model.", "embed_tokens.weight"},
     {"gemma2", "model.", "embed_tokens.weight"},    {"gemma3_text", "model.", "embed_tokens.weight"},
-    {"olmo2", "model.", "embed_tokens.weight"},
+    {"olmo2", "model.", "embed_tokens.weight"},     {"olmo3", "model.", "embed_tokens.weight"},
     {"gpt2", "transformer.", "wte.weight"},
     {"bloom", "transformer.", "word_embeddings.weight"}, {"gpt_neox", "gpt_neox.", "embed_in.weight"},
     {"mpt", "transformer.", "wte.weight"},         {"falcon", "transformer.", "word_embeddings.weight"}};
@@ -1139,7 +1180,7 @@ WeightPlan family_plan(const std::string& family, const std::string& prefix, con
   if (family == "phi3") return llama_plan(prefix, m, LlamaLayout::fused);
   if (family == "gemma") return llama_plan(prefix, m, LlamaLayout::gemma);
   if (family == "gemma2" || family == "gemma3_text") return llama_plan(prefix, m, LlamaLayout::gemma2);
-  if (family == "olmo2") return llama_plan(prefix, m, LlamaLayout::olmo2);
+  if (family == "olmo2" || family == "olmo3") return llama_plan(prefix, m, LlamaLayout::olmo2);
   if (family == "gpt2") return gpt2_plan(prefix, m);
   if (family == "bloom") return bloom_plan(prefix, m);
   if (family == "gpt_neox") return gpt_neox_plan(prefix, m);
@@ -1244,6 +1285,25 @@ void require_all(const std::string& family, const std::vector<std::pair<bool, st
   for (const auto& [holds, what] : checks)
     if (!holds)
       throw NoTransformersClass(what + " (the nearest family, " + family + ", has no such option)");
+}
+
+// An option a model has (`used`), the families whose classes compute it, and its name.
+struct ClassOption {
+  bool used;
+  std::set<std::string> families;
+  std::string what;
+};
+
+// Refuses the first option `family`'s class does not compute, naming those that do.
+void require_classes(const std::string& family, const std::vector<ClassOption>& options) {
+  for (const ClassOption& o : options) {
+    if (!o.used || o.families.count(family)) continue;
+    std::string others;
+    for (const std::string& f : o.families) others += (others.empty() ? "" : ", ") + f;
+    throw NoTransformersClass(o.what + " (the nearest family, " + family + ", has no such option" +
+                              (others.empty() ? "" : "; " + others + (o.families.size() == 1 ? " has it" : " have it")) +
+                              ")");
+  }
 }
 
 // config.json's name for extrap's MLP activation: the first of kHfActivations.
@@ -1401,7 +1461,7 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
                               : capped && windows ? "soft-capped attention scores or logits, or a score scale of their "
                                                     "own, without a rotary RMSNorm model (Gemma 2's)"
                               : own_positions ? "a layer pattern whose kinds have rotary positions of their own, "
-                                                "without a rotary RMSNorm model (Gemma 3's)"
+                                                "without a rotary RMSNorm model (Gemma 3's, OLMo 3's)"
                                               : "the attention options " + a.describe());
   json c = {{"vocab_size", vocab_size}, {"tie_word_embeddings", m.tie_embeddings}, {"dtype", "float32"},
             {"use_cache", true}};
@@ -1428,16 +1488,26 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
       return types;
     };
     const std::string scaling = option("scaling", "none");
-    // OLMo 2's class alone has norms after the sublayers (and no others), with q and k normed over
-    // the projection; Gemma 2's and 3's alone norms before and after them, soft-caps the scores and
-    // the logits, scales the scores by a number of its own, and windows any layers; Gemma 3's has q
-    // and k normed per head too, and a RoPE of their own for its local (windowed) and global layers.
-    const bool olmo2 = m.sublayer_norms == SublayerNorms::output, gemmas = m.sublayer_norms == SublayerNorms::both;
-    const bool gemma3 = gemmas && m.qk_norm, gemma2 = gemmas && !m.qk_norm;
-    const bool gemma = m.scale_embedding && m.tie_embeddings && !olmo2 && !gemmas;
-    out.family = olmo2 ? "olmo2" : gemma3 ? "gemma3_text" : gemma2 ? "gemma2" : gemma ? "gemma" : m.qk_norm ? "qwen3" : m.qkv_bias ? "qwen2" : fraction != 1.0 ? "phi3" : window > 0 ? "mistral" : "llama";
-    // Gemma 3's two RoPEs: its global layers' and its local ones', each the same on every layer of
-    // its kind (where no layer is of one kind, the other's stands for it).
+    // Which of Llama's kin: the options only some classes compute pick it. OLMo 2's and 3's
+    // classes have norms after the sublayers (and no others), with q and k normed over the
+    // projection, OLMo 3's windows and a RoPE for its local (windowed) and its global layers; Gemma
+    // 2's and 3's norms before and after them, a score scale of their own, the logits capped and
+    // windows on any layers, Gemma 2's the scores capped, Gemma 3's q and k normed per head and a
+    // RoPE for each kind of layer, as OLMo 3's.
+    const bool olmo = m.sublayer_norms == SublayerNorms::output, gemmas = m.sublayer_norms == SublayerNorms::both;
+    const bool gemma = m.scale_embedding && m.tie_embeddings && !olmo && !gemmas;
+    out.family = olmo     ? (window > 0 || own_positions ? "olmo3" : "olmo2")
+                 : gemmas ? (m.qk_norm ? "gemma3_text" : "gemma2")
+                 : gemma  ? "gemma"
+                 : m.qk_norm     ? "qwen3"
+                 : m.qkv_bias    ? "qwen2"
+                 : fraction != 1 ? "phi3"
+                 : window > 0    ? "mistral"
+                                 : "llama";
+    const std::string& family = out.family;
+    const bool gemma3 = family == "gemma3_text", kind_ropes = gemma3 || family == "olmo3";
+    // The two RoPEs of Gemma 3's and OLMo 3's classes: the global layers' and the local ones', each
+    // the same on every layer of its kind (where no layer is of one kind, the other's stands for it).
     // (The first layer of each kind stands for the kind; indices, not nodes: a YAML::Node assigned
     // to another becomes it.)
     std::optional<size_t> first_global, first_local;
@@ -1457,61 +1527,61 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
     const std::string hidden_act = m.ffn == FfnKind::swiglu                ? "silu"
                                    : m.activation == Activation::gelu_tanh ? "gelu_pytorch_tanh"
                                                                            : "gelu";
-    require_all(out.family, {{!gemmas || m.scale_embedding,
-                              "norms before and after the sublayers (model.sublayer_norms both) without the embedding "
-                              "scaled by sqrt(d_model) (Gemma 2's and 3's classes have both)"},
-                             {!gemmas || (!m.qkv_bias && fraction == 1.0),
-                              "norms before and after the sublayers beside q, k, v biases or a partial rotary"},
-                             {!gemmas || a.scale_dim == std::floor(a.scale_dim),
-                              "attention.scale_dim " + number_text(a.scale_dim) + ", not a whole number (Gemma2Config's "
-                              "and Gemma3TextConfig's query_pre_attn_scalar is an int)"},
-                             {gemmas || !capped,
-                              "soft-capped attention scores or logits, or a score scale of their own (attention.softcap, "
-                              "model.logit_softcap, attention.scale_dim: Gemma 2's and 3's classes alone have them, with "
-                              "norms before and after the sublayers)"},
-                             {gemma3 || !own_positions,
-                              "a layer pattern whose kinds have rotary positions of their own (Gemma 3's class alone: "
-                              "one RoPE for its local layers, one for its global ones)"},
-                             {!(gemma3 && a.softcap > 0),
-                              "soft-capped attention scores with q and k normed (Gemma 3's class caps none; Gemma 2's, "
-                              "which does, norms neither)"},
-                             {!gemma3 || one_rope_each,
-                              "windowed layers, or unwindowed ones, with different rotary options (Gemma 3's class has "
-                              "one RoPE for its local layers and one for its global ones)"},
-                             {!gemma3 || (whole_half(global_rope) && whole_half(local_rope)),
-                              "a rotary with the interleaved pairing or a partial rotary (Gemma 3's class turns the whole "
-                              "head, rotate_half)"},
-                             {!olmo2 || (m.qk_norm && m.qk_norm_over == QkNormOver::projection),
-                              "norms after the sublayers without qk_norm over the projection (OLMo 2's class has both)"},
-                             {olmo2 || m.qk_norm_over == QkNormOver::head,
-                              "qk_norm over the projection without norms after the sublayers (OLMo 2's class has both)"},
-                             {!olmo2 || !(m.scale_embedding && m.tie_embeddings),
-                              "norms after the sublayers with a tied embedding scaled by sqrt(d_model)"},
-                             {!olmo2 || (!m.qkv_bias && fraction == 1.0 && window == 0),
-                              "norms after the sublayers beside q, k, v biases, a partial rotary or a sliding window"},
-                             {!gemma || (!m.qk_norm && !m.qkv_bias && fraction == 1.0 && window == 0),
-                              "a tied embedding scaled by sqrt(d_model) beside qk_norm, q, k, v biases, a partial "
-                              "rotary or a sliding window (Gemma's class alone scales a tied embedding, and has none)"},
-                             {!gemma || hidden_act != "gelu",
-                              "geglu with GELU's erf form (GemmaConfig reads hidden_act gelu as the tanh form)"},
-                             {option("pairing", "interleaved") == "half", "rotary with the interleaved pairing"},
-                             {fraction == 1.0 || out.family == "phi3",
-                              "a partial rotary beside qk_norm or q, k, v biases (Phi-3's class alone rotates part "
-                              "of each head)"},
-                             {out.family != "phi3" || int64_t(double(m.d_head()) * fraction) == rotated,
-                              "a rotated share whose int(d_head x fraction) is not the even count extrap rotates"},
-                             {out.family != "phi3" || (scaling == "none" || scaling == "longrope"),
-                              "a partial rotary with RoPE scaling " + scaling + " (Phi-3's class takes longrope alone)"},
-                             {out.family != "phi3" || standard_heads,
-                              "a partial rotary with heads other than d_model / heads wide (model.head_dim)"},
-                             {!(m.qk_norm && m.qkv_bias), "qk_norm beside biases on q, k and v"},
-                             {m.gated_ffn(), "the mlp (Llama's kin gate theirs: swiglu or geglu)"},
-                             {!m.bias && !m.norm_biased(), "biases"},
-                             {(out.family != "mistral" && out.family != "phi3") || every_layer,
-                              "sliding windows on some layers only, without q, k, v biases"},
-                             {one_window, "sliding windows of different widths"},
-                             {m.block == BlockKind::sequential, "a parallel block"},
-                             {!m.embedding_norm, "an embedding norm"}});
+    // Each option beyond Llama's block that the model has, and the classes that compute it.
+    const std::set<std::string> windowed = {"mistral", "phi3", "qwen2", "qwen3", "gemma2", "gemma3_text", "olmo3"};
+    require_classes(family, {{m.qkv_bias, {"qwen2"}, "biases on q, k and v"},
+                             {m.qk_norm && m.qk_norm_over == QkNormOver::head, {"qwen3", "gemma3_text"},
+                              "qk_norm over each head"},
+                             {m.qk_norm_over == QkNormOver::projection, {"olmo2", "olmo3"},
+                              "qk_norm over the projection (model.qk_norm_over projection)"},
+                             {olmo, {"olmo2", "olmo3"}, "norms after the sublayers (model.sublayer_norms output)"},
+                             {gemmas, {"gemma2", "gemma3_text"},
+                              "norms before and after the sublayers (model.sublayer_norms both)"},
+                             {m.scale_embedding && m.tie_embeddings, {"gemma", "gemma2", "gemma3_text"},
+                              "a tied embedding scaled by sqrt(d_model) on input"},
+                             {fraction != 1, {"phi3"}, "a partial rotary"},
+                             {window > 0, windowed, "a sliding window"},
+                             {!every_layer, {"qwen2", "qwen3", "gemma2", "gemma3_text", "olmo3"},
+                              "sliding windows on some layers only"},
+                             {own_positions, {"gemma3_text", "olmo3"},
+                              "a layer pattern whose kinds have rotary positions of their own"},
+                             {a.softcap > 0, {"gemma2"}, "soft-capped attention scores (attention.softcap)"},
+                             {m.logit_softcap > 0, {"gemma2", "gemma3_text"}, "soft-capped logits (model.logit_softcap)"},
+                             {a.scale_dim > 0, {"gemma2", "gemma3_text"}, "a score scale of its own (attention.scale_dim)"},
+                             {!m.gated_ffn(), {}, "the mlp (Llama's kin gate theirs: swiglu or geglu)"},
+                             {m.bias || m.norm_biased(), {}, "biases"},
+                             {option("pairing", "interleaved") != "half", {}, "rotary with the interleaved pairing"},
+                             {!one_window, {}, "sliding windows of different widths"},
+                             {m.block != BlockKind::sequential, {}, "a parallel block"},
+                             {m.embedding_norm, {}, "an embedding norm"}});
+    // What the chosen class always computes, or cannot take, beside those.
+    if (gemmas)
+      require_all(family, {{m.scale_embedding, "norms before and after the sublayers (model.sublayer_norms both) "
+                                               "without the embedding scaled by sqrt(d_model) (Gemma 2's and 3's "
+                                               "classes have both)"},
+                           {a.scale_dim == std::floor(a.scale_dim),
+                            "attention.scale_dim " + number_text(a.scale_dim) + ", not a whole number (Gemma2Config's "
+                            "and Gemma3TextConfig's query_pre_attn_scalar is an int)"}});
+    if (olmo)
+      require_all(family, {{m.qk_norm && m.qk_norm_over == QkNormOver::projection,
+                            "norms after the sublayers without qk_norm over the projection (OLMo 2's and 3's classes "
+                            "have both)"}});
+    if (kind_ropes)
+      require_all(family, {{one_rope_each, "windowed layers, or unwindowed ones, with different rotary options (the "
+                                           "class has one RoPE for its local layers and one for its global ones)"},
+                           {whole_half(global_rope) && whole_half(local_rope),
+                            "a rotary with the interleaved pairing or a partial rotary (the class turns the whole "
+                            "head, rotate_half)"}});
+    if (gemma)
+      require_all(family, {{hidden_act != "gelu",
+                            "geglu with GELU's erf form (GemmaConfig reads hidden_act gelu as the tanh form)"}});
+    if (family == "phi3")
+      require_all(family, {{int64_t(double(m.d_head()) * fraction) == rotated,
+                            "a rotated share whose int(d_head x fraction) is not the even count extrap rotates"},
+                           {scaling == "none" || scaling == "longrope",
+                            "a partial rotary with RoPE scaling " + scaling + " (Phi-3's class takes longrope alone)"},
+                           {standard_heads, "a partial rotary with heads other than d_model / heads wide "
+                                            "(model.head_dim)"}});
     c.update({{"hidden_size", D}, {"intermediate_size", F}, {"num_hidden_layers", m.layers},
               {"num_attention_heads", H}, {"num_key_value_heads", m.key_value_heads()}, {"head_dim", m.d_head()},
               {"hidden_act", hidden_act}, {"max_position_embeddings", config.train.seq_len},
@@ -1524,16 +1594,23 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
           scaling == "longrope" ? int64_t(number("scaling_length", 0)) : config.train.seq_len;
       c.update({{"pad_token_id", nullptr}, {"bos_token_id", nullptr}, {"eos_token_id", nullptr}});
     }
-    if (out.family == "qwen3" || gemma || gemmas || olmo2) c["attention_bias"] = false;
+    if (family == "qwen3" || gemma || gemmas || olmo) c["attention_bias"] = false;
     // GemmaConfig's, Gemma2Config's and Gemma3TextConfig's ids (pad 0, eos 1, bos 2) and
-    // Olmo2Config's (pad 1, eos 50279) are their tokenizers', not this one's
-    if (gemma || gemmas || olmo2)
+    // Olmo2Config's and Olmo3Config's (pad 1, eos 50279) are their tokenizers', not this one's
+    if (gemma || gemmas || olmo)
       c.update({{"pad_token_id", nullptr}, {"bos_token_id", nullptr}, {"eos_token_id", nullptr}});
+    // Gemma 3's and OLMo 3's RoPE for each kind of layer, every layer's kind named, and a width for
+    // sliding_window even where no layer slides (their classes build that mask whatever).
+    if (kind_ropes)
+      c["rope_parameters"] = {{"full_attention", rope_json(global_rope, config)},
+                              {"sliding_attention", rope_json(local_rope, config)}};
+    if (gemmas || family == "olmo3") {
+      c["sliding_window"] = window > 0 ? window : config.train.seq_len;
+      c["layer_types"] = layer_types();
+    }
     if (gemmas) {
       // Gemma2MLP and Gemma3MLP read hidden_activation (GELU's erf form is "gelu" there: their
-      // configs do not read it as the tanh form, as GemmaConfig does); a null cap is off; every
-      // layer named, and a width for sliding_window even where no layer slides (the class builds
-      // that mask whatever).
+      // configs do not read it as the tanh form, as GemmaConfig does); a null cap is off.
       out.embedding_scale = 1.0;  // the class scales the embedding on input, tied or not
       c.erase("hidden_act");
       c["hidden_activation"] = hidden_act;
@@ -1541,11 +1618,6 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
       c["attn_logit_softcapping"] = a.softcap > 0 ? json(a.softcap) : json(nullptr);
       c["final_logit_softcapping"] = m.logit_softcap > 0 ? json(m.logit_softcap) : json(nullptr);
       c["use_bidirectional_attention"] = false;
-      c["sliding_window"] = window > 0 ? window : config.train.seq_len;
-      c["layer_types"] = layer_types();
-      if (gemma3)
-        c["rope_parameters"] = {{"full_attention", rope_json(global_rope, config)},
-                                {"sliding_attention", rope_json(local_rope, config)}};
     }
     if (out.family == "qwen2" || out.family == "qwen3") {
       c["use_sliding_window"] = window > 0;
@@ -1628,7 +1700,7 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
       {"llama", "LlamaForCausalLM"},   {"mistral", "MistralForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"},
       {"qwen3", "Qwen3ForCausalLM"},   {"phi3", "Phi3ForCausalLM"}, {"gemma", "GemmaForCausalLM"},
       {"gemma2", "Gemma2ForCausalLM"}, {"gemma3_text", "Gemma3ForCausalLM"},
-      {"olmo2", "Olmo2ForCausalLM"},
+      {"olmo2", "Olmo2ForCausalLM"},   {"olmo3", "Olmo3ForCausalLM"},
       {"gpt2", "GPT2LMHeadModel"},     {"bloom", "BloomForCausalLM"},     {"gpt_neox", "GPTNeoXForCausalLM"},
       {"mpt", "MptForCausalLM"},       {"falcon", "FalconForCausalLM"}};
   c["model_type"] = out.family;

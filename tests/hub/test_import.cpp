@@ -136,7 +136,7 @@ void check_logprobs(const std::string& name, TransformerLM& model) {
 TEST_CASE("import: each family's log-probabilities equal transformers', inside and beyond its length",
           "[import][python]") {
   for (const std::string name :
-       {"llama", "llama_tied", "mistral", "mistral_spm", "qwen2", "qwen2_windows", "qwen2_windows_hub", "qwen3", "qwen3_windows", "qwen3_wide_heads", "mistral_narrow_heads", "phi3", "gemma", "gemma2", "gemma2_uncapped", "gemma3", "gemma3_v5", "olmo2", "gpt2", "bloom", "bloom_h8", "gpt_neox",
+       {"llama", "llama_tied", "mistral", "mistral_spm", "qwen2", "qwen2_windows", "qwen2_windows_hub", "qwen3", "qwen3_windows", "qwen3_wide_heads", "mistral_narrow_heads", "phi3", "gemma", "gemma2", "gemma2_uncapped", "gemma3", "gemma3_v5", "olmo2", "olmo3", "olmo3_v5", "gpt2", "bloom", "bloom_h8", "gpt_neox",
         "gpt_neox_seq", "mpt", "falcon_rw", "falcon_alibi_mq", "falcon_7b", "falcon_40b", "falcon_seq"}) {
     DYNAMIC_SECTION(name) {
       TempDir d("import");
@@ -327,6 +327,27 @@ TEST_CASE("import: bad folders are refused in one line, nothing written", "[impo
     check_refused(f, run, "config.json: rope_scaling.type \"linear\" without rope_type: transformers 5.24's Gemma 3 "
                           "ignores it and scales nothing");
   }
+  SECTION("OLMo 3's top-level rope_theta, which transformers gives to the global layers alone") {
+    const fs::path f = copy_of(d, "olmo3");
+    edit_config(f, [](nlohmann::json& c) { c["rope_theta"] = 10000.0; });
+    check_refused(f, run, "config.json: rope_theta 10000 at the top level: transformers 5.24's OLMo 3 gives it to "
+                          "the full_attention layers alone and 500000 to the sliding ones; write "
+                          "rope_parameters.sliding_attention.rope_theta to say which");
+    edit_config(f, [](nlohmann::json& c) {
+      c["rope_theta"] = 500000.0;
+      c["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};
+    });
+    check_refused(f, run, "config.json: rope_scaling.type \"yarn\" without rope_type: transformers 5.24's OLMo 3 "
+                          "ignores it and scales nothing");
+    edit_config(f, [](nlohmann::json& c) {
+      c["rope_scaling"] = nullptr;
+      c["sliding_window"] = nullptr;
+    });
+    check_refused(f, run, "config.json: sliding_window is null while some layers slide (Olmo3Config's default: 3 "
+                          "of every 4 layers): transformers' mask is undefined");
+    edit_config(f, [](nlohmann::json& c) { c["sliding_window"] = 16; c["rope_parameters"] = {{"global", {}}}; });
+    check_refused(f, run, "config.json: rope_parameters.global is not one of OLMo 3's kinds of layer");
+  }
   SECTION("RoPE scaling of another kind or meaning, and families not imported yet") {
     const fs::path f = copy_of(d, "llama_yarn");
     edit_config(f, [](nlohmann::json& c) { c["rope_scaling"]["mscale"] = 0.7; });
@@ -461,7 +482,7 @@ TEST_CASE("export --format hf: transformers loads each family with its own class
   // layer_types again in the folder.)
   const std::vector<std::string> names = {"llama", "llama_tied", "mistral", "qwen2", "qwen2_windows", "qwen2_windows_hub",
                                           "qwen3", "qwen3_windows", "qwen3_wide_heads", "mistral_narrow_heads",
-                                          "phi3", "phi3_longrope", "phi3_longrope_short", "gemma", "gemma2", "gemma2_uncapped", "gemma3", "gemma3_v5", "olmo2", "gpt2", "bloom", "gpt_neox", "mpt", "falcon_rw", "falcon_alibi_mq", "falcon_7b", "falcon_40b",
+                                          "phi3", "phi3_longrope", "phi3_longrope_short", "gemma", "gemma2", "gemma2_uncapped", "gemma3", "gemma3_v5", "olmo2", "olmo3", "olmo3_v5", "gpt2", "bloom", "gpt_neox", "mpt", "falcon_rw", "falcon_alibi_mq", "falcon_7b", "falcon_40b",
                                           "falcon_seq", "llama_yarn"};
   std::string args;  // one Python process checks every folder
   for (const std::string& name : names) {
@@ -486,6 +507,86 @@ TEST_CASE("export --format hf: transformers loads each family with its own class
                     Contains("extrap's remote code does not compute RoPE scaling yarn built in"));
   CHECK_FALSE(fs::exists(d.root / "remote"));
   CHECK_FALSE(fs::exists(d.root / "remote.tmp"));
+}
+
+namespace {
+
+// tiny_config's rotary model in Llama's block: half pairing, RMSNorm, SwiGLU, no biases, untied.
+Config llama_block_config() {
+  Config c = tiny_config("rotary");
+  c.position["pairing"] = "half";
+  c.model.norm = NormKind::rmsnorm;
+  c.model.ffn = FfnKind::swiglu;
+  c.model.bias = false;
+  c.model.tie_embeddings = false;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("export --format hf: what each of Llama's kin computes picks its class, and the rest is refused by name",
+          "[export][hf]") {
+  // No weights needed: the class is the config's (hf_export_config), so each case is a config.
+  Config llama = llama_block_config();
+  const auto family = [](const Config& c) { return hf_export_config(c, 256).family; };
+  const auto refused = [](const Config& c, const std::string& what) {
+    CHECK_THROWS_WITH(hf_export_config(c, 256), Contains(what));
+  };
+  CHECK(family(llama) == "llama");
+  Config olmo = llama;  // OLMo: norms after the sublayers, q and k normed over the projection
+  olmo.model.sublayer_norms = SublayerNorms::output;
+  olmo.model.qk_norm = true;
+  olmo.model.qk_norm_over = QkNormOver::projection;
+  CHECK(family(olmo) == "olmo2");
+  Config olmo_window = olmo;  // a window on every layer: OLMo 3's class, every layer sliding
+  olmo_window.model.attention_options.window = 4;
+  const HfExportConfig windowed = hf_export_config(olmo_window, 256);
+  CHECK(windowed.family == "olmo3");
+  CHECK(windowed.config.at("layer_types") == nlohmann::json({"sliding_attention", "sliding_attention"}));
+  CHECK(windowed.config.at("sliding_window") == 4);
+  CHECK(windowed.config.at("rope_parameters").contains("sliding_attention"));
+  Config olmo_unnormed = olmo;  // OLMo's classes norm q and k
+  olmo_unnormed.model.qk_norm = false;
+  olmo_unnormed.model.qk_norm_over = QkNormOver::head;
+  refused(olmo_unnormed, "norms after the sublayers without qk_norm over the projection (OLMo 2's and 3's classes "
+                         "have both) (the nearest family, olmo2, has no such option)");
+  Config olmo_heads = olmo;  // q and k normed per head: Qwen3's and Gemma 3's, not OLMo's
+  olmo_heads.model.qk_norm_over = QkNormOver::head;
+  refused(olmo_heads, "qk_norm over each head (the nearest family, olmo2, has no such option; gemma3_text, qwen3 "
+                      "have it)");
+  Config qk_projection = llama;  // q and k normed over the projection with norms before the sublayers
+  qk_projection.model.qk_norm = true;
+  qk_projection.model.qk_norm_over = QkNormOver::projection;
+  refused(qk_projection, "qk_norm over the projection (model.qk_norm_over projection) (the nearest family, qwen3, "
+                         "has no such option; olmo2, olmo3 have it)");
+  // Local and global kinds, each with a RoPE of its own: two local kinds rotating differently are
+  // refused (the class has one RoPE for each), and so is a local kind pairing interleaved.
+  Config olmo3 = olmo;
+  olmo3.model.layers = 3;
+  olmo3.layer_pattern = {"local", "global", "local2"};
+  olmo3.layers.reset(YAML::Load("{pattern: [local, global, local2], kinds: {local: {attention: {window: 4}, position: "
+                                "{name: rotary, pairing: half, base: 10000}}, global: {}, local2: {attention: {window: 4}, "
+                                "position: {name: rotary, pairing: half, base: 20000}}}}"));
+  refused(olmo3, "windowed layers, or unwindowed ones, with different rotary options (the class has one RoPE for its "
+                 "local layers and one for its global ones) (the nearest family, olmo3, has no such option)");
+  olmo3.layer_pattern = {"local", "global", "local"};
+  olmo3.layers.reset(YAML::Load("{pattern: [local, global, local], kinds: {local: {attention: {window: 4}, position: "
+                                "{name: rotary, pairing: interleaved, base: 10000}}, global: {}}}"));
+  refused(olmo3, "a rotary with the interleaved pairing or a partial rotary (the class turns the whole head, "
+                 "rotate_half) (the nearest family, olmo3, has no such option)");
+  // Gemma 2's and 3's classes: a score scale is a whole number there.
+  Config gemma2 = llama;
+  gemma2.model.sublayer_norms = SublayerNorms::both;
+  gemma2.model.attention_options.scale_dim = 6;
+  CHECK(family(gemma2) == "gemma2");
+  gemma2.model.attention_options.scale_dim = 6.5;
+  refused(gemma2, "attention.scale_dim 6.5, not a whole number (Gemma2Config's and Gemma3TextConfig's "
+                  "query_pre_attn_scalar is an int) (the nearest family, gemma2, has no such option)");
+  // What no class of Llama's kin has: named with no class beside it.
+  Config interleaved = llama;
+  interleaved.position.reset(YAML::Clone(llama.position));  // (its own node: assigning would change llama's)
+  interleaved.position["pairing"] = "interleaved";
+  refused(interleaved, "rotary with the interleaved pairing (the nearest family, llama, has no such option)");
 }
 
 TEST_CASE("export --format hf: an extrap model with a family's options, and one no class computes",
@@ -553,6 +654,19 @@ TEST_CASE("export --format hf: an extrap model with a family's options, and one 
   olmo2.model.qk_norm = true;
   olmo2.model.qk_norm_over = QkNormOver::projection;
   models["olmo2"] = {olmo2, "olmo2"};
+  // OLMo 3: OLMo 2's block with local layers (window 4, RoPE base 1e4) and a global one (base 5e5,
+  // YaRN from 8 positions by 4), each kind's RoPE its own; and with a window on every layer alone.
+  Config olmo3 = olmo2;
+  olmo3.model.layers = 3;
+  olmo3.position.reset(YAML::Load("{name: rotary, pairing: half, base: 500000, scaling: yarn, scaling_factor: 4, "
+                                  "scaling_length: 8}"));
+  olmo3.layer_pattern = {"local", "global", "local"};
+  olmo3.layers.reset(YAML::Load("{pattern: [local, global, local], kinds: {local: {attention: {window: 4}, position: "
+                                "{name: rotary, pairing: half, base: 10000}}, global: {}}}"));
+  models["olmo3"] = {olmo3, "olmo3"};
+  Config olmo3_windowed = olmo2;
+  olmo3_windowed.model.attention_options.window = 4;
+  models["olmo3_windowed"] = {olmo3_windowed, "olmo3"};
   // Gemma 2: norms before and after the sublayers, scores q.k / sqrt(6) soft-capped at 0.75, logits at
   // 1.5, windows of 4 on the first of two layers; untied (the class scales the embedding on input
   // either way).
@@ -641,14 +755,16 @@ TEST_CASE("export --format hf: an extrap model with a family's options, and one 
   capped.model.attention_options.softcap = 5;
   train_briefly(capped, corpus, d.root / "capped", 2);
   CHECK_THROWS_WITH(export_hf(d.root / "capped" / "run", d.root / "hf7", false, HfClass::native),
-                    Contains("soft-capped attention scores or logits, or a score scale of their own"));
+                    Contains("soft-capped attention scores (attention.softcap) (the nearest family, llama, has no such "
+                             "option; gemma2 has it)"));
   CHECK_FALSE(fs::exists(d.root / "hf7"));
   CHECK(export_hf(d.root / "capped" / "run", d.root / "hf7", false).family == "extrap");
   Config capped_gemma3 = gemma3;  // transformers' Gemma 3 caps no score
   capped_gemma3.model.attention_options.softcap = 0.5;
   train_briefly(capped_gemma3, corpus, d.root / "capped_gemma3", 2);
   CHECK_THROWS_WITH(export_hf(d.root / "capped_gemma3" / "run", d.root / "hf9", false, HfClass::native),
-                    Contains("soft-capped attention scores with q and k normed (Gemma 3's class caps none"));
+                    Contains("soft-capped attention scores (attention.softcap) (the nearest family, gemma3_text, has no "
+                             "such option; gemma2 has it)"));
   CHECK_FALSE(fs::exists(d.root / "hf9"));
   Config capped_alibi = plain;  // outside Llama's kin: refused before any family is picked
   capped_alibi.model.logit_softcap = 4;
@@ -663,7 +779,8 @@ TEST_CASE("export --format hf: an extrap model with a family's options, and one 
   partial.model.qkv_bias = false;
   train_briefly(partial, corpus, d.root / "partial", 2);
   CHECK_THROWS_WITH(export_hf(d.root / "partial" / "run", d.root / "hf3", false, HfClass::native),
-                    Contains("sliding windows on some layers only, without q, k, v biases"));
+                    Contains("sliding windows on some layers only (the nearest family, mistral, has no such option; "
+                             "gemma2, gemma3_text, olmo3, qwen2, qwen3 have it)"));
   CHECK_FALSE(fs::exists(d.root / "hf3"));
   CHECK(export_hf(d.root / "partial" / "run", d.root / "hf3", false).family == "extrap");
   // Heads of their own width in Falcon's block: Falcon's class has none, so remote code.
@@ -756,12 +873,7 @@ TEST_CASE("export --format hf: a model no class computes ships remote code that 
     args += " " + (d.root / (name + "-hf")).string() + " " + reference.string();
   }
   // A model a family's class computes goes to remote code when asked to.
-  Config llama = tiny_config("rotary");
-  llama.position["pairing"] = "half";
-  llama.model.norm = NormKind::rmsnorm;
-  llama.model.ffn = FfnKind::swiglu;
-  llama.model.bias = false;
-  llama.model.tie_embeddings = false;
+  Config llama = llama_block_config();
   llama.data = data;
   train_briefly(llama, corpus, d.root / "llama", 5);
   LoadedRun run = load_run(require_checkpoint(d.root / "llama" / "run"), corpus);

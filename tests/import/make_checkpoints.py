@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import struct
 import sys
@@ -73,6 +74,7 @@ from transformers import (  # noqa: E402
     MistralConfig,
     MptConfig,
     Olmo2Config,
+    Olmo3Config,
     Phi3Config,
     PreTrainedTokenizerFast,
     Qwen2Config,
@@ -523,6 +525,45 @@ def expect_olmo2(model) -> None:
     assert attention.q_norm.weight.shape == (128,) and attention.k_norm.weight.shape == (32,)
 
 
+def olmo3_config(V, ids, **over):
+    """OLMo 3: OLMo 2's block with windows of 16 on three of every four layers (Olmo3Config's default;
+    layer 3 full) and a RoPE for each kind, the global layers' scaled by YaRN from 64 to 256 positions
+    with its attention factor written out (YaRN's 0.1 ln(factor) + 1), as OLMo 3 7B's (8192 to 65536)."""
+    kw = dict(
+        vocab_size=V, hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=8,
+        num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6, sliding_window=16,
+        rope_parameters={"full_attention": dict(YARN, rope_theta=500000.0, attention_factor=0.1 * math.log(4.0) + 1, beta_fast=32.0,
+                                                beta_slow=1.0),
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 500000.0}},
+        tie_word_embeddings=False, initializer_range=INIT_STD, pad_token_id=None)
+    kw.update(ids)
+    kw.update(over)
+    return Olmo3Config(**kw)
+
+
+def olmo3_hub_style(cfg: dict) -> dict:
+    """OLMo 3's config.json on the Hub (Olmo-3-7B): rope_theta and rope_scaling (the global layers')
+    at the top level; here without layer_types (Olmo3Config's default)."""
+    rope = cfg.pop("rope_parameters")
+    cfg.pop("layer_types")
+    full = dict(rope["full_attention"])
+    cfg["rope_theta"] = full.pop("rope_theta")
+    cfg["rope_scaling"] = full
+    return cfg
+
+
+def expect_olmo3(model) -> None:
+    assert model.config.layer_types == ["sliding_attention"] * 3 + ["full_attention"], model.config.layer_types
+    rope = model.config.rope_parameters
+    assert rope["full_attention"]["rope_type"] == "yarn" and rope["sliding_attention"]["rope_type"] == "default", rope
+    assert [layer.self_attn.sliding_window for layer in model.model.layers] == [16, 16, 16, None]
+
+
+def expect_olmo3_v5(model) -> None:
+    assert model.config.layer_types == ["full_attention", "sliding_attention"] * 2, model.config.layer_types
+    assert model.config.rope_parameters["sliding_attention"]["rope_theta"] == 1e4, model.config.rope_parameters
+
+
 def qwen2_windows_hub_style(cfg: dict) -> dict:
     """A Hub config with sliding windows on: no layer_types, the windowed layers from max_window_layers on."""
     cfg = qwen2_hub_style(cfg)
@@ -727,6 +768,17 @@ CASES = {
     "olmo2_yarn": case("olmo2", "gpt2", 1900, 160,
                        lambda V, i: olmo2_config(V, i, max_position_embeddings=256,
                                                  rope_parameters=dict(YARN, rope_theta=500000.0))),
+    # ---- OLMo 3: OLMo 2's block, windows on three layers of four, a RoPE for each kind (the global
+    # one YaRN-scaled); as the Hub writes it, and as transformers 5 saves it with layers of its own
+    # and the local layers' base 1e4
+    "olmo3": case("olmo3", "gpt2", 1950, 160, lambda V, i: olmo3_config(V, i), config_edit=olmo3_hub_style,
+                  expect=expect_olmo3),
+    "olmo3_v5": case("olmo3", "gpt2", 1950, 160,
+                     lambda V, i: olmo3_config(
+                         V, i, layer_types=["full_attention", "sliding_attention"] * 2,
+                         rope_parameters={"full_attention": dict(YARN, rope_theta=500000.0),
+                                          "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
+                     expect=expect_olmo3_v5),
     # ---- GPT-2: learned absolute positions, T stays inside n_positions
     "gpt2": case(
         "gpt2", "gpt2", 1300, 200,
