@@ -437,6 +437,14 @@ core/hub/hf_checkpoint.cpp | family == "olmo3") { | family == "olmo9") { | an OL
 core/hub/hf_checkpoint.cpp | family == "olmo3"; | family == "olmo9"; | an OLMo 3 export with one RoPE for every layer, its local layers' own dropped
 core/hub/hf_checkpoint.cpp | {!every_layer, {"qwen2", "qwen3", "gemma2", "gemma3_text", "olmo3"}, | {!every_layer, {"qwen2", "qwen3", "gemma2", "gemma3_text"}, | an OLMo model with windows on some layers refused by OLMo 3's class, which has them
 core/hub/hf_checkpoint.cpp | o.families.count(family)) continue; | o.families.count(family) + o.families.empty()) continue; | options no class of Llama's kin computes (an interleaved rotary, biases) exported as if the class did
+core/run/import_run.cpp | if (length > TrainConfig().batch_tokens) root["train"]["batch_tokens"] = length; | if (false) root["train"]["batch_tokens"] = length; | importing a model trained past 8192 positions (Llama 3.1, Gemma 3) refused on train.batch_tokens
+core/hub/hf_checkpoint.cpp | if (!text.contains(key)) text[key] = value; | if (false) text[key] = value; | a multimodal Gemma 3 config without Gemma3TextConfig's defaults for the keys the Hub leaves out
+core/hub/hf_checkpoint.cpp | {"vision_tower.", "multi_modal_projector."}}, | {"vision_tower.", nullptr}}, | Gemma 3's multimodal projector taken for a tensor of another model
+core/hub/hf_checkpoint.cpp | "embed_tokens.weight", "model.language_model.", | "embed_tokens.weight", "", | multimodal Gemma 3 weights under transformers' module names (model.language_model) not found
+core/hub/hf_checkpoint.cpp | name.rfind(std::string("model.") + part, 0) == 0 | false | a multimodal Gemma 3's vision tower under model. taken for a tensor of another model
+core/hub/hf_checkpoint.cpp | if (t.has("final_logit_softcapping")) | if (false) | a multimodal Gemma 3 config capping the logits imported capped, where transformers' class caps none
+core/hub/hf_checkpoint.cpp | if (!r->get<bool>("tie_word_embeddings", true)) | if (false) | a multimodal Gemma 3 with an untied head imported tied
+core/hub/hf_checkpoint.cpp | phi3.layout = LlamaLayout::fused; | phi3.layout = LlamaLayout::separate; | Phi-3's fused q, k, v and gate, up tensors looked for apart
 EOF
 )
 

@@ -334,6 +334,19 @@ struct KindRopes {
   double sliding_theta = 0;                  // their base where neither gives one
 };
 
+// How a family of Llama's kin stores its tensors.
+enum class LlamaLayout {
+  separate,  // Llama, Mistral, Qwen2, Qwen3
+  fused,     // Phi-3: q, k and v in one projection (qkv_proj: H query heads, then Hkv key, then Hkv
+             // value heads, extrap's own layout), gate and up in one (gate_up_proj: the gate's rows
+             // first, as extrap's ffn_in)
+  gemma,     // Llama's names, each norm's weight stored minus 1 (plus_one)
+  gemma2,    // Gemma's, with norms before and after each sublayer (input_layernorm, post_attention_layernorm,
+             // pre_feedforward_layernorm, post_feedforward_layernorm)
+  olmo2,     // norms after the sublayers (post_attention_layernorm, post_feedforward_layernorm),
+             // none before; q_norm and k_norm over the projections
+};
+
 // Gemma 2's and 3's soft caps (attn_logit_softcapping, final_logit_softcapping) and score scale
 // (query_pre_attn_scalar): the caps where config.json has no key (0: off), and whether the class
 // drops the scores' cap (transformers 5.24's Gemma 3 stores it and passes it to nothing).
@@ -365,9 +378,10 @@ struct LlamaKin {
   RopeRules rope;
   bool partial_rotary = false;                // the class rotates partial_rotary_factor of each head (Phi-3)
   KindRopes kind_ropes;                       // a RoPE for each kind of layer (read_kind_ropes)
+  LlamaLayout layout = LlamaLayout::separate;  // how its folder stores the tensors
 };
 
-const LlamaKin& llama_kin(const std::string& family) {
+const std::map<std::string, LlamaKin>& llama_kin_table() {
   static const std::map<std::string, LlamaKin> kin = [] {
     std::map<std::string, LlamaKin> k;
     k["llama"].title = "Llama";
@@ -387,6 +401,7 @@ const LlamaKin& llama_kin(const std::string& family) {
     phi3.rope.su_and_yarn_are_longrope = true;  // Phi3Config's readings
     phi3.rope.original_length = 4096;
     phi3.partial_rotary = true;
+    phi3.layout = LlamaLayout::fused;
     LlamaKin& gemma = k["gemma"];
     gemma.title = "Gemma";
     gemma.head_dim = 256;
@@ -395,12 +410,14 @@ const LlamaKin& llama_kin(const std::string& family) {
     gemma.gelu_is_tanh = true;
     gemma.gemma = true;
     gemma.llama_keys = false;
+    gemma.layout = LlamaLayout::gemma;
     LlamaKin& gemma2 = k["gemma2"] = gemma;  // and the norms around the sublayers, the softcaps, windows
     gemma2.title = "Gemma 2";
     gemma2.activation_key = "hidden_activation";
     gemma2.gelu_is_tanh = false;
     gemma2.sublayer_norms = "both";
     gemma2.caps = {true, 50.0, 30.0, false};
+    gemma2.layout = LlamaLayout::gemma2;
     gemma2.layer_windows = LayerWindows::gemma2;
     LlamaKin& gemma3 = k["gemma3_text"] = gemma2;  // and q and k normed, a RoPE for each kind of layer
     gemma3.title = "Gemma 3";
@@ -408,6 +425,7 @@ const LlamaKin& llama_kin(const std::string& family) {
     gemma3.layer_windows = LayerWindows::gemma3;
     gemma3.caps = {true, 0.0, 0.0, true};
     gemma3.kind_ropes = {true, 1e6, "rope_local_base_freq", 1e4};
+    k["gemma3"] = gemma3;  // Gemma 3 4B and up: the same text model, under language_model beside a vision tower
     LlamaKin& olmo2 = k["olmo2"];
     olmo2.title = "OLMo 2";
     olmo2.rms_norm_eps = 1e-5;
@@ -415,14 +433,17 @@ const LlamaKin& llama_kin(const std::string& family) {
     olmo2.qk_norm = true;
     olmo2.qk_norm_over_projection = true;
     olmo2.sublayer_norms = "output";
+    olmo2.layout = LlamaLayout::olmo2;
     LlamaKin& olmo3 = k["olmo3"] = olmo2;  // and windows, a RoPE for each kind of layer
     olmo3.title = "OLMo 3";
     olmo3.layer_windows = LayerWindows::olmo3;
     olmo3.kind_ropes = {true, 5e5, nullptr, 5e5};
     return k;
   }();
-  return kin.at(family);
+  return kin;
 }
+
+const LlamaKin& llama_kin(const std::string& family) { return llama_kin_table().at(family); }
 
 // The gated MLP, ACT2FN[activation_key] on the gate (LlamaMLP and its copies): SiLU is SwiGLU,
 // GELU (erf) and its tanh forms GeGLU. Gemma's default is the tanh form, and GemmaConfig reads
@@ -538,8 +559,7 @@ YAML::Node read_kind_ropes(const ConfigReader& c, const LlamaKin& kin, YAML::Nod
 // adds the 1), heads 256 wide unless given; Gemma 2's and 3's norms before and after the sublayers.
 // OLMo's: the norms after the sublayers (x + n(f(x)), none before), q and k normed over the whole
 // projection (H d_head and Hkv d_head values) before they split into heads.
-void map_llama(const ConfigReader& c, HfModel& hf) {
-  const LlamaKin& kin = llama_kin(hf.family);
+void map_llama_kin(const ConfigReader& c, HfModel& hf, const LlamaKin& kin) {
   const int64_t D = positive(c, "hidden_size"), H = positive(c, "num_attention_heads");
   const int64_t Hkv = c.has("num_key_value_heads") ? positive(c, "num_key_value_heads") : H;
   c.use("num_key_value_heads");
@@ -606,6 +626,44 @@ void map_llama(const ConfigReader& c, HfModel& hf) {
     if (hf.layers.size() > 0) hf.layers["kinds"]["sliding"]["position"] = sliding_rope;
     else if (hf.attention["window"]) hf.position = sliding_rope;
   }
+}
+
+void map_llama(const ConfigReader& c, HfModel& hf) { map_llama_kin(c, hf, llama_kin(hf.family)); }
+
+// Gemma 3 4B, 12B and 27B (Gemma3ForConditionalGeneration, model_type gemma3): a SigLIP vision
+// tower and its projector beside Gemma 3's text model, whose config is text_config (with
+// Gemma3TextConfig's defaults where a key is absent: the Hub's configs give few) and whose tensors
+// are under language_model (language_model.model.*, as the Hub's folders and transformers 5.24's
+// save_pretrained store them; model.language_model.*, its own names, too). Text in: the text
+// model's logits (no image, so nothing else of the class takes part); the vision tensors stay
+// unread. transformers 5.24's class caps no logits (its forward never reads
+// final_logit_softcapping) and ties its head to the embedding: a config that says otherwise is
+// refused.
+void map_gemma3_multimodal(const ConfigReader& c, HfModel& hf) {
+  if (!c.has("text_config") || !c.at("text_config").is_object())
+    c.fail("text_config", "must be an object: Gemma 3's text model, the part extrap imports");
+  json text = c.at("text_config");
+  static const json defaults = {{"vocab_size", 262208},        {"hidden_size", 2304},         {"intermediate_size", 9216},
+                                {"num_hidden_layers", 26},       {"num_attention_heads", 8},    {"num_key_value_heads", 4},
+                                {"max_position_embeddings", 131072}};
+  for (const auto& [key, value] : defaults.items())
+    if (!text.contains(key)) text[key] = value;
+  const ConfigReader t(text, c.where() + " text_config");
+  if (t.get<std::string>("model_type", "gemma3_text") != "gemma3_text")
+    t.fail("model_type", "\"" + t.get<std::string>("model_type") + "\" is not Gemma 3's text model (gemma3_text)");
+  if (t.has("final_logit_softcapping"))
+    t.fail("final_logit_softcapping", t.at("final_logit_softcapping").dump() + " is not imported: transformers 5.24's "
+           "Gemma3ForConditionalGeneration caps no logits; refusing rather than computing another model");
+  for (const ConfigReader* r : {&c, &t})
+    if (!r->get<bool>("tie_word_embeddings", true))
+      r->fail("tie_word_embeddings", "false is not imported: Gemma 3's multimodal folders tie the head to the embedding");
+  hf.vocab_size = positive(t, "vocab_size");
+  map_llama_kin(t, hf, llama_kin("gemma3_text"));
+  t.finish("gemma3 (text_config)");
+  c.use("vision_config");  // unread: no image goes in
+  for (const char* key : {"mm_tokens_per_image", "boi_token_index", "eoi_token_index", "image_token_index",
+                          "boi_token_id", "eoi_token_id", "image_token_id"})
+    c.use(key);
 }
 
 // The MLP activations of GPT-2's and GPT-NeoX's configs and extrap's for each; the first entry
@@ -847,7 +905,7 @@ const std::map<std::string, Mapper>& mappers() {
   static const std::map<std::string, Mapper> m = {
       {"llama", map_llama}, {"mistral", map_llama}, {"qwen2", map_llama}, {"qwen3", map_llama}, {"phi3", map_llama},
       {"gemma", map_llama}, {"gemma2", map_llama}, {"gemma3_text", map_llama}, {"olmo2", map_llama},
-      {"olmo3", map_llama},
+      {"olmo3", map_llama},  {"gemma3", map_gemma3_multimodal},
       {"gpt2", map_gpt2}, {"bloom", map_bloom},
       {"gpt_neox", map_gpt_neox}, {"mpt", map_mpt}, {"falcon", map_falcon}};
   return m;
@@ -897,8 +955,8 @@ HfModel read_hf_model(const fs::path& dir) {
   hf.layers = YAML::Node(YAML::NodeType::Map);
   hf.model["scale_embedding"] = false;
   hf.model["dropout"] = 0.0;
-  hf.vocab_size = positive(c, "vocab_size");
   it->second(c, hf);
+  if (hf.vocab_size == 0) hf.vocab_size = positive(c, "vocab_size");  // (Gemma 3's multimodal: text_config's)
   c.finish(hf.family);
   return hf;
 }
@@ -979,18 +1037,6 @@ std::string find_prefix(const SafetensorsReader& w, const std::string& probe, co
                     " (nor without its prefix): not the weights of this config's family");
 }
 
-// How a family of Llama's kin stores its tensors.
-enum class LlamaLayout {
-  separate,  // Llama, Mistral, Qwen2, Qwen3
-  fused,     // Phi-3: q, k and v in one projection (qkv_proj: H query heads, then Hkv key, then Hkv
-             // value heads, extrap's own layout), gate and up in one (gate_up_proj: the gate's rows
-             // first, as extrap's ffn_in)
-  gemma,     // Llama's names, each norm's weight stored minus 1 (plus_one)
-  gemma2,    // Gemma's, with norms before and after each sublayer (input_layernorm, post_attention_layernorm,
-             // pre_feedforward_layernorm, post_feedforward_layernorm)
-  olmo2,     // norms after the sublayers (post_attention_layernorm, post_feedforward_layernorm),
-             // none before; q_norm and k_norm over the projections
-};
 
 WeightPlan llama_plan(const std::string& p, const ModelConfig& m, LlamaLayout layout) {
   const bool qkv_bias = m.qkv_bias, fused = layout == LlamaLayout::fused;
@@ -1145,6 +1191,8 @@ struct FamilyPrefix {
   const char* family;
   const char* prefix;
   const char* probe;
+  const char* other = "";       // the prefix of the family's other layout (default: none)
+  const char* unread[2] = {};   // tensors of parts extrap does not compute (Gemma 3's vision tower)
 };
 constexpr FamilyPrefix kPrefixes[] = {
     {"llama", "model.", "embed_tokens.weight"},    {"mistral", "model.", "embed_tokens.weight"},
@@ -1152,6 +1200,8 @@ constexpr FamilyPrefix kPrefixes[] = {
     {"phi3", "model.", "embed_tokens.weight"},     {"gemma", "model.", "embed_tokens.weight"},
     {"gemma2", "model.", "embed_tokens.weight"},    {"gemma3_text", "model.", "embed_tokens.weight"},
     {"olmo2", "model.", "embed_tokens.weight"},     {"olmo3", "model.", "embed_tokens.weight"},
+    {"gemma3", "language_model.model.", "embed_tokens.weight", "model.language_model.",
+     {"vision_tower.", "multi_modal_projector."}},
     {"gpt2", "transformer.", "wte.weight"},
     {"bloom", "transformer.", "word_embeddings.weight"}, {"gpt_neox", "gpt_neox.", "embed_in.weight"},
     {"mpt", "transformer.", "wte.weight"},         {"falcon", "transformer.", "word_embeddings.weight"}};
@@ -1164,7 +1214,7 @@ const FamilyPrefix& prefix_of(const std::string& family) {
 
 std::string folder_prefix(const std::string& family, const SafetensorsReader& weights) {
   const FamilyPrefix& p = prefix_of(family);
-  return find_prefix(weights, p.probe, {p.prefix, ""});
+  return find_prefix(weights, p.probe, {p.prefix, p.other});
 }
 
 // extrap's own tensors, by their own names (a folder of remote code).
@@ -1175,12 +1225,7 @@ WeightPlan extrap_plan(TransformerLM& model) {
 }
 
 WeightPlan family_plan(const std::string& family, const std::string& prefix, const ModelConfig& m) {
-  if (family == "llama" || family == "mistral" || family == "qwen2" || family == "qwen3")
-    return llama_plan(prefix, m, LlamaLayout::separate);
-  if (family == "phi3") return llama_plan(prefix, m, LlamaLayout::fused);
-  if (family == "gemma") return llama_plan(prefix, m, LlamaLayout::gemma);
-  if (family == "gemma2" || family == "gemma3_text") return llama_plan(prefix, m, LlamaLayout::gemma2);
-  if (family == "olmo2" || family == "olmo3") return llama_plan(prefix, m, LlamaLayout::olmo2);
+  if (llama_kin_table().count(family)) return llama_plan(prefix, m, llama_kin(family).layout);
   if (family == "gpt2") return gpt2_plan(prefix, m);
   if (family == "bloom") return bloom_plan(prefix, m);
   if (family == "gpt_neox") return gpt_neox_plan(prefix, m);
@@ -1263,8 +1308,15 @@ void load_hf_weights(const HfModel& hf, const SafetensorsReader& weights, Transf
                         "them (tie_word_embeddings)");
     used.insert(head);
   }
+  // Parts of the folder's model that extrap does not compute, in either of its layouts.
+  const auto unread = [&](const std::string& name) {
+    if (own) return false;
+    for (const char* part : prefix_of(hf.family).unread)
+      if (part && (name.rfind(part, 0) == 0 || name.rfind(std::string("model.") + part, 0) == 0)) return true;
+    return false;
+  };
   for (const auto& name : weights.names())
-    if (!used.count(name) && !computed_buffer(name))
+    if (!used.count(name) && !computed_buffer(name) && !unread(name))
       throw ConfigError(weights.where() + ": tensor " + name + " is not used by extrap's " + hf.family +
                         " model: config.json does not describe these weights, or the mapping lacks a part");
   for (const auto& item : model->named_parameters())

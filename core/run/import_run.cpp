@@ -24,6 +24,9 @@ struct ImportPlan {
 Config finish_config(YAML::Node root, int64_t length, const fs::path& folder, const fs::path& run,
                      const ImportOptions& options) {
   root["train"]["seq_len"] = length;
+  // Nothing is trained: a step's tokens need only hold one sequence of L (a released model's L,
+  // 32768 or 131072, is past the default's 8192; set only then, so other imports' identities stay).
+  if (length > TrainConfig().batch_tokens) root["train"]["batch_tokens"] = length;
   root["train"]["out_dir"] = run.string();
   root["eval"]["lengths"] = std::vector<int64_t>{length, 2 * length, 4 * length};
   for (const auto& assignment : options.set) apply_override(root, assignment);

@@ -136,7 +136,7 @@ void check_logprobs(const std::string& name, TransformerLM& model) {
 TEST_CASE("import: each family's log-probabilities equal transformers', inside and beyond its length",
           "[import][python]") {
   for (const std::string name :
-       {"llama", "llama_tied", "mistral", "mistral_spm", "qwen2", "qwen2_windows", "qwen2_windows_hub", "qwen3", "qwen3_windows", "qwen3_wide_heads", "mistral_narrow_heads", "phi3", "gemma", "gemma2", "gemma2_uncapped", "gemma3", "gemma3_v5", "olmo2", "olmo3", "olmo3_v5", "gpt2", "bloom", "bloom_h8", "gpt_neox",
+       {"llama", "llama_tied", "mistral", "mistral_spm", "qwen2", "qwen2_windows", "qwen2_windows_hub", "qwen3", "qwen3_windows", "qwen3_wide_heads", "mistral_narrow_heads", "phi3", "gemma", "gemma2", "gemma2_uncapped", "gemma3", "gemma3_v5", "gemma3_multimodal", "gemma3_multimodal_v5", "olmo2", "olmo3", "olmo3_v5", "gpt2", "bloom", "bloom_h8", "gpt_neox",
         "gpt_neox_seq", "mpt", "falcon_rw", "falcon_alibi_mq", "falcon_7b", "falcon_40b", "falcon_seq"}) {
     DYNAMIC_SECTION(name) {
       TempDir d("import");
@@ -234,6 +234,31 @@ TEST_CASE("import: an ALiBi family's rounding is its own, and the exact bias a n
   CHECK_THROWS_WITH(import_checkpoint(checkpoints() / "llama", d.root / "no", options), Contains("without ALiBi"));
 }
 
+TEST_CASE("import: Gemma 3's multimodal weights load under either layout, the vision tower's unread",
+          "[import][python]") {
+  // The fixture is stored as the Hub's folders and save_pretrained store it (language_model.model.*,
+  // vision_tower.*); transformers' own module names put everything under model. (model.language_model.*,
+  // model.vision_tower.*): the same weights, the same numbers.
+  TempDir d("import-gemma3-layout");
+  const fs::path from = checkpoints() / "gemma3_multimodal", to = d.root / "renamed";
+  fs::create_directories(to);
+  for (const auto& entry : fs::directory_iterator(from))
+    if (entry.path().filename() != "model.safetensors") fs::copy_file(entry.path(), to / entry.path().filename());
+  const SafetensorsReader stored = SafetensorsReader::open(from);
+  std::vector<std::pair<std::string, torch::Tensor>> renamed;
+  size_t vision = 0;
+  for (const std::string& name : stored.names()) {
+    std::string to_name = "model." + name;
+    if (name.rfind("language_model.model.", 0) == 0) to_name = "model.language_model." + name.substr(21);
+    vision += name.rfind("vision_tower.", 0) == 0 || name.rfind("multi_modal_projector.", 0) == 0;
+    renamed.emplace_back(to_name, stored.tensor(name).clone());
+  }
+  CHECK(vision > 10);  // (the tower is there, and unread)
+  write_text(to / "model.safetensors", encode_safetensors(renamed, {}));
+  Imported m = import_and_load(to, d.root / "run");
+  check_logprobs("gemma3_multimodal", m.run.model);
+}
+
 TEST_CASE("import: float16, bfloat16 and sharded weights load exactly", "[import][python]") {
   for (const std::string name : {"llama_bf16", "llama_fp16", "llama_sharded"}) {
     DYNAMIC_SECTION(name) {
@@ -326,6 +351,31 @@ TEST_CASE("import: bad folders are refused in one line, nothing written", "[impo
     });
     check_refused(f, run, "config.json: rope_scaling.type \"linear\" without rope_type: transformers 5.24's Gemma 3 "
                           "ignores it and scales nothing");
+  }
+  SECTION("Gemma 3's multimodal folders: what its class does not compute, or weights of another model") {
+    const fs::path f = copy_of(d, "gemma3_multimodal");
+    edit_config(f, [](nlohmann::json& c) { c["text_config"]["final_logit_softcapping"] = 30.0; });
+    check_refused(f, run, "config.json text_config: final_logit_softcapping 30.0 is not imported: transformers "
+                          "5.24's Gemma3ForConditionalGeneration caps no logits");
+    edit_config(f, [](nlohmann::json& c) {
+      c["text_config"].erase("final_logit_softcapping");
+      c["tie_word_embeddings"] = false;
+    });
+    check_refused(f, run, "config.json: tie_word_embeddings false is not imported: Gemma 3's multimodal folders tie");
+    edit_config(f, [](nlohmann::json& c) {
+      c.erase("tie_word_embeddings");
+      c["text_config"]["model_type"] = "gemma2";
+    });
+    check_refused(f, run, "config.json text_config: model_type \"gemma2\" is not Gemma 3's text model");
+    edit_config(f, [](nlohmann::json& c) {
+      c["text_config"]["model_type"] = "gemma3_text";
+      c["text_config"]["num_attention_heads"] = 4;  // the weights are of 8 heads (Gemma3TextConfig's default)
+    });
+    check_refused(f, run, "self_attn.q_proj.weight");
+    edit_config(f, [](nlohmann::json& c) { c["text_config"].erase("num_attention_heads"); c["text_config"]["clip_qkv"] = 8; });
+    check_refused(f, run, "config.json text_config: clip_qkv 8 is not implemented by extrap's gemma3 (text_config) mapping");
+    edit_config(f, [](nlohmann::json& c) { c["text_config"].erase("clip_qkv"); c.erase("text_config"); });
+    check_refused(f, run, "config.json: text_config must be an object: Gemma 3's text model");
   }
   SECTION("OLMo 3's top-level rope_theta, which transformers gives to the global layers alone") {
     const fs::path f = copy_of(d, "olmo3");
@@ -482,7 +532,7 @@ TEST_CASE("export --format hf: transformers loads each family with its own class
   // layer_types again in the folder.)
   const std::vector<std::string> names = {"llama", "llama_tied", "mistral", "qwen2", "qwen2_windows", "qwen2_windows_hub",
                                           "qwen3", "qwen3_windows", "qwen3_wide_heads", "mistral_narrow_heads",
-                                          "phi3", "phi3_longrope", "phi3_longrope_short", "gemma", "gemma2", "gemma2_uncapped", "gemma3", "gemma3_v5", "olmo2", "olmo3", "olmo3_v5", "gpt2", "bloom", "gpt_neox", "mpt", "falcon_rw", "falcon_alibi_mq", "falcon_7b", "falcon_40b",
+                                          "phi3", "phi3_longrope", "phi3_longrope_short", "gemma", "gemma2", "gemma2_uncapped", "gemma3", "gemma3_v5", "gemma3_multimodal", "olmo2", "olmo3", "olmo3_v5", "gpt2", "bloom", "gpt_neox", "mpt", "falcon_rw", "falcon_alibi_mq", "falcon_7b", "falcon_40b",
                                           "falcon_seq", "llama_yarn"};
   std::string args;  // one Python process checks every folder
   for (const std::string& name : names) {

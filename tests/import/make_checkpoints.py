@@ -67,6 +67,7 @@ from transformers import (  # noqa: E402
     FalconConfig,
     GemmaConfig,
     Gemma2Config,
+    Gemma3Config,
     Gemma3TextConfig,
     GPT2Config,
     GPTNeoXConfig,
@@ -79,6 +80,7 @@ from transformers import (  # noqa: E402
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen3Config,
+    SiglipVisionConfig,
 )
 
 transformers.logging.set_verbosity_error()
@@ -500,6 +502,44 @@ def expect_gemma3(model) -> None:
     assert model.model.layers[0].self_attn.q_norm.weight.shape == (32,)
 
 
+def gemma3_multimodal_config(V, ids, **over):
+    """Gemma 3 4B and up (Gemma3ForConditionalGeneration): a SigLIP vision tower (one tiny layer) and its
+    projector beside the text model, here with Gemma3TextConfig's heads (8 of 256, 4 key-value heads, the
+    score scale 256) and its default layer pattern (all but every sixth layer local), windows of 16, the
+    global layers' RoPE scaled linearly by 8, as 4B's."""
+    text = gemma3_config(V, ids, num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+                         query_pre_attn_scalar=256, layer_types=None,
+                         rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                                          "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
+    vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                image_size=28, patch_size=14)
+    kw = dict(text_config=text, vision_config=vision, mm_tokens_per_image=4, boi_token_index=V - 3,
+              eoi_token_index=V - 2, image_token_index=V - 1, initializer_range=INIT_STD)
+    kw.update(over)
+    return Gemma3Config(**kw)
+
+
+def gemma3_multimodal_hub_style(cfg: dict) -> dict:
+    """Gemma 3 4B's config.json on the Hub: a text_config of the few keys that differ from
+    Gemma3TextConfig's defaults (the heads, score scale, base frequencies, layer pattern and training
+    length left out), rope_scaling for its global layers."""
+    text = cfg["text_config"]
+    full = dict(text["rope_parameters"]["full_attention"])
+    full.pop("rope_theta")
+    keep = ("hidden_size", "intermediate_size", "model_type", "num_hidden_layers", "sliding_window", "vocab_size")
+    cfg["text_config"] = dict({k: text[k] for k in keep}, rope_scaling=full)
+    cfg["eos_token_id"] = [1, 106]
+    return cfg
+
+
+def expect_gemma3_multimodal(model) -> None:
+    text = model.config.text_config
+    assert text.layer_types == ["sliding_attention"] * 5 + ["full_attention"], text.layer_types
+    assert text.num_attention_heads == 8 and text.head_dim == 256 and text.query_pre_attn_scalar == 256
+    assert text.rope_parameters["full_attention"]["factor"] == 8.0, text.rope_parameters
+    assert type(model).__name__ == "Gemma3ForConditionalGeneration"
+
+
 def olmo2_config(V, ids, **over):
     """OLMo 2: norms after the attention and the MLP (none before), q and k normed over the whole projection."""
     kw = dict(
@@ -761,6 +801,12 @@ CASES = {
     "gemma3": case("gemma3_text", "llama3", 1870, 160, lambda V, i: gemma3_config(V, i),
                    config_edit=gemma3_hub_style, expect=expect_gemma3),
     "gemma3_v5": case("gemma3_text", "llama3", 1870, 160, lambda V, i: gemma3_config(V, i), expect=expect_gemma3),
+    # ---- Gemma 3 4B and up: the text model beside a vision tower, text in; as the Hub writes its config
+    # (Gemma3TextConfig's defaults for what it leaves out) and as transformers 5 saves it
+    "gemma3_multimodal": case("gemma3", "llama3", 1880, 160, lambda V, i: gemma3_multimodal_config(V, i),
+                              config_edit=gemma3_multimodal_hub_style, expect=expect_gemma3_multimodal),
+    "gemma3_multimodal_v5": case("gemma3", "llama3", 1880, 160, lambda V, i: gemma3_multimodal_config(V, i),
+                                 expect=expect_gemma3_multimodal),
     # ---- OLMo 2: norms after the sublayers, q and k normed over the projection (8 query heads of 16,
     # 2 key heads); and with a YaRN scaling from 64 to 256 positions
     "olmo2": case("olmo2", "gpt2", 1900, 160, lambda V, i: olmo2_config(V, i), config_edit=olmo2_hub_style,
@@ -865,7 +911,7 @@ CASES = {
 def reinit_(model: torch.nn.Module, seed: int) -> None:
     """Redraw every parameter: matrices/embeddings N(0, s), biases N(0, s), norm scales 1 + N(0, s)
     (Gemma's N(0, s): its norms multiply by 1 + w)."""
-    centre = 0.0 if model.config.model_type in ("gemma", "gemma2", "gemma3_text") else 1.0
+    centre = 0.0 if model.config.model_type in ("gemma", "gemma2", "gemma3_text", "gemma3") else 1.0
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():  # tied parameters appear once
