@@ -27,6 +27,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <sstream>
 
 using namespace extrap;
 using namespace extrap::testing;
@@ -232,6 +233,28 @@ TEST_CASE("import: an ALiBi family's rounding is its own, and the exact bias a n
   CHECK(require_checkpoint(d.root / "bf16").config.position["round_to"].as<std::string>() == "bfloat16");
   options.alibi_bias = "bfloat16";
   CHECK_THROWS_WITH(import_checkpoint(checkpoints() / "llama", d.root / "no", options), Contains("without ALiBi"));
+}
+
+TEST_CASE("import: every family extrap reads has its row in docs/released.md", "[import][docs]") {
+  // The table's first column names each model_type in backticks; a family added without its row
+  // (what it maps to, what it refuses) fails here.
+  const std::string doc = read_text(EXTRAP_SOURCE_DIR "/docs/released.md");
+  std::set<std::string> documented;
+  std::istringstream lines(doc);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("| `", 0) != 0) continue;
+    const std::string first = line.substr(1, line.find(" | ") - 1);
+    for (size_t at = first.find('`'); at != std::string::npos;) {  // each `name` in it
+      const size_t end = first.find('`', at + 1);
+      if (end == std::string::npos) break;
+      documented.insert(first.substr(at + 1, end - at - 1));
+      at = first.find('`', end + 1);
+    }
+  }
+  for (const std::string& family : hf_families()) {
+    INFO(family);
+    CHECK(documented.count(family) == 1);
+  }
 }
 
 TEST_CASE("import: Gemma 3's multimodal weights load under either layout, the vision tower's unread",
