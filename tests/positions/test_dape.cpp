@@ -112,9 +112,12 @@ TEST_CASE("dape: gradients reach the MLP and the base's parameters", "[positions
   }
   // b2 adds one constant to every score of its head, which the softmax cancels: its gradient is
   // 0 but for rounding (it was exactly 0 in some runs, so "> 0" passed on rounding noise alone).
+  // Rounding: a float32 sum of the 2 x 8 x 8 score gradients of each head, about 256 x 1.2e-7 of
+  // their size at worst (9.5e-7 of w2's was seen once, above the 1e-6 this bound first had); a
+  // gradient that the softmax did not cancel would be of w2's own size.
   const auto b2 = parameter(*method, "b2").grad();
   REQUIRE(b2.defined());
-  CHECK(b2.abs().max().item<double>() < 1e-6 * parameter(*method, "w2").grad().abs().max().item<double>() + 1e-12);
+  CHECK(b2.abs().max().item<double>() < 1e-4 * parameter(*method, "w2").grad().abs().max().item<double>() + 1e-12);
   // Layer 1 only: layer 0's MLP has no gradient.
   CHECK(parameter(*method, "w1").grad()[0].abs().sum().item<double>() == 0);
 }
