@@ -409,7 +409,7 @@ core/hub/hf_checkpoint.cpp | require_all(family, {{m.scale_embedding, "norms bef
 core/attention/attention.cpp | if (bias.softcap > 0) scores = torch::tanh(scores * (1.0 / bias.softcap)) * bias.softcap; | if (false) scores = torch::tanh(scores * (1.0 / bias.softcap)) * bias.softcap; | the reference path leaves attention scores uncapped (attention.softcap)
 core/attention/efficient_attention.cpp | if (p.softcap > 0) scores.mul_(1.0 / p.softcap).tanh_().mul_(p.softcap); | if (false) scores.mul_(1.0 / p.softcap).tanh_().mul_(p.softcap); | the memory-efficient path leaves attention scores uncapped
 core/attention/efficient_attention.cpp | p.softcap = bias.softcap; | p.softcap = 0; | the memory-efficient path drops the bias's softcap
-core/attention/fused_cpu_attention.cpp | if (bias.softcap > 0) return "attention logit soft-capping (attention.softcap)"; | (void)0; | the fused CPU kernel takes a soft-capped call and computes it uncapped
+core/attention/fused_cpu_attention.cpp | if (p.softcap > 0) cap_rows(rows, m, n, stride, p.softcap); | if (false) cap_rows(rows, m, n, stride, p.softcap); | the fused CPU kernel computes soft-capped scores uncapped
 core/eval/attention_profile.cpp | return q.is_cpu() && !bias.far_queries.defined() && bias.softcap == 0 && | return q.is_cpu() && !bias.far_queries.defined() && | the attention profile's own kernel weighs soft-capped scores uncapped
 core/model/model.cpp | bias.softcap = extras.softcap; | bias.softcap = 0; | a model's attention.softcap never reaches its attention
 core/model/model.cpp | const double factor = std::sqrt(double(options.d_head()) / s); | const double factor = std::sqrt(s / double(options.d_head())); | attention.scale_dim inverted: scores q.k sqrt(s) / d_head
@@ -430,7 +430,7 @@ core/hub/hf_checkpoint.cpp | c["rope_parameters"] = {{"full_attention", rope_jso
 core/hub/hf_checkpoint.cpp | if (kin.caps.scores_dropped && c.has("attn_logit_softcapping")) | if (false) | a Gemma 3 config that caps the scores imported capped, where transformers' class caps none
 core/hub/hf_checkpoint.cpp | {a.softcap > 0, {"gemma2"}, | {a.softcap > 0, {"gemma2", "gemma3_text"}, | a Gemma 3 export with soft-capped scores, which its class computes uncapped
 core/hub/hf_checkpoint.cpp | for (int64_t l = 0; l < layers; ++l) sliding[size_t(l)] = (l + 1) % 4 != 0; | for (int64_t l = 0; l < layers; ++l) sliding[size_t(l)] = l % 4 != 0; | an OLMo 3 config without layer_types makes the first layer of each four global, not the last
-core/hub/hf_checkpoint.cpp | else if (c.has("rope_theta") && c.get<double>("rope_theta", theta) != theta) | else if (false) | an OLMo 3 config whose top-level rope_theta transformers gives to its global layers alone imported as if it were
+core/hub/hf_checkpoint.cpp | else if (const double top = c.get<double>("rope_theta", theta); top != theta) | else if (const double top = theta; top != theta) | an OLMo 3 config whose top-level rope_theta transformers gives to its global layers alone imported as if it were
 core/hub/hf_checkpoint.cpp | olmo3.kind_ropes = {true, 5e5, nullptr, 5e5}; | olmo3.kind_ropes = {true, 5e5, nullptr, 1e4}; | an OLMo 3 config without its local layers' base rotates them with Gemma 3's 1e4, not Olmo3Config's 5e5
 core/hub/hf_checkpoint.cpp | out.family = olmo     ? (window > 0 | out.family = olmo     ? (false | an OLMo model with a window on every layer exported to OLMo 2's class, which has none
 core/hub/hf_checkpoint.cpp | family == "olmo3") { | family == "olmo9") { | an OLMo 3 export without its layer_types and window: transformers' default pattern and width instead
@@ -445,6 +445,12 @@ core/hub/hf_checkpoint.cpp | name.rfind(std::string("model.") + part, 0) == 0 | 
 core/hub/hf_checkpoint.cpp | if (t.has("final_logit_softcapping")) | if (false) | a multimodal Gemma 3 config capping the logits imported capped, where transformers' class caps none
 core/hub/hf_checkpoint.cpp | if (!r->get<bool>("tie_word_embeddings", true)) | if (false) | a multimodal Gemma 3 with an untied head imported tied
 core/hub/hf_checkpoint.cpp | phi3.layout = LlamaLayout::fused; | phi3.layout = LlamaLayout::separate; | Phi-3's fused q, k, v and gate, up tensors looked for apart
+core/attention/fused_cpu_attention.cpp | if (p.softcap > 0) cap_backward_rows(dscores.data(), raw.data(), m, n, ns, p.softcap);  // dS of the uncapped scores | if (false) cap_backward_rows(dscores.data(), raw.data(), m, n, ns, p.softcap); | the fused CPU backward leaves the soft cap's gradient out (float32 products)
+core/attention/fused_cpu_attention.cpp | if (p.softcap > 0) cap_backward_rows(dscores.data(), raw.data(), m, n, ns, p.softcap);  // as backward_kernel | if (false) cap_backward_rows(dscores.data(), raw.data(), m, n, ns, p.softcap); | the fused CPU backward leaves the soft cap's gradient out (bfloat16 products)
+core/attention/fused_cpu_attention.cpp | g[j] *= 1.0f - t * t; | g[j] *= 1.0f - t; | the soft cap's gradient taken as 1 - tanh, not 1 - tanh^2
+core/attention/fused_cpu_attention.cpp | p.softcap = float(ctx->saved_data["softcap"].toDouble()); | p.softcap = 0; | the fused backward recomputes the probabilities without the soft cap
+core/kernels/cpu_vector_math.h | const float t = a < 0.5f ? a * poly : far; | const float t = a < 0.5f ? a : far; | tanh_float takes tanh x as x below 0.5 (its series dropped)
+core/model/config.cpp | if (!softcap_in_float_range(a.softcap)) r.fail | if (false) r.fail | an attention.softcap float32 holds as 0 or infinity is accepted (the cap dropped, or NaN scores)
 EOF
 )
 

@@ -77,6 +77,9 @@ struct Problem {
   int64_t window = 0, chunk = 0;
   std::vector<float> sink;
   const float* logit_scale = nullptr;
+  // attention.softcap C: the scores q.k / sqrt(d) become C tanh(q.k / (sqrt(d) C)) before the bias
+  // and the masks (cap_rows; 0: none).
+  float softcap = 0;
   // A bias of j - i alone (AttentionBias::by_offset): head h's bias at offset o = j - i is
   // offsets[h * offset_stride + kOffsetPad + o + length - 1]. Empty: none.
   std::vector<float> offsets;
@@ -310,6 +313,39 @@ EXTRAP_ISA_KERNEL(float, biased_dot, (const float* dz, const float* raw, int64_t
   return sum;
 }
 
+// The soft cap (Problem::softcap) on the m rows of a block's scores, n columns `stride` apart:
+// s <- C tanh(s / C), as the reference computes it (core/attention/attention.cpp), before the
+// bias and the masks are added. Every column is capped, the masked ones too (they are masked
+// after).
+EXTRAP_ISA_KERNEL(void, cap_rows, (float* rows, int64_t m, int64_t n, int64_t stride, float cap), (rows, m, n, stride, cap)) {
+  const float inverse = 1.0f / cap;
+  for (int64_t r = 0; r < m; ++r) {
+    float* row = rows + r * stride;
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) row[j] = cap * tanh_float(row[j] * inverse);
+  }
+}
+
+// The gradient through the cap, in place: dS <- dS (1 - (c / C)^2) for the capped scores c
+// (d/ds C tanh(s / C) = 1 - tanh^2(s / C)), the m rows of n columns `stride` apart.
+EXTRAP_ISA_KERNEL(void, cap_backward_rows, (float* grads, const float* capped, int64_t m, int64_t n, int64_t stride, float cap), (grads, capped, m, n, stride, cap)) {
+  const float inverse = 1.0f / cap;
+  for (int64_t r = 0; r < m; ++r) {
+    float* g = grads + r * stride;
+    const float* c = capped + r * stride;
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) {
+      const float t = c[j] * inverse;
+      g[j] *= 1.0f - t * t;
+    }
+  }
+}
+
+// cap_rows where the problem has a soft cap.
+void cap_block(const Problem& p, float* rows, int64_t m, int64_t n, int64_t stride) {
+  if (p.softcap > 0) cap_rows(rows, m, n, stride, p.softcap);
+}
+
 // Row i of head h in a buffer of n columns holding keys [k0, k0 + n): its bias, the columns it
 // sees and its logit factor. A row that sees none of them gets begin == end.
 RowBias row_bias(const Problem& p, int64_t h, int64_t i, int64_t k0, int64_t n) {
@@ -422,6 +458,7 @@ void forward_kernel(const Problem& p, const Operand& q, const Operand& k, const 
         const int64_t k0 = keys.first, n = keys.last - k0, ns = padded_keys(n);
         gemm(false, true, m, n, D, p.scale, qr.data + i0 * qr.stride, qr.stride, kr.data + k0 * kr.stride, kr.stride,
              0.0f, scores.data(), ns);
+        cap_block(p, scores.data(), m, n, ns);
         softmax_block(scores.data(), i0, m, k0, n, p, h, lb);
         gemm(false, false, m, D, n, 1.0f, scores.data(), ns, vr.data + k0 * vr.stride, vr.stride, 0.0f,
              o.data + i0 * o.stride, o.stride);
@@ -544,12 +581,15 @@ void forward_inference_kernel(const Problem& p, const Operand& q, const Operand&
         if (!norms.empty() && (k0 + w <= i0 || k0 >= i0 + m)) {
           const bool left = k0 + w <= i0;
           const float* tile_norms = norms.data() + bkv * T + k0;
-          const NegligibleBound bound{q_reach * (*std::max_element(tile_norms, tile_norms + w) + own_keys),
-                                      left ? hb.left : hb.right, left ? i0 - (k0 + w - 1) : k0 - (i0 + m - 1)};
+          // A soft cap C bounds each score by C, so that no two differ by more than 2C.
+          float reach = q_reach * (*std::max_element(tile_norms, tile_norms + w) + own_keys);
+          if (p.softcap > 0) reach = std::min(reach, 2 * p.softcap);
+          const NegligibleBound bound{reach, left ? hb.left : hb.right, left ? i0 - (k0 + w - 1) : k0 - (i0 + m - 1)};
           if (bound.negligible()) continue;
         }
         gemm(false, true, m, w, D, p.scale, qr.data + i0 * qr.stride, qr.stride, kr.data + k0 * kr.stride,
              kr.stride, 0.0f, scores.data(), ws);
+        cap_block(p, scores.data(), m, w, ws);
         for (int64_t r = 0; r < m; ++r)
           factor[r] = online_softmax_row(scores.data() + r * ws, i0 + r - k0, w, row_bias(p, h, i0 + r, k0, w), max[r],
                                          sum[r]);
@@ -587,7 +627,8 @@ void backward_kernel(const Problem& p, const Operand& q, const Operand& k, const
   at::parallel_for(0, p.batch * Hkv, 1, [&](int64_t begin, int64_t end) {
     const int64_t block = std::min(kQueryBlock, T);
     std::vector<float> probs(size_t(block * padded_keys(T))), dscores(size_t(block * padded_keys(T)));
-    std::vector<float> raw(p.logit_scale ? probs.size() : 0);  // the scores before the softmax (logit scale)
+    // The scores before the softmax, for the logit scale's gradient and the cap's.
+    std::vector<float> raw(p.logit_scale || p.softcap > 0 ? probs.size() : 0);
     std::vector<float> qbuf, kbuf, vbuf, gbuf, dqbuf, dkbuf, dvbuf;
     for (int64_t bkv = begin; bkv < end; ++bkv) {
       const int64_t b = bkv / Hkv, kvh = bkv % Hkv;
@@ -609,6 +650,7 @@ void backward_kernel(const Problem& p, const Operand& q, const Operand& k, const
           const float *qi = qr.data + i0 * qr.stride, *gi = go.data + i0 * go.stride;
           const float *kj = kr.data + k0 * kr.stride, *vj = vr.data + k0 * vr.stride;
           gemm(false, true, m, n, D, p.scale, qi, qr.stride, kj, kr.stride, 0.0f, probs.data(), ns);
+          cap_block(p, probs.data(), m, n, ns);
           if (!raw.empty()) std::copy(probs.begin(), probs.begin() + m * ns, raw.begin());
           probabilities_block(probs.data(), i0, m, k0, n, p, h, lb);
           gemm(true, false, n, D, m, 1.0f, probs.data(), ns, gi, go.stride, 1.0f, dvr.data + k0 * dvr.stride,
@@ -616,6 +658,7 @@ void backward_kernel(const Problem& p, const Operand& q, const Operand& k, const
           gemm(false, true, m, n, D, 1.0f, gi, go.stride, vj, vr.stride, 0.0f, dscores.data(), ns);  // dP = dO V^T
           softmax_backward_block(dscores.data(), probs.data(), i0, m, k0, n, ns, p, h, lb, raw.data(),
                                  option_grads.of(bh, T));  // dS
+          if (p.softcap > 0) cap_backward_rows(dscores.data(), raw.data(), m, n, ns, p.softcap);  // dS of the uncapped scores
           gemm(false, false, m, D, n, p.scale, dscores.data(), ns, kj, kr.stride, 0.0f, dqr.data + i0 * dqr.stride,
                dqr.stride);  // dQ
           gemm(true, false, n, D, m, p.scale, dscores.data(), ns, qi, qr.stride, 1.0f, dkr.data + k0 * dkr.stride,
@@ -664,6 +707,7 @@ void forward_kernel_bf16(const Problem& p, const Operand& q, const Operand& k, c
           const int64_t m = std::min(query_block, T - i0), n = block_keys(p, h, i0, m).last, ns = padded_keys(n);
           pack_a(qb + i0 * q.st, q.st, false, m, D, qa);
           multiply(qa, kt, m, n, p.scale, scores.data(), ns, false);
+          cap_block(p, scores.data(), m, n, ns);
           softmax_block(scores.data(), i0, m, 0, n, p, h, lb);
           pack_a(scores.data(), ns, false, m, n, pa);
           multiply(pa, vb, m, D, 1.0f, obuf.data(), D, false);
@@ -683,7 +727,7 @@ void backward_kernel_bf16(const Problem& p, const Operand& q, const Operand& k, 
     const int64_t block = std::min(query_block, T);
     const size_t scores_size = size_t(block * padded_keys(T));
     std::vector<float> probs(scores_size), dscores(scores_size), dqbuf(size_t(block * D));
-    std::vector<float> raw(p.logit_scale ? scores_size : 0);  // the scores before the softmax (logit scale)
+    std::vector<float> raw(p.logit_scale || p.softcap > 0 ? scores_size : 0);  // as backward_kernel's
     std::vector<float> dkt(size_t(D * T)), dvt(size_t(D * T));
     PackedA qa, ga, qt, gt, sa;
     PackedB kt, vt, kb, pb, sb;
@@ -704,12 +748,14 @@ void backward_kernel_bf16(const Problem& p, const Operand& q, const Operand& k, 
           const auto *qi = qsrc + i0 * q.st, *gi = gsrc + i0 * dout.st;
           pack_a(qi, q.st, false, m, D, qa);
           multiply(qa, kt, m, n, p.scale, probs.data(), ns, false);
+          cap_block(p, probs.data(), m, n, ns);
           if (!raw.empty()) std::copy(probs.begin(), probs.begin() + m * ns, raw.begin());
           probabilities_block(probs.data(), i0, m, 0, n, p, h, lb);
           pack_a(gi, dout.st, false, m, D, ga);
           multiply(ga, vt, m, n, 1.0f, dscores.data(), ns, false);  // dP = dO v^T
           softmax_backward_block(dscores.data(), probs.data(), i0, m, 0, n, ns, p, h, lb, raw.data(),
                                  option_grads.of(bh, T));  // dS
+          if (p.softcap > 0) cap_backward_rows(dscores.data(), raw.data(), m, n, ns, p.softcap);  // as backward_kernel
           pack_a(gi, dout.st, true, D, m, gt);  // dO^T
           pack_b(probs.data(), ns, false, m, n, pb);
           multiply(gt, pb, D, n, 1.0f, dvt.data(), T, true);  // dV^T += dO^T P
@@ -768,6 +814,7 @@ Problem make_problem(const torch::Tensor& q, const torch::Tensor& k, const Atten
   p.window = bias.window;
   p.chunk = bias.chunk;
   p.sink = sink_values(bias.sink);
+  p.softcap = float(bias.softcap);
   return p;
 }
 
@@ -796,6 +843,7 @@ class FusedCpuAttentionFunction : public torch::autograd::Function<FusedCpuAtten
     ctx->saved_data["causal"] = p.causal;
     ctx->saved_data["window"] = p.window;
     ctx->saved_data["chunk"] = p.chunk;
+    ctx->saved_data["softcap"] = double(p.softcap);
     std::vector<double> left, right;
     for (const auto& hb : p.bias) {
       left.push_back(hb.left);
@@ -818,6 +866,7 @@ class FusedCpuAttentionFunction : public torch::autograd::Function<FusedCpuAtten
     for (size_t h = 0; h < left.size(); ++h) p.bias.push_back({float(left[h]), float(right[h])});
     p.window = ctx->saved_data["window"].toInt();
     p.chunk = ctx->saved_data["chunk"].toInt();
+    p.softcap = float(ctx->saved_data["softcap"].toDouble());
     p.sink = sink_values(sink);
     const auto scale = kernel_logit_scale(logit_scale);
     if (scale.defined()) p.logit_scale = scale.data_ptr<float>();
@@ -887,7 +936,11 @@ std::string fused_cpu_attention_unsupported_reason(const torch::Tensor& q, const
     return "bias kind " + bias.describe();
   }
   if (bias.far_queries.defined()) return "Self-Extend's far queries and keys";
-  if (bias.softcap > 0) return "attention logit soft-capping (attention.softcap)";
+  // The kernel caps in float32: a cap that is no normal float (0 or infinite there) would drop the
+  // cap or make it NaN.
+  if (const float cap = float(bias.softcap);
+      bias.softcap > 0 && !(cap >= std::numeric_limits<float>::min() && cap <= std::numeric_limits<float>::max()))
+    return "a softcap of " + c10::str(bias.softcap) + ", outside float32's normal range";
   if (bias.sink.defined() && (bias.sink.dim() != 1 || bias.sink.size(0) != q.size(1)))
     return "a sink of shape " + c10::str(bias.sink.sizes()) + " for " + std::to_string(q.size(1)) + " heads";
   if (bias.logit_scale.defined() &&

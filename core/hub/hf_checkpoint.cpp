@@ -528,8 +528,8 @@ YAML::Node read_kind_ropes(const ConfigReader& c, const LlamaKin& kin, YAML::Nod
     // Olmo3Config gives a top-level rope_theta to the full layers alone: the sliding ones take
     // 5e5 whatever it says. A config whose rope_theta is another base is refused rather than
     // computed either way.
-    else if (c.has("rope_theta") && c.get<double>("rope_theta", theta) != theta)
-      c.fail("rope_theta", number_text(c.get<double>("rope_theta", theta)) + " at the top level: transformers 5.24's " +
+    else if (const double top = c.get<double>("rope_theta", theta); top != theta)
+      c.fail("rope_theta", number_text(top) + " at the top level: transformers 5.24's " +
              kin.title + " gives it to the full_attention layers alone and " + number_text(theta) +
              " to the sliding ones; write rope_parameters.sliding_attention.rope_theta to say which");
     kinds["sliding_attention"]["rope_theta"] = theta;

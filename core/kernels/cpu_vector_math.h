@@ -97,6 +97,27 @@ inline void gelu_tanh_and_slope(float x, float& value, float& slope) {
   slope = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * k * (1.0f + 3.0f * c * x2);
 }
 
+// tanh x for float x, relative error about 3e-7: for |x| < 0.5 its odd Taylor series through
+// x^15 (the first term left out is below 1e-8 of tanh there), beyond it (1 - e) / (1 + e) with
+// e = exp_float(-2 |x|) <= e^-1, so that 1 - e loses no digits; the sign put back. Both arms are
+// computed and one selected: branch-free, so loops over it vectorise; 1 or -1 far out, never NaN
+// for a finite x. (The attention's soft cap, core/attention/fused_cpu_attention.cpp.)
+inline float tanh_float(float x) {
+  const float a = std::fabs(x), y = x * x;
+  const float e = exp_float(-2.0f * a);
+  const float far = (1.0f - e) / (1.0f + e);
+  float poly = -929569.0f / 638512875.0f;
+  poly = poly * y + 21844.0f / 6081075.0f;
+  poly = poly * y - 1382.0f / 155925.0f;
+  poly = poly * y + 62.0f / 2835.0f;
+  poly = poly * y - 17.0f / 315.0f;
+  poly = poly * y + 2.0f / 15.0f;
+  poly = poly * y - 1.0f / 3.0f;
+  poly = poly * y + 1.0f;
+  const float t = a < 0.5f ? a * poly : far;
+  return x < 0.0f ? -t : t;
+}
+
 // silu(x) = x sigma(x) and silu'(x) = sigma(x) (1 + x (1 - sigma(x))), sigma(x) = 1 / (1 + e^-x)
 // with exp_float (clamped, so that sigma is 0 or 1 far out, never NaN). Branch-free.
 inline void silu_and_slope(float x, float& value, float& slope) {

@@ -8,11 +8,20 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <limits>
 #include <set>
 
 namespace extrap {
 
 namespace {
+
+// A soft cap C is computed in float32 as C tanh(s / C): 0 is off, and any other C must be a normal
+// float, since a smaller one is 0 there (the cap dropped) and a larger one infinite (NaN scores).
+bool softcap_in_float_range(double cap) {
+  return cap == 0 || !(cap > 0) ||
+         (cap >= double(std::numeric_limits<float>::min()) && cap <= double(std::numeric_limits<float>::max()));
+}
+const std::string kSoftcapRange = "must be 0 (off) or within float32's normal range (1.2e-38 to 3.4e38), got ";
 
 // The data section: the corpus and the retrieval task mixed into it.
 void read_data_section(const OptionReader& root, Config& c) {
@@ -199,6 +208,8 @@ void read_model_section(const OptionReader& root, Config& c) {
       r.fail("qk_norm_over", enum_name(m.qk_norm_over) + " without qk_norm: there is no q and k norm");
     if (!(m.logit_softcap >= 0) || !std::isfinite(m.logit_softcap))
       r.fail("logit_softcap", "must be a finite number at least 0, got " + number_text(m.logit_softcap));
+    if (!softcap_in_float_range(m.logit_softcap))
+      r.fail("logit_softcap", kSoftcapRange + number_text(m.logit_softcap));
     if (m.logit_softcap > 0 && !m.adaptive_cutoffs.empty())
       r.fail("logit_softcap", "with adaptive_cutoffs: the adaptive softmax's bands have no one row of logits to cap");
     if (m.qkv_bias && m.bias)
@@ -244,6 +255,7 @@ void read_attention_keys(const OptionReader& r, AttentionConfig& a) {
     r.fail("temperature", "must be a finite number at least 0, got " + number_text(a.temperature));
   if (!(a.softcap >= 0) || !std::isfinite(a.softcap))
     r.fail("softcap", "must be a finite number at least 0, got " + number_text(a.softcap));
+  if (!softcap_in_float_range(a.softcap)) r.fail("softcap", kSoftcapRange + number_text(a.softcap));
   if (!(a.scale_dim >= 0) || !std::isfinite(a.scale_dim))
     r.fail("scale_dim", "must be a finite number at least 0 (0: d_head), got " + number_text(a.scale_dim));
   if (!(a.ssmax_init >= 0) || !std::isfinite(a.ssmax_init))

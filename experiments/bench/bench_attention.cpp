@@ -18,6 +18,7 @@
 #endif
 #include "positions/alibi_slopes.h"
 
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <optional>
@@ -76,10 +77,11 @@ AttentionBias make_bias(const std::string& kind, int64_t heads, bool causal) {
 // scores, biased scores and probabilities, plus the (H, T, T) bias and its temporaries.
 // Each factor is this benchmark's own peak for that bias, rounded up so that the memory budget
 // check errs on the safe side (the peaks are in benchmarks/RESULTS.md).
-double reference_peak_factor(const std::string& bias) {
-  if (bias == "alibi") return 4.5;
-  if (bias == "dense") return 3.5;
-  return 2.5;
+double reference_peak_factor(const std::string& bias, double softcap) {
+  const double cap = softcap > 0 ? 2 : 0;  // the capped copy and tanh's output
+  if (bias == "alibi") return 4.5 + cap;
+  if (bias == "dense") return 3.5 + cap;
+  return 2.5 + cap;
 }
 
 // Whether the command line asks for --device cuda, which the CUDA benchmark handles.
@@ -96,7 +98,7 @@ struct AttentionBenchOptions {
   int64_t heads = 8, head_dim = 64, batch = 1, threads = 0;
   int repeats = 3;
   bool causal_flag = false, bidirectional = false;
-  double budget_gb = 6.0;
+  double budget_gb = 6.0, softcap = 0;
   EfficientAttentionBlocks blocks;
 };
 
@@ -110,6 +112,9 @@ bool parse_attention_bench_options(const Args& args, AttentionBenchOptions& o) {
       ("batch", po::value(&o.batch)->default_value(o.batch), "batch size B")
       ("lengths", po::value(&o.lengths_text)->default_value(o.lengths_text), "comma-separated sequence lengths T")
       ("bias", po::value(&o.bias_kind)->default_value(o.bias_kind), "alibi, none or dense (T5-like table, gathered per tile)")
+      ("softcap", po::value(&o.softcap)->default_value(o.softcap),
+       "attention.softcap C: each score capped as C tanh(s / C) before the bias (Gemma 2: 50; 0: off); "
+       "sdpa-bias, which cannot cap, is then skipped")
       ("causal", po::bool_switch(&o.causal_flag), "causal attention (the default)")
       ("bidirectional", po::bool_switch(&o.bidirectional), "bidirectional attention (alibi: symmetric ALiBi)")
       ("repeats", po::value(&o.repeats)->default_value(o.repeats), "timed calls per path and length (median reported)")
@@ -120,7 +125,7 @@ bool parse_attention_bench_options(const Args& args, AttentionBenchOptions& o) {
        "skip a path (reference, sdpa-bias) where its estimated peak memory exceeds this");
   po::variables_map values;
   if (!parse(args, "extrap bench attention [--device cpu|cuda] [--lengths 512,1024,...] [--bias alibi|none|dense] "
-                   "[--causal|--bidirectional]", options, values))
+                   "[--softcap C] [--causal|--bidirectional]", options, values))
     return false;
   if (o.causal_flag && o.bidirectional) throw ConfigError("give --causal or --bidirectional, not both");
   if (o.device != "cpu") throw ConfigError("unknown --device '" + o.device + "' (known: cpu, cuda)");
@@ -128,6 +133,8 @@ bool parse_attention_bench_options(const Args& args, AttentionBenchOptions& o) {
     throw ConfigError("--heads, --head-dim, --batch and --repeats must be positive");
   if (o.blocks.query_block < 1 || o.blocks.key_block < 1)
     throw ConfigError("--query-block and --key-block must be positive");
+  if (!(o.softcap >= 0) || !std::isfinite(o.softcap))
+    throw ConfigError("--softcap must be a finite number at least 0, got " + std::to_string(o.softcap));
   return true;
 }
 
@@ -169,7 +176,7 @@ PathRuns measure_paths(const AttentionBenchOptions& o, const torch::Tensor& q, c
   const double scores_bytes = double(o.batch) * o.heads * t * t * 4;
   PathRuns runs;
   runs.bias_bytes = double(o.heads) * t * t * 4;
-  if (scores_bytes * reference_peak_factor(o.bias_kind) <= o.budget_gb * 1e9)
+  if (scores_bytes * reference_peak_factor(o.bias_kind, o.softcap) <= o.budget_gb * 1e9)
     runs.reference = bench::measure_call(
         [&] { runs.reference_out = attention_reference(q, k, v, bias, attention_options); }, o.repeats);
   runs.efficient = bench::measure_call(
@@ -177,8 +184,9 @@ PathRuns measure_paths(const AttentionBenchOptions& o, const torch::Tensor& q, c
   if (fused_cpu_attention_unsupported_reason(q, k, v, bias, attention_options).empty())
     runs.fused = bench::measure_call(
         [&] { runs.fused_out = fused_cpu_attention(q, k, v, bias, attention_options); }, o.repeats);
-  // PyTorch's CPU kernel for a float mask works blockwise too: the mask is its extra memory.
-  if (!bias.is_none() && runs.bias_bytes * 2 <= o.budget_gb * 1e9) {
+  // PyTorch's CPU kernel for a float mask works blockwise too: the mask is its extra memory. (It
+  // has no soft cap: skipped with one.)
+  if (!bias.is_none() && bias.softcap == 0 && runs.bias_bytes * 2 <= o.budget_gb * 1e9) {
     // (1, H, T, T), -inf where masked: with four dimensions PyTorch's CPU SDPA takes its flash
     // kernel; given (H, T, T) it would take its slower math path.
     const auto mask = materialize_bias(bias, o.heads, t, t, causal).unsqueeze(0);
@@ -207,15 +215,16 @@ void print_row(int64_t t, const PathRuns& runs, const AttentionBias& bias) {
   else std::printf(" %10s", "-");
   print_measurement(runs.sdpa_none);
   const torch::Tensor& truth = runs.reference ? runs.reference_out : runs.sdpa_bias ? runs.sdpa_bias_out
-                               : bias.is_none() ? runs.sdpa_none_out : torch::Tensor();
+                               : bias.is_none() && bias.softcap == 0 ? runs.sdpa_none_out : torch::Tensor();
   auto diff = [&](const torch::Tensor& out) {
     if (!truth.defined() || !out.defined() || out.is_same(truth)) return std::string("-");
     char text[32];
     std::snprintf(text, sizeof text, "%.2e", (out - truth).abs().max().item<double>());
     return std::string(text);
   };
+  // (sdpa-none computes no cap: its difference means nothing beside one.)
   std::printf(" %10s %12s %10s\n", diff(runs.efficient_out).c_str(), diff(runs.fused_out).c_str(),
-              diff(bias.is_none() ? runs.sdpa_none_out : runs.sdpa_bias_out).c_str());
+              bias.softcap > 0 ? "-" : diff(bias.is_none() ? runs.sdpa_none_out : runs.sdpa_bias_out).c_str());
   std::fflush(stdout);
 }
 
@@ -237,7 +246,8 @@ int bench_attention(const Args& args) {
   const std::vector<int64_t> lengths = parse_lengths(o.lengths_text);
   const bool causal = !o.bidirectional;
   const int used_threads = configure_threads(o.threads);
-  const AttentionBias bias = make_bias(o.bias_kind, o.heads, causal);
+  AttentionBias bias = make_bias(o.bias_kind, o.heads, causal);
+  bias.softcap = o.softcap;
   AttentionOptions attention_options;
   attention_options.causal = causal;
   torch::NoGradGuard no_grad;

@@ -256,9 +256,9 @@ TEST_CASE("attention options: the memory-efficient path equals the reference, ti
   }
 }
 
-TEST_CASE("attention options: the softcap's paths: the fused CPU kernel refuses it, Auto trains it on the reference",
+TEST_CASE("attention options: the softcap's paths: Auto trains it on the fused CPU kernel, as defined",
           "[attention][options]") {
-  const int64_t T = 160;  // past the fused kernel's training threshold: Auto would take it without the softcap
+  const int64_t T = 160;  // past the fused kernel's training threshold
   auto in = option_inputs(1, T, 8, 11, torch::kFloat32);
   Definition def;
   def.slopes = {0.5, 0.25, 0.125, 0.0625};
@@ -269,10 +269,23 @@ TEST_CASE("attention options: the softcap's paths: the fused CPU kernel refuses 
   options.training = true;
   for (auto* t : {&in.q, &in.k, &in.v}) t->requires_grad_(true);
   const auto trained = attention(in.q, in.k, in.v, bias, options);  // Auto, training, float32
-  CHECK((trained.to(torch::kFloat64) - expected).abs().max().item<double>() < 1e-4);
-  options.backend = AttentionBackend::Fused;
-  CHECK_THROWS_WITH(attention(in.q, in.k, in.v, bias, options), Catch::Contains("attention logit soft-capping"));
+  CHECK((trained.to(torch::kFloat64) - expected).abs().max().item<double>() < 1e-5);
+  if (fused_cpu_attention_unsupported_reason(in.q, in.k, in.v, bias, options).empty()) {
+    CHECK(torch::equal(trained, fused_cpu_attention(in.q, in.k, in.v, bias, options)));
+    AttentionBias uncapped = bias;  // and the cap matters at this scale
+    uncapped.softcap = 0;
+    CHECK((fused_cpu_attention(in.q, in.k, in.v, uncapped, options).to(torch::kFloat64) - expected).abs().max().item<double>() > 1e-2);
+  }
   CHECK_THAT(bias.describe(), Catch::Contains("softcap 1.5"));
+  // A cap the kernel's float32 cannot hold (0 or infinite there) is refused by name (the config
+  // refuses it too: tests/model/test_architectures.cpp).
+  for (double cap : {1e-60, 1e60}) {
+    INFO("softcap " << cap);
+    AttentionBias far = bias;
+    far.softcap = cap;
+    CHECK_THAT(fused_cpu_attention_unsupported_reason(in.q, in.k, in.v, far, options),
+               Catch::Contains("outside float32's normal range"));
+  }
   AttentionBias stick = AttentionBias::stick_breaking(false);
   stick.softcap = 2;
   options.backend = AttentionBackend::Auto;
@@ -322,9 +335,11 @@ namespace {
 
 // The fused CPU kernel on inputs of `dtype` with every option, against attention_reference in
 // float64 on the same values: output and the gradients of q, k, v, the sink and the logit scale,
-// the largest difference relative to the largest value (or to 1).
+// the largest difference relative to the largest value (or to 1). The bias's softcap, where set,
+// is computed by both.
 void check_fused_against_float64(torch::Dtype dtype, int64_t T, bool causal, AttentionBias bias, bool sink,
                                  bool scale, double tolerance) {
+  INFO("softcap " << bias.softcap);
   const int64_t B = 2, D = 8;
   const auto parts = torch::randn({B, T, 3, kOptionHeads, D}).to(dtype).permute({2, 0, 3, 1, 4}).unbind(0);
   auto q = parts[0].detach().requires_grad_(), k = parts[1].detach().requires_grad_(),
@@ -402,6 +417,9 @@ TEST_CASE("attention options: the fused CPU kernel equals the float64 reference,
               AttentionBias bias = base;
               bias.window = window;
               bias.chunk = chunk;
+              // A soft cap on half the cases, each option and bias among them; 1.5 bends these
+              // scores (q.k / sqrt(d) of unit Gaussians: most within 3).
+              if ((T + window + chunk + options) % 2 == 1) bias.softcap = 1.5;
               check_fused_against_float64(path.dtype, T, causal, bias, sink, scale, path.tolerance);
               ++cases;
             }
@@ -418,11 +436,13 @@ TEST_CASE("attention options: the fused CPU inference kernel equals the referenc
   const auto in = option_inputs(1, T, 16, 15, torch::kFloat32);
   for (bool causal : {true, false})
     for (auto [window, chunk] : std::vector<std::pair<int64_t, int64_t>>{{0, 0}, {300, 0}, {0, 200}, {100, 333}})
-      for (int options = 0; options < 4; ++options) {
+      for (int options = 0; options < 8; ++options) {
         INFO((causal ? "causal" : "bidirectional") << ", window " << window << ", chunk " << chunk << ", options " << options);
         AttentionBias bias = AttentionBias::linear_symmetric(torch::tensor({0.5f, 0.05f, 0.005f, 0.0f}));
         bias.window = window;
         bias.chunk = chunk;
+        // A soft cap, which also bounds the scores' spread by 2C for the tiles the kernel skips.
+        if (options & 4) bias.softcap = 3;
         if (options & 1) bias.sink = torch::tensor({0.5f, -1.0f, 2.5f, 0.0f});
         if (options & 2) bias.logit_scale = torch::rand({kOptionHeads, T}) * 2;
         AttentionOptions opts;

@@ -799,70 +799,66 @@ TEST_CASE("export --format hf: an extrap model with a family's options, and one 
   const int code = run_python(d, EXTRAP_SOURCE_DIR "/tests/import/check_hf_export.py " + args);
   INFO(read_text(d.root / "python.log"));
   CHECK(code == 0);
+  // Trains `refused` briefly under d.root / name, checks that --hf-class native is refused with
+  // `refusal` and writes nothing, and (with `remote`) that the default export ships remote code.
+  const auto native_refused = [&](const Config& refused, const std::string& name, int steps,
+                                  const std::string& refusal, bool remote) {
+    INFO(name);
+    train_briefly(refused, corpus, d.root / name, steps);
+    const fs::path out = d.root / (name + "-hf");
+    CHECK_THROWS_WITH(export_hf(d.root / name / "run", out, false, HfClass::native), Contains(refusal));
+    CHECK_FALSE(fs::exists(out));
+    if (remote) CHECK(export_hf(d.root / name / "run", out, false).family == "extrap");
+  };
   // GPT-2's block as extrap trains it by default: tied and scaled embedding, which no class has.
   Config plain = tiny_config("alibi");
   plain.data = config.data;
-  train_briefly(plain, corpus, d.root / "plain", 5);
-  CHECK_THROWS_WITH(export_hf(d.root / "plain" / "run", d.root / "hf2", false, HfClass::native),
-                    Contains("no transformers class computes this model: its tied embedding is scaled by sqrt(d_model)"));
-  CHECK_FALSE(fs::exists(d.root / "hf2"));
+  native_refused(plain, "plain", 5, "no transformers class computes this model: its tied embedding is scaled by sqrt(d_model)",
+                 false);
   // Gemma's block gating with GELU's erf form: GemmaConfig reads hidden_act gelu as the tanh form.
   Config gemma_erf = gemma;
   gemma_erf.model.activation = Activation::gelu;
-  train_briefly(gemma_erf, corpus, d.root / "gemma_erf", 2);
-  CHECK_THROWS_WITH(export_hf(d.root / "gemma_erf" / "run", d.root / "hf5", false, HfClass::native),
-                    Contains("geglu with GELU's erf form (GemmaConfig reads hidden_act gelu as the tanh form)"));
-  CHECK_FALSE(fs::exists(d.root / "hf5"));
+  native_refused(gemma_erf, "gemma_erf", 2, "geglu with GELU's erf form (GemmaConfig reads hidden_act gelu as the tanh form)",
+                 false);
   // Norms before and after the sublayers with an unscaled embedding: Gemma 2's class scales it, so
   // remote code; soft-capped scores in Llama's block: Gemma 2's class alone caps them.
   Config sandwich = config;
   sandwich.model.sublayer_norms = SublayerNorms::both;
   sandwich.model.scale_embedding = false;
-  train_briefly(sandwich, corpus, d.root / "sandwich", 2);
-  CHECK_THROWS_WITH(export_hf(d.root / "sandwich" / "run", d.root / "hf6", false, HfClass::native),
-                    Contains("norms before and after the sublayers (model.sublayer_norms both) without the embedding "
-                             "scaled by sqrt(d_model)"));
-  CHECK_FALSE(fs::exists(d.root / "hf6"));
-  CHECK(export_hf(d.root / "sandwich" / "run", d.root / "hf6", false).family == "extrap");
+  native_refused(sandwich, "sandwich", 2,
+                 "norms before and after the sublayers (model.sublayer_norms both) without the embedding scaled by "
+                 "sqrt(d_model)",
+                 true);
   Config capped = config;
   capped.model.attention_options.softcap = 5;
-  train_briefly(capped, corpus, d.root / "capped", 2);
-  CHECK_THROWS_WITH(export_hf(d.root / "capped" / "run", d.root / "hf7", false, HfClass::native),
-                    Contains("soft-capped attention scores (attention.softcap) (the nearest family, llama, has no such "
-                             "option; gemma2 has it)"));
-  CHECK_FALSE(fs::exists(d.root / "hf7"));
-  CHECK(export_hf(d.root / "capped" / "run", d.root / "hf7", false).family == "extrap");
+  native_refused(capped, "capped", 2,
+                 "soft-capped attention scores (attention.softcap) (the nearest family, llama, has no such option; "
+                 "gemma2 has it)",
+                 true);
   Config capped_gemma3 = gemma3;  // transformers' Gemma 3 caps no score
   capped_gemma3.model.attention_options.softcap = 0.5;
-  train_briefly(capped_gemma3, corpus, d.root / "capped_gemma3", 2);
-  CHECK_THROWS_WITH(export_hf(d.root / "capped_gemma3" / "run", d.root / "hf9", false, HfClass::native),
-                    Contains("soft-capped attention scores (attention.softcap) (the nearest family, gemma3_text, has no "
-                             "such option; gemma2 has it)"));
-  CHECK_FALSE(fs::exists(d.root / "hf9"));
+  native_refused(capped_gemma3, "capped_gemma3", 2,
+                 "soft-capped attention scores (attention.softcap) (the nearest family, gemma3_text, has no such "
+                 "option; gemma2 has it)",
+                 false);
   Config capped_alibi = plain;  // outside Llama's kin: refused before any family is picked
   capped_alibi.model.logit_softcap = 4;
-  train_briefly(capped_alibi, corpus, d.root / "capped_alibi", 2);
-  CHECK_THROWS_WITH(export_hf(d.root / "capped_alibi" / "run", d.root / "hf8", false, HfClass::native),
-                    Contains("soft-capped attention scores or logits, or a score scale of their own, without a rotary "
-                             "RMSNorm model (Gemma 2's)"));
-  CHECK_FALSE(fs::exists(d.root / "hf8"));
+  native_refused(capped_alibi, "capped_alibi", 2,
+                 "soft-capped attention scores or logits, or a score scale of their own, without a rotary RMSNorm "
+                 "model (Gemma 2's)",
+                 false);
   // Sliding windows on some layers: Qwen2's class has them, with its q, k, v biases; without the
   // biases no class does (Mistral's windows every layer), so the folder is remote code.
   Config partial = qwen_pattern;
   partial.model.qkv_bias = false;
-  train_briefly(partial, corpus, d.root / "partial", 2);
-  CHECK_THROWS_WITH(export_hf(d.root / "partial" / "run", d.root / "hf3", false, HfClass::native),
-                    Contains("sliding windows on some layers only (the nearest family, mistral, has no such option; "
-                             "gemma2, gemma3_text, olmo3, qwen2, qwen3 have it)"));
-  CHECK_FALSE(fs::exists(d.root / "hf3"));
-  CHECK(export_hf(d.root / "partial" / "run", d.root / "hf3", false).family == "extrap");
+  native_refused(partial, "partial", 2,
+                 "sliding windows on some layers only (the nearest family, mistral, has no such option; gemma2, "
+                 "gemma3_text, olmo3, qwen2, qwen3 have it)",
+                 true);
   // Heads of their own width in Falcon's block: Falcon's class has none, so remote code.
   Config wide_falcon = falcon7;
   wide_falcon.model.head_dim = 16;
-  train_briefly(wide_falcon, corpus, d.root / "wide_falcon", 2);
-  CHECK_THROWS_WITH(export_hf(d.root / "wide_falcon" / "run", d.root / "hf4", false, HfClass::native),
-                    Contains("heads other than d_model / heads wide (model.head_dim)"));
-  CHECK_FALSE(fs::exists(d.root / "hf4"));
+  native_refused(wide_falcon, "wide_falcon", 2, "heads other than d_model / heads wide (model.head_dim)", true);
 }
 
 namespace {

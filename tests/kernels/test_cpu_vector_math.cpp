@@ -41,3 +41,24 @@ TEST_CASE("exp_float and log_float against the C library", "[kernels][vector_mat
   CHECK(std::abs(tiny * log_float(tiny)) < 1e-40);
   CHECK(std::isnan(log_float(std::numeric_limits<float>::quiet_NaN()) * std::numeric_limits<float>::quiet_NaN()));
 }
+
+TEST_CASE("tanh_float against the C library", "[kernels][vector_math]") {
+  std::mt19937 rng(11);
+  double worst = 0;
+  // Relative error, on both sides of the series' range (|x| < 0.5) and far out: uniform over
+  // [-12, 12] and over each binade from 2^-30 (where tanh x is x to float's precision).
+  const auto check = [&](float x) {
+    const double want = std::tanh(double(x));
+    worst = std::max(worst, std::abs(double(tanh_float(x)) - want) / std::abs(want));
+  };
+  std::uniform_real_distribution<float> wide(-12.0f, 12.0f), mantissa(1.0f, 2.0f);
+  for (int n = 0; n < 200000; ++n) check(wide(rng));
+  for (int e = -30; e <= 4; ++e)
+    for (int n = 0; n < 2000; ++n) check((n % 2 ? -1.0f : 1.0f) * std::ldexp(mantissa(rng), e));
+  for (float x : {0.4999999f, 0.5f, 0.5000001f, -0.5f}) check(x);
+  CHECK(worst < 5e-7);
+  CHECK(tanh_float(0.0f) == 0.0f);
+  CHECK(tanh_float(100.0f) == 1.0f);
+  CHECK(tanh_float(-1e30f) == -1.0f);  // far out: the sign, never NaN
+  CHECK(std::isnan(tanh_float(std::numeric_limits<float>::quiet_NaN())));
+}

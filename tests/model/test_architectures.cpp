@@ -561,6 +561,10 @@ TEST_CASE("architecture keys that do not apply are refused in one line, and thei
         Activation::gelu_tanh);
   refused("model: {ffn_multiple: 64}", "ffn_multiple': is set but d_ffn is not 0 with a gated ffn");
   refused("model: {norm_eps: 0}", "norm_eps': must be a finite number above 0");
+  // A soft cap float32 cannot hold: 0 there (the cap dropped) or infinite (NaN scores).
+  refused("attention: {softcap: 1e-60}", "softcap': must be 0 (off) or within float32's normal range");
+  refused("attention: {softcap: 1e60}", "softcap': must be 0 (off) or within float32's normal range");
+  refused("model: {logit_softcap: 1e-60}", "logit_softcap': must be 0 (off) or within float32's normal range");
   refused("model: {bias: false, init: fairseq}", "with model.bias false there is none");
   refused("model: {norm: batchnorm}", "batchnorm");
   refused("model: {block: serial}", "serial");
