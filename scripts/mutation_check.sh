@@ -410,7 +410,7 @@ core/attention/attention.cpp | if (bias.softcap > 0) scores = torch::tanh(scores
 core/attention/efficient_attention.cpp | if (p.softcap > 0) scores.mul_(1.0 / p.softcap).tanh_().mul_(p.softcap); | if (false) scores.mul_(1.0 / p.softcap).tanh_().mul_(p.softcap); | the memory-efficient path leaves attention scores uncapped
 core/attention/efficient_attention.cpp | p.softcap = bias.softcap; | p.softcap = 0; | the memory-efficient path drops the bias's softcap
 core/attention/fused_cpu_attention.cpp | if (p.softcap > 0) cap_rows(rows, m, n, stride, p.softcap); | if (false) cap_rows(rows, m, n, stride, p.softcap); | the fused CPU kernel computes soft-capped scores uncapped
-core/eval/attention_profile.cpp | return q.is_cpu() && !bias.far_queries.defined() && bias.softcap == 0 && | return q.is_cpu() && !bias.far_queries.defined() && | the attention profile's own kernel weighs soft-capped scores uncapped
+core/eval/attention_profile.cpp | if (softcap > 0 && hi > lo) softcap_scores( | if (false) softcap_scores( | the attention profile's own kernel weighs soft-capped scores uncapped
 core/model/model.cpp | bias.softcap = extras.softcap; | bias.softcap = 0; | a model's attention.softcap never reaches its attention
 core/model/model.cpp | const double factor = std::sqrt(double(options.d_head()) / s); | const double factor = std::sqrt(s / double(options.d_head())); | attention.scale_dim inverted: scores q.k sqrt(s) / d_head
 core/model/model.cpp | return c > 0 ? torch::tanh(l * (1.0 / c)) * c : l; | return l; | model.logit_softcap ignored: the logits uncapped

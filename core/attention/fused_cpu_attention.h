@@ -55,6 +55,16 @@ std::string fused_cpu_attention_unsupported_reason(const torch::Tensor& q, const
 torch::Tensor fused_cpu_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                   const AttentionBias& bias, const AttentionOptions& options);
 
+// The soft cap as the kernel applies it (attention.softcap C): s <- C tanh(s / C) for the m rows
+// of n scores `stride` apart, in float32 by a vectorised tanh (relative error about 3e-7); the
+// attention profile (core/eval/attention_profile.cpp) caps its rows with it. C must hold as a
+// normal float32 (softcap_in_float32).
+void softcap_scores(float* rows, int64_t m, int64_t n, int64_t stride, float cap);
+
+// Whether a soft cap C > 0 is a normal float32 (below, it would be 0 there: the cap dropped;
+// above, infinite: NaN scores). The config refuses others; the kernels name them.
+bool softcap_in_float32(double cap);
+
 // The rule by which the kernel skips tiles of far keys under a linear bias, which the attention
 // profile (core/eval/attention_profile.cpp) follows key by key. For query i and key j,
 // score(i, j) <= |q_i| |k_j| + bias(i, j) (q scaled by 1/sqrt(d)), and row i's largest score is

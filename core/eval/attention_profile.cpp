@@ -171,13 +171,15 @@ double bin_weight_row(const float* p, int64_t keys, int64_t i, bool causal, cons
 // bias of -slope_left per unit of distance to the left and -slope_right to the right: the keys
 // the fused kernel would not find negligible (negligible_distance, core/attention/
 // fused_cpu_attention.h), key by key. q_norms and own_norms: the n rows' scaled |q_i| and |k_i|;
-// k_max: the largest |k_j| of all keys.
+// k_max: the largest |k_j| of all keys; softcap: the scores' cap C (0: none), which bounds the
+// reach by 2C as in the kernel.
 std::pair<int64_t, int64_t> negligible_beyond(const float* q_norms, const float* own_norms, int64_t n,
                                               float k_max, int64_t first, float slope_left, float slope_right,
-                                              int64_t keys) {
+                                              int64_t keys, float softcap) {
   float q_max = 0, own = 0;
   for (int64_t t = 0; t < n; ++t) q_max = std::max(q_max, q_norms[t]), own = std::max(own, own_norms[t]);
-  const double reach = double(q_max) * (double(k_max) + double(own));
+  double reach = double(q_max) * (double(k_max) + double(own));
+  if (softcap > 0) reach = std::min(reach, 2.0 * double(softcap));
   int64_t lo = 0, hi = keys;
   if (slope_left > 0)
     lo = std::clamp<int64_t>(int64_t(std::floor(double(first) - negligible_distance(reach, slope_left))), 0, first);
@@ -189,11 +191,11 @@ std::pair<int64_t, int64_t> negligible_beyond(const float* q_norms, const float*
 
 // Whether profile_logit_row computes this call's weights: no bias, a linear one (ALiBi family),
 // forget gates or a bias of j - i alone (T5, KERPLE, Sandwich: by_offset), with any masks, logit
-// scale and sink, on the CPU. The rest (other dense biases such as FIRE's, CoPE, DAPE, PaTH,
-// stick-breaking, Self-Extend, sampled positions, soft-capped logits) take attention_probabilities().
+// scale, sink and soft cap, on the CPU. The rest (other dense biases such as FIRE's, CoPE, DAPE,
+// PaTH, stick-breaking, Self-Extend, sampled positions) take attention_probabilities().
 bool profile_computes(const torch::Tensor& q, const AttentionBias& bias) {
   using Kind = AttentionBias::Kind;
-  return q.is_cpu() && !bias.far_queries.defined() && bias.softcap == 0 &&
+  return q.is_cpu() && !bias.far_queries.defined() && (bias.softcap == 0 || softcap_in_float32(bias.softcap)) &&
          (bias.kind == Kind::None || (bias.kind == Kind::Linear && !bias.positions.defined()) ||
           bias.kind == Kind::Cumulative || (bias.kind == Kind::Dense && bias.by_offset));
 }
@@ -310,6 +312,7 @@ class ProfileObserver : public AttentionObserver {
     const int64_t batch = qf.size(0), heads = qf.size(1), tq = qf.size(2), tk = kf.size(2);
     const int64_t bins = int64_t(edges_.size()) - 1;
     const RowBiases rb = row_biases(qf, tk, bias, causal);
+    const float softcap = float(bias.softcap);
     const auto scaled = qf * (1.0 / std::sqrt(double(qf.size(3))));
     const bool bounded = rb.linear && rb.scale.empty();
     const torch::Tensor q_norms = bounded ? scaled.norm(2, -1).contiguous() : torch::Tensor(),  // (B, H, Tq)
@@ -324,7 +327,7 @@ class ProfileObserver : public AttentionObserver {
                                                           k_norms.data_ptr<float>() + bh * tk + first, n,
                                                           k_max.data_ptr<float>()[bh], first,
                                                           rb.slope_left[size_t(bh % heads)],
-                                                          rb.slope_right[size_t(bh % heads)], keys)
+                                                          rb.slope_right[size_t(bh % heads)], keys, softcap)
                                       : std::pair<int64_t, int64_t>{0, keys};
         key_lo[size_t(bh)] = lo;
         key_hi[size_t(bh)] = hi;
@@ -358,6 +361,7 @@ class ProfileObserver : public AttentionObserver {
           const float* by_offset =
               rb.offsets.defined() ? rb.offsets.data_ptr<float>() + h * rb.offsets.size(1) + (tk - 1 - i) : nullptr;
           double* o = out + row * (2 * bins + 1);
+          if (softcap > 0 && hi > lo) softcap_scores(s + row * keys + lo, 1, hi - lo, keys, softcap);  // before the bias
           o[2 * bins] = profile_logit_row(s + row * keys, lo, hi, i, rb.linear ? rb.slope_left[size_t(h)] : 0.0f,
                                           rb.linear ? rb.slope_right[size_t(h)] : 0.0f, f, by_offset,
                                           rb.scale.empty() ? 1.0f : rb.scale[size_t(h * tq + r + t)], !rb.sinks.empty(),

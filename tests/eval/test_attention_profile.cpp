@@ -217,7 +217,7 @@ TEST_CASE("attention profile: mass and entropy by distance bin as loops over eve
   window_temperature.temperature_floor = 4;
   models.emplace_back("alibi + sink + chunk 8 + ssmax", options_model("alibi", sink_chunk_ssmax));
   models.emplace_back("none + window 5 + temperature", options_model("none", window_temperature));
-  AttentionConfig softcap;  // a cap small enough to bend these scores: the reference's softmax, not the kernel's
+  AttentionConfig softcap;  // a cap small enough to bend these scores (and to bound which keys ALiBi skips)
   softcap.softcap = 0.05;
   models.emplace_back("alibi + softcap 0.05", options_model("alibi", softcap));
   models.emplace_back("fox", perturbed_model("fox"));
