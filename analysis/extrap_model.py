@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Load a model written by `extrap export` (format extrap-safetensors/1 to 8) and evaluate it in plain
+"""Load a model written by `extrap export` (format extrap-safetensors/1 to 9) and evaluate it in plain
 PyTorch: an independent reference for extrap's forward pass and perplexities, written from the
 format's definitions, never from the C++ code. Evaluated in float32 it reproduces extrap's
 perplexities to about 1e-5 relative; in float64 it measures how far float32 rounding moves them.
@@ -64,7 +64,9 @@ ffn(n2 x)) or parallel_shared (one norm, ln_attention), sublayer_norms (sequenti
 output, x + n'(f x) with ln_attention_out and ln_ffn_out, no input norms; both, x + n'(f(n x))), qk_norm
 (q_norm and k_norm over each head before the position method; qk_norm_over projection: over all the
 query heads' values together, and the key heads'), embedding_norm (a norm after the scaled
-embedding). Rotary methods (rotary, xpos, p_rope) pair dimensions (2i, 2i+1), or with the option
+embedding), norm_affine (false: every norm without weight or bias, OLMo's LayerNorm), clip_qkv C (q, k
+and v, the rows of qkv's output, clamped to [-C, C] before qk_norm and the position method; OLMo's,
+MPT's). Rotary methods (rotary, xpos, p_rope) pair dimensions (2i, 2i+1), or with the option
 pairing "half" (i, i + d_rot/2), Hugging Face's rotate_half; xpos rotates its fraction of the head.
 
 Attention options (metadata "attention", REFERENCE.md "The 2024-26 wave"), in every layer: a
@@ -108,13 +110,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-FORMAT = "extrap-safetensors/8"
+FORMAT = "extrap-safetensors/9"
 # 1: before the architecture keys (GPT-2's block), read as such; 2: without 3's scale_embedding, qkv_bias
 # and gelu_tanh (their defaults); 3: without 4's norm_bias (model bias); 4: without 5's d_head (d_model / heads);
 # 5: without 6's geglu with gelu_tanh (geglu's gate the erf form); 6: without 7's sublayer_norms and
-# qk_norm_over (input, head); 7: without 8's softcap, scale_dim and logit_softcap (off)
+# qk_norm_over (input, head); 7: without 8's softcap, scale_dim and logit_softcap (off); 8: without 9's
+# norm_affine (true) and clip_qkv (off)
 FORMATS = ("extrap-safetensors/1", "extrap-safetensors/2", "extrap-safetensors/3", "extrap-safetensors/4",
-           "extrap-safetensors/5", "extrap-safetensors/6", "extrap-safetensors/7", FORMAT)
+           "extrap-safetensors/5", "extrap-safetensors/6", "extrap-safetensors/7", "extrap-safetensors/8", FORMAT)
 PATTERN = "pattern"  # metadata position of an export with a layer pattern: see metadata "layers"
 POSITION_METHODS = ("none", "sinusoidal", "learned", "rotary", "p_rope", "alibi", "alibi_symmetric",
                     "alibi_nonsymmetric", "alibi_learned", "t5_bias", "kerple_log", "kerple_power",
@@ -149,12 +152,12 @@ SOFTCAP_ELSEWHERE = ("cope", "path", "dape", "stick_breaking")  # their scores a
 # key's values as extrap writes them; anything else is refused by name.
 MODEL_DEFAULTS = {"ffn": "mlp", "norm": "layernorm", "bias": True, "block": "sequential", "qk_norm": False,
                   "embedding_norm": False, "qkv_bias": False, "scale_embedding": True, "sublayer_norms": "input",
-                  "qk_norm_over": "head"}
+                  "qk_norm_over": "head", "norm_affine": True}
 MODEL_CHOICES = {"ffn": ("mlp", "swiglu", "geglu"), "norm": ("layernorm", "rmsnorm"), "bias": (True, False),
                  "block": ("sequential", "parallel", "parallel_shared"), "qk_norm": (True, False),
                  "embedding_norm": (True, False), "qkv_bias": (True, False), "scale_embedding": (True, False),
                  "norm_bias": (True, False), "sublayer_norms": ("input", "output", "both"),
-                 "qk_norm_over": ("head", "projection")}  # norm_bias's default is bias's
+                 "qk_norm_over": ("head", "projection"), "norm_affine": (True, False)}  # norm_bias's default is bias's
 WORD_SPECIALS = {"<eos>": 0, "<unk>": 1, "<mask>": 2}
 MASK64 = 0xFFFF_FFFF_FFFF_FFFF
 SLOPE_RTOL = 2.4e-7  # two float32 ulps: the stored slopes are the definition rounded to float32
@@ -343,13 +346,14 @@ def _metadata(raw):
 class Norm(nn.Module):
     """A LayerNorm, (x - mean) / sqrt(var + eps) w + b, or an RMSNorm, x / sqrt(mean(x^2) + eps) w + b,
     over the last dimension (metadata model norm, norm_eps); without a bias (model norm_bias, or bias,
-    false) b is absent. Parameters weight and bias, as the file's tensors."""
+    false) b is absent; without parameters (model norm_affine false) w and b both. Parameters weight
+    and bias, as the file's tensors."""
 
-    def __init__(self, width, rms, eps, bias, kw):
+    def __init__(self, width, rms, eps, bias, kw, affine=True):
         super().__init__()
         self.rms, self.eps = rms, eps
-        self.weight = nn.Parameter(torch.empty(width, **kw))
-        self.bias = nn.Parameter(torch.empty(width, **kw)) if bias else None
+        self.weight = nn.Parameter(torch.empty(width, **kw)) if affine else None
+        self.bias = nn.Parameter(torch.empty(width, **kw)) if bias and affine else None
 
     def forward(self, x):
         if self.rms:
@@ -357,7 +361,8 @@ class Norm(nn.Module):
         else:
             centred = x - x.mean(-1, keepdim=True)
             u = centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + self.eps)
-        u = u * self.weight
+        if self.weight is not None:
+            u = u * self.weight
         return u if self.bias is None else u + self.bias
 
 
@@ -569,13 +574,17 @@ class ExtrapModel(nn.Module):
             raise ValueError(f"metadata model: logit_softcap {self.logit_softcap!r} must be a finite number at least 0")
         if self.logit_softcap > 0 and m.get("adaptive_cutoffs"):
             raise ValueError("metadata model: logit_softcap with adaptive_cutoffs (no one row of logits to cap)")
+        self.clip_qkv = m.get("clip_qkv", 0.0)  # q, k and v clamped to [-C, C] after the projection (0: off)
+        if isinstance(self.clip_qkv, bool) or not isinstance(self.clip_qkv, (int, float)) \
+                or not self.clip_qkv >= 0 or not math.isfinite(self.clip_qkv):
+            raise ValueError(f"metadata model: clip_qkv {self.clip_qkv!r} must be a finite number at least 0")
         self.kv_heads = int(m.get("kv_heads", self.heads))
         if self.kv_heads < 1 or self.heads % self.kv_heads:
             raise ValueError(f"metadata model: kv_heads {self.kv_heads} does not divide heads {self.heads}")
         D, Fd, V, H = self.d_model, int(m["d_ffn"]), int(metadata["data"]["vocab_size"]), self.heads
         eps, kw = float(m.get("norm_eps", m.get("layer_norm_eps", 1e-5))), dict(device="meta", dtype=dtype)
         rms, bias, gated = self.arch["norm"] == "rmsnorm", self.arch["bias"], self.arch["ffn"] != "mlp"
-        norm_bias = self.arch["norm_bias"]
+        norm_bias, affine = self.arch["norm_bias"], self.arch["norm_affine"]
         Hkv, Dh = self.kv_heads, self.d_head
         # The kinds of layer and each layer's kind and its number among its kind's layers.
         if metadata["position"] == PATTERN:
@@ -609,18 +618,18 @@ class ExtrapModel(nn.Module):
             a = self.kinds[self.layer_kind[layer]].attention
             block = nn.Module()
             inputs, outputs = self.arch["sublayer_norms"] != "output", self.arch["sublayer_norms"] != "input"
-            block.ln_attention = Norm(D, rms, eps, norm_bias, kw) if inputs else None
-            block.ln_ffn = Norm(D, rms, eps, norm_bias, kw) if self.arch["block"] != "parallel_shared" and inputs else None
+            block.ln_attention = Norm(D, rms, eps, norm_bias, kw, affine) if inputs else None
+            block.ln_ffn = Norm(D, rms, eps, norm_bias, kw, affine) if self.arch["block"] != "parallel_shared" and inputs else None
             # norms of the sublayers' outputs, before the residual add (OLMo 2; Gemma 2 and 3 with both)
-            block.ln_attention_out = Norm(D, rms, eps, norm_bias, kw) if outputs else None
-            block.ln_ffn_out = Norm(D, rms, eps, norm_bias, kw) if outputs else None
+            block.ln_attention_out = Norm(D, rms, eps, norm_bias, kw, affine) if outputs else None
+            block.ln_ffn_out = Norm(D, rms, eps, norm_bias, kw, affine) if outputs else None
             block.attention = nn.Module()
             block.attention.qkv = nn.Linear(D, (H + 2 * Hkv) * Dh, bias=bias or self.arch["qkv_bias"], **kw)  # out features: H q, Hkv k, Hkv v heads
             block.attention.out = nn.Linear(H * Dh, D, bias=bias, **kw)             # in features [H][Dh]
             if self.arch["qk_norm"]:  # a norm of each head's q and k, shared by the heads, or of the projection's
                 whole = self.arch["qk_norm_over"] == "projection"
-                block.attention.q_norm = Norm(H * Dh if whole else Dh, rms, eps, norm_bias, kw)
-                block.attention.k_norm = Norm(Hkv * Dh if whole else Dh, rms, eps, norm_bias, kw)
+                block.attention.q_norm = Norm(H * Dh if whole else Dh, rms, eps, norm_bias, kw, affine)
+                block.attention.k_norm = Norm(Hkv * Dh if whole else Dh, rms, eps, norm_bias, kw, affine)
             if a["sink"]:  # each head's sink logit
                 block.attention.register_parameter("sink", nn.Parameter(torch.empty(H, **kw)))
             if a["ssmax"]:  # SSMax's s, per head
@@ -634,8 +643,8 @@ class ExtrapModel(nn.Module):
         final_norm = m.get("final_norm", True)  # files older than the key: always a final LayerNorm
         if not isinstance(final_norm, bool):
             raise ValueError(f"metadata model: final_norm must be true or false, not {final_norm!r}")
-        self.ln_final = Norm(D, rms, eps, norm_bias, kw) if final_norm else None
-        self.embedding_norm = Norm(D, rms, eps, norm_bias, kw) if self.arch["embedding_norm"] else None
+        self.ln_final = Norm(D, rms, eps, norm_bias, kw, affine) if final_norm else None
+        self.embedding_norm = Norm(D, rms, eps, norm_bias, kw, affine) if self.arch["embedding_norm"] else None
         self.head = None if m.get("tie_embeddings", True) else nn.Linear(D, V, bias=False, **kw)
         self._word_ids = None
         self.pieces = None  # sentencepiece: set by load() from the export's tokenizer model
@@ -940,7 +949,10 @@ class ExtrapModel(nn.Module):
             kind_rotations, temperature = rotations[self.layer_kind[layer]], temperatures[self.layer_kind[layer]]
             hidden_keys = masks[self.layer_kind[layer]]
             h = x if block.ln_attention is None else block.ln_attention(x)  # the attention's input
-            qkv = block.attention.qkv(h).view(B, T, H + 2 * Hkv, Dh).transpose(1, 2)  # (B, H + 2 Hkv, T, Dh)
+            qkv = block.attention.qkv(h)
+            if self.clip_qkv > 0:  # OLMo's and MPT's clip_qkv
+                qkv = qkv.clamp(-self.clip_qkv, self.clip_qkv)
+            qkv = qkv.view(B, T, H + 2 * Hkv, Dh).transpose(1, 2)  # (B, H + 2 Hkv, T, Dh)
             q, k, v = qkv[:, :H], qkv[:, H:H + Hkv], qkv[:, H + Hkv:]
             if self.arch["qk_norm"] and self.arch["qk_norm_over"] == "head":  # each head's q and k normed
                 q, k = block.attention.q_norm(q), block.attention.k_norm(k)

@@ -421,7 +421,7 @@ core/hub/hf_checkpoint.cpp | plan[e + "ln_ffn.weight"] = norm(s + "pre_feedforwa
 core/hub/hf_checkpoint.cpp | c["query_pre_attn_scalar"] = a.scale_dim > 0 ? int64_t(a.scale_dim) : m.d_head(); | c["query_pre_attn_scalar"] = m.d_head(); | a Gemma 2 export's query_pre_attn_scalar is the heads' width, not attention.scale_dim
 core/hub/hf_checkpoint.cpp | : capped && windows ? "soft-capped attention scores or logits, or a score scale of their " | : false ? "soft-capped attention scores or logits, or a score scale of their " | a soft-capped model outside Llama's kin named for its attention options, not its caps
 analysis/extrap_model.py | scores = torch.tanh(scores / cap) * cap | scores = scores + 0 * cap | Python's reader leaves attention scores uncapped
-core/export/model_export.cpp | metadata["format"] = format8   ? "extrap-safetensors/8" | metadata["format"] = false   ? "extrap-safetensors/8" | an export with soft-capped scores or logits is not marked format 8, so a reader of format 7 ignores them
+core/export/model_export.cpp | : format8 ? "extrap-safetensors/8" | : false ? "extrap-safetensors/8" | an export with soft-capped scores or logits is not marked format 8, so a reader of format 7 ignores them
 core/hub/hf_checkpoint.cpp | for (int64_t l = 0; l < layers; ++l) sliding[size_t(l)] = (l + 1) % period != 0; | for (int64_t l = 0; l < layers; ++l) sliding[size_t(l)] = l % period != 0; | a Gemma 3 config without layer_types makes the first layer of each period global, not the last
 core/hub/hf_checkpoint.cpp | if (key) theta = c.get<double>(key, theta); | if (key) theta = c.get<double>("rope_theta", theta); | an older Gemma 3 config's local layers rotate with the global layers' base
 core/hub/hf_checkpoint.cpp | kinds["full_attention"].update(scaling); | (void)scaling; | an older Gemma 3 config's rope_scaling dropped from its global layers
@@ -450,7 +450,20 @@ core/attention/fused_cpu_attention.cpp | if (p.softcap > 0) cap_backward_rows(ds
 core/attention/fused_cpu_attention.cpp | g[j] *= 1.0f - t * t; | g[j] *= 1.0f - t; | the soft cap's gradient taken as 1 - tanh, not 1 - tanh^2
 core/attention/fused_cpu_attention.cpp | p.softcap = float(ctx->saved_data["softcap"].toDouble()); | p.softcap = 0; | the fused backward recomputes the probabilities without the soft cap
 core/kernels/cpu_vector_math.h | const float t = a < 0.5f ? a * poly : far; | const float t = a < 0.5f ? a : far; | tanh_float takes tanh x as x below 0.5 (its series dropped)
-core/model/config.cpp | if (!softcap_in_float_range(a.softcap)) r.fail | if (false) r.fail | an attention.softcap float32 holds as 0 or infinity is accepted (the cap dropped, or NaN scores)
+core/model/config.cpp | if (!off_or_normal_float32(a.softcap)) r.fail | if (false) r.fail | an attention.softcap float32 holds as 0 or infinity is accepted (the cap dropped, or NaN scores)
+core/model/model.cpp | if (options.clip_qkv() > 0) projection = projection.clamp(-options.clip_qkv(), options.clip_qkv()); | if (false) projection = projection.clamp(-options.clip_qkv(), options.clip_qkv()); | model.clip_qkv read and never applied: q, k and v unclipped
+core/model/norm.cpp |   if (!options.affine()) return; |   if (false) return; | norms without parameters (model.norm_affine false) built with a weight and bias all the same
+core/kernels/residual_norm.cpp | norm.weight : torch::ones({x.size(-1)}, x.options()); | norm.weight : torch::full({x.size(-1)}, 2.0, x.options()); | the fused residual norm's stand-in weight for a norm without parameters is not ones
+core/hub/hf_checkpoint.cpp |     hf.model["norm_affine"] = false; |     hf.model["norm_affine"] = true; | OLMo's LayerNorms without parameters imported with weights the folder lacks
+core/hub/hf_checkpoint.cpp |   if (clip == 0 && zero_is_off) return; |   if (clip == 0) return; | OLMo's clip_qkv 0 (its class clamps every value to 0) imported as off
+core/hub/hf_checkpoint.cpp |   if (a.contains("clip_qkv")) read_clip_qkv( |   if (false) read_clip_qkv( | MPT's attn_config.clip_qkv ignored on import
+core/hub/hf_checkpoint.cpp |               {"attention_bias", false}, {"clip_qkv", m.clip_qkv > 0 ? json(m.clip_qkv) : json(nullptr)}, |               {"attention_bias", false}, {"clip_qkv", json(nullptr)}, | OLMo's export drops the clip from config.json
+analysis/extrap_model.py |                 qkv = qkv.clamp(-self.clip_qkv, self.clip_qkv) |                 qkv = qkv | Python's reader (and the remote code) ignores clip_qkv
+core/model/memory_estimate.cpp |   const int64_t each = m.norm_affine ? (m.norm_biased() ? 2 : 1) : 0; |   const int64_t each = m.norm_biased() ? 2 : 1; | the parameter estimate counts weights for norms without parameters
+core/model/config.cpp |     if (!m.norm_affine && m.norm_bias.value_or(false)) |     if (false) | model.norm_bias true beside norm_affine false accepted and silently dropped
+core/export/model_export.cpp |   if (!m.norm_affine) out["norm_affine"] = false; |   if (false) out["norm_affine"] = false; | the export's metadata omits norm_affine false: readers expect weights the file lacks
+core/hub/hf_checkpoint.cpp |   require_classes(out.family, {{!m.norm_affine, {"olmo"} |   require_classes(out.family, {{false, {"olmo"} | a model with norms without parameters exported to a class that builds weighted norms
+core/export/model_export.cpp | metadata["format"] = format9   ? "extrap-safetensors/9" | metadata["format"] = false   ? "extrap-safetensors/9" | an export with norms without parameters or clipped q, k, v not marked format 9
 EOF
 )
 

@@ -1,5 +1,6 @@
 #include "core/attention/fused_cpu_attention.h"
 
+#include "core/base/float_range.h"
 #include "core/kernels/bf16_gemm.h"
 #include "core/kernels/cpu_vector_math.h"
 #include "core/kernels/qkv_heads.h"
@@ -910,10 +911,6 @@ void softcap_scores(float* rows, int64_t m, int64_t n, int64_t stride, float cap
   cap_rows(rows, m, n, stride, cap);
 }
 
-bool softcap_in_float32(double cap) {
-  return cap >= double(std::numeric_limits<float>::min()) && cap <= double(std::numeric_limits<float>::max());
-}
-
 double negligible_distance(double reach, double slope) {
   return slope > 0 ? (reach + kNegligible) / slope : std::numeric_limits<double>::infinity();
 }
@@ -944,7 +941,7 @@ std::string fused_cpu_attention_unsupported_reason(const torch::Tensor& q, const
     return "bias kind " + bias.describe();
   }
   if (bias.far_queries.defined()) return "Self-Extend's far queries and keys";
-  if (bias.softcap > 0 && !softcap_in_float32(bias.softcap))
+  if (bias.softcap > 0 && !normal_float32(bias.softcap))
     return "a softcap of " + c10::str(bias.softcap) + ", outside float32's normal range";
   if (bias.sink.defined() && (bias.sink.dim() != 1 || bias.sink.size(0) != q.size(1)))
     return "a sink of shape " + c10::str(bias.sink.sizes()) + " for " + std::to_string(q.size(1)) + " heads";

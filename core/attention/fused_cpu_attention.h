@@ -58,12 +58,9 @@ torch::Tensor fused_cpu_attention(const torch::Tensor& q, const torch::Tensor& k
 // The soft cap as the kernel applies it (attention.softcap C): s <- C tanh(s / C) for the m rows
 // of n scores `stride` apart, in float32 by a vectorised tanh (relative error about 3e-7); the
 // attention profile (core/eval/attention_profile.cpp) caps its rows with it. C must hold as a
-// normal float32 (softcap_in_float32).
+// normal float32 (normal_float32, core/base/float_range.h): the config refuses
+// others, the kernel names them.
 void softcap_scores(float* rows, int64_t m, int64_t n, int64_t stride, float cap);
-
-// Whether a soft cap C > 0 is a normal float32 (below, it would be 0 there: the cap dropped;
-// above, infinite: NaN scores). The config refuses others; the kernels name them.
-bool softcap_in_float32(double cap);
 
 // The rule by which the kernel skips tiles of far keys under a linear bias, which the attention
 // profile (core/eval/attention_profile.cpp) follows key by key. For query i and key j,

@@ -2,6 +2,7 @@
 
 #include "core/attention/attention_observer.h"
 #include "core/attention/fused_cpu_attention.h"
+#include "core/base/float_range.h"
 #include "core/eval/evaluator.h"
 #include "core/kernels/cpu_vector_math.h"
 
@@ -195,7 +196,7 @@ std::pair<int64_t, int64_t> negligible_beyond(const float* q_norms, const float*
 // PaTH, stick-breaking, Self-Extend, sampled positions) take attention_probabilities().
 bool profile_computes(const torch::Tensor& q, const AttentionBias& bias) {
   using Kind = AttentionBias::Kind;
-  return q.is_cpu() && !bias.far_queries.defined() && (bias.softcap == 0 || softcap_in_float32(bias.softcap)) &&
+  return q.is_cpu() && !bias.far_queries.defined() && (bias.softcap == 0 || normal_float32(bias.softcap)) &&
          (bias.kind == Kind::None || (bias.kind == Kind::Linear && !bias.positions.defined()) ||
           bias.kind == Kind::Cumulative || (bias.kind == Kind::Dense && bias.by_offset));
 }

@@ -78,6 +78,9 @@ json model_json(const ModelConfig& m) {
               {"causal", m.causal()},
               {"layer_norm_eps", m.norm_eps}};  // norm_eps under format 1's name
   if (m.logit_softcap > 0) out["logit_softcap"] = m.logit_softcap;
+  // Format 9's keys only where they differ from the defaults (format 8's readers refuse unknown keys).
+  if (!m.norm_affine) out["norm_affine"] = false;
+  if (m.clip_qkv > 0) out["clip_qkv"] = m.clip_qkv;
   return out;
 }
 
@@ -182,14 +185,17 @@ ExportSummary write_export(const VerifiedCheckpoint& checkpoint, const Corpus& c
   // differ from the linear layers'; format 5 where a reader of 4 would: heads other than d_model /
   // heads wide; format 6 where a reader of 5 would: geglu gating with GELU's tanh form; format 7
   // where a reader of 6 would: norms after the sublayers, qk_norm over the projection; format 8
-  // where a reader of 7 would: soft-capped attention or output logits, a score scale of its own.
+  // where a reader of 7 would: soft-capped attention or output logits, a score scale of its own;
+  // format 9 where a reader of 8 would: norms without parameters, q, k and v clipped.
   // Other files stay format 2, readable as before.
   const ModelConfig& m = config.model;
   const bool format3 = !m.scale_embedding || m.qkv_bias || m.activation == Activation::gelu_tanh;
   const bool format7 = m.sublayer_norms != SublayerNorms::input || m.qk_norm_over != QkNormOver::head;
   bool format8 = m.logit_softcap > 0;
   for (const LayerKind& kind : plan.kinds) format8 = format8 || kind.attention.softcap > 0 || kind.attention.scale_dim > 0;
-  metadata["format"] = format8   ? "extrap-safetensors/8"
+  const bool format9 = !m.norm_affine || m.clip_qkv > 0;
+  metadata["format"] = format9   ? "extrap-safetensors/9"
+                       : format8 ? "extrap-safetensors/8"
                        : format7 ? "extrap-safetensors/7"
                        : m.ffn == FfnKind::geglu && m.activation == Activation::gelu_tanh ? "extrap-safetensors/6"
                        : m.d_head() * m.heads != m.d_model ? "extrap-safetensors/5"

@@ -7,7 +7,11 @@
 // softplus(raw)) and the metadata's "position_tensors" says how each maps.
 //
 // Metadata (string -> string; the values marked JSON are JSON text):
-//   format            the lowest a reader needs: "extrap-safetensors/7" where the block has norms
+//   format            the lowest a reader needs: "extrap-safetensors/9" where the norms have no
+//                     parameters or q, k and v are clipped (model keys norm_affine, clip_qkv, which a
+//                     reader of format 8 would refuse); else "extrap-safetensors/8" where attention
+//                     scores or logits are soft-capped or scaled by a width of their own (softcap,
+//                     scale_dim, logit_softcap); else "extrap-safetensors/7" where the block has norms
 //                     after its sublayers or qk_norm is over the projection (model keys
 //                     sublayer_norms, qk_norm_over, which a reader of format 6 would ignore); else
 //                     "extrap-safetensors/6" where geglu gates with
@@ -34,7 +38,8 @@
 //   model (JSON)      layers, d_model, heads, kv_heads, d_head (each head's width, resolved), d_ffn
 //                     (the hidden width, resolved), ffn,
 //                     activation, norm, norm_eps, bias, norm_bias, block, qk_norm, qk_norm_over,
-//                     sublayer_norms, embedding_norm,
+//                     sublayer_norms, embedding_norm, logit_softcap, norm_affine, clip_qkv (the
+//                     last three only where set),
 //                     tie_embeddings, final_norm, adaptive_cutoffs, adaptive_factor, objective,
 //                     causal, layer_norm_eps (= norm_eps)
 //   data (JSON)       path, name, tokenizer, vocab_size, mask_token, eos_token, unk_token

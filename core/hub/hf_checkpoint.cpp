@@ -2,6 +2,7 @@
 
 #include "core/base/errors.h"
 #include "core/base/files.h"
+#include "core/base/float_range.h"
 #include "core/base/hashing.h"
 #include "positions/rotation.h"
 
@@ -371,7 +372,9 @@ struct LlamaKin {
   bool qkv_bias = false;                      // q, k and v projections with biases (Qwen2)
   bool qk_norm = false;                       // an RMSNorm of q and k before the rotation (Qwen3: each head's)
   bool qk_norm_over_projection = false;       // ... over the whole projection (OLMo 2 and 3)
-  std::string sublayer_norms = "input";       // where the block's norms are (OLMo: output; Gemma 2 and 3: both)
+  std::string sublayer_norms = "input";       // where the block's norms are (OLMo 2 and 3: output; Gemma 2 and 3: both)
+  bool plain_layernorm = false;               // LayerNorms without parameters, epsilon 1e-5 (OlmoLayerNorm)
+  bool clip_qkv = false;                      // reads clip_qkv: q, k and v clamped after the projections (OLMo)
   GemmaCaps caps;                             // Gemma 2's and 3's caps and score scale (map_gemma2)
   bool every_layer_window = false;            // sliding_window in every layer (Mistral, Phi-3)
   LayerWindows layer_windows = LayerWindows::none;
@@ -426,6 +429,11 @@ const std::map<std::string, LlamaKin>& llama_kin_table() {
     gemma3.caps = {true, 0.0, 0.0, true};
     gemma3.kind_ropes = {true, 1e6, "rope_local_base_freq", 1e4};
     k["gemma3"] = gemma3;  // Gemma 3 4B and up: the same text model, under language_model beside a vision tower
+    LlamaKin& olmo = k["olmo"];
+    olmo.title = "OLMo";
+    olmo.llama_keys = false;
+    olmo.plain_layernorm = true;
+    olmo.clip_qkv = true;
     LlamaKin& olmo2 = k["olmo2"];
     olmo2.title = "OLMo 2";
     olmo2.rms_norm_eps = 1e-5;
@@ -552,7 +560,22 @@ YAML::Node read_kind_ropes(const ConfigReader& c, const LlamaKin& kin, YAML::Nod
   return sliding;
 }
 
-// Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 2 and 3, OLMo 2 and 3 (modeling_*.py,
+// OLMo's and MPT's clip_qkv (`key`, its value `value`): q, k and v clamped to [-C, C] right after
+// their projections. Null is off, and 0 where the class reads it so (`zero_is_off`: MPT's `if
+// self.clip_qkv`; OLMo's `is not None` would clamp everything to 0: refused); a negative or
+// non-finite C is refused, and so is one float32 cannot hold (the class clamps float32 values with it).
+void read_clip_qkv(const ConfigReader& c, const std::string& key, const json& value, bool zero_is_off, HfModel& hf) {
+  if (value.is_null()) return;
+  if (!value.is_number()) c.fail(key, value.dump() + " must be a number or null");
+  const double clip = value.get<double>();
+  if (clip == 0 && zero_is_off) return;
+  if (!(clip > 0) || !std::isfinite(clip) || !normal_float32(clip))
+    c.fail(key, number_text(clip) + " must be null (off)" + (zero_is_off ? ", 0 (off)" : "") +
+                    " or a number within float32's normal range (1.2e-38 to 3.4e38)");
+  hf.model["clip_qkv"] = clip;
+}
+
+// Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 2 and 3, OLMo 1, 2 and 3 (modeling_*.py,
 // transformers 5.24): RMSNorm, a gated MLP, RoPE, grouped-query attention, each family's own
 // (LlamaKin) beside. Gemma's: the embedding times sqrt(hidden_size) (on input; the head ties to it
 // unscaled), each norm's weight w stored as w - 1 (GemmaRMSNorm multiplies by 1 + w: the weight plan
@@ -596,9 +619,19 @@ void map_llama_kin(const ConfigReader& c, HfModel& hf, const LlamaKin& kin) {
   if (Hkv != H) hf.model["kv_heads"] = Hkv;
   if (head_dim * H != D) hf.model["head_dim"] = head_dim;
   hf.model["d_ffn"] = positive(c, "intermediate_size");
-  hf.model["norm"] = "rmsnorm";
-  hf.model["norm_eps"] = c.get<double>("rms_norm_eps", kin.rms_norm_eps);
+  if (kin.plain_layernorm) {  // OlmoLayerNorm: F.layer_norm with no weight or bias, eps 1e-5 whatever config.json says
+    hf.model["norm"] = "layernorm";
+    hf.model["norm_eps"] = 1e-5;
+    hf.model["norm_affine"] = false;
+  } else {
+    hf.model["norm"] = "rmsnorm";
+    hf.model["norm_eps"] = c.get<double>("rms_norm_eps", kin.rms_norm_eps);
+  }
   hf.model["bias"] = false;
+  if (kin.clip_qkv) {  // (other families' configs carrying it are refused: their classes clip nothing)
+    c.use("clip_qkv");
+    if (c.has("clip_qkv")) read_clip_qkv(c, "clip_qkv", c.at("clip_qkv"), false, hf);
+  }
   hf.model["tie_embeddings"] = c.get<bool>("tie_word_embeddings", kin.tied);
   hf.train_length = c.get<int64_t>("max_position_embeddings", 0);
   YAML::Node sliding_rope;
@@ -763,7 +796,7 @@ void map_mpt(const ConfigReader& c, HfModel& hf) {
   if (!a.value("alibi", false)) c.fail("attn_config.alibi", "is not true: MPT without ALiBi is not imported");
   attn("alibi_bias_max", 8, "transformers computes MPT's slopes with 8 whatever it says");
   attn("qk_ln", false, "a norm of q and k");
-  attn("clip_qkv", nullptr, "q, k and v clipped");
+  if (a.contains("clip_qkv")) read_clip_qkv(c, "attn_config.clip_qkv", a.at("clip_qkv"), true, hf);
   attn("softmax_scale", nullptr, "another softmax scale than 1/sqrt(head dim)");
   attn("prefix_lm", false, "prefix-LM masks");
   attn("attn_uses_sequence_id", false, "sequence-id masks");
@@ -904,8 +937,8 @@ using Mapper = void (*)(const ConfigReader&, HfModel&);
 const std::map<std::string, Mapper>& mappers() {
   static const std::map<std::string, Mapper> m = {
       {"llama", map_llama}, {"mistral", map_llama}, {"qwen2", map_llama}, {"qwen3", map_llama}, {"phi3", map_llama},
-      {"gemma", map_llama}, {"gemma2", map_llama}, {"gemma3_text", map_llama}, {"olmo2", map_llama},
-      {"olmo3", map_llama},  {"gemma3", map_gemma3_multimodal},
+      {"gemma", map_llama}, {"gemma2", map_llama}, {"gemma3_text", map_llama}, {"olmo", map_llama},
+      {"olmo2", map_llama}, {"olmo3", map_llama},  {"gemma3", map_gemma3_multimodal},
       {"gpt2", map_gpt2}, {"bloom", map_bloom},
       {"gpt_neox", map_gpt_neox}, {"mpt", map_mpt}, {"falcon", map_falcon}};
   return m;
@@ -1199,7 +1232,8 @@ constexpr FamilyPrefix kPrefixes[] = {
     {"qwen2", "model.", "embed_tokens.weight"},    {"qwen3", "model.", "embed_tokens.weight"},
     {"phi3", "model.", "embed_tokens.weight"},     {"gemma", "model.", "embed_tokens.weight"},
     {"gemma2", "model.", "embed_tokens.weight"},    {"gemma3_text", "model.", "embed_tokens.weight"},
-    {"olmo2", "model.", "embed_tokens.weight"},     {"olmo3", "model.", "embed_tokens.weight"},
+    {"olmo", "model.", "embed_tokens.weight"},      {"olmo2", "model.", "embed_tokens.weight"},
+    {"olmo3", "model.", "embed_tokens.weight"},
     {"gemma3", "language_model.model.", "embed_tokens.weight", "model.language_model.",
      {"vision_tower.", "multi_modal_projector."}},
     {"gpt2", "transformer.", "wte.weight"},
@@ -1681,6 +1715,27 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
         c["max_window_layers"] = std::find(windows->begin(), windows->end(), window) - windows->begin();
       }
     }
+  } else if (method == "rotary" && m.norm == NormKind::layernorm && !m.norm_affine) {
+    // OLMo's class (modeling_olmo.py): Llama's block with LayerNorms without parameters
+    // (OlmoLayerNorm, epsilon 1e-5 always), q, k and v clipped where clip_qkv is set.
+    out.family = "olmo";
+    require_all(out.family, {{m.norm_eps == 1e-5, "a LayerNorm epsilon other than 1e-5 (OlmoLayerNorm's, fixed)"},
+                             {m.gated_ffn(), "the mlp (OLMo's MLP gates: swiglu or geglu)"},
+                             {!m.bias && !m.qkv_bias, "biases"},
+                             {option("pairing", "interleaved") == "half", "rotary with the interleaved pairing"},
+                             {number("fraction", 1.0) == 1.0, "a partial rotary (OLMo's turns the whole head)"},
+                             {window == 0, "a sliding window"},
+                             {m.block == BlockKind::sequential, "a parallel block"},
+                             {!m.embedding_norm, "an embedding norm"}});
+    c.update({{"hidden_size", D}, {"intermediate_size", F}, {"num_hidden_layers", m.layers},
+              {"num_attention_heads", H}, {"num_key_value_heads", m.key_value_heads()}, {"head_dim", m.d_head()},
+              {"hidden_act", m.ffn == FfnKind::swiglu                ? "silu"
+                             : m.activation == Activation::gelu_tanh ? "gelu_pytorch_tanh"
+                                                                     : "gelu"},
+              {"max_position_embeddings", config.train.seq_len}, {"rope_parameters", rope_json(position, config)},
+              {"attention_bias", false}, {"clip_qkv", m.clip_qkv > 0 ? json(m.clip_qkv) : json(nullptr)},
+              // OlmoConfig's ids (pad 1, eos 50279) are its tokenizer's, not this one's
+              {"pad_token_id", nullptr}, {"bos_token_id", nullptr}, {"eos_token_id", nullptr}});
   } else if (method == "rotary" && falcon_rotary(config)) {
     // Falcon's class: what GPT-NeoX's lacks (one key-value head or groups, one norm shared by a
     // parallel block, linear layers without biases, a RoPE scaling built in).
@@ -1742,14 +1797,18 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
         c.update({{"d_model", D}, {"n_heads", H}, {"n_layers", m.layers}, {"expansion_ratio", 4},
                   {"max_seq_len", config.train.seq_len}, {"no_bias", true}, {"learned_pos_emb", false},
                   {"layer_norm_epsilon", m.norm_eps}, {"norm_type", "low_precision_layernorm"},
-                  {"attn_config", {{"alibi", true}, {"alibi_bias_max", 8}, {"attn_impl", "torch"}}}});
+                  {"attn_config", {{"alibi", true}, {"alibi_bias_max", 8}, {"attn_impl", "torch"},
+                                   {"clip_qkv", m.clip_qkv > 0 ? json(m.clip_qkv) : json(nullptr)}}}});
       }
     }
   } else {
     throw NoTransformersClass("position method " + method);
   }
+  // Norms without parameters and clipped q, k, v: OLMo's class, and MPT's the clip.
+  require_classes(out.family, {{!m.norm_affine, {"olmo"}, "norms without parameters (model.norm_affine false)"},
+                               {m.clip_qkv > 0, {"olmo", "mpt"}, "q, k and v clipped (model.clip_qkv)"}});
   const std::map<std::string, std::string> classes = {
-      {"llama", "LlamaForCausalLM"},   {"mistral", "MistralForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"},
+      {"olmo", "OlmoForCausalLM"},     {"llama", "LlamaForCausalLM"},   {"mistral", "MistralForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"},
       {"qwen3", "Qwen3ForCausalLM"},   {"phi3", "Phi3ForCausalLM"}, {"gemma", "GemmaForCausalLM"},
       {"gemma2", "Gemma2ForCausalLM"}, {"gemma3_text", "Gemma3ForCausalLM"},
       {"olmo2", "Olmo2ForCausalLM"},   {"olmo3", "Olmo3ForCausalLM"},

@@ -345,7 +345,8 @@ torch::Tensor norm_reference(const torch::Tensor& x, const RowNorm& norm) {
     return torch::layer_norm(x, shape, norm.weight, norm.bias, norm.eps);
   }
   // RMSNorm in x's dtype (float32 in float32 models; float64 in the float64 references).
-  const auto u = x * torch::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + norm.eps) * norm.weight;
+  auto u = x * torch::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + norm.eps);
+  if (norm.weight.defined()) u = u * norm.weight;
   return norm.bias.defined() ? u + norm.bias : u;
 }
 
@@ -353,7 +354,8 @@ bool add_layer_norm_fused_takes(const torch::Tensor& x, const torch::Tensor& y, 
   if (!fused_layer_norm_switched_on() || !torch::GradMode::is_enabled()) return false;
   const auto& weight = norm.weight;
   const auto& bias = norm.bias;
-  if (!weight.defined() || weight.dim() != 1 || x.dim() < 1 || x.numel() == 0) return false;
+  const bool weighted = weight.defined();  // a norm without parameters runs with a weight of ones
+  if ((weighted && weight.dim() != 1) || x.dim() < 1 || x.numel() == 0) return false;
   // The CPU loops take any width; the CUDA kernels rows of up to kAddLayerNormMaxWidth, where
   // libextrap_cuda.so has loaded and the GPU paths not yet run on a GPU are asked for.
   const auto device = x.device();
@@ -363,13 +365,13 @@ bool add_layer_norm_fused_takes(const torch::Tensor& x, const torch::Tensor& y, 
   const auto float_here = [&](const torch::Tensor& t) {
     return t.device() == device && t.scalar_type() == torch::kFloat32 && t.is_contiguous();
   };
-  if (!float_here(x) || !float_here(weight) || x.size(-1) != weight.numel() ||
-      (bias.defined() && (!float_here(bias) || bias.numel() != weight.numel())))
+  if (!float_here(x) || (weighted && (!float_here(weight) || x.size(-1) != weight.numel())) ||
+      (bias.defined() && (!float_here(bias) || bias.numel() != x.size(-1))))
     return false;
   if (y.defined() && (y.device() != device || y.sizes() != x.sizes() ||
                       (y.scalar_type() != torch::kFloat32 && y.scalar_type() != torch::kBFloat16)))
     return false;
-  return x.requires_grad() || (y.defined() && y.requires_grad()) || weight.requires_grad() ||
+  return x.requires_grad() || (y.defined() && y.requires_grad()) || (weighted && weight.requires_grad()) ||
          (bias.defined() && bias.requires_grad());
 }
 
@@ -381,10 +383,12 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> fused_add_layer_norm(con
                                                                             const RowNorm& norm,
                                                                             UMode mode) {
   const auto m = int64_t(mode);
-  const auto bias = norm.bias.defined() ? norm.bias : torch::empty({0}, norm.weight.options());
+  // A norm without parameters: the kernels' weight is ones (its gradient is computed and dropped).
+  const auto weight = norm.weight.defined() ? norm.weight : torch::ones({x.size(-1)}, x.options());
+  const auto bias = norm.bias.defined() ? norm.bias : torch::empty({0}, weight.options());
   const auto out = y.defined()
-                       ? AddLayerNormFunction<true>::apply(x, norm.weight, bias, norm.eps, norm.rms, m, y.contiguous())
-                       : AddLayerNormFunction<false>::apply(x, norm.weight, bias, norm.eps, norm.rms, m);
+                       ? AddLayerNormFunction<true>::apply(x, weight, bias, norm.eps, norm.rms, m, y.contiguous())
+                       : AddLayerNormFunction<false>::apply(x, weight, bias, norm.eps, norm.rms, m);
   const size_t u = y.defined() ? 1 : 0;
   return {y.defined() ? out[0] : x, out[u], mode == kUBoth ? out[u + 1] : torch::Tensor()};
 }

@@ -39,7 +39,7 @@ namespace extrap {
 // or a LayerNorm. core/model/norm.h's Norm module hands its parts over as one; a
 // torch::nn::LayerNorm converts to one too.
 struct RowNorm {
-  torch::Tensor weight, bias;
+  torch::Tensor weight, bias;  // either may be undefined: no weight (1), no bias (0)
   double eps = 1e-5;
   bool rms = false;
   RowNorm() = default;

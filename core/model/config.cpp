@@ -1,5 +1,6 @@
 #include "core/model/config.h"
 
+#include "core/base/float_range.h"
 #include "core/model/adaptive.h"
 
 #include "positions/position.h"
@@ -15,13 +16,11 @@ namespace extrap {
 
 namespace {
 
-// A soft cap C is computed in float32 as C tanh(s / C): 0 is off, and any other C must be a normal
-// float, since a smaller one is 0 there (the cap dropped) and a larger one infinite (NaN scores).
-bool softcap_in_float_range(double cap) {
-  return cap == 0 || !(cap > 0) ||
-         (cap >= double(std::numeric_limits<float>::min()) && cap <= double(std::numeric_limits<float>::max()));
-}
-const std::string kSoftcapRange = "must be 0 (off) or within float32's normal range (1.2e-38 to 3.4e38), got ";
+// A soft cap C (and the clip of q, k and v) is computed in float32: 0 is off, and any other value
+// must be a normal float (normal_float32), since a smaller one is 0 there (the cap dropped) and a
+// larger one infinite (NaN scores).
+bool off_or_normal_float32(double value) { return value <= 0 || normal_float32(value); }
+const std::string kFloat32Range = "must be 0 (off) or within float32's normal range (1.2e-38 to 3.4e38), got ";
 
 // The data section: the corpus and the retrieval task mixed into it.
 void read_data_section(const OptionReader& root, Config& c) {
@@ -141,6 +140,9 @@ void read_model_section(const OptionReader& root, Config& c) {
          "the norms' biases (LayerNorm's beta), where they differ from model.bias: Falcon-7B and 40B have "
          "LayerNorms with biases beside linear layers without (default: model.bias)");
   if (r.decoding() && r.has("norm_bias")) m.norm_bias = norm_bias;
+  r.read("norm_affine", m.norm_affine,
+         "the norms' learned weight (and bias, as model.norm_bias says); false: every norm without parameters, "
+         "x normalised alone (OLMo's LayerNorm)");
   r.read("qkv_bias", m.qkv_bias, "with bias false: biases on the q, k and v projections alone (Qwen2)");
   r.read("scale_embedding", m.scale_embedding,
          "the token embedding times sqrt(d_model) (fairseq's; false: unscaled, as GPT-2, Llama and the Hugging Face "
@@ -155,6 +157,9 @@ void read_model_section(const OptionReader& root, Config& c) {
   r.read("qk_norm_over", m.qk_norm_over,
          "what qk_norm normalises: head (each head's d_head values, Qwen3, Gemma 3) or projection (all heads' "
          "values of q, and of k, together, OLMo 2)");
+  r.read("clip_qkv", m.clip_qkv,
+         "q, k and v each clamped to [-C, C] right after their projection, before qk_norm and the position method "
+         "(OLMo's and MPT's clip_qkv; 0: off)");
   r.read("embedding_norm", m.embedding_norm, "a norm right after the token embedding (BLOOM)");
   r.read("dropout", m.dropout, "dropout on embeddings, residual branches and the FFN");
   r.read("attention_dropout", m.attention_dropout, "dropout on attention probabilities");
@@ -208,10 +213,15 @@ void read_model_section(const OptionReader& root, Config& c) {
       r.fail("qk_norm_over", enum_name(m.qk_norm_over) + " without qk_norm: there is no q and k norm");
     if (!(m.logit_softcap >= 0) || !std::isfinite(m.logit_softcap))
       r.fail("logit_softcap", "must be a finite number at least 0, got " + number_text(m.logit_softcap));
-    if (!softcap_in_float_range(m.logit_softcap))
-      r.fail("logit_softcap", kSoftcapRange + number_text(m.logit_softcap));
+    if (!off_or_normal_float32(m.logit_softcap))
+      r.fail("logit_softcap", kFloat32Range + number_text(m.logit_softcap));
     if (m.logit_softcap > 0 && !m.adaptive_cutoffs.empty())
       r.fail("logit_softcap", "with adaptive_cutoffs: the adaptive softmax's bands have no one row of logits to cap");
+    if (!(m.clip_qkv >= 0) || !std::isfinite(m.clip_qkv))
+      r.fail("clip_qkv", "must be a finite number at least 0, got " + number_text(m.clip_qkv));
+    if (!off_or_normal_float32(m.clip_qkv)) r.fail("clip_qkv", kFloat32Range + number_text(m.clip_qkv));
+    if (!m.norm_affine && m.norm_bias.value_or(false))
+      r.fail("norm_bias", "is true with norm_affine false: a norm without parameters has no bias");
     if (m.qkv_bias && m.bias)
       r.fail("qkv_bias", "is true with model.bias true, which gives every projection a bias already");
     if (!m.bias && m.init == InitKind::fairseq)
@@ -255,7 +265,7 @@ void read_attention_keys(const OptionReader& r, AttentionConfig& a) {
     r.fail("temperature", "must be a finite number at least 0, got " + number_text(a.temperature));
   if (!(a.softcap >= 0) || !std::isfinite(a.softcap))
     r.fail("softcap", "must be a finite number at least 0, got " + number_text(a.softcap));
-  if (!softcap_in_float_range(a.softcap)) r.fail("softcap", kSoftcapRange + number_text(a.softcap));
+  if (!off_or_normal_float32(a.softcap)) r.fail("softcap", kFloat32Range + number_text(a.softcap));
   if (!(a.scale_dim >= 0) || !std::isfinite(a.scale_dim))
     r.fail("scale_dim", "must be a finite number at least 0 (0: d_head), got " + number_text(a.scale_dim));
   if (!(a.ssmax_init >= 0) || !std::isfinite(a.ssmax_init))
@@ -587,6 +597,8 @@ YAML::Node keys_affecting(const Config& config, std::initializer_list<Affects> k
   if (config.model.norm_eps == m.norm_eps) remove_key(out, "model.norm_eps");
   if (config.model.bias == m.bias) remove_key(out, "model.bias");
   if (config.model.norm_biased() == config.model.bias) remove_key(out, "model.norm_bias");  // its default
+  if (config.model.norm_affine == m.norm_affine) remove_key(out, "model.norm_affine");
+  if (config.model.clip_qkv == m.clip_qkv) remove_key(out, "model.clip_qkv");
   // Released checkpoints' keys (issue 78): likewise.
   if (config.model.qkv_bias == m.qkv_bias) remove_key(out, "model.qkv_bias");
   if (config.model.scale_embedding == m.scale_embedding) remove_key(out, "model.scale_embedding");

@@ -195,6 +195,8 @@ struct ModelConfig {
   std::optional<bool> norm_bias;    // the norms' biases where they differ from `bias` (Falcon: none in
                                     // the linear layers, LayerNorms with them); unset: `bias`
   bool qkv_bias = false;            // with bias false: biases on the q, k and v projections alone (Qwen2)
+  bool norm_affine = true;          // false: every norm without weight or bias, x normalised alone (OLMo's LayerNorm)
+  double clip_qkv = 0;              // q, k and v clamped to [-C, C] after their projection (OLMo's, MPT's clip_qkv; 0: off)
   bool scale_embedding = true;      // the token embedding times sqrt(d_model) (fairseq; false: GPT-2, Llama)
   BlockKind block = BlockKind::sequential;
   SublayerNorms sublayer_norms = SublayerNorms::input;  // the norms before (input), after (output) or around each sublayer
@@ -219,7 +221,8 @@ struct ModelConfig {
   int64_t key_value_heads() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t d_head() const { return head_dim > 0 ? head_dim : d_model / heads; }
   bool gated_ffn() const { return ffn != FfnKind::mlp; }
-  bool norm_biased() const { return norm_bias.value_or(bias); }  // whether the norms have biases
+  // whether the norms have biases (none without their weights)
+  bool norm_biased() const { return norm_affine && norm_bias.value_or(bias); }
   // The feed-forward hidden width: d_ffn, or with d_ffn 0 by rule: 4 d_model for the mlp; for a GLU
   // Llama's, 2/3 of 4 d_model (truncated) rounded up to a multiple of ffn_multiple (the same number of
   // parameters as the mlp's 4 d_model in three matrices instead of two, to the rounding).

@@ -93,12 +93,12 @@ int64_t parameter_count_estimate(const Config& c, int64_t vocab_size) {
   int64_t per_layer = add(mul(d, add(mul(2, q), mul(2, kv))), mul(mul(ffn_matrices, d), f));
   per_layer = add(per_layer, mul(b, add(add(add(q, mul(2, d)), mul(2, kv)), mul(ffn_matrices - 1, f))));  // q; out, ffn_out; k, v; ffn_in
   if (!m.bias && m.qkv_bias) per_layer = add(per_layer, add(q, mul(2, kv)));  // q, k and v's biases alone
-  const int64_t nb = m.norm_biased() ? 1 : 0;
-  per_layer = add(per_layer, mul(mul(norms, d), 1 + nb));
+  const int64_t each = m.norm_affine ? (m.norm_biased() ? 2 : 1) : 0;  // a norm's parameters per value
+  per_layer = add(per_layer, mul(mul(norms, d), each));
   if (m.qk_norm)  // each head's d_head, or the projections' q and kv values
-    per_layer = add(per_layer, mul(m.qk_norm_over == QkNormOver::head ? mul(2, m.d_head()) : add(q, kv), 1 + nb));
+    per_layer = add(per_layer, mul(m.qk_norm_over == QkNormOver::head ? mul(2, m.d_head()) : add(q, kv), each));
   int64_t total = add(vocabulary_parameters(m, vocab_size), mul(m.layers, per_layer));
-  if (m.embedding_norm) total = add(total, mul(d, 1 + nb));
+  if (m.embedding_norm) total = add(total, mul(d, each));
   const LayerPlan plan = layer_plan(c);
   for (int64_t kind : plan.layer_kind) {
     const AttentionConfig& a = plan.kinds[kind].attention;  // sink and SSMax (H,) each; the gate's projection
@@ -107,7 +107,7 @@ int64_t parameter_count_estimate(const Config& c, int64_t vocab_size) {
     if (a.gate != AttentionGate::none) total = add(total, mul(d, a.gate == AttentionGate::headwise ? m.heads : q));
   }
   if (!m.tie_embeddings) total = add(total, mul(vocab_size, d));
-  if (m.final_norm) total = add(total, mul(d, 1 + nb));
+  if (m.final_norm) total = add(total, mul(d, each));
   return total;
 }
 

@@ -36,8 +36,11 @@ void SelfAttentionImpl::reset() {
   out = register_module("out", torch::nn::Linear(torch::nn::LinearOptions(H * Dh, D).bias(options.bias())));
   if (options.qk_norm()) {
     const bool whole = options.qk_norm_over() == QkNormOver::projection;
-    q_norm = register_module("q_norm", Norm(NormOptions(whole ? H * Dh : Dh, options.norm(), options.norm_eps(), options.norm_bias())));
-    k_norm = register_module("k_norm", Norm(NormOptions(whole ? Hkv * Dh : Dh, options.norm(), options.norm_eps(), options.norm_bias())));
+    const auto norm = [&](int64_t width) {
+      return Norm(NormOptions(width, options.norm(), options.norm_eps(), options.norm_bias(), options.norm_affine()));
+    };
+    q_norm = register_module("q_norm", norm(whole ? H * Dh : Dh));
+    k_norm = register_module("k_norm", norm(whole ? Hkv * Dh : Dh));
   }
   const AttentionConfig& extras = options.extras();
   // gpt-oss draws its sinks from N(0, 0.02), the initialiser of its other weights.
@@ -73,7 +76,9 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, PositionMethod&
   // Views of the projection (core/kernels/qkv_heads.h): their gradients go back into its layout with
   // no copy where the fused attention writes them there, else with one.
   const auto& input = projected.defined() ? projected : x;
-  auto [q, k, v] = split_heads(linear(qkv, input), H, options.key_value_heads());  // q (B, H, T, Dh), k, v (B, Hkv, T, Dh)
+  auto projection = linear(qkv, input);
+  if (options.clip_qkv() > 0) projection = projection.clamp(-options.clip_qkv(), options.clip_qkv());  // OLMo's, MPT's
+  auto [q, k, v] = split_heads(projection, H, options.key_value_heads());  // q (B, H, T, Dh), k, v (B, Hkv, T, Dh)
   if (q_norm && options.qk_norm_over() == QkNormOver::head) {
     // in float32 (as Hugging Face's RMSNorm computes), then back to the projection's dtype
     q = q_norm->forward(q.to(torch::kFloat32)).to(v.scalar_type());
@@ -239,6 +244,8 @@ void BlockImpl::reset() {
                                      .qk_norm(m.qk_norm)
                                      .qk_norm_over(m.qk_norm_over)
                                      .norm_bias(m.norm_biased())
+                                     .norm_affine(m.norm_affine)
+                                     .clip_qkv(m.clip_qkv)
                                      .norm(m.norm)
                                      .norm_eps(m.norm_eps)
                                      .dropout(m.dropout)

@@ -41,6 +41,8 @@ struct SelfAttentionOptions {
   TORCH_ARG(bool, qk_norm) = false;            // a norm of q and k before the position method
   TORCH_ARG(QkNormOver, qk_norm_over) = QkNormOver::head;  // over each head (d_head) or the projection
   TORCH_ARG(bool, norm_bias) = true;           // qk_norm's biases
+  TORCH_ARG(bool, norm_affine) = true;         // qk_norm's weights (false: none, nor biases)
+  TORCH_ARG(double, clip_qkv) = 0;             // q, k and v clamped to [-C, C] after the projection (0: off)
   TORCH_ARG(NormKind, norm) = NormKind::layernorm;  // qk_norm's kind and epsilon
   TORCH_ARG(double, norm_eps) = 1e-5;
   TORCH_ARG(double, dropout) = 0.0;            // on the output projection

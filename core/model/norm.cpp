@@ -5,6 +5,7 @@ namespace extrap {
 NormImpl::NormImpl(NormOptions options_) : options(std::move(options_)) { reset(); }
 
 void NormImpl::reset() {
+  if (!options.affine()) return;
   weight = register_parameter("weight", torch::ones({options.width()}));
   if (options.bias()) bias = register_parameter("bias", torch::zeros({options.width()}));
 }

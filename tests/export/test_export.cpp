@@ -429,6 +429,9 @@ TEST_CASE("export: a model of each architecture option, Python reproduces extrap
                         "sublayer_norms: both, logit_softcap: 1.5",
                         "attention: {softcap: 0.75, scale_dim: 6}\n"
                         "layers: {pattern: [sliding, full], kinds: {sliding: {attention: {window: 4}}, full: {}}}\n"),
+      // OLMo's: LayerNorms without parameters, q, k and v clipped (format 9)
+      train_eval_export(d, "olmo", "{name: rotary, pairing: half}", true, "byte",
+                        ", ffn: swiglu, d_ffn: 48, bias: false, kv_heads: 2, norm_affine: false, clip_qkv: 0.5"),
       // heads wider than d_model / heads, as Qwen3-0.6B's (format 5)
       train_eval_export(d, "qwen3_hf", "{name: rotary, pairing: half}", true, "byte",
                         ", qk_norm: true, norm: rmsnorm, norm_eps: 0.000001, ffn: swiglu, d_ffn: 48, bias: false, "
@@ -494,6 +497,15 @@ TEST_CASE("export: a model of each architecture option, Python reproduces extrap
   }
   CHECK_FALSE(json::parse(olmo2.metadata.at("model")).contains("logit_softcap"));
   CHECK_FALSE(json::parse(olmo2.metadata.at("attention")).contains("softcap"));
+  // Norms without parameters and the clip: format 9, the keys written where set alone.
+  const SafetensorsFile olmo = read_safetensors_checked(d.root / "olmo.safetensors");
+  CHECK(olmo.metadata.at("format") == "extrap-safetensors/9");
+  const json olmo_model = json::parse(olmo.metadata.at("model"));
+  CHECK(olmo_model.at("norm_affine") == false);
+  CHECK(olmo_model.at("clip_qkv") == 0.5);
+  for (const char* name : {"blocks.0.ln_attention.weight", "blocks.1.ln_ffn.weight", "ln_final.weight"})
+    CHECK(olmo.tensors.count(name) == 0);
+  for (const char* key : {"norm_affine", "clip_qkv"}) CHECK_FALSE(json::parse(olmo2.metadata.at("model")).contains(key));
 }
 
 TEST_CASE("export: a sentencepiece model carries its tokenizer, and Python tokenises and scores as "

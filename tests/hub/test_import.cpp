@@ -137,8 +137,8 @@ void check_logprobs(const std::string& name, TransformerLM& model) {
 TEST_CASE("import: each family's log-probabilities equal transformers', inside and beyond its length",
           "[import][python]") {
   for (const std::string name :
-       {"llama", "llama_tied", "mistral", "mistral_spm", "qwen2", "qwen2_windows", "qwen2_windows_hub", "qwen3", "qwen3_windows", "qwen3_wide_heads", "mistral_narrow_heads", "phi3", "gemma", "gemma2", "gemma2_uncapped", "gemma3", "gemma3_v5", "gemma3_multimodal", "gemma3_multimodal_v5", "olmo2", "olmo3", "olmo3_v5", "gpt2", "bloom", "bloom_h8", "gpt_neox",
-        "gpt_neox_seq", "mpt", "falcon_rw", "falcon_alibi_mq", "falcon_7b", "falcon_40b", "falcon_seq"}) {
+       {"llama", "llama_tied", "mistral", "mistral_spm", "qwen2", "qwen2_windows", "qwen2_windows_hub", "qwen3", "qwen3_windows", "qwen3_wide_heads", "mistral_narrow_heads", "phi3", "gemma", "gemma2", "gemma2_uncapped", "gemma3", "gemma3_v5", "gemma3_multimodal", "gemma3_multimodal_v5", "olmo", "olmo2", "olmo3", "olmo3_v5", "gpt2", "bloom", "bloom_h8", "gpt_neox",
+        "gpt_neox_seq", "mpt", "mpt_clip", "falcon_rw", "falcon_alibi_mq", "falcon_7b", "falcon_40b", "falcon_seq"}) {
     DYNAMIC_SECTION(name) {
       TempDir d("import");
       // BLOOM's config.json gives no training length: the fixtures' is 64.
@@ -191,7 +191,7 @@ TEST_CASE("import: RoPE scaling in config.json is built into the model, as trans
   // (phi3_longrope: LongRoPE's long factors at 160 tokens, past the original 64; _short: its
   // short ones at 48.)
   for (const std::string name : {"llama_linear", "llama_dynamic", "llama_yarn", "llama_llama3", "llama_yarn_v5",
-                                 "phi3_longrope", "phi3_longrope_short", "olmo2_yarn"}) {
+                                 "phi3_longrope", "phi3_longrope_short", "olmo_linear", "olmo2_yarn"}) {
     DYNAMIC_SECTION(name) {
       TempDir d("import");
       Imported m = import_and_load(checkpoints() / name, d.root / "run");
@@ -400,6 +400,21 @@ TEST_CASE("import: bad folders are refused in one line, nothing written", "[impo
     edit_config(f, [](nlohmann::json& c) { c["text_config"].erase("clip_qkv"); c.erase("text_config"); });
     check_refused(f, run, "config.json: text_config must be an object: Gemma 3's text model");
   }
+  SECTION("OLMo's and MPT's clip_qkv: 0 where OLMo's class would clamp everything, below float32, negative; and "
+          "biases in OLMo's attention") {
+    const fs::path f = copy_of(d, "olmo");
+    edit_config(f, [](nlohmann::json& c) { c["clip_qkv"] = 0; });
+    check_refused(f, run, "config.json: clip_qkv 0 must be null (off) or a number within float32's normal range");
+    edit_config(f, [](nlohmann::json& c) { c["clip_qkv"] = 1e-60; });
+    check_refused(f, run, "config.json: clip_qkv 1e-60 must be null (off) or a number within float32's normal range");
+    edit_config(f, [](nlohmann::json& c) { c["clip_qkv"] = "8"; });
+    check_refused(f, run, "config.json: clip_qkv \"8\" must be a number or null");
+    edit_config(f, [](nlohmann::json& c) { c["clip_qkv"] = 1.5; c["attention_bias"] = true; });
+    check_refused(f, run, "config.json: attention_bias true is not imported (no biases in the attention projections)");
+    const fs::path m = copy_of(d, "mpt_clip");
+    edit_config(m, [](nlohmann::json& c) { c["attn_config"]["clip_qkv"] = -1.0; });
+    check_refused(m, run, "config.json: attn_config.clip_qkv -1 must be null (off), 0 (off) or a number within");
+  }
   SECTION("OLMo 3's top-level rope_theta, which transformers gives to the global layers alone") {
     const fs::path f = copy_of(d, "olmo3");
     edit_config(f, [](nlohmann::json& c) { c["rope_theta"] = 10000.0; });
@@ -555,7 +570,7 @@ TEST_CASE("export --format hf: transformers loads each family with its own class
   // layer_types again in the folder.)
   const std::vector<std::string> names = {"llama", "llama_tied", "mistral", "qwen2", "qwen2_windows", "qwen2_windows_hub",
                                           "qwen3", "qwen3_windows", "qwen3_wide_heads", "mistral_narrow_heads",
-                                          "phi3", "phi3_longrope", "phi3_longrope_short", "gemma", "gemma2", "gemma2_uncapped", "gemma3", "gemma3_v5", "gemma3_multimodal", "olmo2", "olmo3", "olmo3_v5", "gpt2", "bloom", "gpt_neox", "mpt", "falcon_rw", "falcon_alibi_mq", "falcon_7b", "falcon_40b",
+                                          "phi3", "phi3_longrope", "phi3_longrope_short", "gemma", "gemma2", "gemma2_uncapped", "gemma3", "gemma3_v5", "gemma3_multimodal", "olmo", "olmo_linear", "olmo2", "olmo3", "olmo3_v5", "gpt2", "bloom", "gpt_neox", "mpt", "mpt_clip", "falcon_rw", "falcon_alibi_mq", "falcon_7b", "falcon_40b",
                                           "falcon_seq", "llama_yarn"};
   std::string args;  // one Python process checks every folder
   for (const std::string& name : names) {
@@ -647,6 +662,25 @@ TEST_CASE("export --format hf: what each of Llama's kin computes picks its class
                                 "{name: rotary, pairing: interleaved, base: 10000}}, global: {}}}"));
   refused(olmo3, "a rotary with the interleaved pairing or a partial rotary (the class turns the whole head, "
                  "rotate_half) (the nearest family, olmo3, has no such option)");
+  // OLMo (1): LayerNorms without parameters, q, k and v clipped (and MPT's clip); not elsewhere.
+  Config olmo1 = llama;
+  olmo1.model.norm = NormKind::layernorm;
+  olmo1.model.norm_affine = false;
+  olmo1.model.clip_qkv = 8;
+  const HfExportConfig olmo1_hf = hf_export_config(olmo1, 256);
+  CHECK(olmo1_hf.family == "olmo");
+  CHECK(olmo1_hf.config.at("clip_qkv") == 8.0);
+  CHECK(olmo1_hf.config.at("architectures") == nlohmann::json({"OlmoForCausalLM"}));
+  olmo1.model.norm_eps = 1e-6;
+  refused(olmo1, "a LayerNorm epsilon other than 1e-5 (OlmoLayerNorm's, fixed) (the nearest family, olmo, has no "
+                 "such option)");
+  Config clipped = llama;
+  clipped.model.clip_qkv = 8;
+  refused(clipped, "q, k and v clipped (model.clip_qkv) (the nearest family, llama, has no such option; mpt, olmo have it)");
+  Config unweighted = llama;
+  unweighted.model.norm_affine = false;
+  refused(unweighted, "norms without parameters (model.norm_affine false) (the nearest family, llama, has no such "
+                      "option; olmo has it)");
   // Gemma 2's and 3's classes: a score scale is a whole number there.
   Config gemma2 = llama;
   gemma2.model.sublayer_norms = SublayerNorms::both;
@@ -727,6 +761,12 @@ TEST_CASE("export --format hf: an extrap model with a family's options, and one 
   olmo2.model.qk_norm = true;
   olmo2.model.qk_norm_over = QkNormOver::projection;
   models["olmo2"] = {olmo2, "olmo2"};
+  // OLMo (1): LayerNorms without parameters, q, k and v clipped at 0.5 (the projections reach past it).
+  Config olmo1 = config;
+  olmo1.model.norm = NormKind::layernorm;
+  olmo1.model.norm_affine = false;
+  olmo1.model.clip_qkv = 0.5;
+  models["olmo1"] = {olmo1, "olmo"};
   // OLMo 3: OLMo 2's block with local layers (window 4, RoPE base 1e4) and a global one (base 5e5,
   // YaRN from 8 positions by 4), each kind's RoPE its own; and with a window on every layer alone.
   Config olmo3 = olmo2;
@@ -897,6 +937,9 @@ TEST_CASE("export --format hf: a model no class computes ships remote code that 
   models["cope"].model.adaptive_cutoffs = {64, 128};  // adaptive input and softmax
   models["cope"].model.heads = 3;  // heads narrower than d_model / heads, which 3 does not divide
   models["cope"].model.head_dim = 6;
+  models["unweighted"] = tiny_config("alibi");  // OLMo's norms without parameters and clip beside ALiBi
+  models["unweighted"].model.norm_affine = false;
+  models["unweighted"].model.clip_qkv = 0.5;
   models["masked"] = tiny_config("t5_bias");  // a bidirectional masked LM
   models["masked"].model.objective = Objective::masked_lm;
   for (auto& [name, config] : models) config.data = data;

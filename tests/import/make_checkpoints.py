@@ -74,6 +74,7 @@ from transformers import (  # noqa: E402
     LlamaConfig,
     MistralConfig,
     MptConfig,
+    OlmoConfig,
     Olmo2Config,
     Olmo3Config,
     Phi3Config,
@@ -540,6 +541,33 @@ def expect_gemma3_multimodal(model) -> None:
     assert type(model).__name__ == "Gemma3ForConditionalGeneration"
 
 
+def olmo_config(V, ids, **over):
+    """OLMo (1): Llama's block with LayerNorms without parameters, q, k and v clipped at 1.5 (the
+    projections here reach about 3 standard deviations of 1.7: the clip bites)."""
+    kw = dict(
+        vocab_size=V, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=64, clip_qkv=1.5, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=False, initializer_range=INIT_STD, pad_token_id=None)
+    kw.update(ids)
+    kw.update(over)
+    return OlmoConfig(**kw)
+
+
+def olmo_hub_style(cfg: dict) -> dict:
+    """OLMo-1B-hf's and OLMo-7B-0424-hf's config.json: rope_theta and rope_scaling at the top level."""
+    rope = cfg.pop("rope_parameters")
+    cfg["rope_theta"] = rope["rope_theta"]
+    cfg["rope_scaling"] = None
+    return cfg
+
+
+def expect_olmo(clip):
+    def check(model) -> None:
+        assert type(model).__name__ == "OlmoForCausalLM" and model.config.clip_qkv == clip
+        assert not any("layernorm" in name or "norm." in name for name, _ in model.named_parameters())
+    return check
+
+
 def olmo2_config(V, ids, **over):
     """OLMo 2: norms after the attention and the MLP (none before), q and k normed over the whole projection."""
     kw = dict(
@@ -807,6 +835,15 @@ CASES = {
                               config_edit=gemma3_multimodal_hub_style, expect=expect_gemma3_multimodal),
     "gemma3_multimodal_v5": case("gemma3", "llama3", 1880, 160, lambda V, i: gemma3_multimodal_config(V, i),
                                  expect=expect_gemma3_multimodal),
+    # ---- OLMo (1): LayerNorms without parameters, q, k and v clipped; as the Hub writes it; and tied,
+    # unclipped, with a linear RoPE scaling by 4 (from 64 positions) as transformers 5 saves it
+    "olmo": case("olmo", "gpt2", 1910, 160, lambda V, i: olmo_config(V, i), config_edit=olmo_hub_style,
+                 expect=expect_olmo(1.5)),
+    "olmo_linear": case("olmo", "gpt2", 1910, 160,
+                        lambda V, i: olmo_config(V, i, clip_qkv=None, tie_word_embeddings=True,
+                                                 rope_parameters={"rope_type": "linear", "factor": 4.0,
+                                                                  "rope_theta": 10000.0}),
+                        expect=expect_olmo(None)),
     # ---- OLMo 2: norms after the sublayers, q and k normed over the projection (8 query heads of 16,
     # 2 key heads); and with a YaRN scaling from 64 to 256 positions
     "olmo2": case("olmo2", "gpt2", 1900, 160, lambda V, i: olmo2_config(V, i), config_edit=olmo2_hub_style,
@@ -868,6 +905,15 @@ CASES = {
             vocab_size=V, d_model=96, n_heads=6, n_layers=2, expansion_ratio=4, max_seq_len=256,
             learned_pos_emb=False, no_bias=True, layer_norm_epsilon=1e-5,
             attn_config={"alibi": True, "alibi_bias_max": 8, "attn_impl": "torch"},
+            initializer_range=INIT_STD, **i)),
+    # ---- MPT with q, k and v clipped at 1.0 (MPT-7B's configs carry clip_qkv; the projections here
+    #      reach about 3 standard deviations of 1.5: the clip bites)
+    "mpt_clip": case(
+        "mpt", "gpt2", 1600, 200,
+        lambda V, i: MptConfig(
+            vocab_size=V, d_model=96, n_heads=6, n_layers=2, expansion_ratio=4, max_seq_len=256,
+            learned_pos_emb=False, no_bias=True, layer_norm_epsilon=1e-5,
+            attn_config={"alibi": True, "alibi_bias_max": 8, "attn_impl": "torch", "clip_qkv": 1.0},
             initializer_range=INIT_STD, **i)),
     # ---- Falcon RW-1B shape: ALiBi, biases, sequential attn/MLP, MHA. 16 heads so the
     #      slopes are not exact in bfloat16 (Falcon rounds slopes and slope*pos to bf16).

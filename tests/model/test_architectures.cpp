@@ -41,7 +41,7 @@ torch::Tensor norm64(const torch::Tensor& h, const torch::Tensor& w, const torch
     const auto centred = h - h.mean(-1, true);
     u = centred / (centred.pow(2).mean(-1, true) + kEps).sqrt();
   }
-  u = u * w;
+  if (w.defined()) u = u * w;  // a norm without parameters (model.norm_affine false): none
   return b.defined() ? u + b : u;
 }
 
@@ -410,7 +410,8 @@ torch::Tensor block64(BlockImpl& block, const torch::Tensor& x) {
   const ModelConfig& m = block.options.model();
   const bool rms = m.norm == NormKind::rmsnorm;
   const auto norm = [&](const Norm& n, const torch::Tensor& h) {
-    return norm64(h, to64(n->weight), n->bias.defined() ? to64(n->bias) : torch::Tensor(), rms);
+    return norm64(h, n->weight.defined() ? to64(n->weight) : torch::Tensor(),
+                  n->bias.defined() ? to64(n->bias) : torch::Tensor(), rms);
   };
   const auto lin = [](const torch::nn::Linear& l, const torch::Tensor& h) {
     auto y = torch::matmul(h, to64(l->weight).t());
@@ -418,7 +419,9 @@ torch::Tensor block64(BlockImpl& block, const torch::Tensor& x) {
   };
   const int64_t B = x.size(0), T = x.size(1), H = m.heads, Hkv = m.key_value_heads(), Dh = m.d_head();
   const auto attention = [&](const torch::Tensor& n) {
-    const auto qkv = lin(block.attention->qkv, n);  // (B, T, (H + 2 Hkv) Dh)
+    auto qkv = lin(block.attention->qkv, n);  // (B, T, (H + 2 Hkv) Dh)
+    if (m.clip_qkv > 0) qkv = torch::minimum(torch::maximum(qkv, torch::full_like(qkv, -m.clip_qkv)),
+                                             torch::full_like(qkv, m.clip_qkv));
     auto q = qkv.narrow(-1, 0, H * Dh).view({B, T, H, Dh}).transpose(1, 2);
     auto k = qkv.narrow(-1, H * Dh, Hkv * Dh).view({B, T, Hkv, Dh}).transpose(1, 2);
     const auto v = qkv.narrow(-1, (H + Hkv) * Dh, Hkv * Dh).view({B, T, Hkv, Dh}).transpose(1, 2);
@@ -490,10 +493,14 @@ TEST_CASE("a block of each residual pattern and part equals its parts composed f
           if (kind == BlockKind::sequential && ffn != FfnKind::mlp)
             m.sublayer_norms = grouped ? SublayerNorms::output : SublayerNorms::both;
           if (m.sublayer_norms == SublayerNorms::output) m.qk_norm_over = QkNormOver::projection;
+          // OLMo's: LayerNorms without parameters and q, k, v clipped (the SwiGLU LayerNorm blocks)
+          m.norm_affine = !(ffn == FfnKind::swiglu && norm == NormKind::layernorm);
+          m.clip_qkv = m.norm_affine ? 0.0 : 0.4;
           INFO(enum_name(kind) << ", " << enum_name(norm) << ", " << enum_name(ffn) << ", " << enum_name(m.activation)
                                << ", norms " << enum_name(m.sublayer_norms) << " of the sublayers"
                                << (grouped ? ", 2 key heads, qk_norm" : "") << (m.head_dim ? ", heads 12 wide" : "")
-                               << (m.bias ? "" : ", no biases"));
+                               << (m.bias ? "" : ", no biases")
+                               << (m.norm_affine ? "" : ", norms without parameters, q, k, v clipped at 0.4"));
           Block block{BlockOptions(m)};
           {
             torch::NoGradGuard no_grad;
@@ -501,6 +508,10 @@ TEST_CASE("a block of each residual pattern and part equals its parts composed f
           }
           const auto x = torch::randn({2, 11, 32});
           const auto expected = block64(*block, to64(x));
+          if (m.clip_qkv > 0) {  // the clip bites: some of q, k, v lie beyond it
+            const auto n = m.sublayer_norms == SublayerNorms::output ? x : block->ln_attention->forward(x);
+            CHECK(block->attention->qkv->forward(n).abs().gt(m.clip_qkv).any().item<bool>());
+          }
           // Training (the fused paths) and evaluation.
           AttentionOptions training = causal_attention_options();
           training.training = true;
@@ -565,6 +576,9 @@ TEST_CASE("architecture keys that do not apply are refused in one line, and thei
   refused("attention: {softcap: 1e-60}", "softcap': must be 0 (off) or within float32's normal range");
   refused("attention: {softcap: 1e60}", "softcap': must be 0 (off) or within float32's normal range");
   refused("model: {logit_softcap: 1e-60}", "logit_softcap': must be 0 (off) or within float32's normal range");
+  refused("model: {clip_qkv: 1e-60}", "clip_qkv': must be 0 (off) or within float32's normal range");
+  refused("model: {clip_qkv: -1}", "clip_qkv': must be a finite number at least 0, got -1");
+  refused("model: {norm_affine: false, norm_bias: true}", "norm_bias': is true with norm_affine false");
   refused("model: {bias: false, init: fairseq}", "with model.bias false there is none");
   refused("model: {norm: batchnorm}", "batchnorm");
   refused("model: {block: serial}", "serial");
@@ -591,7 +605,7 @@ TEST_CASE("architecture keys that do not apply are refused in one line, and thei
   // keep their fingerprints); one that sets a key has it.
   const YAML::Node plain = config_from_yaml(YAML::Load("model: {layers: 2}"), "c.yaml").model_keys()["model"];
   for (const char* key : {"kv_heads", "ffn_multiple", "ffn", "norm", "norm_eps", "bias", "block", "qk_norm",
-                          "embedding_norm", "head_dim", "sublayer_norms", "qk_norm_over"})
+                          "embedding_norm", "head_dim", "sublayer_norms", "qk_norm_over", "norm_affine", "clip_qkv"})
     CHECK(!plain[key]);
   // head_dim: d_model / heads written out is the same model, so the same identity.
   const auto identity = [](const std::string& yaml) {
@@ -613,6 +627,10 @@ TEST_CASE("architecture keys that do not apply are refused in one line, and thei
                                .model_keys()["model"];
   CHECK(olmo2["sublayer_norms"].as<std::string>() == "output");
   CHECK(olmo2["qk_norm_over"].as<std::string>() == "projection");
+  const YAML::Node olmo = config_from_yaml(YAML::Load("model: {norm_affine: false, clip_qkv: 8}"), "c.yaml").model_keys()["model"];
+  CHECK_FALSE(olmo["norm_affine"].as<bool>());
+  CHECK(olmo["clip_qkv"].as<double>() == 8);
+  CHECK_FALSE(olmo["norm_bias"].as<bool>());  // no parameters, no bias
 }
 
 TEST_CASE("EXTRAP_FUSED_GLU: 0 runs LibTorch's gated feed-forward, 1 the fused one, anything else is refused by value",

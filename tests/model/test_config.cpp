@@ -340,7 +340,8 @@ TEST_CASE("config: each key's mark decides the run fingerprint and what a sweep 
                           "embedding_norm"})
     CHECK(!c.model_keys()["model"][key]);  // older runs keep their fingerprints
   // and the released families' keys of issue 78 (tests/hub/test_import.cpp)
-  for (const char* key : {"qkv_bias", "scale_embedding", "norm_bias", "sublayer_norms", "qk_norm_over", "logit_softcap"})
+  for (const char* key : {"qkv_bias", "scale_embedding", "norm_bias", "sublayer_norms", "qk_norm_over", "logit_softcap",
+                          "norm_affine", "clip_qkv"})
     CHECK(!c.model_keys()["model"][key]);
   // model.norm_bias follows model.bias unless given: absent where the two agree, read back so.
   {
@@ -368,6 +369,7 @@ TEST_CASE("config: each key's mark decides the run fingerprint and what a sweep 
   c.model.qk_norm_over = QkNormOver::projection;
   c.model.sublayer_norms = SublayerNorms::output;
   c.model.logit_softcap = 30;
+  c.model.clip_qkv = 8;
   c.model.head_dim = 3 * c.model.d_head();  // not d_model / heads: kept in the identity
   c.model.embedding_norm = true;
   c.model.activation_dropout = 0.1;
@@ -376,7 +378,7 @@ TEST_CASE("config: each key's mark decides the run fingerprint and what a sweep 
   c.model.adaptive_cutoffs = {100};
   c.train.optimizer = OptimizerKind::nag;
   c.train.schedule = Schedule::cosine_restarts;
-  const YAML::Node model = c.model_keys();
+  YAML::Node model = c.model_keys();
   CHECK(model["train"]["steps"]);
   CHECK(model["train"]["lr"]);
   CHECK(model["model"]["d_model"]);
@@ -387,7 +389,13 @@ TEST_CASE("config: each key's mark decides the run fingerprint and what a sweep 
   CHECK(!model["data"]["cache_dir"]);
   CHECK(!model["eval"]["lengths"]);
   CHECK(!model["plugins"]);
-  const YAML::Node result = c.result_keys();
+  YAML::Node result = c.result_keys();
+  // model.norm_affine false takes the norms' biases with their weights (norm_bias goes): read off a copy.
+  Config unweighted = c;
+  unweighted.model.norm_affine = false;
+  CHECK_FALSE(unweighted.model_keys()["model"]["norm_bias"]);  // no biases, as model.bias: absent
+  model["model"]["norm_affine"] = unweighted.model_keys()["model"]["norm_affine"];
+  result["model"]["norm_affine"] = unweighted.result_keys()["model"]["norm_affine"];
   CHECK(result["eval"]["lengths"]);
   CHECK(result["eval"]["split"]);
   CHECK(result["train"]["validate_every"]);

@@ -60,6 +60,15 @@ inline std::vector<Architecture> architectures() {
          c.position_name = "xpos";
          c.position = YAML::Load("{name: xpos, pairing: half}");
        }},
+      {"OLMo: LayerNorms without parameters, q, k and v clipped at 0.5, swiglu, no biases, rotary half pairs",
+       [](Config& c) {
+         c.model.norm_affine = false;
+         c.model.clip_qkv = 0.5;
+         c.model.ffn = FfnKind::swiglu;
+         c.model.bias = false;
+         c.position_name = "rotary";
+         c.position = YAML::Load("{name: rotary, pairing: half}");
+       }},
       {"Gemma 2: norms before and after each sublayer, geglu with GELU's tanh form, rmsnorm, rotary half pairs, "
        "scores q.k / sqrt(6) soft-capped at 2, logits at 3",
        [](Config& c) {
