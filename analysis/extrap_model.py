@@ -282,6 +282,11 @@ def evaluation_windows(last, length, stride):
 
 
 # ----------------------------------------------------------------------------- the model
+def _finite_at_least_zero(value):
+    """Whether a metadata number (a cap, a scale, a clip; 0: off) is a finite number >= 0, not a bool."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)
+
+
 def _kind_metadata(where, method, options, attention):
     """A kind's method, its options with the defaults filled in, and its attention options."""
     if method not in POSITION_METHODS:
@@ -299,7 +304,7 @@ def _kind_metadata(where, method, options, attention):
                          "supported: none, headwise, elementwise")
     for key in ("softcap", "scale_dim"):
         value = attention[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or not math.isfinite(value):
+        if not _finite_at_least_zero(value):
             raise ValueError(f"{where}: 'attention': {key} {value!r} must be a finite number at least 0")
     if attention["softcap"] > 0 and method in SOFTCAP_ELSEWHERE:
         raise ValueError(f"{where}: 'attention': softcap with position method {method!r} is not read here "
@@ -569,14 +574,12 @@ class ExtrapModel(nn.Module):
             raise ValueError(f"metadata model: sublayer_norms {self.arch['sublayer_norms']!r} with block "
                              f"{self.arch['block']!r} (only the sequential block has norms after its sublayers)")
         self.logit_softcap = m.get("logit_softcap", 0.0)
-        if isinstance(self.logit_softcap, bool) or not isinstance(self.logit_softcap, (int, float)) \
-                or not self.logit_softcap >= 0 or not math.isfinite(self.logit_softcap):
+        if not _finite_at_least_zero(self.logit_softcap):
             raise ValueError(f"metadata model: logit_softcap {self.logit_softcap!r} must be a finite number at least 0")
         if self.logit_softcap > 0 and m.get("adaptive_cutoffs"):
             raise ValueError("metadata model: logit_softcap with adaptive_cutoffs (no one row of logits to cap)")
         self.clip_qkv = m.get("clip_qkv", 0.0)  # q, k and v clamped to [-C, C] after the projection (0: off)
-        if isinstance(self.clip_qkv, bool) or not isinstance(self.clip_qkv, (int, float)) \
-                or not self.clip_qkv >= 0 or not math.isfinite(self.clip_qkv):
+        if not _finite_at_least_zero(self.clip_qkv):
             raise ValueError(f"metadata model: clip_qkv {self.clip_qkv!r} must be a finite number at least 0")
         self.kv_heads = int(m.get("kv_heads", self.heads))
         if self.kv_heads < 1 or self.heads % self.kv_heads:

@@ -457,7 +457,7 @@ core/kernels/residual_norm.cpp | norm.weight : torch::ones({x.size(-1)}, x.optio
 core/hub/hf_checkpoint.cpp |     hf.model["norm_affine"] = false; |     hf.model["norm_affine"] = true; | OLMo's LayerNorms without parameters imported with weights the folder lacks
 core/hub/hf_checkpoint.cpp |   if (clip == 0 && zero_is_off) return; |   if (clip == 0) return; | OLMo's clip_qkv 0 (its class clamps every value to 0) imported as off
 core/hub/hf_checkpoint.cpp |   if (a.contains("clip_qkv")) read_clip_qkv( |   if (false) read_clip_qkv( | MPT's attn_config.clip_qkv ignored on import
-core/hub/hf_checkpoint.cpp |               {"attention_bias", false}, {"clip_qkv", m.clip_qkv > 0 ? json(m.clip_qkv) : json(nullptr)}, |               {"attention_bias", false}, {"clip_qkv", json(nullptr)}, | OLMo's export drops the clip from config.json
+core/hub/hf_checkpoint.cpp |     c.update({{"attention_bias", false}, {"clip_qkv", m.clip_qkv > 0 ? json(m.clip_qkv) : json(nullptr)}, |     c.update({{"attention_bias", false}, {"clip_qkv", json(nullptr)}, | OLMo's export drops the clip from config.json
 analysis/extrap_model.py |                 qkv = qkv.clamp(-self.clip_qkv, self.clip_qkv) |                 qkv = qkv | Python's reader (and the remote code) ignores clip_qkv
 core/model/memory_estimate.cpp |   const int64_t each = m.norm_affine ? (m.norm_biased() ? 2 : 1) : 0; |   const int64_t each = m.norm_biased() ? 2 : 1; | the parameter estimate counts weights for norms without parameters
 core/model/config.cpp |     if (!m.norm_affine && m.norm_bias.value_or(false)) |     if (false) | model.norm_bias true beside norm_affine false accepted and silently dropped

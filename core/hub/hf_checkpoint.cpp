@@ -1557,6 +1557,17 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
     throw NoTransformersClass("its tied embedding is scaled by sqrt(d_model) on input only (model.scale_embedding)");
   out.embedding_scale = m.scale_embedding && !m.tie_embeddings ? std::sqrt(double(D)) : 1.0;
   const std::string act = enum_name(m.activation);
+  // Llama's kin's and OLMo's gated block: ACT2FN[hidden_act] on the gate (SiLU, or GELU's erf or
+  // tanh form, torch's own, as extrap's), the heads and the RoPE.
+  const std::string hidden_act = m.ffn == FfnKind::swiglu                ? "silu"
+                                 : m.activation == Activation::gelu_tanh ? "gelu_pytorch_tanh"
+                                                                         : "gelu";
+  const auto gated_block = [&] {
+    return json{{"hidden_size", D}, {"intermediate_size", F}, {"num_hidden_layers", m.layers},
+                {"num_attention_heads", H}, {"num_key_value_heads", m.key_value_heads()}, {"head_dim", m.d_head()},
+                {"hidden_act", hidden_act}, {"max_position_embeddings", config.train.seq_len},
+                {"rope_parameters", rope_json(position, config)}};
+  };
   // The layers' windows: the largest (0: none), and whether every layer has it.
   const int64_t window = *std::max_element(windows->begin(), windows->end());
   const bool every_layer = std::all_of(windows->begin(), windows->end(), [&](int64_t w) { return w == window; });
@@ -1609,10 +1620,6 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
       return rope["pairing"] && rope["pairing"].as<std::string>() == "half" &&
              (!rope["fraction"] || rope["fraction"].as<double>() == 1.0);
     };
-    // ACT2FN[hidden_act] on the gate: SiLU, or GELU's erf or tanh form (torch's own, as extrap's)
-    const std::string hidden_act = m.ffn == FfnKind::swiglu                ? "silu"
-                                   : m.activation == Activation::gelu_tanh ? "gelu_pytorch_tanh"
-                                                                           : "gelu";
     // Each option beyond Llama's block that the model has, and the classes that compute it.
     const std::set<std::string> windowed = {"mistral", "phi3", "qwen2", "qwen3", "gemma2", "gemma3_text", "olmo3"};
     require_classes(family, {{m.qkv_bias, {"qwen2"}, "biases on q, k and v"},
@@ -1668,10 +1675,8 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
                             "a partial rotary with RoPE scaling " + scaling + " (Phi-3's class takes longrope alone)"},
                            {standard_heads, "a partial rotary with heads other than d_model / heads wide "
                                             "(model.head_dim)"}});
-    c.update({{"hidden_size", D}, {"intermediate_size", F}, {"num_hidden_layers", m.layers},
-              {"num_attention_heads", H}, {"num_key_value_heads", m.key_value_heads()}, {"head_dim", m.d_head()},
-              {"hidden_act", hidden_act}, {"max_position_embeddings", config.train.seq_len},
-              {"rms_norm_eps", m.norm_eps}, {"rope_parameters", rope_json(position, config)}});
+    c.update(gated_block());
+    c["rms_norm_eps"] = m.norm_eps;
     if (out.family == "llama") c.update({{"attention_bias", false}, {"mlp_bias", false}});
     if (out.family == "mistral") c["sliding_window"] = window;
     if (out.family == "phi3") {  // its class's own defaults (original length 4096, pad 32000) set
@@ -1727,13 +1732,8 @@ HfExportConfig hf_export_config(const Config& config, int64_t vocab_size) {
                              {window == 0, "a sliding window"},
                              {m.block == BlockKind::sequential, "a parallel block"},
                              {!m.embedding_norm, "an embedding norm"}});
-    c.update({{"hidden_size", D}, {"intermediate_size", F}, {"num_hidden_layers", m.layers},
-              {"num_attention_heads", H}, {"num_key_value_heads", m.key_value_heads()}, {"head_dim", m.d_head()},
-              {"hidden_act", m.ffn == FfnKind::swiglu                ? "silu"
-                             : m.activation == Activation::gelu_tanh ? "gelu_pytorch_tanh"
-                                                                     : "gelu"},
-              {"max_position_embeddings", config.train.seq_len}, {"rope_parameters", rope_json(position, config)},
-              {"attention_bias", false}, {"clip_qkv", m.clip_qkv > 0 ? json(m.clip_qkv) : json(nullptr)},
+    c.update(gated_block());
+    c.update({{"attention_bias", false}, {"clip_qkv", m.clip_qkv > 0 ? json(m.clip_qkv) : json(nullptr)},
               // OlmoConfig's ids (pad 1, eos 50279) are its tokenizer's, not this one's
               {"pad_token_id", nullptr}, {"bos_token_id", nullptr}, {"eos_token_id", nullptr}});
   } else if (method == "rotary" && falcon_rotary(config)) {

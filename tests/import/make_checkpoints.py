@@ -553,14 +553,6 @@ def olmo_config(V, ids, **over):
     return OlmoConfig(**kw)
 
 
-def olmo_hub_style(cfg: dict) -> dict:
-    """OLMo-1B-hf's and OLMo-7B-0424-hf's config.json: rope_theta and rope_scaling at the top level."""
-    rope = cfg.pop("rope_parameters")
-    cfg["rope_theta"] = rope["rope_theta"]
-    cfg["rope_scaling"] = None
-    return cfg
-
-
 def expect_olmo(clip):
     def check(model) -> None:
         assert type(model).__name__ == "OlmoForCausalLM" and model.config.clip_qkv == clip
@@ -837,7 +829,8 @@ CASES = {
                                  expect=expect_gemma3_multimodal),
     # ---- OLMo (1): LayerNorms without parameters, q, k and v clipped; as the Hub writes it; and tied,
     # unclipped, with a linear RoPE scaling by 4 (from 64 positions) as transformers 5 saves it
-    "olmo": case("olmo", "gpt2", 1910, 160, lambda V, i: olmo_config(V, i), config_edit=olmo_hub_style,
+    # (OLMo-1B-hf's and OLMo-7B-0424-hf's config.json: rope_theta and rope_scaling at the top level)
+    "olmo": case("olmo", "gpt2", 1910, 160, lambda V, i: olmo_config(V, i), config_edit=legacy_rope(None),
                  expect=expect_olmo(1.5)),
     "olmo_linear": case("olmo", "gpt2", 1910, 160,
                         lambda V, i: olmo_config(V, i, clip_qkv=None, tie_word_embeddings=True,
